@@ -1,0 +1,142 @@
+"""Kernel-set registry: named, versioned bundles of the ops the engine model calls.
+
+A `KernelSet` is immutable. A new version of one op is released by deriving a set from an existing one and overriding
+just that op (`base.derive("triton-v2", "2.0.0", prefill_attention=my_attention)`), then registering it; that new set
+is what an operator canaries against production.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+OP_NAMES = (
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "rope_and_cache",
+    "prefill_attention",
+    "paged_decode_attention",
+    "linear",
+)
+DEVICES = ("cpu", "cuda")
+_SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Comma-separated module names imported on first registry access; each registers its sets on import.
+PLUGINS_ENV = "SITS_KERNEL_PLUGINS"
+
+
+class KernelSetError(ValueError):
+    """A kernel set is malformed or clashes with a registered one."""
+
+
+class UnknownKernelSetError(KeyError):
+    """No kernel set of that name is registered."""
+
+    def __init__(self, name: str, known: list[str]):
+        super().__init__(name)
+        self.name = name
+        self.known = known
+
+    def __str__(self) -> str:
+        return f"unknown kernel set {self.name!r}; known kernel sets: {', '.join(self.known) or '(none)'}"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSet:
+    name: str
+    version: str  # semver
+    devices: tuple[str, ...]  # subset of ("cpu", "cuda")
+    description: str
+    rms_norm: Callable
+    fused_add_rms_norm: Callable
+    silu_and_mul: Callable
+    rope_and_cache: Callable
+    prefill_attention: Callable
+    paged_decode_attention: Callable
+    linear: Callable
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise KernelSetError(f"kernel set name {self.name!r} must match {_NAME.pattern}")
+        if not isinstance(self.version, str) or not _SEMVER.match(self.version):
+            raise KernelSetError(f"kernel set {self.name!r}: version {self.version!r} is not semver (e.g. '1.2.0')")
+        devices = tuple(self.devices)
+        if not devices or any(d not in DEVICES for d in devices) or len(set(devices)) != len(devices):
+            raise KernelSetError(f"kernel set {self.name!r}: devices {self.devices!r} must be a non-empty subset of {DEVICES}")
+        object.__setattr__(self, "devices", devices)
+        for op in OP_NAMES:
+            if not callable(getattr(self, op)):
+                raise KernelSetError(f"kernel set {self.name!r}: op {op!r} is not callable")
+
+    def ops(self) -> dict[str, Callable]:
+        return {op: getattr(self, op) for op in OP_NAMES}
+
+    def supports(self, device: str) -> bool:
+        """`device` like "cuda", "cuda:1" or "cpu"."""
+        return str(device).split(":")[0] in self.devices
+
+    def derive(self, name: str, version: str, *, description: str | None = None,
+               devices: tuple[str, ...] | None = None, **ops: Callable) -> KernelSet:
+        """A new set with this set's ops except the ones given (keyword = op name)."""
+        unknown = sorted(set(ops) - set(OP_NAMES))
+        if unknown:
+            raise KernelSetError(f"unknown op(s) {unknown}; ops are {list(OP_NAMES)}")
+        if description is None:
+            changed = ", ".join(sorted(ops)) or "no ops"
+            description = f"{self.name} {self.version} with {changed} replaced"
+        return dataclasses.replace(self, name=name, version=version, description=description,
+                                   devices=self.devices if devices is None else tuple(devices), **ops)
+
+
+_lock = threading.RLock()
+_registry: dict[str, KernelSet] = {}
+_plugins_loaded = False
+
+
+def register_kernel_set(kernel_set: KernelSet, *, replace: bool = False) -> KernelSet:
+    """Add `kernel_set` to the registry. Registering a different set under a taken name needs replace=True."""
+    if not isinstance(kernel_set, KernelSet):
+        raise KernelSetError(f"expected a KernelSet, got {type(kernel_set).__name__}")
+    with _lock:
+        old = _registry.get(kernel_set.name)
+        if old is not None and old is not kernel_set and not replace:
+            raise KernelSetError(f"kernel set {kernel_set.name!r} is already registered (version {old.version})")
+        _registry[kernel_set.name] = kernel_set
+    return kernel_set
+
+
+def unregister_kernel_set(name: str) -> None:
+    with _lock:
+        if name not in _registry:
+            raise UnknownKernelSetError(name, sorted(_registry))
+        del _registry[name]
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    with _lock:
+        if _plugins_loaded:
+            return
+        _plugins_loaded = True
+        for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+            importlib.import_module(mod)
+
+
+def list_kernel_sets() -> list[str]:
+    _load_plugins()
+    with _lock:
+        return list(_registry)
+
+
+def get_kernel_set(name: str) -> KernelSet:
+    _load_plugins()
+    with _lock:
+        try:
+            return _registry[name]
+        except (KeyError, TypeError):
+            raise UnknownKernelSetError(name, list(_registry)) from None

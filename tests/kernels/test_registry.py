@@ -1,0 +1,92 @@
+import pytest
+import torch
+
+import kernels
+from kernels import KernelSetError, UnknownKernelSetError, get_kernel_set, list_kernel_sets, register_kernel_set
+from kernels.registry import OP_NAMES, unregister_kernel_set
+
+
+def test_torch_set_is_registered_with_all_ops():
+    assert "torch" in list_kernel_sets()
+    ks = get_kernel_set("torch")
+    assert (ks.name, ks.version, ks.devices) == ("torch", "1.0.0", ("cpu", "cuda"))
+    assert ks.description
+    for op in OP_NAMES:
+        assert callable(getattr(ks, op))
+    assert ks.supports("cuda:1") and ks.supports("cpu")
+
+
+def test_unknown_name_lists_known_sets():
+    with pytest.raises(UnknownKernelSetError) as ei:
+        get_kernel_set("triton-v999")
+    assert isinstance(ei.value, KeyError)
+    msg = str(ei.value)
+    assert "triton-v999" in msg and "torch" in msg
+    assert "torch" in ei.value.known
+
+
+def test_derive_overrides_one_op_and_reuses_the_rest():
+    base = get_kernel_set("torch")
+
+    def my_silu_and_mul(x):
+        return base.silu_and_mul(x)
+
+    canary = base.derive("torch-canary-test", "1.1.0-rc.1", silu_and_mul=my_silu_and_mul)
+    assert canary.silu_and_mul is my_silu_and_mul
+    assert canary.rms_norm is base.rms_norm and canary.linear is base.linear
+    assert "silu_and_mul" in canary.description
+    register_kernel_set(canary)
+    try:
+        assert get_kernel_set("torch-canary-test") is canary
+        assert list_kernel_sets().count("torch-canary-test") == 1
+        with pytest.raises(KernelSetError, match="already registered"):
+            register_kernel_set(base.derive("torch-canary-test", "1.2.0"))
+        register_kernel_set(base.derive("torch-canary-test", "1.2.0"), replace=True)
+        assert get_kernel_set("torch-canary-test").version == "1.2.0"
+    finally:
+        unregister_kernel_set("torch-canary-test")
+    assert "torch-canary-test" not in list_kernel_sets()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"version": "1.0"}, "semver"),
+    ({"version": "v1.0.0"}, "semver"),
+    ({"devices": ("tpu",)}, "devices"),
+    ({"devices": ()}, "devices"),
+    ({"rms_norm": None}, "rms_norm"),
+])
+def test_malformed_sets_are_rejected(kwargs, match):
+    ops = {"name": "bad", "version": "1.0.0", "devices": ("cpu",)}
+    ops.update({k: v for k, v in kwargs.items() if k in ("version", "devices")})
+    extra = {k: v for k, v in kwargs.items() if k not in ("version", "devices")}
+    with pytest.raises(KernelSetError, match=match):
+        get_kernel_set("torch").derive(ops["name"], ops["version"], devices=ops["devices"], **extra)
+
+
+def test_derive_rejects_unknown_op():
+    with pytest.raises(KernelSetError, match="unknown op"):
+        get_kernel_set("torch").derive("x", "1.0.0", flash=lambda: None)
+
+
+def test_plugin_module_registers_sets(tmp_path, monkeypatch):
+    (tmp_path / "my_kernel_plugin.py").write_text(
+        "import kernels\n"
+        "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('plugin-set', '0.1.0'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SITS_KERNEL_PLUGINS", "my_kernel_plugin")
+    monkeypatch.setattr(kernels.registry, "_plugins_loaded", False)
+    try:
+        assert "plugin-set" in list_kernel_sets()
+        assert get_kernel_set("plugin-set").version == "0.1.0"
+    finally:
+        unregister_kernel_set("plugin-set")
+
+
+def test_quantized_weight_validates():
+    from kernels.quant import QuantizationError, QuantizedWeight, quantize_weight
+    with pytest.raises(QuantizationError):
+        quantize_weight(torch.randn(4, 4), "int4")
+    with pytest.raises(QuantizationError):
+        QuantizedWeight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(3), "int8")
+    with pytest.raises(QuantizationError):
+        QuantizedWeight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(4), "fp8")
