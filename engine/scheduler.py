@@ -1,0 +1,149 @@
+"""Continuous batching scheduler (torch-free).
+
+Each step gets a token budget (max_num_batched_tokens). Running sequences go first, in priority-then-arrival order:
+a decoding sequence takes 1 token, a sequence still in (chunked) prefill takes as many as the budget and its KV
+blocks allow. When a running sequence needs a block and none is free, the lowest-priority, latest-arrived running
+sequence is preempted (recompute: its blocks are freed, it returns to the waiting queue and later recomputes its
+prompt + outputs, mostly from the prefix cache); at a tenant's block limit the victim comes from the same tenant.
+Then waiting sequences are admitted in priority-then-FCFS order while budget, sequence slots and blocks last; one
+whose tenant is at its block limit is skipped, so a busy tenant never blocks another.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # tokens computed this step, per seq
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
+        self._waiting_keys: list[tuple[int, int]] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        key = seq.sort_key()
+        i = bisect.bisect(self._waiting_keys, key)
+        self._waiting_keys.insert(i, key)
+        self.waiting.insert(i, seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Finish (or abort) seq wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self._remove_waiting(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def schedule(self) -> ScheduledBatch:
+        bm = self.block_manager
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        self.running.sort(key=Sequence.sort_key)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while True:
+                n_fit = min(n, self._fits(seq))
+                if n_fit > 0:
+                    bm.append(seq, n_fit)
+                    batch.seqs.append(seq)
+                    batch.num_new_tokens.append(n_fit)
+                    budget -= n_fit
+                    i += 1
+                    break
+                same_tenant = bm.can_append(seq, n) == TENANT_LIMIT
+                victim = self._pick_victim(i, seq.tenant if same_tenant else None)
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+        if batch.preempted:
+            return batch  # memory is tight: admit nothing new this step
+        for seq in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            cached = bm.match_prefix(seq)
+            num_cached = len(cached) * bm.block_size
+            # admit only if the whole remaining prompt fits now (avoids admitting what must be preempted at once)
+            why = bm.can_allocate(seq, cached, len(seq) - num_cached)
+            if why == TENANT_LIMIT:
+                continue  # this tenant is at its limit; others may still go
+            if why == NO_FREE_BLOCKS:
+                break  # FCFS within priority: later arrivals don't overtake
+            n = min(len(seq) - num_cached, budget)
+            self._remove_waiting(seq)
+            bm.allocate(seq, cached, n)
+            if not seq.admitted:
+                seq.admitted = True
+                seq.num_cached_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        return batch
+
+    def update_computed(self, batch: ScheduledBatch) -> None:
+        """After the model ran: the scheduled tokens' K/V are in the cache; register newly full blocks."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.commit(seq)
+
+    # ---- internals ------------------------------------------------------------------------------------------
+    def _fits(self, seq: Sequence) -> int:
+        """How many more tokens seq can compute with its blocks plus the free blocks it may take."""
+        bm = self.block_manager
+        free = bm.num_free_blocks
+        if bm.max_blocks_per_tenant is not None:
+            free = min(free, bm.max_blocks_per_tenant - bm.tenant_usage(seq.tenant))
+        return (len(seq.block_table) + max(free, 0)) * bm.block_size - seq.num_computed_tokens
+
+    def _pick_victim(self, i: int, tenant: str | None) -> Sequence:
+        """The last (lowest priority, latest) running seq at index >= i, of `tenant` if given; i itself at worst."""
+        for j in range(len(self.running) - 1, i, -1):
+            if tenant is None or self.running[j].tenant == tenant:
+                return self.running[j]
+        return self.running[i]
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def _remove_waiting(self, seq: Sequence) -> None:
+        i = bisect.bisect_left(self._waiting_keys, seq.sort_key())
+        assert self.waiting[i] is seq
+        del self.waiting[i]
+        del self._waiting_keys[i]
