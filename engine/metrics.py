@@ -1,0 +1,172 @@
+"""Prometheus metrics of one engine server process.
+
+Every server owns its own `CollectorRegistry` (several servers may live in one test process). Latency histograms use
+`engine.buckets.LATENCY_BUCKETS` (geometric, 2**(1/8) apart, from 0.49 ms to 64 s: see that module for why). Engine
+counters that the engine keeps itself (tokens, preemptions, prefix-cache queries/hits) and the gauges (running/waiting
+requests, KV usage) are read from the latest `EngineStats` snapshot at scrape time, so they can never drift from the
+engine's own numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.buckets import LATENCY_BUCKETS
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(slots=True)
+class MetricLabels:
+    env: str
+    service: str
+    kernel_version: str = "unknown"
+
+    def __post_init__(self) -> None:
+        for name in ("env", "service", "kernel_version"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"metric label {name!r} must be a non-empty string, got {value!r}")
+
+
+def _thread_cpu_seconds(native_id: int) -> float | None:
+    """User+system CPU seconds of one thread of this process (Linux /proc), None where unavailable."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    # fields[0] is field 3 (state); utime, stime are fields 14, 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _StatsCollector(Collector):
+    """Exposes the engine's own cumulative counters and gauges from a stats snapshot taken by the engine thread."""
+
+    def __init__(self, labels: MetricLabels, get_stats: Callable[[], Any], get_threads: Callable[[], dict[str, int]]):
+        self._labels = labels
+        self._get_stats = get_stats
+        self._get_threads = get_threads
+
+    def collect(self) -> Iterable[Any]:
+        names = ["env", "service", "kernel_version"]
+        values = [self._labels.env, self._labels.service, self._labels.kernel_version]
+        stats = self._get_stats()
+        if stats is not None:
+            counters = [
+                ("sits_prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
+                ("sits_generation_tokens", "Tokens generated.", stats.generation_tokens_total),
+                ("sits_num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
+                 stats.num_preemptions),
+                ("sits_prefix_cache_queries", "Prompt blocks looked up in the prefix cache.",
+                 stats.prefix_cache_queries),
+                ("sits_prefix_cache_hits", "Prompt blocks found in the prefix cache.", stats.prefix_cache_hits),
+            ]
+            for name, doc, value in counters:
+                family = CounterMetricFamily(name, doc, labels=names)
+                family.add_metric(values, float(value))
+                yield family
+            gauges = [
+                ("sits_num_requests_running", "Requests in the running batch.", stats.num_running),
+                ("sits_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+                ("sits_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", stats.kv_cache_usage),
+                ("sits_kv_cache_free_blocks", "KV-cache blocks free.", stats.num_free_blocks),
+                ("sits_kv_cache_total_blocks", "KV-cache blocks in total.", stats.num_total_blocks),
+            ]
+            for name, doc, value in gauges:
+                family = GaugeMetricFamily(name, doc, labels=names)
+                family.add_metric(values, float(value))
+                yield family
+        threads = self._get_threads()
+        if threads:
+            family = CounterMetricFamily("sits_thread_cpu_seconds", "CPU seconds used per server thread.",
+                                         labels=names + ["thread"])
+            for thread, native_id in sorted(threads.items()):
+                seconds = _thread_cpu_seconds(native_id)
+                if seconds is not None:
+                    family.add_metric(values + [thread], seconds)
+            yield family
+
+
+class EngineMetrics:
+    """All metrics of one server. Thread-safe (prometheus_client metrics are)."""
+
+    def __init__(self, labels: MetricLabels, *, model: str = "unknown", kernel_set: str = "unknown",
+                 build: str = "unknown") -> None:
+        self.labels = labels
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        eng = ["env", "service", "kernel_version"]
+        self.http_request_duration = Histogram(
+            "http_request_duration_seconds", "HTTP request duration, from request start to the last byte sent.",
+            ["env", "service", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("sits_time_to_first_token_seconds", "Time from request arrival to its first token.",
+                              eng, buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("sits_inter_token_latency_seconds", "Time between consecutive output tokens.",
+                             eng, buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("sits_e2e_request_latency_seconds", "Time from request arrival to its last token.",
+                             eng, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("sits_queue_time_seconds", "Time from request arrival to its admission into "
+                                    "the engine's running batch (first output of the engine).",
+                                    eng, buckets=LATENCY_BUCKETS, registry=r)
+        self.step_time = Histogram("sits_engine_step_seconds", "Wall time of one engine scheduler step.",
+                                   eng, buckets=LATENCY_BUCKETS, registry=r)
+        self.request_success = Counter("sits_request_success", "Finished requests by finish reason.",
+                                       eng + ["finished_reason"], registry=r)
+        self.request_errors = Counter("sits_request_errors", "Requests answered with an error, by HTTP status code.",
+                                      eng + ["code"], registry=r)
+        self.info = Info("sits_engine", "The engine build serving this endpoint.", registry=r)
+        self.info.info({"kernel_version": labels.kernel_version, "kernel_set": kernel_set, "model": model,
+                        "env": labels.env, "service": labels.service, "build": build})
+        self._eng_values = (labels.env, labels.service, labels.kernel_version)
+        self._stats_lock = threading.Lock()
+        self._stats: Any = None
+        self._threads: dict[str, int] = {}
+        r.register(_StatsCollector(labels, self._get_stats, lambda: dict(self._threads)))
+
+    # --- engine stats (written by the engine thread, read at scrape) ---
+    def set_engine_stats(self, stats: Any) -> None:
+        with self._stats_lock:
+            self._stats = stats
+
+    def _get_stats(self) -> Any:
+        with self._stats_lock:
+            return self._stats
+
+    def track_thread(self, name: str, native_id: int) -> None:
+        self._threads[name] = native_id
+
+    # --- observations ---
+    def observe_http(self, route: str, status: int, seconds: float) -> None:
+        self.http_request_duration.labels(self.labels.env, self.labels.service, route, str(status)).observe(seconds)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.labels(*self._eng_values).observe(seconds)
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.labels(*self._eng_values).observe(seconds)
+
+    def observe_e2e(self, seconds: float) -> None:
+        self.e2e.labels(*self._eng_values).observe(seconds)
+
+    def observe_queue_time(self, seconds: float) -> None:
+        self.queue_time.labels(*self._eng_values).observe(seconds)
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_time.labels(*self._eng_values).observe(seconds)
+
+    def count_finished(self, reason: str) -> None:
+        self.request_success.labels(*self._eng_values, reason).inc()
+
+    def count_error(self, status: int) -> None:
+        self.request_errors.labels(*self._eng_values, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

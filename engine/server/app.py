@@ -1,0 +1,163 @@
+"""The starlette application: routes, HTTP metrics middleware, error handlers and the engine-thread lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.metrics import CONTENT_TYPE, EngineMetrics
+from engine.server import handlers
+from engine.server.errors import APIError, api_error_response, error_response
+from engine.server.runner import EngineRunner
+from engine.tracing import RequestTracer
+
+log = logging.getLogger("sits.engine.server")
+
+
+@dataclass(slots=True)
+class Faults:
+    """Fault injection (all off by default): see `sits-engine serve --help`."""
+
+    latency_s: float = 0.0
+    token_latency_s: float = 0.0
+    error_rate: float = 0.0
+    seed: int = 0
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.latency_s < 0 or self.token_latency_s < 0:
+            raise ValueError("fault latencies must be >= 0")
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"fault error rate must be in [0, 1], got {self.error_rate}")
+        self.rng = random.Random(self.seed)
+
+
+@dataclass(slots=True)
+class ServerState:
+    runner: EngineRunner
+    metrics: EngineMetrics
+    tracer: RequestTracer
+    faults: Faults
+    model_names: set[str]
+    version: dict[str, str]
+    system_fingerprint: str
+
+
+class HTTPMetricsMiddleware:
+    """Observes http_request_duration_seconds{route,status} from request start to the last byte sent."""
+
+    def __init__(self, app: ASGIApp, routes: set[str], metrics: EngineMetrics) -> None:
+        self.app = app
+        self.routes = routes
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            path = scope.get("path", "")
+            route = path if path in self.routes else "other"  # bounded label cardinality
+            metrics = self.metrics
+            metrics.observe_http(route, status, time.perf_counter() - start)
+            if status >= 400 and path.startswith("/v1/"):
+                metrics.count_error(status)
+
+
+async def _models(request: Request) -> Response:
+    state: ServerState = request.app.state.sits
+    created = int(state.runner.started_at)
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "sits"}
+            for name in sorted(state.model_names)]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _readyz(request: Request) -> Response:
+    runner: EngineRunner = request.app.state.sits.runner
+    if runner.ready.is_set():
+        return JSONResponse({"status": "ready"})
+    if runner.load_error:
+        return JSONResponse({"status": "failed", "error": runner.load_error}, status_code=503)
+    return JSONResponse({"status": "loading"}, status_code=503)
+
+
+async def _version(request: Request) -> Response:
+    return JSONResponse(request.app.state.sits.version)
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(request.app.state.sits.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return api_error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # logged with the path only: headers (Authorization, cookies) never reach the log
+    log.error("internal error on %s %s: %s", request.method, request.url.path, exc, exc_info=exc)
+    return error_response(500, "internal server error", code="internal_error")
+
+
+ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/version", "/metrics"}
+
+
+def create_app(state: ServerState) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.metrics.track_thread("http", threading.get_native_id())
+        state.runner.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.runner.shutdown)
+            state.tracer.shutdown()
+
+    routes = [
+        Route("/v1/completions", handlers.completions, methods=["POST"]),
+        Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", _readyz, methods=["GET"]),
+        Route("/version", _version, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected})
+    app.state.sits = state
+    app.add_middleware(HTTPMetricsMiddleware, routes=ROUTES, metrics=state.metrics)
+    return app

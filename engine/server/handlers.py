@@ -1,0 +1,269 @@
+"""/v1/completions and /v1/chat/completions: validate, admit into the engine, stream or collect, account."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.server.errors import APIError, error_body
+from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
+from engine.server.runner import Admitted, Output, Rejected
+from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
+
+log = logging.getLogger("sits.engine.server")
+
+_LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop
+RETRY_AFTER_S = "1"
+
+
+@dataclass(slots=True)
+class Tracker:
+    """Per-request timing and counts; feeds the histograms and the span."""
+
+    state: Any
+    span: Any
+    arrival: float
+    prompt_tokens: int
+    first_token: float | None = None
+    last_token: float | None = None
+    output_tokens: int = 0
+    queued: bool = False
+    closed: bool = False
+    finish_reason: str | None = None
+    text: list[str] = field(default_factory=list)
+
+    def on_output(self, item: Output) -> None:
+        m = self.state.metrics
+        now = time.perf_counter()
+        if not self.queued:
+            self.queued = True
+            m.observe_queue_time(max(0.0, item.step_start - self.arrival))
+        n = len(item.out.new_token_ids)
+        if n:
+            if self.first_token is None:
+                self.first_token = now
+                m.observe_ttft(now - self.arrival)
+                n_itl = n - 1
+                gap = 0.0
+            else:
+                n_itl = n
+                gap = (now - self.last_token) / n
+            for _ in range(n_itl):
+                m.observe_itl(gap)
+            self.last_token = now
+            self.output_tokens += n
+        if item.out.finished:
+            self.finish_reason = item.out.finish_reason
+            self.prompt_tokens = item.out.num_prompt_tokens or self.prompt_tokens
+
+    def close(self, error: str | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        m = self.state.metrics
+        reason = self.finish_reason or ("error" if error else "abort")
+        if error is None and self.finish_reason is not None:
+            m.observe_e2e(time.perf_counter() - self.arrival)
+        m.count_finished(reason)
+        ttft = None if self.first_token is None else self.first_token - self.arrival
+        self.state.tracer.finish(self.span, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+                                 ttft_s=ttft, finish_reason=reason, error=error)
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.output_tokens,
+                "total_tokens": self.prompt_tokens + self.output_tokens}
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, "completion")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, "chat")
+
+
+async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list[int], Any, str, int]:
+    state = request.app.state.sits
+    runner = state.runner
+    if not runner.ready.is_set():
+        raise APIError(503, runner.load_error or "the model is still loading", headers={"Retry-After": "5"})
+    body = parse_json_body(await request.body())
+    greq = parse_chat(body) if kind == "chat" else parse_completion(body)
+    if greq.model not in state.model_names:
+        raise APIError(404, f"the model {greq.model!r} does not exist; this server serves "
+                       f"{', '.join(sorted(state.model_names))}", param="model", code="model_not_found")
+    tenant, priority = parse_tenant(request.headers)
+    engine = runner.engine
+    tok = engine.tokenizer
+    prompt_param = "messages" if kind == "chat" else "prompt"
+    if kind == "chat":
+        greq.prompt = tok.apply_chat_template(greq.messages)
+    if isinstance(greq.prompt, str):
+        if len(greq.prompt) > _LONG_PROMPT_CHARS:
+            ids = await asyncio.to_thread(tok.encode, greq.prompt)
+        else:
+            ids = tok.encode(greq.prompt)
+    else:
+        ids = greq.prompt
+    ctx = engine.max_model_len
+    if not ids:
+        raise APIError(400, "the prompt is empty after tokenization", param=prompt_param)
+    if len(ids) >= ctx:
+        raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context is {ctx} tokens "
+                       "(prompt plus at least one output token must fit)", param=prompt_param,
+                       code="context_length_exceeded")
+    max_tokens = greq.max_tokens if greq.max_tokens is not None else ctx - len(ids)
+    if len(ids) + max_tokens > ctx:
+        name = "max_tokens"
+        raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
+                       f"context is {ctx}, so at most {ctx - len(ids)} tokens can be generated", param=name,
+                       code="context_length_exceeded")
+    from engine import SamplingParams
+    from engine.errors import InvalidRequestError
+
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=greq.temperature, top_p=greq.top_p,
+                                top_k=greq.top_k, seed=greq.seed, stop=greq.stop,
+                                stop_token_ids=greq.stop_token_ids, ignore_eos=greq.ignore_eos)
+    except (InvalidRequestError, ValueError) as e:
+        raise APIError(400, str(e), param=getattr(e, "param", None)) from None
+    return greq, ids, params, tenant, priority
+
+
+def _rejection(error: Exception) -> APIError:
+    from engine.errors import InvalidRequestError, QueueFullError
+
+    if isinstance(error, QueueFullError):
+        return APIError(429, f"the server's waiting queue is full: {error}", code="queue_full",
+                        headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(error, (InvalidRequestError, ValueError)):
+        return APIError(400, str(error), param=getattr(error, "param", None))
+    return APIError(503, f"the engine could not take the request: {error}", headers={"Retry-After": RETRY_AFTER_S})
+
+
+async def _generate(request: Request, kind: str) -> Response:
+    arrival = time.perf_counter()
+    state = request.app.state.sits
+    greq, ids, params, tenant, priority = await _prepare(request, kind)
+    faults = state.faults
+    if faults.error_rate > 0 and faults.rng.random() < faults.error_rate:
+        raise APIError(500, "injected fault (--fault-error-rate): the request failed", code="injected_fault")
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    span = state.tracer.start_request(f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
+                                      request.headers, tenant=tenant, priority=priority, request_id=rid)
+    tracker = Tracker(state, span, arrival, len(ids))
+    if faults.latency_s > 0:
+        await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
+    runner = state.runner
+    queue = runner.submit(rid, ids, params, tenant=tenant, priority=priority)
+    try:
+        first = await queue.get()
+    except asyncio.CancelledError:
+        runner.abort(rid)
+        tracker.close(error="cancelled")
+        raise
+    if isinstance(first, Rejected):
+        err = _rejection(first.error)
+        tracker.close(error=err.message)
+        raise err
+    assert isinstance(first, Admitted)
+    created = int(time.time())
+    if greq.stream:
+        return SSEResponse(_stream(greq, rid, created, queue, tracker, state),
+                           on_close=lambda: _on_stream_close(runner, rid, tracker))
+    return await _collect(request, greq, rid, created, queue, tracker, state)
+
+
+def _on_stream_close(runner: Any, rid: str, tracker: Tracker) -> None:
+    if not tracker.closed:
+        runner.abort(rid)
+        tracker.close(error="client disconnected")
+
+
+async def _collect(request: Request, greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue,
+                   tracker: Tracker, state: Any) -> Response:
+    async def drain() -> str | None:
+        while True:
+            item = await queue.get()
+            if isinstance(item, Rejected):
+                return str(item.error)
+            tracker.on_output(item)
+            tracker.text.append(item.out.new_text)
+            if item.out.finished:
+                return None
+
+    drain_task = asyncio.ensure_future(drain())
+    gone_task = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({drain_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone_task.cancel()
+        if not drain_task.done():
+            drain_task.cancel()
+            state.runner.abort(rid)
+            tracker.close(error="client disconnected")
+    if drain_task.cancelled():
+        return Response(status_code=499)  # nobody is listening; recorded as 499 like nginx does
+    error = drain_task.result()
+    if error is not None:
+        tracker.close(error=error)
+        raise APIError(503, f"the request was interrupted: {error}")
+    tracker.close()
+    text = "".join(tracker.text)
+    fp = state.system_fingerprint
+    if greq.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": tracker.finish_reason}
+        body = {"id": rid, "object": "chat.completion", "created": created, "model": greq.model,
+                "system_fingerprint": fp, "choices": [choice], "usage": tracker.usage()}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": tracker.finish_reason}
+        body = {"id": rid, "object": "text_completion", "created": created, "model": greq.model,
+                "system_fingerprint": fp, "choices": [choice], "usage": tracker.usage()}
+    return JSONResponse(body)
+
+
+async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue, tracker: Tracker,
+                  state: Any) -> AsyncIterator[bytes]:
+    chat = greq.kind == "chat"
+    head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": greq.model, "system_fingerprint": state.system_fingerprint}
+    dumps = json.dumps
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+        if chat:
+            delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return sse_event(dumps({**head, "choices": [choice]}).encode())
+
+    if chat:
+        yield chunk(None, None, role=True)
+    while True:
+        item = await queue.get()
+        if isinstance(item, Rejected):
+            tracker.close(error=str(item.error))
+            yield sse_event(dumps(error_body(503, f"the request was interrupted: {item.error}")).encode())
+            return
+        tracker.on_output(item)
+        out = item.out
+        if out.finished:
+            tracker.close()  # before the last yield: a client that stops reading now still counts as served
+            yield chunk(out.new_text, out.finish_reason)
+            break
+        if out.new_text:
+            yield chunk(out.new_text, None)
+    if greq.include_usage:
+        yield sse_event(dumps({**head, "choices": [], "usage": tracker.usage()}).encode())
+    yield SSE_DONE

@@ -1,0 +1,193 @@
+"""`sits-engine serve`: argument parsing, wiring, and uvicorn (an ASGI production server, not a dev server)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger("sits.engine.server")
+
+PRESET_NAMES = ("tiny", "llama3-8b")
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    model: str = "tiny"
+    kernels: str = "torch"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    env: str = "dev"
+    service: str = "sits-engine"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 256
+    max_waiting: int = 1024
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    num_kv_blocks: int | None = None
+    max_blocks_per_tenant: int | None = None
+    quantization: str | None = None
+    seed: int = 0
+    served_model_name: str | None = None
+    otel_exporter: str | None = None   # None: from SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER, else "none"
+    otlp_endpoint: str | None = None
+    fault_latency_ms: float = 0.0
+    fault_token_latency_ms: float = 0.0
+    fault_error_rate: float = 0.0
+    warmup: bool = True
+    log_level: str = "info"
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        for name in ("env", "service"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} must not be empty")
+        for name in ("fault_latency_ms", "fault_token_latency_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        if not 0.0 <= self.fault_error_rate <= 1.0:
+            raise ValueError(f"--fault-error-rate must be in [0, 1], got {self.fault_error_rate}")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise ValueError(f"unknown log level {self.log_level!r}")
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.model if self.model in PRESET_NAMES else Path(self.model).name
+
+    def engine_config(self) -> Any:
+        from engine.config import EngineConfig
+
+        return EngineConfig(model=self.model, kernels=self.kernels, device=self.device, dtype=self.dtype,
+                            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                            max_model_len=self.max_model_len, num_kv_blocks=self.num_kv_blocks,
+                            max_waiting=self.max_waiting, quantization=self.quantization,
+                            max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sits-engine serve", description="Serve a model over an OpenAI-compatible API.")
+    a = p.add_argument
+    a("--model", default="tiny", help="preset (tiny, llama3-8b) or checkpoint directory")
+    a("--kernels", default="torch", help="kernel set name (see `sits-engine kernels`)")
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=8000)
+    a("--env", default=os.environ.get("SITS_ENV", "dev"), help="`env` label on every metric")
+    a("--service", default=os.environ.get("SITS_SERVICE", "sits-engine"), help="`service` label on every metric")
+    a("--device", default="auto")
+    a("--dtype", default="auto")
+    a("--max-num-seqs", type=int, default=256)
+    a("--max-waiting", type=int, default=1024, help="waiting-queue size; beyond it requests get 429")
+    a("--max-num-batched-tokens", type=int, default=2048)
+    a("--max-model-len", type=int, default=None)
+    a("--num-kv-blocks", type=int, default=None)
+    a("--max-blocks-per-tenant", type=int, default=None)
+    a("--quantization", choices=["int8", "fp8"], default=None)
+    a("--seed", type=int, default=0)
+    a("--served-model-name", default=None, help="model id clients send (default: the preset or directory name)")
+    a("--otel-exporter", choices=["none", "console", "otlp"], default=None,
+      help="trace exporter (default: $SITS_OTEL_EXPORTER or $OTEL_TRACES_EXPORTER or none)")
+    a("--otlp-endpoint", default=None, help="OTLP/HTTP endpoint (default: $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    g = p.add_argument_group("fault injection (for canary testing; all off by default)")
+    g.add_argument("--fault-latency-ms", type=float, default=0.0, help="added once per request, before its first token")
+    g.add_argument("--fault-token-latency-ms", type=float, default=0.0,
+                   help="added to every engine step that generates tokens, i.e. per generated token")
+    g.add_argument("--fault-error-rate", type=float, default=0.0, help="fraction of requests answered 500")
+    a("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up generation before /readyz is 200")
+    a("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    a("--no-access-log", dest="access_log", action="store_false")
+    return p
+
+
+def _build_id() -> str:
+    if os.environ.get("SITS_BUILD"):
+        return os.environ["SITS_BUILD"]
+    try:
+        from importlib.metadata import version
+
+        return f"sits {version('sits')}"
+    except Exception:
+        return "sits dev"
+
+
+def build_app(config: ServerConfig, *, span_exporter: Any = None) -> Any:
+    """The ASGI app for `config` (the engine loads in the background when the app starts)."""
+    import kernels
+    from engine.metrics import EngineMetrics, MetricLabels
+    from engine.server.app import Faults, ServerState, create_app
+    from engine.server.runner import EngineRunner
+    from engine.tracing import RequestTracer, TracingConfig, build_tracer_provider
+
+    engine_config = config.engine_config()   # validated now: bad flags fail before the port opens
+    kernel_set = kernels.get_kernel_set(config.kernels)
+    build = _build_id()
+    metrics = EngineMetrics(MetricLabels(config.env, config.service, kernel_set.version), model=config.model_name,
+                            kernel_set=kernel_set.name, build=build)
+    tracing = TracingConfig.from_env(config.otel_exporter, config.otlp_endpoint, service_name=config.service)
+    provider = build_tracer_provider(tracing, exporter=span_exporter, resource_attrs={
+        "deployment.environment": config.env, "sits.kernel_version": kernel_set.version})
+    tracer = RequestTracer(provider, kernel_version=kernel_set.version, kernel_set=kernel_set.name,
+                           model=config.model_name)
+    faults = Faults(latency_s=config.fault_latency_ms / 1000, token_latency_s=config.fault_token_latency_ms / 1000,
+                    error_rate=config.fault_error_rate, seed=config.seed)
+
+    def make_engine() -> Any:
+        from engine import LLMEngine
+
+        return LLMEngine(engine_config)
+
+    runner = EngineRunner(make_engine, metrics=metrics, warmup=config.warmup,
+                          fault_token_latency_s=faults.token_latency_s)
+    version = {"model": config.model_name, "kernel_set": kernel_set.name, "kernel_version": kernel_set.version,
+               "build": build}
+    state = ServerState(runner=runner, metrics=metrics, tracer=tracer, faults=faults,
+                        model_names={config.model_name}, version=version,
+                        system_fingerprint=f"{kernel_set.name}-{kernel_set.version}")
+    return create_app(state)
+
+
+def uvicorn_config(app: Any, config: ServerConfig) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                          access_log=config.access_log, backlog=4096, timeout_keep_alive=30,
+                          timeout_graceful_shutdown=10, lifespan="on")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = ServerConfig(**vars(args))
+        app = build_app(config)
+    except (ValueError, KeyError) as e:   # InvalidRequestError is a ValueError, UnknownKernelSetError a KeyError
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"sits-engine serve: error: {message}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = uvicorn.Server(uvicorn_config(app, config))
+    server.run()
+    return 0 if server.started else 1
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening socket (port 0 = a free port), for running a server in-process on a known port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    return sock
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The engine loop in its own thread, bridged to asyncio.
+
+Request handlers never call the engine: they post commands (add/abort) into an inbox; the engine thread drains it
+between steps, calls `LLMEngine.step()`, and hands each step's outputs back to per-request asyncio queues with ONE
+`loop.call_soon_threadsafe` per step. add_request and step therefore always run on the same thread, so a step never
+blocks the event loop and admission errors (QueueFullError, InvalidRequestError) come back through the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("sits.engine.server")
+
+WARMUP_PROMPT = "SITS warm-up"
+
+
+@dataclass(slots=True)
+class Admitted:
+    """First item of every request queue when add_request succeeded."""
+
+
+@dataclass(slots=True)
+class Rejected:
+    error: Exception
+
+
+@dataclass(slots=True)
+class Output:
+    out: Any             # engine RequestOutput
+    step_start: float    # perf_counter() when the step that produced it began
+
+
+class EngineRunner:
+    def __init__(self, engine_factory: Callable[[], Any], *, metrics: Any = None, warmup: bool = True,
+                 fault_token_latency_s: float = 0.0, idle_stats_s: float = 0.5) -> None:
+        self._factory = engine_factory
+        self._metrics = metrics
+        self._warmup = warmup
+        self._fault_token_latency_s = fault_token_latency_s
+        self._idle_stats_s = idle_stats_s
+        self.engine: Any = None
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self._cv = threading.Condition()
+        self._inbox: list[tuple] = []
+        self._stop = False
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # accounting for bench/serving.py and /metrics
+        self.started_at = time.time()
+        self.steps = 0
+        self.step_seconds = 0.0
+
+    # ---- lifecycle (event-loop side) ----
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="sits-engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- requests (event-loop side) ----
+    def submit(self, request_id: str, prompt: Any, params: Any, *, tenant: str, priority: int) -> asyncio.Queue:
+        """Queue a request for the engine; the returned queue yields Admitted|Rejected, then Output items."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        with self._cv:
+            self._inbox.append(("add", request_id, prompt, params, tenant, priority))
+            self._cv.notify()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (client gone); a no-op once it finished. Its queue gets no further items."""
+        if self._queues.pop(request_id, None) is None:
+            return
+        with self._cv:
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
+
+    # ---- engine thread ----
+    def _run(self) -> None:
+        if self._metrics is not None:
+            self._metrics.track_thread("engine", threading.get_native_id())
+        try:
+            self.engine = self._factory()
+            if self._warmup:
+                self._warm_up()
+            if self._metrics is not None:
+                self._metrics.set_engine_stats(self.engine.stats())
+        except Exception as e:  # reported by /readyz; the process stays up so the failure is visible
+            log.exception("engine failed to load")
+            self.load_error = f"{type(e).__name__}: {e}"
+            return
+        self.ready.set()
+        log.info("engine ready: model=%s kernels=%s", self.engine.model_name, self.engine.kernel_set.name)
+        try:
+            self._loop_forever()
+        except Exception:
+            log.exception("engine loop crashed")
+            self.load_error = "engine loop crashed"
+            self.ready.clear()
+            self._fail_all(RuntimeError("engine loop crashed"))
+
+    def _warm_up(self) -> None:
+        from engine import SamplingParams
+
+        self.engine.add_request("__warmup__", WARMUP_PROMPT,
+                                SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        deadline = time.monotonic() + 600
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+            if time.monotonic() > deadline:
+                raise TimeoutError("warm-up did not finish in 600 s")
+
+    def _loop_forever(self) -> None:
+        engine = self.engine
+        last_stats = 0.0
+        while True:
+            with self._cv:
+                while not self._inbox and not self._stop and not engine.has_unfinished_requests():
+                    if not self._cv.wait(timeout=self._idle_stats_s) and self._metrics is not None:
+                        self._metrics.set_engine_stats(engine.stats())
+                if self._stop:
+                    break
+                commands, self._inbox = self._inbox, []
+            batch: list[tuple[asyncio.Queue, Any]] = []
+            for cmd in commands:
+                self._apply(cmd, batch)
+            if engine.has_unfinished_requests():
+                t0 = time.perf_counter()
+                outputs = engine.step()
+                dt = time.perf_counter() - t0
+                self.steps += 1
+                self.step_seconds += dt
+                if self._metrics is not None:
+                    self._metrics.observe_step(dt)
+                produced = False
+                for out in outputs:
+                    produced = produced or bool(out.new_token_ids)
+                    q = self._queues.get(out.request_id)
+                    if q is not None:
+                        batch.append((q, Output(out, t0)))
+                        if out.finished:
+                            self._queues.pop(out.request_id, None)
+                if produced and self._fault_token_latency_s > 0:
+                    # fault injection: a slow kernel makes every step, hence every generated token, slower
+                    time.sleep(self._fault_token_latency_s)
+            if batch:
+                self._loop.call_soon_threadsafe(_deliver, batch)
+            now = time.perf_counter()
+            if self._metrics is not None and now - last_stats > 0.05:
+                self._metrics.set_engine_stats(engine.stats())
+                last_stats = now
+        self._fail_all(RuntimeError("server shutting down"))
+
+    def _apply(self, cmd: tuple, batch: list) -> None:
+        from engine.errors import EngineError
+
+        if cmd[0] == "abort":
+            self.engine.abort_request(cmd[1])
+            return
+        _, rid, prompt, params, tenant, priority = cmd
+        q = self._queues.get(rid)
+        if q is None:  # aborted before it reached the engine
+            return
+        try:
+            self.engine.add_request(rid, prompt, params, tenant=tenant, priority=priority)
+        except (EngineError, ValueError) as e:
+            self._queues.pop(rid, None)
+            batch.append((q, Rejected(e)))
+            return
+        batch.append((q, Admitted()))
+
+    def _fail_all(self, error: Exception) -> None:
+        queues, self._queues = self._queues, {}
+        if queues and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_deliver, [(q, Rejected(error)) for q in queues.values()])
+
+
+def _deliver(batch: list[tuple[asyncio.Queue, Any]]) -> None:
+    for q, item in batch:
+        q.put_nowait(item)
