@@ -1,0 +1,1 @@
+"""Adapters: deployers, metrics sources and notifiers behind small Protocols."""

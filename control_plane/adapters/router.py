@@ -1,0 +1,294 @@
+"""A weighted, streaming-safe reverse proxy in front of the local variants of one service.
+
+Each request goes to production / baseline / canary by the current weights (smooth weighted round-robin, so the split
+over N requests is exact to within one request per variant), or to the variant named in the `X-SITS-Variant` request
+header. Bodies stream through chunk by chunk (SSE works); all end-to-end headers, `traceparent` included, are
+forwarded. Weights and backends are swapped atomically: requests already in flight finish on the backend they started
+on. Admin paths under /_sits/: metrics (Prometheus text; requests per variant), weights, healthz.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import httpx
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from control_plane.adapters.deploy import ROLES, DeployError, normalize_weights
+
+PIN_HEADER = "x-sits-variant"
+# hop-by-hop headers (RFC 9110 7.6.1) are not forwarded; host/content-length are recomputed per hop
+_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+        b"transfer-encoding", b"upgrade", b"host", b"content-length"}
+
+
+@dataclass(slots=True)
+class RouterConfig:
+    service: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+    max_connections: int = 1000
+    shutdown_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.service:
+            raise DeployError("router needs a service name")
+        if not 0 <= self.port <= 65535:
+            raise DeployError(f"router port {self.port} out of range")
+        if self.connect_timeout <= 0 or self.read_timeout <= 0 or self.max_connections < 1:
+            raise DeployError("router timeouts and max_connections must be positive")
+
+
+class WeightedRouter:
+    """ASGI app + its own uvicorn thread. Thread-safe setters; selection runs on the router's event loop."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._weights = {r: 0 for r in ROLES}
+        self._backends: dict[str, tuple[str, ...]] = {}
+        self._current = {r: 0 for r in ROLES}   # smooth WRR state
+        self._rr = {r: 0 for r in ROLES}        # round-robin among a variant's replicas
+        self._in_flight = {r: 0 for r in ROLES}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter("sits_router_requests", "Requests proxied, by variant, routing and status code",
+                                 ["service", "variant", "routing", "code"], registry=self.registry)
+        self._errors = Counter("sits_router_upstream_errors", "Requests that failed to reach or read a variant",
+                               ["service", "variant", "reason"], registry=self.registry)
+        self._inflight_g = Gauge("sits_router_in_flight", "Requests in flight per variant",
+                                 ["service", "variant"], registry=self.registry)
+        self._weight_g = Gauge("sits_router_weight_percent", "Configured traffic weight per variant",
+                               ["service", "variant"], registry=self.registry)
+        for r in ROLES:
+            self._weight_g.labels(config.service, r).set(0)
+            self._inflight_g.labels(config.service, r).set(0)
+        self._client: httpx.AsyncClient | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    # ---- configuration (any thread) ----
+    def set_weights(self, weights: Mapping[str, int]) -> None:
+        w = normalize_weights(weights)
+        with self._lock:
+            self._weights = w
+            self._current = {r: 0 for r in ROLES}
+        for r, v in w.items():
+            self._weight_g.labels(self.config.service, r).set(v)
+
+    def weights(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._weights)
+
+    def set_backends(self, role: str, urls: list[str] | tuple[str, ...] | None) -> None:
+        if role not in ROLES:
+            raise DeployError(f"unknown role {role!r}")
+        with self._lock:
+            if urls:
+                self._backends[role] = tuple(u.rstrip("/") for u in urls)
+            else:
+                self._backends.pop(role, None)
+
+    def in_flight(self, role: str) -> int:
+        with self._lock:
+            return self._in_flight[role]
+
+    # ---- selection ----
+    def _pick(self, pinned: str | None) -> tuple[str, str] | None:
+        with self._lock:
+            if pinned is not None:
+                role = pinned
+                if role not in self._backends:
+                    return None
+            else:
+                live = [r for r in ROLES if self._weights[r] > 0 and r in self._backends]
+                if not live:
+                    return None
+                total = sum(self._weights[r] for r in live)
+                for r in live:
+                    self._current[r] += self._weights[r]
+                role = max(live, key=lambda r: self._current[r])
+                self._current[role] -= total
+            urls = self._backends[role]
+            url = urls[self._rr[role] % len(urls)]
+            self._rr[role] += 1
+            self._in_flight[role] += 1
+        self._inflight_g.labels(self.config.service, role).inc()
+        return role, url
+
+    def _done(self, role: str) -> None:
+        with self._lock:
+            self._in_flight[role] -= 1
+        self._inflight_g.labels(self.config.service, role).dec()
+
+    # ---- ASGI ----
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path.startswith("/_sits/"):
+            return await self._admin(path, send)
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        pin = next((v.decode("latin-1").strip() for k, v in scope["headers"] if k.lower() == b"x-sits-variant"), None)
+        if pin is not None and pin not in ROLES:
+            return await _json(send, 400, {"error": f"{PIN_HEADER} must be one of {', '.join(ROLES)}, got {pin!r}"})
+        body = bytearray()
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        picked = self._pick(pin)
+        routing = "pinned" if pin is not None else "weighted"
+        if picked is None:
+            self._requests.labels(self.config.service, pin or "none", routing, "503").inc()
+            why = f"variant {pin!r} is not deployed" if pin else "no variant has traffic weight and a backend"
+            return await _json(send, 503, {"error": f"service {self.config.service}: {why}"})
+        role, base = picked
+        try:
+            await self._forward(scope, receive, send, role, routing, base, headers, bytes(body))
+        finally:
+            self._done(role)
+
+    async def _forward(self, scope, receive, send, role, routing, base, headers, body) -> None:
+        client = self._get_client()
+        url = base + scope["path"] + (("?" + scope["query_string"].decode("latin-1")) if scope["query_string"] else "")
+        client_addr = scope.get("client") or ("", 0)
+        headers = headers + [(b"x-forwarded-for", str(client_addr[0]).encode())]
+        req = client.build_request(scope["method"], url, headers=headers, content=body)
+        try:
+            resp = await client.send(req, stream=True)
+        except httpx.HTTPError as e:
+            self._errors.labels(self.config.service, role, "connect").inc()
+            self._requests.labels(self.config.service, role, routing, "502").inc()
+            return await _json(send, 502, {"error": f"variant {role} at {base} unreachable: {type(e).__name__}"},
+                               role)
+        code = str(resp.status_code)
+        try:
+            out = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP or k.lower() == b"content-length"]
+            out.append((b"x-sits-variant", role.encode()))
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
+            pump = asyncio.ensure_future(self._pump(resp, send))
+            watch = asyncio.ensure_future(_wait_disconnect(receive))
+            try:
+                await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+                if not pump.done():  # the client went away: stop reading so the variant can abort the request
+                    pump.cancel()
+                    code = "499"
+                    self._errors.labels(self.config.service, role, "client_disconnect").inc()
+                try:
+                    await pump
+                except asyncio.CancelledError:
+                    pass
+                except httpx.HTTPError:
+                    code = "502"
+                    self._errors.labels(self.config.service, role, "read").inc()
+        finally:
+            await resp.aclose()
+            self._requests.labels(self.config.service, role, routing, code).inc()
+
+    @staticmethod
+    async def _pump(resp: httpx.Response, send) -> None:
+        async for chunk in resp.aiter_raw():
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # only a complete upstream body is completed downstream: if reading fails, the response is left unfinished
+        # and the server drops the connection, so the client sees the truncation instead of a short "success"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _admin(self, path: str, send) -> None:
+        if path == "/_sits/metrics":
+            return await _send(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        if path == "/_sits/weights":
+            with self._lock:
+                data = {"service": self.config.service, "weights": dict(self._weights),
+                        "backends": {r: list(u) for r, u in self._backends.items()},
+                        "in_flight": dict(self._in_flight)}
+            return await _json(send, 200, data)
+        if path == "/_sits/healthz":
+            return await _json(send, 200, {"status": "ok"})
+        return await _json(send, 404, {"error": f"unknown admin path {path}"})
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self._client is not None:
+                    await self._client.aclose()
+                    self._client = None
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _get_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            c = self.config
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(c.read_timeout, connect=c.connect_timeout),
+                limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=100),
+                follow_redirects=False, trust_env=False)
+        return self._client
+
+    # ---- lifecycle ----
+    def start(self, timeout: float = 10.0) -> str:
+        """Serve on config.host:config.port (0 = free port) in a daemon thread; returns the base URL."""
+        if self._thread is not None:
+            return self.url
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        host, port = sock.getsockname()[:2]
+        cfg = uvicorn.Config(self, lifespan="on", log_level="warning", access_log=False,
+                             timeout_graceful_shutdown=self.config.shutdown_timeout, timeout_keep_alive=30)
+        self._server = uvicorn.Server(cfg)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+                                        name=f"sits-router-{self.config.service}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise DeployError(f"router for {self.config.service} did not start within {timeout}s")
+            time.sleep(0.01)
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(self.config.shutdown_timeout + 5)
+        self._thread = self._server = None
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _send(send, status: int, body: bytes, content_type: str, role: str | None = None) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    if role:
+        headers.append((b"x-sits-variant", role.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _json(send, status: int, data: dict, role: str | None = None) -> None:
+    await _send(send, status, json.dumps(data).encode(), "application/json", role)

@@ -1,0 +1,44 @@
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from control_plane.adapters import process
+
+HERE = Path(__file__).resolve().parent
+
+
+def wait_http_ok(url: str, timeout: float, proc=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory):
+    """Three real HTTP upstream processes named after the roles: {role: base_url}."""
+    d = tmp_path_factory.mktemp("upstreams")
+    procs, urls = [], {}
+    try:
+        for role in ("production", "baseline", "canary"):
+            port = process.free_port()
+            p = process.spawn([sys.executable, str(HERE / "upstream_server.py"), "--name", role, "--port", str(port)],
+                              log_path=d / f"{role}.log")
+            procs.append(p)
+            urls[role] = f"http://127.0.0.1:{port}"
+        for p, url in zip(procs, urls.values()):
+            wait_http_ok(url + "/readyz", 30, p)
+        yield urls
+    finally:
+        for p in procs:
+            process.stop(p, 5)
