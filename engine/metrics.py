@@ -14,13 +14,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.buckets import LATENCY_BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+disable_created_metrics()  # no *_created series: they double the series count and no query here reads them
 
 
 @dataclass(slots=True)

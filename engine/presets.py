@@ -9,14 +9,15 @@ import torch
 
 from engine.config import ModelConfig
 
-LLAMA3_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 8192}
+# Llama 3.1 style scaling, shrunk to the tiny model's context: extends 1024 trained positions to 4096.
+TINY_ROPE_SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 1024}
 
 PRESETS: dict[str, ModelConfig] = {
     # ~3.5M parameters; head_dim 64 with GQA (4 query heads over 2 kv heads) and llama3 rope scaling on.
     "tiny": ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
-                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE_SCALING), max_position_embeddings=4096,
+                        rope_theta=500000.0, rope_scaling=dict(TINY_ROPE_SCALING), max_position_embeddings=4096,
                         tie_word_embeddings=False, bos_token_id=256, eos_token_id=[257]),
     # The exact Meta-Llama-3-8B shape (random weights, for GPU benchmarks).
     "llama3-8b": ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

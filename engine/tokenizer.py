@@ -11,7 +11,8 @@ _FALLBACK_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content
 
 
 class ByteTokenizer:
-    """UTF-8 bytes are ids 0..255; 256 = BOS, 257 = EOS; larger ids (model vocab padding) decode to nothing."""
+    """UTF-8 bytes are ids 0..255; 256 = BOS, 257 = EOS. Ids above (the model's vocab padding, never produced by
+    encode) decode to a printable ASCII character, so random-weight models print readable gibberish."""
 
     def __init__(self, vocab_size: int = 512):
         assert vocab_size >= 258
@@ -26,7 +27,8 @@ class ByteTokenizer:
         return [BYTE_BOS] + ids if add_special_tokens else ids
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return bytes(i if i < 256 else 32 + (i - 258) % 95 for i in ids if i < 256 or i > BYTE_EOS).decode(
+            "utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return render_chat(self.chat_template, messages, bos_token="", eos_token="")

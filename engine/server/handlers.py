@@ -13,9 +13,11 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from engine.errors import EngineError, InvalidRequestError, QueueFullError
+from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError, error_body
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
-from engine.server.runner import Admitted, Output, Rejected
+from engine.server.runner import Output, Rejected
 from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
 
 log = logging.getLogger("sits.engine.server")
@@ -64,13 +66,18 @@ class Tracker:
             self.finish_reason = item.out.finish_reason
             self.prompt_tokens = item.out.num_prompt_tokens or self.prompt_tokens
 
-    def close(self, error: str | None = None) -> None:
+    def close(self, error: str | None = None, *, aborted: bool = False) -> None:
+        """Account the request once: finished (finish_reason set), aborted (client gone) or failed (error)."""
         if self.closed:
             return
         self.closed = True
         m = self.state.metrics
-        reason = self.finish_reason or ("error" if error else "abort")
-        if error is None and self.finish_reason is not None:
+        if aborted:
+            reason = "abort"
+        elif error is not None:
+            reason = "error"
+        else:
+            reason = self.finish_reason or "abort"
             m.observe_e2e(time.perf_counter() - self.arrival)
         m.count_finished(reason)
         ttft = None if self.first_token is None else self.first_token - self.arrival
@@ -126,9 +133,6 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
         raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
                        f"context is {ctx}, so at most {ctx - len(ids)} tokens can be generated", param=name,
                        code="context_length_exceeded")
-    from engine import SamplingParams
-    from engine.errors import InvalidRequestError
-
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=greq.temperature, top_p=greq.top_p,
                                 top_k=greq.top_k, seed=greq.seed, stop=greq.stop,
@@ -139,8 +143,6 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
 
 
 def _rejection(error: Exception) -> APIError:
-    from engine.errors import InvalidRequestError, QueueFullError
-
     if isinstance(error, QueueFullError):
         return APIError(429, f"the server's waiting queue is full: {error}", code="queue_full",
                         headers={"Retry-After": RETRY_AFTER_S})
@@ -163,18 +165,12 @@ async def _generate(request: Request, kind: str) -> Response:
     if faults.latency_s > 0:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
     runner = state.runner
-    queue = runner.submit(rid, ids, params, tenant=tenant, priority=priority)
     try:
-        first = await queue.get()
-    except asyncio.CancelledError:
-        runner.abort(rid)
-        tracker.close(error="cancelled")
-        raise
-    if isinstance(first, Rejected):
-        err = _rejection(first.error)
+        queue = runner.submit(rid, ids, params, tenant=tenant, priority=priority)
+    except EngineError as e:
+        err = _rejection(e)
         tracker.close(error=err.message)
-        raise err
-    assert isinstance(first, Admitted)
+        raise err from None
     created = int(time.time())
     if greq.stream:
         return SSEResponse(_stream(greq, rid, created, queue, tracker, state),
@@ -185,7 +181,7 @@ async def _generate(request: Request, kind: str) -> Response:
 def _on_stream_close(runner: Any, rid: str, tracker: Tracker) -> None:
     if not tracker.closed:
         runner.abort(rid)
-        tracker.close(error="client disconnected")
+        tracker.close(aborted=True)
 
 
 async def _collect(request: Request, greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue,
@@ -209,7 +205,7 @@ async def _collect(request: Request, greq: GenerationRequest, rid: str, created:
         if not drain_task.done():
             drain_task.cancel()
             state.runner.abort(rid)
-            tracker.close(error="client disconnected")
+            tracker.close(aborted=True)
     if drain_task.cancelled():
         return Response(status_code=499)  # nobody is listening; recorded as 499 like nginx does
     error = drain_task.result()

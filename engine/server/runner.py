@@ -1,9 +1,9 @@
 """The engine loop in its own thread, bridged to asyncio.
 
-Request handlers never call the engine: they post commands (add/abort) into an inbox; the engine thread drains it
-between steps, calls `LLMEngine.step()`, and hands each step's outputs back to per-request asyncio queues with ONE
-`loop.call_soon_threadsafe` per step. add_request and step therefore always run on the same thread, so a step never
-blocks the event loop and admission errors (QueueFullError, InvalidRequestError) come back through the queue.
+Handlers call the engine's thread-safe `add_request`/`abort_request` directly (they only take the engine's short
+inbox lock, so admission errors such as QueueFullError are raised synchronously, before any response starts) and
+wake the engine thread. That thread alone calls `LLMEngine.step()` and hands each step's outputs back to per-request
+asyncio queues with ONE `loop.call_soon_threadsafe` per step, so a step never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ WARMUP_PROMPT = "SITS warm-up"
 
 
 @dataclass(slots=True)
-class Admitted:
-    """First item of every request queue when add_request succeeded."""
-
-
-@dataclass(slots=True)
 class Rejected:
+    """The request can no longer be served (engine crashed or server shutting down)."""
+
     error: Exception
 
 
@@ -48,7 +45,6 @@ class EngineRunner:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self._cv = threading.Condition()
-        self._inbox: list[tuple] = []
         self._stop = False
         self._queues: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,11 +69,16 @@ class EngineRunner:
 
     # ---- requests (event-loop side) ----
     def submit(self, request_id: str, prompt: Any, params: Any, *, tenant: str, priority: int) -> asyncio.Queue:
-        """Queue a request for the engine; the returned queue yields Admitted|Rejected, then Output items."""
+        """Admit a request (raises the engine's InvalidRequestError/QueueFullError); the queue yields Output items,
+        or one Rejected if the engine stops first."""
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
+        try:
+            self.engine.add_request(request_id, prompt, params, tenant=tenant, priority=priority)
+        except BaseException:
+            self._queues.pop(request_id, None)
+            raise
         with self._cv:
-            self._inbox.append(("add", request_id, prompt, params, tenant, priority))
             self._cv.notify()
         return queue
 
@@ -85,8 +86,8 @@ class EngineRunner:
         """Abort a request (client gone); a no-op once it finished. Its queue gets no further items."""
         if self._queues.pop(request_id, None) is None:
             return
+        self.engine.abort_request(request_id)
         with self._cv:
-            self._inbox.append(("abort", request_id))
             self._cv.notify()
 
     # ---- engine thread ----
@@ -114,30 +115,21 @@ class EngineRunner:
             self._fail_all(RuntimeError("engine loop crashed"))
 
     def _warm_up(self) -> None:
-        from engine import SamplingParams
-
-        self.engine.add_request("__warmup__", WARMUP_PROMPT,
-                                SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-        deadline = time.monotonic() + 600
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-            if time.monotonic() > deadline:
-                raise TimeoutError("warm-up did not finish in 600 s")
+        t0 = time.perf_counter()
+        self.engine.warmup()
+        log.info("warm-up took %.2f s", time.perf_counter() - t0)
 
     def _loop_forever(self) -> None:
         engine = self.engine
         last_stats = 0.0
         while True:
             with self._cv:
-                while not self._inbox and not self._stop and not engine.has_unfinished_requests():
+                while not self._stop and not engine.has_unfinished_requests():
                     if not self._cv.wait(timeout=self._idle_stats_s) and self._metrics is not None:
                         self._metrics.set_engine_stats(engine.stats())
                 if self._stop:
                     break
-                commands, self._inbox = self._inbox, []
             batch: list[tuple[asyncio.Queue, Any]] = []
-            for cmd in commands:
-                self._apply(cmd, batch)
             if engine.has_unfinished_requests():
                 t0 = time.perf_counter()
                 outputs = engine.step()
@@ -164,24 +156,6 @@ class EngineRunner:
                 self._metrics.set_engine_stats(engine.stats())
                 last_stats = now
         self._fail_all(RuntimeError("server shutting down"))
-
-    def _apply(self, cmd: tuple, batch: list) -> None:
-        from engine.errors import EngineError
-
-        if cmd[0] == "abort":
-            self.engine.abort_request(cmd[1])
-            return
-        _, rid, prompt, params, tenant, priority = cmd
-        q = self._queues.get(rid)
-        if q is None:  # aborted before it reached the engine
-            return
-        try:
-            self.engine.add_request(rid, prompt, params, tenant=tenant, priority=priority)
-        except (EngineError, ValueError) as e:
-            self._queues.pop(rid, None)
-            batch.append((q, Rejected(e)))
-            return
-        batch.append((q, Admitted()))
 
     def _fail_all(self, error: Exception) -> None:
         queues, self._queues = self._queues, {}

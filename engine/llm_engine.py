@@ -1,0 +1,210 @@
+"""LLMEngine: the thread-safe request API over scheduler + model runner (the server and LLM build on it).
+
+Threading: add_request / abort_request / stats may be called from any thread; step() from one thread only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError, QueueFullError
+from engine.loader import resolve_model
+from engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
+from engine.presets import num_params
+from engine.outputs import EngineStats, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.tokenizer import detokenize_incrementally, load_tokenizer
+
+DEFAULT_MAX_MODEL_LEN = 8192
+MAX_PRIORITY = 3
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, *, clock=time.monotonic):
+        self.config = config = config or EngineConfig()
+        self._clock = clock
+        source = resolve_model(config.model, config.seed)
+        self.model_name = source.name
+        self.model_config = mc = source.config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu" and num_params(mc) < SMALL_MODEL_PARAMS:
+            torch.set_num_threads(1)  # at this size intra-op threads cost more than they save (10x on busy hosts)
+        self.kernel_set = load_kernel_set(config.kernels, self.device)
+        self.tokenizer = load_tokenizer(source.path, mc.vocab_size, mc.eos_token_id, mc.bos_token_id)
+        max_len = min(config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
+                      mc.max_position_embeddings)
+        self.model_runner = ModelRunner(config, source, self.kernel_set, self.device, self.dtype, max_len)
+        num_blocks = self.model_runner.num_blocks
+        self.max_model_len = min(max_len, num_blocks * config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size,
+                                          enable_prefix_caching=config.enable_prefix_caching,
+                                          max_blocks_per_tenant=config.max_blocks_per_tenant, clock=clock)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens)
+        self.eos_token_ids = set(mc.eos_token_id)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self._lock = threading.Lock()
+        self._inbox: list[Sequence] = []
+        self._aborts: list[str] = []
+        self._live: dict[str, Sequence] = {}  # accepted and not yet reported finished
+        self._num_waiting = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_computed_tokens_total = 0  # tokens run through the model (prefill chunks + decodes)
+
+    # ---- requests (any thread) ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, *,
+                    tenant: str = "default", priority: int = 0) -> None:
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams", "params")
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id must be a non-empty string", "request_id")
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidRequestError("tenant must be a non-empty string", "tenant")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
+            raise InvalidRequestError(f"priority must be an integer in [0, {MAX_PRIORITY}], got {priority!r}",
+                                      "priority")
+        token_ids = self._prompt_ids(prompt)
+        total = len(token_ids) + params.max_tokens
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the model's context is "
+                                      f"{self.max_model_len} tokens", "prompt")
+        if total > self.max_model_len:
+            raise InvalidRequestError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                                      f"{total} exceeds the model's context of {self.max_model_len} tokens",
+                                      "max_tokens")
+        limit = self.config.max_blocks_per_tenant
+        if limit is not None and self.block_manager.blocks_needed(total) > limit:
+            raise InvalidRequestError(f"prompt + max_tokens = {total} tokens exceeds the per-tenant KV limit of "
+                                      f"{limit * self.config.block_size} tokens", "max_tokens")
+        seq = Sequence(request_id, token_ids, params, tenant=tenant, priority=priority,
+                       arrival_time=self._clock())
+        seq.prefix_offset, seq.read_offset = max(0, len(token_ids) - 5), len(token_ids)
+        with self._lock:
+            if request_id in self._live:
+                raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+            if self._num_waiting + len(self._inbox) >= self.config.max_waiting:
+                raise QueueFullError(f"the waiting queue is full ({self.config.max_waiting} requests)")
+            self._live[request_id] = seq
+            self._inbox.append(seq)
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty", "prompt")
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not prompt:
+            raise InvalidRequestError("prompt must be a non-empty string or a non-empty list of token ids", "prompt")
+        vocab = self.model_config.vocab_size
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab}), got {t!r}", "prompt")
+        return list(prompt)
+
+    def abort_request(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return bool(self._live)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        free, total = bm.num_free_blocks, bm.num_total_blocks
+        with self._lock:
+            waiting = self._num_waiting + len(self._inbox)
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=waiting, num_free_blocks=free,
+            num_total_blocks=total, kv_cache_usage=1.0 - free / total,
+            prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions, prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total)
+
+    # ---- the loop (one thread) ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for seq in inbox:
+            self.scheduler.add(seq)
+        for rid in aborts:
+            seq = self._live.get(rid)
+            if seq is not None and not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+                outputs.append(self._output(seq, [], "", None))
+                self._forget(seq)
+        batch = self.scheduler.schedule()
+        if batch.seqs:
+            results = self.model_runner.execute(batch)
+            self.num_computed_tokens_total += batch.num_tokens
+            self.scheduler.update_computed(batch)
+            for seq, token, logprob in results:
+                outputs.append(self._append_token(seq, token, logprob))
+        with self._lock:
+            self._num_waiting = len(self.scheduler.waiting)
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, logprob: dict | None) -> RequestOutput:
+        p = seq.params
+        seq.token_ids.append(token)
+        self.generation_tokens_total += 1
+        if seq.num_output_tokens == 1:
+            self.prompt_tokens_total += seq.num_prompt_tokens
+        reason = None
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            reason = "stop"
+        elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+            reason = "length"
+        text, seq.prefix_offset, seq.read_offset = detokenize_incrementally(
+            self.tokenizer, seq.token_ids, seq.prefix_offset, seq.read_offset, final=reason is not None)
+        old_len = len(seq.output_text)
+        seq.output_text += text
+        if p.stop:
+            longest = max(len(s) for s in p.stop)
+            window_start = max(0, old_len - longest + 1)
+            hits = [i for i in (seq.output_text.find(s, window_start) for s in p.stop) if i >= 0]
+            if hits:
+                seq.output_text = seq.output_text[:min(hits)]
+                reason = "stop"
+        emit_to = len(seq.output_text)
+        if reason is None and p.stop:  # hold back a tail that may still become a stop string
+            emit_to = max(seq.emitted_text_len, emit_to - max(len(s) for s in p.stop) + 1)
+        new_text = seq.output_text[seq.emitted_text_len:emit_to]
+        seq.emitted_text_len = emit_to
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._forget(seq)
+        return self._output(seq, [token], new_text, [logprob] if logprob is not None else None)
+
+    def _output(self, seq: Sequence, new_ids: list[int], new_text: str, logprobs) -> RequestOutput:
+        return RequestOutput(request_id=seq.request_id, new_token_ids=new_ids, new_text=new_text,
+                             finished=seq.is_finished, finish_reason=seq.finish_reason,
+                             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+                             num_cached_tokens=seq.num_cached_tokens, logprobs=logprobs, tenant=seq.tenant)
+
+    def _forget(self, seq: Sequence) -> None:
+        with self._lock:
+            self._live.pop(seq.request_id, None)
+
+    def warmup(self, max_tokens: int = 4) -> None:
+        """Run one short request to completion (first kernel launches/compiles); call before serving."""
+        rid = f"__warmup__{id(self)}"
+        self.add_request(rid, [self.model_config.bos_token_id or 0] * 3,
+                         SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        while self.has_unfinished_requests():
+            self.step()
+        self.prompt_tokens_total = self.generation_tokens_total = 0
+        self.block_manager.prefix_cache_queries = self.block_manager.prefix_cache_hits = 0

@@ -1,0 +1,149 @@
+"""Where tensors enter: loads the model, owns the paged KV cache, turns a ScheduledBatch into one forward + sampling."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import InvalidRequestError
+from engine.layers.attention import AttentionMetadata
+from engine.layers.sampler import Sampler
+from engine.loader import ModelSource
+from engine.models.llama import LlamaForCausalLM
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+
+CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
+GPU_MEMORY_UTILIZATION = 0.90
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidRequestError(f"device {device!r} requested but CUDA is not available", "device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_kernel_set(name: str, device: torch.device):
+    try:
+        ks = kernels.get_kernel_set(name)
+    except KeyError as e:  # UnknownKernelSetError lists the known names
+        raise InvalidRequestError(str(e), "kernels") from None
+    if not ks.supports(device.type):
+        raise InvalidRequestError(f"kernel set {name!r} runs on {', '.join(ks.devices)}, not {device.type}",
+                                  "kernels")
+    return ks
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, source: ModelSource, kernel_set, device: torch.device,
+                 dtype: torch.dtype, max_model_len: int):
+        self.config = config
+        self.model_config: ModelConfig = source.config
+        self.device, self.dtype = device, dtype
+        self.block_size = config.block_size
+        self.kernel_set = kernel_set
+        with torch.inference_mode():
+            self.model = LlamaForCausalLM(source.config, kernel_set, device, dtype, max_model_len)
+            self.model.load_weights(source.weights(device, dtype))
+            if config.quantization:
+                self.model.quantize(config.quantization)
+            self.num_blocks = config.num_kv_blocks or self._auto_num_blocks(max_model_len)
+            mc = source.config
+            # one allocation for every layer's K and V: [layers, 2, blocks, block_size, kv_heads, head_dim]
+            self.kv_cache = torch.zeros(mc.num_hidden_layers, 2, self.num_blocks, self.block_size,
+                                        mc.num_key_value_heads, mc.head_dim, device=device, dtype=dtype)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_hidden_layers)]
+        self.sampler = Sampler(device, config.seed)
+        self.capture_logits = False  # tests: keep the last step's logits
+        self.last_logits: torch.Tensor | None = None  # [num sampled seqs, vocab] fp32
+        self.last_logits_seqs: list[str] = []  # their request ids
+
+    def block_bytes(self) -> int:
+        mc = self.model_config
+        return (2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * mc.head_dim
+                * torch.empty(0, dtype=self.dtype).element_size())
+
+    def _auto_num_blocks(self, max_model_len: int) -> int:
+        min_blocks = -(-max_model_len // self.block_size)
+        if self.device.type != "cuda":
+            return max(CPU_KV_CACHE_BYTES // self.block_bytes(), min_blocks)
+        free, total = torch.cuda.mem_get_info(self.device)
+        mc, c = self.model_config, self.config
+        elt = torch.empty(0, dtype=self.dtype).element_size()
+        t = c.max_num_batched_tokens
+        # activations of one step, the reference attention's score matrix, and the sampler's [seqs, vocab] tensors
+        act = t * (4 * mc.hidden_size + 3 * mc.intermediate_size
+                   + (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim) * elt * 2
+        act += mc.num_attention_heads * t * max_model_len * 4 * 2
+        act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
+        budget = total * GPU_MEMORY_UTILIZATION - (total - free) - act
+        return max(int(budget // self.block_bytes()), min_blocks)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, int, dict | None]]:
+        """Run the scheduled tokens; returns (seq, sampled token, logprobs) for each seq whose chunk reached its end."""
+        bs = self.block_size
+        pairs = list(zip(batch.seqs, batch.num_new_tokens))
+        prefill = [(s, n) for s, n in pairs if n > 1]
+        decode = [(s, n) for s, n in pairs if n == 1]  # a 1-token chunk is a decode: same math
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for s, n in prefill + decode:
+            start = s.num_computed_tokens
+            input_ids += s.token_ids[start:start + n]
+            positions += range(start, start + n)
+            bt = s.block_table
+            slots += [bt[p // bs] * bs + p % bs for p in range(start, start + n)]
+            if start + n == len(s.token_ids):
+                sample_rows.append(len(input_ids) - 1)
+                sample_seqs.append(s)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_prefill_tokens=sum(n for _, n in prefill),
+            cu_seqlens_q=self._cu_seqlens([n for _, n in prefill]) if prefill else None,
+            prefill_context_lens=self._int32([s.num_computed_tokens + n for s, n in prefill]) if prefill else None,
+            prefill_block_tables=self._block_tables([s for s, _ in prefill]) if prefill else None,
+            decode_context_lens=self._int32([s.num_computed_tokens + 1 for s, _ in decode]) if decode else None,
+            decode_block_tables=self._block_tables([s for s, _ in decode]) if decode else None,
+        )
+        hidden = self.model.forward(torch.tensor(input_ids, dtype=torch.int64, device=dev),
+                                    torch.tensor(positions, dtype=torch.int64, device=dev), self.kv_caches, meta)
+        if not sample_seqs:
+            return []
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        if self.capture_logits:
+            self.last_logits = logits.detach().clone()
+            self.last_logits_seqs = [s.request_id for s in sample_seqs]
+        gens = []
+        for s in sample_seqs:
+            if s.params.seed is not None and s.sampler_state is None:
+                s.sampler_state = self.sampler.new_generator(s.params.seed)
+            gens.append(s.sampler_state)
+        tokens, logprobs = self.sampler(logits, [s.params for s in sample_seqs], gens)
+        return [(s, t, logprobs[i] if logprobs else None) for i, (s, t) in enumerate(zip(sample_seqs, tokens))]
+
+    def _int32(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+    def _cu_seqlens(self, lens: list[int]) -> torch.Tensor:
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        return self._int32(cu)
+
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        return self._int32([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])

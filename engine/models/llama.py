@@ -1,0 +1,137 @@
+"""LLaMA-family decoder (Llama 2/3: GQA, RMSNorm, SwiGLU, RoPE with llama3 scaling, optional tied embeddings).
+
+Every norm / rope / attention / activation / matmul runs through the kernel set, so a new kernel set changes the
+model's kernels without touching this file. Weights use Hugging Face names; q/k/v and gate/up load into fused
+matrices.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.errors import UnknownModelError
+from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.layernorm import RMSNorm
+from engine.layers.linear import Linear
+from engine.layers.rotary_embedding import rope_cos_sin
+
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
+_SHARDS = {  # HF sub-module -> (attribute of LlamaDecoderLayer, shard index)
+    "self_attn.q_proj": ("qkv_proj", 0), "self_attn.k_proj": ("qkv_proj", 1), "self_attn.v_proj": ("qkv_proj", 2),
+    "self_attn.o_proj": ("o_proj", 0), "mlp.gate_proj": ("gate_up_proj", 0), "mlp.up_proj": ("gate_up_proj", 1),
+    "mlp.down_proj": ("down_proj", 0), "input_layernorm": ("input_layernorm", None),
+    "post_attention_layernorm": ("post_attention_layernorm", None),
+}
+
+
+class LlamaDecoderLayer:
+    def __init__(self, cfg: ModelConfig, ks, device, dtype):
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.input_layernorm = RMSNorm(ks, h, cfg.rms_norm_eps, device, dtype)
+        self.qkv_proj = Linear(ks, h, [self.hq * d, self.hkv * d, self.hkv * d], device, dtype)
+        self.o_proj = Linear(ks, self.hq * d, [h], device, dtype)
+        self.attn = Attention(ks, self.hq, self.hkv, d)
+        self.post_attention_layernorm = RMSNorm(ks, h, cfg.rms_norm_eps, device, dtype)
+        self.gate_up_proj = Linear(ks, h, [cfg.intermediate_size, cfg.intermediate_size], device, dtype)
+        self.down_proj = Linear(ks, cfg.intermediate_size, [h], device, dtype)
+        self.ks = ks
+
+    def __call__(self, hidden, residual, positions, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+        # hidden/residual: [T, H]
+        t = hidden.shape[0]
+        if residual is None:
+            x, residual = self.input_layernorm(hidden), hidden
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        qkv = self.qkv_proj(x)
+        q_size, kv_size = self.hq * self.d, self.hkv * self.d
+        q = qkv[:, :q_size].reshape(t, self.hq, self.d).contiguous()
+        k = qkv[:, q_size:q_size + kv_size].reshape(t, self.hkv, self.d).contiguous()
+        v = qkv[:, q_size + kv_size:].reshape(t, self.hkv, self.d).contiguous()
+        attn = self.attn(q, k, v, positions, cos, sin, k_cache, v_cache, meta)
+        hidden = self.o_proj(attn.reshape(t, q_size))
+        x, residual = self.post_attention_layernorm(hidden, residual)
+        hidden = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
+        return hidden, residual
+
+
+class LlamaForCausalLM:
+    def __init__(self, cfg: ModelConfig, kernel_set, device: torch.device, dtype: torch.dtype,
+                 max_positions: int):
+        self.cfg = cfg
+        self.device, self.dtype = device, dtype
+        self.embed_tokens = torch.empty(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
+        self.layers = [LlamaDecoderLayer(cfg, kernel_set, device, dtype) for _ in range(cfg.num_hidden_layers)]
+        self.norm = RMSNorm(kernel_set, cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(kernel_set, cfg.hidden_size, [cfg.vocab_size],
+                                                                  device, dtype)
+        self.ks = kernel_set
+        self.cos, self.sin = rope_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, device)
+        self._embed_loaded = False
+
+    @torch.inference_mode()
+    def load_weights(self, weights) -> None:
+        """weights: iterable of (HF name, tensor). Raises UnknownModelError if a weight is missing or misshapen."""
+        for name, tensor in weights:
+            try:
+                self._load_one(name, tensor)
+            except ValueError as e:
+                raise UnknownModelError(f"checkpoint weight {name!r}: {e}") from None
+        missing = [name for name, loaded in self._loaded_flags() if not loaded]
+        if missing:
+            raise UnknownModelError(f"checkpoint lacks {len(missing)} weight(s), e.g. {missing[:3]}")
+
+    def _load_one(self, name: str, tensor: torch.Tensor) -> None:
+        if name == "model.embed_tokens.weight":
+            if tensor.shape != self.embed_tokens.shape:
+                raise ValueError(f"shape {tuple(tensor.shape)}, expected {tuple(self.embed_tokens.shape)}")
+            self.embed_tokens.copy_(tensor)
+            self._embed_loaded = True
+        elif name == "model.norm.weight":
+            self.norm.load(tensor)
+        elif name == "lm_head.weight":
+            if self.lm_head is not None:  # tied checkpoints may still carry a copy
+                self.lm_head.load(tensor)
+        elif m := _LAYER_KEY.match(name):
+            idx, sub = int(m.group(1)), m.group(2)
+            if idx >= len(self.layers) or sub not in _SHARDS:
+                return  # e.g. rotary_emb buffers of old checkpoints
+            attr, shard = _SHARDS[sub]
+            module = getattr(self.layers[idx], attr)
+            module.load(tensor) if shard is None else module.load(tensor, shard)
+
+    def _loaded_flags(self):
+        yield "model.embed_tokens.weight", self._embed_loaded
+        yield "model.norm.weight", self.norm.loaded[0]
+        if self.lm_head is not None:
+            yield "lm_head.weight", self.lm_head.loaded[0]
+        for i, layer in enumerate(self.layers):
+            for sub, (attr, shard) in _SHARDS.items():
+                yield f"model.layers.{i}.{sub}.weight", getattr(layer, attr).loaded[shard or 0]
+
+    def quantize(self, kind: str) -> None:
+        """Weight-only quantization of every decoder linear (embeddings and lm_head stay in the model dtype)."""
+        for layer in self.layers:
+            for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+                lin.quantize(kind)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, ...]],
+                meta: AttentionMetadata) -> torch.Tensor:
+        # input_ids/positions: [T] -> final hidden states [T, H]
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, positions, self.cos, self.sin, k_cache, v_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, H] (only the rows that sample) -> [B, V] fp32
+        if self.lm_head is None:
+            return self.ks.linear(hidden, self.embed_tokens).float()
+        return self.lm_head(hidden).float()

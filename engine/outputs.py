@@ -1,0 +1,33 @@
+"""What the engine hands back: per-step request outputs and cumulative stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]  # tokens generated this step
+    new_text: str  # text added this step (incremental; stop strings cut; held back while it may start a stop string)
+    finished: bool
+    finish_reason: str | None  # None | "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    logprobs: list[dict] | None  # per new token: {"token_id", "logprob", "top_logprobs": [(id, logprob), ...]}
+    tenant: str
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    kv_cache_usage: float  # fraction of blocks referenced by live sequences
+    prefix_cache_queries: int  # cumulative prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # cumulative prompt tokens found there
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int

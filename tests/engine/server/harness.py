@@ -1,0 +1,79 @@
+"""Real engine servers on loopback: uvicorn in a thread of the test process, on a free port."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.server.main import ServerConfig, bind_socket, build_app, uvicorn_config
+
+BASE = ServerConfig(model="tiny", kernels="torch", env="test", service="engine-under-test", device="cpu",
+                    max_num_seqs=64, log_level="warning", access_log=False)
+
+
+def http(method: str, url: str, body: dict | bytes | None = None, headers: dict | None = None,
+         timeout: float = 60) -> tuple[int, dict, bytes]:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+class RunningServer:
+    def __init__(self, config: ServerConfig):
+        import uvicorn
+
+        self.config = config
+        self.exporter = InMemorySpanExporter()
+        self.app = build_app(config, span_exporter=self.exporter)
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn_config(self.app, config))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+
+    @property
+    def state(self):
+        return self.app.state.sits
+
+    def wait_ready(self, timeout: float = 120) -> "RunningServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if http("GET", self.url + "/readyz", timeout=2)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            if not self.thread.is_alive():
+                raise RuntimeError("server thread exited")
+            time.sleep(0.05)
+        raise TimeoutError("server not ready")
+
+    def metrics(self) -> dict[str, list]:
+        """{family name: [samples]} from /metrics."""
+        status, _, body = http("GET", self.url + "/metrics")
+        assert status == 200
+        return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+def sample(metrics: dict, family: str, name: str | None = None, **labels) -> float:
+    """Sum of the samples of `family` (sample name `name`, default the family) whose labels include `labels`."""
+    name = name or family
+    return sum(s.value for s in metrics.get(family, []) if s.name == name
+               and all(s.labels.get(k) == v for k, v in labels.items()))
