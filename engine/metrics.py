@@ -3,14 +3,13 @@
 Every server owns its own `CollectorRegistry` (several servers may live in one test process). Latency histograms use
 `engine.buckets.LATENCY_BUCKETS` (geometric, 2**(1/8) apart, from 0.49 ms to 64 s: see that module for why). Engine
 counters that the engine keeps itself (tokens, preemptions, prefix-cache queries/hits) and the gauges (running/waiting
-requests, KV usage) are read from the latest `EngineStats` snapshot at scrape time, so they can never drift from the
+requests, KV usage) are read from `LLMEngine.stats()` (thread-safe) at scrape time, so they can never drift from the
 engine's own numbers.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -50,7 +49,7 @@ def _thread_cpu_seconds(native_id: int) -> float | None:
 
 
 class _StatsCollector(Collector):
-    """Exposes the engine's own cumulative counters and gauges from a stats snapshot taken by the engine thread."""
+    """Exposes the engine's own cumulative counters and gauges, read from the engine at scrape time."""
 
     def __init__(self, labels: MetricLabels, get_stats: Callable[[], Any], get_threads: Callable[[], dict[str, int]]):
         self._labels = labels
@@ -67,9 +66,9 @@ class _StatsCollector(Collector):
                 ("sits_generation_tokens", "Tokens generated.", stats.generation_tokens_total),
                 ("sits_num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
                  stats.num_preemptions),
-                ("sits_prefix_cache_queries", "Prompt blocks looked up in the prefix cache.",
+                ("sits_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                  stats.prefix_cache_queries),
-                ("sits_prefix_cache_hits", "Prompt blocks found in the prefix cache.", stats.prefix_cache_hits),
+                ("sits_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ]
             for name, doc, value in counters:
                 family = CounterMetricFamily(name, doc, labels=names)
@@ -128,19 +127,17 @@ class EngineMetrics:
         self.info.info({"kernel_version": labels.kernel_version, "kernel_set": kernel_set, "model": model,
                         "env": labels.env, "service": labels.service, "build": build})
         self._eng_values = (labels.env, labels.service, labels.kernel_version)
-        self._stats_lock = threading.Lock()
-        self._stats: Any = None
+        self._stats_source: Callable[[], Any] = lambda: None
         self._threads: dict[str, int] = {}
         r.register(_StatsCollector(labels, self._get_stats, lambda: dict(self._threads)))
 
-    # --- engine stats (written by the engine thread, read at scrape) ---
-    def set_engine_stats(self, stats: Any) -> None:
-        with self._stats_lock:
-            self._stats = stats
+    # --- engine stats (read at scrape) ---
+    def set_stats_source(self, source: Callable[[], Any]) -> None:
+        """`source()` returns an EngineStats, or None while no engine is loaded."""
+        self._stats_source = source
 
     def _get_stats(self) -> Any:
-        with self._stats_lock:
-            return self._stats
+        return self._stats_source()
 
     def track_thread(self, name: str, native_id: int) -> None:
         self._threads[name] = native_id

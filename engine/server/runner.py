@@ -35,12 +35,11 @@ class Output:
 
 class EngineRunner:
     def __init__(self, engine_factory: Callable[[], Any], *, metrics: Any = None, warmup: bool = True,
-                 fault_token_latency_s: float = 0.0, idle_stats_s: float = 0.5) -> None:
+                 fault_token_latency_s: float = 0.0) -> None:
         self._factory = engine_factory
         self._metrics = metrics
         self._warmup = warmup
         self._fault_token_latency_s = fault_token_latency_s
-        self._idle_stats_s = idle_stats_s
         self.engine: Any = None
         self.ready = threading.Event()
         self.load_error: str | None = None
@@ -99,7 +98,7 @@ class EngineRunner:
             if self._warmup:
                 self._warm_up()
             if self._metrics is not None:
-                self._metrics.set_engine_stats(self.engine.stats())
+                self._metrics.set_stats_source(self.engine.stats)
         except Exception as e:  # reported by /readyz; the process stays up so the failure is visible
             log.exception("engine failed to load")
             self.load_error = f"{type(e).__name__}: {e}"
@@ -121,12 +120,10 @@ class EngineRunner:
 
     def _loop_forever(self) -> None:
         engine = self.engine
-        last_stats = 0.0
         while True:
             with self._cv:
                 while not self._stop and not engine.has_unfinished_requests():
-                    if not self._cv.wait(timeout=self._idle_stats_s) and self._metrics is not None:
-                        self._metrics.set_engine_stats(engine.stats())
+                    self._cv.wait(timeout=1.0)
                 if self._stop:
                     break
             batch: list[tuple[asyncio.Queue, Any]] = []
@@ -151,10 +148,6 @@ class EngineRunner:
                     time.sleep(self._fault_token_latency_s)
             if batch:
                 self._loop.call_soon_threadsafe(_deliver, batch)
-            now = time.perf_counter()
-            if self._metrics is not None and now - last_stats > 0.05:
-                self._metrics.set_engine_stats(engine.stats())
-                last_stats = now
         self._fail_all(RuntimeError("server shutting down"))
 
     def _fail_all(self, error: Exception) -> None:
