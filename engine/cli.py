@@ -1,0 +1,90 @@
+"""`sits-engine`: generate | kernels | write-tiny | serve (the HTTP server lives in engine.server.main)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _generate(args) -> int:
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, stop=args.stop or [], ignore_eos=args.ignore_eos)
+    llm = LLM(model=args.model, kernels=args.kernels, device=args.device, dtype=args.dtype)
+    for result in llm.generate(args.prompts, params):
+        if len(args.prompts) > 1:
+            print(f"--- {result.prompt!r} ({len(result.token_ids)} tokens, {result.finish_reason})")
+        print(result.text)
+    return 0
+
+
+def _kernels(args) -> int:
+    import kernels
+
+    rows = [("name", "version", "devices", "description")]
+    for name in kernels.list_kernel_sets():
+        ks = kernels.get_kernel_set(name)
+        rows.append((ks.name, ks.version, ",".join(ks.devices), ks.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+    return 0
+
+
+def _write_tiny(args) -> int:
+    from engine.loader import write_tiny
+
+    path = write_tiny(args.dir, shards=args.shards, seed=args.seed, tie_word_embeddings=args.tie_word_embeddings)
+    print(f"wrote a tiny random LLaMA checkpoint to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sits-engine", description="SITS inference engine")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate a completion for each prompt and print it")
+    g.add_argument("prompts", nargs="+", metavar="PROMPT")
+    g.add_argument("--model", default="tiny", help="preset (tiny, llama3-8b) or checkpoint directory")
+    g.add_argument("--kernels", default="torch", help="kernel set name (see `sits-engine kernels`)")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--dtype", default="auto")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.set_defaults(func=_generate)
+    k = sub.add_parser("kernels", help="list the registered kernel sets")
+    k.set_defaults(func=_kernels)
+    w = sub.add_parser("write-tiny", help="write the tiny preset as a Hugging Face style checkpoint directory")
+    w.add_argument("dir")
+    w.add_argument("--shards", type=int, default=1, help="split the weights over N safetensors files")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--tie-word-embeddings", action="store_true")
+    w.set_defaults(func=_write_tiny)
+    sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (see `sits-engine serve --help`)",
+                   add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from engine.server.main import main as serve_main
+
+        return serve_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    from engine.errors import EngineError
+
+    try:
+        return args.func(args)
+    except (EngineError, ValueError) as e:
+        print(f"sits-engine {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
