@@ -1,7 +1,13 @@
 """Linear layer y = x W^T (+ b) for plain weights and weight-only quantized (int8 / fp8 e4m3) weights.
 
-Quantized: y[t, n] = (sum_k x[t, k] * q[n, k]) * scale[n], i.e. the per-output-channel scale is applied once after
-the reduction.
+Quantized: y[t, n] = (sum_k x[t, k] * q[n, k]) * scale[n]: the per-output-channel scale is applied once after the
+reduction. Plain weights go to cuBLAS (F.linear), which no hand-written kernel here beats.
+Triton paths:
+- `_linear_kernel`: weight-only, the int8/fp8 weight tile is upcast to x.dtype in registers and fed to tl.dot
+  (fp32 accumulation). Small M (decode, GEMV-like) uses 16-row tiles and long K tiles so enough weight bytes are in
+  flight to stream at memory bandwidth; larger M uses square-ish tiles with grouped ordering for L2 reuse.
+- `_linear_fp8_kernel` (M >= 64 on GPUs with fp8 tensor cores, sm_89+): W8A8 -- activations are quantized per token
+  to e4m3 by `_quantize_fp8_rows_kernel` and both operands go to the fp8 tensor cores; y = acc * sx[t] * sw[n].
 """
 from __future__ import annotations
 
@@ -9,6 +15,109 @@ import torch
 import torch.nn.functional as F
 
 from kernels.quant import QuantizedWeight
+from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
+
+FP8_NATIVE_MIN_M = 64
+FP8_MAX = 448.0
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = (k0 + offs_k) < K
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if DOT_F32:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc = acc * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _quantize_fp8_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
+    # one row: sx = max|x| / 448, xq = e4m3(x / sx)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / 448.0
+    q = tl.minimum(tl.maximum(x / s, -448.0), 448.0)
+    tl.store(xq_ptr + row * stride_q + offs, q.to(xq_ptr.dtype.element_ty), mask=mask)
+    tl.store(xs_ptr + row, s)
+
+
+@triton.jit
+def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_am, stride_wn,
+                       stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = (k0 + offs_k) < K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, w, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    sa = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
+    sw = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
+    acc = acc * sa[:, None] * sw[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _cfg(bm, bn, bk, w, s):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
+
+
+_SMALL_M = [_cfg(16, 16, 512, 4, 4), _cfg(16, 32, 256, 4, 4), _cfg(16, 32, 512, 4, 3), _cfg(16, 64, 256, 4, 4),
+            _cfg(16, 64, 128, 4, 5), _cfg(16, 128, 128, 4, 4)]
+_LARGE_M = [_cfg(128, 128, 64, 8, 3), _cfg(64, 128, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(128, 64, 64, 4, 4)]
+_FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128, 8, 3), _cfg(128, 128, 128, 4, 4)]
+_linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"])(_linear_kernel)
+_linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_linear_kernel)
+_linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 
 
 def check_linear_args(x: torch.Tensor, weight, bias) -> None:
@@ -19,8 +128,60 @@ def check_linear_args(x: torch.Tensor, weight, bias) -> None:
         raise ValueError(f"linear: bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
 
 
-def linear_ref(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+def _fp8_native(x: torch.Tensor, m: int) -> bool:
+    return x.is_cuda and m >= FP8_NATIVE_MIN_M and torch.cuda.get_device_capability(x.device) >= (8, 9)
+
+
+def quantize_fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32)."""
+    m, k = x2.shape
+    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
+    xs = torch.empty(m, dtype=torch.float32, device=x2.device)
+    block = next_pow2(k)
+    _quantize_fp8_rows_kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block,
+                                    num_warps=min(16, max(4, block // 1024)))
+    return xq, xs
+
+
+def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     # x: [T, K]; weight: [N, K] tensor or QuantizedWeight; out: [T, N] in x.dtype
+    check_linear_args(x, weight, bias)
+    if not isinstance(weight, QuantizedWeight):
+        return linear_ref(x, weight, bias)
+    check_device("linear", x)
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out.view(*x.shape[:-1], n)
+    qw = weight.qweight
+    has_bias = bias is not None
+    b = bias.contiguous() if has_bias else weight.scale
+    if weight.kind == "fp8" and _fp8_native(x, m):
+        xq, xs = quantize_fp8_rows(x2)
+        grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731
+        _linear_fp8[grid](xq, qw, xs, weight.scale, b, out, m, n, k, xq.stride(0), qw.stride(0), out.stride(0),
+                          HAS_BIAS=has_bias)
+        return out.view(*x.shape[:-1], n)
+    args = (x2, qw, weight.scale, b, out, m, n, k, x2.stride(0), qw.stride(0), out.stride(0))
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    if interpreting():
+        bm = 16 if m <= 16 else 32
+        bn = 32 if n >= 32 else 16
+        _linear_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
+            *args, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64 if k >= 64 else 32, GROUP_M=8,
+            DOT_F32=True, DOT_PRECISION=precision)
+    else:
+        kernel = _linear_small_m if m <= 16 else _linear_large_m
+        grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731
+        kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision)
+    return out.view(*x.shape[:-1], n)
+
+
+def linear_ref(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     check_linear_args(x, weight, bias)
     if not isinstance(weight, QuantizedWeight):
         return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
@@ -29,3 +190,14 @@ def linear_ref(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
+
+
+def linear_fp8_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> torch.Tensor:
+    """What the native fp8 path computes, in torch: x quantized per row to e4m3, then the scaled product."""
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    sx = x2.abs().amax(1).clamp(min=1e-12) / FP8_MAX
+    xq = (x2 / sx[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    y = (xq @ weight.qweight.to(torch.float32).t()) * sx[:, None] * weight.scale[None, :]
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])

@@ -1,18 +1,154 @@
 """Decode attention: one query token per sequence over its paged KV cache.
 
 out[s, h] = softmax(q[s, h] . K_s^T * scale) V_s over the first context_lens[s] cached tokens of sequence s,
-softmax statistics in fp32.
+softmax statistics in fp32. Flash-decoding (Dao et al. 2023): the context is split into NUM_SPLITS ranges handled by
+separate programs, each producing a partial output and its log-sum-exp, merged by a second small kernel -- so one long
+sequence still fills the GPU. One program serves all GROUP query heads that share a kv head, so every K/V tile is
+loaded once for the group.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from kernels.paged import check_lens, check_paged_args
+from kernels.triton_env import check_device, interpreting, next_pow2, num_sms, tl, triton
+
+
+@triton.jit
+def _paged_decode_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, ctx_ptr, o_ptr, part_o_ptr, part_lse_ptr, qk_scale,
+    stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_os, stride_oh, num_q_heads,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # grid: (num_seqs, num_kv_heads, NUM_SPLITS)
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + seq)
+    tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), NUM_SPLITS)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(ctx, lo + tiles_per_split * BLOCK_N)
+
+    offs_g = tl.arange(0, GROUP_P)
+    mask_g = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([GROUP_P], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_P], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
+    bt_row = bt_ptr + seq * stride_bt
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        blk = tl.load(bt_row + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+        slot = (offs_n % PAGE)[:, None]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + blk[:, None] * stride_kb + slot * stride_ks + kv_head * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_P, BLOCK_N], log2 domain
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + blk[:, None] * stride_vb + slot * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        p = p.to(v.dtype)
+        if DOT_F32:
+            p = p.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+    else:
+        # partials: part_o [S, Hq, NUM_SPLITS, HEAD_DIM_P] normalized, part_lse [S, Hq, NUM_SPLITS] (log2 domain)
+        empty = l_i == 0.0
+        out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
+        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        row = (seq * num_q_heads + heads) * NUM_SPLITS + split
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], out, mask=mask_g[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=mask_g)
+
+
+@triton.jit
+def _merge_splits_kernel(part_o_ptr, part_lse_ptr, o_ptr, stride_os, stride_oh, num_q_heads,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    # grid: (num_seqs, num_q_heads); out = sum_j w_j o_j / sum_j w_j with w_j = 2^(lse_j - max lse)
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    row = (seq * num_q_heads + head) * NUM_SPLITS + offs_s
+    lse = tl.load(part_lse_ptr + row)
+    w = tl.math.exp2(lse - tl.max(lse, 0))
+    o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :])
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(o_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 def check_decode_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
     check_paged_args("paged_decode_attention", q, k_cache, v_cache, block_tables, q.shape[0] if q.dim() == 3 else -1)
     check_lens("paged_decode_attention", context_lens, q.shape[0])
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, device) -> int:
+    """Enough programs to give every SM ~4 of them, at most 64 splits (a power of two)."""
+    work = num_seqs * num_kv_heads
+    return min(64, next_pow2(triton.cdiv(4 * num_sms(device), max(1, work))))
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, *, num_splits: int | None = None):
+    # q: [S, Hq, D]; k_cache/v_cache: [NB, PAGE, Hkv, D]; block_tables: [S, max_blocks]; context_lens: [S] (>= 1)
+    check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
+    check_device("paged_decode_attention", q)
+    s, hq, d = q.shape
+    out = torch.empty_like(q)
+    if s == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("paged_decode_attention: caches must be contiguous along head_dim")
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    interp = interpreting()
+    splits = num_splits or (2 if interp else choose_num_splits(s, hkv, q.device))
+    splits = next_pow2(splits)
+    d_p = max(16, next_pow2(d))
+    if splits > 1:
+        part_o = torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused
+    block_n = 64 if interp else (64 if page % 64 == 0 or page > 64 else max(16, next_pow2(page)))
+    _paged_decode_attention_kernel[(s, hkv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse, float(scale) * math.log2(math.e),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+        v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), hq,
+        HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page, BLOCK_N=block_n,
+        NUM_SPLITS=splits, DOT_F32=interp and q.dtype != torch.float16,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=1 if interp else 4)
+    if splits > 1:
+        _merge_splits_kernel[(s, hq)](part_o, part_lse, out, out.stride(0), out.stride(1), hq,
+                                      HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)
+    return out
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale):

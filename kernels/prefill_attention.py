@@ -2,13 +2,106 @@
 
 Sequence b has q_len_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] new tokens whose K/V are already in the cache, and
 context_lens[b] tokens in total; new token i sits at position context_lens[b] - q_len_b + i and attends to cache
-positions <= its own. softmax(q k^T * scale) v, softmax statistics in fp32.
+positions <= its own. softmax(q k^T * scale) v with FlashAttention-2's online softmax in fp32 (Dao 2023): each
+program owns BLOCK_M queries of one head of one sequence and streams the sequence's K/V tiles through its block table;
+tiles entirely below the causal diagonal skip the mask.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from kernels.paged import PagedAttentionError, check_lens, check_paged_args, gather_kv
+from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
+
+
+@triton.jit
+def _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_head, qpos, ctx, qk_scale,
+               stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+               offs_d, mask_d, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+               DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < ctx
+    blk = tl.load(bt_row + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+    slot = (offs_n % PAGE)[:, None]
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_cache_ptr + blk[:, None] * stride_kb + slot * stride_ks + kv_head * stride_kh + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    if DOT_F32:
+        k = k.to(tl.float32)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
+    if MASK:
+        qk = tl.where((offs_n[None, :] <= qpos[:, None]) & mask_n[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + blk[:, None] * stride_vb + slot * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    p = p.to(v.dtype)
+    if DOT_F32:
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _prefill_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_ot, stride_oh, TOKENS_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # grid: (cdiv(max q tokens, BLOCK_M), Hq, B); the heaviest (last) query tiles start first
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    m0 = pid_m * BLOCK_M
+    if m0 < q_len:
+        ctx = tl.load(ctx_ptr + seq)
+        kv_head = head // GROUP
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM_P)
+        mask_d = offs_d < HEAD_DIM
+        mask_m = offs_m < q_len
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+        qpos = ctx - q_len + offs_m
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+        hi = tl.minimum(ctx, ctx - q_len + m0 + BLOCK_M)
+        full_hi = ((ctx - q_len + m0 + 1) // BLOCK_N) * BLOCK_N  # tiles every query of this tile sees whole
+        for start_n in range(0, full_hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_head, qpos,
+                                       ctx, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                       stride_vh, offs_d, mask_d, PAGE, BLOCK_N, False, DOT_F32, DOT_PRECISION)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_head, qpos,
+                                       ctx, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                       stride_vh, offs_d, mask_d, PAGE, BLOCK_N, True, DOT_F32, DOT_PRECISION)
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
+]
+_prefill_attention_tuned = triton.autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
+    _prefill_attention_kernel)
 
 
 def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> int:
@@ -19,6 +112,38 @@ def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_
     check_paged_args("prefill_attention", q, k_cache, v_cache, block_tables, b)
     check_lens("prefill_attention", context_lens, b)
     return b
+
+
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *,
+                      max_seqlen_q: int | None = None):
+    # q: [T, Hq, D] -> out [T, Hq, D]. max_seqlen_q (optional) bounds the grid; T is used otherwise (no host sync).
+    b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    check_device("prefill_attention", q)
+    t, hq, d = q.shape
+    out = torch.empty_like(q)
+    if t == 0 or b == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise PagedAttentionError("prefill_attention: caches must be contiguous along head_dim")
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    max_q = t if max_seqlen_q is None else min(int(max_seqlen_q), t)
+    args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, float(scale) * math.log2(math.e),
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+            v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+            next_pow2(max_q))
+    meta = dict(HEAD_DIM=d, HEAD_DIM_P=max(16, next_pow2(d)), GROUP=hq // hkv, PAGE=page,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if interpreting():
+        # the interpreter is slow per program and can't autotune: few, large tiles
+        bm = 64 if max_q > 32 else 32
+        grid = (triton.cdiv(max_q, bm), hq, b)
+        _prefill_attention_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=64, DOT_F32=q.dtype != torch.float16)
+    else:
+        grid = lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), hq, b)  # noqa: E731
+        _prefill_attention_tuned[grid](*args, **meta, DOT_F32=False)
+    return out
 
 
 def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):

@@ -7,6 +7,58 @@ from __future__ import annotations
 
 import torch
 
+from kernels.triton_env import check_device, next_pow2, tl, triton
+
+
+@triton.jit
+def _rope_and_cache_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qo_ptr, ko_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_qot, stride_qoh, stride_kot, stride_koh,
+    HQ, HKV, PAGE,
+    HALF: tl.constexpr, HALF_P: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr,
+):
+    # one program per token: rotate all its q and k heads, then store rotated k and v into the cache slot
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HALF_P)
+    dm = d < HALF
+    c = tl.load(cos_ptr + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+
+    hq = tl.arange(0, HQ_P)
+    mq = (hq < HQ)[:, None] & dm[None, :]
+    qp = q_ptr + t * stride_qt + hq[:, None] * stride_qh + d[None, :]
+    q1 = tl.load(qp, mask=mq, other=0.0).to(tl.float32)
+    q2 = tl.load(qp + HALF, mask=mq, other=0.0).to(tl.float32)
+    qo = qo_ptr + t * stride_qot + hq[:, None] * stride_qoh + d[None, :]
+    tl.store(qo, (q1 * c - q2 * s).to(qo_ptr.dtype.element_ty), mask=mq)
+    tl.store(qo + HALF, (q2 * c + q1 * s).to(qo_ptr.dtype.element_ty), mask=mq)
+
+    hk = tl.arange(0, HKV_P)
+    mk = (hk < HKV)[:, None] & dm[None, :]
+    kp = k_ptr + t * stride_kt + hk[:, None] * stride_kh + d[None, :]
+    k1 = tl.load(kp, mask=mk, other=0.0).to(tl.float32)
+    k2 = tl.load(kp + HALF, mask=mk, other=0.0).to(tl.float32)
+    r1 = (k1 * c - k2 * s).to(ko_ptr.dtype.element_ty)
+    r2 = (k2 * c + k1 * s).to(ko_ptr.dtype.element_ty)
+    ko = ko_ptr + t * stride_kot + hk[:, None] * stride_koh + d[None, :]
+    tl.store(ko, r1, mask=mk)
+    tl.store(ko + HALF, r2, mask=mk)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // PAGE
+        off = slot % PAGE
+        kc = kc_ptr + blk * stride_kcb + off * stride_kcs + hk[:, None] * stride_kch + d[None, :]
+        tl.store(kc, r1.to(kc_ptr.dtype.element_ty), mask=mk)
+        tl.store(kc + HALF, r2.to(kc_ptr.dtype.element_ty), mask=mk)
+        vp = v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :]
+        vc = vc_ptr + blk * stride_vcb + off * stride_vcs + hk[:, None] * stride_vch + d[None, :]
+        tl.store(vc, tl.load(vp, mask=mk, other=0.0).to(vc_ptr.dtype.element_ty), mask=mk)
+        tl.store(vc + HALF, tl.load(vp + HALF, mask=mk, other=0.0).to(vc_ptr.dtype.element_ty), mask=mk)
+
 
 def check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping) -> None:
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
@@ -51,4 +103,30 @@ def rope_and_cache_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapp
     q_out = _rotate(q.to(acc), c, s).to(q.dtype)
     k_out = _rotate(k.to(acc), c, s).to(k.dtype)
     write_kv_ref(k_out, v, k_cache, v_cache, slot_mapping)
+    return q_out, k_out
+
+
+def rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+    # q: [T, Hq, D], k/v: [T, Hkv, D] -> (q_out, k_out); k_cache/v_cache written in place
+    check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    check_device("rope_and_cache", q)
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("rope_and_cache: k_cache/v_cache must be contiguous along head_dim (written in place)")
+    q_out = torch.empty_like(q)
+    k_out = torch.empty_like(k)
+    if t:
+        half = d // 2
+        _rope_and_cache_kernel[(t,)](
+            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_out, k_out,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+            hq, hkv, k_cache.shape[1],
+            HALF=half, HALF_P=next_pow2(half), HQ_P=next_pow2(hq), HKV_P=next_pow2(hkv), num_warps=4)
     return q_out, k_out

@@ -1,24 +1,42 @@
-"""The built-in kernel sets. Every set is registered here, in one place."""
+"""The built-in kernel sets. Every set is registered here, in one place.
+
+A set that reuses most of another is made with `KernelSet.derive` (see registry.py); that is how a new version of one
+op is released for canarying.
+"""
 from __future__ import annotations
 
-from kernels.linear import linear_ref
-from kernels.paged_decode_attention import paged_decode_attention_ref
-from kernels.prefill_attention import prefill_attention_ref
+from kernels import linear as _linear
+from kernels import paged_decode_attention as _decode
+from kernels import prefill_attention as _prefill
+from kernels import rms_norm as _rms
+from kernels import rope_and_cache as _rope
+from kernels import silu_and_mul as _silu
 from kernels.registry import KernelSet, register_kernel_set
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rope_and_cache import rope_and_cache_ref
-from kernels.silu_and_mul import silu_and_mul_ref
 
 TORCH = register_kernel_set(KernelSet(
     name="torch",
     version="1.0.0",
     devices=("cpu", "cuda"),
     description="reference implementations in plain PyTorch (fp32 softmax/norm statistics); runs anywhere",
-    rms_norm=rms_norm_ref,
-    fused_add_rms_norm=fused_add_rms_norm_ref,
-    silu_and_mul=silu_and_mul_ref,
-    rope_and_cache=rope_and_cache_ref,
-    prefill_attention=prefill_attention_ref,
-    paged_decode_attention=paged_decode_attention_ref,
-    linear=linear_ref,
+    rms_norm=_rms.rms_norm_ref,
+    fused_add_rms_norm=_rms.fused_add_rms_norm_ref,
+    silu_and_mul=_silu.silu_and_mul_ref,
+    rope_and_cache=_rope.rope_and_cache_ref,
+    prefill_attention=_prefill.prefill_attention_ref,
+    paged_decode_attention=_decode.paged_decode_attention_ref,
+    linear=_linear.linear_ref,
+))
+
+TRITON_V1 = register_kernel_set(TORCH.derive(
+    "triton-v1", "1.0.0",
+    devices=("cuda", "cpu"),
+    description="Triton: paged varlen flash prefill, split-KV GQA decode, fused RoPE+KV write, fused add+RMSNorm, "
+                "SiLU-and-mul, int8/fp8 weight matmul (plain weights via cuBLAS); CPU only under TRITON_INTERPRET=1",
+    rms_norm=_rms.rms_norm,
+    fused_add_rms_norm=_rms.fused_add_rms_norm,
+    silu_and_mul=_silu.silu_and_mul,
+    rope_and_cache=_rope.rope_and_cache,
+    prefill_attention=_prefill.prefill_attention,
+    paged_decode_attention=_decode.paged_decode_attention,
+    linear=_linear.linear,
 ))
