@@ -51,17 +51,27 @@ def _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_h
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    stride_ot, stride_oh, TOKENS_BUCKET,
+    stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # grid: (cdiv(max q tokens, BLOCK_M), Hq, B); the heaviest (last) query tiles start first
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    # grid: (T // BLOCK_M + B, Hq). Sequence b owns query tiles [cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1),
+    # at least cdiv(q_len_b, BLOCK_M) of them; find this program's sequence by binary search (vLLM's trick).
+    # The last tiles (the heaviest under the causal mask) start first.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
-    seq = tl.program_id(2)
+    left = tl.full([], 0, tl.int32)  # tensors, not constexprs: they are loop-carried
+    right = tl.full([], 0, tl.int32) + num_seqs - 1
+    while left < right:
+        mid = (left + right + 1) // 2
+        if tl.load(cu_q_ptr + mid) // BLOCK_M + mid <= pid:
+            left = mid
+        else:
+            right = mid - 1
+    seq = left
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    m0 = pid_m * BLOCK_M
+    m0 = (pid - q_start // BLOCK_M - seq) * BLOCK_M
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         kv_head = head // GROUP
@@ -114,9 +124,8 @@ def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_
     return b
 
 
-def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *,
-                      max_seqlen_q: int | None = None):
-    # q: [T, Hq, D] -> out [T, Hq, D]. max_seqlen_q (optional) bounds the grid; T is used otherwise (no host sync).
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    # q: [T, Hq, D] -> out [T, Hq, D]
     b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     check_device("prefill_attention", q)
     t, hq, d = q.shape
@@ -128,20 +137,19 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise PagedAttentionError("prefill_attention: caches must be contiguous along head_dim")
     page, hkv = k_cache.shape[1], k_cache.shape[2]
-    max_q = t if max_seqlen_q is None else min(int(max_seqlen_q), t)
     args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, float(scale) * math.log2(math.e),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-            v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-            next_pow2(max_q))
+            v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), b,
+            min(next_pow2(t), 8192))
     meta = dict(HEAD_DIM=d, HEAD_DIM_P=max(16, next_pow2(d)), GROUP=hq // hkv, PAGE=page,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if interpreting():
         # the interpreter is slow per program and can't autotune: few, large tiles
-        bm = 64 if max_q > 32 else 32
-        grid = (triton.cdiv(max_q, bm), hq, b)
+        bm = 64 if t > 32 else 32
+        grid = (t // bm + b, hq)
         _prefill_attention_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=64, DOT_F32=q.dtype != torch.float16)
     else:
-        grid = lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), hq, b)  # noqa: E731
+        grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
         _prefill_attention_tuned[grid](*args, **meta, DOT_F32=False)
     return out
 

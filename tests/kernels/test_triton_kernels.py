@@ -1,0 +1,174 @@
+"""triton-v1 kernels against the fp64 reference, at small odd shapes (CPU: interpreter; GPU: compiled).
+
+Criterion (flash-attention's): the kernel's max error vs the torch reference run in fp64 is at most 2x the error of
+the torch reference run in the kernel's own precision, plus a small atol scaled by the output's magnitude.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import get_kernel_set, quantize_weight
+from kernels.triton_env import TritonUnavailableError
+from tests.kernels.helpers import assert_close_to_fp64, assert_verbose_allclose, make_paged_kv, rope_tables
+
+TRI = get_kernel_set("triton-v1")
+REF = get_kernel_set("torch")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def _to(args, dtype=None, device=None):
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            a = a.to(device) if device is not None else a
+            if dtype is not None and a.is_floating_point():
+                a = a.to(dtype)
+        out.append(a)
+    return out
+
+
+def check_op(name, args, dtype, dev, index=None, atol_scale=1.0):
+    """Run op `name` of triton-v1 on `dev` and compare with torch-in-dtype and torch-in-fp64 (on CPU)."""
+    pick = (lambda r: r) if index is None else (lambda r: r[index])
+    got = pick(getattr(TRI, name)(*_to(args, device=dev)))
+    same = pick(getattr(REF, name)(*_to(args, device=dev)))
+    ref64 = pick(getattr(REF, name)(*_to(args, dtype=torch.float64, device="cpu")))
+    assert got.dtype == dtype and got.shape == ref64.shape
+    atol = ATOL[dtype] * atol_scale * max(1.0, ref64.abs().max().item())
+    assert_close_to_fp64(got, same, ref64, atol)
+    return got
+
+
+def test_triton_v1_is_registered():
+    assert TRI.version == "1.0.0" and set(TRI.devices) == {"cuda", "cpu"}
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache", "prefill_attention",
+               "paged_decode_attention", "linear"):
+        assert getattr(TRI, op) is not getattr(REF, op), op
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (5, 123), (3, 1000)])
+def test_rms_norm(dev, shape, dtype):
+    g = torch.Generator().manual_seed(11)
+    x, r = (torch.randn(*shape, generator=g).to(dtype) for _ in range(2))
+    w = (1 + 0.2 * torch.randn(shape[1], generator=g)).to(dtype)
+    check_op("rms_norm", (x, w, 1e-5), dtype, dev)
+    check_op("fused_add_rms_norm", (x, r, w, 1e-5), dtype, dev, index=0)
+    res = check_op("fused_add_rms_norm", (x, r, w, 1e-5), dtype, dev, index=1)
+    if dev == "cuda":  # same fp32 add, same round-to-nearest: bit-identical to torch
+        assert torch.equal(res.cpu(), x + r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2 * 8), (5, 2 * 123), (2, 2 * 1500)])
+def test_silu_and_mul(dev, shape, dtype):
+    x = (2 * torch.randn(*shape, generator=torch.Generator().manual_seed(12))).to(dtype)
+    check_op("silu_and_mul", (x,), dtype, dev)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t, hq, hkv, d", [(7, 6, 2, 64), (3, 5, 5, 16), (1, 3, 1, 128)])
+def test_rope_and_cache(dev, t, hq, hkv, d, dtype):
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    positions = torch.randint(0, 300, (t,), generator=g)
+    slots = torch.randperm(4 * 8, generator=g)[:t]
+    slots[t // 2] = -1  # not written
+    cos, sin = rope_tables(300, d)
+    kc = torch.full((4, 8, hkv, d), 7.0, dtype=dtype, device=dev)  # sentinel: must survive where no slot points
+    vc = kc.clone()
+    args = (q, k, v, positions, cos, sin)
+    q_out, k_out = TRI.rope_and_cache(*_to(args, device=dev), kc, vc, slots.to(dev))
+    q64, k64 = REF.rope_and_cache(*_to(args, dtype=torch.float64), torch.zeros(4, 8, hkv, d, dtype=torch.float64),
+                                  torch.zeros(4, 8, hkv, d, dtype=torch.float64), slots)
+    q_same, k_same = REF.rope_and_cache(*args, torch.zeros(4, 8, hkv, d, dtype=dtype),
+                                        torch.zeros(4, 8, hkv, d, dtype=dtype), slots)
+    atol = ATOL[dtype] * 4
+    assert_close_to_fp64(q_out, q_same, q64, atol)
+    assert_close_to_fp64(k_out, k_same, k64, atol)
+    flat_k, flat_v = kc.view(-1, hkv, d).cpu(), vc.view(-1, hkv, d).cpu()
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(flat_k[s], k_out[i].cpu()), f"k of token {i} not in slot {s}"
+            assert torch.equal(flat_v[s], v[i]), f"v of token {i} not in slot {s}"
+    untouched = sorted(set(range(flat_k.shape[0])) - {s for s in slots.tolist() if s >= 0})
+    assert (flat_k[untouched] == 7.0).all() and (flat_v[untouched] == 7.0).all()
+
+
+def _prefill_args(ctx, qlens, hq, hkv, d, dtype, seed):
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
+    q = torch.randn(sum(qlens), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    return q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_attention_full_prompts(dev, dtype):
+    # context lengths 1, 63, 64, 65 in one launch; 6 query heads over 2 kv heads
+    ctx = [1, 63, 64, 65]
+    check_op("prefill_attention", _prefill_args(ctx, ctx, 6, 2, 64, dtype, seed=20), dtype, dev)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_prefill_attention_prefix_hits_and_chunks(dev, dtype):
+    # new tokens after a cached prefix (prefix-cache hit, chunked prefill), up to a 1000-token context
+    check_op("prefill_attention", _prefill_args([65, 130, 1000], [1, 66, 40], 3, 1, 64, dtype, seed=21), dtype, dev)
+
+
+def _decode_args(ctx, hq, hkv, d, dtype, seed):
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    return q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_decode_attention(dev, dtype):
+    check_op("paged_decode_attention", _decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=30), dtype, dev)
+
+
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_paged_decode_attention_splits(dev, num_splits):
+    from kernels.paged_decode_attention import paged_decode_attention
+    args = _decode_args([1, 65, 1000], 6, 3, 32, torch.bfloat16, seed=31)
+    got = paged_decode_attention(*_to(args, device=dev), num_splits=num_splits)
+    same = REF.paged_decode_attention(*args)
+    ref64 = REF.paged_decode_attention(*_to(args, dtype=torch.float64))
+    assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 33])
+def test_quantized_linear(dev, kind, dtype, m):
+    g = torch.Generator().manual_seed(40)
+    qw = quantize_weight(torch.randn(37, 100, generator=g), kind).to(dev)  # odd N and K (masked tiles)
+    x = torch.randn(m, 100, generator=g).to(dtype)
+    bias = torch.randn(37, generator=g)
+    got = TRI.linear(x.to(dev), qw, bias.to(dev))
+    same = REF.linear(x.to(dev), qw, bias.to(dev))
+    ref64 = REF.linear(x.double(), qw.to("cpu"), bias.double())
+    assert got.shape == (m, 37) and got.dtype == dtype
+    assert_close_to_fp64(got, same, ref64, ATOL[dtype] * max(1.0, ref64.abs().max().item()))
+    no_bias = TRI.linear(x.to(dev), qw)
+    assert_close_to_fp64(no_bias, REF.linear(x.to(dev), qw), REF.linear(x.double(), qw.to("cpu")),
+                         ATOL[dtype] * max(1.0, ref64.abs().max().item()))
+
+
+def test_plain_linear_is_cublas_exact(dev):
+    x, w = torch.randn(3, 40, device=dev), torch.randn(24, 40, device=dev)
+    assert torch.equal(TRI.linear(x, w), F.linear(x, w))
+
+
+def test_kernels_reject_unsupported_device():
+    x = torch.empty(2, 8, device="meta")
+    with pytest.raises(TritonUnavailableError, match="meta"):
+        TRI.rms_norm(x, torch.empty(8, device="meta"), 1e-5)
+
+
+def test_verbose_check_reports_indices():
+    a = torch.zeros(3, 4)
+    b = a.clone()
+    b[1, 2] = 1.0
+    with pytest.raises(AssertionError, match=r"\(1, 2\)"):
+        assert_verbose_allclose(a, b, 1e-3, 0.0)
