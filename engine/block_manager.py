@@ -94,7 +94,7 @@ class BlockManager:
         bs = self.block_size
         n = (len(seq.token_ids) - 1) // bs
         hits: list[int] = []
-        for i, h in enumerate(self._hashes(seq, n)):
+        for i, h in enumerate(self._hashes(seq, n)[:n]):
             bid = self.hash_to_block.get(h)
             if bid is None or self.blocks[bid].token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
                 break
@@ -106,7 +106,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         n = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        for i, h in enumerate(self._hashes(seq, n)):
+        for i, h in enumerate(self._hashes(seq, n)[:n]):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None or h in self.hash_to_block:
                 continue  # already registered (possibly an identical block computed by another sequence)
