@@ -90,6 +90,7 @@ class VariantStatus:
     ready_replicas: int
     endpoint: str | None
     message: str = ""
+    endpoints: tuple[str, ...] = ()   # every replica's URL where they are reachable one by one (local deployer)
 
 
 @runtime_checkable

@@ -1,0 +1,301 @@
+"""LocalDeployer (the embedded default): each variant is `sits-engine serve` subprocesses behind a weighted router.
+
+One WeightedRouter per service (its URL: `router_url(service)`); each replica of a variant is an engine process on a
+free loopback port with `--env <role> --service <service>`. deploy() blocks until the new replicas answer /readyz,
+then swaps them into the router and drains and stops the old ones. Nothing is restarted silently: a crashed replica
+shows as not ready (with its exit code and log tail) until deploy() is called again. Children die with this process
+(own session + PR_SET_PDEATHSIG, see process.py) and are stopped by delete()/close().
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import httpx
+
+from control_plane.adapters import process
+from control_plane.adapters.deploy import (ROLES, DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
+                                           check_role, normalize_weights)
+from control_plane.adapters.router import RouterConfig, WeightedRouter
+
+log = logging.getLogger(__name__)
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(slots=True)
+class LocalConfig:
+    host: str = "127.0.0.1"
+    workdir: str | None = None                  # replica logs; a temp dir when None
+    engine_command: tuple[str, ...] = (sys.executable, "-m", "engine.cli")
+    ready_timeout_s: float = 180.0
+    stop_timeout_s: float = 10.0
+    drain_timeout_s: float = 30.0
+    cpu_threads: int | None = None              # OMP/MKL/torch threads per replica (None: library default)
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every replica
+
+    def __post_init__(self) -> None:
+        if not self.engine_command:
+            raise DeployError("engine_command must not be empty")
+        self.engine_command = tuple(self.engine_command)
+        if self.ready_timeout_s <= 0 or self.stop_timeout_s <= 0 or self.drain_timeout_s < 0:
+            raise DeployError("timeouts must be positive")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise DeployError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+
+
+@dataclass(slots=True)
+class _Replica:
+    proc: object
+    port: int
+    url: str
+    log_path: Path
+
+
+@dataclass(slots=True)
+class _Variant:
+    spec: VariantSpec
+    replicas: list[_Replica]
+
+
+@dataclass(slots=True)
+class _Service:
+    router: WeightedRouter
+    variants: dict[str, _Variant] = field(default_factory=dict)
+    # one lock per role: variants of one service deploy in parallel; multi-role operations take them in ROLES order
+    role_locks: dict[str, threading.RLock] = field(default_factory=lambda: {r: threading.RLock() for r in ROLES})
+    state: threading.RLock = field(default_factory=threading.RLock)  # variants + router, held briefly
+
+    def all_roles(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for r in ROLES:
+            stack.enter_context(self.role_locks[r])
+        return stack
+
+
+class LocalDeployer:
+    def __init__(self, config: LocalConfig | None = None) -> None:
+        self.config = config or LocalConfig()
+        self._tmp = None
+        if self.config.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="sits-local-")
+        self.workdir = Path(self.config.workdir or self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._services: dict[str, _Service] = {}
+        self._lock = threading.Lock()
+        self._http = httpx.Client(timeout=2.0, trust_env=False)
+        atexit.register(_close_ref, weakref.ref(self))
+
+    # ---- Deployer protocol ----
+    def deploy(self, spec: VariantSpec) -> None:
+        svc = self._service(spec.service, create=True)
+        with svc.role_locks[spec.role]:
+            cur = svc.variants.get(spec.role)
+            if cur is not None and cur.spec == spec and all(r.proc.poll() is None for r in cur.replicas):
+                return  # already as desired
+            new = self._start_replicas(spec)  # raises (and cleans up) if they never get ready
+            with svc.state:
+                svc.variants[spec.role] = _Variant(spec, new)
+                svc.router.set_backends(spec.role, [r.url for r in new] or None)
+                if not any(svc.router.weights().values()) and spec.role == "production" and new:
+                    svc.router.set_weights({"production": 100})
+            if cur is not None:
+                self._stop_replicas(svc, spec.role, cur.replicas)
+            log.info("deployed %s/%s (%s) on %s", spec.service, spec.role, spec.kernels, [r.url for r in new])
+
+    def set_weights(self, service: str, weights: Mapping[str, int]) -> None:
+        w = normalize_weights(weights)
+        svc = self._service(service)
+        with svc.state:
+            missing = [r for r, v in w.items() if v > 0 and not (r in svc.variants and svc.variants[r].replicas)]
+            if missing:
+                raise DeployNotFoundError(f"service {service}: cannot give traffic to {missing}: not deployed "
+                                          f"(deployed: {sorted(svc.variants) or 'none'})")
+            svc.router.set_weights(w)
+
+    def status(self, service: str) -> dict[str, VariantStatus]:
+        with self._lock:
+            svc = self._services.get(service)
+        if svc is None:
+            return {}
+        with svc.state:
+            variants = dict(svc.variants)
+            weights = svc.router.weights()
+        return {role: self._variant_status(role, v, weights.get(role, 0)) for role, v in variants.items()}
+
+    def promote(self, service: str) -> None:
+        svc = self._service(service)
+        with svc.all_roles():
+            canary, prod = svc.variants.get("canary"), svc.variants.get("production")
+            if canary is None:
+                if prod is None:
+                    raise DeployNotFoundError(f"service {service}: nothing to promote (no canary, no production)")
+            else:
+                self.deploy(dataclasses.replace(canary.spec, role="production",
+                                                replicas=prod.spec.replicas if prod else canary.spec.replicas))
+            self.set_weights(service, {"production": 100})
+            self.delete(service, "canary")
+            self.delete(service, "baseline")
+
+    def rollback(self, service: str) -> None:
+        svc = self._service(service)
+        with svc.all_roles():
+            if "production" in svc.variants and svc.variants["production"].replicas:
+                self.set_weights(service, {"production": 100})  # traffic off the canary first
+            self.delete(service, "canary")
+            self.delete(service, "baseline")
+
+    def delete(self, service: str, role: str | None = None) -> None:
+        check_role(role)
+        with self._lock:
+            svc = self._services.get(service)
+        if svc is None:
+            return
+        with svc.all_roles() if role is None else svc.role_locks[role]:
+            for r in ROLES if role is None else (role,):
+                with svc.state:
+                    v = svc.variants.pop(r, None)
+                    if v is None:
+                        continue
+                    w = svc.router.weights()
+                    if w[r] > 0:  # never route to a stopped variant: its share goes to production (if it remains)
+                        moved, w[r] = w[r], 0
+                        if "production" in svc.variants and r != "production":
+                            w["production"] += moved
+                            svc.router.set_weights(w)
+                        else:  # nothing left to take the traffic: the router answers 503 until a new deploy
+                            svc.router.set_weights({**w, r: 100})
+                    svc.router.set_backends(r, None)
+                self._stop_replicas(svc, r, v.replicas)
+            if role is None:
+                svc.router.stop()
+                with self._lock:
+                    self._services.pop(service, None)
+
+    # ---- extras ----
+    def router_url(self, service: str) -> str:
+        return self._service(service).router.url
+
+    def close(self) -> None:
+        """Stop every variant and router of every service."""
+        with self._lock:
+            names = list(self._services)
+        for name in names:
+            self.delete(name)
+        self._http.close()
+
+    def __enter__(self) -> "LocalDeployer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- internals ----
+    def _service(self, name: str, create: bool = False) -> _Service:
+        with self._lock:
+            svc = self._services.get(name)
+            if svc is None:
+                if not create:
+                    raise DeployNotFoundError(f"service {name!r} is not deployed")
+                router = WeightedRouter(RouterConfig(service=name, host=self.config.host))
+                router.start()
+                svc = self._services[name] = _Service(router)
+            return svc
+
+    def _start_replicas(self, spec: VariantSpec) -> list[_Replica]:
+        started: list[_Replica] = []
+        try:
+            for i in range(spec.replicas):
+                started.append(self._start_one(spec, i))
+            deadline = time.monotonic() + self.config.ready_timeout_s
+            for r in started:
+                self._wait_ready(spec, r, deadline)
+        except BaseException:
+            for r in started:
+                process.stop(r.proc, self.config.stop_timeout_s)
+            raise
+        return started
+
+    def _start_one(self, spec: VariantSpec, index: int) -> _Replica:
+        port = process.free_port(self.config.host)
+        log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
+        argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host)]
+        env = {**os.environ, **self.config.env, **spec.env, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+        if self.config.cpu_threads is not None:
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
+                env[k] = str(self.config.cpu_threads)
+        log_path.write_text(f"$ {' '.join(argv)}\n")
+        proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir))
+        return _Replica(proc, port, f"http://{self.config.host}:{port}", log_path)
+
+    def _wait_ready(self, spec: VariantSpec, r: _Replica, deadline: float) -> None:
+        while True:
+            rc = r.proc.poll()
+            if rc is not None:
+                raise DeployError(f"{spec.service}/{spec.role}: engine exited with code {rc} before it was ready; "
+                                  f"log {r.log_path}:\n{_tail(r.log_path)}")
+            if self._readyz(r.url):
+                return
+            if time.monotonic() > deadline:
+                raise DeployError(f"{spec.service}/{spec.role}: engine not ready after "
+                                  f"{self.config.ready_timeout_s}s; log {r.log_path}:\n{_tail(r.log_path)}")
+            time.sleep(0.1)
+
+    def _readyz(self, url: str) -> bool:
+        try:
+            return self._http.get(url + "/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _stop_replicas(self, svc: _Service, role: str, replicas: list[_Replica]) -> None:
+        # requests already in flight on the old replicas finish before they stop (bounded by drain_timeout_s)
+        if svc.router.in_flight(role) and self.config.drain_timeout_s:
+            process.wait_until(lambda: svc.router.in_flight(role) == 0, self.config.drain_timeout_s)
+        for r in replicas:
+            process.stop(r.proc, self.config.stop_timeout_s)
+
+    def _variant_status(self, role: str, v: _Variant, weight: int) -> VariantStatus:
+        ready_n, problems = 0, []
+        for i, r in enumerate(v.replicas):
+            rc = r.proc.poll()
+            if rc is not None:
+                problems.append(f"replica {i} (pid {r.proc.pid}) exited with code {rc}; "
+                                f"log {r.log_path}:\n{_tail(r.log_path, 800)}")
+            elif self._readyz(r.url):
+                ready_n += 1
+            else:
+                problems.append(f"replica {i} at {r.url} not ready (/readyz)")
+        want = len(v.replicas)
+        msg = f"{ready_n}/{want} ready; weight {weight}%; kernels {v.spec.kernels}"
+        if problems:
+            msg += "; " + "; ".join(problems)
+        return VariantStatus(role=role, ready=want > 0 and ready_n == want, replicas=want, ready_replicas=ready_n,
+                             endpoint=v.replicas[0].url if v.replicas else None, message=msg,
+                             endpoints=tuple(r.url for r in v.replicas))
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _close_ref(ref) -> None:
+    d = ref()
+    if d is not None:
+        try:
+            d.close()
+        except Exception:  # interpreter shutdown: PDEATHSIG still reaps the children
+            pass
