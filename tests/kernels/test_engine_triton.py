@@ -1,0 +1,54 @@
+"""The engine on the tiny model with triton-v1 gives what it gives with the torch reference set."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tests.kernels.conftest import triton_device
+
+PROMPTS = ["The kernel set under test", "a", "Gray release of a new attention kernel: step one, shift ten percent"]
+
+
+def _run(kernels, device, max_tokens, **kw):
+    llm = LLM(model="tiny", kernels=kernels, device=device, **kw)
+    assert llm.engine.kernel_set.name == kernels
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2)
+    return llm.generate(PROMPTS, params, use_tqdm=False)
+
+
+def _assert_same(a, b, logprob_tol):
+    for ra, rb in zip(a, b):
+        assert ra.token_ids == rb.token_ids, (ra.prompt, ra.token_ids, rb.token_ids)
+        la = [e["logprob"] for e in ra.logprobs]
+        lb = [e["logprob"] for e in rb.logprobs]
+        assert len(la) == len(ra.token_ids)
+        assert max(abs(x - y) for x, y in zip(la, lb)) <= logprob_tol, (la, lb)
+
+
+@pytest.mark.skipif(triton_device() != "cpu", reason="needs Triton's interpreter (CPU, TRITON_INTERPRET=1)")
+def test_interpreter_runs_the_tiny_model_on_cpu():
+    # one prefill step (three prompts in one varlen launch) and one decode step, every op through Triton
+    torch.manual_seed(0)
+    ref = _run("torch", "cpu", 2)
+    got = _run("triton-v1", "cpu", 2)
+    _assert_same(ref, got, 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_triton_set_matches_torch_greedy_on_gpu(quantization):
+    # fp32 so that both sets agree to ~1e-6 and greedy ties can't flip a token
+    ref = _run("torch", "cuda", 24, dtype="float32", quantization=quantization)
+    got = _run("triton-v1", "cuda", 24, dtype="float32", quantization=quantization)
+    _assert_same(ref, got, 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_set_runs_bf16_on_gpu():
+    # bf16 rounding differs between the sets, so only the first token (one prefill) must agree exactly
+    ref = _run("torch", "cuda", 8, dtype="bfloat16")
+    got = _run("triton-v1", "cuda", 8, dtype="bfloat16")
+    for ra, rb in zip(ref, got):
+        assert ra.token_ids[0] == rb.token_ids[0]
+        assert len(rb.token_ids) == 8
