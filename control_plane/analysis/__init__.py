@@ -1,0 +1,18 @@
+"""Pure canary analysis: Prometheus-exact quantiles, histogram windows, confidence intervals, verdicts, policies.
+
+No I/O and no flask/kubernetes/requests/torch/engine imports: dataclasses in, dataclasses out.
+"""
+from .histogram import HistogramError, HistogramSnapshot, merge_all
+from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy, PolicyError,
+                     default_checks)
+from .quantile import histogram_quantile
+from .stats import DeltaEstimate, QuantileBounds, proportion_diff, quantile_bounds, quantile_delta
+from .verdict import Outcome, TestResult, VariantData, Verdict, assess
+
+__all__ = [
+    "histogram_quantile", "HistogramSnapshot", "HistogramError", "merge_all",
+    "Policy", "PolicyError", "MetricCheck", "default_checks",
+    "REQUEST_LATENCY", "TTFT", "ITL", "E2E", "ERROR_RATE",
+    "QuantileBounds", "DeltaEstimate", "quantile_bounds", "quantile_delta", "proportion_diff",
+    "Outcome", "TestResult", "VariantData", "Verdict", "assess",
+]

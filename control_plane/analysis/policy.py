@@ -1,0 +1,138 @@
+"""`Policy`: traffic steps, checks and limits of a rollout. Validated once, serialisable to/from plain dicts."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping
+
+REQUEST_LATENCY = "http_request_duration_seconds"
+TTFT = "sits_time_to_first_token_seconds"
+ITL = "sits_inter_token_latency_seconds"
+E2E = "sits_e2e_request_latency_seconds"
+ERROR_RATE = "error_rate"  # pseudo-metric: errors / requests of the variant
+TARGETS = ("baseline", "production")
+
+
+class PolicyError(ValueError):
+    """An invalid policy value; the message names the field."""
+
+
+@dataclass(slots=True, frozen=True)
+class MetricCheck:
+    """One gate. Latency: relative delta of the `quantile` of `metric` (every series whose key is `metric` or
+    `metric{...}`, e.g. one per route) must be <= max_rel_delta. Error rate: canary - target <= max_abs_delta."""
+    metric: str
+    quantile: float | None = None
+    max_rel_delta: float | None = None
+    max_abs_delta: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise PolicyError("check.metric must be a non-empty metric name")
+        if self.metric == ERROR_RATE:
+            if self.quantile is not None or self.max_rel_delta is not None:
+                raise PolicyError("error_rate checks take max_abs_delta only")
+            if not _num(self.max_abs_delta) or not 0 <= self.max_abs_delta < 1:
+                raise PolicyError("error_rate check needs max_abs_delta in [0, 1) (0.01 = 1 point)")
+        else:
+            if not _num(self.quantile) or not 0 < self.quantile < 1:
+                raise PolicyError(f"{self.metric}: quantile must be in (0, 1), got {self.quantile!r}")
+            if not _num(self.max_rel_delta) or self.max_rel_delta <= 0:
+                raise PolicyError(f"{self.metric}: max_rel_delta must be > 0 (0.10 = +10 %)")
+            if self.max_abs_delta is not None:
+                raise PolicyError(f"{self.metric}: latency checks take max_rel_delta, not max_abs_delta")
+
+    @property
+    def name(self) -> str:
+        if self.metric == ERROR_RATE:
+            return ERROR_RATE
+        return f"{self.metric}:p{_pct(self.quantile)}"
+
+
+def default_checks() -> tuple[MetricCheck, ...]:
+    return (MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.10),
+            MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.05),
+            MetricCheck(ERROR_RATE, max_abs_delta=0.01))
+
+
+@dataclass(slots=True, frozen=True)
+class Policy:
+    steps: tuple[int, ...] = (5, 10, 25, 50, 100)   # canary traffic %, the last one reached by promotion
+    check_interval_s: float = 30.0
+    warmup_s: float = 10.0                           # data right after a deploy or weight change is dropped
+    checks: tuple[MetricCheck, ...] = field(default_factory=default_checks)
+    min_samples: int = 200                          # requests per variant before a latency check may decide
+    min_tail_samples: int = 10                      # n * (1 - q) needed for a quantile
+    failure_limit: int = 2                          # consecutive failed checks before rolling back
+    inconclusive_limit: int = 20                    # consecutive inconclusive checks before on_inconclusive
+    on_inconclusive: str = "pause"                  # "pause" | "rollback"
+    max_duration_s: float = 4 * 3600.0              # rollout deadline (paused time excluded) -> rollback
+    ready_timeout_s: float = 600.0                  # deploy -> ready deadline -> rollback
+    compare_to: str = "baseline"                    # "baseline" | "production"
+    auto_promote: bool = True                       # False: wait in PAUSED for a manual promote at the last step
+    z_fail: float = 2.3                             # one-sided z of each variant's bound in the fail test
+    z_pass: float = 1.0                             # one-sided z of each variant's bound in the pass test
+    max_error_rate: float = 0.05                    # guard: canary error rate above this fails at once
+    min_error_samples: int = 100                    # requests before the error-rate guard may fire
+
+    def __post_init__(self) -> None:
+        steps = tuple(self.steps)
+        if not steps or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= 100 for s in steps):
+            raise PolicyError("steps must be integer percents in (0, 100], e.g. (5, 10, 25, 50, 100)")
+        if any(a >= b for a, b in zip(steps, steps[1:])):
+            raise PolicyError("steps must be strictly increasing")
+        object.__setattr__(self, "steps", steps)
+        checks = tuple(c if isinstance(c, MetricCheck) else MetricCheck(**c) for c in self.checks)
+        if not checks:
+            raise PolicyError("a policy needs at least one check")
+        object.__setattr__(self, "checks", checks)
+        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s"):
+            if not _num(getattr(self, name)) or getattr(self, name) <= 0:
+                raise PolicyError(f"{name} must be a positive number of seconds")
+        if not _num(self.warmup_s) or self.warmup_s < 0:
+            raise PolicyError("warmup_s must be >= 0 seconds")
+        for name in ("min_samples", "failure_limit", "inconclusive_limit", "min_error_samples", "min_tail_samples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PolicyError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.on_inconclusive not in ("pause", "rollback"):
+            raise PolicyError("on_inconclusive must be 'pause' or 'rollback'")
+        if self.compare_to not in TARGETS:
+            raise PolicyError("compare_to must be 'baseline' or 'production'")
+        if not isinstance(self.auto_promote, bool):
+            raise PolicyError("auto_promote must be true or false")
+        for name in ("z_fail", "z_pass"):
+            if not _num(getattr(self, name)) or getattr(self, name) <= 0:
+                raise PolicyError(f"{name} must be > 0")
+        if not _num(self.max_error_rate) or not 0 < self.max_error_rate <= 1:
+            raise PolicyError("max_error_rate must be in (0, 1]")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["steps"] = list(self.steps)
+        d["checks"] = [{k: v for k, v in asdict(c).items() if v is not None} for c in self.checks]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "Policy":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PolicyError(f"unknown policy field(s): {', '.join(unknown)}")
+        if "steps" in d:
+            d["steps"] = tuple(d["steps"])
+        if "checks" in d:
+            try:
+                d["checks"] = tuple(MetricCheck(**c) if isinstance(c, Mapping) else c for c in d["checks"])
+            except TypeError as e:
+                raise PolicyError(f"bad check: {e}") from None
+        return cls(**d)
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _pct(q: float) -> str:
+    return f"{q * 100:g}".replace(".", "_")

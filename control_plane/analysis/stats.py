@@ -1,0 +1,102 @@
+"""Confidence bounds from bucket counts.
+
+Quantiles: distribution-free order-statistic bounds. The sample q-quantile of n observations sits at a rank whose
+fraction has standard deviation s = sqrt(q (1 - q) / n) (binomial); the quantiles at q - z*s and q + z*s of the
+histogram (Prometheus' interpolation) bound the true q-quantile at one-sided level ~Phi(-z) each (Woodruff's interval).
+Canary vs target then compares the bounds, not a normal approximation of the ratio:
+    fail  when  canary_lower(z) > (1 + threshold) * target_upper(z)
+    pass  when  canary_upper(z) <= (1 + threshold) * target_lower(z)
+so a false fail needs one of two one-sided bounds to be wrong (probability <= 2 Phi(-z) per look whatever the shape of
+the distribution; a quantile sitting in a gap between two modes just gets wide bounds).
+
+Error rates: difference of two proportions with the Agresti-Caffo adjustment (one success and one failure added to each
+arm), so zero-error windows still get a non-zero width.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .histogram import HistogramSnapshot
+
+NAN = float("nan")
+INF = float("inf")
+
+
+@dataclass(slots=True, frozen=True)
+class QuantileBounds:
+    q: float
+    n: float            # observations (the +Inf bucket)
+    value: float        # histogram_quantile(q): exactly what Prometheus shows
+    lower: float        # one-sided lower bound at the given z (0 if q - z*s < 0)
+    upper: float        # one-sided upper bound (+Inf if q + z*s > 1: the histogram cannot bound it)
+
+
+def quantile_bounds(h: HistogramSnapshot, q: float, z: float, value: float | None = None) -> QuantileBounds:
+    n = h.total
+    if value is None:
+        value = h.quantile(q)
+    if not n > 0:
+        return QuantileBounds(q, n, value, NAN, NAN)
+    s = z * math.sqrt(q * (1.0 - q) / n)
+    lower = h.quantile(q - s) if q - s >= 0 else 0.0
+    upper = h.quantile(q + s) if q + s < 1 else INF
+    return QuantileBounds(q, n, value, lower, upper)
+
+
+@dataclass(slots=True, frozen=True)
+class DeltaEstimate:
+    """Canary vs target: `d` the point estimate, (lower, upper) its bounds; for latency these are log ratios
+    (relative delta = exp(x) - 1), for error rates differences of fractions."""
+    d: float
+    lower: float
+    upper: float
+    width: float        # combined one-sided half-width used to extrapolate "how many more requests"
+
+
+def _log(x: float) -> float:
+    if x > 0:
+        return math.log(x)
+    return -INF if x == 0 else NAN
+
+
+def quantile_delta(canary: HistogramSnapshot, target: HistogramSnapshot, q: float, z_low: float,
+                   z_high: float) -> tuple[DeltaEstimate, DeltaEstimate, float, float]:
+    """Log-ratio of the q-quantiles with bounds for the fail test (z_low: lower bound of the ratio) and for the pass
+    test (z_high: upper bound of the ratio). Returns (fail_estimate, pass_estimate, canary_value, target_value)."""
+    vc, vt = canary.quantile(q), target.quantile(q)
+    d = _log(vc) - _log(vt) if vc > 0 and vt > 0 else NAN
+    out = []
+    for z in (z_low, z_high):
+        c, t = quantile_bounds(canary, q, z, vc), quantile_bounds(target, q, z, vt)
+        lower = _log(c.lower) - _log(t.upper)
+        upper = _log(c.upper) - _log(t.lower)
+        # half-widths of the two sides add up; used only to extrapolate the sample size
+        width = (_log(c.upper) - _log(c.lower) + _log(t.upper) - _log(t.lower)) / 2.0
+        out.append(DeltaEstimate(d, lower, upper, width))
+    return out[0], out[1], vc, vt
+
+
+def proportion_diff(errors_c: float, n_c: float, errors_t: float, n_t: float, z_low: float,
+                    z_high: float) -> tuple[DeltaEstimate, DeltaEstimate]:
+    """Error-rate difference canary - target (fractions) with Agresti-Caffo bounds; each z is per arm (the
+    difference's z is z * sqrt(2), matching the two-sided-bound quantile test)."""
+    if not (n_c > 0 and n_t > 0):
+        nan = DeltaEstimate(NAN, NAN, NAN, NAN)
+        return nan, nan
+    d = errors_c / n_c - errors_t / n_t
+    ac, at = (errors_c + 1) / (n_c + 2), (errors_t + 1) / (n_t + 2)
+    se = math.sqrt(ac * (1 - ac) / (n_c + 2) + at * (1 - at) / (n_t + 2))
+    return tuple(DeltaEstimate(d, d - z * math.sqrt(2) * se, d + z * math.sqrt(2) * se, z * math.sqrt(2) * se)
+                 for z in (z_low, z_high))
+
+
+def more_samples_needed(n: float, est: DeltaEstimate, bound: float) -> int | None:
+    """About how many more requests per variant until `bound` leaves the interval (widths shrink like 1/sqrt(n))."""
+    if not (n > 0 and est.width > 0) or math.isnan(est.d) or math.isinf(est.width):
+        return None
+    gap = abs(bound - est.d)
+    if gap == 0:
+        return None  # sitting on the threshold: no amount of data decides it
+    needed = n * (est.width / gap) ** 2
+    return max(int(math.ceil(needed - n)), 1)

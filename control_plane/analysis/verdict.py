@@ -1,0 +1,218 @@
+"""`assess(variants, policy) -> Verdict`: one look at the data of the current step, with its evidence.
+
+Checks, in order:
+  guards (FAIL at once): canary crashing, canary not ready, NaN anywhere in canary/target data, canary error rate
+      above policy.max_error_rate (with >= min_error_samples requests);
+  no canary or target data, or target not ready -> INCONCLUSIVE (no data is never a pass);
+  per MetricCheck and series: relative delta of the quantile with order-statistic bounds (stats.py);
+      FAIL when canary_lower(z_fail) > (1 + threshold) * target_upper(z_fail), PASS when
+      canary_upper(z_pass) <= (1 + threshold) * target_lower(z_pass), else INCONCLUSIVE with about how many more
+      requests per variant would decide it;
+  error rate: canary - target with an Agresti-Caffo interval, same rule.
+Overall: any FAIL -> FAIL; every check PASS -> PASS; else INCONCLUSIVE.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping
+
+from .histogram import HistogramSnapshot
+from .policy import ERROR_RATE, MetricCheck, Policy
+from .stats import DeltaEstimate, more_samples_needed, proportion_diff, quantile_delta
+
+
+class Outcome(str, Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(slots=True, frozen=True)
+class VariantData:
+    """What one variant did in the analysed window: histograms keyed by series ("metric" or 'metric{route="/x"}'),
+    window deltas (not cumulative); requests and errors (5xx) in the same window; readiness."""
+    histograms: Mapping[str, HistogramSnapshot] = field(default_factory=dict)
+    requests: float = 0.0
+    errors: float = 0.0
+    ready: bool = True
+    crashing: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class TestResult:
+    """One check on one series. Latency values in seconds, deltas relative (0.1 = +10 %); error-rate values are
+    fractions and deltas in fractions (0.01 = 1 point). ci_low: lower bound of the delta at z_fail (the fail test);
+    ci_high: upper bound at z_pass (the pass test)."""
+    check: str
+    series: str
+    outcome: Outcome
+    reason: str
+    threshold: float
+    n_canary: float = 0.0
+    n_target: float = 0.0
+    canary: float = math.nan
+    target: float = math.nan
+    delta_abs: float = math.nan
+    delta_rel: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    need_more: int | None = None
+    vs_production: tuple[float, float] | None = None  # (delta_abs, delta_rel) when production is not the target
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["outcome"] = self.outcome.value
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+@dataclass(slots=True, frozen=True)
+class Verdict:
+    outcome: Outcome
+    reason: str
+    compare_to: str
+    results: tuple[TestResult, ...] = ()
+    guard: str | None = None          # set when a guard decided (rollback without waiting for failure_limit)
+    need_more: int | None = None      # requests per variant, for INCONCLUSIVE
+
+    def to_dict(self) -> dict:
+        return {"outcome": self.outcome.value, "reason": self.reason, "compare_to": self.compare_to,
+                "guard": self.guard, "need_more": self.need_more, "results": [r.to_dict() for r in self.results]}
+
+
+def _has_nan(v: VariantData) -> bool:
+    return math.isnan(v.requests) or math.isnan(v.errors) or any(h.has_nan() for h in v.histograms.values())
+
+
+def _series_of(v: VariantData, metric: str) -> list[str]:
+    return sorted(k for k in v.histograms if k == metric or k.startswith(metric + "{"))
+
+
+def _decide(fail_est: DeltaEstimate, pass_est: DeltaEstimate, bound: float, n: float) -> tuple[Outcome, int | None]:
+    if fail_est.lower > bound:
+        return Outcome.FAIL, None
+    if pass_est.upper <= bound:
+        return Outcome.PASS, None
+    # whichever boundary the estimate is heading to decides how much more data is needed
+    est = fail_est if fail_est.d > bound else pass_est
+    return Outcome.INCONCLUSIVE, more_samples_needed(n, est, bound)
+
+
+def _latency(check: MetricCheck, series: str, c: VariantData, t: VariantData, prod: VariantData | None,
+             policy: Policy) -> TestResult:
+    hc, ht = c.histograms[series], t.histograms[series]
+    q, thr = check.quantile, check.max_rel_delta
+    n_c, n_t = hc.total, ht.total
+    need = max(policy.min_samples, math.ceil(policy.min_tail_samples / (1.0 - q)))
+    base = dict(check=check.name, series=series, threshold=thr, n_canary=n_c, n_target=n_t)
+    if min(n_c, n_t) < need:
+        return TestResult(**base, outcome=Outcome.INCONCLUSIVE, need_more=int(math.ceil(need - min(n_c, n_t))),
+                          reason=f"low traffic: {min(n_c, n_t):g} requests, {need} needed for p{q * 100:g}")
+    fail_est, pass_est, vc, vt = quantile_delta(hc, ht, q, policy.z_fail, policy.z_pass)
+    vs_prod = None
+    if prod is not None and series in prod.histograms and prod.histograms[series].total > 0:
+        pv = prod.histograms[series].quantile(q)
+        if pv > 0:
+            vs_prod = (vc - pv, vc / pv - 1.0)
+    vals = dict(canary=vc, target=vt, delta_abs=vc - vt, vs_production=vs_prod)
+    if math.isnan(fail_est.d) or math.isnan(fail_est.lower) or math.isnan(pass_est.upper):
+        return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE,
+                          reason="quantile cannot be bounded (observations at zero or not in finite buckets)")
+    bound = math.log1p(thr)
+    outcome, more = _decide(fail_est, pass_est, bound, min(n_c, n_t))
+    rel, lo, hi = math.expm1(fail_est.d), math.expm1(fail_est.lower), math.expm1(pass_est.upper)
+    reason = {Outcome.FAIL: f"p{q * 100:g} {rel:+.1%} (lower bound {lo:+.1%}) > +{thr:.0%}",
+              Outcome.PASS: f"p{q * 100:g} {rel:+.1%} (upper bound {hi:+.1%}) <= +{thr:.0%}",
+              Outcome.INCONCLUSIVE: f"p{q * 100:g} {rel:+.1%}, bounds [{lo:+.1%}, {hi:+.1%}] straddle +{thr:.0%}"
+              }[outcome]
+    return TestResult(**base, **vals, delta_rel=rel, ci_low=lo, ci_high=hi, outcome=outcome, reason=reason,
+                      need_more=more)
+
+
+def _error_rate(check: MetricCheck, c: VariantData, t: VariantData, prod: VariantData | None,
+                policy: Policy) -> TestResult:
+    thr = check.max_abs_delta
+    base = dict(check=check.name, series=ERROR_RATE, threshold=thr, n_canary=c.requests, n_target=t.requests)
+    n = min(c.requests, t.requests)
+    if n < policy.min_error_samples:
+        return TestResult(**base, outcome=Outcome.INCONCLUSIVE, need_more=int(math.ceil(policy.min_error_samples - n)),
+                          reason=f"low traffic: {n:g} requests, {policy.min_error_samples} needed for the error rate")
+    fail_est, pass_est = proportion_diff(c.errors, c.requests, t.errors, t.requests, policy.z_fail, policy.z_pass)
+    rc, rt = c.errors / c.requests, t.errors / t.requests
+    vs_prod = None
+    if prod is not None and prod.requests > 0:
+        vs_prod = (rc - prod.errors / prod.requests, math.nan)
+    outcome, more = _decide(fail_est, pass_est, thr, n)
+    lo, hi = fail_est.lower, pass_est.upper
+    reason = {Outcome.FAIL: f"error rate {rc:.2%} vs {rt:.2%}: {fail_est.d * 100:+.2f} pt (lower {lo * 100:+.2f}) "
+                            f"> +{thr * 100:g} pt",
+              Outcome.PASS: f"error rate {rc:.2%} vs {rt:.2%}: upper bound {hi * 100:+.2f} pt <= +{thr * 100:g} pt",
+              Outcome.INCONCLUSIVE: f"error rate {rc:.2%} vs {rt:.2%}: [{lo * 100:+.2f}, {hi * 100:+.2f}] pt "
+                                    f"straddles +{thr * 100:g} pt"}[outcome]
+    return TestResult(**base, canary=rc, target=rt, delta_abs=fail_est.d, ci_low=lo, ci_high=hi, outcome=outcome,
+                      reason=reason, need_more=more, vs_production=vs_prod)
+
+
+def _combine(check: MetricCheck, results: list[TestResult]) -> tuple[Outcome, int | None]:
+    """Series too small to decide are skipped when another series of the same check has enough data."""
+    if any(r.outcome is Outcome.FAIL for r in results):
+        return Outcome.FAIL, None
+    decided = [r for r in results if not r.reason.startswith("low traffic")]
+    if decided and all(r.outcome is Outcome.PASS for r in decided):
+        return Outcome.PASS, None
+    more = [r.need_more for r in (decided or results) if r.outcome is Outcome.INCONCLUSIVE and r.need_more]
+    return Outcome.INCONCLUSIVE, max(more) if more else None
+
+
+def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
+    """Compare the canary with policy.compare_to (baseline by default); the delta vs production is shown too."""
+    target_role = policy.compare_to
+    c, t = variants.get("canary"), variants.get(target_role)
+    prod = variants.get("production") if target_role != "production" else None
+
+    def verdict(outcome, reason, results=(), guard=None, need_more=None):
+        return Verdict(outcome, reason, target_role, tuple(results), guard, need_more)
+
+    if c is not None:
+        if c.crashing:
+            return verdict(Outcome.FAIL, "canary is crashing (restarts or exited)", guard="crashing")
+        if not c.ready:
+            return verdict(Outcome.FAIL, "canary is not ready", guard="not_ready")
+        if _has_nan(c) or (t is not None and _has_nan(t)):
+            return verdict(Outcome.FAIL, "NaN in the canary's or target's metrics", guard="nan")
+        if c.requests >= policy.min_error_samples and c.errors / c.requests > policy.max_error_rate:
+            return verdict(Outcome.FAIL, f"canary error rate {c.errors / c.requests:.2%} above the limit "
+                           f"{policy.max_error_rate:.2%}", guard="error_rate")
+    if c is None or t is None:
+        missing = "canary" if c is None else target_role
+        return verdict(Outcome.INCONCLUSIVE, f"no data from {missing}")
+    if not t.ready:
+        return verdict(Outcome.INCONCLUSIVE, f"{target_role} is not ready")
+    results: list[TestResult] = []
+    failed, pending, needs = [], [], []
+    for check in policy.checks:
+        if check.metric == ERROR_RATE:
+            rs = [_error_rate(check, c, t, prod, policy)]
+        else:
+            keys = [k for k in _series_of(c, check.metric) if k in t.histograms]
+            if not keys:
+                rs = [TestResult(check=check.name, series=check.metric, outcome=Outcome.INCONCLUSIVE,
+                                 threshold=check.max_rel_delta, reason=f"no data for {check.metric}")]
+            else:
+                rs = [_latency(check, k, c, t, prod, policy) for k in keys]
+        results.extend(rs)
+        outcome, more = _combine(check, rs)
+        if outcome is Outcome.FAIL:
+            failed.append(next(f"{r.series} {r.reason}" for r in rs if r.outcome is Outcome.FAIL))
+        elif outcome is Outcome.INCONCLUSIVE:
+            pending.append(check.name)
+            if more:
+                needs.append(more)
+    if failed:
+        return verdict(Outcome.FAIL, "; ".join(failed), results)
+    if not pending:
+        return verdict(Outcome.PASS, "every check passed with confidence", results)
+    need = max(needs) if needs else None
+    tail = f": need about {need} more requests per variant" if need else ""
+    return verdict(Outcome.INCONCLUSIVE, f"inconclusive ({', '.join(pending)}){tail}", results, need_more=need)

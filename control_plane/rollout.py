@@ -1,0 +1,427 @@
+"""The rollout state machine: `reconcile(rollout, observation, now) -> (rollout, actions)`. Pure; never mutates input.
+
+Phases: PENDING -> INITIALIZING (deploy baseline + canary, wait ready) -> PROGRESSING (step i at weight w; windows in
+the warm-up after each weight change are dropped; every check_interval one look at the step's accumulated data) ->
+PROMOTING -> SUCCEEDED, or ROLLING_BACK -> ROLLED_BACK; PAUSED (manual, too many inconclusive checks, or the manual
+promotion gate); FAILED when promote/rollback itself failed. Manual PROMOTE/ABORT/PAUSE/RESUME arrive in the
+observation. The worker runs every returned action (idempotently, retrying) before the next call, persists the
+returned rollout with its `new_checks`/`new_events` in one transaction, and reports failed actions back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from types import SimpleNamespace
+from typing import ClassVar, Mapping
+
+from control_plane.analysis import Outcome, Policy, VariantData, Verdict, assess
+
+ROLES = ("production", "baseline", "canary")
+_EPS = 1e-6
+
+
+class Phase(str, Enum):
+    PENDING = "pending"
+    INITIALIZING = "initializing"
+    PROGRESSING = "progressing"
+    PAUSED = "paused"
+    PROMOTING = "promoting"
+    SUCCEEDED = "succeeded"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED)
+
+
+class Command(str, Enum):
+    PROMOTE = "promote"
+    ABORT = "abort"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+# ---- actions: the worker maps them onto a Deployer / Notifier -------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class Action:
+    kind: ClassVar[str] = ""
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **{k: getattr(self, k) for k in self.__slots__}}
+
+    @staticmethod
+    def from_dict(d: Mapping) -> "Action":
+        d = dict(d)
+        cls = _ACTIONS[d.pop("kind")]
+        return cls(**d)
+
+
+@dataclass(slots=True, frozen=True)
+class Deploy(Action):
+    kind: ClassVar[str] = "deploy"
+    role: str = "canary"
+    kernels: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class SetWeights(Action):
+    kind: ClassVar[str] = "set_weights"
+    weights: Mapping[str, int] = field(default_factory=dict)   # role -> percent, sums to 100
+
+
+@dataclass(slots=True, frozen=True)
+class Promote(Action):
+    kind: ClassVar[str] = "promote"
+
+
+@dataclass(slots=True, frozen=True)
+class Rollback(Action):
+    kind: ClassVar[str] = "rollback"
+
+
+@dataclass(slots=True, frozen=True)
+class Notify(Action):
+    kind: ClassVar[str] = "notify"
+    event: str = ""          # started | step | paused | resumed | promoting | promoted | rolling_back | rolled_back | failed
+    message: str = ""
+
+
+_ACTIONS = {c.kind: c for c in (Deploy, SetWeights, Promote, Rollback, Notify)}
+
+
+def weights_for(percent: int) -> dict[str, int]:
+    """Canary gets `percent`; the baseline the same share (capped by what is left); production the rest."""
+    baseline = min(percent, 100 - percent)
+    return {"production": 100 - percent - baseline, "baseline": baseline, "canary": percent}
+
+
+# ---- observation, records, rollout ------------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class Observation:
+    """What the worker saw since the previous call. `variants`: role -> VariantData whose histograms, requests and
+    errors are WINDOW DELTAS over [window_start, window_end] (the worker takes deltas per replica between its polls,
+    handling counter resets, and sums replicas); `ready`/`crashing` are the state at window_end. `queries`: the
+    PromQL or scrape URLs used (kept as evidence). `errors`: metrics-source failures (the window counts as no data).
+    `failed_actions`: kinds of actions from the previous call that failed for good."""
+    window_start: float | None = None
+    window_end: float | None = None
+    variants: Mapping[str, VariantData] = field(default_factory=dict)
+    source: str = ""
+    queries: Mapping[str, str] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+    command: Command | None = None
+    command_by: str = ""
+    failed_actions: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class Check:
+    """One look, with its full evidence: raw bucket counts per variant, the queries, the verdict and what followed."""
+    seq: int
+    at: float
+    step: int
+    weight: int
+    window_start: float | None
+    window_end: float | None
+    source: str
+    queries: Mapping[str, str]
+    data: Mapping[str, VariantData]
+    verdict: Verdict
+    decision: str        # hold | advance | promote | gate | rollback | pause
+
+
+@dataclass(slots=True, frozen=True)
+class Event:
+    at: float
+    kind: str            # phase | command | window | check
+    message: str
+    phase: Phase
+
+
+@dataclass(slots=True, frozen=True)
+class Rollout:
+    id: str
+    service: str
+    canary_kernels: str
+    production_kernels: str
+    policy: Policy = field(default_factory=Policy)
+    phase: Phase = Phase.PENDING
+    reason: str = ""
+    created_at: float = 0.0
+    phase_since: float = 0.0
+    started_at: float | None = None          # first traffic to the canary; max_duration counts from here
+    paused_total_s: float = 0.0
+    paused_from: Phase | None = None
+    awaiting_promotion: bool = False
+    step: int = -1                           # index into policy.steps; -1 before the first step
+    weight: int = 0
+    warmup_until: float = 0.0
+    last_check_at: float = 0.0
+    checks: int = 0                          # sequence number of the last check (never reused)
+    step_checks: int = 0
+    consecutive_failures: int = 0
+    consecutive_inconclusive: int = 0
+    data: Mapping[str, VariantData] = field(default_factory=dict)   # the current step's accumulated windows
+    data_since: float | None = None
+    observed_until: float | None = None
+    excluded_requests: float = 0.0           # canary requests dropped as warm-up in this step
+    source: str = ""
+    queries: Mapping[str, str] = field(default_factory=dict)
+    new_checks: tuple[Check, ...] = ()       # produced by the last reconcile call; the store persists them
+    new_events: tuple[Event, ...] = ()
+    version: int = 0                         # managed by the store (optimistic concurrency)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError("rollout id must be a non-empty string")
+        if not isinstance(self.service, str) or not self.service:
+            raise ValueError("rollout service must be a non-empty string")
+        if not self.canary_kernels or not self.production_kernels:
+            raise ValueError("canary_kernels and production_kernels must name kernel sets")
+        object.__setattr__(self, "phase", Phase(self.phase))
+
+    @property
+    def active(self) -> bool:
+        return not self.phase.terminal
+
+
+def _accumulate(acc: Mapping[str, VariantData], window: Mapping[str, VariantData]) -> dict[str, VariantData]:
+    out = dict(acc)
+    for role, w in window.items():
+        old = out.get(role)
+        if old is None:
+            out[role] = w
+            continue
+        hists = dict(old.histograms)
+        for key, h in w.histograms.items():
+            hists[key] = hists[key].merge(h) if key in hists else h
+        out[role] = VariantData(hists, old.requests + w.requests, old.errors + w.errors, w.ready, w.crashing)
+    return out
+
+
+class _Builder:
+    """Collects the changes, actions and records of one reconcile call."""
+
+    def __init__(self, rollout: Rollout, now: float):
+        # a mutable shadow of the rollout's fields; one frozen Rollout is built at the end (replace() is slow)
+        self.r = SimpleNamespace(**{f.name: getattr(rollout, f.name) for f in fields(Rollout)})
+        self.now = now
+        self.actions: list[Action] = []
+        self.checks: list[Check] = []
+        self.events: list[Event] = []
+
+    def set(self, **changes) -> None:
+        for k, v in changes.items():
+            setattr(self.r, k, v)
+
+    def event(self, kind: str, message: str) -> None:
+        self.events.append(Event(self.now, kind, message, self.r.phase))
+
+    def go(self, phase: Phase, reason: str, notify: str | None = None) -> None:
+        old = self.r.phase
+        self.set(phase=phase, phase_since=self.now, reason=reason)
+        self.event("phase", f"{old.value} -> {phase.value}: {reason}")
+        if notify:
+            self.actions.append(Notify(notify, f"{self.r.service}: {reason}"))
+        if phase is Phase.ROLLING_BACK:
+            self.actions.append(Rollback())
+        elif phase is Phase.PROMOTING:
+            self.actions.append(Promote())
+
+    def start_step(self, index: int, reason: str) -> None:
+        weight = self.r.policy.steps[index]
+        p = self.r.policy
+        self.set(step=index, weight=weight, warmup_until=self.now + p.warmup_s, last_check_at=self.now,
+                 step_checks=0, consecutive_failures=0, consecutive_inconclusive=0, data={}, data_since=None,
+                 excluded_requests=0.0)
+        self.actions.append(SetWeights(weights_for(weight)))
+        self.actions.append(Notify("step", f"{self.r.service}: canary at {weight} % ({reason})"))
+        self.event("phase", f"step {index + 1}/{len(p.steps)}: canary at {weight} % ({reason})")
+
+    def done(self) -> tuple[Rollout, list[Action]]:
+        self.set(new_checks=tuple(self.checks), new_events=tuple(self.events))
+        return Rollout(**vars(self.r)), self.actions
+
+
+def reconcile(rollout: Rollout, observation: Observation | None, now: float) -> tuple[Rollout, list[Action]]:
+    """Advance `rollout` by one call. Checks (in order): failed actions, a manual command, then the phase's rule."""
+    obs = observation or Observation()
+    b = _Builder(rollout, float(now))
+    if b.r.phase.terminal:
+        if obs.command is not None:
+            b.event("command", f"{obs.command.value} ignored: rollout already {b.r.phase.value}")
+        return b.done()
+    if obs.failed_actions and _on_failed_actions(b, obs):
+        return b.done()
+    if obs.command is not None and _on_command(b, obs):
+        return b.done()
+    handler = {Phase.PENDING: _pending, Phase.INITIALIZING: _initializing, Phase.PROGRESSING: _progressing,
+               Phase.PAUSED: _paused, Phase.PROMOTING: _promoting, Phase.ROLLING_BACK: _rolling_back}[b.r.phase]
+    handler(b, obs)
+    return b.done()
+
+
+def _on_failed_actions(b: _Builder, obs: Observation) -> bool:
+    failed = ", ".join(obs.failed_actions)
+    if b.r.phase in (Phase.PROMOTING, Phase.ROLLING_BACK):
+        b.go(Phase.FAILED, f"{failed} failed during {b.r.phase.value}; needs an operator", "failed")
+        return True
+    if b.r.phase in (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED):
+        b.go(Phase.ROLLING_BACK, f"{failed} failed", "rolling_back")
+        return True
+    return False
+
+
+def _on_command(b: _Builder, obs: Observation) -> bool:
+    cmd, who, phase = obs.command, f" by {obs.command_by}" if obs.command_by else "", b.r.phase
+    if cmd is Command.ABORT:
+        if phase is Phase.PENDING:
+            b.go(Phase.ROLLED_BACK, f"aborted{who} before anything was deployed", "rolled_back")
+        elif phase in (Phase.PROMOTING, Phase.ROLLING_BACK):
+            b.event("command", f"abort{who} ignored while {phase.value}")
+            return False
+        else:
+            b.go(Phase.ROLLING_BACK, f"aborted{who}", "rolling_back")
+        return True
+    if cmd is Command.PROMOTE and phase in (Phase.PROGRESSING, Phase.PAUSED):
+        b.set(awaiting_promotion=False)
+        _leave_pause(b)
+        b.go(Phase.PROMOTING, f"promoted manually{who} at {b.r.weight} %", "promoting")
+        return True
+    if cmd is Command.PAUSE and phase in (Phase.INITIALIZING, Phase.PROGRESSING):
+        b.set(paused_from=phase)
+        b.go(Phase.PAUSED, f"paused{who}", "paused")
+        return True
+    if cmd is Command.RESUME and phase is Phase.PAUSED and not b.r.awaiting_promotion:
+        back = b.r.paused_from or Phase.PROGRESSING
+        _leave_pause(b)
+        # data seen while paused is dropped; the step's earlier data is kept (same weight, same comparison)
+        b.set(paused_from=None, consecutive_inconclusive=0, last_check_at=b.now,
+              warmup_until=max(b.r.warmup_until, b.now))
+        b.go(back, f"resumed{who}", "resumed")
+        return True
+    b.event("command", f"{cmd.value}{who} ignored in phase {phase.value}"
+            + (" (awaiting promotion: use promote or abort)" if b.r.awaiting_promotion else ""))
+    return False
+
+
+def _leave_pause(b: _Builder) -> None:
+    if b.r.phase is Phase.PAUSED and b.r.started_at is not None:
+        b.set(paused_total_s=b.r.paused_total_s + (b.now - b.r.phase_since))
+
+
+def _pending(b: _Builder, obs: Observation) -> None:
+    b.actions += [Deploy("baseline", b.r.production_kernels), Deploy("canary", b.r.canary_kernels)]
+    b.go(Phase.INITIALIZING, f"deploying canary {b.r.canary_kernels} and baseline {b.r.production_kernels}",
+         "started")
+
+
+def _initializing(b: _Builder, obs: Observation) -> None:
+    canary, baseline = obs.variants.get("canary"), obs.variants.get("baseline")
+    if canary is not None and canary.crashing:
+        b.go(Phase.ROLLING_BACK, "canary is crashing during start-up", "rolling_back")
+    elif canary is not None and baseline is not None and canary.ready and baseline.ready:
+        b.set(started_at=b.now, observed_until=obs.window_end)
+        b.go(Phase.PROGRESSING, "canary and baseline ready")
+        b.start_step(0, "first step")
+    elif b.now - b.r.phase_since > b.r.policy.ready_timeout_s:
+        b.go(Phase.ROLLING_BACK, f"not ready after {b.r.policy.ready_timeout_s:g} s", "rolling_back")
+
+
+def _take_window(b: _Builder, obs: Observation) -> None:
+    """Add the observation's window to the step's data unless it overlaps one already counted or the warm-up."""
+    if obs.source:
+        b.set(source=obs.source, queries=dict(obs.queries) or b.r.queries)
+    for err in obs.errors:
+        b.event("window", f"metrics source: {err}")
+    start, end = obs.window_start, obs.window_end
+    if start is None or end is None or end <= start:
+        return
+    r = b.r
+    if r.observed_until is not None and start < r.observed_until - _EPS:
+        b.event("window", f"window [{start:.3f}, {end:.3f}] overlaps data already counted (until "
+                f"{r.observed_until:.3f}); dropped")
+        return
+    b.set(observed_until=end)
+    if start < r.warmup_until - _EPS or r.phase is not Phase.PROGRESSING:
+        c = obs.variants.get("canary")
+        b.set(excluded_requests=r.excluded_requests + (c.requests if c else 0.0))
+        return
+    b.set(data=_accumulate(r.data, obs.variants), data_since=r.data_since if r.data_since is not None else start)
+
+
+def _with_readiness(data: Mapping[str, VariantData], obs: Observation) -> dict[str, VariantData]:
+    out = dict(data)
+    for role, v in obs.variants.items():
+        if role in out:
+            out[role] = replace(out[role], ready=v.ready, crashing=v.crashing)
+        else:
+            out[role] = VariantData(ready=v.ready, crashing=v.crashing)
+    return out
+
+
+def _progressing(b: _Builder, obs: Observation) -> None:
+    p = b.r.policy
+    _take_window(b, obs)
+    if b.r.started_at is not None and b.now - b.r.started_at - b.r.paused_total_s > p.max_duration_s:
+        b.go(Phase.ROLLING_BACK, f"max duration {p.max_duration_s:g} s exceeded", "rolling_back")
+        return
+    canary = obs.variants.get("canary")
+    guard_now = canary is not None and (canary.crashing or not canary.ready)
+    if not guard_now and b.now < b.r.last_check_at + p.check_interval_s - _EPS:
+        return
+    data = _with_readiness(b.r.data, obs)
+    verdict = assess(data, p)
+    r = b.r
+    decision = "hold"
+    seq = r.checks + 1
+    if verdict.outcome is Outcome.PASS:
+        b.set(consecutive_failures=0, consecutive_inconclusive=0)
+        nxt = r.step + 1
+        if nxt < len(p.steps) and p.steps[nxt] < 100:
+            decision = "advance"
+        else:
+            decision = "promote" if p.auto_promote else "gate"
+    elif verdict.outcome is Outcome.FAIL:
+        fails = r.consecutive_failures + 1
+        b.set(consecutive_failures=fails, consecutive_inconclusive=0)
+        if verdict.guard or fails >= p.failure_limit:
+            decision = "rollback"
+    else:
+        incs = r.consecutive_inconclusive + 1
+        b.set(consecutive_failures=0, consecutive_inconclusive=incs)
+        if incs >= p.inconclusive_limit:
+            decision = "pause" if p.on_inconclusive == "pause" else "rollback"
+    b.checks.append(Check(seq, b.now, r.step, r.weight, r.data_since, r.observed_until, r.source, dict(r.queries),
+                          data, verdict, decision))
+    b.set(checks=seq, step_checks=r.step_checks + 1, last_check_at=b.now)
+    b.event("check", f"check {seq} at {r.weight} %: {verdict.outcome.value} -> {decision}: {verdict.reason}")
+    if decision == "advance":
+        b.start_step(r.step + 1, f"check {seq} passed")
+    elif decision == "promote":
+        b.go(Phase.PROMOTING, f"every step passed (check {seq})", "promoting")
+    elif decision == "gate":
+        b.set(awaiting_promotion=True, paused_from=Phase.PROGRESSING)
+        b.go(Phase.PAUSED, f"every step passed (check {seq}); awaiting manual promotion", "paused")
+    elif decision == "rollback":
+        why = (f"guard: {verdict.reason}" if verdict.guard else
+               f"{b.r.consecutive_failures} failed check(s): {verdict.reason}" if verdict.outcome is Outcome.FAIL
+               else f"{b.r.consecutive_inconclusive} inconclusive checks: {verdict.reason}")
+        b.go(Phase.ROLLING_BACK, why, "rolling_back")
+    elif decision == "pause":
+        b.set(paused_from=Phase.PROGRESSING)
+        b.go(Phase.PAUSED, f"{b.r.consecutive_inconclusive} inconclusive checks: {verdict.reason}", "paused")
+
+
+def _paused(b: _Builder, obs: Observation) -> None:
+    _take_window(b, obs)  # advances observed_until; the data is not analysed
+
+
+def _promoting(b: _Builder, obs: Observation) -> None:
+    b.go(Phase.SUCCEEDED, f"canary {b.r.canary_kernels} is production", "promoted")
+
+
+def _rolling_back(b: _Builder, obs: Observation) -> None:
+    b.go(Phase.ROLLED_BACK, f"production {b.r.production_kernels} restored ({b.r.reason})", "rolled_back")
