@@ -1,0 +1,121 @@
+"""Bad input gets a 4xx OpenAI-style error body (never a stack trace); a full waiting queue gets 429 + Retry-After."""
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.engine.server.harness import http, sample
+
+OK = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+LONG = "x" * 5000  # > the tiny model's 4096-token context with the byte tokenizer
+
+CASES = [
+    # (name, method, path, body, headers, status, param)
+    ("malformed json", "POST", "/v1/completions", b'{"model": "tiny", "prompt": ', {}, 400, None),
+    ("json array", "POST", "/v1/completions", b"[1, 2]", {}, 400, None),
+    ("empty body", "POST", "/v1/completions", b"", {}, 400, None),
+    ("missing prompt", "POST", "/v1/completions", {"model": "tiny"}, {}, 400, "prompt"),
+    ("missing model", "POST", "/v1/completions", {"prompt": "x"}, {}, 400, "model"),
+    ("ill-typed prompt", "POST", "/v1/completions", {"model": "tiny", "prompt": {"a": 1}}, {}, 400, "prompt"),
+    ("ill-typed max_tokens", "POST", "/v1/completions", {**OK, "max_tokens": "5"}, {}, 400, "max_tokens"),
+    ("max_tokens zero", "POST", "/v1/completions", {**OK, "max_tokens": 0}, {}, 400, "max_tokens"),
+    ("max_tokens negative", "POST", "/v1/completions", {**OK, "max_tokens": -1}, {}, 400, "max_tokens"),
+    ("max_tokens above context", "POST", "/v1/completions", {**OK, "max_tokens": 5000}, {}, 400, "max_tokens"),
+    ("prompt longer than context", "POST", "/v1/completions", {**OK, "prompt": LONG}, {}, 400, "prompt"),
+    ("token id out of vocab", "POST", "/v1/completions", {**OK, "prompt": [1, 99999]}, {}, 400, "prompt"),
+    ("unknown model", "POST", "/v1/completions", {**OK, "model": "gpt-9"}, {}, 404, "model"),
+    ("n > 1", "POST", "/v1/completions", {**OK, "n": 2}, {}, 400, "n"),
+    ("temperature out of range", "POST", "/v1/completions", {**OK, "temperature": 3}, {}, 400, "temperature"),
+    ("bad priority header", "POST", "/v1/completions", OK, {"X-SITS-Priority": "9"}, 400, "X-SITS-Priority"),
+    ("bad tenant header", "POST", "/v1/completions", OK, {"X-SITS-Tenant": "a/b"}, 400, "X-SITS-Tenant"),
+    ("chat missing messages", "POST", "/v1/chat/completions", {"model": "tiny"}, {}, 400, "messages"),
+    ("chat bad role", "POST", "/v1/chat/completions",
+     {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, {}, 400, "messages"),
+    ("chat too long", "POST", "/v1/chat/completions",
+     {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}, {}, 400, "messages"),
+    ("chat tools unsupported", "POST", "/v1/chat/completions",
+     {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, 400,
+     "tools"),
+    ("wrong method", "GET", "/v1/completions", None, {}, 405, None),
+    ("unknown route", "GET", "/v2/nothing", None, {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("name,method,path,body,headers,status,param", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_table(server, name, method, path, body, headers, status, param):
+    got, resp_headers, payload = http(method, server.url + path, body, headers)
+    assert got == status, payload
+    assert resp_headers["content-type"].startswith("application/json")
+    err = json.loads(payload)["error"]
+    assert isinstance(err["message"], str) and err["message"] and err["type"]
+    assert err["param"] == param
+    assert b"Traceback" not in payload and b'File "' not in payload
+
+
+def test_openai_client_raises_typed_errors(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-9", prompt="x")
+
+
+def test_full_waiting_queue_gets_429_with_retry_after(serve):
+    s = serve(max_num_seqs=1, max_waiting=2)
+    hog = {"model": "tiny", "prompt": "hog", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    results: list[int] = []
+    with httpx.Client(timeout=60) as c, c.stream("POST", s.url + "/v1/completions", json=hog) as stream:
+        assert stream.status_code == 200
+        lines = stream.iter_lines()  # keep a reference: a dropped iterator closes the connection
+        next(lines)  # the hog holds the only running slot now
+        waiters = [threading.Thread(target=lambda: results.append(
+            http("POST", s.url + "/v1/completions", {**OK, "max_tokens": 1})[0])) for _ in range(2)]
+        for t in waiters:
+            t.start()
+        deadline = time.monotonic() + 20
+        while sample(s.metrics(), "sits_num_requests_waiting") < 2:
+            assert time.monotonic() < deadline, "the two waiters never queued"
+            time.sleep(0.02)
+        status, headers, payload = http("POST", s.url + "/v1/completions", OK)
+        assert status == 429 and int(headers["retry-after"]) >= 1
+        assert json.loads(payload)["error"]["code"] == "queue_full"
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="k", max_retries=0).completions.create(**OK)
+    # closing the stream aborted the hog; the queued requests are then served
+    for t in waiters:
+        t.join(30)
+    assert results == [200, 200]
+
+
+def test_engine_that_fails_to_load_is_never_ready(serve, tmp_path):
+    from tests.engine.server.harness import BASE, RunningServer
+    from dataclasses import replace
+
+    s = RunningServer(replace(BASE, model=str(tmp_path / "no-such-checkpoint")))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            status, _, body = http("GET", s.url + "/readyz", timeout=5) if _up(s) else (None, None, b"")
+            if status == 503 and json.loads(body)["status"] == "failed":
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.05)
+        assert http("GET", s.url + "/healthz")[0] == 200
+        status, headers, body = http("POST", s.url + "/v1/completions", OK)
+        assert status == 503 and "retry-after" in {k.lower() for k in headers}
+        assert json.loads(body)["error"]["type"] == "service_unavailable"
+    finally:
+        s.stop()
+
+
+def _up(s) -> bool:
+    try:
+        http("GET", s.url + "/healthz", timeout=2)
+        return True
+    except OSError:
+        return False
