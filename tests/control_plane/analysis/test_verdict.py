@@ -1,0 +1,126 @@
+"""Table tests for assess(): every verdict path on literal, deterministic data (no mocks, no randomness)."""
+import math
+from statistics import NormalDist
+
+import pytest
+
+from control_plane.analysis import (ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Outcome, Policy,
+                                    VariantData, assess)
+
+BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))   # 5 % buckets, 1 ms .. 17 s
+_Z = NormalDist()
+
+
+def lat(n: int, scale: float = 1.0, *, tail_scale: float = 1.0, median: float = 0.05, sigma: float = 0.5):
+    """n latencies at the exact lognormal quantiles (i + 0.5) / n; the slowest 5 % optionally multiplied."""
+    vals = []
+    for i in range(n):
+        p = (i + 0.5) / n
+        v = median * math.exp(sigma * _Z.inv_cdf(p)) * scale
+        vals.append(v * tail_scale if p > 0.95 else v)
+    return HistogramSnapshot.from_values(vals, BOUNDS)
+
+
+def var(n=20000, scale=1.0, *, errors=None, ready=True, crashing=False, tail_scale=1.0, key=REQUEST_LATENCY):
+    errors = n * 0.005 if errors is None else errors
+    return VariantData({key: lat(n, scale, tail_scale=tail_scale)} if n else {}, float(n), float(errors), ready,
+                       crashing)
+
+
+P = Policy()
+P99_ONLY = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.10),))
+
+CASES = [
+    # name, variants, policy, outcome, guard, reason fragment
+    ("identical -> pass", {"canary": var(), "baseline": var()}, P, Outcome.PASS, None, "every check passed"),
+    ("+50 % -> fail", {"canary": var(scale=1.5), "baseline": var()}, P, Outcome.FAIL, None, "p99 +5"),
+    ("+20 %: p90 fails first", {"canary": var(scale=1.2), "baseline": var()}, P, Outcome.FAIL, None, "p90"),
+    ("tail only: p99 fails, p90 passes", {"canary": var(tail_scale=1.5), "baseline": var()}, P, Outcome.FAIL,
+     None, "p99"),
+    ("low traffic -> inconclusive", {"canary": var(300), "baseline": var(300)}, P, Outcome.INCONCLUSIVE, None,
+     "need about"),
+    ("near threshold -> inconclusive", {"canary": var(3000, 1.08), "baseline": var(3000)}, P99_ONLY,
+     Outcome.INCONCLUSIVE, None, "need about"),
+    ("no canary data -> inconclusive", {"baseline": var()}, P, Outcome.INCONCLUSIVE, None, "no data from canary"),
+    ("no baseline -> inconclusive", {"canary": var()}, P, Outcome.INCONCLUSIVE, None, "no data from baseline"),
+    ("baseline not ready -> inconclusive", {"canary": var(), "baseline": var(ready=False)}, P,
+     Outcome.INCONCLUSIVE, None, "baseline is not ready"),
+    ("metric missing -> inconclusive", {"canary": var(key="other"), "baseline": var(key="other")}, P,
+     Outcome.INCONCLUSIVE, None, "http_request_duration_seconds:p99"),
+    ("canary crashing -> guard", {"canary": var(crashing=True), "baseline": var()}, P, Outcome.FAIL, "crashing",
+     "crashing"),
+    ("canary not ready -> guard", {"canary": var(ready=False), "baseline": var()}, P, Outcome.FAIL, "not_ready",
+     "not ready"),
+    ("canary error rate above limit -> guard", {"canary": var(errors=2000), "baseline": var()}, P, Outcome.FAIL,
+     "error_rate", "above the limit"),
+    ("error-rate delta +2.5 pt -> fail", {"canary": var(errors=600), "baseline": var()}, P, Outcome.FAIL, None,
+     "error rate"),
+    ("error-rate delta tiny -> pass", {"canary": var(errors=110), "baseline": var()}, P, Outcome.PASS, None,
+     "every check passed"),
+]
+
+
+@pytest.mark.parametrize("name,variants,policy,outcome,guard,fragment", CASES, ids=[c[0] for c in CASES])
+def test_assess_table(name, variants, policy, outcome, guard, fragment):
+    v = assess(variants, policy)
+    assert (v.outcome, v.guard) == (outcome, guard), v.reason
+    assert fragment in v.reason, v.reason
+    if outcome is Outcome.INCONCLUSIVE and "need about" in fragment:
+        assert v.need_more and v.need_more > 0
+
+
+def test_nan_guard():
+    bad = VariantData({REQUEST_LATENCY: HistogramSnapshot((0.1, math.inf), (1.0, math.nan))}, 100.0, 0.0)
+    v = assess({"canary": bad, "baseline": var()}, P)
+    assert (v.outcome, v.guard) == (Outcome.FAIL, "nan")
+
+
+def test_evidence_fields_are_consistent():
+    v = assess({"canary": var(scale=1.3), "baseline": var(), "production": var(40000, 1.0)}, P)
+    p99 = next(r for r in v.results if r.check == "http_request_duration_seconds:p99")
+    assert p99.outcome is Outcome.FAIL and p99.threshold == 0.10 and p99.n_canary == 20000
+    assert p99.ci_low < p99.delta_rel < p99.ci_high
+    assert p99.delta_rel == pytest.approx(0.30, abs=0.02)
+    assert p99.delta_abs == pytest.approx(p99.canary - p99.target)
+    assert p99.vs_production is not None and p99.vs_production[1] == pytest.approx(0.30, abs=0.02)
+    er = next(r for r in v.results if r.check == ERROR_RATE)
+    assert er.canary == pytest.approx(0.005) and er.outcome is Outcome.PASS
+    d = v.to_dict()
+    assert d["outcome"] == "fail" and d["results"][0]["outcome"] in ("fail", "pass", "inconclusive")
+
+
+def test_compare_to_production_decides():
+    variants = {"canary": var(scale=1.5), "baseline": var(scale=1.5), "production": var()}
+    assert assess(variants, P).outcome is Outcome.PASS            # same as the (slow) baseline
+    v = assess(variants, Policy(compare_to="production"))
+    assert v.outcome is Outcome.FAIL and v.compare_to == "production"
+
+
+def test_per_route_series():
+    slow, fast = 'http_request_duration_seconds{route="/v1/chat/completions"}', \
+        'http_request_duration_seconds{route="/v1/completions"}'
+    base = VariantData({slow: lat(20000), fast: lat(20000)}, 40000.0, 200.0)
+    good = VariantData({slow: lat(20000), fast: lat(20000)}, 40000.0, 200.0)
+    bad = VariantData({slow: lat(20000, 1.5), fast: lat(20000)}, 40000.0, 200.0)
+    assert assess({"canary": good, "baseline": base}, P).outcome is Outcome.PASS
+    v = assess({"canary": bad, "baseline": base}, P)
+    assert v.outcome is Outcome.FAIL and "chat/completions" in v.reason and '"/v1/completions"' not in v.reason
+    # a route with too little traffic is skipped when another route of the same check decides
+    sparse = VariantData({fast: lat(20000), slow: lat(50)}, 20050.0, 100.0)
+    v = assess({"canary": sparse, "baseline": VariantData({fast: lat(20000), slow: lat(50)}, 20050.0, 100.0)}, P)
+    assert v.outcome is Outcome.PASS
+    assert any(r.reason.startswith("low traffic") for r in v.results)
+
+
+def test_more_data_moves_inconclusive_to_a_decision():
+    small = assess({"canary": var(3000, 1.25), "baseline": var(3000)}, P99_ONLY)
+    assert small.outcome is Outcome.INCONCLUSIVE and small.need_more
+    n = 3000 + small.need_more * 2
+    assert assess({"canary": var(n, 1.25), "baseline": var(n)}, P99_ONLY).outcome is Outcome.FAIL
+
+
+def test_inputs_not_mutated():
+    c, b = var(scale=1.5), var()
+    before = (c.histograms[REQUEST_LATENCY].counts, b.requests)
+    assess({"canary": c, "baseline": b}, P)
+    assert (c.histograms[REQUEST_LATENCY].counts, b.requests) == before
