@@ -1,0 +1,179 @@
+"""The rollout state machine: reconcile() stepped with a frozen clock and canned observations; phase after each step."""
+import math
+from statistics import NormalDist
+
+import pytest
+
+from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
+from control_plane.rollout import (Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
+                                   SetWeights, reconcile, weights_for)
+
+BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))
+_Z = NormalDist()
+
+
+def lat(n, scale=1.0):
+    return HistogramSnapshot.from_values(
+        [0.05 * math.exp(0.5 * _Z.inv_cdf((i + 0.5) / n)) * scale for i in range(n)], BOUNDS)
+
+
+GOOD, BAD = lat(3000), lat(3000, 1.5)   # one 10 s window of traffic per variant
+
+
+def window(canary=GOOD, baseline=GOOD, *, ready=True, crashing=False, errors=15.0):
+    return {"canary": VariantData({REQUEST_LATENCY: canary}, canary.total, errors, ready, crashing),
+            "baseline": VariantData({REQUEST_LATENCY: baseline}, baseline.total, 15.0)}
+
+
+class Clock:
+    """Frozen clock + driver: each tick advances 10 s and feeds one window [t - 10, t]."""
+
+    def __init__(self, rollout):
+        self.r, self.t, self.actions = rollout, 0.0, []
+
+    def step(self, variants=None, *, command=None, failed=(), dt=10.0, source="scrape"):
+        self.t += dt
+        obs = Observation(self.t - dt, self.t, variants if variants is not None else {}, source=source,
+                          queries={"canary": "http://canary/metrics"}, command=command, failed_actions=failed)
+        before = self.r
+        self.r, self.actions = reconcile(self.r, obs, self.t)
+        assert before is not self.r
+        return self.r.phase
+
+
+def start(policy=None) -> Clock:
+    c = Clock(Rollout("r1", "chat", "triton-v2", "triton-v1", policy or Policy()))
+    assert c.step() is Phase.INITIALIZING
+    assert c.actions[:2] == [Deploy("baseline", "triton-v1"), Deploy("canary", "triton-v2")]
+    assert isinstance(c.actions[2], Notify) and c.actions[2].event == "started"
+    return c
+
+
+def progressing(policy=None) -> Clock:
+    c = start(policy)
+    assert c.step(window(ready=False)) is Phase.INITIALIZING          # canary not ready yet: wait
+    assert c.step(window()) is Phase.PROGRESSING
+    assert c.r.weight == 5 and SetWeights(weights_for(5)) in c.actions
+    assert weights_for(5) == {"production": 90, "baseline": 5, "canary": 5}
+    return c
+
+
+def test_good_canary_walks_every_step_and_is_promoted():
+    c = progressing()
+    seen = [c.r.weight]
+    for _ in range(100):
+        phase = c.step(window())
+        if c.r.weight != seen[-1]:
+            seen.append(c.r.weight)
+        if phase is not Phase.PROGRESSING:
+            break
+    assert seen == [5, 10, 25, 50] and c.r.phase is Phase.PROMOTING and Promote() in c.actions
+    assert all(ch.verdict.outcome.value == "pass" for ch in c.r.new_checks)
+    assert c.step() is Phase.SUCCEEDED and c.actions[-1].event == "promoted"
+    assert c.step(command=Command.ABORT) is Phase.SUCCEEDED                        # terminal: commands ignored
+    assert "ignored" in c.r.new_events[-1].message
+
+
+def test_warmup_window_is_dropped_and_checks_wait_for_the_interval():
+    c = progressing()
+    assert c.step(window()) is Phase.PROGRESSING       # window starts before warm-up end: dropped
+    assert c.r.data == {} and c.r.excluded_requests == GOOD.total
+    assert c.step(window()) is Phase.PROGRESSING       # counted; no check yet (interval 30 s)
+    assert c.r.checks == 0 and c.r.data["canary"].requests == GOOD.total
+    c.step(window())
+    assert c.r.checks == 1 and len(c.r.new_checks) == 1 and c.r.new_checks[0].decision == "advance"
+    assert c.r.weight == 10 and c.r.data == {}          # next step starts with fresh data
+
+
+def test_bad_canary_needs_two_failed_checks_then_rolls_back():
+    c = progressing()
+    phases = [c.step(window(BAD)) for _ in range(3)]
+    assert phases == [Phase.PROGRESSING] * 3 and c.r.consecutive_failures == 1
+    assert c.r.new_checks[0].decision == "hold" and c.r.new_checks[0].verdict.outcome.value == "fail"
+    phases = [c.step(window(BAD)) for _ in range(3)]
+    assert phases[-1] is Phase.ROLLING_BACK and Rollback() in c.actions
+    assert c.r.new_checks[0].decision == "rollback" and "2 failed check(s)" in c.r.reason
+    assert c.step() is Phase.ROLLED_BACK
+
+
+def test_crashing_canary_rolls_back_at_once():
+    c = progressing()
+    c.step(window())
+    assert c.step(window(crashing=True)) is Phase.ROLLING_BACK    # no waiting for the check interval
+    assert c.r.new_checks[0].verdict.guard == "crashing" and Rollback() in c.actions
+
+
+def test_error_rate_guard():
+    c = progressing()
+    c.step(window())
+    c.step(window(errors=600.0))
+    assert c.step(window(errors=600.0)) is Phase.ROLLING_BACK
+    assert c.r.new_checks[0].verdict.guard == "error_rate"
+
+
+@pytest.mark.parametrize("on_inconclusive,final", [("pause", Phase.PAUSED), ("rollback", Phase.ROLLING_BACK)])
+def test_no_data_is_inconclusive_then_pause_or_rollback(on_inconclusive, final):
+    c = progressing(Policy(inconclusive_limit=3, on_inconclusive=on_inconclusive))
+    phases = [c.step({}) for _ in range(9)]           # three checks, every one without data
+    assert phases[:8] == [Phase.PROGRESSING] * 8 and phases[8] is final
+    assert c.r.checks == 3 and "no data from canary" in c.r.reason
+
+
+def test_manual_pause_resume_promote():
+    c = progressing()
+    assert c.step(window(), command=Command.PAUSE) is Phase.PAUSED
+    assert c.step(window()) is Phase.PAUSED and c.r.checks == 0    # no checks while paused
+    assert c.step(window(), command=Command.RESUME) is Phase.PROGRESSING
+    assert c.step(window(), command=Command.PROMOTE) is Phase.PROMOTING and Promote() in c.actions
+    assert c.step() is Phase.SUCCEEDED
+
+
+def test_manual_abort_and_abort_before_deploy():
+    c = progressing()
+    assert c.step(command=Command.ABORT) is Phase.ROLLING_BACK and Rollback() in c.actions
+    assert c.step() is Phase.ROLLED_BACK
+    fresh = Clock(Rollout("r2", "chat", "b", "a"))
+    assert fresh.step(command=Command.ABORT) is Phase.ROLLED_BACK and not any(
+        isinstance(a, (Deploy, Rollback)) for a in fresh.actions)
+
+
+def test_manual_gate_waits_for_promote():
+    c = progressing(Policy(steps=(5, 100), auto_promote=False))
+    for _ in range(3):
+        c.step(window())
+    assert c.r.phase is Phase.PAUSED and c.r.awaiting_promotion
+    assert c.step(command=Command.RESUME) is Phase.PAUSED and "awaiting promotion" in c.r.new_events[-1].message
+    assert c.step(command=Command.PROMOTE) is Phase.PROMOTING
+
+
+def test_ready_timeout_and_max_duration():
+    c = start(Policy(ready_timeout_s=25))
+    assert [c.step(window(ready=False)) for _ in range(3)] == [Phase.INITIALIZING] * 2 + [Phase.ROLLING_BACK]
+    c = progressing(Policy(max_duration_s=40, inconclusive_limit=100))
+    phases = [c.step({}) for _ in range(5)]
+    assert phases[-1] is Phase.ROLLING_BACK and "max duration" in c.r.reason
+
+
+def test_overlapping_window_is_not_counted_twice():
+    c = progressing()
+    c.step(window())
+    c.step(window())
+    n = c.r.data["canary"].requests
+    c.r, _ = reconcile(c.r, Observation(c.t - 10, c.t, window(), source="scrape"), c.t + 1)   # same window again
+    assert c.r.data["canary"].requests == n and "overlaps" in c.r.new_events[-1].message
+
+
+def test_failed_actions():
+    c = start()
+    assert c.step(failed=("deploy",)) is Phase.ROLLING_BACK
+    assert c.step(failed=("rollback",)) is Phase.FAILED and "operator" in c.r.reason
+
+
+def test_reconcile_is_pure():
+    c = progressing()
+    c.step(window())
+    r, obs = c.r, Observation(c.t, c.t + 10, window(BAD))
+    snapshot = (r.phase, r.checks, dict(r.data), r.observed_until)
+    out1, out2 = reconcile(r, obs, c.t + 10), reconcile(r, obs, c.t + 10)
+    assert (r.phase, r.checks, dict(r.data), r.observed_until) == snapshot
+    assert out1 == out2
