@@ -106,13 +106,15 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         n = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        for i, h in enumerate(self._hashes(seq, n)[:n]):
-            block = self.blocks[seq.block_table[i]]
+        hashes = self._hashes(seq, n)
+        for i in range(seq.num_committed_blocks, n):
+            h, block = hashes[i], self.blocks[seq.block_table[i]]
             if block.hash is not None or h in self.hash_to_block:
                 continue  # already registered (possibly an identical block computed by another sequence)
             block.hash = h
             block.token_ids = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
             self.hash_to_block[h] = block.block_id
+        seq.num_committed_blocks = max(seq.num_committed_blocks, n)
 
     # ---- allocation -----------------------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> str | None:
@@ -158,6 +160,7 @@ class BlockManager:
         for bid in reversed(seq.block_table):
             self._release(self.blocks[bid], seq)
         seq.block_table = []
+        seq.num_committed_blocks = 0
 
     # ---- internals ------------------------------------------------------------------------------------------
     def _grow(self, seq: Sequence, num_tokens: int) -> None:

@@ -30,6 +30,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hash chain over the full blocks of token_ids (prefix caching)
+        self.num_committed_blocks = 0  # leading blocks of block_table already offered to the prefix cache
         # tokens whose K/V are in the cache; a step computes token_ids[num_computed_tokens:...]
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission
