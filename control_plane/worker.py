@@ -1,0 +1,372 @@
+"""The control loop: every interval, for each active rollout (each in its own thread, so a slow deployer or metrics
+source delays only its own rollout):
+
+    1. finish the outbox: pending actions of the last pass (after a crash or failure) run, idempotently; done for now
+    2. load the rollout, gather an Observation: readiness from the deployer, the window since `observed_until` from
+       the metrics source (a MetricsError makes the window "no data": inconclusive, never a pass), a queued manual
+       command, and the actions of the last pass that failed for good
+    3. reconcile(rollout, observation, now)                                   (pure)
+    4. persist the new state + its checks + events + actions in ONE transaction (Store.save)
+    5. run the actions through the deployer (each retried, then marked done/failed in the outbox) and the notifier
+
+Killed between any two steps, a restarted worker converges: before 4 nothing was written and the pass is redone from
+the same persisted state (same window start, same check seq); after 4 the outbox holds what is left to do. Warm-up
+windows are dropped by reconcile (Policy.warmup_s after every deploy or weight change).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from control_plane.adapters.deploy import Deployer, VariantSpec, VariantStatus
+from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
+from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, Policy, VariantData
+from control_plane.rollout import (Action, Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
+                                   SetWeights, reconcile)
+from control_plane.store import Store
+
+log = logging.getLogger(__name__)
+_OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
+_STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(slots=True, frozen=True)
+class DeploySpec:
+    """How a rollout's variants run (besides their kernel sets): baseline = a fresh copy of production."""
+    model: str = "tiny"
+    replicas: int = 1
+    production_args: tuple[str, ...] = ()
+    canary_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model must be 'tiny', 'llama3-8b' or a checkpoint path")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, got {self.replicas!r}")
+        for name in ("production_args", "canary_args"):
+            v = getattr(self, name)
+            if isinstance(v, str) or not all(isinstance(a, str) for a in v):
+                raise ValueError(f"{name} must be a list of strings")
+            object.__setattr__(self, name, tuple(v))
+        object.__setattr__(self, "env", dict(self.env))
+
+    def variant(self, service: str, role: str, kernels: str) -> VariantSpec:
+        args = self.canary_args if role == "canary" else self.production_args
+        return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
+                           args=args, env=self.env)
+
+
+class SideTables:
+    """Worker-owned tables in the store's SQLite file: each rollout's DeploySpec and the queue of manual commands
+    (promote/abort/pause/resume) that the CLI or API leave for the worker. A command is consumed after the state it
+    produced is saved: a crash in between replays it, and reconcile ignores a command that no longer applies."""
+
+    def __init__(self, path: str) -> None:
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._db.executescript("""
+            CREATE TABLE IF NOT EXISTS rollout_specs (rollout_id TEXT PRIMARY KEY, body TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS commands (id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL,
+                command TEXT NOT NULL, by TEXT NOT NULL, created_at REAL NOT NULL, consumed_at REAL);""")
+
+    def put_spec(self, rollout_id: str, spec: DeploySpec) -> None:
+        body = json.dumps(dataclasses.asdict(spec))
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO rollout_specs VALUES (?, ?)", (rollout_id, body))
+
+    def spec(self, rollout_id: str) -> DeploySpec:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        return DeploySpec(**json.loads(row[0])) if row else DeploySpec()
+
+    def add_command(self, rollout_id: str, command: Command | str, by: str = "") -> int:
+        command = Command(command)
+        with self._lock:
+            cur = self._db.execute("INSERT INTO commands (rollout_id, command, by, created_at) VALUES (?, ?, ?, ?)",
+                                   (rollout_id, command.value, by, time.time()))
+            return cur.lastrowid
+
+    def next_command(self, rollout_id: str) -> tuple[int, Command, str] | None:
+        with self._lock:
+            row = self._db.execute("SELECT id, command, by FROM commands WHERE rollout_id = ? AND consumed_at IS "
+                                   "NULL ORDER BY id LIMIT 1", (rollout_id,)).fetchone()
+        return (row[0], Command(row[1]), row[2]) if row else None
+
+    def consume(self, command_id: int) -> None:
+        with self._lock:
+            self._db.execute("UPDATE commands SET consumed_at = ? WHERE id = ?", (time.time(), command_id))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def start_rollout(store: Store, service: str, canary_kernels: str, production_kernels: str,
+                  policy: Policy | None = None, spec: DeploySpec | None = None, *, now: float | None = None,
+                  rollout_id: str | None = None) -> Rollout:
+    """Create a PENDING rollout (the worker takes it from there). StoreConflictError if the service has one."""
+    now = time.time() if now is None else now
+    rid = rollout_id or f"{service}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
+    side = SideTables(store.path) if store.path != ":memory:" else None
+    if side is not None:   # written first: an orphan spec row is harmless, a rollout without its spec is not
+        side.put_spec(rid, spec or DeploySpec())
+        side.close()
+    return store.create(Rollout(rid, service, canary_kernels, production_kernels, policy or Policy(),
+                                created_at=now, phase_since=now))
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    interval_s: float = 5.0          # how often every active rollout is reconciled
+    action_retries: int = 2          # deployer action attempts after the first
+    action_backoff_s: float = 1.0    # doubled per attempt
+    join_timeout_s: float = 30.0     # stop(): how long to wait for rollout threads
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0 or self.action_backoff_s < 0 or self.join_timeout_s < 0:
+            raise ValueError("interval_s must be > 0; action_backoff_s and join_timeout_s >= 0")
+        if isinstance(self.action_retries, bool) or not isinstance(self.action_retries, int) or self.action_retries < 0:
+            raise ValueError("action_retries must be an integer >= 0")
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.stage = Histogram("sits_control_reconcile_seconds", "Time per stage of one rollout pass (observe, "
+                               "reconcile, persist, actions).", ["service", "stage"], buckets=_STAGE_BUCKETS,
+                               registry=self.registry)
+        self.errors = Counter("sits_control_pass_errors", "Rollout passes that raised.", ["service"],
+                              registry=self.registry)
+        self.action_failures = Counter("sits_control_action_failures", "Actions that failed for good.",
+                                       ["service", "kind"], registry=self.registry)
+        self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
+        self.busy = Gauge("sits_control_busy_rollouts", "Rollouts whose pass is still running.",
+                          registry=self.registry)
+
+
+class Worker:
+    """`Worker(store, deployer, metrics_source, notifier)`; `start()`/`stop()` run the loop in threads,
+    `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
+    `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash."""
+
+    def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
+                 notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> None:
+        self.store, self.deployer, self.source = store, deployer, metrics_source
+        self.notifier = notifier or MultiNotifier()
+        self.config = config or WorkerConfig()
+        self.clock = clock
+        self.metrics = WorkerMetrics(registry)
+        self.side = SideTables(store.path)
+        self.step_hook: Callable[[str], None] | None = None
+        self._threads: dict[str, threading.Thread] = {}
+        self._stop = threading.Event()
+        self._loop: threading.Thread | None = None
+        self._recovered = False
+
+    # ---- the loop ------------------------------------------------------------------------------------------------
+    def tick(self) -> list[threading.Thread]:
+        """Start a pass for every active rollout whose previous pass has finished; returns the started threads."""
+        if not self._recovered:
+            self._recover()
+        active = self.store.active()
+        self.metrics.active.set(len(active))
+        started = []
+        for r in active:
+            t = self._threads.get(r.id)
+            if t is not None and t.is_alive():
+                continue   # still busy (slow deployer or metrics source): only this rollout waits
+            t = threading.Thread(target=self._pass, args=(r.id, r.service), name=f"sits-rollout-{r.service}",
+                                 daemon=True)
+            self._threads[r.id] = t
+            t.start()
+            started.append(t)
+        ids = {r.id for r in active}
+        for rid in [k for k, t in self._threads.items() if k not in ids and not t.is_alive()]:
+            del self._threads[rid]
+        self.metrics.busy.set(sum(t.is_alive() for t in self._threads.values()))
+        return started
+
+    def run_once(self, timeout: float | None = None) -> None:
+        for t in self.tick():
+            t.join(timeout)
+
+    def start(self) -> "Worker":
+        self._stop.clear()
+        self._loop = threading.Thread(target=self._run, name="sits-worker", daemon=True)
+        self._loop.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._loop is not None:
+            self._loop.join(self.config.join_timeout_s)
+        for t in list(self._threads.values()):
+            t.join(self.config.join_timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("worker tick failed")
+            self._stop.wait(self.config.interval_s)
+
+    def _pass(self, rollout_id: str, service: str) -> None:
+        try:
+            self.reconcile_rollout(rollout_id)
+        except Exception:
+            self.metrics.errors.labels(service).inc()
+            log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
+
+    def _recover(self) -> None:
+        """Finished rollouts whose last actions (notifications) never ran because of a crash."""
+        for r in self.store.list(active=False, limit=50):
+            pending = self.store.pending_actions(r.id)
+            if pending:
+                self._run_actions(r, pending)
+        self._recovered = True
+
+    # ---- one pass ------------------------------------------------------------------------------------------------
+    def _at(self, step: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(step)
+
+    def reconcile_rollout(self, rollout_id: str) -> Rollout:
+        r = self.store.get(rollout_id)
+        pending = self.store.pending_actions(r.id)
+        if pending:   # only after a crash or an interrupted pass: finish it, reconcile next interval
+            self._at("recover")
+            self._run_actions(r, pending)
+            return r
+        if not r.active:
+            return r
+        self._at("loaded")
+        now = self.clock()
+        t0 = time.perf_counter()
+        command = self.side.next_command(r.id)
+        obs = self._observe(r, now, command)
+        t1 = time.perf_counter()
+        self._at("observed")
+        new, actions = reconcile(r, obs, now)
+        t2 = time.perf_counter()
+        self._at("reconciled")
+        saved = r
+        if actions or new.new_checks or new.new_events or dataclasses.replace(new, new_checks=(), new_events=()) != r:
+            saved = self.store.save(new, actions)
+        t3 = time.perf_counter()
+        self._at("saved")
+        if command is not None:
+            self.side.consume(command[0])
+            self._at("consumed")
+        self._run_actions(saved, self.store.pending_actions(r.id))
+        t4 = time.perf_counter()
+        for stage, dt in (("observe", t1 - t0), ("reconcile", t2 - t1), ("persist", t3 - t2), ("actions", t4 - t3)):
+            self.metrics.stage.labels(r.service, stage).observe(dt)
+        return saved
+
+    def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
+        failed = tuple(a["kind"] for a in self.store.actions(r.id)
+                       if a["version"] == r.version and a["status"] == "failed")
+        cmd = dict(command=command[1], command_by=command[2]) if command else {}
+        errors: list[str] = []
+        try:
+            status = self.deployer.status(r.service) if r.phase in _OBSERVED else {}
+        except Exception as e:
+            status, errors = {}, [f"deployer status: {type(e).__name__}: {e}"]
+        variants = {role: VariantData(ready=st.ready, crashing=crashing(st)) for role, st in status.items()}
+        if not status:
+            return Observation(variants=variants, errors=tuple(errors), failed_actions=failed, **cmd)
+        targets = {role: Target(role, st.endpoints or ((st.endpoint,) if st.endpoint else ()), st.ready)
+                   for role, st in status.items()}
+        required = ("canary", r.policy.compare_to) if r.phase is Phase.PROGRESSING else ()
+        try:
+            w = self.source.window(r.service, targets, r.observed_until, now, metrics_of(r.policy), required)
+        except MetricsError as e:
+            errors.append(f"{self.source.name}: {e}")
+            return Observation(variants=variants, source=self.source.name, errors=tuple(errors),
+                               failed_actions=failed, **cmd)
+        for role, v in w.variants.items():
+            if role in variants:
+                variants[role] = dataclasses.replace(v, ready=variants[role].ready, crashing=variants[role].crashing)
+        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), failed_actions=failed,
+                           **cmd)
+
+    # ---- actions -------------------------------------------------------------------------------------------------
+    def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
+        spec = self.side.spec(r.id)
+        i = 0
+        while i < len(pending):
+            group = [pending[i]]
+            while isinstance(group[0][1], Deploy) and i + len(group) < len(pending) \
+                    and isinstance(pending[i + len(group)][1], Deploy):
+                group.append(pending[i + len(group)])
+            if len(group) > 1:   # variants start in parallel (production first if the service has none)
+                self._ensure_production(r, spec)
+                threads = [threading.Thread(target=self._run_one, args=(r, spec, aid, a)) for aid, a in group]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            else:
+                self._run_one(r, spec, *group[0])
+            i += len(group)
+
+    def _run_one(self, r: Rollout, spec: DeploySpec, action_id: int, action: Action) -> None:
+        c, last = self.config, ""
+        for attempt in range(c.action_retries + 1):
+            if attempt:
+                time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
+            try:
+                self._execute(r, spec, action)
+                self._at(f"executed:{action.kind}")
+                self.store.mark_action(action_id, "done")
+                return
+            except Exception as e:
+                last = f"{type(e).__name__}: {e}"
+                log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
+        self.metrics.action_failures.labels(r.service, action.kind).inc()
+        self.store.mark_action(action_id, "failed", last[:4000])
+
+    def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
+        if "production" not in self.deployer.status(r.service):
+            self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
+
+    def _execute(self, r: Rollout, spec: DeploySpec, action: Action) -> None:
+        if isinstance(action, Deploy):
+            if action.role != "production":
+                self._ensure_production(r, spec)
+            self.deployer.deploy(spec.variant(r.service, action.role, action.kernels))
+        elif isinstance(action, SetWeights):
+            self.deployer.set_weights(r.service, dict(action.weights))
+        elif isinstance(action, Promote):
+            self.deployer.promote(r.service)
+        elif isinstance(action, Rollback):
+            self.deployer.rollback(r.service)
+        elif isinstance(action, Notify):
+            self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,
+                                              details={"canary_kernels": r.canary_kernels, "step": r.step + 1,
+                                                       "weight": r.weight, "reason": r.reason}))
+        else:
+            raise ValueError(f"unknown action {action!r}")
+
+
+def crashing(st: VariantStatus) -> bool:
+    """A replica exited (local deployer) or crash-loops (Kubernetes): the status message says so."""
+    msg = st.message.lower()
+    return not st.ready and ("exited with code" in msg or "crashloop" in msg)
+
+
+def metrics_of(policy: Policy) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([REQUEST_LATENCY] + [c.metric for c in policy.checks if c.metric != ERROR_RATE]))
