@@ -5,8 +5,9 @@ a decoding sequence takes 1 token, a sequence still in (chunked) prefill takes a
 blocks allow. When a running sequence needs a block and none is free, the lowest-priority, latest-arrived running
 sequence is preempted (recompute: its blocks are freed, it returns to the waiting queue and later recomputes its
 prompt + outputs, mostly from the prefix cache); at a tenant's block limit the victim comes from the same tenant.
-Then waiting sequences are admitted in priority-then-FCFS order while budget, sequence slots and blocks last; one
-whose tenant is at its block limit is skipped, so a busy tenant never blocks another.
+Then waiting sequences are admitted in priority-then-FCFS order while budget, sequence slots and blocks last (a
+waiting sequence may preempt running ones of strictly lower priority to get blocks); one whose tenant is at its
+block limit is skipped, so a busy tenant never blocks another.
 """
 
 from __future__ import annotations
@@ -95,10 +96,20 @@ class Scheduler:
             num_cached = len(cached) * bm.block_size
             # admit only if the whole remaining prompt fits now (avoids admitting what must be preempted at once)
             why = bm.can_allocate(seq, cached, len(seq) - num_cached)
+            while why == NO_FREE_BLOCKS:  # make room by preempting strictly lower-priority running sequences
+                victim = next((r for r in reversed(self.running) if r.priority < seq.priority), None)
+                if victim is None:
+                    break
+                budget += self._unschedule(batch, victim)
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                why = bm.can_allocate(seq, cached, len(seq) - num_cached)
             if why == TENANT_LIMIT:
                 continue  # this tenant is at its limit; others may still go
             if why == NO_FREE_BLOCKS:
                 break  # FCFS within priority: later arrivals don't overtake
+            if budget == 0:
+                break
             n = min(len(seq) - num_cached, budget)
             self._remove_waiting(seq)
             bm.allocate(seq, cached, n)
@@ -126,6 +137,15 @@ class Scheduler:
         if bm.max_blocks_per_tenant is not None:
             free = min(free, bm.max_blocks_per_tenant - bm.tenant_usage(seq.tenant))
         return (len(seq.block_table) + max(free, 0)) * bm.block_size - seq.num_computed_tokens
+
+    @staticmethod
+    def _unschedule(batch: ScheduledBatch, seq: Sequence) -> int:
+        """Take seq out of this step's batch; returns the tokens it had been given."""
+        for i, s in enumerate(batch.seqs):
+            if s is seq:
+                del batch.seqs[i]
+                return batch.num_new_tokens.pop(i)
+        return 0
 
     def _pick_victim(self, i: int, tenant: str | None) -> Sequence:
         """The last (lowest priority, latest) running seq at index >= i, of `tenant` if given; i itself at worst."""

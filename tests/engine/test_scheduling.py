@@ -145,3 +145,26 @@ def test_abort_frees_blocks_of_running_and_waiting_requests():
     assert all_free(engine)
     engine.add_request("r0", [1, 2], GREEDY)  # a finished request's id can be reused
     assert run_to_completion(engine)["r0"]["finish_reason"] == "length"
+
+
+def test_high_priority_request_preempts_lower_priority_work_when_blocks_run_out(reference):
+    engine = make_engine(num_kv_blocks=8)
+    low = ["r2", "r5", "r7"]  # 130, 200 and 90 prompt tokens: 7 blocks at first, 8 while decoding
+    for rid in low:
+        engine.add_request(rid, PROMPTS[rid], GREEDY, priority=0)
+    results = {}
+    for _ in range(3):
+        for out in engine.step():
+            results.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert engine.stats().num_free_blocks <= 1
+    engine.add_request("r1", PROMPTS["r1"], GREEDY, priority=2)  # 70 tokens: needs 2 blocks
+    outs = engine.step()
+    for out in outs:
+        results.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert "r1" in {o.request_id for o in outs}  # admitted and prefilled at once
+    assert engine.stats().num_preemptions >= 1
+    for rid, r in run_to_completion(engine).items():
+        results.setdefault(rid, []).extend(r["tokens"])
+    for rid in low + ["r1"]:
+        assert results[rid] == reference[rid], rid
+    assert all_free(engine)
