@@ -1,0 +1,53 @@
+"""LLMEngine's thread-safety contract: add_request/abort_request/stats from many threads, step() from one."""
+
+import threading
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+
+
+def test_concurrent_submitters_and_one_stepping_thread():
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=32, max_num_batched_tokens=64))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    n_threads, per_thread = 4, 12
+    finished: dict[str, str] = {}
+    tokens: dict[str, list[int]] = {}
+    done_submitting = threading.Event()
+    errors = []
+
+    def submitter(t):
+        try:
+            for i in range(per_thread):
+                rid = f"t{t}-{i}"
+                engine.add_request(rid, f"thread {t} request {i}", params, tenant=f"tenant{t % 2}",
+                                   priority=i % 4)
+                if i % 5 == 4:
+                    engine.abort_request(rid)
+                engine.stats()
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    def stepper():
+        while not (done_submitting.is_set() and not engine.has_unfinished_requests()):
+            for out in engine.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+                if out.finished:
+                    assert out.request_id not in finished
+                    finished[out.request_id] = out.finish_reason
+
+    loop = threading.Thread(target=stepper)
+    loop.start()
+    threads = [threading.Thread(target=submitter, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    done_submitting.set()
+    loop.join(timeout=120)
+    assert not loop.is_alive() and not errors
+    assert len(finished) == n_threads * per_thread  # every request reported finished exactly once
+    aborted = {rid for rid, r in finished.items() if r == "abort"}
+    assert all(rid.endswith(("-4", "-9")) for rid in aborted)
+    assert all(len(tokens.get(rid, [])) == 6 for rid, r in finished.items() if r == "length")
+    stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_total_blocks and stats.num_running == stats.num_waiting == 0
+    assert stats.generation_tokens_total == sum(len(t) for t in tokens.values())
