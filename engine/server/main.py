@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -169,15 +170,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = ServerConfig(**vars(args))
         app = build_app(config)
     except (ValueError, KeyError) as e:   # InvalidRequestError is a ValueError, UnknownKernelSetError a KeyError
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"sits-engine serve: error: {message}", file=sys.stderr)
+        print(f"sits-engine serve: error: {e}", file=sys.stderr)
         return 2
     import uvicorn
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(uvicorn_config(app, config))
-    server.run()
+    # uvicorn drains connections on SIGINT/SIGTERM, then re-raises the signal to these handlers: exit 0, no traceback
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_cleanly)
+    try:
+        server.run()
+    except _Shutdown:
+        pass
     return 0 if server.started else 1
+
+
+class _Shutdown(Exception):
+    pass
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise _Shutdown()
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

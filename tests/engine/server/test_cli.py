@@ -1,0 +1,66 @@
+"""`sits-engine serve` as a real process: answers the openai client, logs requests without secrets, exits cleanly."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+
+from engine.server.main import bind_socket, build_parser, main
+from tests.engine.server.harness import http
+
+SECRET = "sk-very-secret-token-0123456789"
+
+
+def _free_port() -> int:
+    with bind_socket("127.0.0.1", 0) as s:
+        return s.getsockname()[1]
+
+
+def test_serve_process_end_to_end(tmp_path):
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--host",
+             "127.0.0.1", "--port", str(port), "--env", "ci", "--service", "cli-test", "--device", "cpu"],
+            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                if http("GET", url + "/readyz", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=url + "/v1", api_key=SECRET, max_retries=0)
+        r = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 4
+        status, _, body = http("GET", url + "/metrics")
+        assert status == 200 and b'env="ci"' in body and b'service="cli-test"' in body
+        assert json.loads(http("GET", url + "/version")[2])["kernel_set"] == "torch"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # what Kubernetes sends
+        rc = proc.wait(30)
+    logs = log_path.read_text()
+    assert rc == 0, logs
+    assert "POST /v1/completions" in logs and "engine ready" in logs
+    assert SECRET not in logs and "Authorization" not in logs and "Traceback" not in logs
+
+
+def test_bad_flags_fail_fast_with_a_clear_message(capsys):
+    assert main(["--kernels", "no-such-set"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown kernel set 'no-such-set'" in err and "Traceback" not in err
+    assert main(["--fault-error-rate", "2"]) == 2 and "--fault-error-rate" in capsys.readouterr().err
+    assert main(["--otel-exporter", "otlp"]) == 2 and "endpoint" in capsys.readouterr().err
+    help_text = build_parser().format_help()
+    for flag in ("--fault-latency-ms", "--fault-token-latency-ms", "--fault-error-rate", "--otel-exporter",
+                 "--otlp-endpoint", "--max-waiting", "--env", "--service"):
+        assert flag in help_text
