@@ -19,3 +19,12 @@ class QueueFullError(EngineError):
 
 class UnknownModelError(EngineError):
     """The model name is neither a preset nor a checkpoint directory."""
+
+
+class StepError(EngineError):
+    """The model failed during LLMEngine.step(). The sequences of that step were aborted (their blocks freed) and
+    `.outputs` holds their final RequestOutputs (finish_reason "abort"); the engine stays usable."""
+
+    def __init__(self, message: str, outputs: list):
+        super().__init__(message)
+        self.outputs = outputs

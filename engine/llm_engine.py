@@ -12,7 +12,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.errors import InvalidRequestError, QueueFullError
+from engine.errors import InvalidRequestError, QueueFullError, StepError
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
 from engine.presets import num_params
@@ -148,7 +148,15 @@ class LLMEngine:
                 self._forget(seq)
         batch = self.scheduler.schedule()
         if batch.seqs:
-            results = self.model_runner.execute(batch)
+            try:
+                results = self.model_runner.execute(batch)
+            except Exception as e:
+                for seq in batch.seqs:
+                    self.scheduler.finish(seq, "abort")
+                    outputs.append(self._output(seq, [], "", None))
+                    self._forget(seq)
+                raise StepError(f"model step failed ({type(e).__name__}: {e}); its {len(batch.seqs)} "
+                                f"request(s) were aborted", outputs) from e
             self.num_computed_tokens_total += batch.num_tokens
             self.scheduler.update_computed(batch)
             for seq, token, logprob in results:

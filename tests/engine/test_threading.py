@@ -51,3 +51,37 @@ def test_concurrent_submitters_and_one_stepping_thread():
     stats = engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks and stats.num_running == stats.num_waiting == 0
     assert stats.generation_tokens_total == sum(len(t) for t in tokens.values())
+
+
+def test_a_failing_kernel_aborts_only_that_step_and_the_engine_recovers():
+    import dataclasses
+
+    import pytest
+
+    from engine import StepError
+
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=8))
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("ok-before", "fine", params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    healthy = engine.kernel_set
+
+    def broken_linear(x, weight, bias=None):
+        raise RuntimeError("illegal memory access")
+
+    broken = dataclasses.replace(healthy, linear=broken_linear)
+    for layer in engine.model_runner.model.layers:  # swap the kernel in, as a faulty kernel release would
+        layer.ks = layer.qkv_proj.ks = broken
+    engine.add_request("doomed", "this step fails", params)
+    with pytest.raises(StepError, match="illegal memory access") as e:
+        engine.step()
+    assert [(o.request_id, o.finish_reason) for o in e.value.outputs] == [("doomed", "abort")]
+    assert engine.stats().num_free_blocks == engine.stats().num_total_blocks
+    for layer in engine.model_runner.model.layers:
+        layer.ks = layer.qkv_proj.ks = healthy
+    engine.add_request("ok-after", "fine", params)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert outs[-1].request_id == "ok-after" and outs[-1].finish_reason == "length"
