@@ -11,6 +11,7 @@ observation (window deltas, readiness) goes through `reconcile`; the request rat
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -34,7 +35,7 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 def _lognorm_cdf(x: np.ndarray, median: float, sigma: float) -> np.ndarray:
     x = np.asarray(x, dtype=float)
     z = (np.log(np.maximum(x, 1e-300)) - math.log(median)) / (sigma * math.sqrt(2.0))
-    return 0.5 * (1.0 + _erf(z).astype(float))
+    return 0.5 * (1.0 + np.asarray(_erf(z), dtype=float))
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Dist:
             lo, hi = (mid, hi) if float(self.base_cdf(mid)) < 0.95 else (lo, mid)
         return hi
 
+    @functools.cache
     def bucket_probs(self) -> np.ndarray:
         cum = np.append(self.cdf(np.array(LATENCY_BUCKETS)), 1.0)
         p = np.diff(np.concatenate([[0.0], cum]))
@@ -177,6 +179,11 @@ def main(argv=None) -> int:
     policy = Policy()
     rows: list[tuple[str, str, str]] = []
     t_start = time.time()
+
+    def emit(name: str, figure: str, target: str = "") -> None:
+        rows.append((name, figure, target))
+        print(f"{name}: {figure} {target} [{time.time() - t_start:.0f} s]", flush=True)
+
     print(f"# canary_eval: policy z_fail={policy.z_fail} z_pass={policy.z_pass} failure_limit={policy.failure_limit} "
           f"interval={policy.check_interval_s:g}s warmup={policy.warmup_s:g}s min_samples={policy.min_samples}; "
           f"{n_aa} A/A and {n_ab} A/B rollouts per case", flush=True)
@@ -187,37 +194,34 @@ def main(argv=None) -> int:
             k = sum(x.outcome == "rolled_back" for x in res)
             promoted = [x for x in res if x.outcome == "promoted"]
             med = np.median([x.t_decision for x in promoted]) if promoted else float("nan")
-            rows.append((f"A/A {dist.name} {rate:g} req/s: false rollback", f"{k}/{n_aa} = {k / n_aa:.2%} "
-                         f"(95% upper {wilson_upper(k, n_aa):.2%})", "<= 1 %"))
-            rows.append((f"A/A {dist.name} {rate:g} req/s: promoted / paused", f"{frac(res, 'promoted'):.1%} / "
-                         f"{frac(res, 'paused'):.1%}, median {med:.0f} s to promote", ""))
-            print(rows[-2], rows[-1], f"[{time.time() - t_start:.0f}s]", flush=True)
+            emit(f"A/A {dist.name} {rate:g} req/s: false rollback", f"{k}/{n_aa} = {k / n_aa:.2%} "
+                 f"(95% upper {wilson_upper(k, n_aa):.2%})", "<= 1 %")
+            emit(f"A/A {dist.name} {rate:g} req/s: promoted / paused", f"{frac(res, 'promoted'):.1%} / "
+                 f"{frac(res, 'paused'):.1%}, median {med:.0f} s to promote")
         for rate in (20.0, 100.0):
             per_check, per_rollout = common_rule(5 + int(rate), n_aa, dist, rate)
-            rows.append((f"common rule (1-min P99 > +10 %, 1 strike) {dist.name} {rate:g} req/s",
-                         f"{per_check:.1%} of good checks fail; {per_rollout:.0%} of good rollouts (10 checks) "
-                         "rolled back", "(reference)"))
-            print(rows[-1], flush=True)
+            emit(f"common rule (1-min P99 > +10 %, 1 strike) {dist.name} {rate:g} req/s",
+                 f"{per_check:.1%} of good checks fail; {per_rollout:.0%} of good rollouts (10 checks) rolled back",
+                 "(reference)")
 
     for r_, rate, within in ((0.50, 20.0, 90.0), (0.20, 100.0, 240.0)):
         res = batch(21 + int(rate), n_ab, policy, LOGNORMAL, LOGNORMAL.with_scale(r_), rate)
         ok = frac(res, "rolled_back", within)
         rb = [x for x in res if x.outcome == "rolled_back"]
-        rows.append((f"A/B +{r_:.0%} at {rate:g} req/s: rolled back within {within:g} s", f"{ok:.1%} "
-                     f"(median {np.median([x.t_decision for x in rb]):.0f} s, p95 "
-                     f"{np.percentile([x.t_decision for x in rb], 95):.0f} s)", ">= 95 %"))
+        emit(f"A/B +{r_:.0%} at {rate:g} req/s: rolled back within {within:g} s", f"{ok:.1%} "
+             f"(median {np.median([x.t_decision for x in rb]):.0f} s, p95 "
+             f"{np.percentile([x.t_decision for x in rb], 95):.0f} s)", ">= 95 %")
         if r_ == 0.20:
-            rows.append(("A/B +20% at 100 req/s: canary requests to rollback", f"median "
-                         f"{np.median([x.requests for x in rb]):.0f}, p95 {np.percentile([x.requests for x in rb], 95):.0f}",
-                         "fixed test: ~18,000"))
+            emit("A/B +20% at 100 req/s: canary requests to rollback", f"median "
+                 f"{np.median([x.requests for x in rb]):.0f}, p95 {np.percentile([x.requests for x in rb], 95):.0f}",
+                 "fixed test: ~18,000")
             p99_only = Policy(checks=(policy.checks[0], policy.checks[2]))
             res99 = batch(31, n_ab, p99_only, LOGNORMAL, LOGNORMAL.with_scale(r_), rate)
             rb99 = [x for x in res99 if x.outcome == "rolled_back"]
-            rows.append(("  same, P99-only policy: requests to rollback",
-                         f"median {np.median([x.requests for x in rb99]):.0f}, p95 "
-                         f"{np.percentile([x.requests for x in rb99], 95):.0f}; rolled back {frac(res99, 'rolled_back'):.1%}",
-                         "fixed test: ~18,000"))
-        print(rows[-1], f"[{time.time() - t_start:.0f}s]", flush=True)
+            emit("  same, P99-only policy: requests to rollback",
+                 f"median {np.median([x.requests for x in rb99]):.0f}, p95 "
+                 f"{np.percentile([x.requests for x in rb99], 95):.0f}; rolled back {frac(res99, 'rolled_back'):.1%}",
+                 "fixed test: ~18,000")
 
     n_pc = max(n_ab // 2, 20)
     for rate in (20.0, 100.0):
@@ -227,20 +231,26 @@ def main(argv=None) -> int:
                         horizon=1800.0)
             rb = [x.t_decision for x in res if x.outcome == "rolled_back"]
             cells.append(f"+{r_:.0%}: {frac(res, 'rolled_back'):.0%}"
-                         + (f" ({np.median(rb):.0f} s)" if rb else ""))
-        rows.append((f"power (rolled back within 30 min) {rate:g} req/s", ", ".join(cells), ""))
-        print(rows[-1], flush=True)
+                         + (f" ({np.median(rb):.0f} s)" if rb else "")
+                         + (f" [promoted {frac(res, 'promoted'):.0%}]" if frac(res, "promoted") else ""))
+        emit(f"power (rolled back within 30 min) {rate:g} req/s", ", ".join(cells))
     for rate in (20.0, 100.0):
         res = batch(51 + int(rate), n_pc, policy, LOGNORMAL, LOGNORMAL.with_scale(0.5, tail_only=True), rate,
                     horizon=1800.0)
         rb = [x.t_decision for x in res if x.outcome == "rolled_back"]
-        rows.append((f"tail-only +50 % (slowest 5 %) {rate:g} req/s", f"rolled back {frac(res, 'rolled_back'):.0%}"
-                     + (f", median {np.median(rb):.0f} s" if rb else ""), ""))
-        print(rows[-1], flush=True)
+        emit(f"tail-only +50 % (slowest 5 %) {rate:g} req/s", f"rolled back {frac(res, 'rolled_back'):.0%}"
+             + (f", median {np.median(rb):.0f} s" if rb else "") + f"; promoted {frac(res, 'promoted'):.0%}")
+    # stress for the sequential rule: the adversarial A/A never pauses, so every step keeps looking for 30 minutes
+    never_pause = Policy(inconclusive_limit=10_000)
+    n_st = max(n_aa // 4, 20)
+    res = batch(61, n_st, never_pause, BIMODAL, BIMODAL, 20.0, horizon=1800.0)
+    k = sum(x.outcome == "rolled_back" for x in res)
+    emit("A/A bimodal 20 req/s, never pausing, 60 looks per step", f"false rollback {k}/{n_st} = {k / n_st:.1%}, "
+         f"mean {np.mean([x.checks for x in res]):.0f} looks", "(stress)")
 
     wall, cpu = analysis_cost()
-    rows.append(("one analysis pass over 100 active rollouts", f"{cpu:.1f} ms CPU (best wall {wall:.1f} ms, "
-                 f"load {os.getloadavg()[0]:.1f})", "< 50 ms"))
+    emit("one analysis pass over 100 active rollouts", f"{cpu:.1f} ms CPU (best wall {wall:.1f} ms, "
+         f"load average {os.getloadavg()[0]:.1f})", "< 50 ms")
     print(f"\n# {time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'} ({os.cpu_count()} CPUs, "
           f"{platform.python_implementation()} {platform.python_version()}), {time.time() - t_start:.0f} s total")
     w = max(len(a) for a, _, _ in rows)

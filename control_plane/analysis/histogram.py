@@ -7,7 +7,7 @@ from operator import add
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from .quantile import histogram_quantile, quantile_sorted
+from .quantile import histogram_quantile, quantile_sorted, quantiles_sorted
 
 INF = float("inf")
 
@@ -97,6 +97,12 @@ class HistogramSnapshot:
         if len(self.bounds) >= 2 and 0.0 <= q <= 1.0:
             return quantile_sorted(q, self.bounds, self.counts)
         return histogram_quantile(q, self.buckets())
+
+    def quantiles(self, qs: Sequence[float]) -> list[float]:
+        """quantile(q) for each q in `qs`, sharing the monotonicity pass."""
+        if len(self.bounds) >= 2 and all(0.0 <= q <= 1.0 for q in qs):
+            return quantiles_sorted(qs, self.bounds, self.counts)
+        return [self.quantile(q) for q in qs]
 
     def _check_layout(self, other: "HistogramSnapshot") -> None:
         if other.bounds is not self.bounds and other.bounds != self.bounds:

@@ -44,14 +44,30 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
 
 def quantile_sorted(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
     """The same, for 0 <= q <= 1 and strictly ascending `bounds` (>= 2, last +Inf): skips sorting and coalescing."""
-    if not all(map(le, counts, counts[1:])):  # ensureMonotonic (the C-speed test above is the common case)
-        counts = list(counts)
-        running = counts[0]
-        for i in range(1, len(counts)):
-            if counts[i] > running:
-                running = counts[i]
-            elif counts[i] < running:
-                counts[i] = running
+    return _quantile_monotonic(q, bounds, monotonic(counts))
+
+
+def monotonic(counts: Sequence[float]) -> Sequence[float]:
+    """Prometheus' ensureMonotonic: decreasing cumulative counts are raised to the running maximum."""
+    if all(map(le, counts, counts[1:])):  # the common case, at C speed
+        return counts
+    counts = list(counts)
+    running = counts[0]
+    for i in range(1, len(counts)):
+        if counts[i] > running:
+            running = counts[i]
+        elif counts[i] < running:
+            counts[i] = running
+    return counts
+
+
+def quantiles_sorted(qs: Sequence[float], bounds: Sequence[float], counts: Sequence[float]) -> list[float]:
+    """Several quantiles (each 0 <= q <= 1) of one sorted layout, making the counts monotonic once."""
+    counts = monotonic(counts)
+    return [_quantile_monotonic(q, bounds, counts) for q in qs]
+
+
+def _quantile_monotonic(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
     observations = counts[-1]
     if observations == 0:
         return NAN

@@ -32,16 +32,23 @@ class QuantileBounds:
     upper: float        # one-sided upper bound (+Inf if q + z*s > 1: the histogram cannot bound it)
 
 
-def quantile_bounds(h: HistogramSnapshot, q: float, z: float, value: float | None = None) -> QuantileBounds:
+def quantile_bounds(h: HistogramSnapshot, q: float, zs: tuple[float, ...]) -> list[QuantileBounds]:
+    """The q-quantile with its one-sided bounds at each z in `zs` (one monotonicity pass for all of them)."""
     n = h.total
-    if value is None:
-        value = h.quantile(q)
     if not n > 0:
-        return QuantileBounds(q, n, value, NAN, NAN)
-    s = z * math.sqrt(q * (1.0 - q) / n)
-    lower = h.quantile(q - s) if q - s >= 0 else 0.0
-    upper = h.quantile(q + s) if q + s < 1 else INF
-    return QuantileBounds(q, n, value, lower, upper)
+        value = h.quantile(q)
+        return [QuantileBounds(q, n, value, NAN, NAN) for _ in zs]
+    sd = math.sqrt(q * (1.0 - q) / n)
+    probs = [q]
+    for z in zs:
+        probs += [max(q - z * sd, 0.0), min(q + z * sd, 1.0)]
+    values = h.quantiles(probs)
+    out = []
+    for i, z in enumerate(zs):
+        lower = values[1 + 2 * i] if q - z * sd >= 0 else 0.0
+        upper = values[2 + 2 * i] if q + z * sd < 1 else INF
+        out.append(QuantileBounds(q, n, values[0], lower, upper))
+    return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,11 +71,11 @@ def quantile_delta(canary: HistogramSnapshot, target: HistogramSnapshot, q: floa
                    z_high: float) -> tuple[DeltaEstimate, DeltaEstimate, float, float]:
     """Log-ratio of the q-quantiles with bounds for the fail test (z_low: lower bound of the ratio) and for the pass
     test (z_high: upper bound of the ratio). Returns (fail_estimate, pass_estimate, canary_value, target_value)."""
-    vc, vt = canary.quantile(q), target.quantile(q)
+    cb, tb = quantile_bounds(canary, q, (z_low, z_high)), quantile_bounds(target, q, (z_low, z_high))
+    vc, vt = cb[0].value, tb[0].value
     d = _log(vc) - _log(vt) if vc > 0 and vt > 0 else NAN
     out = []
-    for z in (z_low, z_high):
-        c, t = quantile_bounds(canary, q, z, vc), quantile_bounds(target, q, z, vt)
+    for c, t in zip(cb, tb):
         lower = _log(c.lower) - _log(t.upper)
         upper = _log(c.upper) - _log(t.lower)
         # half-widths of the two sides add up; used only to extrapolate the sample size
