@@ -314,11 +314,20 @@ class Worker:
                 group.append(pending[i + len(group)])
             if len(group) > 1:   # variants start in parallel (production first if the service has none)
                 self._ensure_production(r, spec)
-                threads = [threading.Thread(target=self._run_one, args=(r, spec, aid, a)) for aid, a in group]
+                raised: list[BaseException] = []
+
+                def run(aid: int, a: Action) -> None:
+                    try:
+                        self._run_one(r, spec, aid, a)
+                    except BaseException as e:   # re-raised in this thread (a simulated crash must stop the pass)
+                        raised.append(e)
+                threads = [threading.Thread(target=run, args=g) for g in group]
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
+                if raised:
+                    raise raised[0]
             else:
                 self._run_one(r, spec, *group[0])
             i += len(group)

@@ -1,0 +1,214 @@
+"""The worker loop with the real store and reconcile, an in-memory deployer and a deterministic metrics source:
+crash safety between every two steps, commands, failed actions, concurrency, exported latency."""
+import threading
+import time
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from control_plane.analysis import Policy
+from control_plane.rollout import Command, Phase
+from control_plane.store import Store
+from control_plane.worker import DeploySpec, SideTables, Worker, WorkerConfig, start_rollout
+
+from .support import CannedSource, InMemoryDeployer
+
+POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)
+SPEC = DeploySpec(canary_args=("--seed", "7"))
+
+
+class Crash(BaseException):
+    """A simulated kill: nothing in memory survives, only the SQLite file and the (external) deployer."""
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def notify(self, n):
+        self.events.append((n.event, n.service))
+
+    def close(self, timeout=5.0):
+        pass
+
+
+def drive(db, scale, crash_at=None, max_ticks=200):
+    """Tick every 5 s until the rollout ends. With crash_at, every pass crashes once at that step (a fresh worker,
+    store and notifier queue then redo the pass at the same time, as a supervisor restarting the process would)."""
+    deployer, source, notes = InMemoryDeployer(), CannedSource(scale={"chat": scale}), Recorder()
+    with Store(db) as s:
+        start_rollout(s, "chat", "v2", "v1", POLICY, SPEC, now=0.0, rollout_id="r1")
+    t, crashed = 0.0, set()
+
+    def hook(step):
+        if crash_at is not None and any(step.startswith(c) for c in crash_at) and (t, step) not in crashed:
+            crashed.add((t, step))
+            raise Crash(step)
+
+    for _ in range(max_ticks):
+        t += 5.0
+        while True:
+            store = Store(db)
+            w = Worker(store, deployer, source, notes, clock=lambda: t)
+            w.step_hook = hook
+            try:
+                r = w.reconcile_rollout("r1")
+                break
+            except Crash:
+                continue
+            finally:
+                store.close()
+                w.side.close()
+        if not r.active:
+            with Store(db) as s:
+                if not s.pending_actions("r1"):
+                    break
+    with Store(db) as s:
+        r = s.get("r1")
+        checks = [(c["seq"], c["at"], c["step"], c["weight"], c["verdict"]["outcome"], c["decision"],
+                   c["window_start"], c["window_end"], c["variants"]["canary"]["requests"]) for c in s.checks("r1")]
+        actions = s.actions("r1")
+    # deploys of one pass run in parallel (any order) and a redone idempotent call repeats: compare the set of
+    # deploys and the order of every other call with back-to-back repeats collapsed
+    dedup = lambda xs: [x for i, x in enumerate(xs) if i == 0 or xs[i - 1] != x]   # noqa: E731
+    calls = (sorted(set(c for c in deployer.calls if c[0] == "deploy")),
+             dedup([c for c in deployer.calls if c[0] != "deploy"]))
+    return r, checks, actions, calls, dedup(notes.events), deployer.services, len(crashed)
+
+
+# "recover" (finishing the outbox of a crashed pass) only happens after a crash after "saved"
+STEPS = [("saved", "recover"), "loaded", "observed", "reconciled", "saved", "executed:deploy", "executed:set_weights",
+         "executed:notify", "executed:promote", "executed:rollback"]
+
+
+@pytest.mark.parametrize("scale,final,last_call", [(1.0, Phase.SUCCEEDED, ("promote", "chat")),
+                                                   (1.6, Phase.ROLLED_BACK, ("rollback", "chat"))])
+def test_crash_between_any_two_steps_converges_with_no_check_lost_or_repeated(tmp_path, scale, final, last_call):
+    ref = drive(str(tmp_path / "ref.db"), scale)
+    r, checks, actions, calls, notes, services, _ = ref
+    assert r.phase is final and calls[1][-1] == last_call
+    assert [c[0] for c in checks] == list(range(1, r.checks + 1)) and len(checks) >= 2
+    assert all(a["status"] == "done" for a in actions)
+    # the variants ran with the rollout's DeploySpec: baseline = production's args, canary its own
+    assert calls[0] == [("deploy", "chat", "baseline", "v1", ()), ("deploy", "chat", "canary", "v2", ("--seed", "7")),
+                        ("deploy", "chat", "production", "v1", ())]
+    assert [e for e, _ in notes][:2] == ["started", "step"]
+    assert notes[-1][0] == ("promoted" if final is Phase.SUCCEEDED else "rolled_back")
+    hit = set()
+    for step in STEPS:
+        steps = (step,) if isinstance(step, str) else step
+        got = drive(str(tmp_path / f"{'-'.join(steps).replace(':', '_')}.db"), scale, crash_at=steps)
+        if got[6]:
+            hit.update(steps)
+        # same checks (seq, time, step, weight, outcome, decision, window, data), same final phase and deployer
+        # state, same deployer calls and notifications (a redone idempotent call repeats back to back at most)
+        assert got[0].phase is final, step
+        assert got[1] == checks, step
+        assert all(a["status"] == "done" for a in got[2]), step
+        assert got[3] == calls and got[4] == notes and got[5] == services, step
+    assert hit >= {"loaded", "observed", "reconciled", "saved", "recover", "executed:deploy", "executed:notify",
+                   "executed:set_weights", last_call[0] == "promote" and "executed:promote" or "executed:rollback"}
+
+
+def test_commands_are_inputs_and_survive_a_crash_before_consumption(tmp_path):
+    db = str(tmp_path / "c.db")
+    deployer, source = InMemoryDeployer(), CannedSource()
+    t = 0.0
+    with Store(db) as s:
+        start_rollout(s, "chat", "v2", "v1", Policy(steps=(10, 100), check_interval_s=10, warmup_s=0), now=0.0,
+                      rollout_id="r1")
+
+    def tick(hook=None):
+        with Store(db) as s:
+            w = Worker(s, deployer, source, clock=lambda: t)
+            w.step_hook = hook
+            try:
+                return w.reconcile_rollout("r1").phase
+            finally:
+                w.side.close()
+
+    for _ in range(2):
+        t += 1
+        tick()
+    side = SideTables(db)
+    side.add_command("r1", Command.PAUSE, "alice")
+    t += 1
+
+    def crash_after_save(step):
+        if step == "saved":
+            raise Crash(step)
+    with pytest.raises(Crash):
+        tick(crash_after_save)
+    assert tick() is Phase.PAUSED                       # recovered the outbox (notify "paused")
+    t += 1
+    assert tick() is Phase.PAUSED                       # the replayed PAUSE is ignored, then consumed
+    assert side.next_command("r1") is None
+    side.add_command("r1", "promote", "bob")
+    t += 1
+    assert tick() is Phase.PROMOTING
+    t += 1
+    assert tick() is Phase.SUCCEEDED
+    with Store(db) as s:
+        msgs = [e["message"] for e in s.events("r1")]
+    assert any("paused by alice" in m for m in msgs) and any("ignored in phase paused" in m for m in msgs)
+    assert any("promoted manually by bob" in m for m in msgs)
+    assert ("promote", "chat") in deployer.calls
+    side.close()
+
+
+def test_failed_deploy_is_reported_and_rolls_back(tmp_path):
+    db = str(tmp_path / "f.db")
+    deployer, t = InMemoryDeployer(), [0.0]
+    deployer.fail.add(("chat", "canary"))
+    with Store(db) as s:
+        start_rollout(s, "chat", "v2", "v1", POLICY, now=0.0, rollout_id="r1")
+        w = Worker(s, deployer, CannedSource(), config=WorkerConfig(action_retries=1, action_backoff_s=0.01),
+                   clock=lambda: t[0])
+        phases = []
+        for _ in range(4):
+            t[0] += 1
+            phases.append(w.reconcile_rollout("r1").phase)
+        failed = [a for a in s.actions("r1") if a["status"] == "failed"]
+        assert phases == [Phase.INITIALIZING, Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.ROLLED_BACK]
+        assert [a["kind"] for a in failed] == ["deploy"] and "image pull failed" in failed[0]["error"]
+        assert "deploy failed" in s.get("r1").reason or "deploy failed" in str(s.events("r1"))
+        assert deployer.calls[-1] == ("rollback", "chat")
+        w.side.close()
+
+
+def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
+    """Three services at once: one whose deployer hangs, one whose metrics source takes 1.5 s per window, one
+    healthy. The healthy one is promoted while the hung one still waits; then the others finish too."""
+    db = str(tmp_path / "m.db")
+    deployer = InMemoryDeployer()
+    deployer.gates["stuck"] = threading.Event()
+    source = CannedSource(rate=20000, delay={"slowmetrics": 1.5})
+    fast = Policy(steps=(50, 100), check_interval_s=0.2, warmup_s=0.0)
+    store = Store(db)
+    for svc in ("stuck", "slowmetrics", "fast"):
+        start_rollout(store, svc, "v2", "v1", fast, rollout_id=svc)
+    w = Worker(store, deployer, source, config=WorkerConfig(interval_s=0.05, join_timeout_s=5)).start()
+    try:
+        deadline = time.monotonic() + 30
+        while store.get("fast").phase is not Phase.SUCCEEDED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.get("fast").phase is Phase.SUCCEEDED
+        assert store.get("stuck").phase is Phase.INITIALIZING          # its deploy is still hanging
+        deployer.gates["stuck"].set()
+        while any(store.get(s).active for s in ("stuck", "slowmetrics")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.get("stuck").phase is Phase.SUCCEEDED and store.get("slowmetrics").phase is Phase.SUCCEEDED
+    finally:
+        deployer.gates["stuck"].set()
+        w.stop()
+    # reconcile latency is exported per service and stage
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(w.metrics.registry).decode())}
+    counts = {(s.labels["service"], s.labels["stage"]): s.value for s in fams["sits_control_reconcile_seconds"].samples
+              if s.name.endswith("_count")}
+    assert counts[("fast", "reconcile")] >= 3 and counts[("slowmetrics", "observe")] >= 1
+    sums = {(s.labels["service"], s.labels["stage"]): s.value for s in fams["sits_control_reconcile_seconds"].samples
+            if s.name.endswith("_sum")}
+    assert sums[("slowmetrics", "observe")] >= 1.5 > sums[("fast", "observe")]
+    w.side.close()
+    store.close()
