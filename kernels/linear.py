@@ -18,6 +18,7 @@ from kernels.quant import QuantizedWeight
 from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
 
 FP8_NATIVE_MIN_M = 64
+_TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 FP8_MAX = 448.0
 
 
@@ -174,6 +175,11 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
         _linear_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
             *args, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64 if k >= 64 else 32, GROUP_M=8,
             DOT_F32=True, DOT_PRECISION=precision)
+    elif x.dtype == torch.float32 or n * k < _TUNE_MIN_WEIGHT:
+        bm = 16 if m <= 16 else 64
+        _linear_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, 64),)](
+            *args, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, DOT_F32=False,
+            DOT_PRECISION=precision, num_warps=4, num_stages=3)
     else:
         kernel = _linear_small_m if m <= 16 else _linear_large_m
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731

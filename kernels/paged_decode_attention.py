@@ -16,11 +16,15 @@ from kernels.paged import check_lens, check_paged_args
 from kernels.triton_env import check_device, interpreting, next_pow2, num_sms, tl, triton
 
 
+
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
 @triton.jit
 def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, ctx_ptr, o_ptr, part_o_ptr, part_lse_ptr, qk_scale,
     stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    stride_os, stride_oh, num_q_heads,
+    stride_os, stride_oh, num_q_heads, BATCH_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -102,6 +106,13 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, o_ptr, stride_os, stride_oh, 
              mask=offs_d < HEAD_DIM)
 
 
+_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bn, w, st in ((64, 4, 2), (64, 4, 4), (128, 4, 3), (32, 4, 4), (64, 8, 3))]
+_paged_decode_attention_tuned = triton.autotune(
+    _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET"])(_paged_decode_attention_kernel)
+_TUNE_MIN_BLOCKS = 512  # smaller problems (s * max_blocks) run a fixed config: tuning would cost more than it saves
+
+
 def check_decode_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
     check_paged_args("paged_decode_attention", q, k_cache, v_cache, block_tables, q.shape[0] if q.dim() == 3 else -1)
     check_lens("paged_decode_attention", context_lens, q.shape[0])
@@ -136,15 +147,20 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused
-    block_n = 64 if interp else (64 if page % 64 == 0 or page > 64 else max(16, next_pow2(page)))
-    _paged_decode_attention_kernel[(s, hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse, float(scale) * math.log2(math.e),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-        v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), hq,
-        HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page, BLOCK_N=block_n,
-        NUM_SPLITS=splits, DOT_F32=interp and q.dtype != torch.float16,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=1 if interp else 4)
+    args = (q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse, float(scale) * math.log2(math.e),
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+            v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), hq,
+            min(next_pow2(s), 256))
+    meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
+                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if interp:
+        _paged_decode_attention_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
+                                                         DOT_F32=q.dtype != torch.float16, num_warps=4, num_stages=1)
+    elif q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
+        _paged_decode_attention_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
+                                                         num_stages=3)
+    else:
+        _paged_decode_attention_tuned[(s, hkv, splits)](*args, **meta, DOT_F32=False)
     if splits > 1:
         _merge_splits_kernel[(s, hq)](part_o, part_lse, out, out.stride(0), out.stride(1), hq,
                                       HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)
@@ -168,5 +184,5 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, 
     scores = torch.einsum("skgd,slkd->skgl", qg, k) * scale  # [S, Hkv, G, L]
     pad = torch.arange(nb * bs, device=q.device)[None, :] >= lens[:, None]  # [S, L]
     scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
     return torch.einsum("skgl,slkd->skgd", p, v).reshape(s, hq, d)

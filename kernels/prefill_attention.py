@@ -16,6 +16,10 @@ from kernels.paged import PagedAttentionError, check_lens, check_paged_args, gat
 from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
 
 
+
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
 @triton.jit
 def _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_head, qpos, ctx, qk_scale,
                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -110,6 +114,7 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
 ]
+_TUNE_MIN_TOKENS = 1024
 _prefill_attention_tuned = triton.autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
     _prefill_attention_kernel)
 
@@ -148,6 +153,11 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         bm = 64 if t > 32 else 32
         grid = (t // bm + b, hq)
         _prefill_attention_kernel[grid](*args, **meta, BLOCK_M=bm, BLOCK_N=64, DOT_F32=q.dtype != torch.float16)
+    elif q.dtype == torch.float32 or t < _TUNE_MIN_TOKENS:
+        # fp32 (reference-grade, no tensor-core fast path) and small launches: one fixed config, no tuning runs
+        bm, bn = (32, 32) if q.dtype == torch.float32 else (64, 64)
+        _prefill_attention_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, DOT_F32=False,
+                                                     num_warps=4, num_stages=2)
     else:
         grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
         _prefill_attention_tuned[grid](*args, **meta, DOT_F32=False)
@@ -178,6 +188,6 @@ def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, conte
         qpos = torch.arange(length - n, length, device=q.device)
         kpos = torch.arange(length, device=q.device)
         scores = scores.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
-        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
         out[s:e] = torch.matmul(p, v).transpose(0, 1)
     return out
