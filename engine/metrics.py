@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, ProcessCollector, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -129,6 +130,7 @@ class EngineMetrics:
         self._eng_values = (labels.env, labels.service, labels.kernel_version)
         self._stats_source: Callable[[], Any] = lambda: None
         self._threads: dict[str, int] = {}
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open fds
         r.register(_StatsCollector(labels, self._get_stats, lambda: dict(self._threads)))
 
     # --- engine stats (read at scrape) ---

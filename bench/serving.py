@@ -1,0 +1,196 @@
+"""How much of the serving wall time is the HTTP layer? 256 concurrent streaming clients, tiny model, CPU.
+
+1. Offline: the same requests straight into LLMEngine (no HTTP): wall time and summed step time.
+2. Served: `sits-engine serve` as a separate process; N clients (a minimal asyncio HTTP/1.1 client, so the load
+   generator itself stays cheap) each stream one completion at the same time. From the server's /metrics before and
+   after: summed engine step time (sits_engine_step_seconds), and CPU seconds of the engine thread and of the HTTP
+   (event-loop) thread (sits_thread_cpu_seconds); on the client side TTFT/ITL/e2e and whether every token arrived.
+
+    .venv/bin/python bench/serving.py                 # 256 clients x 64 tokens, best of 2 alternating runs
+    .venv/bin/python bench/serving.py --clients 64 --max-tokens 32 --repeat 1
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+
+def _prompt(i: int) -> str:
+    return f"Client {i:03d} asks: tell me about canary releases of GPU kernels, please."
+
+
+def offline(args) -> dict:
+    from engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="tiny", kernels=args.kernels, device="cpu", max_num_seqs=args.max_num_seqs))
+    engine.warmup()
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(args.clients):
+        engine.add_request(f"r{i}", _prompt(i), params)
+    steps, step_s = 0, 0.0
+    while engine.has_unfinished_requests():
+        s0 = time.perf_counter()
+        engine.step()
+        step_s += time.perf_counter() - s0
+        steps += 1
+    return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "step_s": step_s, "steps": steps,
+            "tokens": engine.stats().generation_tokens_total}
+
+
+async def _stream_one(host: str, port: int, i: int, max_tokens: int) -> dict:
+    body = json.dumps({"model": "tiny", "prompt": _prompt(i), "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    await writer.drain()
+    status = (await reader.readline()).split()[1]
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass  # headers; the body is chunked
+    buf, arrivals, usage = b"", [], None
+    while True:
+        size = int((await reader.readline()).strip(), 16)
+        if size == 0:
+            break
+        buf += await reader.readexactly(size)
+        await reader.readexactly(2)
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            data = event.removeprefix(b"data: ")
+            if data == b"[DONE]":
+                continue
+            msg = json.loads(data)
+            if msg["choices"]:
+                arrivals.append(time.perf_counter())
+            if msg.get("usage"):
+                usage = msg["usage"]
+    writer.close()
+    end = time.perf_counter()
+    return {"status": status, "t0": t0, "end": end, "arrivals": arrivals,
+            "tokens": usage["completion_tokens"] if usage else 0}
+
+
+def _scrape(url: str) -> dict:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + ("{thread=%s}" % s.labels["thread"] if "thread" in s.labels else "")
+            if not s.labels.get("le"):
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def served(args) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", args.kernels,
+                             "--device", "cpu", "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
+                             "--log-level", "warning", "--no-access-log"], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("server did not become ready")
+            time.sleep(0.1)
+        before = _scrape(url)
+
+        async def run():
+            return await asyncio.gather(*(_stream_one("127.0.0.1", port, i, args.max_tokens)
+                                          for i in range(args.clients)))
+
+        t0 = time.perf_counter()
+        results = asyncio.run(run())
+        wall = time.perf_counter() - t0
+        after = _scrape(url)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    ttft = [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]]
+    itl = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
+    return {"wall": wall, "results": results, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
+            "steps": d.get("sits_engine_step_seconds_count", 0.0),
+            "cpu_engine": d.get("sits_thread_cpu_seconds_total{thread=engine}", float("nan")),
+            "cpu_http": d.get("sits_thread_cpu_seconds_total{thread=http}", float("nan")),
+            "cpu_process": d.get("process_cpu_seconds_total", float("nan")),
+            "ttft": ttft, "itl": itl, "e2e": [r["end"] - r["t0"] for r in results]}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--kernels", default="torch")
+    p.add_argument("--repeat", type=int, default=2, help="alternate offline/served runs; keep each one's fastest")
+    args = p.parse_args()
+
+    offs, srvs = [], []
+    for _ in range(args.repeat):  # the host is shared: alternate and keep the best of each
+        offs.append(offline(args))
+        srvs.append(served(args))
+    off = min(offs, key=lambda r: r["wall"])
+    srv = min(srvs, key=lambda r: r["wall"])
+    want = args.clients * args.max_tokens
+    got = sum(r["tokens"] for r in srv["results"])
+    ok = sum(r["status"] == b"200" and r["tokens"] == args.max_tokens for r in srv["results"])
+    print(f"# serving bench  {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {platform.processor() or ''} "
+          f"{os.cpu_count()} cores  load avg {os.getloadavg()[0]:.1f}  python {platform.python_version()}")
+    print(f"clients={args.clients} max_tokens={args.max_tokens} max_num_seqs={args.max_num_seqs} "
+          f"kernels={args.kernels}; streams complete: {ok}/{args.clients}, tokens {got}/{want}")
+    rows = [
+        ("wall time (s)", off["wall"], srv["wall"]),
+        ("engine steps", off["steps"], srv["steps"]),
+        ("engine step time, summed (s)", off["step_s"], srv["step_s"]),
+        ("step time / wall", off["step_s"] / off["wall"], srv["step_s"] / srv["wall"]),
+        ("mean step (ms)", 1e3 * off["step_s"] / max(off["steps"], 1), 1e3 * srv["step_s"] / max(srv["steps"], 1)),
+        ("output tokens/s", off["tokens"] / off["wall"], got / srv["wall"]),
+        ("CPU s, whole process", off["cpu"], srv["cpu_process"]),
+        ("CPU s, engine thread", off["cpu"], srv["cpu_engine"]),
+        ("CPU s, HTTP event-loop thread", 0.0, srv["cpu_http"]),
+        ("HTTP-thread CPU / engine step time", 0.0, srv["cpu_http"] / max(srv["step_s"], 1e-9)),
+    ]
+    print(f"\n| {'':34} | {'offline LLMEngine':>17} | {'HTTP server':>12} |")
+    print(f"|{'-' * 36}|{'-' * 19}|{'-' * 14}|")
+    for name, a, b in rows:
+        print(f"| {name:34} | {a:17.3f} | {b:12.3f} |")
+    print(f"\nHTTP share of server CPU = {srv['cpu_http'] / srv['cpu_process']:.1%}; "
+          f"HTTP CPU per streamed token = {1e6 * srv['cpu_http'] / max(got, 1):.0f} us; "
+          f"served wall / offline wall = {srv['wall'] / off['wall']:.2f}")
+    print(f"client-side TTFT p50/p99 = {_pct(srv['ttft'], .5) * 1e3:.0f}/{_pct(srv['ttft'], .99) * 1e3:.0f} ms, "
+          f"ITL p50/p99 = {_pct(srv['itl'], .5) * 1e3:.1f}/{_pct(srv['itl'], .99) * 1e3:.1f} ms, "
+          f"e2e p50 = {statistics.median(srv['e2e']):.2f} s")
+
+
+if __name__ == "__main__":
+    main()
