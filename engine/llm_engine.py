@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidRequestError, QueueFullError, StepError
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
-from engine.presets import num_params
+from engine.presets import GPU_ONLY, num_params
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -36,6 +36,9 @@ class LLMEngine:
         self.model_config = mc = source.config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if config.model in GPU_ONLY and self.device.type != "cuda":
+            raise InvalidRequestError(f"the {config.model} preset needs a CUDA GPU (device is {self.device.type}); "
+                                      f"use model='tiny' on CPU", "device")
         if self.device.type == "cpu" and num_params(mc) < SMALL_MODEL_PARAMS:
             torch.set_num_threads(1)  # at this size intra-op threads cost more than they save (10x on busy hosts)
         self.kernel_set = load_kernel_set(config.kernels, self.device)

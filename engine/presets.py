@@ -26,6 +26,8 @@ PRESETS: dict[str, ModelConfig] = {
                              tie_word_embeddings=False, bos_token_id=128000, eos_token_id=[128001]),
 }
 
+GPU_ONLY = frozenset({"llama3-8b"})  # 8B random fp32 weights on a CPU would take minutes and 32 GB
+
 _INIT_STD = 0.02
 _SMALL_MODEL_PARAMS = 50_000_000  # below this, generate on CPU so every device gets the same weights
 

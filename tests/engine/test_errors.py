@@ -48,6 +48,9 @@ def test_unknown_kernel_set_and_model():
     assert e.value.param == "kernels" and "triton-v99" in str(e.value) and "torch" in str(e.value)
     with pytest.raises(UnknownModelError, match="llama3-8b"):
         LLMEngine(EngineConfig(model="llama-9000", device="cpu"))
+    with pytest.raises(InvalidRequestError, match="needs a CUDA GPU") as e:
+        LLMEngine(EngineConfig(model="llama3-8b", device="cpu"))
+    assert e.value.param == "device"
 
 
 @pytest.fixture(scope="module")

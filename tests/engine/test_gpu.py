@@ -48,8 +48,11 @@ def test_llama3_8b_preset_loads_fast_and_serves_a_batch():
           f"({stats.num_total_blocks * 64} tokens), {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     prompts = [[128000] + list(range(1000 + 37 * i, 1000 + 37 * i + 100 + 50 * i)) for i in range(8)]
     t0 = time.perf_counter()
+    engine.model_runner.capture_logits = True
     results = llm.generate(prompts, GREEDY)
     gen_s = time.perf_counter() - t0
+    assert torch.isfinite(engine.model_runner.last_logits).all()
+    engine.model_runner.capture_logits = False
     assert all(len(r.token_ids) == 16 for r in results)
     print(f"8 requests x 16 tokens (prompts 100..450 tokens) in {gen_s:.2f} s")
     # the same prompt again: a prefix-cache hit computes only the uncached tail
