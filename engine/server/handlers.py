@@ -22,6 +22,7 @@ from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconn
 
 log = logging.getLogger("sits.engine.server")
 
+MAX_BODY_BYTES = 16 * 1024 * 1024
 _LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop
 RETRY_AFTER_S = "1"
 
@@ -102,7 +103,7 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
     runner = state.runner
     if not runner.ready.is_set():
         raise APIError(503, runner.load_error or "the model is still loading", headers={"Retry-After": "5"})
-    body = parse_json_body(await request.body())
+    body = parse_json_body(await _read_body(request))
     greq = parse_chat(body) if kind == "chat" else parse_completion(body)
     if greq.model not in state.model_names:
         raise APIError(404, f"the model {greq.model!r} does not exist; this server serves "
@@ -140,6 +141,19 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
     except (InvalidRequestError, ValueError) as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return greq, ids, params, tenant, priority
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _rejection(error: Exception) -> APIError:

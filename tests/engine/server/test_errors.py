@@ -1,6 +1,7 @@
 """Bad input gets a 4xx OpenAI-style error body (never a stack trace); a full waiting queue gets 429 + Retry-After."""
 
 import json
+import socket
 import threading
 import time
 
@@ -54,6 +55,16 @@ def test_bad_input_table(server, name, method, path, body, headers, status, para
     assert isinstance(err["message"], str) and err["message"] and err["type"]
     assert err["param"] == param
     assert b"Traceback" not in payload and b'File "' not in payload
+
+
+def test_oversized_body_is_refused_before_it_is_read(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 999999999\r\n\r\n{")
+        reply = sock.recv(65536)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"413" and json.loads(body)["error"]["message"].startswith("request body of")
 
 
 def test_openai_client_raises_typed_errors(server):
