@@ -32,7 +32,8 @@ class PrometheusConfig:
     basic_auth: tuple[str, str] | None = None    # (user, password)
     timeout_s: float = 5.0
     retries: int = 3                             # attempts after the first one
-    backoff_s: float = 0.25                      # doubled after each failed attempt
+    backoff_s: float = 0.25                      # doubled after each failed attempt ...
+    max_backoff_s: float = 5.0                   # ... up to this
     routes: tuple[str, ...] = INFERENCE_ROUTES
     lag_s: float = 0.0                           # evaluate at end - lag_s (let the last scrape land)
     verify_tls: bool | str = True
@@ -48,8 +49,8 @@ class PrometheusConfig:
             if len(self.basic_auth) != 2 or not all(isinstance(x, str) for x in self.basic_auth):
                 raise ValueError("basic_auth must be (user, password)")
             self.basic_auth = tuple(self.basic_auth)
-        if not self.timeout_s > 0 or self.backoff_s < 0 or self.lag_s < 0:
-            raise ValueError("timeout_s must be > 0, backoff_s and lag_s >= 0")
+        if not self.timeout_s > 0 or self.backoff_s < 0 or self.lag_s < 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError("timeout_s must be > 0, backoff_s and lag_s >= 0, max_backoff_s >= backoff_s")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError("retries must be an integer >= 0")
         self.routes = tuple(self.routes)
@@ -78,7 +79,7 @@ class PrometheusSource:
         url, last = f"{self.config.url}/api/v1/query", ""
         for attempt in range(self.config.retries + 1):
             if attempt:
-                time.sleep(self.config.backoff_s * 2 ** (attempt - 1))
+                time.sleep(min(self.config.max_backoff_s, self.config.backoff_s * 2 ** (attempt - 1)))
             try:
                 r = self._session.post(url, data=data, timeout=self.config.timeout_s, verify=self.config.verify_tls)
             except requests.RequestException as e:

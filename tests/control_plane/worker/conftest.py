@@ -1,0 +1,62 @@
+import asyncio
+import os
+import sys
+import time
+
+import httpx
+import pytest
+
+from control_plane.adapters import process
+
+SERVICE = "chat"
+BODY = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0}
+
+
+def wait_ready(url: str, proc, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine at {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"engine at {url} not ready after {timeout}s")
+
+
+def start_engine(workdir, role: str, *extra: str):
+    port = process.free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
+            "--service", SERVICE, "--port", str(port), "--no-access-log", "--log-level", "warning", *extra]
+    proc = process.spawn(argv, log_path=workdir / f"{role}-{port}.log", env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory):
+    """Two real `sits-engine serve` processes (tiny model, torch kernels) labelled env=baseline / env=canary,
+    service=chat; the canary answers 10 % of requests with 500 (--fault-error-rate)."""
+    d = tmp_path_factory.mktemp("engines")
+    procs = {"baseline": start_engine(d, "baseline"), "canary": start_engine(d, "canary", "--fault-error-rate", "0.1")}
+    try:
+        for proc, url in procs.values():
+            wait_ready(url, proc)
+        yield {role: url for role, (_, url) in procs.items()}
+    finally:
+        for proc, _ in procs.values():
+            process.stop(proc, 10)
+
+
+def send(url: str, n: int, concurrency: int = 4, body=None) -> list[int]:
+    """n completions against url; returns the status codes."""
+    async def run():
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(timeout=60) as c:
+            async def one():
+                async with sem:
+                    return (await c.post(url + "/v1/completions", json=body or BODY)).status_code
+            return await asyncio.gather(*[one() for _ in range(n)])
+    return asyncio.run(run())

@@ -1,0 +1,218 @@
+"""Prometheus source against a real Prometheus: exact numbers from a backfilled TSDB, agreement with direct scrape on
+the same traffic from real engines, auth, retries and the named errors."""
+import crypt
+import json
+import random
+import subprocess
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from control_plane.adapters import process
+from control_plane.adapters.metrics import MetricsQueryError, MetricsSource, MultipleSeriesError, NoDataError, Target
+from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from control_plane.adapters.scrape import ScrapeSource
+from control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
+from engine.buckets import LATENCY_BUCKETS
+from tests.fixtures.prometheus import PROMETHEUS_BIN, PrometheusServer, backfill, format_value
+
+from .conftest import SERVICE, send
+
+COMPL = REQUEST_LATENCY + '{route="/v1/completions"}'
+T0 = 1_700_000_000
+ROLES = ("production", "baseline", "canary")
+
+
+def _series(lines, name, labels, snaps, ts):
+    """Cumulative histogram samples `name`_bucket/_count per timestamp (snaps: cumulative snapshot per ts)."""
+    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for t, h in zip(ts, snaps):
+        for le, c in h.buckets():
+            lines.append(f'{name}_bucket{{{lab},le="{format_value(le)}"}} {format_value(c)} {t}')
+        lines.append(f"{name}_count{{{lab}}} {format_value(h.count)} {t}")
+
+
+def _cumulative(rng, ts, median):
+    snaps, acc = [], HistogramSnapshot.empty(LATENCY_BUCKETS)
+    for _ in ts:
+        acc = acc.merge(HistogramSnapshot.from_values([rng.lognormvariate(0, 0.5) * median
+                                                       for _ in range(rng.randint(20, 60))], LATENCY_BUCKETS))
+        snaps.append(acc)
+    return snaps
+
+
+@pytest.fixture(scope="module")
+def backfilled(tmp_path_factory):
+    """A Prometheus over a backfilled TSDB: 3 variants, samples every 10 s from T0 to T0 + 60, 200s and 500s on
+    /v1/completions, /readyz noise, TTFT; returns (prometheus, {(env, series): cumulative snapshots}, ts)."""
+    rng, ts = random.Random(7), [T0 + 10 * k for k in range(7)]
+    bucket_lines, count_lines, truth = [], [], {}
+    for env, median in zip(ROLES, (0.05, 0.05, 0.08)):
+        base = {"env": env, "service": SERVICE}
+        for route, status in (("/v1/completions", "200"), ("/v1/completions", "500"), ("/readyz", "200")):
+            snaps = _cumulative(rng, ts, median)
+            truth[env, route, status] = snaps
+            lines = []
+            _series(lines, REQUEST_LATENCY, {**base, "route": route, "status": status}, snaps, ts)
+            bucket_lines += [x for x in lines if "_bucket" in x]
+            count_lines += [x for x in lines if "_count" in x]
+        snaps = _cumulative(rng, ts, median / 2)
+        truth[env, "ttft"] = snaps
+        lines = []
+        _series(lines, TTFT, {**base, "kernel_version": "1.0.0"}, snaps, ts)
+        bucket_lines += [x for x in lines if "_bucket" in x]
+    text = "\n".join([f"# TYPE {REQUEST_LATENCY}_bucket gauge"] + [x for x in bucket_lines if x.startswith(REQUEST_LATENCY)]
+                     + [f"# TYPE {TTFT}_bucket gauge"] + [x for x in bucket_lines if x.startswith(TTFT)]
+                     + [f"# TYPE {REQUEST_LATENCY}_count gauge"] + count_lines + ["# EOF"]) + "\n"
+    d = tmp_path_factory.mktemp("backfill")
+    backfill(text, d / "data")
+    prom = PrometheusServer.start(d, data_dir=d / "data")
+    yield prom, truth, ts
+    prom.stop()
+
+
+def test_exact_window_increases_from_a_backfilled_prometheus(backfilled):
+    prom, truth, ts = backfilled
+    src = PrometheusSource(PrometheusConfig(prom.url))
+    assert isinstance(src, MetricsSource)
+    targets = {r: Target(r) for r in ROLES}
+    w = src.window(SERVICE, targets, ts[1], ts[5], metrics=(REQUEST_LATENCY, TTFT), required=("canary", "baseline"))
+    assert (w.start, w.end, w.source) == (ts[1], ts[5], "prometheus")
+    for env in ROLES:
+        v = w.variants[env]
+        ok = truth[env, "/v1/completions", "200"]
+        err = truth[env, "/v1/completions", "500"]
+        want = ok[5].delta(ok[1])                      # samples sit on the range ends: no extrapolation
+        got = v.histograms[COMPL]
+        assert got.bounds == want.bounds and got.counts == want.counts, env   # exact; 5xx and /readyz excluded
+        assert v.histograms[TTFT].counts == truth[env, "ttft"][5].delta(truth[env, "ttft"][1]).counts
+        assert v.requests == (ok[5].count - ok[1].count) + (err[5].count - err[1].count)
+        assert v.errors == err[5].count - err[1].count
+    assert 'env="canary"' in w.queries["canary:" + REQUEST_LATENCY] and "increase(" in w.queries["canary:requests"]
+    # the analysis sees the canary's slower latency through these counts
+    assert w.variants["canary"].histograms[COMPL].quantile(0.9) > w.variants["baseline"].histograms[COMPL].quantile(0.9)
+    with pytest.raises(NoDataError, match="canary"):
+        src.window("search", targets, ts[1], ts[5], required=("canary",))
+    first = src.window(SERVICE, targets, None, ts[5])                  # no start yet: nothing to count
+    assert first.start is None and first.variants == {}
+    src.close()
+
+
+def test_multiple_series_is_a_named_error():
+    rows = [{"metric": {"le": "0.1"}, "value": [T0, "1"]}, {"metric": {"le": "0.1"}, "value": [T0, "2"]}]
+    with pytest.raises(MultipleSeriesError):
+        PrometheusSource._group(rows, False, "q")
+    with pytest.raises(MultipleSeriesError):
+        PrometheusSource._scalar([{"metric": {}, "value": [T0, "1"]}] * 2, "q")
+
+
+def test_agrees_with_direct_scrape_on_the_same_traffic(engines, prometheus_factory):
+    prom = prometheus_factory(scrape_targets=[u.removeprefix("http://") for u in engines.values()],
+                              scrape_interval="300ms")
+    prom.wait_for("up", lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r), timeout=30)
+    send(engines["baseline"], 4)
+    while 500 not in send(engines["canary"], 10):
+        pass   # every series (the canary's 500s too) exists before the window: increase() cannot see the first
+        #        increment of a series born inside it
+    targets = {r: Target(r, (u,)) for r, u in engines.items()}
+    scrape, promsrc = ScrapeSource(), PrometheusSource(PrometheusConfig(prom.url))
+
+    def scraped_by_prometheus(after: float, requests: dict) -> None:
+        """Wait for a successful scrape of both engines after `after` that saw these request counts (scrapes can
+        time out on a busy machine; the window must hold the quiet counters at both ends)."""
+        def ok(r):
+            got = {x["metric"]["env"]: float(x["value"][1]) for x in r}
+            return got == requests
+        prom.wait_for(f'sum by (env) (http_request_duration_seconds_count{{route="/v1/completions"}} '
+                      f'and on (instance) (timestamp(up == 1) > {after:.3f}))', ok, timeout=30, interval=0.1)
+
+    def counts():
+        return {r: scrape.scrape(u, SERVICE, [REQUEST_LATENCY]).requests for r, u in engines.items()}
+
+    t0 = time.time()
+    scrape.window(SERVICE, targets, None, t0)
+    scraped_by_prometheus(t0, counts())
+    send(engines["baseline"], 60)
+    send(engines["canary"], 60)
+    after = time.time()
+    scraped_by_prometheus(after, counts())
+    t1 = time.time()
+    a = scrape.window(SERVICE, targets, t0, t1)
+    b = promsrc.window(SERVICE, targets, t0, t1, required=("canary", "baseline"))
+    tol = 2 * 0.3 / (t1 - t0)   # increase() extrapolates each series to the window ends (< one interval each)
+    for role in ("baseline", "canary"):
+        x, y = a.variants[role], b.variants[role]
+        assert x.requests == 60 and x.requests <= y.requests <= x.requests * (1 + tol), role
+        assert y.errors == pytest.approx(x.errors, rel=tol, abs=1e-9)
+        hx, hy = x.histograms[COMPL], y.histograms[COMPL]
+        assert hx.total > 0 and hy.total == pytest.approx(hx.total, rel=tol)
+        for q in (0.5, 0.9, 0.99):           # within bucket precision (one bucket is 9 % wide)
+            assert hy.quantile(q) == pytest.approx(hx.quantile(q), rel=0.0905), (role, q)
+    scrape.close()
+    promsrc.close()
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    script: list = []
+    seen: list = []
+
+    def do_POST(self):
+        self.seen.append((self.headers.get("Authorization"), urllib.parse.parse_qs(
+            self.rfile.read(int(self.headers["Content-Length"])).decode())))
+        code = self.script.pop(0) if self.script else 503
+        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_bearer_token_retries_and_timeouts():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}"
+        _Recorder.script[:] = [503, 429, 200]
+        src = PrometheusSource(PrometheusConfig(url, bearer_token="s3cret", retries=3, backoff_s=0.05))
+        assert src.query("up", at=T0) == []
+        assert len(_Recorder.seen) == 3 and all(a == "Bearer s3cret" for a, _ in _Recorder.seen)
+        assert _Recorder.seen[-1][1] == {"query": ["up"], "time": [f"{T0:.3f}"]}
+        _Recorder.script[:] = []
+        t = time.monotonic()
+        with pytest.raises(MetricsQueryError, match="3 attempts failed; last: HTTP 503"):
+            PrometheusSource(PrometheusConfig(url, retries=2, backoff_s=0.1)).query("up")
+        assert time.monotonic() - t >= 0.3                             # backoff 0.1 + 0.2
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    with pytest.raises(MetricsQueryError, match="attempts failed"):
+        PrometheusSource(PrometheusConfig("http://127.0.0.1:9", retries=1, backoff_s=0.01, timeout_s=0.5)).query("up")
+    with pytest.raises(ValueError, match="not both"):
+        PrometheusConfig("http://x", bearer_token="a", basic_auth=("u", "p"))
+
+
+def test_basic_auth_against_a_real_prometheus(tmp_path):
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  sits: '{crypt.crypt('pw', crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}'\n")
+    (tmp_path / "prom.yml").write_text("global: {scrape_interval: 1s}\n")
+    port = process.free_port()
+    proc = subprocess.Popen([PROMETHEUS_BIN, f"--config.file={tmp_path / 'prom.yml'}", f"--web.config.file={web}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        good = PrometheusSource(PrometheusConfig(url, basic_auth=("sits", "pw"), retries=40, backoff_s=0.05))
+        assert good.query("vector(1)")[0]["value"][1] == "1"          # retried until Prometheus listened
+        with pytest.raises(MetricsQueryError, match="HTTP 401"):
+            PrometheusSource(PrometheusConfig(url, basic_auth=("sits", "wrong"))).query("vector(1)")
+        with pytest.raises(MetricsQueryError, match="bad_data"):
+            good.query("sum(")
+    finally:
+        proc.terminate()
+        proc.wait(10)
