@@ -4,8 +4,16 @@ Phases: PENDING -> INITIALIZING (deploy baseline + canary, wait ready) -> PROGRE
 the warm-up after each weight change are dropped; every check_interval one look at the step's accumulated data) ->
 PROMOTING -> SUCCEEDED, or ROLLING_BACK -> ROLLED_BACK; PAUSED (manual, too many inconclusive checks, or the manual
 promotion gate); FAILED when promote/rollback itself failed. Manual PROMOTE/ABORT/PAUSE/RESUME arrive in the
-observation. The worker runs every returned action (idempotently, retrying) before the next call, persists the
-returned rollout with its `new_checks`/`new_events` in one transaction, and reports failed actions back.
+observation. The worker persists the returned rollout with its `new_checks`/`new_events` and the actions in one
+transaction (store.save), runs every action (idempotently, retrying) before the next call, and reports actions that
+failed for good in `Observation.failed_actions`; PROMOTING/ROLLING_BACK complete on the call after their action ran.
+
+Observations carry WINDOW DELTAS, not cumulative counters: the worker takes per-replica deltas between its polls
+(HistogramSnapshot.delta handles counter resets), sums replicas (merge), and reports [window_start, window_end].
+Windows must not overlap what was already counted (start >= rollout.observed_until; overlapping ones are dropped and
+logged) and windows starting inside the warm-up (before rollout.warmup_until) are dropped whole: poll at least every
+warmup_s, or (Prometheus) query [max(observed_until, warmup_until), now]. Keys of VariantData.histograms are
+promql.series_key(metric, labels), e.g. 'http_request_duration_seconds{route="/v1/completions"}' (5xx excluded).
 """
 from __future__ import annotations
 
@@ -114,6 +122,23 @@ class Observation:
     command: Command | None = None
     command_by: str = ""
     failed_actions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.command, str) and not isinstance(self.command, Command):
+            try:
+                object.__setattr__(self, "command", Command(self.command))
+            except ValueError:
+                raise ValueError(f"unknown command {self.command!r}; use one of "
+                                 f"{', '.join(c.value for c in Command)}") from None
+        if (self.window_start is None) != (self.window_end is None):
+            raise ValueError("window_start and window_end go together")
+        if self.window_start is not None and self.window_end < self.window_start:
+            raise ValueError(f"window ends ({self.window_end}) before it starts ({self.window_start})")
+        unknown = set(self.variants) - set(ROLES)
+        if unknown:
+            raise ValueError(f"unknown variant role(s) {sorted(unknown)}; roles are {', '.join(ROLES)}")
+        object.__setattr__(self, "errors", tuple(self.errors))
+        object.__setattr__(self, "failed_actions", tuple(self.failed_actions))
 
 
 @dataclass(slots=True, frozen=True)

@@ -177,3 +177,15 @@ def test_reconcile_is_pure():
     out1, out2 = reconcile(r, obs, c.t + 10), reconcile(r, obs, c.t + 10)
     assert (r.phase, r.checks, dict(r.data), r.observed_until) == snapshot
     assert out1 == out2
+
+
+def test_observation_validation():
+    assert Observation(command="pause").command is Command.PAUSE
+    with pytest.raises(ValueError, match="unknown command"):
+        Observation(command="explode")
+    with pytest.raises(ValueError, match="before it starts"):
+        Observation(10.0, 5.0)
+    with pytest.raises(ValueError, match="go together"):
+        Observation(10.0, None)
+    with pytest.raises(ValueError, match="unknown variant role"):
+        Observation(0.0, 1.0, {"shadow": VariantData()})
