@@ -130,9 +130,8 @@ class Observation:
             except ValueError:
                 raise ValueError(f"unknown command {self.command!r}; use one of "
                                  f"{', '.join(c.value for c in Command)}") from None
-        if (self.window_start is None) != (self.window_end is None):
-            raise ValueError("window_start and window_end go together")
-        if self.window_start is not None and self.window_end < self.window_start:
+        # a window_end without a start (a source's first poll: nothing to diff against) carries no window
+        if self.window_start is not None and self.window_end is not None and self.window_end < self.window_start:
             raise ValueError(f"window ends ({self.window_end}) before it starts ({self.window_start})")
         unknown = set(self.variants) - set(ROLES)
         if unknown:
