@@ -9,6 +9,10 @@ KUBE_DIR="${SITS_KUBE_DIR:-/var/cache/sits/kube}"
 BIN="$KUBE_DIR/bin"
 W="$KUBE_DIR/work"
 BINARIES=(kube-apiserver kube-controller-manager)
+# bumped whenever the build recipe changes, so stale binaries are rebuilt. v2: vendored reflect2 1.0.1 -> 1.0.2
+# (1.0.1 makes Go >= 1.18 builds segfault in json-iterator's map encoder, e.g. on every custom resource write)
+RECIPE=v2-reflect2-1.0.2
+REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
 T0=$(date +%s)
 
 log() { echo "[build-kube +$(( $(date +%s) - T0 ))s] $*"; }
@@ -21,6 +25,7 @@ APT_OPTS=(-o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
 have_all() {
   command -v etcd >/dev/null 2>&1 || return 1
   for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || return 1; done
+  [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ]
 }
 if have_all; then
   log "already built: $BIN/{${BINARIES[*]// /,}} and $(command -v etcd); nothing to do"
@@ -33,6 +38,7 @@ command -v go >/dev/null 2>&1 || need+=(golang-go)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+[ -f "$REFLECT2_SRC/go_above_118.go" ] || need+=(golang-github-modern-go-reflect2-dev)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   $SUDO apt-get "${APT_OPTS[@]}" update -qq
@@ -42,8 +48,7 @@ fi
 if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop etcd >/dev/null 2>&1 || true; fi
 log "go: $(go version)"
 
-done_bins() { for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
-if done_bins; then log "binaries present; etcd installed; done"; exit 0; fi
+if have_all; then log "binaries present; etcd installed; done"; exit 0; fi
 
 $SUDO mkdir -p "$KUBE_DIR"
 $SUDO chown "$(id -u):$(id -g)" "$KUBE_DIR"
@@ -74,6 +79,12 @@ top=$(find kubernetes-src -mindepth 1 -maxdepth 1 -type d | head -n1)
 [ -f "$top/Makefile" ] || { echo "[build-kube] no Makefile in $top: unexpected source layout" >&2; exit 1; }
 cd "$top"
 
+log "vendor: github.com/modern-go/reflect2 1.0.1 -> $(dpkg-query -W -f '${Version}' golang-github-modern-go-reflect2-dev)"
+r2=vendor/github.com/modern-go/reflect2
+[ -d "$r2" ] && [ -f "$REFLECT2_SRC/go_above_118.go" ] || { echo "[build-kube] cannot patch $r2" >&2; exit 1; }
+find "$r2" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -delete
+find "$REFLECT2_SRC" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' -exec cp {} "$r2"/ \;
+
 # 3. build (offline: vendored modules only)
 export GOFLAGS=-mod=vendor GOPROXY=off GO111MODULE=on KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean
 export GOCACHE="$W/gocache" GOPATH="$W/gopath"
@@ -87,6 +98,7 @@ for b in "${BINARIES[@]}"; do
   install -m 0755 "$src" "$BIN/$b.tmp" && mv -f "$BIN/$b.tmp" "$BIN/$b"
 done
 "$BIN/kube-apiserver" --version
+echo "$RECIPE" > "$BIN/.recipe"
 log "built ${BINARIES[*]} into $BIN; removing the build tree (keeps the downloaded source)"
 cd "$W/src" && rm -rf kubernetes-src "$W/gocache" "$W/gopath"
 log "done"

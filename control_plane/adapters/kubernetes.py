@@ -202,14 +202,19 @@ class KubernetesDeployer:
         ready_n = int(st.get("readyReplicas", 0) or 0)
         updated = int(st.get("updatedReplicas", 0) or 0)
         available = int(st.get("availableReplicas", 0) or 0)
+        total = int(st.get("replicas", 0) or 0)
         observed = int(st.get("observedGeneration", 0) or 0) >= int(d["metadata"].get("generation", 0))
-        ready = want > 0 and observed and ready_n >= want and updated >= want and available >= want
+        # rollout complete (as `kubectl rollout status`): every pod runs the current template and is available
+        ready = (want > 0 and observed and updated >= want and total == updated and available >= want
+                 and ready_n >= want)
         if want == 0:
             msg = "scaled to 0"
         elif not observed:
             msg = "spec change not yet observed by the deployment controller"
         else:
             msg = f"{ready_n}/{want} ready, {updated} updated, {available} available"
+            if total > updated:
+                msg += f", {total - updated} old replicas still running"
             for c in st.get("conditions", []):
                 if c.get("status") == "False" and c.get("message"):
                     msg += f"; {c['type']}: {c['message']}"
@@ -328,7 +333,7 @@ class KubernetesDeployer:
         try:
             return self._json(self._kind(kind)[0](name))
         except ApiException as e:
-            if e.status == 404 and not _namespace_missing(e) and not _crd_missing(e):
+            if _object_missing(e, name):
                 return None
             raise
 
@@ -358,7 +363,7 @@ class KubernetesDeployer:
             try:
                 self._kind(kind)[3](name)
             except ApiException as e:
-                if e.status != 404 or _namespace_missing(e):
+                if not _object_missing(e, name):
                     raise
         self._call(f"delete {what}", op)
 
@@ -390,20 +395,31 @@ def _api_message(e: ApiException) -> str:
         return str(e.reason or e.body or "")
 
 
-def _details_kind(e: ApiException) -> str:
-    try:
-        return json.loads(e.body).get("details", {}).get("kind", "")
-    except (TypeError, ValueError, AttributeError):
-        return ""
-
-
 def _namespace_missing(e: ApiException) -> bool:
-    return e.status == 404 and _details_kind(e) == "namespaces"
+    return e.status == 404 and _status(e).get("details", {}).get("kind") == "namespaces"
+
+
+def _status(e: ApiException) -> dict:
+    try:
+        body = json.loads(e.body)
+        return body if isinstance(body, dict) else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+def _object_missing(e: ApiException, name: str) -> bool:
+    """404 for this very object (not for its namespace, nor for a resource type the server does not serve)."""
+    st = _status(e)
+    return e.status == 404 and st.get("reason") == "NotFound" and st.get("details", {}).get("name") == name \
+        and st.get("details", {}).get("kind") != "namespaces"
 
 
 def _crd_missing(e: ApiException) -> bool:
-    # a missing resource type answers 404 with the generic "the server could not find the requested resource"
-    return e.status == 404 and "could not find the requested resource" in _api_message(e)
+    # an unserved resource type answers 404 with a plain-text body or the generic "could not find the requested
+    # resource" Status, never a NotFound Status naming an object
+    st = _status(e)
+    return e.status == 404 and (not st.get("details", {}).get("name")
+                                or "could not find the requested resource" in st.get("message", ""))
 
 
 def _translate(e: ApiException, what: str, namespace: str) -> DeployError:

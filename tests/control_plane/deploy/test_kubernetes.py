@@ -1,0 +1,341 @@
+"""KubernetesDeployer against a real kube-apiserver + etcd + kube-controller-manager (tests/fixtures/kube.py)."""
+import threading
+import time
+
+import pytest
+from kubernetes import client, watch
+
+from control_plane.adapters.deploy import (DeployConflictError, DeployError, DeployNotFoundError, Deployer,
+                                           VariantSpec)
+from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+
+SVC = "chat"
+
+
+def spec(role, kernels="torch", **kw):
+    return VariantSpec(service=SVC, role=role, kernels=kernels, image="registry.local/sits-engine:1", **kw)
+
+
+@pytest.fixture
+def apps(kube_cluster):
+    return client.AppsV1Api(kube_cluster.api_client())
+
+
+@pytest.fixture
+def core(kube_cluster):
+    return client.CoreV1Api(kube_cluster.api_client())
+
+
+def make(kube_cluster, ns, **kw) -> KubernetesDeployer:
+    return KubernetesDeployer(KubernetesConfig(namespace=ns, kubeconfig=kube_cluster.kubeconfig, backoff_s=0.02,
+                                               **kw))
+
+
+@pytest.fixture
+def kd(kube_cluster, kube_namespace):
+    return make(kube_cluster, kube_namespace)
+
+
+def dep(apps, ns, role):
+    return apps.read_namespaced_deployment(f"{SVC}-{role}", ns)
+
+
+def names(apps, ns):
+    return sorted(d.metadata.name for d in apps.list_namespaced_deployment(ns).items)
+
+
+def mark_ready(kube_cluster, kd, ns, role, timeout=30.0):
+    """Pods of the variant become Ready (kubelet's part, see make_pods_ready); the real controllers then set the
+    Deployment status. Returns the deployer's status once it says ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kube_cluster.make_pods_ready(ns, f"app={SVC},sits.io/role={role}")
+        st = kd.status(SVC)[role]
+        if st.ready or time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
+
+
+def test_deploy_creates_labelled_deployment_and_services(kd, kube_namespace, apps, core):
+    assert isinstance(kd, Deployer)
+    ns = kube_namespace
+    kd.deploy(spec("production", replicas=2, gpus=1, env={"HF_HOME": "/cache"}, args=("--max-num-seqs", "64")))
+    d = dep(apps, ns, "production")
+    assert d.metadata.labels["app"] == SVC and d.metadata.labels["sits.io/role"] == "production"
+    assert d.metadata.labels["sits.io/kernel-version"] == "torch"
+    assert d.spec.replicas == 2 and d.spec.selector.match_labels == {"app": SVC, "sits.io/role": "production"}
+    t = d.spec.template
+    assert t.metadata.annotations["prometheus.io/scrape"] == "true" and t.metadata.annotations["prometheus.io/port"] == "8000"
+    c = t.spec.containers[0]
+    assert c.image == "registry.local/sits-engine:1" and c.command == ["sits-engine"]
+    assert c.args == ["serve", "--model", "tiny", "--kernels", "torch", "--env", "production", "--service", SVC,
+                      "--port", "8000", "--host", "0.0.0.0", "--max-num-seqs", "64"]
+    assert c.readiness_probe.http_get.path == "/readyz" and c.liveness_probe.http_get.path == "/healthz"
+    assert c.resources.limits == {"nvidia.com/gpu": "1"}
+    assert {e.name: e.value for e in c.env} == {"HF_HOME": "/cache"}
+    per_variant = core.read_namespaced_service(f"{SVC}-production", ns)
+    assert per_variant.spec.selector == {"app": SVC, "sits.io/role": "production"}
+    assert core.read_namespaced_service(SVC, ns).spec.selector == {"app": SVC}  # replica-ratio: one Service
+    # idempotent: the same spec again writes nothing
+    rv = d.metadata.resource_version
+    kd.deploy(spec("production", replicas=2, gpus=1, env={"HF_HOME": "/cache"}, args=("--max-num-seqs", "64")))
+    assert dep(apps, ns, "production").metadata.resource_version == rv
+
+
+def test_controller_manager_acts_on_the_deployment(kd, kube_namespace, kube_cluster):
+    kd.deploy(spec("production"))
+    rs = client.AppsV1Api(kube_cluster.api_client())
+    w = watch.Watch()
+    found = None
+    for ev in w.stream(rs.list_namespaced_replica_set, kube_namespace, timeout_seconds=30):
+        found = ev["object"]
+        w.stop()
+    assert found is not None and found.metadata.labels["sits.io/role"] == "production"
+
+
+def test_update_and_status_from_deployment_status(kd, kube_namespace, apps, kube_cluster):
+    ns = kube_namespace
+    kd.deploy(spec("canary"))
+    st = kd.status(SVC)["canary"]
+    assert not st.ready and st.ready_replicas == 0 and st.endpoint == f"http://{SVC}-canary.{ns}.svc:8000"
+    st = mark_ready(kube_cluster, kd, ns, "canary")
+    assert st.ready and st.ready_replicas == 1, st.message
+    gen = dep(apps, ns, "canary").metadata.generation
+    kd.deploy(spec("canary", kernels="triton-v2"))  # a new kernel version: a new template, not ready until rolled
+    d = dep(apps, ns, "canary")
+    assert d.metadata.generation == gen + 1 and d.metadata.labels["sits.io/kernel-version"] == "triton-v2"
+    assert "triton-v2" in d.spec.template.spec.containers[0].args
+    assert not kd.status(SVC)["canary"].ready
+    st = mark_ready(kube_cluster, kd, ns, "canary")
+    assert st.ready and st.ready_replicas == 1, st.message
+
+
+def test_replica_ratio_weights_scale_deployments(kd, kube_namespace, apps, core):
+    ns = kube_namespace
+    kd.deploy(spec("production", replicas=8))
+    kd.deploy(spec("baseline"))
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    kd.set_weights(SVC, {"production": 80, "baseline": 10, "canary": 10})
+    reps = {r: dep(apps, ns, r).spec.replicas for r in ("production", "baseline", "canary")}
+    assert reps == {"production": 6, "baseline": 1, "canary": 1}
+    kd.set_weights(SVC, {"production": 50, "baseline": 25, "canary": 25})
+    reps = {r: dep(apps, ns, r).spec.replicas for r in ("production", "baseline", "canary")}
+    assert reps == {"production": 4, "baseline": 2, "canary": 2}
+    assert dep(apps, ns, "canary").metadata.annotations["sits.io/weight"] == "25"
+    # re-deploying a weighted variant keeps the replicas its weight asks for
+    kd.deploy(spec("canary", kernels="triton-v3"))
+    assert dep(apps, ns, "canary").spec.replicas == 2
+    kd.set_weights(SVC, {"production": 100})
+    reps = {r: dep(apps, ns, r).spec.replicas for r in ("production", "baseline", "canary")}
+    assert reps == {"production": 8, "baseline": 0, "canary": 0}
+    assert "scaled to 0" in kd.status(SVC)["canary"].message
+    assert core.read_namespaced_service(SVC, ns).spec.selector == {"app": SVC}
+
+
+def test_promote_moves_the_canary_spec_into_production(kd, kube_namespace, apps, core):
+    ns = kube_namespace
+    kd.deploy(spec("production", replicas=3))
+    kd.deploy(spec("baseline"))
+    kd.deploy(spec("canary", kernels="triton-v2", args=("--seed", "7")))
+    kd.set_weights(SVC, {"production": 80, "baseline": 10, "canary": 10})
+    kd.promote(SVC)
+    assert names(apps, ns) == [f"{SVC}-production"]
+    d = dep(apps, ns, "production")
+    assert d.metadata.labels["sits.io/kernel-version"] == "triton-v2"
+    args = d.spec.template.spec.containers[0].args
+    assert args[args.index("--kernels") + 1] == "triton-v2" and args[args.index("--env") + 1] == "production"
+    assert "--seed" in args and d.spec.replicas == 3
+    assert sorted(s.metadata.name for s in core.list_namespaced_service(ns).items) == [SVC, f"{SVC}-production"]
+    kd.promote(SVC)  # idempotent
+    assert names(apps, ns) == [f"{SVC}-production"]
+    assert set(kd.status(SVC)) == {"production"}
+
+
+def _watch_deployment_events(apps, ns, name, events, stop):
+    w = watch.Watch()
+    for ev in w.stream(apps.list_namespaced_deployment, ns, field_selector=f"metadata.name={name}",
+                       timeout_seconds=30):
+        events.append((ev["type"], ev["object"].spec.replicas))
+        if ev["type"] == "DELETED" or stop.is_set():
+            w.stop()
+
+
+def test_rollback_takes_traffic_off_the_canary_before_removing_it(kd, kube_namespace, apps):
+    ns = kube_namespace
+    kd.deploy(spec("production", replicas=4))
+    kd.deploy(spec("baseline"))
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    kd.set_weights(SVC, {"production": 50, "baseline": 25, "canary": 25})
+    events, stop = [], threading.Event()
+    t = threading.Thread(target=_watch_deployment_events, args=(apps, ns, f"{SVC}-canary", events, stop))
+    t.start()
+    try:
+        time.sleep(0.5)
+        kd.rollback(SVC)
+        t.join(30)
+    finally:
+        stop.set()
+    types = [e[0] for e in events]
+    assert "DELETED" in types
+    # canary scaled to 0 (weight 0) strictly before it was deleted
+    first_zero = next(i for i, e in enumerate(events) if e[0] == "MODIFIED" and e[1] == 0)
+    assert first_zero < types.index("DELETED")
+    assert names(apps, ns) == [f"{SVC}-production"] and dep(apps, ns, "production").spec.replicas == 4
+    kd.rollback(SVC)  # idempotent
+
+
+def test_delete_is_idempotent(kd, kube_namespace, apps, core):
+    ns = kube_namespace
+    kd.deploy(spec("production"))
+    kd.deploy(spec("canary"))
+    kd.delete(SVC, "canary")
+    assert names(apps, ns) == [f"{SVC}-production"]
+    kd.delete(SVC, "canary")
+    kd.delete(SVC)
+    kd.delete(SVC)
+    assert names(apps, ns) == [] and core.list_namespaced_service(ns).items == []
+    assert kd.status(SVC) == {}
+
+
+def test_httproute_weights(kube_cluster, kube_namespace, httproute_crd, apps):
+    ns = kube_namespace
+    kd = make(kube_cluster, ns, traffic="httproute", gateway="sits-gw", gateway_namespace="infra",
+              hostnames=("chat.example.com",))
+    custom = client.CustomObjectsApi(kube_cluster.api_client())
+
+    def route():
+        return custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns, "httproutes", SVC)
+
+    def weights():
+        rule = route()["spec"]["rules"][0]
+        assert "headers" not in rule["matches"][0]
+        return {b["name"].rsplit("-", 1)[1]: b["weight"] for b in rule["backendRefs"]}
+
+    kd.deploy(spec("production", replicas=3))
+    assert weights() == {"production": 100}
+    r = route()
+    assert r["spec"]["parentRefs"][0] == {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                          "name": "sits-gw", "namespace": "infra"}
+    assert r["spec"]["hostnames"] == ["chat.example.com"]
+    kd.deploy(spec("baseline"))
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    assert weights() == {"production": 100, "baseline": 0, "canary": 0}  # new variants join without traffic
+    kd.set_weights(SVC, {"production": 90, "baseline": 5, "canary": 5})
+    assert weights() == {"production": 90, "baseline": 5, "canary": 5}
+    ref = route()["spec"]["rules"][0]["backendRefs"][2]
+    assert ref == {"group": "", "kind": "Service", "name": f"{SVC}-canary", "port": 8000, "weight": 5}
+    pinned = {rule["matches"][0]["headers"][0]["value"]: rule["backendRefs"][0]["name"]
+              for rule in route()["spec"]["rules"][1:]}
+    assert pinned == {r: f"{SVC}-{r}" for r in ("production", "baseline", "canary")}
+    # replicas are not used for traffic in this mode
+    assert {r: dep(apps, ns, r).spec.replicas for r in ("production", "canary")} == {"production": 3, "canary": 1}
+    rv = route()["metadata"]["resourceVersion"]
+    kd.set_weights(SVC, {"production": 90, "baseline": 5, "canary": 5})
+    assert route()["metadata"]["resourceVersion"] == rv  # idempotent
+    # rollback: canary weight 0 is written while the canary still exists, then it is removed
+    seen = []
+    w = watch.Watch()
+    done = threading.Event()
+
+    def watch_route():
+        for ev in w.stream(custom.list_namespaced_custom_object, "gateway.networking.k8s.io", "v1", ns,
+                           "httproutes", timeout_seconds=30):
+            rule = ev["object"]["spec"]["rules"][0]
+            seen.append({b["name"].rsplit("-", 1)[1]: b["weight"] for b in rule["backendRefs"]})
+            if "canary" not in seen[-1] and "baseline" not in seen[-1]:
+                break
+        done.set()
+    t = threading.Thread(target=watch_route)
+    t.start()
+    time.sleep(0.3)
+    kd.rollback(SVC)
+    done.wait(30)
+    w.stop()
+    assert {"production": 100, "baseline": 0, "canary": 0} in seen
+    zero = seen.index({"production": 100, "baseline": 0, "canary": 0})
+    assert seen[-1] == {"production": 100} and zero < len(seen) - 1
+    assert names(apps, ns) == [f"{SVC}-production"]
+    kd.delete(SVC)
+    assert custom.list_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns, "httproutes")["items"] == []
+
+
+def test_concurrent_update_conflict_is_retried(kd, kube_namespace, kube_cluster, apps):
+    ns = kube_namespace
+    kd.deploy(spec("canary"))
+    other = client.AppsV1Api(kube_cluster.api_client())
+    real_read = kd.apps.read_namespaced_deployment
+    calls = []
+
+    def read_then_interfere(name, namespace, **kw):
+        resp = real_read(name, namespace, **kw)  # the deployer now holds this (soon stale) version
+        calls.append(name)
+        if len(calls) == 1:  # another writer changes the object between our read and our write
+            other.patch_namespaced_deployment(name, namespace,
+                                              {"metadata": {"annotations": {"team/owner": "someone-else"}}})
+        return resp
+    kd.apps.read_namespaced_deployment = read_then_interfere
+    sleeps = []
+    kd._sleep = sleeps.append
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    d = dep(apps, ns, "canary")
+    assert d.metadata.labels["sits.io/kernel-version"] == "triton-v2"       # our write landed...
+    assert d.metadata.annotations["team/owner"] == "someone-else"          # ...without losing theirs
+    # a real 409, then re-read and retried with backoff (the deployment controller's own status writes can add
+    # further conflicts, so "at least once")
+    assert calls.count(f"{SVC}-canary") >= 2 and sleeps[:2] == [0.02, 0.04][:len(sleeps)] and sleeps
+
+
+def test_conflict_retries_are_bounded(kube_cluster, kube_namespace):
+    kd = make(kube_cluster, kube_namespace, retries=2)
+    kd.deploy(spec("canary"))
+    other = client.AppsV1Api(kube_cluster.api_client())
+    real_read = kd.apps.read_namespaced_deployment
+    n = [0]
+
+    def always_interfere(name, namespace, **kw):
+        resp = real_read(name, namespace, **kw)
+        n[0] += 1
+        other.patch_namespaced_deployment(name, namespace, {"metadata": {"annotations": {"n": str(n[0])}}})
+        return resp
+    kd.apps.read_namespaced_deployment = always_interfere
+    kd._sleep = lambda s: None
+    with pytest.raises(DeployConflictError, match="3 attempts"):
+        kd.deploy(spec("canary", kernels="triton-v2"))
+
+
+def test_clear_errors_for_403_404_422(kube_cluster, kube_namespace):
+    viewer = KubernetesDeployer(KubernetesConfig(namespace=kube_namespace),
+                                api_client=kube_cluster.api_client(kube_cluster.viewer_token))
+    with pytest.raises(DeployError, match=r"forbidden \(403\).*nobody"):
+        viewer.deploy(spec("production"))
+    missing_ns = make(kube_cluster, "no-such-namespace")
+    with pytest.raises(DeployNotFoundError, match="namespace no-such-namespace does not exist"):
+        missing_ns.deploy(spec("production"))
+    kd = make(kube_cluster, kube_namespace)
+    with pytest.raises(DeployError, match=r"rejected as invalid \(422\).*BAD NAME"):
+        kd.deploy(spec("production", env={"BAD NAME": "x"}))
+    no_crd = make(kube_cluster, kube_namespace, traffic="httproute", gateway="gw", httproute_version="v9")
+    with pytest.raises(DeployNotFoundError, match="HTTPRoute CRD installed"):
+        no_crd.deploy(spec("production"))
+    with pytest.raises(DeployNotFoundError, match="not deployed"):
+        kd.set_weights(SVC, {"production": 50, "canary": 50})
+
+
+def test_unreachable_apiserver_is_a_deploy_error():
+    cfg = client.Configuration()
+    cfg.host = "https://127.0.0.1:9"
+    kd = KubernetesDeployer(KubernetesConfig(namespace="x", retries=1, backoff_s=0.01),
+                            api_client=client.ApiClient(cfg))
+    with pytest.raises(DeployError, match="unreachable"):
+        kd.status(SVC)
+
+
+def test_config_validation():
+    with pytest.raises(DeployError, match="gateway"):
+        KubernetesConfig(traffic="httproute")
+    with pytest.raises(DeployError, match="traffic"):
+        KubernetesConfig(traffic="mesh")
+    with pytest.raises(DeployError, match="role"):
+        VariantSpec(service=SVC, role="gray", kernels="torch")
+    with pytest.raises(DeployError, match="DNS label"):
+        VariantSpec(service="Chat_1", role="canary", kernels="torch")
