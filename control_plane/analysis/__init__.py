@@ -2,6 +2,7 @@
 
 No I/O and no flask/kubernetes/requests/torch/engine imports: dataclasses in, dataclasses out.
 """
+from .deltas import Delta, compute_deltas
 from .histogram import HistogramError, HistogramSnapshot, merge_all
 from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy, PolicyError,
                      default_checks)
@@ -14,5 +15,5 @@ __all__ = [
     "Policy", "PolicyError", "MetricCheck", "default_checks",
     "REQUEST_LATENCY", "TTFT", "ITL", "E2E", "ERROR_RATE",
     "QuantileBounds", "DeltaEstimate", "quantile_bounds", "quantile_delta", "proportion_diff",
-    "Outcome", "TestResult", "VariantData", "Verdict", "assess",
+    "Outcome", "TestResult", "VariantData", "Verdict", "assess", "Delta", "compute_deltas",
 ]

@@ -74,6 +74,7 @@ class Policy:
     z_pass: float = 1.0                             # one-sided z of each variant's bound in the pass test
     max_error_rate: float = 0.05                    # guard: canary error rate above this fails at once
     min_error_samples: int = 100                    # requests before the error-rate guard may fire
+    report_metrics: tuple[str, ...] = (TTFT, ITL, E2E)  # deltas shown in every check, not decided on
 
     def __post_init__(self) -> None:
         steps = tuple(self.steps)
@@ -106,10 +107,21 @@ class Policy:
                 raise PolicyError(f"{name} must be > 0")
         if not _num(self.max_error_rate) or not 0 < self.max_error_rate <= 1:
             raise PolicyError("max_error_rate must be in (0, 1]")
+        report = tuple(self.report_metrics)
+        if isinstance(self.report_metrics, str) or not all(isinstance(m, str) and m for m in report):
+            raise PolicyError("report_metrics must be a list of metric names")
+        object.__setattr__(self, "report_metrics", report)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Every histogram metric a metrics source should fetch: the checked ones, then the reported ones."""
+        checked = [c.metric for c in self.checks if c.metric != ERROR_RATE]
+        return tuple(dict.fromkeys([REQUEST_LATENCY, *checked, *self.report_metrics]))
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["steps"] = list(self.steps)
+        d["report_metrics"] = list(self.report_metrics)
         d["checks"] = [{k: v for k, v in asdict(c).items() if v is not None} for c in self.checks]
         return d
 
@@ -120,8 +132,9 @@ class Policy:
         unknown = sorted(set(d) - known)
         if unknown:
             raise PolicyError(f"unknown policy field(s): {', '.join(unknown)}")
-        if "steps" in d:
-            d["steps"] = tuple(d["steps"])
+        for key in ("steps", "report_metrics"):
+            if key in d and not isinstance(d[key], str):
+                d[key] = tuple(d[key])
         if "checks" in d:
             try:
                 d["checks"] = tuple(MetricCheck(**c) if isinstance(c, Mapping) else c for c in d["checks"])

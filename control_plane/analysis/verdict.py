@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
 
+from .deltas import Delta, compute_deltas
 from .histogram import HistogramSnapshot
 from .policy import ERROR_RATE, MetricCheck, Policy
 from .stats import DeltaEstimate, more_samples_needed, proportion_diff, quantile_delta
@@ -75,10 +76,12 @@ class Verdict:
     results: tuple[TestResult, ...] = ()
     guard: str | None = None          # set when a guard decided (rollback without waiting for failure_limit)
     need_more: int | None = None      # requests per variant, for INCONCLUSIVE
+    deltas: tuple[Delta, ...] = ()    # P90/P99 of every series vs baseline and production (shown, not decided)
 
     def to_dict(self) -> dict:
         return {"outcome": self.outcome.value, "reason": self.reason, "compare_to": self.compare_to,
-                "guard": self.guard, "need_more": self.need_more, "results": [r.to_dict() for r in self.results]}
+                "guard": self.guard, "need_more": self.need_more, "results": [r.to_dict() for r in self.results],
+                "deltas": [d.to_dict() for d in self.deltas]}
 
 
 def _has_nan(v: VariantData) -> bool:
@@ -171,8 +174,10 @@ def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
     c, t = variants.get("canary"), variants.get(target_role)
     prod = variants.get("production") if target_role != "production" else None
 
+    shown = compute_deltas(variants)
+
     def verdict(outcome, reason, results=(), guard=None, need_more=None):
-        return Verdict(outcome, reason, target_role, tuple(results), guard, need_more)
+        return Verdict(outcome, reason, target_role, tuple(results), guard, need_more, shown)
 
     if c is not None:
         if c.crashing:

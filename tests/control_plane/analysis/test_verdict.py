@@ -124,3 +124,33 @@ def test_inputs_not_mutated():
     before = (c.histograms[REQUEST_LATENCY].counts, b.requests)
     assess({"canary": c, "baseline": b}, P)
     assert (c.histograms[REQUEST_LATENCY].counts, b.requests) == before
+
+
+def test_deltas_are_shown_for_every_series_and_both_targets():
+    ttft = "sits_time_to_first_token_seconds"
+    c = VariantData({REQUEST_LATENCY: lat(20000, 1.2), ttft: lat(20000, 2.0)}, 20000.0, 200.0)
+    b = VariantData({REQUEST_LATENCY: lat(20000), ttft: lat(20000)}, 20000.0, 100.0)
+    p = VariantData({REQUEST_LATENCY: lat(20000, 1.1)}, 20000.0, 0.0)
+    v = assess({"canary": c, "baseline": b, "production": p}, P)
+    by = {(d.series, d.quantile): d for d in v.deltas}
+    assert set(by) == {(REQUEST_LATENCY, 0.9), (REQUEST_LATENCY, 0.99), (ttft, 0.9), (ttft, 0.99), (ERROR_RATE, None)}
+    assert by[ttft, 0.99].vs_baseline_rel == pytest.approx(1.0, abs=0.03)
+    assert math.isnan(by[ttft, 0.99].production)                       # production did not report TTFT
+    assert by[REQUEST_LATENCY, 0.9].vs_production_rel == pytest.approx(1.2 / 1.1 - 1, abs=0.02)
+    assert by[REQUEST_LATENCY, 0.9].vs_baseline_abs == pytest.approx(by[REQUEST_LATENCY, 0.9].canary
+                                                                     - by[REQUEST_LATENCY, 0.9].baseline)
+    assert by[ERROR_RATE, None].vs_baseline_abs == pytest.approx(0.005)
+    assert by[ERROR_RATE, None].vs_production_abs == pytest.approx(0.01)
+    d = v.to_dict()["deltas"]
+    assert d[-1]["series"] == ERROR_RATE and d[-1]["vs_baseline_rel"] is None   # NaN -> null in JSON
+    # guards still show the deltas
+    g = assess({"canary": VariantData(c.histograms, 20000.0, 200.0, ready=False), "baseline": b}, P)
+    assert g.guard == "not_ready" and len(g.deltas) == 5
+
+
+def test_policy_metrics_lists_what_a_source_must_fetch():
+    assert P.metrics == (REQUEST_LATENCY, "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds",
+                         "sits_e2e_request_latency_seconds")
+    only = Policy(checks=(MetricCheck("sits_inter_token_latency_seconds", quantile=0.99, max_rel_delta=0.1),),
+                  report_metrics=())
+    assert only.metrics == (REQUEST_LATENCY, "sits_inter_token_latency_seconds")
