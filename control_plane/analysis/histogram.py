@@ -100,7 +100,7 @@ class HistogramSnapshot:
 
     def quantiles(self, qs: Sequence[float]) -> list[float]:
         """quantile(q) for each q in `qs`, sharing the monotonicity pass."""
-        if len(self.bounds) >= 2 and all(0.0 <= q <= 1.0 for q in qs):
+        if len(self.bounds) >= 2 and qs and min(qs) >= 0.0 and max(qs) <= 1.0:
             return quantiles_sorted(qs, self.bounds, self.counts)
         return [self.quantile(q) for q in qs]
 

@@ -44,7 +44,8 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
 
 def quantile_sorted(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
     """The same, for 0 <= q <= 1 and strictly ascending `bounds` (>= 2, last +Inf): skips sorting and coalescing."""
-    return _quantile_monotonic(q, bounds, monotonic(counts))
+    counts = monotonic(counts)
+    return _quantile_monotonic(q, bounds, counts, _no_nan(counts))
 
 
 def monotonic(counts: Sequence[float]) -> Sequence[float]:
@@ -64,15 +65,21 @@ def monotonic(counts: Sequence[float]) -> Sequence[float]:
 def quantiles_sorted(qs: Sequence[float], bounds: Sequence[float], counts: Sequence[float]) -> list[float]:
     """Several quantiles (each 0 <= q <= 1) of one sorted layout, making the counts monotonic once."""
     counts = monotonic(counts)
-    return [_quantile_monotonic(q, bounds, counts) for q in qs]
+    no_nan = _no_nan(counts)
+    return [_quantile_monotonic(q, bounds, counts, no_nan) for q in qs]
 
 
-def _quantile_monotonic(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+def _no_nan(counts: Sequence[float]) -> bool:
+    total = sum(counts)
+    return total == total  # an inf - inf NaN only sends us down the literal search, which is also right
+
+
+def _quantile_monotonic(q: float, bounds: Sequence[float], counts: Sequence[float], no_nan: bool) -> float:
     observations = counts[-1]
     if observations == 0:
         return NAN
     rank = q * observations
-    b = _search(counts, rank)
+    b = bisect_left(counts, rank, 0, len(counts) - 1) if no_nan else _search(counts, rank)
     if b == len(bounds) - 1:
         return bounds[-2]
     if b == 0 and bounds[0] <= 0:
@@ -86,12 +93,8 @@ def _quantile_monotonic(q: float, bounds: Sequence[float], counts: Sequence[floa
 
 
 def _search(counts: list[float], rank: float) -> int:
-    """Go's sort.Search(len(counts)-1, counts[i] >= rank): smallest such i, or len-1 if none."""
-    n = len(counts) - 1
-    total = sum(counts)
-    if total == total:  # no NaN (an inf - inf NaN only sends us down the literal path, which is also right)
-        return bisect_left(counts, rank, 0, n)
-    lo, hi = 0, n  # NaN counts break bisect's total order; replay Go's binary search literally
+    """Go's sort.Search(len(counts)-1, counts[i] >= rank), replayed literally: NaN counts break bisect's order."""
+    lo, hi = 0, len(counts) - 1
     while lo < hi:
         mid = (lo + hi) // 2
         if not counts[mid] >= rank:
