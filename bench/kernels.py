@@ -217,6 +217,54 @@ def fp8_gemm(res):
     res["fp8_gemm"] = row
 
 
+def sweeps(res):
+    """Variants of the memory-bound kernels, timed one by one (what the autotuner picks from, and split counts)."""
+    import torch
+    import triton
+
+    from kernels import quantize_weight
+    from kernels import linear as lin
+    from kernels.paged_decode_attention import paged_decode_attention
+    rows = []
+    for n, k in [(14336, 4096), (4096, 14336)]:
+        qw = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, "int8")
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            args = (x, qw.qweight, qw.scale, qw.scale, out, m, n, k, x.stride(0), qw.qweight.stride(0), out.stride(0))
+            variants = []
+            if m <= lin.GEMV_MAX_M:
+                for c in lin._GEMV:
+                    kw = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                    variants.append((f"gemv {c.kwargs} w{c.num_warps} s{c.num_stages}", lambda kw=kw: lin._linear_gemv_kernel[
+                        (triton.cdiv(n, kw["BLOCK_N"]),)](*args, HAS_BIAS=False, BLOCK_M=triton.next_power_of_2(m), **kw)))
+            for c in lin._SMALL_M:
+                kw = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                variants.append((f"dot {c.kwargs} w{c.num_warps} s{c.num_stages}", lambda kw=kw: lin._linear_kernel[
+                    (triton.cdiv(m, kw["BLOCK_M"]) * triton.cdiv(n, kw["BLOCK_N"]),)](
+                        *args, HAS_BIAS=False, DOT_F32=False, DOT_PRECISION="tf32", **kw)))
+            for name, fn in variants:
+                try:
+                    ms = bench(fn)
+                    rows.append({"case": f"int8 [{n}x{k}] M={m}", "variant": name, "us": 1e3 * ms,
+                                 "tbs": (n * k + 4 * n) / ms / 1e9})
+                except Exception as e:  # noqa: BLE001
+                    rows.append({"case": f"int8 [{n}x{k}] M={m}", "variant": name, "error": str(e)[:100]})
+    for b, s, splits in ((1, 32768, (8, 16, 32, 64, 128)), (64, 4096, (1, 2, 4))):
+        kc, vc, tables = paged([s] * b, 8, 128, torch.bfloat16, seed=1)
+        q = torch.randn(b, 32, 128, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        for sp in splits:
+            ms = bench(lambda: paged_decode_attention(q, kc, vc, tables, lens, 128 ** -0.5, num_splits=sp))
+            rows.append({"case": f"decode B{b} ctx{s}", "variant": f"splits={sp}", "us": 1e3 * ms,
+                         "tbs": 2 * b * s * 8 * 128 * 2 / ms / 1e9})
+        del kc, vc
+    res["sweeps"] = rows
+    for r in rows:
+        print(f"{r['case']:28s} {r['variant']:70s} {r.get('us', float('nan')):8.1f} us {r.get('tbs', 0):6.2f} TB/s "
+              f"{r.get('error', '')}")
+
+
 def verdicts(res) -> list[tuple[str, str, bool | None]]:
     """(target, measured, met) per issue-4 target."""
     out = []
@@ -309,7 +357,7 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", type=Path, help="don't measure; render these results")
     ap.add_argument("--notes", type=Path, help="a file whose text is appended to the section")
     ap.add_argument("--quick", action="store_true", help="only the shapes with targets")
-    ap.add_argument("--only", default="", help="comma list of: roofline,prefill,decode,elementwise,gemv,fp8")
+    ap.add_argument("--only", default="", help="comma list of: roofline,prefill,decode,elementwise,gemv,fp8,sweeps")
     args = ap.parse_args(argv)
     if args.from_json:
         res = json.loads(args.from_json.read_text())
@@ -325,7 +373,8 @@ def main(argv=None) -> int:
                                                            "fp8"}
         steps = [("roofline", lambda: roofline(res)), ("prefill", lambda: prefill(res, args.quick)),
                  ("decode", lambda: decode(res, args.quick)), ("elementwise", lambda: elementwise(res)),
-                 ("gemv", lambda: int8_gemv(res, args.quick)), ("fp8", lambda: fp8_gemm(res))]
+                 ("gemv", lambda: int8_gemv(res, args.quick)), ("fp8", lambda: fp8_gemm(res)),
+                 ("sweeps", lambda: sweeps(res))]
         for name, step in steps:
             if name in only:
                 try:
