@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -49,8 +50,8 @@ class KubernetesConfig:
     request_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not self.namespace or not m.label_value(self.namespace) == self.namespace:
-            raise DeployError(f"namespace {self.namespace!r} is not a valid namespace name")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace or ""):
+            raise DeployError(f"namespace {self.namespace!r} is not a valid namespace name (a DNS-1123 label)")
         if self.traffic not in ("replicas", "httproute"):
             raise DeployError(f"traffic must be 'replicas' or 'httproute', got {self.traffic!r}")
         if self.traffic == "httproute" and not self.gateway:

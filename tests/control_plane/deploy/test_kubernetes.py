@@ -335,6 +335,8 @@ def test_config_validation():
         KubernetesConfig(traffic="httproute")
     with pytest.raises(DeployError, match="traffic"):
         KubernetesConfig(traffic="mesh")
+    with pytest.raises(DeployError, match="namespace"):
+        KubernetesConfig(namespace="Prod_NS")
     with pytest.raises(DeployError, match="role"):
         VariantSpec(service=SVC, role="gray", kernels="torch")
     with pytest.raises(DeployError, match="DNS label"):
