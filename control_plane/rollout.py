@@ -205,6 +205,8 @@ class Rollout:
         if not self.canary_kernels or not self.production_kernels:
             raise ValueError("canary_kernels and production_kernels must name kernel sets")
         object.__setattr__(self, "phase", Phase(self.phase))
+        if self.paused_from is not None:
+            object.__setattr__(self, "paused_from", Phase(self.paused_from))
 
     @property
     def active(self) -> bool:

@@ -82,6 +82,9 @@ class Policy:
             raise PolicyError("steps must be integer percents in (0, 100], e.g. (5, 10, 25, 50, 100)")
         if any(a >= b for a, b in zip(steps, steps[1:])):
             raise PolicyError("steps must be strictly increasing")
+        if steps[0] >= 100:
+            raise PolicyError("steps need at least one step below 100 % (the canary is analysed next to a baseline "
+                              "before promotion)")
         object.__setattr__(self, "steps", steps)
         checks = tuple(c if isinstance(c, MetricCheck) else MetricCheck(**c) for c in self.checks)
         if not checks:

@@ -15,7 +15,7 @@ def test_defaults_match_the_issue():
 
 @pytest.mark.parametrize("kwargs,field", [
     (dict(steps=()), "steps"), (dict(steps=(10, 5)), "increasing"), (dict(steps=(0, 50)), "steps"),
-    (dict(steps=(5, 101)), "steps"), (dict(check_interval_s=0), "check_interval_s"), (dict(warmup_s=-1), "warmup_s"),
+    (dict(steps=(5, 101)), "steps"), (dict(steps=(100,)), "below 100"), (dict(check_interval_s=0), "check_interval_s"), (dict(warmup_s=-1), "warmup_s"),
     (dict(failure_limit=0), "failure_limit"), (dict(min_samples=1.5), "min_samples"),
     (dict(on_inconclusive="abort"), "on_inconclusive"), (dict(compare_to="canary"), "compare_to"),
     (dict(auto_promote="yes"), "auto_promote"), (dict(z_fail=0), "z_fail"), (dict(max_error_rate=2), "max_error_rate"),
