@@ -107,7 +107,9 @@ def _latency(check: MetricCheck, series: str, c: VariantData, t: VariantData, pr
     hc, ht = c.histograms[series], t.histograms[series]
     q, thr = check.quantile, check.max_rel_delta
     n_c, n_t = hc.total, ht.total
-    need = max(policy.min_samples, math.ceil(policy.min_tail_samples / (1.0 - q)))
+    # below z^2 q / (1 - q) observations the upper bound's rank q + z s passes 1: the histogram cannot bound it
+    z = max(policy.z_fail, policy.z_pass)
+    need = max(policy.min_samples, math.ceil(policy.min_tail_samples / (1.0 - q)), math.ceil(z * z * q / (1 - q)) + 1)
     base = dict(check=check.name, series=series, threshold=thr, n_canary=n_c, n_target=n_t)
     if min(n_c, n_t) < need:
         return TestResult(**base, outcome=Outcome.INCONCLUSIVE, need_more=int(math.ceil(need - min(n_c, n_t))),

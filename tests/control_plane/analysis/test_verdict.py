@@ -154,3 +154,14 @@ def test_policy_metrics_lists_what_a_source_must_fetch():
     only = Policy(checks=(MetricCheck("sits_inter_token_latency_seconds", quantile=0.99, max_rel_delta=0.1),),
                   report_metrics=())
     assert only.metrics == (REQUEST_LATENCY, "sits_inter_token_latency_seconds")
+
+
+def test_sample_floor_keeps_bounds_finite():
+    # min_tail_samples=1 would allow n=100 for p99, where q + z*s > 1: the floor z^2 q / (1-q) takes over
+    loose = Policy(min_samples=10, min_tail_samples=1)
+    v = assess({"canary": var(200), "baseline": var(200)}, loose)
+    p99 = next(r for r in v.results if r.check.endswith("p99"))
+    assert p99.reason.startswith("low traffic") and p99.need_more == math.ceil(2.3 ** 2 * 0.99 / 0.01) + 1 - 200
+    v = assess({"canary": var(600), "baseline": var(600)}, loose)
+    p99 = next(r for r in v.results if r.check.endswith("p99"))
+    assert not p99.reason.startswith("low traffic") and math.isfinite(p99.ci_high)
