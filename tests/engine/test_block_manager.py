@@ -181,3 +181,13 @@ def test_random_operations_keep_refcounts_exact():
         bm.free(s)
     check_refcounts(bm, [])
     assert bm.num_free_blocks == 24
+
+
+def test_scheduler_and_block_manager_are_torch_free():
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.scheduler, engine.block_manager, engine.sequence, engine.sampling_params; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
