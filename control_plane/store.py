@@ -229,6 +229,14 @@ class Store:
                                     "LIMIT ?", (rollout_id, since_seq, limit)).fetchall()
         return [json.loads(r["evidence"]) for r in rows]
 
+    def check_summaries(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
+        """seq, at, step, weight, outcome, decision, reason of each check, without the (large) evidence."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, at, step, weight, outcome, decision, reason FROM checks "
+                                    "WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                                    (rollout_id, since_seq, limit)).fetchall()
+        return [dict(r) for r in rows]
+
     def check(self, rollout_id: str, seq: int) -> dict:
         with self._lock:
             row = self._db.execute("SELECT evidence FROM checks WHERE rollout_id = ? AND seq = ?",

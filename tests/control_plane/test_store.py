@@ -69,6 +69,8 @@ def test_full_evidence_and_outbox_round_trip(tmp_path):
     s = Store(path)                                                # restart: everything comes back from disk
     back = s.get("r1")
     assert back == r and back.data == r.data and back.policy == Policy()
+    assert s.check_summaries("r1") == [{"seq": 1, "at": t, "step": 0, "weight": 5, "outcome": "pass",
+                                        "decision": "advance", "reason": "every check passed with confidence"}]
     ev = s.check("r1", 1)
     assert ev["verdict"]["outcome"] == "pass" and ev["decision"] == "advance" and ev["source"] == "scrape"
     assert ev["queries"] == {"canary": "http://127.0.0.1:1/metrics"}
