@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -35,7 +36,8 @@ def _prompt(i: int) -> str:
 def offline(args) -> dict:
     from engine import EngineConfig, LLMEngine, SamplingParams
 
-    engine = LLMEngine(EngineConfig(model="tiny", kernels=args.kernels, device="cpu", max_num_seqs=args.max_num_seqs))
+    engine = LLMEngine(EngineConfig(model=args.model, kernels=args.kernels, device=args.device,
+                                    max_num_seqs=args.max_num_seqs))
     engine.warmup()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -47,12 +49,19 @@ def offline(args) -> dict:
         engine.step()
         step_s += time.perf_counter() - s0
         steps += 1
-    return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "step_s": step_s, "steps": steps,
-            "tokens": engine.stats().generation_tokens_total}
+    result = {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "step_s": step_s, "steps": steps,
+              "tokens": engine.stats().generation_tokens_total}
+    del engine  # free its KV cache before the server process sizes its own from free GPU memory
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
 
 
-async def _stream_one(host: str, port: int, i: int, max_tokens: int) -> dict:
-    body = json.dumps({"model": "tiny", "prompt": _prompt(i), "max_tokens": max_tokens, "temperature": 0,
+async def _stream_one(host: str, port: int, i: int, max_tokens: int, model: str = "tiny") -> dict:
+    body = json.dumps({"model": model, "prompt": _prompt(i), "max_tokens": max_tokens, "temperature": 0,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, port)
@@ -102,11 +111,11 @@ def served(args) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", args.kernels,
-                             "--device", "cpu", "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", args.model, "--kernels", args.kernels,
+                             "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
                              "--log-level", "warning", "--no-access-log"], stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + (120 if args.device == "cpu" else 600)
         while True:
             try:
                 with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
@@ -120,7 +129,7 @@ def served(args) -> dict:
         before = _scrape(url)
 
         async def run():
-            return await asyncio.gather(*(_stream_one("127.0.0.1", port, i, args.max_tokens)
+            return await asyncio.gather(*(_stream_one("127.0.0.1", port, i, args.max_tokens, args.model)
                                           for i in range(args.clients)))
 
         t0 = time.perf_counter()
@@ -152,6 +161,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kernels", default="torch")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=2, help="alternate offline/served runs; keep each one's fastest")
     args = p.parse_args()
 
@@ -166,8 +177,8 @@ def main() -> None:
     ok = sum(r["status"] == b"200" and r["tokens"] == args.max_tokens for r in srv["results"])
     print(f"# serving bench  {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {platform.processor() or ''} "
           f"{os.cpu_count()} cores  load avg {os.getloadavg()[0]:.1f}  python {platform.python_version()}")
-    print(f"clients={args.clients} max_tokens={args.max_tokens} max_num_seqs={args.max_num_seqs} "
-          f"kernels={args.kernels}; streams complete: {ok}/{args.clients}, tokens {got}/{want}")
+    print(f"model={args.model} device={args.device} clients={args.clients} max_tokens={args.max_tokens} "
+          f"max_num_seqs={args.max_num_seqs} kernels={args.kernels}; streams complete: {ok}/{args.clients}, tokens {got}/{want}")
     rows = [
         ("wall time (s)", off["wall"], srv["wall"]),
         ("engine steps", off["steps"], srv["steps"]),

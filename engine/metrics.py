@@ -115,8 +115,10 @@ class EngineMetrics:
                              eng, buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("sits_e2e_request_latency_seconds", "Time from request arrival to its last token.",
                              eng, buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("sits_queue_time_seconds", "Time from request arrival to its admission into "
-                                    "the engine's running batch (first output of the engine).",
+        # the engine API reports no scheduling timestamps: this is arrival -> start of the step that produced the
+        # first token, so for prompts longer than one step's token budget it includes the earlier prefill chunks
+        self.queue_time = Histogram("sits_queue_time_seconds", "Time from request arrival to the start of the "
+                                    "engine step that produced its first token.",
                                     eng, buckets=LATENCY_BUCKETS, registry=r)
         self.step_time = Histogram("sits_engine_step_seconds", "Wall time of one engine scheduler step.",
                                    eng, buckets=LATENCY_BUCKETS, registry=r)
