@@ -3,5 +3,3 @@ metrics sources, notifiers), the `worker` loop and the `sits-control` CLI (`cli.
 
 Importing the package imports nothing heavy; pick the module you need (e.g. `from control_plane.worker import Worker`).
 """
-
-__all__ = ["analysis", "rollout", "store", "worker", "cli", "demo", "adapters"]
