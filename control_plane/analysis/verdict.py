@@ -5,9 +5,9 @@ Checks, in order:
       above policy.max_error_rate (with >= min_error_samples requests);
   no canary or target data, or target not ready -> INCONCLUSIVE (no data is never a pass);
   per MetricCheck and series: relative delta of the quantile with order-statistic bounds (stats.py);
-      FAIL when canary_lower(z_fail) > (1 + threshold) * target_upper(z_fail), PASS when
-      canary_upper(z_pass) <= (1 + threshold) * target_lower(z_pass), else INCONCLUSIVE with about how many more
-      requests per variant would decide it;
+      FAIL when canary_lower(z_fail) > (1 + threshold) * target_upper(z_fail), PASS when the ratio's upper bound
+      at z_pass (half-widths in quadrature) <= 1 + threshold, else INCONCLUSIVE with about how many more requests
+      per variant would decide it;
   error rate: canary - target with an Agresti-Caffo interval, same rule.
 Overall: any FAIL -> FAIL; every check PASS -> PASS; else INCONCLUSIVE.
 """
