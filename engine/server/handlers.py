@@ -260,20 +260,27 @@ async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asynci
 
     if chat:
         yield chunk(None, None, role=True)
-    while True:
-        item = await queue.get()
-        if isinstance(item, Rejected):
-            tracker.close(error=str(item.error))
-            yield sse_event(dumps(error_body(503, f"the request was interrupted: {item.error}")).encode())
-            return
-        tracker.on_output(item)
-        out = item.out
-        if out.finished:
+    finished = False
+    while not finished:
+        items = [await queue.get()]
+        while not queue.empty():  # the loop fell behind the engine: send what piled up as one chunk
+            items.append(queue.get_nowait())
+        text: list[str] = []
+        for item in items:
+            if isinstance(item, Rejected):
+                tracker.close(error=str(item.error))
+                if any(text):
+                    yield chunk("".join(text), None)
+                yield sse_event(dumps(error_body(503, f"the request was interrupted: {item.error}")).encode())
+                return
+            tracker.on_output(item)
+            text.append(item.out.new_text)
+            finished = item.out.finished
+        if finished:
             tracker.close()  # before the last yield: a client that stops reading now still counts as served
-            yield chunk(out.new_text, out.finish_reason)
-            break
-        if out.new_text:
-            yield chunk(out.new_text, None)
+            yield chunk("".join(text), tracker.finish_reason)
+        elif any(text):
+            yield chunk("".join(text), None)
     if greq.include_usage:
         yield sse_event(dumps({**head, "choices": [], "usage": tracker.usage()}).encode())
     yield SSE_DONE
