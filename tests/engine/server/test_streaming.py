@@ -44,8 +44,8 @@ async def _events(items, *, fill_first: bool):
 
 
 def _texts(events):
-    return [json.loads(e[6:])["choices"][0]["text"] for e in events if e.startswith(b"data: {") and
-            json.loads(e[6:])["choices"]]
+    msgs = [json.loads(e[6:]) for e in events if e.startswith(b"data: {")]
+    return [m["choices"][0]["text"] for m in msgs if m.get("choices")]
 
 
 def test_piled_up_outputs_are_coalesced():
