@@ -106,7 +106,13 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("prompt must not be empty", "prompt")
-            return self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt)
+            if not ids:
+                raise InvalidRequestError("prompt encodes to no tokens", "prompt")
+            if max(ids) >= self.model_config.vocab_size:
+                raise InvalidRequestError(f"the tokenizer produced token id {max(ids)}, outside the model's "
+                                          f"vocabulary of {self.model_config.vocab_size}", "prompt")
+            return ids
         if not isinstance(prompt, (list, tuple)) or not prompt:
             raise InvalidRequestError("prompt must be a non-empty string or a non-empty list of token ids", "prompt")
         vocab = self.model_config.vocab_size
