@@ -1,0 +1,156 @@
+"""End to end on this machine: the real LocalDeployer (engine processes behind the weighted router), load through the
+router, the real worker, store and analysis. A kernel version with injected latency rolls back on its own and a good
+one is promoted: with direct scrape, and with the Prometheus source against a real Prometheus scraping the variants."""
+import json
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from control_plane.adapters.scrape import ScrapeSource
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.demo import LoadGenerator
+from control_plane.rollout import Phase
+from control_plane.store import Store
+from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
+
+SVC = "e2e"
+# as short as the statistics allow: one step at 50 %, a check every 3 s, P90 and the error rate
+FAST = Policy(steps=(50,), check_interval_s=3.0, warmup_s=1.0,
+              checks=(MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
+                      MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
+              min_samples=60, min_tail_samples=2, failure_limit=2, inconclusive_limit=40,
+              on_inconclusive="rollback", max_duration_s=240.0, ready_timeout_s=240.0, min_error_samples=60)
+SLOW = ("--fault-latency-ms", "300")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Production of service e2e behind the router, with 30 requests/s of load through it."""
+    d = LocalDeployer(LocalConfig(workdir=str(tmp_path_factory.mktemp("variants")), cpu_threads=1,
+                                  ready_timeout_s=240))
+    d.deploy(VariantSpec(SVC, "production", "torch"))
+    load = LoadGenerator(d.router_url(SVC), rate=30, threads=12, max_tokens=2).start()
+    yield d, load
+    load.stop()
+    d.set_weights(SVC, {"production": 100})
+    d.close()
+
+
+def run(store, worker, args, timeout=180.0):
+    r = start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_args=args))
+    worker.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = store.get(r.id)
+            if not got.active and not store.pending_actions(r.id):
+                return got
+            time.sleep(0.25)
+        raise AssertionError(f"rollout still {store.get(r.id).phase.value} after {timeout}s: "
+                             f"{[e['message'] for e in store.events(r.id)]}")
+    finally:
+        worker.stop()
+
+
+def assert_evidence(store, r, final):
+    checks = store.checks(r.id)
+    assert [c["seq"] for c in checks] == list(range(1, r.checks + 1))
+    last = checks[-1]
+    p90 = next(x for x in last["verdict"]["results"] if x["check"] == "http_request_duration_seconds:p90")
+    n_canary = last["variants"]["canary"]["requests"]
+    assert p90["n_canary"] >= FAST.min_samples and n_canary >= p90["n_canary"]
+    assert sum(last["variants"]["canary"]["histograms"][p90["series"]]["counts"][-1:]) == p90["n_canary"]
+    if final is Phase.ROLLED_BACK:
+        assert last["decision"] == "rollback" and p90["outcome"] == "fail"
+        assert p90["canary"] > p90["target"] + 0.2 and p90["ci_low"] > 0.25   # 300 ms injected, seen with confidence
+    else:
+        assert last["decision"] == "promote" and p90["outcome"] == "pass" and p90["ci_high"] <= 0.25
+    return last
+
+
+def assert_deployed(deployer, final):
+    st = deployer.status(SVC)
+    assert set(st) == {"production"} and st["production"].ready     # canary and baseline gone either way
+    assert "kernels torch" in st["production"].message and "weight 100%" in st["production"].message
+
+
+def test_scrape_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path):
+    deployer, load = world
+    store, source = Store(str(tmp_path / "s.db")), ScrapeSource()
+    mk = lambda: Worker(store, deployer, source, config=WorkerConfig(interval_s=1.0))   # noqa: E731
+    bad = run(store, mk(), SLOW)
+    assert bad.phase is Phase.ROLLED_BACK, bad.reason
+    last = assert_evidence(store, bad, Phase.ROLLED_BACK)
+    assert last["source"] == "scrape" and last["queries"]["canary"].startswith("GET http://127.0.0.1:")
+    assert_deployed(deployer, Phase.ROLLED_BACK)
+    good = run(store, mk(), ())
+    assert good.phase is Phase.SUCCEEDED, good.reason
+    assert_evidence(store, good, Phase.SUCCEEDED)
+    assert_deployed(deployer, Phase.SUCCEEDED)
+    assert load.summary(3.0)["errors"] == 0
+    source.close()
+    store.close()
+
+
+class Discovery:
+    """Service discovery for the test Prometheus (what Kubernetes SD does in a cluster): the variants' endpoints,
+    written to a file_sd file whenever the deployer's status changes."""
+
+    def __init__(self, deployer, path: Path):
+        self.deployer, self.path, self._stop = deployer, path, threading.Event()
+        self.write()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def write(self):
+        targets = sorted(u.removeprefix("http://") for st in self.deployer.status(SVC).values() for u in st.endpoints)
+        text = json.dumps([{"targets": targets, "labels": {}}])
+        if not self.path.exists() or self.path.read_text() != text:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+
+    def _run(self):
+        while not self._stop.wait(0.3):
+            self.write()
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(5)
+
+
+def test_prometheus_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path, prometheus_factory):
+    deployer, _ = world
+    prom = prometheus_factory()
+    sd = tmp_path / "targets.json"
+    disco = Discovery(deployer, sd)
+    cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
+    Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
+                                     "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
+                                         {"files": [str(sd)], "refresh_interval": "1s"}]}]}))
+    urllib.request.urlopen(urllib.request.Request(prom.url + "/-/reload", method="POST"), timeout=10).close()
+    prom.wait_for('up{job="sits"}', lambda r: len(r) == 1 and r[0]["value"][1] == "1", timeout=30)
+    store = Store(str(tmp_path / "p.db"))
+    source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0))
+    mk = lambda: Worker(store, deployer, source, config=WorkerConfig(interval_s=2.0))   # noqa: E731
+    try:
+        bad = run(store, mk(), SLOW)
+        assert bad.phase is Phase.ROLLED_BACK, bad.reason
+        last = assert_evidence(store, bad, Phase.ROLLED_BACK)
+        assert last["source"] == "prometheus" and "increase(" in last["queries"]["canary:" + REQUEST_LATENCY]
+        assert_deployed(deployer, Phase.ROLLED_BACK)
+        good = run(store, mk(), ())
+        assert good.phase is Phase.SUCCEEDED, good.reason
+        assert_evidence(store, good, Phase.SUCCEEDED)
+        assert_deployed(deployer, Phase.SUCCEEDED)
+    finally:
+        disco.stop()
+        source.close()
+        store.close()
