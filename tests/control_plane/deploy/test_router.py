@@ -147,3 +147,13 @@ def test_client_disconnect_mid_stream_releases_the_request(router):
         time.sleep(0.05)
     assert router.in_flight("baseline") == 0
     assert router_counts(router)[("baseline", "weighted", "499")] == 1
+
+
+def test_replicas_of_a_variant_share_its_traffic(router, upstreams):
+    # two "replicas" of production (here: the production and baseline upstream processes)
+    router.set_backends("production", [upstreams["production"], upstreams["baseline"]])
+    router.set_weights({"production": 100})
+    with httpx.Client(base_url=router.url) as c:
+        seen = collections.Counter(c.get("/echo").json()["name"] for _ in range(10))
+    assert seen == {"production": 5, "baseline": 5}
+    assert router_counts(router)[("production", "weighted", "200")] == 10
