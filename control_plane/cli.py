@@ -276,7 +276,8 @@ def cmd_demo(a) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sits-control", description="SITS control plane: gray releases of kernel sets.")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                   help="default: info for `worker`, warning otherwise")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="run two real rollouts locally (CPU, tiny model): one rolls back, one is promoted")
@@ -339,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = a.log_level or ("info" if a.cmd == "worker" else "warning")
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return a.fn(a)
     except CLIError as e:

@@ -351,6 +351,9 @@ class Worker:
     def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
         if "production" not in self.deployer.status(r.service):
             self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
+            router_url = getattr(self.deployer, "router_url", None)
+            log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
+                     f"; router at {router_url(r.service)}" if router_url else "")
 
     def _execute(self, r: Rollout, spec: DeploySpec, action: Action) -> None:
         if isinstance(action, Deploy):
