@@ -75,7 +75,8 @@ class ModelRunner:
     def _auto_num_blocks(self, max_model_len: int) -> int:
         min_blocks = -(-max_model_len // self.block_size)
         if self.device.type != "cuda":
-            return max(CPU_KV_CACHE_BYTES // self.block_bytes(), min_blocks)
+            return max(min(CPU_KV_CACHE_BYTES // self.block_bytes(), self.config.max_num_seqs * min_blocks),
+                       min_blocks)
         free, total = torch.cuda.mem_get_info(self.device)
         mc, c = self.model_config, self.config
         elt = torch.empty(0, dtype=self.dtype).element_size()
@@ -86,7 +87,9 @@ class ModelRunner:
         act += mc.num_attention_heads * t * max_model_len * 4 * 2
         act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
         budget = total * GPU_MEMORY_UTILIZATION - (total - free) - act
-        return max(int(budget // self.block_bytes()), min_blocks)
+        # never more than every sequence slot at full length needs (a tiny model would otherwise take the GPU)
+        cap = c.max_num_seqs * min_blocks
+        return max(min(int(budget // self.block_bytes()), cap), min_blocks)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, int, dict | None]]:

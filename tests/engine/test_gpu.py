@@ -28,10 +28,12 @@ def test_tiny_on_cuda_matches_cpu():
     assert (first_logits("cuda", "bfloat16", prompt) - ref).abs().max() < 0.1
 
 
-def test_auto_device_and_dtype():
-    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=16))
+def test_auto_device_dtype_and_kv_blocks():
+    engine = LLMEngine(EngineConfig(model="tiny", max_num_seqs=8))
     assert engine.device.type == "cuda" and engine.dtype == torch.bfloat16
     assert engine.model_runner.kv_cache.is_cuda
+    # auto KV size: capped at what 8 sequences of max_model_len need, not all the GPU memory
+    assert engine.stats().num_total_blocks == 8 * engine.max_model_len // 64
 
 
 @pytest.mark.slow

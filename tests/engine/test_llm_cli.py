@@ -81,3 +81,13 @@ def test_cli_errors_are_one_line(capsys):
     assert "unknown model 'no-such-model'" in err and "Traceback" not in err
     assert main(["generate", "--max-tokens", "0", "hi"]) == 2
     assert "max_tokens" in capsys.readouterr().err
+
+
+def test_auto_kv_cache_size_on_cpu():
+    from engine import EngineConfig, LLMEngine
+
+    small = LLMEngine(EngineConfig(model="tiny", device="cpu", max_num_seqs=2))
+    assert small.stats().num_total_blocks == 2 * small.max_model_len // 64  # 2 full-length sequences
+    big = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=512))
+    per_block = 2 * 4 * 64 * 2 * 64 * 4  # K+V, 4 layers, 64 tokens, 2 kv heads, head_dim 64, fp32
+    assert big.stats().num_total_blocks == 256 * 2**20 // per_block  # the CPU budget
