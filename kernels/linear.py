@@ -148,8 +148,10 @@ _FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128
 _GEMV = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
          for bn, bk, w, st in ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3), (4, 1024, 4, 4))]
 GEMV_MAX_M = 4
-_linear_gemv = triton.autotune(_GEMV, key=["N", "K", "BLOCK_M"])(_linear_gemv_kernel)
-_linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"])(_linear_kernel)
+# these run for tens of microseconds: candidates are timed inside a CUDA graph, or Python launch overhead (not the
+# kernel) would decide the winner
+_linear_gemv = triton.autotune(_GEMV, key=["N", "K", "BLOCK_M"], use_cuda_graph=True)(_linear_gemv_kernel)
+_linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_linear_kernel)
 _linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_linear_kernel)
 _linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 
