@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from control_plane.adapters.deploy import Deployer, VariantSpec, VariantStatus
+from control_plane.adapters.deploy import Deployer, DeployError, VariantSpec, VariantStatus
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, Policy, VariantData
@@ -117,10 +117,16 @@ def start_rollout(store: Store, service: str, canary_kernels: str, production_ke
                   rollout_id: str | None = None) -> Rollout:
     """Create a PENDING rollout (the worker takes it from there). StoreConflictError if the service has one."""
     now = time.time() if now is None else now
+    spec = spec or DeploySpec()
+    try:   # the deployer would refuse these later (service must be a DNS label): refuse them now
+        spec.variant(service, "canary", canary_kernels)
+        spec.variant(service, "production", production_kernels)
+    except DeployError as e:
+        raise ValueError(str(e)) from None
     rid = rollout_id or f"{service}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
     side = SideTables(store.path) if store.path != ":memory:" else None
     if side is not None:   # written first: an orphan spec row is harmless, a rollout without its spec is not
-        side.put_spec(rid, spec or DeploySpec())
+        side.put_spec(rid, spec)
         side.close()
     return store.create(Rollout(rid, service, canary_kernels, production_kernels, policy or Policy(),
                                 created_at=now, phase_since=now))

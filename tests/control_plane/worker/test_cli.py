@@ -1,0 +1,88 @@
+"""`sits-control rollout ...` against a real store, with the worker (in-memory deployer) applying what it queues."""
+import json
+
+import pytest
+
+from control_plane.cli import main
+from control_plane.rollout import Phase
+from control_plane.store import Store
+from control_plane.worker import Worker
+
+from .support import CannedSource, InMemoryDeployer
+
+POLICY = {"steps": [50], "check_interval_s": 10, "warmup_s": 0,
+          "checks": [{"metric": "http_request_duration_seconds", "quantile": 0.9, "max_rel_delta": 0.1},
+                     {"metric": "error_rate", "max_abs_delta": 0.01}]}
+
+
+def cli(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
+    db, pol = str(tmp_path / "s.db"), tmp_path / "p.json"
+    pol.write_text(json.dumps(POLICY))
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v2", "--production-kernels", "v1",
+                  "--policy", str(pol), "--store", db, "--args", "--seed", "7")
+    assert rc == 0 and "created for service chat" in out
+    rid = out.split()[1]
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v3", "--store", db)
+    assert rc == 2 and "active rollout" in out
+    rc, out = cli(capsys, "rollout", "list", "--store", db)
+    assert rc == 0 and rid in out and "pending" in out
+
+    deployer, t = InMemoryDeployer(), [0.0]
+    store = Store(db)
+    w = Worker(store, deployer, CannedSource(), clock=lambda: t[0])
+
+    def tick():
+        t[0] += 5
+        return w.reconcile_rollout(rid).phase
+    assert [tick(), tick()] == [Phase.INITIALIZING, Phase.PROGRESSING]
+    assert ("deploy", "chat", "canary", "v2", ("--seed", "7")) in deployer.calls
+    assert cli(capsys, "rollout", "pause", rid, "--store", db, "--by", "alice")[0] == 0
+    assert tick() is Phase.PAUSED
+    assert cli(capsys, "rollout", "resume", rid, "--store", db)[0] == 0
+    phases = [tick() for _ in range(4)]
+    assert phases[0] is Phase.PROGRESSING and phases[-1] is Phase.SUCCEEDED
+    rc, out = cli(capsys, "rollout", "show", rid, "--store", db)
+    assert rc == 0 and "phase succeeded" in out and "paused by alice" in out
+    assert "request latency p90 /v1/completions" in out and "PASS -> promote" in out and "<= +10.0 %" in out
+    rc, out = cli(capsys, "rollout", "show", rid, "--json", "--store", db)
+    doc = json.loads(out)
+    assert doc["rollout"]["phase"] == "succeeded" and doc["checks"][-1]["decision"] == "promote"
+    assert all(a["status"] == "done" for a in doc["actions"])
+    rc, out = cli(capsys, "rollout", "abort", rid, "--store", db)
+    assert rc == 2 and "already succeeded" in out
+    w.side.close()
+    store.close()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["rollout", "show", "nope"], "no rollout 'nope'"),
+    (["rollout", "pause", "nope"], "no rollout 'nope'"),
+    (["rollout", "start", "--service", "Chat!", "--kernels", "v2"], "service"),
+    (["rollout", "start", "--service", "chat", "--kernels", "v2", "--replicas", "0"], "replicas"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    db = str(tmp_path / "s.db")
+    Store(db).close()
+    rc, out = cli(capsys, *argv, "--store", db) if argv[1] != "start" else cli(capsys, *argv[:2], "--store", db,
+                                                                               *argv[2:])
+    assert rc == 2 and message in out and "Traceback" not in out
+
+
+def test_bad_policy_file_and_missing_store(tmp_path, capsys):
+    pol = tmp_path / "p.yaml"
+    pol.write_text("steps: [10, 5]\n")
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v2", "--policy", str(pol),
+                  "--store", str(tmp_path / "s.db"))
+    assert rc == 2 and "strictly increasing" in out
+    pol.write_text("stepz: [10]\n")
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v2", "--policy", str(pol),
+                  "--store", str(tmp_path / "s.db"))
+    assert rc == 2 and "unknown policy field" in out
+    rc, out = cli(capsys, "rollout", "list", "--store", str(tmp_path / "missing.db"))
+    assert rc == 2 and "no store at" in out
