@@ -97,6 +97,11 @@ async def _models(request: Request) -> Response:
 
 
 async def _healthz(request: Request) -> Response:
+    # liveness: OK while loading and serving; 503 once the engine failed to load or its loop crashed (a restart
+    # is the only way out, and an orchestrator's liveness probe does exactly that)
+    runner: EngineRunner = request.app.state.sits.runner
+    if runner.load_error:
+        return JSONResponse({"status": "failed", "error": runner.load_error}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

@@ -120,8 +120,10 @@ def _build_id() -> str:
         return "sits dev"
 
 
-def build_app(config: ServerConfig, *, span_exporter: Any = None) -> Any:
-    """The ASGI app for `config` (the engine loads in the background when the app starts)."""
+def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory: Any = None) -> Any:
+    """The ASGI app for `config` (the engine loads in the background when the app starts).
+
+    span_exporter: send spans there instead of the configured exporter; engine_factory(EngineConfig) -> LLMEngine."""
     import kernels
     from engine.metrics import EngineMetrics, MetricLabels
     from engine.server.app import Faults, ServerState, create_app
@@ -144,7 +146,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None) -> Any:
     def make_engine() -> Any:
         from engine import LLMEngine
 
-        return LLMEngine(engine_config)
+        return (engine_factory or LLMEngine)(engine_config)
 
     runner = EngineRunner(make_engine, metrics=metrics, warmup=config.warmup,
                           fault_token_latency_s=faults.token_latency_s)

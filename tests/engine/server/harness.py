@@ -31,13 +31,13 @@ def http(method: str, url: str, body: dict | bytes | None = None, headers: dict 
 
 
 class RunningServer:
-    def __init__(self, config: ServerConfig, *, memory_exporter: bool = True):
+    def __init__(self, config: ServerConfig, *, memory_exporter: bool = True, engine_factory=None):
         """memory_exporter: spans go to `self.exporter` (in memory) instead of the exporter `config` names."""
         import uvicorn
 
         self.config = config
         self.exporter = InMemorySpanExporter() if memory_exporter else None
-        self.app = build_app(config, span_exporter=self.exporter)
+        self.app = build_app(config, span_exporter=self.exporter, engine_factory=engine_factory)
         self.sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn_config(self.app, config))

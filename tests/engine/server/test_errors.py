@@ -1,6 +1,7 @@
 """Bad input gets a 4xx OpenAI-style error body (never a stack trace); a full waiting queue gets 429 + Retry-After."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -62,9 +63,19 @@ def test_oversized_body_is_refused_before_it_is_read(server):
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 999999999\r\n\r\n{")
-        reply = sock.recv(65536)
-    head, _, body = reply.partition(b"\r\n\r\n")
+        head, body = _read_response(sock)
     assert head.split()[1] == b"413" and json.loads(body)["error"]["message"].startswith("request body of")
+
+
+def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+        head, sep, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
+        if sep and length and len(body) >= int(length.group(1)):
+            return head, body
+    raise AssertionError(f"incomplete response: {data!r}")
 
 
 def test_openai_client_raises_typed_errors(server):
@@ -116,7 +127,7 @@ def test_engine_that_fails_to_load_is_never_ready(serve, tmp_path):
                 break
             assert time.monotonic() < deadline, body
             time.sleep(0.05)
-        assert http("GET", s.url + "/healthz")[0] == 200
+        assert http("GET", s.url + "/healthz")[0] == 503
         status, headers, body = http("POST", s.url + "/v1/completions", OK)
         assert status == 503 and "retry-after" in {k.lower() for k in headers}
         assert json.loads(body)["error"]["type"] == "service_unavailable"
@@ -130,3 +141,37 @@ def _up(s) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_engine_crash_fails_in_flight_streams_and_readiness(tmp_path):
+    from dataclasses import replace
+
+    from engine import LLMEngine
+    from tests.engine.server.harness import BASE, RunningServer
+
+    class CrashingEngine(LLMEngine):
+        """A real engine whose step() fails once `armed` (stands in for a kernel that faults mid-run)."""
+
+        armed = False
+
+        def step(self):
+            if CrashingEngine.armed:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().step()
+
+    s = RunningServer(replace(BASE), engine_factory=CrashingEngine).wait_ready()
+    try:
+        body = {"model": "tiny", "prompt": "doomed", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=30) as c, c.stream("POST", s.url + "/v1/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")
+            CrashingEngine.armed = True
+            events = [line for line in lines if line.startswith("data: ")]
+        err = json.loads(events[-1][6:])["error"]
+        assert err["type"] == "service_unavailable" and "crashed" in err["message"]
+        status, _, body_ = http("GET", s.url + "/readyz")
+        assert status == 503 and json.loads(body_)["status"] == "failed"
+        assert http("POST", s.url + "/v1/completions", OK)[0] == 503
+        assert http("GET", s.url + "/healthz")[0] == 503  # liveness fails: only a restart helps
+    finally:
+        s.stop()

@@ -38,11 +38,11 @@ def test_flags_are_off_by_default():
 
 def test_injected_latency_shows_in_ttft_and_itl(server, serve):
     ttft0, itl0, wall0 = _means(server)
-    slow = serve(fault_latency_ms=150, fault_token_latency_ms=25)
+    slow = serve(fault_latency_ms=300, fault_token_latency_ms=50)
     ttft1, itl1, wall1 = _means(slow)
-    assert ttft1 >= 0.150 and ttft1 - ttft0 >= 0.1, (ttft0, ttft1)
-    assert itl1 >= 0.025 and itl1 - itl0 >= 0.015, (itl0, itl1)
-    assert wall1 - wall0 >= 0.150 + 5 * 0.025 * 0.8, (wall0, wall1)
+    assert ttft1 >= 0.300 and ttft1 - ttft0 >= 0.2, (ttft0, ttft1)
+    assert itl1 >= 0.050 and itl1 - itl0 >= 0.03, (itl0, itl1)
+    assert wall1 - wall0 >= 0.300 + 5 * 0.050 * 0.6, (wall0, wall1)
 
 
 def test_injected_error_rate(serve):
