@@ -9,7 +9,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException

@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import replace
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
