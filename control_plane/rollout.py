@@ -375,7 +375,16 @@ def _take_window(b: _Builder, obs: Observation) -> None:
         c = obs.variants.get("canary")
         b.set(excluded_requests=r.excluded_requests + (c.requests if c else 0.0))
         return
+    has = {role: _has_data(obs.variants.get(role)) for role in ("canary", r.policy.compare_to)}
+    if len(set(has.values())) > 1:   # the comparison is concurrent: a window with one side missing is not used
+        missing = next(role for role, ok in has.items() if not ok)
+        b.event("window", f"window [{start:.3f}, {end:.3f}] has no data from {missing}; dropped")
+        return
     b.set(data=_accumulate(r.data, obs.variants), data_since=r.data_since if r.data_since is not None else start)
+
+
+def _has_data(v: VariantData | None) -> bool:
+    return v is not None and (v.requests > 0 or any(h.total > 0 for h in v.histograms.values()))
 
 
 def _with_readiness(data: Mapping[str, VariantData], obs: Observation) -> dict[str, VariantData]:

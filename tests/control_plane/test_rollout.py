@@ -188,3 +188,13 @@ def test_observation_validation():
     assert Observation(None, 10.0).window_end == 10.0       # first poll of a source: no window yet
     with pytest.raises(ValueError, match="unknown variant role"):
         Observation(0.0, 1.0, {"shadow": VariantData()})
+
+
+def test_window_with_one_side_missing_is_dropped():
+    c = progressing(Policy(check_interval_s=60))
+    c.step(window())                                     # warm-up
+    only_canary = {"canary": window()["canary"], "baseline": VariantData()}
+    c.step(only_canary)
+    assert c.r.data == {} and "no data from baseline" in c.r.new_events[-1].message
+    c.step(window())
+    assert c.r.data["canary"].requests == c.r.data["baseline"].requests == GOOD.total
