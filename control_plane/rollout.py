@@ -17,7 +17,7 @@ promql.series_key(metric, labels), e.g. 'http_request_duration_seconds{route="/v
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import SimpleNamespace
 from typing import ClassVar, Mapping
@@ -391,7 +391,8 @@ def _with_readiness(data: Mapping[str, VariantData], obs: Observation) -> dict[s
     out = dict(data)
     for role, v in obs.variants.items():
         if role in out:
-            out[role] = replace(out[role], ready=v.ready, crashing=v.crashing)
+            d = out[role]
+            out[role] = VariantData(d.histograms, d.requests, d.errors, v.ready, v.crashing)
         else:
             out[role] = VariantData(ready=v.ready, crashing=v.crashing)
     return out
