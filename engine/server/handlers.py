@@ -38,6 +38,7 @@ class Tracker:
     first_token: float | None = None
     last_token: float | None = None
     output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     queued: bool = False
     closed: bool = False
     finish_reason: str | None = None
@@ -66,6 +67,7 @@ class Tracker:
         if item.out.finished:
             self.finish_reason = item.out.finish_reason
             self.prompt_tokens = item.out.num_prompt_tokens or self.prompt_tokens
+            self.cached_tokens = item.out.num_cached_tokens or 0
 
     def close(self, error: str | None = None, *, aborted: bool = False) -> None:
         """Account the request once: finished (finish_reason set), aborted (client gone) or failed (error)."""
@@ -87,7 +89,8 @@ class Tracker:
 
     def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.output_tokens,
-                "total_tokens": self.prompt_tokens + self.output_tokens}
+                "total_tokens": self.prompt_tokens + self.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 async def completions(request: Request) -> Response:

@@ -27,6 +27,7 @@ def test_completion_non_streaming_usage_and_length(client, server):
     assert r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (n_prompt, 12, n_prompt + 12)
     assert r.system_fingerprint.startswith("torch-")
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # shorter than one 64-token block: nothing to cache
     # greedy decoding is deterministic: the same request gives the same text
     assert _greedy(client, PROMPT, 12).choices[0].text == r.choices[0].text
 

@@ -1,5 +1,6 @@
 """Tenant and priority headers reach the engine's scheduler: priority order, and per-tenant KV limits."""
 
+import json
 import threading
 import time
 
@@ -68,3 +69,37 @@ def test_one_tenant_cannot_starve_another(serve):
     assert [st for _, st, _ in done] == [200] * 6
     assert flood_done_before <= 2, f"quiet tenant waited behind {flood_done_before} flood requests"
     assert quiet_done - t0 < max(t for _, _, t in done) - t0
+
+
+def _cached(server, prompt, priority, tenant):
+    status, _, body = http("POST", server.url + "/v1/completions",
+                           {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0},
+                           {"X-SITS-Priority": str(priority), "X-SITS-Tenant": tenant})
+    assert status == 200, body
+    return json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def _prefix_survivors(serve, hi_priority):
+    # 10 blocks of 64 tokens; byte tokenizer: a prompt of n characters is n + 1 tokens (BOS)
+    s = serve(num_kv_blocks=10, max_num_seqs=4)
+    time.sleep(max(0.0, 2.0 - (time.time() - s.state.runner.started_at)))  # scores scale with time since start
+    hi, lo = "H" * 196, "L" * 196  # 197 tokens: 3 full (cacheable) blocks + 5 tokens
+    assert _cached(s, hi, hi_priority, "gold") == 0
+    assert _cached(s, lo, 0, "bronze") == 0  # more recent than hi
+    assert _cached(s, hi, hi_priority, "gold") == 192 and _cached(s, lo, 0, "bronze") == 192  # both cached
+    # 385 + 1 tokens = 7 blocks: the 4 never-cached free blocks + 3 evicted cached ones
+    _cached(s, "P" * 384, 0, "pressure")
+    # measuring re-admits a prompt, which itself needs a block: measure the low-priority one first, so that its
+    # own allocation can only evict the pressure tenant's blocks, never hi's
+    lo_cached = _cached(s, lo, 0, "bronze")
+    return _cached(s, hi, hi_priority, "gold"), lo_cached
+
+
+def test_high_priority_prefix_survives_cache_pressure(serve):
+    assert _prefix_survivors(serve, hi_priority=3) == (192, 0)
+
+
+def test_without_priority_the_older_prefix_is_evicted(serve):
+    # control: same traffic at equal priority evicts by recency, so the older (hi) prefix goes
+    hi_cached, lo_cached = _prefix_survivors(serve, hi_priority=0)
+    assert hi_cached == 0 and lo_cached == 192
