@@ -85,3 +85,16 @@ def test_inputs_not_mutated():
     a, b = snap((1, 2, 3, 4)), snap((2, 3, 4, 5))
     b.delta(a), a.merge(b)
     assert a.counts == (1, 2, 3, 4) and b.counts == (2, 3, 4, 5)
+
+
+def test_delta_then_merge_recovers_the_newer_snapshot():
+    import random
+    rng = random.Random(3)
+    for _ in range(200):
+        per_old = [rng.randint(0, 20) for _ in B]
+        per_new = [a + rng.randint(0, 20) for a in per_old]
+        cum = lambda xs: tuple(float(sum(xs[: i + 1])) for i in range(len(xs)))  # noqa: E731
+        older, newer = snap(cum(per_old), 1.0, None), snap(cum(per_new), 3.0, None)
+        window = newer.delta(older)
+        assert older.merge(window) == newer
+        assert window.total == sum(per_new) - sum(per_old) and min(window.per_bucket()) >= 0
