@@ -349,7 +349,8 @@ def _initializing(b: _Builder, obs: Observation) -> None:
     if canary is not None and canary.crashing:
         b.go(Phase.ROLLING_BACK, "canary is crashing during start-up", "rolling_back")
     elif canary is not None and baseline is not None and canary.ready and baseline.ready:
-        b.set(started_at=b.now, observed_until=obs.window_end)
+        # the data cursor starts now at the latest: sources that query [observed_until, now] need a start
+        b.set(started_at=b.now, observed_until=obs.window_end if obs.window_end is not None else b.now)
         b.go(Phase.PROGRESSING, "canary and baseline ready")
         b.start_step(0, "first step")
     elif b.now - b.r.phase_since > b.r.policy.ready_timeout_s:
@@ -363,6 +364,8 @@ def _take_window(b: _Builder, obs: Observation) -> None:
     for err in obs.errors:
         b.event("window", f"metrics source: {err}")
     start, end = obs.window_start, obs.window_end
+    if start is None and end is not None and b.r.observed_until is None:
+        b.set(observed_until=end)   # a source's first poll: nothing to diff yet, but the cursor starts here
     if start is None or end is None or end <= start:
         return
     r = b.r

@@ -1,5 +1,6 @@
 """The rollout state machine: reconcile() stepped with a frozen clock and canned observations; phase after each step."""
 import math
+from dataclasses import replace
 from statistics import NormalDist
 
 import pytest
@@ -198,3 +199,13 @@ def test_window_with_one_side_missing_is_dropped():
     assert c.r.data == {} and "no data from baseline" in c.r.new_events[-1].message
     c.step(window())
     assert c.r.data["canary"].requests == c.r.data["baseline"].requests == GOOD.total
+
+
+def test_data_cursor_starts_even_without_a_window():
+    c = start()
+    c.t += 10
+    c.r, _ = reconcile(c.r, Observation(variants={"canary": VariantData(), "baseline": VariantData()}), c.t)
+    assert c.r.phase is Phase.PROGRESSING and c.r.observed_until == c.t     # readiness only: cursor = now
+    r = replace(c.r, observed_until=None)
+    r2, _ = reconcile(r, Observation(None, c.t + 5), c.t + 5)
+    assert r2.observed_until == c.t + 5                                      # first poll of a source
