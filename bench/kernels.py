@@ -268,11 +268,6 @@ def sweeps(res):
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             args = (x, qw.qweight, qw.scale, qw.scale, out, m, n, k, x.stride(0), qw.qweight.stride(0), out.stride(0))
             variants = []
-            if m <= lin.GEMV_MAX_M:
-                for c in lin._GEMV:
-                    kw = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-                    variants.append((f"gemv {c.kwargs} w{c.num_warps} s{c.num_stages}", lambda kw=kw: lin._linear_gemv_kernel[
-                        (triton.cdiv(n, kw["BLOCK_N"]),)](*args, HAS_BIAS=False, BLOCK_M=triton.next_power_of_2(m), **kw)))
             for c in lin._SMALL_M:
                 kw = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
                 variants.append((f"dot {c.kwargs} w{c.num_warps} s{c.num_stages}", lambda kw=kw: lin._linear_kernel[

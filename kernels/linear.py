@@ -60,35 +60,6 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_x
 
 
 @triton.jit
-def _linear_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
-    # M <= 4 (decode): no tensor cores; each program streams BLOCK_N weight rows (k contiguous, coalesced) and keeps
-    # an elementwise [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over k once at the end.
-    pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = (k0 + offs_k) < K
-        w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        acc += x[:, None, :] * w[None, :, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    y = tl.sum(acc, axis=2) * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
-    if HAS_BIAS:
-        y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
-
-
-@triton.jit
 def _quantize_fp8_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
     # one row: sx = max|x| / 448, xq = e4m3(x / sx)
     row = tl.program_id(0).to(tl.int64)
@@ -141,16 +112,12 @@ def _cfg(bm, bn, bk, w, s):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
 
 
-_SMALL_M = [_cfg(16, 16, 512, 4, 4), _cfg(16, 32, 256, 4, 4), _cfg(16, 32, 512, 4, 3), _cfg(16, 64, 256, 4, 4),
-            _cfg(16, 64, 128, 4, 5), _cfg(16, 128, 128, 4, 4)]
+# picked by the H200 sweep in BENCHMARKS.md (16-row tiles; 32-64 weight rows x 128-256 k per step)
+_SMALL_M = [_cfg(16, 32, 256, 4, 4), _cfg(16, 32, 512, 4, 3), _cfg(16, 64, 256, 4, 4), _cfg(16, 64, 128, 4, 5)]
 _LARGE_M = [_cfg(128, 128, 64, 8, 3), _cfg(64, 128, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(128, 64, 64, 4, 4)]
 _FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128, 8, 3), _cfg(128, 128, 128, 4, 4)]
-_GEMV = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-         for bn, bk, w, st in ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3), (4, 1024, 4, 4))]
-GEMV_MAX_M = 4
 # these run for tens of microseconds: candidates are timed inside a CUDA graph, or Python launch overhead (not the
 # kernel) would decide the winner
-_linear_gemv = triton.autotune(_GEMV, key=["N", "K", "BLOCK_M"], use_cuda_graph=True)(_linear_gemv_kernel)
 _linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_linear_kernel)
 _linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_linear_kernel)
 _linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
@@ -205,14 +172,7 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     args = (x2, qw, weight.scale, b, out, m, n, k, x2.stride(0), qw.stride(0), out.stride(0))
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     fixed = interpreting() or x.dtype == torch.float32 or n * k < _TUNE_MIN_WEIGHT  # no autotuning runs
-    if m <= GEMV_MAX_M:
-        if fixed:
-            _linear_gemv_kernel[(triton.cdiv(n, 16),)](*args, HAS_BIAS=has_bias, BLOCK_M=next_pow2(m), BLOCK_N=16,
-                                                       BLOCK_K=64, num_warps=4)
-        else:
-            grid = lambda c: (triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731
-            _linear_gemv[grid](*args, HAS_BIAS=has_bias, BLOCK_M=next_pow2(m))
-    elif interpreting():
+    if interpreting():
         bm, bn = (16 if m <= 16 else 32), (32 if n >= 32 else 16)
         _linear_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
             *args, HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64 if k >= 64 else 32, GROUP_M=8,

@@ -139,7 +139,7 @@ def test_paged_decode_attention_splits(dev, num_splits):
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 33])  # GEMV path (M <= 4, padded M) and tensor-core path
+@pytest.mark.parametrize("m", [1, 3, 33])  # decode-like (padded 16-row tiles) and prefill-like M
 def test_quantized_linear(dev, kind, dtype, m):
     g = torch.Generator().manual_seed(40)
     qw = quantize_weight(torch.randn(37, 100, generator=g), kind).to(dev)  # odd N and K (masked tiles)
