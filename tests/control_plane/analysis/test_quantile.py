@@ -69,6 +69,8 @@ def _random_histograms(rng: random.Random, n: int) -> list[list[tuple[float, flo
         if kind == 4:
             counts = [0.0] * len(counts)
             total = rng.choice([0.0, 0.0, 7.0])   # empty, or everything in +Inf
+        if i % 37 == 36 and counts:             # a NaN count (Go's comparisons with NaN are all false)
+            counts[rng.randrange(len(counts))] = NAN
         pairs = list(zip(bounds, counts))
         if kind != 5 or rng.random() < 0.7:       # some lack +Inf entirely
             pairs.append((INF, max(total, counts[-1] if counts else 0.0) if kind != 3 else total))
