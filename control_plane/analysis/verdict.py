@@ -63,9 +63,14 @@ class TestResult:
     vs_production: tuple[float, float] | None = None  # (delta_abs, delta_rel) when production is not the target
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__slots__}
+        def clean(v):
+            return None if isinstance(v, float) and math.isnan(v) else v
+
+        d = {k: clean(getattr(self, k)) for k in self.__slots__}
         d["outcome"] = self.outcome.value
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+        if self.vs_production is not None:
+            d["vs_production"] = [clean(x) for x in self.vs_production]
+        return d
 
 
 @dataclass(slots=True, frozen=True)

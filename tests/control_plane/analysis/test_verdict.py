@@ -85,6 +85,7 @@ def test_evidence_fields_are_consistent():
     assert p99.vs_production is not None and p99.vs_production[1] == pytest.approx(0.30, abs=0.02)
     er = next(r for r in v.results if r.check == ERROR_RATE)
     assert er.canary == pytest.approx(0.005) and er.outcome is Outcome.PASS
+    assert er.to_dict()["vs_production"] == [pytest.approx(0.0), None]           # JSON-safe: NaN -> null
     d = v.to_dict()
     assert d["outcome"] == "fail" and d["results"][0]["outcome"] in ("fail", "pass", "inconclusive")
 
