@@ -77,12 +77,13 @@ class Tracker:
         m = self.state.metrics
         if aborted:
             reason = "abort"
+            m.count_finished(reason)
         elif error is not None:
-            reason = "error"
+            reason = "error"  # counted by HTTP status in sits_request_errors_total, not as a finished request
         else:
             reason = self.finish_reason or "abort"
             m.observe_e2e(time.perf_counter() - self.arrival)
-        m.count_finished(reason)
+            m.count_finished(reason)
         ttft = None if self.first_token is None else self.first_token - self.arrival
         self.state.tracer.finish(self.span, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                                  ttft_s=ttft, finish_reason=reason, error=error)
@@ -272,6 +273,7 @@ async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asynci
         for item in items:
             if isinstance(item, Rejected):
                 tracker.close(error=str(item.error))
+                state.metrics.count_error(503)  # the 200 status line is long gone: count the in-band error
                 if any(text):
                     yield chunk("".join(text), None)
                 yield sse_event(dumps(error_body(503, f"the request was interrupted: {item.error}")).encode())

@@ -173,5 +173,7 @@ def test_engine_crash_fails_in_flight_streams_and_readiness(tmp_path):
         assert status == 503 and json.loads(body_)["status"] == "failed"
         assert http("POST", s.url + "/v1/completions", OK)[0] == 503
         assert http("GET", s.url + "/healthz")[0] == 503  # liveness fails: only a restart helps
+        # the in-band stream error and the refused request
+        assert sample(s.metrics(), "sits_request_errors", "sits_request_errors_total", code="503") == 2
     finally:
         s.stop()
