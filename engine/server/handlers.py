@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,8 +18,6 @@ from engine.server.errors import APIError, error_body
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
 from engine.server.runner import Output, Rejected
 from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
-
-log = logging.getLogger("sits.engine.server")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop

@@ -17,8 +17,6 @@ from typing import Any, Callable
 
 log = logging.getLogger("sits.engine.server")
 
-WARMUP_PROMPT = "SITS warm-up"
-
 
 @dataclass(slots=True)
 class Rejected:
