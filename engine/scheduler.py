@@ -1,10 +1,11 @@
 """Continuous batching scheduler (torch-free).
 
 Each step gets a token budget (max_num_batched_tokens). Running sequences go first, in priority-then-arrival order:
-a decoding sequence takes 1 token, a sequence still in (chunked) prefill takes as many as the budget and its KV
-blocks allow. When a running sequence needs a block and none is free, the lowest-priority, latest-arrived running
-sequence is preempted (recompute: its blocks are freed, it returns to the waiting queue and later recomputes its
-prompt + outputs, mostly from the prefix cache); at a tenant's block limit the victim comes from the same tenant.
+decoding sequences (1 token each) before sequences still in (chunked) prefill, which take as many tokens as the
+budget and their KV blocks allow. When a running sequence needs a block and none is free, the lowest-priority,
+latest-arrived running sequence not yet scheduled this step is preempted (recompute: its blocks are freed, it returns
+to the waiting queue and later recomputes its prompt + outputs, mostly from the prefix cache); at a tenant's block
+limit the victim comes from the same tenant.
 Then waiting sequences are admitted in priority-then-FCFS order while budget, sequence slots and blocks last (a
 waiting sequence may preempt running ones of strictly lower priority to get blocks); one whose tenant is at its
 block limit is skipped, so a busy tenant never blocks another.
@@ -68,9 +69,15 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         self.running.sort(key=Sequence.sort_key)
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        scheduled: set[int] = set()
+        # decodes first (one token each, so inter-token latency does not wait for long prefills), then prefill chunks
+        decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        prefilling = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        for seq in decoding + prefilling:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted as a victim earlier in this step
             n = min(seq.num_uncomputed_tokens, budget)
             while True:
                 n_fit = min(n, self._fits(seq))
@@ -78,11 +85,11 @@ class Scheduler:
                     bm.append(seq, n_fit)
                     batch.seqs.append(seq)
                     batch.num_new_tokens.append(n_fit)
+                    scheduled.add(seq.seq_id)
                     budget -= n_fit
-                    i += 1
                     break
                 same_tenant = bm.can_append(seq, n) == TENANT_LIMIT
-                victim = self._pick_victim(i, seq.tenant if same_tenant else None)
+                victim = self._pick_victim(seq, scheduled, seq.tenant if same_tenant else None)
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
@@ -147,12 +154,15 @@ class Scheduler:
                 return batch.num_new_tokens.pop(i)
         return 0
 
-    def _pick_victim(self, i: int, tenant: str | None) -> Sequence:
-        """The last (lowest priority, latest) running seq at index >= i, of `tenant` if given; i itself at worst."""
-        for j in range(len(self.running) - 1, i, -1):
-            if tenant is None or self.running[j].tenant == tenant:
-                return self.running[j]
-        return self.running[i]
+    def _pick_victim(self, seq: Sequence, scheduled: set[int], tenant: str | None) -> Sequence:
+        """The lowest-ranked (priority, then arrival) running seq not yet scheduled this step that ranks below seq
+        (of `tenant` if given); seq itself if there is none."""
+        key = seq.sort_key()
+        for r in reversed(self.running):
+            if r is seq or r.seq_id in scheduled or (tenant is not None and r.tenant != tenant):
+                continue
+            return r if r.sort_key() > key else seq
+        return seq
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

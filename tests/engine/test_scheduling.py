@@ -168,3 +168,18 @@ def test_high_priority_request_preempts_lower_priority_work_when_blocks_run_out(
     for rid in low + ["r1"]:
         assert results[rid] == reference[rid], rid
     assert all_free(engine)
+
+
+def test_decodes_keep_streaming_while_a_long_prompt_is_prefilled_in_chunks():
+    engine = make_engine(max_num_batched_tokens=32)
+    engine.add_request("decoder", PROMPTS["r0"], GREEDY, priority=0)
+    engine.step()
+    engine.add_request("long", prompt(400, 5), GREEDY, priority=3)  # higher priority, 13 chunks of prefill
+    per_step = []
+    while engine.has_unfinished_requests():
+        per_step.append({o.request_id for o in engine.step() if o.new_token_ids})
+    decoder_steps = [i for i, ids in enumerate(per_step) if "decoder" in ids]
+    assert len(decoder_steps) == GREEDY.max_tokens - 1
+    assert decoder_steps == list(range(len(decoder_steps)))  # a token every step, prefill or not
+    first_long = next(i for i, ids in enumerate(per_step) if "long" in ids)
+    assert first_long >= 12  # ... including the >= 12 steps in which the long prompt was prefilled
