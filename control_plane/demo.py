@@ -24,10 +24,12 @@ from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Pol
 
 
 def demo_policy() -> Policy:
-    """Short steps for a few-minute demo on 2 CPU cores (the defaults are for production traffic)."""
+    """Short steps for a few-minute demo on 2 CPU cores (the defaults are for production traffic). The gates are
+    loose (P99 +50 %, P90 +25 %): two identical engine processes sharing 2 busy cores differ by ~20 % at P99 and up
+    to ~17 % at P90 for minutes at a time, and the demo must promote a good canary within its time budget."""
     return Policy(steps=(25, 50, 100), check_interval_s=5.0, warmup_s=3.0,
-                  checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.30),
-                          MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.20),
+                  checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.50),
+                          MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
                   min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
                   on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100)
@@ -101,7 +103,7 @@ class DemoConfig:
     slow_ms: float = 250.0           # latency injected into the bad canary, before its first token
     kernels: str = "torch"
     service: str = "demo"
-    interval_s: float = 1.0          # worker pass interval
+    interval_s: float = 2.0          # worker pass interval (each pass scrapes every variant's /metrics)
     rollout_timeout_s: float = 420.0
     policy: Policy = field(default_factory=demo_policy)
 

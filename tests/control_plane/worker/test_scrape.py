@@ -44,7 +44,8 @@ def test_parse_real_client_exposition():
     other = parse_exposition(text, "search", [REQUEST_LATENCY])
     assert other.histograms == {} and other.requests == 0
     with pytest.raises(MetricsQueryError, match="unparsable"):
-        parse_exposition("http_request_duration_seconds_bucket{le=\"0.1\" 3\n", "chat", [REQUEST_LATENCY])
+        parse_exposition("http_request_duration_seconds_bucket{route=\"/v1/completions\",le=\"0.1\" 3\n", "chat",
+                         [REQUEST_LATENCY])
 
 
 def test_diff_is_the_window_and_handles_a_counter_reset():
