@@ -1,4 +1,9 @@
-"""Kernels grouped into named, versioned kernel sets (see kernels/registry.py and kernels/sets.py)."""
+"""Kernels grouped into named, versioned kernel sets (see kernels/registry.py and kernels/sets.py).
+
+No `__version__` here on purpose: transformers probes for Hugging Face's hub package, also named `kernels`, by
+importing it and reading that attribute; without it, ours is recognised as "not that package". Versions live on each
+KernelSet.
+"""
 from kernels.quant import QuantizedWeight, quantize_weight
 from kernels.registry import (
     OP_NAMES,
