@@ -132,10 +132,12 @@ def _latency(check: MetricCheck, series: str, c: VariantData, t: VariantData, pr
     bound = math.log1p(thr)
     outcome, more = _decide(fail_est, pass_est, bound, min(n_c, n_t))
     rel, lo, hi = math.expm1(fail_est.d), math.expm1(fail_est.lower), math.expm1(pass_est.upper)
-    reason = {Outcome.FAIL: f"p{q * 100:g} {rel:+.1%} (lower bound {lo:+.1%}) > +{thr:.0%}",
-              Outcome.PASS: f"p{q * 100:g} {rel:+.1%} (upper bound {hi:+.1%}) <= +{thr:.0%}",
-              Outcome.INCONCLUSIVE: f"p{q * 100:g} {rel:+.1%}, bounds [{lo:+.1%}, {hi:+.1%}] straddle +{thr:.0%}"
-              }[outcome]
+    if outcome is Outcome.FAIL:
+        reason = f"p{q * 100:g} {rel:+.1%} (lower bound {lo:+.1%}) > +{thr:.0%}"
+    elif outcome is Outcome.PASS:
+        reason = f"p{q * 100:g} {rel:+.1%} (upper bound {hi:+.1%}) <= +{thr:.0%}"
+    else:
+        reason = f"p{q * 100:g} {rel:+.1%}, bounds [{lo:+.1%}, {hi:+.1%}] straddle +{thr:.0%}"
     return TestResult(**base, **vals, delta_rel=rel, ci_low=lo, ci_high=hi, outcome=outcome, reason=reason,
                       need_more=more)
 
@@ -155,11 +157,13 @@ def _error_rate(check: MetricCheck, c: VariantData, t: VariantData, prod: Varian
         vs_prod = (rc - prod.errors / prod.requests, math.nan)
     outcome, more = _decide(fail_est, pass_est, thr, n)
     lo, hi = fail_est.lower, pass_est.upper
-    reason = {Outcome.FAIL: f"error rate {rc:.2%} vs {rt:.2%}: {fail_est.d * 100:+.2f} pt (lower {lo * 100:+.2f}) "
-                            f"> +{thr * 100:g} pt",
-              Outcome.PASS: f"error rate {rc:.2%} vs {rt:.2%}: upper bound {hi * 100:+.2f} pt <= +{thr * 100:g} pt",
-              Outcome.INCONCLUSIVE: f"error rate {rc:.2%} vs {rt:.2%}: [{lo * 100:+.2f}, {hi * 100:+.2f}] pt "
-                                    f"straddles +{thr * 100:g} pt"}[outcome]
+    head = f"error rate {rc:.2%} vs {rt:.2%}"
+    if outcome is Outcome.FAIL:
+        reason = f"{head}: {fail_est.d * 100:+.2f} pt (lower {lo * 100:+.2f}) > +{thr * 100:g} pt"
+    elif outcome is Outcome.PASS:
+        reason = f"{head}: upper bound {hi * 100:+.2f} pt <= +{thr * 100:g} pt"
+    else:
+        reason = f"{head}: [{lo * 100:+.2f}, {hi * 100:+.2f}] pt straddles +{thr * 100:g} pt"
     return TestResult(**base, canary=rc, target=rt, delta_abs=fail_est.d, ci_low=lo, ci_high=hi, outcome=outcome,
                       reason=reason, need_more=more, vs_production=vs_prod)
 
