@@ -232,6 +232,10 @@ def build_worker(a):
     else:
         from control_plane.adapters.scrape import ScrapeSource
 
+        if a.deployer == "kubernetes":
+            logging.getLogger(__name__).warning(
+                "direct scrape on Kubernetes reaches one pod per Service endpoint per scrape: use --metrics "
+                "prometheus there")
         source = ScrapeSource()
     hooks = [WebhookNotifier(WebhookConfig(u, format="json")) for u in a.webhook or ()]
     hooks += [WebhookNotifier(WebhookConfig(u, format="slack")) for u in a.slack_webhook or ()]
@@ -259,8 +263,16 @@ def cmd_worker(a) -> int:
     worker.notifier.close()
     worker.source.close()
     close = getattr(worker.deployer, "close", None)
-    if close is not None:
-        close()
+    if close is not None:   # local deployer: every variant stops with this process
+        for svc in {r.service for r in worker.store.list(limit=1000)}:
+            try:   # all traffic to production first (LocalDeployer.close() refuses a split it cannot keep)
+                worker.deployer.set_weights(svc, {"production": 100})
+            except Exception:
+                pass
+        try:
+            close()
+        except Exception as e:
+            logging.getLogger(__name__).warning("closing the deployer: %s", e)
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from control_plane.adapters.deploy import Deployer, DeployError, VariantSpec, VariantStatus
+from control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec, VariantStatus
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, Policy, VariantData
@@ -292,6 +292,9 @@ class Worker:
         except Exception as e:
             status, errors = {}, [f"deployer status: {type(e).__name__}: {e}"]
         variants = {role: VariantData(ready=st.ready, crashing=crashing(st)) for role, st in status.items()}
+        if not errors and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
+            for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
+                variants.setdefault(role, VariantData(ready=False))
         if not status:
             return Observation(variants=variants, errors=tuple(errors), failed_actions=failed, **cmd)
         targets = {role: Target(role, st.endpoints or ((st.endpoint,) if st.endpoint else ()), st.ready)
@@ -371,7 +374,10 @@ class Worker:
         elif isinstance(action, Promote):
             self.deployer.promote(r.service)
         elif isinstance(action, Rollback):
-            self.deployer.rollback(r.service)
+            try:
+                self.deployer.rollback(r.service)
+            except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
+                log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
         elif isinstance(action, Notify):
             self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,
                                               details={"canary_kernels": r.canary_kernels, "step": r.step + 1,

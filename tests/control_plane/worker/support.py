@@ -7,7 +7,8 @@ import threading
 import time
 from statistics import NormalDist
 
-from control_plane.adapters.deploy import DeployError, VariantSpec, VariantStatus, normalize_weights
+from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
+                                           normalize_weights)
 from control_plane.adapters.metrics import MetricsWindow, NoDataError
 from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
 from engine.buckets import LATENCY_BUCKETS
@@ -33,7 +34,9 @@ class InMemoryDeployer:
         self.fail: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def _svc(self, service: str) -> dict:
+    def _svc(self, service: str, create: bool = False) -> dict:
+        if service not in self.services and not create:
+            raise DeployNotFoundError(f"service {service!r} is not deployed")
         return self.services.setdefault(service, {"variants": {}, "weights": {}})
 
     def deploy(self, spec: VariantSpec) -> None:
@@ -44,7 +47,7 @@ class InMemoryDeployer:
             raise DeployError(f"{spec.service}/{spec.role}: image pull failed (simulated)")
         with self._lock:
             self.calls.append(("deploy", spec.service, spec.role, spec.kernels, spec.args))
-            svc = self._svc(spec.service)
+            svc = self._svc(spec.service, create=True)
             svc["variants"][spec.role] = spec
             if spec.role == "production" and not any(svc["weights"].values()):
                 svc["weights"] = {"production": 100}
@@ -86,8 +89,8 @@ class InMemoryDeployer:
             self.calls.append(("delete", service, role))
             if role is None:
                 self.services.pop(service, None)
-            else:
-                self._svc(service)["variants"].pop(role, None)
+            elif service in self.services:
+                self.services[service]["variants"].pop(role, None)
 
 
 class CannedSource:

@@ -212,3 +212,28 @@ def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
     assert sums[("slowmetrics", "observe")] >= 1.5 > sums[("fast", "observe")]
     w.side.close()
     store.close()
+
+
+def test_variants_lost_with_a_previous_worker_roll_back_cleanly(tmp_path):
+    """Local variants die with the worker process: after a restart the canary is gone, which the readiness guard
+    turns into a rollback; rolling back a service with nothing deployed is already done, not a failure."""
+    db = str(tmp_path / "l.db")
+    deployer, t = InMemoryDeployer(), [0.0]
+    with Store(db) as s:
+        start_rollout(s, "chat", "v2", "v1", POLICY, now=0.0, rollout_id="r1")
+        w = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
+        for _ in range(2):
+            t[0] += 5
+            w.reconcile_rollout("r1")
+        assert s.get("r1").phase is Phase.PROGRESSING
+        deployer.services.clear()                         # the previous worker's processes are gone
+        w2 = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
+        phases = []
+        for _ in range(2):
+            t[0] += 5
+            phases.append(w2.reconcile_rollout("r1").phase)
+        assert phases == [Phase.ROLLING_BACK, Phase.ROLLED_BACK]
+        assert "not ready" in s.get("r1").reason
+        assert all(a["status"] == "done" for a in s.actions("r1"))
+        w.side.close()
+        w2.side.close()
