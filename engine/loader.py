@@ -40,6 +40,12 @@ def resolve_model(model: str, seed: int = 0) -> ModelSource:
         cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     except json.JSONDecodeError as e:
         raise UnknownModelError(f"{path / 'config.json'} is not valid JSON: {e}") from None
+    gen_cfg = path / "generation_config.json"
+    if gen_cfg.is_file():  # instruct checkpoints list extra end-of-turn ids here (e.g. Llama 3's <|eot_id|>)
+        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        for t in ([eos] if isinstance(eos, int) else eos or []):
+            if t not in cfg.eos_token_id:
+                cfg.eos_token_id.append(t)
     files = safetensors_files(path)
     return ModelSource(path.name or str(path), cfg,
                        lambda device, dtype: _read_safetensors(files, device, dtype), path)

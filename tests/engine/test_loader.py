@@ -120,3 +120,10 @@ def test_tokenizer_json_is_used_when_present(tmp_path):
     # the continuation of the prompt's text (a word-level decoder puts a space between words)
     expected = tok.decode(prompt_ids + res["tokens"])[len(tok.decode(prompt_ids)):]
     assert res["text"] == expected and expected.startswith(" w")
+
+
+def test_generation_config_adds_end_of_turn_ids(tmp_path):
+    ckpt = write_tiny(tmp_path / "gen", eos_token_id=[257])
+    (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 300]}))
+    engine = make_engine(ckpt)
+    assert engine.model_config.eos_token_id == [257, 300] and {257, 300} <= engine.eos_token_ids
