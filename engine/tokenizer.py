@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 BYTE_BOS, BYTE_EOS = 256, 257
@@ -88,6 +89,7 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str, eos_toke
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # used by Llama 3.x templates
     try:
         return env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
                                                 add_generation_prompt=True)
