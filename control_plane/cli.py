@@ -354,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     level = a.log_level or ("info" if a.cmd == "worker" else "warning")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "urllib3"):   # one line per readiness probe otherwise
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return a.fn(a)
     except CLIError as e:

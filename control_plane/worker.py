@@ -271,6 +271,8 @@ class Worker:
         saved = r
         if actions or new.new_checks or new.new_events or dataclasses.replace(new, new_checks=(), new_events=()) != r:
             saved = self.store.save(new, actions)
+            for e in new.new_events:
+                log.info("rollout %s (%s): %s", r.id, r.service, e.message)
         t3 = time.perf_counter()
         self._at("saved")
         if command is not None:
