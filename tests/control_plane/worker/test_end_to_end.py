@@ -23,7 +23,7 @@ from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
 SVC = "e2e"
 # as short as the statistics allow: one step at 50 %, a check every 3 s, P90 and the error rate
 FAST = Policy(steps=(50,), check_interval_s=3.0, warmup_s=1.0,
-              checks=(MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
+              checks=(MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.35),
                       MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
               min_samples=60, min_tail_samples=2, failure_limit=2, inconclusive_limit=40,
               on_inconclusive="rollback", max_duration_s=240.0, ready_timeout_s=240.0, min_error_samples=60)
@@ -69,9 +69,9 @@ def assert_evidence(store, r, final):
     assert sum(last["variants"]["canary"]["histograms"][p90["series"]]["counts"][-1:]) == p90["n_canary"]
     if final is Phase.ROLLED_BACK:
         assert last["decision"] == "rollback" and p90["outcome"] == "fail"
-        assert p90["canary"] > p90["target"] + 0.2 and p90["ci_low"] > 0.25   # 300 ms injected, seen with confidence
+        assert p90["canary"] > p90["target"] + 0.2 and p90["ci_low"] > 0.35   # 300 ms injected, seen with confidence
     else:
-        assert last["decision"] == "promote" and p90["outcome"] == "pass" and p90["ci_high"] <= 0.25
+        assert last["decision"] == "promote" and p90["outcome"] == "pass" and p90["ci_high"] <= 0.35
     return last
 
 
