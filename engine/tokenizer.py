@@ -57,9 +57,12 @@ class HFTokenizer:
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
         self.chat_template = template or _FALLBACK_TEMPLATE
+        self._add_bos = bool(tcfg.get("add_bos_token")) and self.bos_token_id is not None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self._add_bos and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids  # tokenizer_config asks for a BOS the post-processor does not add
         if self.bos_token_id is not None and ids[:2] == [self.bos_token_id] * 2:
             ids = ids[1:]  # a chat template already wrote the BOS the post-processor adds again
         return ids

@@ -114,6 +114,14 @@ def test_tokenizer_json_is_used_when_present(tmp_path):
     chat = tok.apply_chat_template([{"role": "user", "content": "w42"}])
     assert chat == "<s>w11 w42 w99"
     assert tok.encode(chat) == [1, 11, 42, 99]  # the template's BOS is not doubled by the post-processor
+    cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
+    from tokenizers import Tokenizer, processors
+    raw = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    raw.post_processor = processors.ByteLevel()  # no BOS from the post-processor ...
+    raw.save(str(ckpt / "tokenizer.json"))
+    assert HFTokenizer(ckpt).encode("w5") == [5]
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**cfg, "add_bos_token": True}))
+    assert HFTokenizer(ckpt).encode("w5") == [1, 5]  # ... but tokenizer_config asks for one
     engine.add_request("r", "w5 w6 w7", GREEDY)
     res = run_to_completion(engine)["r"]
     prompt_ids = tok.encode("w5 w6 w7")
