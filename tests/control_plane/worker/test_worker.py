@@ -94,6 +94,12 @@ def test_crash_between_any_two_steps_converges_with_no_check_lost_or_repeated(tm
     assert calls[0] == [("deploy", "chat", "baseline", "v1", ()), ("deploy", "chat", "canary", "v2", ("--seed", "7")),
                         ("deploy", "chat", "production", "v1", ())]
     assert [e for e, _ in notes][:2] == ["started", "step"]
+    with Store(str(tmp_path / "ref.db")) as s:   # warm-up windows after each weight change are not analysed
+        steps = [e["at"] for e in s.events("r1") if e["message"].startswith("step ")]
+        excluded = s.get("r1").excluded_requests
+    for c in checks:
+        assert c[6] >= steps[c[2]] + POLICY.warmup_s
+    assert excluded > 0                           # the last step dropped its warm-up window
     assert notes[-1][0] == ("promoted" if final is Phase.SUCCEEDED else "rolled_back")
     hit = set()
     for step in STEPS:
