@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError, UnknownModelError
@@ -29,6 +30,8 @@ class EngineConfig:
     seed: int = 0  # seeds the weights of presets and the sampler of unseeded requests
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, os.PathLike):
+            self.model = os.fspath(self.model)
         if not isinstance(self.model, str) or not self.model:
             raise InvalidRequestError("model must be a preset name or a checkpoint directory", "model")
         if not isinstance(self.kernels, str) or not self.kernels:
