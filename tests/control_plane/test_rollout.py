@@ -209,3 +209,24 @@ def test_data_cursor_starts_even_without_a_window():
     r = replace(c.r, observed_until=None)
     r2, _ = reconcile(r, Observation(None, c.t + 5), c.t + 5)
     assert r2.observed_until == c.t + 5                                      # first poll of a source
+
+
+def test_pause_and_resume_during_initialization():
+    c = start()
+    assert c.step(window(ready=False), command=Command.PAUSE) is Phase.PAUSED
+    assert c.r.paused_from is Phase.INITIALIZING
+    assert c.step(window()) is Phase.PAUSED                          # ready, but paused: no traffic shift
+    assert c.step(command=Command.RESUME) is Phase.INITIALIZING
+    assert c.step(window()) is Phase.PROGRESSING and c.r.weight == 5
+
+
+def test_compare_to_production_decides_and_evidence_keeps_every_variant():
+    c = progressing(Policy(compare_to="production"))
+    prod = VariantData({REQUEST_LATENCY: GOOD}, GOOD.total, 15.0)
+    for _ in range(3):
+        w = window(BAD, BAD)                                         # canary as slow as the baseline...
+        w["production"] = prod                                       # ...but slower than production
+        c.step(w)
+    check = c.r.new_checks[0]
+    assert check.verdict.compare_to == "production" and check.verdict.outcome.value == "fail"
+    assert set(check.data) == {"canary", "baseline", "production"}
