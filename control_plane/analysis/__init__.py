@@ -3,7 +3,7 @@
 No I/O and no flask/kubernetes/requests/torch/engine imports: dataclasses in, dataclasses out.
 """
 from .deltas import Delta, compute_deltas
-from .histogram import HistogramError, HistogramSnapshot, merge_all
+from .histogram import HistogramError, HistogramSnapshot, increase, merge_all
 from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy, PolicyError,
                      default_checks)
 from .quantile import histogram_quantile
@@ -11,7 +11,7 @@ from .stats import DeltaEstimate, QuantileBounds, proportion_diff, quantile_boun
 from .verdict import Outcome, TestResult, VariantData, Verdict, assess
 
 __all__ = [
-    "histogram_quantile", "HistogramSnapshot", "HistogramError", "merge_all",
+    "histogram_quantile", "HistogramSnapshot", "HistogramError", "merge_all", "increase",
     "Policy", "PolicyError", "MetricCheck", "default_checks",
     "REQUEST_LATENCY", "TTFT", "ITL", "E2E", "ERROR_RATE",
     "QuantileBounds", "DeltaEstimate", "quantile_bounds", "quantile_delta", "proportion_diff",

@@ -163,6 +163,16 @@ def _layout(bounds: tuple[float, ...]) -> tuple[float, ...]:
     return bounds
 
 
+def increase(samples: Sequence[HistogramSnapshot]) -> HistogramSnapshot | None:
+    """What Prometheus' increase() sees over successive cumulative samples of one target (without its
+    extrapolation to the range edges): the sum of the pairwise deltas, each series restarting at a counter reset."""
+    out = None
+    for older, newer in zip(samples, samples[1:]):
+        d = newer.delta(older)
+        out = d if out is None else out.merge(d)
+    return out
+
+
 def merge_all(snapshots: Iterable[HistogramSnapshot]) -> HistogramSnapshot | None:
     out = None
     for s in snapshots:

@@ -78,3 +78,22 @@ def test_templates_against_real_prometheus(prometheus_factory, tmp_path):
     assert {x["metric"]["route"] for x in by_route} == {"/v1/completions"} and len(by_route) == 4
     cnt = prom.query(promql.render("count_increase", **args("count_increase")), time=at)
     assert value(cnt[0]) == pytest.approx(210)
+
+
+def test_increase_with_a_counter_reset_matches_prometheus(prometheus_factory, tmp_path):
+    """Five scrapes of one target that restarts after the third: our per-series reset handling == increase()."""
+    from control_plane.analysis import increase
+    t0 = (int(time.time()) // 60) * 60 - 3600
+    scrapes = [[1, 3, 4, 6], [4, 8, 10, 13], [9, 14, 18, 21], [1, 1, 2, 3], [3, 6, 7, 9]]   # reset before #4
+    lines = ["# TYPE http_request_duration_seconds histogram"]
+    for i, counts in enumerate(scrapes):
+        lines += _histogram_lines(t0 + 15 * i, "canary", counts)
+    backfill("\n".join(lines) + "\n# EOF\n", tmp_path / "data")
+    prom = prometheus_factory(data_dir=tmp_path / "data")
+    got = prom.query(promql.render("bucket_increase", metric="http_request_duration_seconds", service="chat",
+                                   env="canary", window="60s"), time=t0 + 60)
+    by_le = {float(x["metric"]["le"]): value(x) for x in got}
+    bounds = (0.05, 0.1, 0.2, math.inf)
+    mine = increase([HistogramSnapshot(bounds, c) for c in scrapes])
+    assert [by_le[b] for b in bounds] == pytest.approx(list(mine.counts))
+    assert mine.counts == (11.0, 17.0, 21.0, 24.0)    # e.g. le=0.05: (9-1) + 1 + (3-1)
