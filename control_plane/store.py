@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from control_plane.analysis import HistogramSnapshot, Policy, VariantData
 from control_plane.rollout import Action, Check, Phase, Rollout
 
+SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
     id TEXT PRIMARY KEY, service TEXT NOT NULL, phase TEXT NOT NULL, active INTEGER NOT NULL,
@@ -125,7 +126,11 @@ class Store:
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is newer than this code's {SCHEMA_VERSION}")
         self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         with self._lock:

@@ -200,3 +200,15 @@ def test_commands_persist(tmp_path):
         r = s.save(*reconcile(r, Observation(1, 2, command=Command.PAUSE, command_by="alice"), 2.0))
         assert s.get("r1").phase is Phase.PAUSED and s.get("r1").paused_from is Phase.PROGRESSING
         assert any("paused by alice" in e["message"] for e in s.events("r1"))
+
+
+def test_refuses_a_newer_schema(tmp_path):
+    import sqlite3
+    from control_plane.store import StoreError
+    path = str(tmp_path / "n.db")
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store(path)
