@@ -124,7 +124,8 @@ def cmd_rollout_start(a) -> int:
 
     try:
         spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
-                          canary_args=tuple(a.args or ()))
+                          canary_args=tuple(a.args or ()), production_image=a.production_image,
+                          canary_image=a.image, gpus=a.gpus)
     except ValueError as e:
         raise CLIError(str(e)) from None
     with _open_store(a.store, must_exist=False) as store:
@@ -326,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
     s.add_argument("--model", default="tiny")
     s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
+    s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
+    s.add_argument("--gpus", type=int, default=0, help="GPUs per replica (Kubernetes)")
     s.add_argument("--production-args", nargs=argparse.REMAINDER, default=None,
                    help="extra `sits-engine serve` args of production and baseline (must come last)")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,

@@ -48,6 +48,9 @@ class DeploySpec:
     production_args: tuple[str, ...] = ()
     canary_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    production_image: str | None = None      # Kubernetes: None = the deployer's default image
+    canary_image: str | None = None
+    gpus: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -60,11 +63,14 @@ class DeploySpec:
                 raise ValueError(f"{name} must be a list of strings")
             object.__setattr__(self, name, tuple(v))
         object.__setattr__(self, "env", dict(self.env))
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise ValueError(f"gpus must be an integer >= 0, got {self.gpus!r}")
 
     def variant(self, service: str, role: str, kernels: str) -> VariantSpec:
-        args = self.canary_args if role == "canary" else self.production_args
+        canary = role == "canary"
         return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
-                           args=args, env=self.env)
+                           image=self.canary_image if canary else self.production_image,
+                           args=self.canary_args if canary else self.production_args, env=self.env, gpus=self.gpus)
 
 
 class SideTables:
@@ -293,7 +299,10 @@ class Worker:
             status = self.deployer.status(r.service) if r.phase in _OBSERVED else {}
         except Exception as e:
             status, errors = {}, [f"deployer status: {type(e).__name__}: {e}"]
-        variants = {role: VariantData(ready=st.ready, crashing=crashing(st)) for role, st in status.items()}
+        # ready: every replica up before traffic starts (INITIALIZING); afterwards "serving" (a replica count that is
+        # catching up with a weight change, e.g. Kubernetes replica-ratio traffic, is not a canary failure)
+        variants = {role: VariantData(ready=st.ready or (r.phase is not Phase.INITIALIZING and st.ready_replicas > 0),
+                                      crashing=crashing(st)) for role, st in status.items()}
         if not errors and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
             for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
                 variants.setdefault(role, VariantData(ready=False))

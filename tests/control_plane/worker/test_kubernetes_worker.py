@@ -1,0 +1,61 @@
+"""The worker driving the real KubernetesDeployer against a real kube-apiserver + controller-manager (pods never run
+there: a thread does the kubelet's part, the real controllers derive the Deployment status). Metrics are canned."""
+import threading
+import time
+
+import pytest
+from kubernetes import client
+
+from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from control_plane.analysis import Policy
+from control_plane.rollout import Phase
+from control_plane.store import Store
+from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
+
+from .support import CannedSource
+
+SVC = "chat"
+FAST = Policy(steps=(25, 50), check_interval_s=0.3, warmup_s=0.0, ready_timeout_s=60)
+
+
+@pytest.mark.parametrize("scale,final,kernels", [(1.0, Phase.SUCCEEDED, "triton-v2"),
+                                                 (1.6, Phase.ROLLED_BACK, "torch")])
+def test_worker_rolls_out_on_kubernetes(kube_cluster, kube_namespace, tmp_path, scale, final, kernels):
+    ns = kube_namespace
+    kd = KubernetesDeployer(KubernetesConfig(namespace=ns, kubeconfig=kube_cluster.kubeconfig, backoff_s=0.02))
+    stop = threading.Event()
+
+    def kubelet():
+        while not stop.wait(0.2):
+            try:
+                kube_cluster.make_pods_ready(ns, f"app={SVC}")
+            except Exception:   # a pod deleted while being marked: next round
+                pass
+    threading.Thread(target=kubelet, daemon=True).start()
+    store = Store(str(tmp_path / "k.db"))
+    start_rollout(store, SVC, "triton-v2", "torch", FAST, DeploySpec(replicas=4, canary_args=("--seed", "7"),
+                                                                      canary_image="registry.local/sits:2"),
+                  rollout_id="r1")
+    w = Worker(store, kd, CannedSource(rate=2000, scale={SVC: scale}), config=WorkerConfig(interval_s=0.2)).start()
+    try:
+        deadline = time.monotonic() + 90
+        while store.get("r1").active and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        w.stop()
+        stop.set()
+    r = store.get("r1")
+    assert r.phase is final, "\n".join(e["message"] for e in store.events("r1"))
+    assert all(a["status"] == "done" for a in store.actions("r1"))
+    apps = client.AppsV1Api(kube_cluster.api_client())
+    deps = {d.metadata.name: d for d in apps.list_namespaced_deployment(ns).items}
+    assert set(deps) == {f"{SVC}-production"}                      # canary and baseline removed
+    prod = deps[f"{SVC}-production"]
+    assert prod.metadata.labels["sits.io/kernel-version"] == kernels
+    args = prod.spec.template.spec.containers[0].args
+    assert args[args.index("--kernels") + 1] == kernels and ("--seed" in args) == (final is Phase.SUCCEEDED)
+    assert (prod.spec.template.spec.containers[0].image == "registry.local/sits:2") == (final is Phase.SUCCEEDED)
+    weights = [a["body"]["weights"] for a in store.actions("r1") if a["kind"] == "set_weights"]
+    assert weights[0] == {"production": 50, "baseline": 25, "canary": 25}
+    w.side.close()
+    store.close()
