@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.adapters.local import LocalConfig, LocalDeployer
 from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
@@ -19,6 +20,8 @@ from control_plane.demo import LoadGenerator
 from control_plane.rollout import Phase
 from control_plane.store import Store
 from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
+
+from .test_notify import Receiver
 
 SVC = "e2e"
 # as short as the statistics allow: one step at 50 %, a check every 3 s, P90 and the error rate
@@ -83,8 +86,9 @@ def assert_deployed(deployer, final):
 
 def test_scrape_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path):
     deployer, load = world
-    store, source = Store(str(tmp_path / "s.db")), ScrapeSource()
-    mk = lambda: Worker(store, deployer, source, config=WorkerConfig(interval_s=1.0))   # noqa: E731
+    store, source, rx = Store(str(tmp_path / "s.db")), ScrapeSource(), Receiver()
+    hook = WebhookNotifier(WebhookConfig(rx.url, format="json"))
+    mk = lambda: Worker(store, deployer, source, hook, config=WorkerConfig(interval_s=1.0))   # noqa: E731
     bad = run(store, mk(), SLOW)
     assert bad.phase is Phase.ROLLED_BACK, bad.reason
     last = assert_evidence(store, bad, Phase.ROLLED_BACK)
@@ -95,6 +99,12 @@ def test_scrape_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path):
     assert_evidence(store, good, Phase.SUCCEEDED)
     assert_deployed(deployer, Phase.SUCCEEDED)
     assert load.summary(3.0)["errors"] == 0
+    assert hook.flush(10)
+    events = {r: [b["event"] for b in rx.bodies if b["rollout_id"] == r] for r in (bad.id, good.id)}
+    assert events[bad.id] == ["started", "step", "rolling_back", "rolled_back"]
+    assert events[good.id] == ["started", "step", "promoting", "promoted"]
+    hook.close()
+    rx.close()
     source.close()
     store.close()
 
