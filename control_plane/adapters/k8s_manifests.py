@@ -109,7 +109,8 @@ def httproute(service_name: str, weights: Mapping[str, int], port: int, *, gatew
     roles = [r for r in ROLES if r in weights]
 
     def ref(role: str, w: int) -> dict:
-        return {"group": "", "kind": "Service", "name": variant_name(service_name, role), "port": port, "weight": w}
+        # group omitted = "" (core): kube-apiserver 1.20 built with Go >= 1.18 rejects "" in typed CR string fields
+        return {"kind": "Service", "name": variant_name(service_name, role), "port": port, "weight": w}
     rules = [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
               "backendRefs": [ref(r, int(weights[r])) for r in roles]}]
     rules += [{"matches": [{"path": {"type": "PathPrefix", "value": "/"},
