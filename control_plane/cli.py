@@ -280,11 +280,20 @@ def cmd_worker(a) -> int:
 def cmd_demo(a) -> int:
     from control_plane.demo import DemoConfig, run_demo
 
+    from control_plane.adapters.deploy import DeployError
+
     try:
         cfg = DemoConfig(workdir=a.workdir, rate=a.rate, slow_ms=a.slow_ms, kernels=a.kernels)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    return 0 if run_demo(cfg).ok else 1
+    try:
+        return 0 if run_demo(cfg).ok else 1
+    except DeployError as e:   # an engine did not start: its log tail is in the message
+        print(f"sits-control demo: a variant could not be deployed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("sits-control demo: interrupted (every variant was stopped)", file=sys.stderr)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:

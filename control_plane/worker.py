@@ -221,11 +221,18 @@ class Worker:
         return self
 
     def stop(self) -> None:
+        """Stop the loop; wait (join_timeout_s in all) for passes in flight. A pass still running after that (a
+        hung deployer call) is abandoned: its outbox rows stay pending and the next worker finishes them."""
         self._stop.set()
+        deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
-            self._loop.join(self.config.join_timeout_s)
+            self._loop.join(max(0.0, deadline - time.monotonic()))
         for t in list(self._threads.values()):
-            t.join(self.config.join_timeout_s)
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        self.stop()
+        self.side.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
