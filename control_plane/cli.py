@@ -283,11 +283,14 @@ def cmd_demo(a) -> int:
     from control_plane.adapters.deploy import DeployError
 
     try:
-        cfg = DemoConfig(workdir=a.workdir, rate=a.rate, slow_ms=a.slow_ms, kernels=a.kernels)
+        cfg = DemoConfig(workdir=a.workdir, rate=a.rate, slow_ms=a.slow_ms, kernels=a.kernels, metrics=a.metrics)
     except ValueError as e:
         raise CLIError(str(e)) from None
     try:
         return 0 if run_demo(cfg).ok else 1
+    except ValueError as e:   # e.g. no prometheus binary
+        print(f"sits-control demo: {e}", file=sys.stderr)
+        return 1
     except DeployError as e:   # an engine did not start: its log tail is in the message
         print(f"sits-control demo: a variant could not be deployed: {e}", file=sys.stderr)
         return 1
@@ -307,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rate", type=float, default=40.0, help="load through the router, requests/s")
     d.add_argument("--slow-ms", type=float, default=250.0, help="latency injected into the bad canary (ms)")
     d.add_argument("--kernels", default="torch", help="kernel set of every variant (a CPU-capable one)")
+    d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
+                   help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
     d.set_defaults(fn=cmd_demo)
 
     w = sub.add_parser("worker", help="run the control loop")

@@ -94,6 +94,68 @@ class LoadGenerator:
         return out
 
 
+class LocalPrometheus:
+    """A real Prometheus (the Debian package's binary) scraping the demo's variants every 500 ms. It finds them
+    through a file_sd file that follows the deployer's status (what Kubernetes service discovery does in a cluster)."""
+
+    def __init__(self, workdir: Path, deployer, service: str) -> None:
+        import shutil
+        import urllib.request
+
+        from control_plane.adapters import process
+
+        binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        if not Path(binary).exists():
+            raise ValueError("--metrics prometheus needs the prometheus binary (Debian: apt-get install prometheus)")
+        self.deployer, self.service, self.sd = deployer, service, workdir / "prometheus-targets.json"
+        self._write_targets()
+        cfg = workdir / "prometheus.yml"
+        cfg.write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
+                                   "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
+                                       {"files": [str(self.sd)], "refresh_interval": "1s"}]}]}))
+        port = process.free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._process = process
+        self.proc = process.spawn([binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'prom-data'}",
+                                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                  log_path=workdir / "prometheus.log")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise ValueError(f"prometheus did not start; see {workdir / 'prometheus.log'}")
+            time.sleep(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="sits-demo-sd", daemon=True)
+        self._thread.start()
+
+    def _write_targets(self) -> None:
+        try:
+            st = self.deployer.status(self.service)
+        except Exception:
+            return
+        text = json.dumps([{"targets": sorted(u.removeprefix("http://") for v in st.values() for u in v.endpoints),
+                            "labels": {}}])
+        if not self.sd.exists() or self.sd.read_text() != text:
+            tmp = self.sd.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(self.sd)
+
+    def _follow(self) -> None:
+        while not self._stop.wait(0.5):
+            self._write_targets()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._process.stop(self.proc, 10)
+
+
 @dataclass(slots=True)
 class DemoConfig:
     workdir: str | None = None       # store + variant logs; a new temp dir when None
@@ -105,10 +167,14 @@ class DemoConfig:
     service: str = "demo"
     interval_s: float = 2.0          # worker pass interval (each pass scrapes every variant's /metrics)
     rollout_timeout_s: float = 420.0
+    metrics: str = "scrape"          # "scrape" (direct, the default) | "prometheus" (a local Prometheus)
     policy: Policy = field(default_factory=demo_policy)
 
     def __post_init__(self) -> None:
         import kernels
+
+        if self.metrics not in ("scrape", "prometheus"):
+            raise ValueError(f"metrics must be 'scrape' or 'prometheus', got {self.metrics!r}")
 
         if not self.rate > 0 or self.threads < 1 or self.max_tokens < 1:
             raise ValueError("rate must be > 0, threads and max_tokens >= 1")
@@ -174,6 +240,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     from control_plane.adapters.deploy import VariantSpec
     from control_plane.adapters.local import LocalConfig, LocalDeployer
     from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+    from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
     from control_plane.adapters.scrape import ScrapeSource
     from control_plane.store import Store
     from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
@@ -195,9 +262,13 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     receiver = WebhookReceiver(out)
     notifier = WebhookNotifier(WebhookConfig(receiver.url, format="json"))
     store = Store(str(store_path))
+    load = worker = prom = None
     source = ScrapeSource()
-    load = worker = None
     try:
+        if cfg.metrics == "prometheus":
+            prom = LocalPrometheus(workdir, deployer, cfg.service)
+            source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0))
+            out(f"      Prometheus at {prom.url} scrapes every variant (file_sd from the deployer's status)")
         out(f"[1/5] starting production: `sits-engine serve --model tiny --kernels {ks.name}` behind the weighted "
             "router ...")
         deployer.deploy(VariantSpec(cfg.service, "production", cfg.kernels))
@@ -215,7 +286,9 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         load = LoadGenerator(router, cfg.rate, cfg.threads, cfg.max_tokens).start()
         worker = Worker(store, deployer, source, notifier, WorkerConfig(interval_s=cfg.interval_s)).start()
         p = cfg.policy
-        out(f"      worker started (direct scrape of each variant's /metrics every {cfg.interval_s:g} s); demo policy: "
+        how = ("direct scrape of each variant's /metrics" if prom is None else
+               "PromQL bucket increases from the local Prometheus")
+        out(f"      worker started ({how} every {cfg.interval_s:g} s); demo policy: "
             f"steps {list(p.steps)} %, a check every {p.check_interval_s:g} s after {p.warmup_s:g} s warm-up, "
             + ", ".join(f"{c.name} <= +{(c.max_rel_delta or c.max_abs_delta) * 100:g}"
                         + (" %" if c.max_rel_delta else " pt") for c in p.checks)
@@ -240,6 +313,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             worker.stop()
         notifier.close()
         source.close()
+        if prom is not None:
+            prom.stop()
         try:   # every variant stops with the deployer (the weights first go back to production alone)
             deployer.set_weights(cfg.service, {"production": 100})
         except Exception:
