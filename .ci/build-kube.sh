@@ -28,7 +28,7 @@ have_all() {
   [ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ]
 }
 if have_all; then
-  log "already built: $BIN/{${BINARIES[*]// /,}} and $(command -v etcd); nothing to do"
+  log "already built: ${BINARIES[*]} in $BIN (recipe $RECIPE), etcd at $(command -v etcd); nothing to do"
   exit 0
 fi
 

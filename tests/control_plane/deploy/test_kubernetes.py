@@ -341,3 +341,36 @@ def test_config_validation():
         VariantSpec(service=SVC, role="gray", kernels="torch")
     with pytest.raises(DeployError, match="DNS label"):
         VariantSpec(service="Chat_1", role="canary", kernels="torch")
+
+
+def test_5xx_is_retried_with_backoff_then_reported(kube_cluster, kube_namespace):
+    # a real 503 from the real apiserver: an aggregated API whose backing Service does not exist
+    reg = client.ApiregistrationV1Api(kube_cluster.api_client())
+    name = "v1alpha9.gateway.networking.k8s.io"
+    reg.create_api_service({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+                            "metadata": {"name": name},
+                            "spec": {"group": "gateway.networking.k8s.io", "version": "v1alpha9",
+                                     "groupPriorityMinimum": 10, "versionPriority": 10,
+                                     "insecureSkipTLSVerify": True,
+                                     "service": {"namespace": kube_namespace, "name": "nowhere", "port": 443}}})
+    try:
+        custom = client.CustomObjectsApi(kube_cluster.api_client())
+        deadline = time.monotonic() + 20
+        while True:  # the aggregator picks the APIService up asynchronously
+            try:
+                custom.list_namespaced_custom_object("gateway.networking.k8s.io", "v1alpha9", kube_namespace,
+                                                     "httproutes")
+            except client.exceptions.ApiException as e:
+                if e.status == 503:
+                    break
+            assert time.monotonic() < deadline, "the aggregated API never answered 503"
+            time.sleep(0.2)
+        kd = make(kube_cluster, kube_namespace, traffic="httproute", gateway="gw", httproute_version="v1alpha9",
+                  retries=3)
+        sleeps = []
+        kd._sleep = sleeps.append
+        with pytest.raises(DeployError, match=r"still failing after 4 attempts: 503"):
+            kd.deploy(spec("production"))
+        assert sleeps == [0.02, 0.04, 0.08]  # exponential backoff between the attempts
+    finally:
+        reg.delete_api_service(name)
