@@ -8,23 +8,19 @@ with the API's own message. Readiness comes from Deployment status, as the deplo
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
-import os
 import re
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Mapping
 
-import urllib3
-from kubernetes import client, config as kube_config
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
 from control_plane.adapters import k8s_manifests as m
-from control_plane.adapters.deploy import (ROLES, DeployConflictError, DeployError, DeployNotFoundError,
-                                           VariantSpec, VariantStatus, check_role, normalize_weights)
+from control_plane.adapters.deploy import (ROLES, DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
+                                           check_role, normalize_weights)
+from control_plane.adapters.k8s_api import KubeApi, load_client, merged
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +62,19 @@ class KubernetesConfig:
 class KubernetesDeployer:
     def __init__(self, config: KubernetesConfig | None = None, *, api_client: client.ApiClient | None = None):
         self.config = config or KubernetesConfig()
-        self.api = api_client or _load_client(self.config)
-        self.apps = client.AppsV1Api(self.api)
-        self.core = client.CoreV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
-        self._sleep = time.sleep
+        c = self.config
+        self.kube = KubeApi(api_client or load_client(c.kubeconfig, c.context, c.in_cluster), c.namespace,
+                            retries=c.retries, backoff_s=c.backoff_s, max_backoff_s=c.max_backoff_s,
+                            request_timeout_s=c.request_timeout_s, httproute_version=c.httproute_version)
 
     # ---- Deployer protocol ----
     def deploy(self, spec: VariantSpec) -> None:
         ns, name = self.config.namespace, m.variant_name(spec.service, spec.role)
         self._apply_deployment(spec)
-        self._apply(f"Service {name}", "service", name,
+        self.kube.apply(f"Service {name}", "service", name,
                     m.service(name, spec.service, m.selector(spec.service, spec.role), self.config.port, spec.role))
         if self.config.traffic == "replicas":
-            self._apply(f"Service {spec.service}", "service", spec.service,
+            self.kube.apply(f"Service {spec.service}", "service", spec.service,
                         m.service(spec.service, spec.service, m.selector(spec.service), self.config.port, None))
         else:
             self._ensure_route_backend(spec.service, spec.role)
@@ -106,11 +101,9 @@ class KubernetesDeployer:
 
     def status(self, service: str) -> dict[str, VariantStatus]:
         sel = ",".join(f"{k}={v}" for k, v in {**m.selector(service), **m.MANAGED_BY}.items())
-        items = self._call(f"list Deployments of {service}", lambda: self._json(
-            self.apps.list_namespaced_deployment(self.config.namespace, label_selector=sel,
-                                                 _preload_content=False, _request_timeout=self._timeout())))
+        items = self.kube.call(f"list Deployments of {service}", lambda: self.kube.list_deployments(sel))
         out = {}
-        for d in items.get("items", []):
+        for d in items:
             role = d["metadata"].get("labels", {}).get(m.ROLE_LABEL)
             if role in ROLES:
                 out[role] = self._variant_status(service, role, d)
@@ -143,15 +136,15 @@ class KubernetesDeployer:
         roles = ROLES if role is None else (role,)
         if self.config.traffic == "httproute":
             if role is None:
-                self._delete(f"HTTPRoute {service}", "route", service)
+                self.kube.delete(f"HTTPRoute {service}", "route", service)
             else:
                 self._remove_route_backend(service, role)
         for r in roles:
             name = m.variant_name(service, r)
-            self._delete(f"Deployment {name}", "deployment", name)
-            self._delete(f"Service {name}", "service", name)
+            self.kube.delete(f"Deployment {name}", "deployment", name)
+            self.kube.delete(f"Service {name}", "service", name)
         if role is None:
-            self._delete(f"Service {service}", "service", service)
+            self.kube.delete(f"Service {service}", "service", service)
 
     # ---- deployments ----
     def _apply_deployment(self, spec: VariantSpec) -> None:
@@ -159,7 +152,7 @@ class KubernetesDeployer:
         image = spec.image or self.config.image
 
         def op() -> None:
-            cur = self._get("deployment", name)
+            cur = self.kube.get("deployment", name)
             weight, replicas = None, spec.replicas
             if cur is not None and self.config.traffic == "replicas":
                 weight = _int_or_none(cur["metadata"].get("annotations", {}).get(m.WEIGHT_ANNOTATION))
@@ -172,20 +165,20 @@ class KubernetesDeployer:
                                 gpu_resource=self.config.gpu_resource, resources=self.config.resources,
                                 weight=weight)
             if cur is None:
-                self._create("deployment", body)
+                self.kube.create("deployment", body)
                 return
             ann = cur["metadata"].get("annotations", {})
             if (ann.get(m.HASH_ANNOTATION) == body["metadata"]["annotations"][m.HASH_ANNOTATION]
                     and cur["spec"].get("replicas") == replicas):
                 return  # already as desired
-            self._replace("deployment", name, _merged(cur, body))
-        self._call(f"apply Deployment {name}", op)
+            self.kube.replace("deployment", name, merged(cur, body))
+        self.kube.call(f"apply Deployment {name}", op)
 
     def _scale(self, service: str, role: str, replicas: int, weight: int) -> None:
         name = m.variant_name(service, role)
 
         def op() -> None:
-            cur = self._get("deployment", name)
+            cur = self.kube.get("deployment", name)
             if cur is None:
                 raise DeployNotFoundError(f"Deployment {name} disappeared while setting weights")
             ann = cur["metadata"].setdefault("annotations", {})
@@ -194,8 +187,8 @@ class KubernetesDeployer:
             ann[m.WEIGHT_ANNOTATION] = str(weight)
             cur["spec"]["replicas"] = replicas
             cur.pop("status", None)
-            self._replace("deployment", name, cur)
-        self._call(f"scale Deployment {name}", op)
+            self.kube.replace("deployment", name, cur)
+        self.kube.call(f"scale Deployment {name}", op)
 
     def _variant_status(self, service: str, role: str, d: dict) -> VariantStatus:
         want = int(d["spec"].get("replicas", 1))
@@ -229,8 +222,8 @@ class KubernetesDeployer:
     def _specs(self, service: str) -> dict[str, VariantSpec]:
         out = {}
         for role in ROLES:
-            d = self._call(f"read Deployment {m.variant_name(service, role)}",
-                           lambda role=role: self._get("deployment", m.variant_name(service, role)))
+            d = self.kube.call(f"read Deployment {m.variant_name(service, role)}",
+                           lambda role=role: self.kube.get("deployment", m.variant_name(service, role)))
             if d is not None:
                 raw = d["metadata"].get("annotations", {}).get(m.SPEC_ANNOTATION)
                 if raw is None:
@@ -240,7 +233,7 @@ class KubernetesDeployer:
         return out
 
     def _weight_of(self, service: str, role: str) -> int:
-        d = self._get("deployment", m.variant_name(service, role))
+        d = self.kube.get("deployment", m.variant_name(service, role))
         return _int_or_none((d or {}).get("metadata", {}).get("annotations", {}).get(m.WEIGHT_ANNOTATION)) or 0
 
     @staticmethod
@@ -256,22 +249,22 @@ class KubernetesDeployer:
                            hostnames=c.hostnames, version=c.httproute_version)
 
         def op() -> None:
-            cur = self._get("route", service)
+            cur = self.kube.get("route", service)
             if cur is None:
-                self._create("route", body)
+                self.kube.create("route", body)
             elif cur.get("spec") != body["spec"]:
-                self._replace("route", service, _merged(cur, body))
-        self._call(f"write HTTPRoute {service}", op)
+                self.kube.replace("route", service, merged(cur, body))
+        self.kube.call(f"write HTTPRoute {service}", op)
 
     def _ensure_route_backend(self, service: str, role: str) -> None:
-        cur = self._call(f"read HTTPRoute {service}", lambda: self._get("route", service))
+        cur = self.kube.call(f"read HTTPRoute {service}", lambda: self.kube.get("route", service))
         weights = m.route_weights(cur) if cur else {}
         if role not in weights:  # a new variant joins with no traffic, except a first production
             weights[role] = 100 if role == "production" and not any(weights.values()) else 0
             self._write_route(service, weights)
 
     def _remove_route_backend(self, service: str, role: str) -> None:
-        cur = self._call(f"read HTTPRoute {service}", lambda: self._get("route", service))
+        cur = self.kube.call(f"read HTTPRoute {service}", lambda: self.kube.get("route", service))
         if cur is None:
             return
         weights = m.route_weights(cur)
@@ -281,177 +274,9 @@ class KubernetesDeployer:
                 weights["production"] += w
             self._write_route(service, weights)
 
-    # ---- API plumbing: every call goes through _call (retries) and _get/_create/_replace/_delete ----
-    def _call(self, what: str, op: Callable):
-        """Run op (a whole read-modify-write); retry it on 409, 429, 5xx and connection errors."""
-        delay = self.config.backoff_s
-        for attempt in range(self.config.retries + 1):
-            try:
-                return op()
-            except ApiException as e:
-                retriable = e.status in (409, 429) or (e.status or 0) >= 500
-                if not retriable:
-                    raise _translate(e, what, self.config.namespace) from None
-                if attempt == self.config.retries:
-                    err = DeployConflictError if e.status == 409 else DeployError
-                    raise err(f"{what}: still failing after {attempt + 1} attempts: "
-                              f"{e.status} {_api_message(e)}") from None
-                log.info("%s: %s %s; retry %d in %.2fs", what, e.status, _api_message(e), attempt + 1, delay)
-            except urllib3.exceptions.HTTPError as e:
-                if attempt == self.config.retries:
-                    raise DeployError(f"{what}: Kubernetes API unreachable at {self.api.configuration.host}: "
-                                      f"{e}") from None
-            self._sleep(delay)
-            delay = min(delay * 2, self.config.max_backoff_s)
-
-    def _timeout(self) -> float:
-        return self.config.request_timeout_s
-
-    @staticmethod
-    def _json(resp) -> dict:
-        return json.loads(resp.data)
-
-    def _kind(self, kind: str):
-        ns, c, kw = self.config.namespace, self.config, {"_preload_content": False,
-                                                         "_request_timeout": self._timeout()}
-        route = (m.GATEWAY_GROUP, c.httproute_version, ns, "httproutes")
-        return {
-            "deployment": (lambda n: self.apps.read_namespaced_deployment(n, ns, **kw),
-                           lambda b: self.apps.create_namespaced_deployment(ns, b, **kw),
-                           lambda n, b: self.apps.replace_namespaced_deployment(n, ns, b, **kw),
-                           lambda n: self.apps.delete_namespaced_deployment(n, ns, **kw)),
-            "service": (lambda n: self.core.read_namespaced_service(n, ns, **kw),
-                        lambda b: self.core.create_namespaced_service(ns, b, **kw),
-                        lambda n, b: self.core.replace_namespaced_service(n, ns, b, **kw),
-                        lambda n: self.core.delete_namespaced_service(n, ns, **kw)),
-            "route": (lambda n: self.custom.get_namespaced_custom_object(*route, n, **kw),
-                      lambda b: self.custom.create_namespaced_custom_object(*route, b, **kw),
-                      lambda n, b: self.custom.replace_namespaced_custom_object(*route, n, b, **kw),
-                      lambda n: self.custom.delete_namespaced_custom_object(*route, n, **kw)),
-        }[kind]
-
-    def _get(self, kind: str, name: str) -> dict | None:
-        try:
-            return self._json(self._kind(kind)[0](name))
-        except ApiException as e:
-            if _object_missing(e, name):
-                return None
-            raise
-
-    def _create(self, kind: str, body: dict) -> None:
-        self._kind(kind)[1](body)
-
-    def _replace(self, kind: str, name: str, body: dict) -> None:
-        self._kind(kind)[2](name, body)
-
-    def _apply(self, what: str, kind: str, name: str, body: dict) -> None:
-        def op() -> None:
-            cur = self._get(kind, name)
-            if cur is None:
-                self._create(kind, body)
-                return
-            merged = _merged(cur, body)
-            if kind == "service":  # clusterIP is immutable and allocated by the server
-                for k in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy", "sessionAffinity"):
-                    if k in cur.get("spec", {}):
-                        merged["spec"][k] = cur["spec"][k]
-            if merged != cur:
-                self._replace(kind, name, merged)
-        self._call(what, op)
-
-    def _delete(self, what: str, kind: str, name: str) -> None:
-        def op() -> None:
-            try:
-                self._kind(kind)[3](name)
-            except ApiException as e:
-                if not _object_missing(e, name):
-                    raise
-        self._call(f"delete {what}", op)
-
-
-def _merged(cur: dict, desired: dict) -> dict:
-    """desired's spec on cur's identity: keeps resourceVersion (optimistic concurrency) and foreign metadata."""
-    out = copy.deepcopy(cur)
-    out.pop("status", None)
-    md = out["metadata"]
-    md["labels"] = {**md.get("labels", {}), **desired["metadata"].get("labels", {})}
-    md["annotations"] = {**md.get("annotations", {}), **desired["metadata"].get("annotations", {})}
-    if desired["metadata"].get("annotations", {}).get(m.WEIGHT_ANNOTATION) is None:
-        md["annotations"].pop(m.WEIGHT_ANNOTATION, None)
-    out["spec"] = {**cur.get("spec", {}), **desired["spec"]}
-    return out
-
 
 def _int_or_none(v) -> int | None:
     try:
         return int(v)
     except (TypeError, ValueError):
         return None
-
-
-def _api_message(e: ApiException) -> str:
-    try:
-        return json.loads(e.body).get("message", "") or str(e.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(e.reason or e.body or "")
-
-
-def _namespace_missing(e: ApiException) -> bool:
-    return e.status == 404 and _status(e).get("details", {}).get("kind") == "namespaces"
-
-
-def _status(e: ApiException) -> dict:
-    try:
-        body = json.loads(e.body)
-        return body if isinstance(body, dict) else {}
-    except (TypeError, ValueError):
-        return {}
-
-
-def _object_missing(e: ApiException, name: str) -> bool:
-    """404 for this very object (not for its namespace, nor for a resource type the server does not serve)."""
-    st = _status(e)
-    return e.status == 404 and st.get("reason") == "NotFound" and st.get("details", {}).get("name") == name \
-        and st.get("details", {}).get("kind") != "namespaces"
-
-
-def _crd_missing(e: ApiException) -> bool:
-    # an unserved resource type answers 404 with a plain-text body or the generic "could not find the requested
-    # resource" Status, never a NotFound Status naming an object
-    st = _status(e)
-    return e.status == 404 and (not st.get("details", {}).get("name")
-                                or "could not find the requested resource" in st.get("message", ""))
-
-
-def _translate(e: ApiException, what: str, namespace: str) -> DeployError:
-    msg = _api_message(e)
-    if e.status == 401:
-        return DeployError(f"{what}: unauthorized (401): the credentials in the kubeconfig/service account were "
-                           f"rejected: {msg}")
-    if e.status == 403:
-        return DeployError(f"{what}: forbidden (403) in namespace {namespace}: grant the SITS service account "
-                           f"RBAC for this verb and resource: {msg}")
-    if e.status == 404:
-        if _namespace_missing(e):
-            return DeployNotFoundError(f"{what}: namespace {namespace} does not exist: {msg}")
-        if _crd_missing(e):
-            return DeployNotFoundError(f"{what}: resource type not served by this cluster (is the Gateway API "
-                                       f"HTTPRoute CRD installed?): {msg}")
-        return DeployNotFoundError(f"{what}: not found (404): {msg}")
-    if e.status == 422:
-        return DeployError(f"{what}: rejected as invalid (422): {msg}")
-    return DeployError(f"{what}: {e.status} {msg}")
-
-
-def _load_client(c: KubernetesConfig) -> client.ApiClient:
-    cfg = client.Configuration()
-    in_cluster = c.in_cluster if c.in_cluster is not None else bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    try:
-        if in_cluster:
-            kube_config.load_incluster_config(client_configuration=cfg)
-        else:
-            kube_config.load_kube_config(config_file=c.kubeconfig, context=c.context, client_configuration=cfg)
-    except (kube_config.ConfigException, OSError) as e:
-        where = "in-cluster service account" if in_cluster else f"kubeconfig {c.kubeconfig or '(default)'}"
-        raise DeployError(f"cannot load Kubernetes credentials from {where}: {e}") from None
-    return client.ApiClient(cfg)

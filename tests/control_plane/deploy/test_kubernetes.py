@@ -263,7 +263,7 @@ def test_concurrent_update_conflict_is_retried(kd, kube_namespace, kube_cluster,
     ns = kube_namespace
     kd.deploy(spec("canary"))
     other = client.AppsV1Api(kube_cluster.api_client())
-    real_read = kd.apps.read_namespaced_deployment
+    real_read = kd.kube.apps.read_namespaced_deployment
     calls = []
 
     def read_then_interfere(name, namespace, **kw):
@@ -273,9 +273,9 @@ def test_concurrent_update_conflict_is_retried(kd, kube_namespace, kube_cluster,
             other.patch_namespaced_deployment(name, namespace,
                                               {"metadata": {"annotations": {"team/owner": "someone-else"}}})
         return resp
-    kd.apps.read_namespaced_deployment = read_then_interfere
+    kd.kube.apps.read_namespaced_deployment = read_then_interfere
     sleeps = []
-    kd._sleep = sleeps.append
+    kd.kube.sleep = sleeps.append
     kd.deploy(spec("canary", kernels="triton-v2"))
     d = dep(apps, ns, "canary")
     assert d.metadata.labels["sits.io/kernel-version"] == "triton-v2"       # our write landed...
@@ -289,7 +289,7 @@ def test_conflict_retries_are_bounded(kube_cluster, kube_namespace):
     kd = make(kube_cluster, kube_namespace, retries=2)
     kd.deploy(spec("canary"))
     other = client.AppsV1Api(kube_cluster.api_client())
-    real_read = kd.apps.read_namespaced_deployment
+    real_read = kd.kube.apps.read_namespaced_deployment
     n = [0]
 
     def always_interfere(name, namespace, **kw):
@@ -297,8 +297,8 @@ def test_conflict_retries_are_bounded(kube_cluster, kube_namespace):
         n[0] += 1
         other.patch_namespaced_deployment(name, namespace, {"metadata": {"annotations": {"n": str(n[0])}}})
         return resp
-    kd.apps.read_namespaced_deployment = always_interfere
-    kd._sleep = lambda s: None
+    kd.kube.apps.read_namespaced_deployment = always_interfere
+    kd.kube.sleep = lambda s: None
     with pytest.raises(DeployConflictError, match="3 attempts"):
         kd.deploy(spec("canary", kernels="triton-v2"))
 
@@ -368,7 +368,7 @@ def test_5xx_is_retried_with_backoff_then_reported(kube_cluster, kube_namespace)
         kd = make(kube_cluster, kube_namespace, traffic="httproute", gateway="gw", httproute_version="v1alpha9",
                   retries=3)
         sleeps = []
-        kd._sleep = sleeps.append
+        kd.kube.sleep = sleeps.append
         with pytest.raises(DeployError, match=r"still failing after 4 attempts: 503"):
             kd.deploy(spec("production"))
         assert sleeps == [0.02, 0.04, 0.08]  # exponential backoff between the attempts
