@@ -1,6 +1,7 @@
 """LocalDeployer against real `sits-engine serve` processes (tiny model, CPU) behind the weighted router."""
 import asyncio
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from control_plane.adapters.local import LocalConfig, LocalDeployer
 
 SVC = "chat"
 BODY = {"model": "tiny", "prompt": "hi", "max_tokens": 1, "temperature": 0}
+CANARY_ARGS = ("--seed", "7", "--fault-token-latency-ms", "10")  # a distinct spec; slow enough to be caught in flight
 
 
 def spec(role, **kw):
@@ -30,7 +32,7 @@ def local(tmp_path_factory):
     d = LocalDeployer(LocalConfig(workdir=str(tmp_path_factory.mktemp("local")), cpu_threads=1,
                                   ready_timeout_s=240))
     # the three variants start in parallel (one lock per role)
-    specs = [spec("production"), spec("baseline"), spec("canary", args=("--seed", "7"))]
+    specs = [spec("production"), spec("baseline"), spec("canary", args=CANARY_ARGS)]
     errors = []
     threads = [threading.Thread(target=lambda s=s: _catch(errors, d.deploy, s)) for s in specs]
     for t in threads:
@@ -161,27 +163,52 @@ def test_crash_shows_as_not_ready_until_redeployed(local):
     assert st.ready, st.message
 
 
-def test_rollback_then_promote(local):
+def test_rollback_drains_in_flight_canary_requests_then_removes_it(local):
     local.set_weights(SVC, {"production": 80, "baseline": 10, "canary": 10})
+    canary = local._services[SVC].variants["canary"].replicas[0].proc
+    baseline = local._services[SVC].variants["baseline"].replicas[0].proc
+    router = local._services[SVC].router
+    got = {}
+
+    def long_canary_stream():
+        with httpx.stream("POST", local.router_url(SVC) + "/v1/completions", timeout=60,
+                          headers={"X-SITS-Variant": "canary"},
+                          json={**BODY, "max_tokens": 60, "ignore_eos": True, "stream": True}) as r:
+            got["events"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+    t = threading.Thread(target=long_canary_stream)
+    t.start()
+    assert process.wait_until(lambda: router.in_flight("canary") == 1, 30)
+    local.rollback(SVC)
+    t.join(60)
+    # the request that was running on the canary ran to its 60 tokens there before the canary stopped
+    assert got["events"][-1] == "data: [DONE]"
+    assert json.loads(got["events"][-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert not process.pid_alive(canary.pid) and not process.pid_alive(baseline.pid)
+    st = local.status(SVC)
+    assert set(st) == {"production"} and "weight 100%" in st["production"].message
+    assert router.weights() == {"production": 100, "baseline": 0, "canary": 0}
+    local.rollback(SVC)  # idempotent
+    assert set(local.status(SVC)) == {"production"}
+
+
+def test_promote_moves_the_canary_spec_into_production(local):
+    local.deploy(spec("canary", args=CANARY_ARGS))
+    local.set_weights(SVC, {"production": 90, "canary": 10})
     canary_proc = local._services[SVC].variants["canary"].replicas[0].proc
-    baseline_proc = local._services[SVC].variants["baseline"].replicas[0].proc
-    # promote: production takes the canary's spec (seed 7), canary and baseline are removed
     old_prod = local._services[SVC].variants["production"].replicas[0].proc
     local.promote(SVC)
     st = local.status(SVC)
     assert set(st) == {"production"} and st["production"].ready
     assert "weight 100%" in st["production"].message
     new_prod = local._services[SVC].variants["production"]
-    assert new_prod.spec == spec("production", args=("--seed", "7"))
+    assert new_prod.spec == spec("production", args=CANARY_ARGS)
     argv = open(f"/proc/{new_prod.replicas[0].proc.pid}/cmdline").read().split("\0")
     assert argv[argv.index("--env") + 1] == "production" and argv[argv.index("--seed") + 1] == "7"
-    for p in (old_prod, canary_proc, baseline_proc):
+    for p in (old_prod, canary_proc):
         assert p.poll() is not None and not process.pid_alive(p.pid)
     r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30)
     assert r.status_code == 200 and r.headers["x-sits-variant"] == "production"
     local.promote(SVC)  # idempotent: nothing left to promote, production stays
-    assert set(local.status(SVC)) == {"production"}
-    local.rollback(SVC)  # idempotent with no canary
     assert set(local.status(SVC)) == {"production"}
 
 
@@ -206,7 +233,6 @@ PARENT = textwrap.dedent("""
 
 
 def test_no_orphans_when_the_parent_is_killed(tmp_path):
-    import json
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
     try:
