@@ -183,7 +183,7 @@ class DemoConfig:
         try:
             ks = kernels.get_kernel_set(self.kernels)
         except KeyError as e:
-            raise ValueError(str(e.args[0]) if e.args else str(e)) from None
+            raise ValueError(str(e)) from None
         if "cpu" not in ks.devices:
             raise ValueError(f"kernel set {self.kernels} does not run on CPU (devices: {', '.join(ks.devices)})")
 
