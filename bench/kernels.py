@@ -102,7 +102,7 @@ def prefill(res, quick):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.prefill_attention import prefill_attention
+    from kernels.prefill_attention import _prefill_attention_tuned, prefill_attention
     rows = []
     shapes = [(2, 8192, 32, 32)] + ([] if quick else [(8, 2048, 32, 32), (2, 8192, 32, 8)])
     for b, s, hq, hkv in shapes:
@@ -119,6 +119,8 @@ def prefill(res, quick):
         want = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)
         err = rel_err(fn().view(b, s, hq, d).transpose(1, 2), want)
         row = {"shape": f"B{b} S{s} H{hq}/{hkv} D{d}", "triton_tflops": flops / bench(fn) / 1e9, "rel_err": err}
+        fn()
+        row["triton_config"] = _config_name(_prefill_attention_tuned.best_config)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 with sdpa_kernel(backend):
@@ -199,7 +201,7 @@ def int8_gemv(res, quick):
     import torch.nn.functional as F
 
     from kernels import quantize_weight
-    from kernels.linear import linear, linear_ref
+    from kernels.linear import _linear_small_m, linear, linear_ref
     rows = []
     for n, k in [(14336, 4096), (4096, 14336)]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -210,10 +212,12 @@ def int8_gemv(res, quick):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 nbytes = n * k + 4 * n + 2 * m * (k + n)
                 err = rel_err(linear(x, qws[0]), linear_ref(x, qws[0]))
+                config = _config_name(_linear_small_m.best_config)
                 ms = bench_graph([lambda q=q: linear(x, q) for q in qws])
                 rows.append({"op": f"{kind} W [{n}x{k}] M={m}", "triton_tbs": nbytes / ms / 1e9, "triton_us": 1e3 * ms,
                              "bf16_cublas_us": 1e3 * bench_graph([lambda w=w: F.linear(x, w) for w in wb]),
-                             "triton_eager_us": 1e3 * bench(lambda: linear(x, qws[0])), "rel_err": err})
+                             "triton_eager_us": 1e3 * bench(lambda: linear(x, qws[0])), "rel_err": err,
+                             "triton_config": config})
             del qws
         del w, wb
     res["wq_gemv"] = rows
@@ -252,35 +256,70 @@ def fp8_gemm(res):
     res["fp8_gemm"] = row
 
 
-def sweeps(res):
-    """Variants of the memory-bound kernels, timed one by one (what the autotuner picks from, and split counts)."""
+def _config_name(c) -> str:
+    kw = {k: v for k, v in c.kwargs.items() if k != "GROUP_M"}
+    short = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "SPLIT_K": "splitK"}
+    return " ".join(f"{short.get(k, k)}{v}" for k, v in kw.items()) + f" w{c.num_warps} s{c.num_stages}"
+
+
+def sweeps(res, parts=("gemv", "prefill", "decode")):
+    """Variants timed one by one: what the autotuners pick from (GEMV tiles and split-K, prefill tiles), and the
+    decode split counts."""
     import torch
-    import triton
+    import torch.nn.functional as F
 
     from kernels import quantize_weight
     from kernels import linear as lin
+    from kernels import prefill_attention as pa
     from kernels.paged_decode_attention import paged_decode_attention
     rows = []
-    for n, k in [(14336, 4096), (4096, 14336)]:
-        qw = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, "int8")
+    for n, k in ([(14336, 4096), (4096, 14336)] if "gemv" in parts else []):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        qws = [quantize_weight(w * (1 + 0.01 * c), "int8") for c in range(8)]  # past the L2, as in the GEMV table
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            args = (x, qw.qweight, qw.scale, qw.scale, out, m, n, k, x.stride(0), qw.qweight.stride(0), out.stride(0))
-            variants = []
+            ref = lin.linear_ref(x, qws[0])
             for c in lin._SMALL_M:
-                kw = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-                variants.append((f"dot {c.kwargs} w{c.num_warps} s{c.num_stages}", lambda kw=kw: lin._linear_kernel[
-                    (triton.cdiv(m, kw["BLOCK_M"]) * triton.cdiv(n, kw["BLOCK_N"]),)](
-                        *args, HAS_BIAS=False, DOT_F32=False, DOT_PRECISION="tf32", **kw)))
-            for name, fn in variants:
+                kw = dict(block_m=c.kwargs["BLOCK_M"], block_n=c.kwargs["BLOCK_N"], block_k=c.kwargs["BLOCK_K"],
+                          split_k=c.kwargs["SPLIT_K"], num_warps=c.num_warps, num_stages=c.num_stages)
+                row = {"case": f"int8 [{n}x{k}] M={m}", "variant": _config_name(c)}
                 try:
-                    ms = bench_graph([fn])
-                    rows.append({"case": f"int8 [{n}x{k}] M={m}", "variant": name, "us": 1e3 * ms,
-                                 "tbs": (n * k + 4 * n) / ms / 1e9})
+                    row["rel_err"] = rel_err(lin.linear_with_config(x, qws[0], **kw), ref)
+                    ms = bench_graph([lambda q=q: lin.linear_with_config(x, q, **kw) for q in qws])
+                    row.update(us=1e3 * ms, tbs=(n * k + 4 * n) / ms / 1e9)
                 except Exception as e:  # noqa: BLE001
-                    rows.append({"case": f"int8 [{n}x{k}] M={m}", "variant": name, "error": str(e)[:100]})
-    for b, s, splits in ((1, 32768, (8, 16, 32, 64, 128)), (64, 4096, (1, 2, 4))):
+                    row["error"] = str(e)[:100]
+                rows.append(row)
+        del w, qws
+    if "prefill" in parts:
+        b, s_, hq, hkv, d = 2, 8192, 32, 32, 128
+        kc, vc, tables = paged([s_] * b, hkv, d, torch.bfloat16)
+        q = torch.randn(b * s_, hq, d, device="cuda", dtype=torch.bfloat16)
+        cu = torch.arange(0, b * s_ + 1, s_, dtype=torch.int32, device="cuda")
+        lens = torch.full((b,), s_, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        ref = F.scaled_dot_product_attention(q.view(b, s_, hq, d).transpose(1, 2), contiguous(kc, tables, s_),
+                                             contiguous(vc, tables, s_), is_causal=True).transpose(1, 2)
+        ref = ref.reshape(b * s_, hq, d)
+        args = (q, kc, vc, tables, cu, lens, out, d ** -0.5 * math.log2(math.e), q.stride(0), q.stride(1),
+                kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), tables.stride(0),
+                out.stride(0), out.stride(1), b, 8192)
+        flops = 4 * b * hq * s_ * s_ * d / 2
+        for c in pa._CONFIGS:
+            row = {"case": f"prefill B{b} S{s_} H{hq}/{hkv} D{d}", "variant": _config_name(c)}
+            try:
+                def fn(c=c):
+                    pa._prefill_attention_kernel[(b * s_ // c.kwargs["BLOCK_M"] + b, hq)](
+                        *args, HEAD_DIM=d, HEAD_DIM_P=d, GROUP=hq // hkv, PAGE=64, DOT_F32=False, DOT_PRECISION="tf32",
+                        **c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                fn()
+                row["rel_err"] = rel_err(out, ref)
+                row["tflops"] = flops / bench(fn) / 1e9
+            except Exception as e:  # noqa: BLE001
+                row["error"] = str(e)[:100]
+            rows.append(row)
+        del kc, vc, q, out
+    for b, s, splits in ((1, 32768, (8, 16, 32, 64, 128)), (64, 4096, (1, 2, 4))) if "decode" in parts else ():
         kc, vc, tables = paged([s] * b, 8, 128, torch.bfloat16, seed=1)
         q = torch.randn(b, 32, 128, device="cuda", dtype=torch.bfloat16)
         lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
@@ -291,7 +330,9 @@ def sweeps(res):
         del kc, vc
     res["sweeps"] = rows
     for r in rows:
-        print(f"{r['case']:28s} {r['variant']:70s} {r.get('us', float('nan')):8.1f} us {r.get('tbs', 0):6.2f} TB/s "
+        perf = f"{r['tflops']:6.0f} TFLOP/s" if "tflops" in r else f"{r.get('us', float('nan')):8.1f} us " \
+               f"{r.get('tbs', 0):6.2f} TB/s"
+        print(f"{r['case']:28s} {r['variant']:40s} {perf} err {r.get('rel_err', float('nan')):.2g} "
               f"{r.get('error', '')}")
 
 
@@ -362,9 +403,11 @@ def markdown(res, notes: str = "") -> str:
                   "| " + " | ".join(_fmt(v) for k, v in f.items() if not k.endswith("_error")) + " |", ""]
     sw = res.get("sweeps")
     if sw:
-        lines += ["**Variant sweeps** (CUDA graph, one input set: L2 may help the GEMV rows)", "",
-                  "| case | variant | us | TB/s |", "|---|---|---|---|"]
-        lines += [f"| {r['case']} | {r['variant']} | {_fmt(r.get('us'))} | {_fmt(r.get('tbs'))} |" for r in sw]
+        lines += ["**Variant sweeps** (GEMV: CUDA graph over 8 weight copies, as in the GEMV table; prefill: "
+                  "do_bench; decode: CUDA graph, one input set)", "",
+                  "| case | variant | us | TB/s | TFLOP/s | rel_err |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['case']} | {r['variant']} | {_fmt(r.get('us'))} | {_fmt(r.get('tbs'))} | "
+                  f"{_fmt(r.get('tflops'))} | {r.get('error') or _fmt(r.get('rel_err'))} |" for r in sw]
         lines.append("")
     lines += ["**Targets (issue 4)**", "", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {'yes' if ok else 'NO'} |" for t, m, ok in verdicts(res)]
@@ -397,7 +440,8 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", type=Path, help="don't measure; render these results")
     ap.add_argument("--notes", type=Path, help="a file whose text is appended to the section")
     ap.add_argument("--quick", action="store_true", help="only the shapes with targets")
-    ap.add_argument("--only", default="", help="comma list of: roofline,prefill,decode,elementwise,gemv,fp8,sweeps")
+    ap.add_argument("--only", default="", help="comma list of: roofline,prefill,decode,elementwise,gemv,fp8,sweeps "
+                    "(sweeps = sweep-gemv,sweep-prefill,sweep-decode)")
     args = ap.parse_args(argv)
     if args.from_json:
         res = json.loads(args.from_json.read_text())
@@ -411,10 +455,13 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "triton": triton.__version__}
         only = set(filter(None, args.only.split(","))) or {"roofline", "prefill", "decode", "elementwise", "gemv",
                                                            "fp8", "sweeps"}
+        parts = tuple(p for p in ("gemv", "prefill", "decode") if "sweeps" in only or f"sweep-{p}" in only)
+        if parts:
+            only.add("sweeps")
         steps = [("roofline", lambda: roofline(res)), ("prefill", lambda: prefill(res, args.quick)),
                  ("decode", lambda: decode(res, args.quick)), ("elementwise", lambda: elementwise(res)),
                  ("gemv", lambda: int8_gemv(res, args.quick)), ("fp8", lambda: fp8_gemm(res)),
-                 ("sweeps", lambda: sweeps(res))]
+                 ("sweeps", lambda: sweeps(res, parts))]
         for name, step in steps:
             if name in only:
                 try:

@@ -89,6 +89,25 @@ def test_weight_only_linear_llama_shapes(kind, m, n, k):
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
+@pytest.mark.parametrize("split_k", [2, 4, 8])
+@pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
+def test_weight_only_linear_split_k(split_k, n, k):
+    # every split-K config autotuning may pick, repeated: a missing release/acquire between the splits' partials
+    # and the last split's sum would show up as a wrong or run-to-run varying result
+    from kernels.linear import linear_with_config
+    g = torch.Generator().manual_seed(9)
+    qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
+    x = torch.randn(16, k, generator=g).bfloat16().cuda()
+    same = REF.linear(x, qw)
+    ref64 = REF.linear(x.double(), qw)
+    first = None
+    for _ in range(5):
+        got = linear_with_config(x, qw, block_m=16, block_n=64, block_k=256, split_k=split_k)
+        assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+        first = got if first is None else first
+        assert torch.equal(got, first)  # the partials are summed in split order: deterministic
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="fp8 tensor cores need sm_89+")
 @pytest.mark.parametrize("m", [FP8_NATIVE_MIN_M, 300, 2048])

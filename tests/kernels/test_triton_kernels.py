@@ -116,6 +116,17 @@ def test_prefill_attention_prefix_hits_and_chunks(dev, dtype):
     check_op("prefill_attention", _prefill_args([65, 130, 1000], [1, 66, 40], 3, 1, 64, dtype, seed=21), dtype, dev)
 
 
+@pytest.mark.parametrize("page", [16, 128])
+def test_prefill_attention_page_sizes(dev, page):
+    # 64-token key tiles that span 4 pages (16) or half of one (128): both ways of walking the block table
+    ctx, qlens = [65, 300], [65, 130]
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, 2, 32, page, torch.bfloat16, "cpu", seed=22)
+    q = torch.randn(sum(qlens), 4, 32, generator=torch.Generator().manual_seed(23)).bfloat16()
+    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    args = (q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), 32 ** -0.5)
+    check_op("prefill_attention", args, torch.bfloat16, dev)
+
+
 def _decode_args(ctx, hq, hkv, d, dtype, seed):
     k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
     q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
@@ -153,6 +164,21 @@ def test_quantized_linear(dev, kind, dtype, m):
     no_bias = TRI.linear(x.to(dev), qw)
     assert_close_to_fp64(no_bias, REF.linear(x.to(dev), qw), REF.linear(x.double(), qw.to("cpu")),
                          ATOL[dtype] * max(1.0, ref64.abs().max().item()))
+
+
+@pytest.mark.parametrize("split_k", [1, 3, 8])
+def test_quantized_linear_split_k(dev, split_k):
+    # K=100 in 32-wide steps: uneven splits, and with 8 splits the last four get no k at all
+    from kernels.linear import linear_with_config
+    g = torch.Generator().manual_seed(41)
+    qw = quantize_weight(torch.randn(50, 100, generator=g), "int8").to(dev)
+    x = torch.randn(5, 100, generator=g).to(torch.bfloat16)
+    bias = torch.randn(50, generator=g)
+    ref64 = REF.linear(x.double(), qw.to("cpu"), bias.double())
+    same = REF.linear(x.to(dev), qw, bias.to(dev))
+    for _ in range(2):  # the second launch relies on the first having reset its tile counters
+        got = linear_with_config(x.to(dev), qw, bias.to(dev), block_m=16, block_n=16, block_k=32, split_k=split_k)
+        assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
 def test_plain_linear_is_cublas_exact(dev):
