@@ -63,6 +63,11 @@ class KubeApi:
                                                     _preload_content=False, _request_timeout=self.request_timeout_s)
         return json.loads(resp.data).get("items", [])
 
+    def list_pods(self, label_selector: str) -> list[dict]:
+        resp = self.core.list_namespaced_pod(self.namespace, label_selector=label_selector,
+                                             _preload_content=False, _request_timeout=self.request_timeout_s)
+        return json.loads(resp.data).get("items", [])
+
     def _kind(self, kind: str):
         ns, kw = self.namespace, {"_preload_content": False, "_request_timeout": self.request_timeout_s}
         route = (GATEWAY_GROUP, self.httproute_version, ns, "httproutes")

@@ -107,6 +107,12 @@ class KubernetesDeployer:
             role = d["metadata"].get("labels", {}).get(m.ROLE_LABEL)
             if role in ROLES:
                 out[role] = self._variant_status(service, role, d)
+        if any(not s.ready and s.replicas for s in out.values()):  # say why: crash loops, image pulls, OOM kills
+            pods = self.kube.call(f"list Pods of {service}", lambda: self.kube.list_pods(sel.split(",")[0]))
+            for role, st in list(out.items()):
+                why = pod_problems([p for p in pods if p["metadata"].get("labels", {}).get(m.ROLE_LABEL) == role])
+                if why and not st.ready:
+                    out[role] = dataclasses.replace(st, message=f"{st.message}; {why}")
         return out
 
     def promote(self, service: str) -> None:
@@ -280,3 +286,24 @@ def _int_or_none(v) -> int | None:
         return int(v)
     except (TypeError, ValueError):
         return None
+
+
+_BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
+
+
+def pod_problems(pods: list[dict]) -> str:
+    """What keeps a variant's pods from serving, in the kubelet's words (CrashLoopBackOff, ImagePullBackOff, ...)."""
+    out = []
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            waiting = cs.get("state", {}).get("waiting") or {}
+            last = cs.get("lastState", {}).get("terminated") or {}
+            if waiting.get("reason") and waiting["reason"] not in _BENIGN_WAITING:
+                msg = f"pod {pod['metadata']['name']}: {cs['name']} {waiting['reason']}"
+                if cs.get("restartCount"):
+                    msg += f" (restarted {cs['restartCount']} times"
+                    msg += f", last exit code {last['exitCode']} {last.get('reason', '')})" if last else ")"
+                out.append(msg.rstrip())
+            elif last.get("reason") == "OOMKilled":
+                out.append(f"pod {pod['metadata']['name']}: {cs['name']} OOMKilled")
+    return "; ".join(out[:5]) + (f"; ... {len(out) - 5} more" if len(out) > 5 else "")

@@ -374,3 +374,26 @@ def test_5xx_is_retried_with_backoff_then_reported(kube_cluster, kube_namespace)
         assert sleeps == [0.02, 0.04, 0.08]  # exponential backoff between the attempts
     finally:
         reg.delete_api_service(name)
+
+
+def test_crash_looping_pods_are_named_in_the_status(kd, kube_namespace, kube_cluster):
+    ns = kube_namespace
+    kd.deploy(spec("production"))
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    assert mark_ready(kube_cluster, kd, ns, "production").ready
+    core = client.CoreV1Api(kube_cluster.api_client())
+    deadline = time.monotonic() + 30
+    while not (pods := core.list_namespaced_pod(ns, label_selector=f"app={SVC},sits.io/role=canary").items):
+        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
+        time.sleep(0.2)
+    pod = pods[0]
+    # what a kubelet reports for an engine that exits at start-up (e.g. an unknown kernel set)
+    core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {"phase": "Running", "containerStatuses": [{
+        "name": "engine", "image": "registry.local/sits-engine:1", "imageID": "", "ready": False, "restartCount": 4,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+        "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}]}})
+    st = kd.status(SVC)
+    assert not st["canary"].ready
+    assert f"pod {pod.metadata.name}: engine CrashLoopBackOff (restarted 4 times, last exit code 2 Error)" \
+        in st["canary"].message
+    assert st["production"].ready and "CrashLoopBackOff" not in st["production"].message
