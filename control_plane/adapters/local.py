@@ -168,13 +168,14 @@ class LocalDeployer:
                     if v is None:
                         continue
                     w = svc.router.weights()
-                    if w[r] > 0:  # never route to a stopped variant: its share goes to production (if it remains)
-                        moved, w[r] = w[r], 0
-                        if "production" in svc.variants and r != "production":
-                            w["production"] += moved
+                    if w[r] > 0:  # never route to a stopped variant: its share goes to production if it remains,
+                        moved, w[r] = w[r], 0  # else to the remaining variant with the most traffic
+                        heirs = [k for k in ROLES if k in svc.variants and (k == "production" or w[k] > 0)]
+                        if heirs:
+                            w[heirs[0] if heirs[0] == "production" else max(heirs, key=w.get)] += moved
                             svc.router.set_weights(w)
                         else:  # nothing left to take the traffic: the router answers 503 until a new deploy
-                            svc.router.set_weights({**w, r: 100})
+                            svc.router.set_weights({k: 100 if k == r else 0 for k in w})
                     svc.router.set_backends(r, None)
                 self._stop_replicas(svc, r, v.replicas)
             if role is None:
@@ -253,6 +254,8 @@ class LocalDeployer:
             time.sleep(0.1)
 
     def _readyz(self, url: str) -> bool:
+        if self._http.is_closed:  # used again after close()
+            self._http = httpx.Client(timeout=2.0, trust_env=False)
         try:
             return self._http.get(url + "/readyz").status_code == 200
         except httpx.HTTPError:

@@ -212,6 +212,21 @@ def test_promote_moves_the_canary_spec_into_production(local):
     assert set(local.status(SVC)) == {"production"}
 
 
+def test_deleting_a_weighted_variant_hands_its_share_over_and_close_stops_all(local):
+    local.deploy(spec("canary", args=CANARY_ARGS))
+    router = local._services[SVC].router
+    procs = [v.replicas[0].proc for v in local._services[SVC].variants.values()]
+    local.set_weights(SVC, {"production": 30, "canary": 70})
+    local.delete(SVC, "production")  # production's 30% goes to the canary, the only variant left
+    assert router.weights() == {"production": 0, "baseline": 0, "canary": 100}
+    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30)
+    assert r.status_code == 200 and r.headers["x-sits-variant"] == "canary"
+    local.close()  # the last weighted variant goes too: no error, nothing left running
+    assert local.status(SVC) == {} and not any(process.pid_alive(p.pid) for p in procs)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(router.url + "/_sits/healthz")
+
+
 def test_bad_kernel_set_fails_deploy_with_the_engine_message(tmp_path):
     with LocalDeployer(LocalConfig(workdir=str(tmp_path), cpu_threads=1)) as d:
         with pytest.raises(DeployError, match="exited with code 2") as e:
