@@ -162,27 +162,21 @@ _even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % (a["BLOCK_K"] * a["SPL
 _linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
 _linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_even_k(_linear_kernel))
 _linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
-_SCRATCH: dict = {}
+_LOCKS: dict = {}
 
 
-def _split_k_scratch(device: torch.device, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(counters, partials) for split-K: per-tile arrival counters, zero between launches (the last split of a tile
-    resets its counter), and fp32 room for [SPLIT_K, M, N] partial sums.
+def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per-tile arrival counters for split-K, zero between launches (the last split of a tile resets its counter).
 
-    One pair per (device, stream): launches on one stream run in order, so they can share it. A CUDA graph captured
-    on a new stream gets its own pair, whose zero-fill is captured (and replayed) with it. Cached, because the
-    engine calls this per layer per step and eager launch overhead is part of decode time."""
-    stream = 0
-    if device.type == "cuda":  # the raw stream handle, as Triton's launcher reads it (no Stream object per call)
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        stream = raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-    key = (device.type, device.index, stream)
-    hit = _SCRATCH.get(key)
-    if hit is None or hit[0].numel() < tiles or hit[1].numel() < partials:
-        hit = (torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device),
-               torch.empty(max(1 << 16, next_pow2(partials)), dtype=torch.float32, device=device))
-        _SCRATCH[key] = hit
-    return hit
+    One buffer per (device, stream): launches on one stream run in order, so they can share it. A CUDA graph
+    captured on a new stream gets its own, whose zero-fill is captured (and replayed) with it."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    locks = _LOCKS.get(key)
+    if locks is None or locks.numel() < tiles:
+        locks = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
+        _LOCKS[key] = locks
+    return locks
 
 
 def check_linear_args(x: torch.Tensor, weight, bias) -> None:
@@ -253,9 +247,12 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     b = bias.contiguous() if has_bias else weight.scale
     split = MAX_SPLIT_K if config is None and m <= 16 else 1 if config is None else config["SPLIT_K"]
     bm = 16 if config is None and m <= 16 else 64 if config is None else config["BLOCK_M"]
-    # unused when SPLIT_K == 1, but passed with the same dtypes so both kinds of launch share compiled kernels
-    locks, ws = _split_k_scratch(x2.device, triton.cdiv(m, bm) * triton.cdiv(n, 16) if split > 1 else 0,
-                                 split * m * n if split > 1 else 0)
+    if split > 1:  # fp32 partials [split, M, N]; the stream-ordered caching allocator makes this cheap and safe
+        ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)
+        locks = _split_k_locks(x2.device, triton.cdiv(m, bm) * triton.cdiv(n, 16))
+    else:  # not read when SPLIT_K == 1; typed as in the split launches so both share compiled kernels
+        locks = _split_k_locks(x2.device, 1)
+        ws = locks.view(torch.float32)
     args = (x2, qw, weight.scale, b, out, ws, locks, m, n, k, x2.stride(0), qw.stride(0), out.stride(0))
     if config is None:
         kernel = _linear_small_m if m <= 16 else _linear_large_m
