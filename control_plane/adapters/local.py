@@ -41,6 +41,7 @@ class LocalConfig:
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 10.0
     drain_timeout_s: float = 30.0
+    probe_timeout_s: float = 2.0                # per /readyz probe (status() and start-up)
     cpu_threads: int | None = None              # OMP/MKL/torch threads per replica (None: library default)
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every replica
 
@@ -48,7 +49,8 @@ class LocalConfig:
         if not self.engine_command:
             raise DeployError("engine_command must not be empty")
         self.engine_command = tuple(self.engine_command)
-        if self.ready_timeout_s <= 0 or self.stop_timeout_s <= 0 or self.drain_timeout_s < 0:
+        if self.ready_timeout_s <= 0 or self.stop_timeout_s <= 0 or self.drain_timeout_s < 0 \
+                or self.probe_timeout_s <= 0:
             raise DeployError("timeouts must be positive")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise DeployError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
@@ -93,7 +95,7 @@ class LocalDeployer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._services: dict[str, _Service] = {}
         self._lock = threading.Lock()
-        self._http = httpx.Client(timeout=2.0, trust_env=False)
+        self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
         atexit.register(_close_ref, weakref.ref(self))
 
     # ---- Deployer protocol ----
@@ -255,7 +257,7 @@ class LocalDeployer:
 
     def _readyz(self, url: str) -> bool:
         if self._http.is_closed:  # used again after close()
-            self._http = httpx.Client(timeout=2.0, trust_env=False)
+            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
         try:
             return self._http.get(url + "/readyz").status_code == 200
         except httpx.HTTPError:

@@ -262,3 +262,14 @@ def test_no_orphans_when_the_parent_is_killed(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_local_config_validation():
+    for bad in ({"engine_command": ()}, {"ready_timeout_s": 0}, {"probe_timeout_s": -1}, {"cpu_threads": 0}):
+        with pytest.raises(DeployError):
+            LocalConfig(**bad)
+    with LocalDeployer(LocalConfig(cpu_threads=1)) as d:
+        with pytest.raises(DeployNotFoundError, match="not deployed"):
+            d.promote("nothing")
+        d.delete("nothing")  # idempotent on an unknown service
+        assert d.status("nothing") == {}
