@@ -107,6 +107,11 @@ class KubernetesDeployer:
             role = d["metadata"].get("labels", {}).get(m.ROLE_LABEL)
             if role in ROLES:
                 out[role] = self._variant_status(service, role, d)
+        if out and self.config.traffic == "httproute":
+            route = self.kube.call(f"read HTTPRoute {service}", lambda: self.kube.get("route", service))
+            weights = m.route_weights(route) if route else {}
+            for role, st in list(out.items()):
+                out[role] = dataclasses.replace(st, message=f"{st.message}; HTTPRoute weight {weights.get(role, 0)}%")
         if any(not s.ready and s.replicas for s in out.values()):  # say why: crash loops, image pulls, OOM kills
             pods = self.kube.call(f"list Pods of {service}", lambda: self.kube.list_pods(sel.split(",")[0]))
             for role, st in list(out.items()):

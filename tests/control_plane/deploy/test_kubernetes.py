@@ -222,6 +222,7 @@ def test_httproute_weights(kube_cluster, kube_namespace, httproute_crd, apps):
     assert weights() == {"production": 100, "baseline": 0, "canary": 0}  # new variants join without traffic
     kd.set_weights(SVC, {"production": 90, "baseline": 5, "canary": 5})
     assert weights() == {"production": 90, "baseline": 5, "canary": 5}
+    assert "HTTPRoute weight 5%" in kd.status(SVC)["canary"].message
     ref = route()["spec"]["rules"][0]["backendRefs"][2]
     assert ref == {"kind": "Service", "name": f"{SVC}-canary", "port": 8000, "weight": 5}
     pinned = {rule["matches"][0]["headers"][0]["value"]: rule["backendRefs"][0]["name"]
