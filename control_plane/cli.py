@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -85,6 +84,32 @@ def format_check(ev: dict, steps: Sequence[int] = ()) -> list[str]:
         lines.append("    " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     lines.append(f"    reason: {v['reason']}")
     return lines
+
+
+def _delta_label(series: str, q) -> str:
+    if series == "error_rate":
+        return "error rate"
+    metric = series.split("{", 1)[0]
+    return _series_label({"check": f"{metric}:p{round(q * 100):d}" if q is not None else metric, "series": series})
+
+
+def format_deltas(ev: dict) -> list[str]:
+    """What was measured but not necessarily decided on: P90/P99 of every series (request latency per route, TTFT,
+    inter-token, e2e) for canary, baseline and production, and the canary's relative deltas against both."""
+    deltas = ev["verdict"].get("deltas") or []
+    if not deltas:
+        return []
+    rows = [("series", "canary", "baseline", "production", "vs baseline", "vs production")]
+    for d in deltas:
+        if d["series"] == "error_rate":
+            fmt = lambda x: "-" if x is None else f"{float(x) * 100:.2f} %"  # noqa: E731
+            rows.append(("error rate", fmt(d["canary"]), fmt(d["baseline"]), fmt(d["production"]),
+                         _pt(d["vs_baseline_abs"]), _pt(d["vs_production_abs"])))
+        else:
+            rows.append((_delta_label(d["series"], d["quantile"]), _ms(d["canary"]), _ms(d["baseline"]),
+                         _ms(d["production"]), _pct(d["vs_baseline_rel"]), _pct(d["vs_production_rel"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["    " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def _when(t: float | None) -> str:
@@ -164,8 +189,13 @@ def show(store, rollout_id: str, out=print) -> None:
         if e["kind"] != "check":
             out(f"  {_when(e['at'])}  [{e['phase']}] {e['message']}")
     out("checks:")
-    for ev in store.checks(r.id):
+    checks = store.checks(r.id)
+    for ev in checks:
         for line in format_check(ev, r.policy.steps):
+            out("  " + line)
+    if checks and format_deltas(checks[-1]):
+        out(f"all measured percentiles at the last check (#{checks[-1]['seq']}), canary against baseline and production:")
+        for line in format_deltas(checks[-1]):
             out("  " + line)
     if r.queries:
         out("queries of the last window:")

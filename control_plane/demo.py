@@ -8,7 +8,6 @@ process. The policy is a demo policy (short steps and intervals); `Policy()` def
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import threading
 import time
@@ -329,7 +328,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
 
 def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -> str:
     """Print the rollout's events and every check's evidence as they are stored, until it ends."""
-    from control_plane.cli import format_check
+    from control_plane.cli import format_check, format_deltas
     from control_plane.rollout import Phase
     from control_plane.worker import SideTables
 
@@ -346,6 +345,10 @@ def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -
             seen_check = ev["seq"]
             for line in format_check(ev, r.policy.steps):
                 out("      " + line)
+            if ev["decision"] in ("rollback", "promote"):
+                out("          every measured percentile at this check (shown, not all decided on):")
+                for line in format_deltas(ev):
+                    out("      " + line)
         if not r.active and not store.pending_actions(rollout_id):
             return r.phase.value
         if r.phase is Phase.PROGRESSING and time.monotonic() - last_load >= 5:

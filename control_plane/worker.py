@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec, VariantStatus
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, Policy, VariantData
+from control_plane.analysis import Policy, VariantData
 from control_plane.rollout import (Action, Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
                                    SetWeights, reconcile)
 from control_plane.store import Store
@@ -319,7 +319,7 @@ class Worker:
                    for role, st in status.items()}
         required = ("canary", r.policy.compare_to) if r.phase is Phase.PROGRESSING else ()
         try:
-            w = self.source.window(r.service, targets, r.observed_until, now, metrics_of(r.policy), required)
+            w = self.source.window(r.service, targets, r.observed_until, now, r.policy.metrics, required)
         except MetricsError as e:
             errors.append(f"{self.source.name}: {e}")
             return Observation(variants=variants, source=self.source.name, errors=tuple(errors),
@@ -408,7 +408,3 @@ def crashing(st: VariantStatus) -> bool:
     """A replica exited (local deployer) or crash-loops (Kubernetes): the status message says so."""
     msg = st.message.lower()
     return not st.ready and ("exited with code" in msg or "crashloop" in msg)
-
-
-def metrics_of(policy: Policy) -> tuple[str, ...]:
-    return tuple(dict.fromkeys([REQUEST_LATENCY] + [c.metric for c in policy.checks if c.metric != ERROR_RATE]))

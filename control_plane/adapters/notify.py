@@ -96,7 +96,7 @@ class WebhookNotifier:
         self._stop = threading.Event()
         self._session = requests.Session()
         self._session.trust_env = False
-        self._thread = threading.Thread(target=self._run, name=f"sits-webhook", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="sits-webhook", daemon=True)
         self._thread.start()
 
     def notify(self, n: Notification) -> None:
