@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from engine.errors import EngineError, InvalidRequestError, QueueFullError
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError, error_body
+from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
 from engine.server.runner import Output, Rejected
 from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
@@ -40,6 +41,7 @@ class Tracker:
     closed: bool = False
     finish_reason: str | None = None
     text: list[str] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)   # one engine entry per generated token, when asked for
 
     def on_output(self, item: Output) -> None:
         m = self.state.metrics
@@ -61,6 +63,8 @@ class Tracker:
                 m.observe_itl(gap)
             self.last_token = now
             self.output_tokens += n
+            if item.out.logprobs:
+                self.logprobs.extend(item.out.logprobs)
         if item.out.finished:
             self.finish_reason = item.out.finish_reason
             self.prompt_tokens = item.out.num_prompt_tokens or self.prompt_tokens
@@ -138,7 +142,8 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=greq.temperature, top_p=greq.top_p,
                                 top_k=greq.top_k, seed=greq.seed, stop=greq.stop,
-                                stop_token_ids=greq.stop_token_ids, ignore_eos=greq.ignore_eos)
+                                stop_token_ids=greq.stop_token_ids, ignore_eos=greq.ignore_eos,
+                                logprobs=greq.logprobs)
     except (InvalidRequestError, ValueError) as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return greq, ids, params, tenant, priority
@@ -230,13 +235,16 @@ async def _collect(request: Request, greq: GenerationRequest, rid: str, created:
     tracker.close()
     text = "".join(tracker.text)
     fp = state.system_fingerprint
+    decode = state.runner.engine.tokenizer.decode if greq.logprobs is not None else None
     if greq.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        lp = chat_logprobs(decode, tracker.logprobs) if greq.logprobs is not None else None
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                   "finish_reason": tracker.finish_reason}
         body = {"id": rid, "object": "chat.completion", "created": created, "model": greq.model,
                 "system_fingerprint": fp, "choices": [choice], "usage": tracker.usage()}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": tracker.finish_reason}
+        lp = completion_logprobs(decode, tracker.logprobs, 0) if greq.logprobs is not None else None
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": tracker.finish_reason}
         body = {"id": rid, "object": "text_completion", "created": created, "model": greq.model,
                 "system_fingerprint": fp, "choices": [choice], "usage": tracker.usage()}
     return JSONResponse(body)
@@ -248,15 +256,23 @@ async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asynci
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": greq.model, "system_fingerprint": state.system_fingerprint}
     dumps = json.dumps
+    decode = state.runner.engine.tokenizer.decode if greq.logprobs is not None else None
+    sent = {"logprobs": 0, "chars": 0}   # logprob entries already sent; completion text offset
 
     def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+        lp = None
+        if greq.logprobs is not None and not role:
+            entries = tracker.logprobs[sent["logprobs"]:]
+            sent["logprobs"] = len(tracker.logprobs)
+            lp = chat_logprobs(decode, entries) if chat else completion_logprobs(decode, entries, sent["chars"])
+            sent["chars"] += sum(len(t) for t in lp.get("tokens", ()))
         if chat:
             delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return sse_event(dumps({**head, "choices": [choice]}).encode())
 
     if chat:
@@ -281,7 +297,7 @@ async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asynci
         if finished:
             tracker.close()  # before the last yield: a client that stops reading now still counts as served
             yield chunk("".join(text), tracker.finish_reason)
-        elif any(text):
+        elif any(text) or (greq.logprobs is not None and len(tracker.logprobs) > sent["logprobs"]):
             yield chunk("".join(text), None)
     if greq.include_usage:
         yield sse_event(dumps({**head, "choices": [], "usage": tracker.usage()}).encode())

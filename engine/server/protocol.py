@@ -15,6 +15,7 @@ from typing import Any
 from engine.server.errors import APIError
 
 MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
 PRIORITIES = range(0, 4)
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -23,7 +24,7 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")
 _UNSUPPORTED_NEUTRAL = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
+    "tools": (None, []), "functions": (None, []),
     "tool_choice": (None, "none"), "function_call": (None, "none"), "audio": (None,), "modalities": (None, ["text"]),
 }
 
@@ -48,6 +49,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
+    logprobs: int | None = None    # None: off; N: the sampled token's logprob plus the N most likely alternatives
 
     def __post_init__(self) -> None:
         if self.kind not in ("completion", "chat"):
@@ -132,6 +134,24 @@ def _check_unsupported(body: dict) -> None:
         raise _bad("only response_format {\"type\": \"text\"} is supported", "response_format")
 
 
+def _logprobs(body: dict, kind: str) -> int | None:
+    """completions: `logprobs` = N (0..20); chat: `logprobs` true plus optional `top_logprobs` = N (0..20)."""
+    if kind == "completion":
+        return _optional_int_in(body, "logprobs", 0, MAX_LOGPROBS)
+    on = _bool(body, "logprobs")
+    top = _optional_int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not on:
+        raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if on else None
+
+
+def _optional_int_in(body: dict, name: str, lo: int, hi: int) -> int | None:
+    v = _optional_int(body, name, lo=lo)
+    if v is not None and v > hi:
+        raise _bad(f"'{name}' must be at most {hi}, got {v}", name)
+    return v
+
+
 def _common(body: dict, kind: str, prompt: str | list[int], messages: list[dict[str, str]]) -> GenerationRequest:
     model = body.get("model")
     if model is None:
@@ -166,6 +186,7 @@ def _common(body: dict, kind: str, prompt: str | list[int], messages: list[dict[
         ignore_eos=_bool(body, "ignore_eos"),
         stream=stream,
         include_usage=bool(stream and opts and opts.get("include_usage")),
+        logprobs=_logprobs(body, kind),
     )
 
 

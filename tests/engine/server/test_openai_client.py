@@ -1,6 +1,7 @@
 """The real `openai` client against a running server: completions and chat, streaming and not."""
 
 import asyncio
+import math
 
 import openai
 import pytest
@@ -120,3 +121,37 @@ def test_32_simultaneous_streams_get_every_token(server):
         assert usage is not None and usage.completion_tokens == n
         if i % 8 == 0:  # spot-check content against the same request served alone
             assert text == _greedy(client, f"stream {i}:", n).choices[0].text
+
+
+def test_completion_logprobs_are_the_model_distribution(client):
+    """The sampled token is the argmax under greedy decoding, its logprob heads the top list, the top list is sorted
+    and holds probabilities that sum to at most 1, and streaming carries the same numbers."""
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert lp.text_offset[0] == 0 and all(b >= a for a, b in zip(lp.text_offset, lp.text_offset[1:]))
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        vals = sorted(top.values(), reverse=True)
+        assert 1 <= len(top) <= 3 and chosen <= 0.0
+        assert abs(vals[0] - chosen) < 1e-5   # greedy: the chosen token is the most likely one
+        assert sum(math.exp(v) for v in vals) <= 1.0 + 1e-5
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-6)
+
+
+def test_chat_logprobs_and_top_logprobs(client):
+    messages = [{"role": "user", "content": "Say hi"}]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for t in content:
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+        assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5 and bytes(t.bytes).decode("utf-8") == t.token
+    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == r.choices[0].message.content   # asking for logprobs changes nothing

@@ -56,7 +56,9 @@ BAD_COMPLETIONS = [
     ({"model": "m", "prompt": "x", "echo": True}, "echo"),
     ({"model": "m", "prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
     ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"model": "m", "prompt": "x", "logprobs": 3}, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": -1}, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": True}, "logprobs"),
     ({"model": "m", "prompt": "x", "stream_options": "usage"}, "stream_options"),
     ({"model": "m", "prompt": "x", "stop_token_ids": [1, "2"]}, "stop_token_ids"),
 ]
@@ -77,6 +79,10 @@ BAD_CHATS = [
     ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 3}, "logprobs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
      "max_completion_tokens"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
@@ -105,3 +111,14 @@ def test_tenant_headers():
                     {"x-sits-tenant": "a b"}, {"x-sits-tenant": "x" * 65}):
         with pytest.raises(APIError):
             parse_tenant(headers)
+
+
+def test_logprobs_fields_parse():
+    assert parse_completion({"model": "m", "prompt": "x"}).logprobs is None
+    assert parse_completion({"model": "m", "prompt": "x", "logprobs": 0}).logprobs == 0
+    assert parse_completion({"model": "m", "prompt": "x", "logprobs": 5}).logprobs == 5
+    msgs = [{"role": "user", "content": "x"}]
+    assert parse_chat({"model": "m", "messages": msgs}).logprobs is None
+    assert parse_chat({"model": "m", "messages": msgs, "logprobs": False}).logprobs is None
+    assert parse_chat({"model": "m", "messages": msgs, "logprobs": True}).logprobs == 0
+    assert parse_chat({"model": "m", "messages": msgs, "logprobs": True, "top_logprobs": 4}).logprobs == 4
