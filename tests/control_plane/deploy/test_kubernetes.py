@@ -76,10 +76,12 @@ def test_deploy_creates_labelled_deployment_and_services(kd, kube_namespace, app
     per_variant = core.read_namespaced_service(f"{SVC}-production", ns)
     assert per_variant.spec.selector == {"app": SVC, "sits.io/role": "production"}
     assert core.read_namespaced_service(SVC, ns).spec.selector == {"app": SVC}  # replica-ratio: one Service
-    # idempotent: the same spec again writes nothing
-    rv = d.metadata.resource_version
+    # idempotent: the same spec again changes nothing. (Not resourceVersion: the deployment controller keeps writing
+    # the status subresource meanwhile, which bumps it; spec writes bump metadata.generation, status writes don't.)
+    gen = d.metadata.generation
     kd.deploy(spec("production", replicas=2, gpus=1, env={"HF_HOME": "/cache"}, args=("--max-num-seqs", "64")))
-    assert dep(apps, ns, "production").metadata.resource_version == rv
+    again = dep(apps, ns, "production")
+    assert again.metadata.generation == gen and again.spec.template == d.spec.template
 
 
 def test_controller_manager_acts_on_the_deployment(kd, kube_namespace, kube_cluster):
