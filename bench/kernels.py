@@ -102,7 +102,8 @@ def prefill(res, quick):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.prefill_attention import _prefill_attention_tuned, prefill_attention
+    from kernels import prefill_attention as pa
+    from kernels.prefill_attention import prefill_attention
     rows = []
     shapes = [(2, 8192, 32, 32)] + ([] if quick else [(8, 2048, 32, 32), (2, 8192, 32, 8)])
     for b, s, hq, hkv in shapes:
@@ -120,7 +121,15 @@ def prefill(res, quick):
         err = rel_err(fn().view(b, s, hq, d).transpose(1, 2), want)
         row = {"shape": f"B{b} S{s} H{hq}/{hkv} D{d}", "triton_tflops": flops / bench(fn) / 1e9, "rel_err": err}
         fn()
-        row["triton_config"] = _config_name(_prefill_attention_tuned.best_config)
+        tma = pa._tma_ok(q, kc, vc)
+        row["triton_config"] = ("tma " if tma else "") + _config_name(
+            (pa._prefill_attention_tma_tuned if tma else pa._prefill_attention_tuned).best_config)
+        if tma:  # the pointer-gather kernel (what non-Hopper GPUs run), same run
+            pa.USE_TMA = False
+            try:
+                row["triton_gather_tflops"] = flops / bench(fn) / 1e9
+            finally:
+                pa.USE_TMA = None
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 with sdpa_kernel(backend):
@@ -262,6 +271,23 @@ def _config_name(c) -> str:
     return " ".join(f"{short.get(k, k)}{v}" for k, v in kw.items()) + f" w{c.num_warps} s{c.num_stages}"
 
 
+def _gemv_variants(lin) -> list[dict]:
+    """linear_with_config keyword sets: the autotuner's candidates, with and without programmatic dependent launch
+    (pdl, what `linear` uses at M <= 16 on sm_90+), and pdl with other prefetch / trigger choices."""
+    base = [dict(block_m=c.kwargs["BLOCK_M"], block_n=c.kwargs["BLOCK_N"], block_k=c.kwargs["BLOCK_K"],
+                 split_k=c.kwargs["SPLIT_K"], num_warps=c.num_warps, num_stages=c.num_stages) for c in lin._SMALL_M]
+    return base + [dict(kw, pdl=True, prefetch=p, late_trigger=late) for kw in base
+                   for p, late in ((2, True), (0, True), (2, False))]
+
+
+def _gemv_name(kw) -> str:
+    name = f"M{kw['block_m']} N{kw['block_n']} K{kw['block_k']} splitK{kw['split_k']} w{kw['num_warps']} " \
+           f"s{kw['num_stages']}"
+    if kw.get("pdl"):
+        name += f" pdl prefetch{kw['prefetch']}" + (" late" if kw["late_trigger"] else " early")
+    return name
+
+
 def sweeps(res, parts=("gemv", "prefill", "decode")):
     """Variants timed one by one: what the autotuners pick from (GEMV tiles and split-K, prefill tiles), and the
     decode split counts."""
@@ -279,10 +305,8 @@ def sweeps(res, parts=("gemv", "prefill", "decode")):
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = lin.linear_ref(x, qws[0])
-            for c in lin._SMALL_M:
-                kw = dict(block_m=c.kwargs["BLOCK_M"], block_n=c.kwargs["BLOCK_N"], block_k=c.kwargs["BLOCK_K"],
-                          split_k=c.kwargs["SPLIT_K"], num_warps=c.num_warps, num_stages=c.num_stages)
-                row = {"case": f"int8 [{n}x{k}] M={m}", "variant": _config_name(c)}
+            for kw in _gemv_variants(lin):
+                row = {"case": f"int8 [{n}x{k}] M={m}", "variant": _gemv_name(kw)}
                 try:
                     row["rel_err"] = rel_err(lin.linear_with_config(x, qws[0], **kw), ref)
                     ms = bench_graph([lambda q=q: lin.linear_with_config(x, q, **kw) for q in qws])
@@ -312,6 +336,23 @@ def sweeps(res, parts=("gemv", "prefill", "decode")):
                     pa._prefill_attention_kernel[(b * s_ // c.kwargs["BLOCK_M"] + b, hq)](
                         *args, HEAD_DIM=d, HEAD_DIM_P=d, GROUP=hq // hkv, PAGE=64, DOT_F32=False, DOT_PRECISION="tf32",
                         **c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                fn()
+                row["rel_err"] = rel_err(out, ref)
+                row["tflops"] = flops / bench(fn) / 1e9
+            except Exception as e:  # noqa: BLE001
+                row["error"] = str(e)[:100]
+            rows.append(row)
+        descs = (pa._page_descriptor(kc), pa._page_descriptor(vc))
+        targs = (q, *descs, tables, cu, lens, out, d ** -0.5 * math.log2(math.e), q.stride(0), q.stride(1),
+                 tables.stride(0), out.stride(0), out.stride(1), b, 8192)
+        for c in pa._TMA_CONFIGS:
+            row = {"case": f"prefill B{b} S{s_} H{hq}/{hkv} D{d}", "variant": "tma " + _config_name(c)}
+            try:
+                def fn(c=c):
+                    pa._prefill_attention_tma_kernel[(b * s_ // c.kwargs["BLOCK_M"] + b, hq)](
+                        *targs, HEAD_DIM=d, GROUP=hq // hkv, PAGE=64, DOT_F32=False, **c.kwargs,
+                        num_warps=c.num_warps, num_stages=c.num_stages)
+                out.fill_(float("nan"))
                 fn()
                 row["rel_err"] = rel_err(out, ref)
                 row["tflops"] = flops / bench(fn) / 1e9

@@ -5,6 +5,14 @@ context_lens[b] tokens in total; new token i sits at position context_lens[b] - 
 positions <= its own. softmax(q k^T * scale) v with FlashAttention-2's online softmax in fp32 (Dao 2023): each
 program owns BLOCK_M queries of one head of one sequence and streams the sequence's K/V tiles through its block table;
 tiles entirely below the causal diagonal skip the mask.
+
+Two kernels, one schedule:
+- `_prefill_attention_tma_kernel` (Hopper and newer, fp16/bf16, power-of-two page size and head_dim 64/128/256, as
+  the engine's cache has): K/V tiles are whole pages, copied by the tensor-memory accelerator from a descriptor over the
+  cache viewed as [num_blocks * page, num_kv_heads * head_dim]; one block-table entry per page. 483 TFLOP/s on an
+  H200 at B2 S8k H32 D128 against 371 for the pointer kernel (BENCHMARKS.md).
+- `_prefill_attention_kernel`: per-row pointer gathers through the block table, any page size and head_dim, fp32;
+  what other GPUs run.
 """
 from __future__ import annotations
 
@@ -14,6 +22,11 @@ import torch
 
 from kernels.paged import PagedAttentionError, check_lens, check_paged_args, gather_kv
 from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
+
+try:  # Triton >= 3.4: host-side TMA descriptors
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the pointer kernel only
+    TensorDescriptor = None
 
 
 
@@ -108,6 +121,117 @@ def _prefill_attention_kernel(
                  out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
+@triton.jit
+def _tma_page(desc, bt_row, page_idx, valid, col, PAGE: tl.constexpr):
+    # one [PAGE, HEAD_DIM] page of one kv head through the tensor-memory accelerator (a page past the sequence reads
+    # block 0, which exists; its keys are masked out by the caller)
+    blk = tl.load(bt_row + page_idx, mask=valid, other=0)
+    return desc.load([blk * PAGE, col])
+
+
+@triton.jit
+def _tma_tile(acc, l_i, m_i, q, start_n, k_desc, v_desc, bt_row, col, qpos, ctx, qk_scale,
+              PAGE: tl.constexpr, PAGES: tl.constexpr, MASK: tl.constexpr, DOT_F32: tl.constexpr):
+    # PAGES (1 or 2) whole pages = one BLOCK_N = PAGES * PAGE key tile; the scale is folded into the exp2 argument
+    # (one FMA per score, as in Triton's fused-attention tutorial)
+    j = start_n // PAGE
+    offs0 = start_n + tl.arange(0, PAGE)
+    k0 = _tma_page(k_desc, bt_row, j, True, col, PAGE)
+    if DOT_F32:  # the interpreter's bf16 dot is wrong; fp32 is exact for bf16 inputs
+        k0 = k0.to(tl.float32)
+    s0 = tl.dot(q, k0.T)
+    if MASK:
+        s0 = tl.where((offs0[None, :] <= qpos[:, None]) & (offs0 < ctx)[None, :], s0, float("-inf"))
+    row_max = tl.max(s0, 1)
+    if PAGES == 2:
+        offs1 = offs0 + PAGE
+        k1 = _tma_page(k_desc, bt_row, j + 1, start_n + PAGE < ctx, col, PAGE)
+        if DOT_F32:
+            k1 = k1.to(tl.float32)
+        s1 = tl.dot(q, k1.T)
+        if MASK:
+            s1 = tl.where((offs1[None, :] <= qpos[:, None]) & (offs1 < ctx)[None, :], s1, float("-inf"))
+        row_max = tl.maximum(row_max, tl.max(s1, 1))
+    m_new = tl.maximum(m_i, row_max * qk_scale)
+    alpha = tl.math.exp2(m_i - m_new)
+    p0 = tl.math.exp2(s0 * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p0, 1)
+    acc = acc * alpha[:, None]
+    v0 = _tma_page(v_desc, bt_row, j, True, col, PAGE)
+    if MASK:  # slots past the context hold whatever the cache had (maybe NaN): p = 0 there must not meet NaN
+        v0 = tl.where((offs0 < ctx)[:, None], v0, 0.0)
+    p0 = p0.to(v_desc.dtype)
+    if DOT_F32:
+        p0 = p0.to(tl.float32)
+        v0 = v0.to(tl.float32)
+    acc = tl.dot(p0, v0, acc)
+    if PAGES == 2:
+        p1 = tl.math.exp2(s1 * qk_scale - m_new[:, None])
+        l_i += tl.sum(p1, 1)
+        v1 = _tma_page(v_desc, bt_row, j + 1, start_n + PAGE < ctx, col, PAGE)
+        if MASK:
+            v1 = tl.where((offs1 < ctx)[:, None], v1, 0.0)
+        p1 = p1.to(v_desc.dtype)
+        if DOT_F32:
+            p1 = p1.to(tl.float32)
+            v1 = v1.to(tl.float32)
+        acc = tl.dot(p1, v1, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _prefill_attention_tma_kernel(
+    q_ptr, k_desc, v_desc, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
+    stride_qt, stride_qh, stride_bt, stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, PAGES: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    # The same schedule and masking as _prefill_attention_kernel; K/V pages come through TMA descriptors over the
+    # cache viewed as [num_blocks * PAGE, num_kv_heads * HEAD_DIM] (Hopper+), one [PAGE, HEAD_DIM] box per page.
+    BLOCK_N: tl.constexpr = PAGES * PAGE
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    left = tl.full([], 0, tl.int32)
+    right = tl.full([], 0, tl.int32) + num_seqs - 1
+    while left < right:
+        mid = (left + right + 1) // 2
+        if tl.load(cu_q_ptr + mid) // BLOCK_M + mid <= pid:
+            left = mid
+        else:
+            right = mid - 1
+    seq = left
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    m0 = (pid - q_start // BLOCK_M - seq) * BLOCK_M
+    if m0 < q_len:
+        ctx = tl.load(ctx_ptr + seq)
+        col = (head // GROUP) * HEAD_DIM
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        mask_m = offs_m < q_len
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=mask_m[:, None],
+                    other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+        qpos = ctx - q_len + offs_m
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+        hi = tl.minimum(ctx, ctx - q_len + m0 + BLOCK_M)
+        full_hi = ((ctx - q_len + m0 + 1) // BLOCK_N) * BLOCK_N
+        for start_n in range(0, full_hi, BLOCK_N):
+            acc, l_i, m_i = _tma_tile(acc, l_i, m_i, q, start_n, k_desc, v_desc, bt_row, col, qpos, ctx, qk_scale,
+                                      PAGE, PAGES, False, DOT_F32)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _tma_tile(acc, l_i, m_i, q, start_n, k_desc, v_desc, bt_row, col, qpos, ctx, qk_scale,
+                                      PAGE, PAGES, True, DOT_F32)
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None])
+
+
 _CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
@@ -120,6 +244,33 @@ _CONFIGS = [
 _TUNE_MIN_TOKENS = 1024
 _prefill_attention_tuned = triton.autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
     _prefill_attention_kernel)
+_TMA_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "PAGES": pages}, num_warps=w, num_stages=st)
+    # the H200 sweep's leaders (BENCHMARKS.md): one warpgroup over 128 queries, 64-key pages, two CTAs per SM first
+    for bm, pages, w, st in ((128, 1, 4, 2), (128, 1, 4, 3), (128, 2, 8, 2), (128, 2, 8, 3), (64, 1, 4, 3))
+]
+_prefill_attention_tma_tuned = triton.autotune(_TMA_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
+    _prefill_attention_tma_kernel)
+# None: TMA on Hopper and newer when the cache layout allows it (and in the interpreter); True/False force a path
+USE_TMA: bool | None = None
+
+
+def _tma_ok(q, k_cache, v_cache) -> bool:
+    page, d = k_cache.shape[1], k_cache.shape[3]
+    if USE_TMA is False or q.dtype not in (torch.float16, torch.bfloat16) or TensorDescriptor is None:
+        return False
+    shape_ok = (page & (page - 1) == 0 and 16 <= page <= 256 and d in (64, 128, 256)
+                and k_cache.is_contiguous() and v_cache.is_contiguous())
+    if USE_TMA:
+        return shape_ok
+    if interpreting():
+        return shape_ok
+    return shape_ok and torch.cuda.get_device_capability(q.device) >= (9, 0)
+
+
+def _page_descriptor(cache: torch.Tensor) -> "TensorDescriptor":
+    nb, page, hkv, d = cache.shape
+    return TensorDescriptor(cache.view(nb * page, hkv * d), [nb * page, hkv * d], [hkv * d, 1], [page, d])
 
 
 def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> int:
@@ -145,6 +296,9 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise PagedAttentionError("prefill_attention: caches must be contiguous along head_dim")
     page, hkv = k_cache.shape[1], k_cache.shape[2]
+    if _tma_ok(q, k_cache, v_cache):
+        _launch_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale, b)
+        return out
     args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, float(scale) * math.log2(math.e),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
             v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), b,
@@ -165,6 +319,22 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
         _prefill_attention_tuned[grid](*args, **meta, DOT_F32=False)
     return out
+
+
+def _launch_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale, b) -> None:
+    t, hq, d = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    args = (q, _page_descriptor(k_cache), _page_descriptor(v_cache), block_tables, cu_seqlens_q, context_lens, out,
+            float(scale) * math.log2(math.e), q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0),
+            out.stride(1), b, min(next_pow2(t), 8192))
+    meta = dict(HEAD_DIM=d, GROUP=hq // hkv, PAGE=page)
+    if interpreting() or t < _TUNE_MIN_TOKENS:  # the interpreter takes two-page tiles so that CPU tests cover them
+        pages = 2 if interpreting() else 1
+        _prefill_attention_tma_kernel[(t // 64 + b, hq)](*args, **meta, BLOCK_M=64, PAGES=pages, num_warps=4,
+                                                         num_stages=2, DOT_F32=interpreting())
+    else:
+        grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
+        _prefill_attention_tma_tuned[grid](*args, **meta, DOT_F32=False)
 
 
 def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):

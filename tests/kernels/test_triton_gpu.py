@@ -89,9 +89,12 @@ def test_weight_only_linear_llama_shapes(kind, m, n, k):
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("split_k", [2, 4, 8])
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
-def test_weight_only_linear_split_k(split_k, n, k):
+def test_weight_only_linear_split_k(split_k, n, k, pdl):
+    if pdl and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
     # every split-K config autotuning may pick, repeated: a missing release/acquire between the splits' partials
     # and the last split's sum would show up as a wrong or run-to-run varying result
     from kernels.linear import linear_with_config
@@ -102,10 +105,36 @@ def test_weight_only_linear_split_k(split_k, n, k):
     ref64 = REF.linear(x.double(), qw)
     first = None
     for _ in range(5):
-        got = linear_with_config(x, qw, block_m=16, block_n=64, block_k=256, split_k=split_k)
+        got = linear_with_config(x, qw, block_m=16, block_n=64, block_k=256, split_k=split_k, pdl=pdl)
         assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
         first = got if first is None else first
         assert torch.equal(got, first)  # the partials are summed in split order: deterministic
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs sm_90+")
+def test_pdl_linear_chain_reads_the_previous_output():
+    # y_{i+1} = W y_i in a chain of programmatic-dependent launches, inside a CUDA graph too: a GEMV that read its
+    # input before griddepcontrol.wait would see the previous kernel's output half-written
+    from kernels.linear import linear_with_config
+    g = torch.Generator().manual_seed(11)
+    qw = quantize_weight(torch.randn(4096, 4096, generator=g) * 0.02, "int8").to("cuda")
+    x0 = torch.randn(4, 4096, generator=g).bfloat16().cuda()
+
+    def chain(fn):
+        y = x0
+        for _ in range(6):  # back to back: each launch depends on the one before (W's scale keeps y ~ unit size)
+            y = fn(y)
+        return y
+    want = chain(lambda y: linear_with_config(y, qw, block_n=64, block_k=256, split_k=2))
+    got = chain(lambda y: linear_with_config(y, qw, block_n=64, block_k=256, split_k=2, pdl=True))
+    assert torch.equal(got, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(lambda y: linear_with_config(y, qw, block_n=64, block_k=256, split_k=2, pdl=True))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),

@@ -116,6 +116,23 @@ def test_prefill_attention_prefix_hits_and_chunks(dev, dtype):
     check_op("prefill_attention", _prefill_args([65, 130, 1000], [1, 66, 40], 3, 1, 64, dtype, seed=21), dtype, dev)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+def test_prefill_attention_both_kernels_ignore_stale_slots(dev, tma, monkeypatch):
+    # the TMA kernel (page-sized tiles; Hopper+, and the interpreter) and the pointer-gather kernel, forced, on the
+    # same prefix hits and chunks; the cache slots past each context hold NaN, as a recycled block may
+    from kernels import prefill_attention as pa
+    monkeypatch.setattr(pa, "USE_TMA", tma)
+    ctx, qlens = [1, 64, 65, 200], [1, 64, 3, 130]
+    q, k_cache, v_cache, tables, cu, lens, scale = _prefill_args(ctx, qlens, 4, 2, 64, torch.bfloat16, seed=24)
+    for b, n in enumerate(ctx):
+        last = tables[b, (n - 1) // 64].item()
+        k_cache[last, (n - 1) % 64 + 1:] = float("nan")
+        v_cache[last, (n - 1) % 64 + 1:] = float("nan")
+    assert pa._tma_ok(q, k_cache, v_cache) == tma
+    got = check_op("prefill_attention", (q, k_cache, v_cache, tables, cu, lens, scale), torch.bfloat16, dev)
+    assert torch.isfinite(got).all()
+
+
 @pytest.mark.parametrize("page", [16, 128])
 def test_prefill_attention_page_sizes(dev, page):
     # 64-token key tiles that span 4 pages (16) or half of one (128): both ways of walking the block table
