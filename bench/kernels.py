@@ -103,7 +103,7 @@ def prefill(res, quick):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernels import prefill_attention as pa
-    from kernels.prefill_attention import prefill_attention
+    from kernels.prefill_attention import prefill_attention, prefill_attention_tma
     rows = []
     shapes = [(2, 8192, 32, 32)] + ([] if quick else [(8, 2048, 32, 32), (2, 8192, 32, 8)])
     for b, s, hq, hkv in shapes:
@@ -113,7 +113,7 @@ def prefill(res, quick):
         cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device="cuda")
         lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
         flops = 4 * b * hq * s * s * d / 2
-        fn = lambda: prefill_attention(q, kc, vc, tables, cu, lens, d ** -0.5)  # noqa: E731
+        fn = lambda: prefill_attention_tma(q, kc, vc, tables, cu, lens, d ** -0.5)  # noqa: E731 (triton-v1.1)
         qs = q.view(b, s, hq, d).transpose(1, 2)
         ks, vs = contiguous(kc, tables, s), contiguous(vc, tables, s)
         gqa = hq != hkv
@@ -124,12 +124,9 @@ def prefill(res, quick):
         tma = pa._tma_ok(q, kc, vc)
         row["triton_config"] = ("tma " if tma else "") + _config_name(
             (pa._prefill_attention_tma_tuned if tma else pa._prefill_attention_tuned).best_config)
-        if tma:  # the pointer-gather kernel (what non-Hopper GPUs run), same run
-            pa.USE_TMA = False
-            try:
-                row["triton_gather_tflops"] = flops / bench(fn) / 1e9
-            finally:
-                pa.USE_TMA = None
+        if tma:  # triton-v1's pointer-gather kernel (what v1.1 falls back to off Hopper), same run
+            row["triton_gather_tflops"] = flops / bench(
+                lambda: prefill_attention(q, kc, vc, tables, cu, lens, d ** -0.5)) / 1e9
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 with sdpa_kernel(backend):
@@ -272,20 +269,14 @@ def _config_name(c) -> str:
 
 
 def _gemv_variants(lin) -> list[dict]:
-    """linear_with_config keyword sets: the autotuner's candidates, with and without programmatic dependent launch
-    (pdl, what `linear` uses at M <= 16 on sm_90+), and pdl with other prefetch / trigger choices."""
-    base = [dict(block_m=c.kwargs["BLOCK_M"], block_n=c.kwargs["BLOCK_N"], block_k=c.kwargs["BLOCK_K"],
+    """linear_with_config keyword sets: the autotuner's candidates."""
+    return [dict(block_m=c.kwargs["BLOCK_M"], block_n=c.kwargs["BLOCK_N"], block_k=c.kwargs["BLOCK_K"],
                  split_k=c.kwargs["SPLIT_K"], num_warps=c.num_warps, num_stages=c.num_stages) for c in lin._SMALL_M]
-    return base + [dict(kw, pdl=True, prefetch=p, late_trigger=late) for kw in base
-                   for p, late in ((2, True), (0, True), (2, False))]
 
 
 def _gemv_name(kw) -> str:
-    name = f"M{kw['block_m']} N{kw['block_n']} K{kw['block_k']} splitK{kw['split_k']} w{kw['num_warps']} " \
+    return f"M{kw['block_m']} N{kw['block_n']} K{kw['block_k']} splitK{kw['split_k']} w{kw['num_warps']} " \
            f"s{kw['num_stages']}"
-    if kw.get("pdl"):
-        name += f" pdl prefetch{kw['prefetch']}" + (" late" if kw["late_trigger"] else " early")
-    return name
 
 
 def sweeps(res, parts=("gemv", "prefill", "decode")):

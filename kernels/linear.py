@@ -19,37 +19,16 @@ import torch.nn.functional as F
 from kernels.quant import QuantizedWeight
 from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
 
-try:  # programmatic dependent launch (Hopper+); the calls are no-ops when a kernel is launched without it
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton
-    gdc_launch_dependents = gdc_wait = None
-
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 FP8_MAX = 448.0
 
 
 @triton.jit
-def _linear_step(acc, x_ptrs, w, mask_m, mask_k, WHOLE: tl.constexpr, DOT_F32: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
-    # one BLOCK_K step: load the x tile (rows past M, and k past the end unless WHOLE, as 0) and accumulate x W^T
-    if WHOLE:
-        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-    else:
-        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-    if DOT_F32:
-        acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=DOT_PRECISION)
-    else:
-        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
-    return acc
-
-
-@triton.jit
 def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
                    stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = 2, LATE_TRIGGER: tl.constexpr = True):
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # grid: (tiles, SPLIT_K). Split s reduces k in [s * k_per, (s + 1) * k_per); with SPLIT_K > 1 every split stores
     # its fp32 partial to ws [SPLIT_K, M, N] and bumps the tile's counter; the last to arrive sums the partials in
     # split order (deterministic), applies scale/bias, writes out and resets the counter to 0 for the next launch.
@@ -75,31 +54,20 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (k_lo + offs_k)[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if USE_PDL:
-        # programmatic dependent launch: this grid may start while the kernel before it finishes. The weights don't
-        # depend on that kernel, so the first PREFETCH k-steps of this tile's weight rows are pulled into L2 now (one
-        # prefetch per 128-byte line, clamped to the row); x, maybe that kernel's output, is read, and anything is
-        # written, only after griddepcontrol.wait.
-        if PREFETCH > 0:
-            lines = tl.arange(0, PREFETCH * BLOCK_K // 128) * 128
-            pre = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.minimum(k_lo + lines, K - 1)[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [pre], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        gdc_wait()
-        if not LATE_TRIGGER:
-            gdc_launch_dependents()
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # K % (SPLIT_K * BLOCK_K) == 0: every tile is whole
+            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
             w = tl.load(w_ptrs, eviction_policy="evict_first")  # weights stream through once
-            acc = _linear_step(acc, x_ptrs, w, mask_m, mask_m, True, DOT_F32, DOT_PRECISION)
         else:
             mask_k = (k0 + offs_k) < k_hi
+            x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0, eviction_policy="evict_first")
-            acc = _linear_step(acc, x_ptrs, w, mask_m, mask_k, False, DOT_F32, DOT_PRECISION)
+        if DOT_F32:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if USE_PDL and LATE_TRIGGER:  # the next grid may launch once every program is past its weight stream
-        gdc_launch_dependents()
     mask_n = rn < N
     mask = mask_m[:, None] & mask_n[None, :]
     last = True
@@ -210,12 +178,6 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
     return locks
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch (griddepcontrol): Hopper and newer, compiled (not interpreted) kernels."""
-    return (device.type == "cuda" and gdc_wait is not None and not interpreting()
-            and torch.cuda.get_device_capability(device) >= (9, 0))
-
-
 def check_linear_args(x: torch.Tensor, weight, bias) -> None:
     k = weight.shape[1] if len(weight.shape) == 2 else -1
     if x.shape[-1] != k:
@@ -294,8 +256,7 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     if config is None:
         kernel = _linear_small_m if m <= 16 else _linear_large_m
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
-        pdl = dict(USE_PDL=True, launch_pdl=True) if m <= 16 and pdl_supported(x2.device) else {}
-        kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision, **pdl)
+        kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision)
         return
     c = dict(config)
     c.setdefault("DOT_F32", False)
@@ -305,8 +266,7 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
 
 
 def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int = 16, block_n: int = 64,
-                       block_k: int = 256, split_k: int = 1, num_warps: int = 4, num_stages: int = 4,
-                       pdl: bool = False, prefetch: int = 2, late_trigger: bool = True) -> torch.Tensor:
+                       block_k: int = 256, split_k: int = 1, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """The weight-only kernel with one fixed tile config (benchmark sweeps and tests of configs autotuning may pick)."""
     check_linear_args(x, weight, bias)
     check_device("linear", x)
@@ -316,10 +276,6 @@ def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, b
     out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k)
-        if pdl:
-            if not pdl_supported(x2.device):
-                raise ValueError("linear_with_config: programmatic dependent launch needs a CUDA GPU of sm_90+")
-            config.update(USE_PDL=True, PREFETCH=prefetch, LATE_TRIGGER=late_trigger, launch_pdl=True)
         if not interpreting():
             config.update(num_warps=num_warps, num_stages=num_stages)
         else:

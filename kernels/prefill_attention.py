@@ -7,12 +7,13 @@ program owns BLOCK_M queries of one head of one sequence and streams the sequenc
 tiles entirely below the causal diagonal skip the mask.
 
 Two kernels, one schedule:
-- `_prefill_attention_tma_kernel` (Hopper and newer, fp16/bf16, power-of-two page size and head_dim 64/128/256, as
-  the engine's cache has): K/V tiles are whole pages, copied by the tensor-memory accelerator from a descriptor over the
-  cache viewed as [num_blocks * page, num_kv_heads * head_dim]; one block-table entry per page. 483 TFLOP/s on an
-  H200 at B2 S8k H32 D128 against 371 for the pointer kernel (BENCHMARKS.md).
-- `_prefill_attention_kernel`: per-row pointer gathers through the block table, any page size and head_dim, fp32;
-  what other GPUs run.
+- `_prefill_attention_kernel` (`prefill_attention`, kernel set triton-v1): per-row pointer gathers through the block
+  table; any page size, head_dim and dtype, any GPU.
+- `_prefill_attention_tma_kernel` (`prefill_attention_tma`, kernel set triton-v1.1; Hopper and newer, fp16/bf16,
+  power-of-two page, head_dim 64/128/256, as the engine's cache has; other calls fall back to the pointer kernel):
+  K/V tiles are whole pages, copied by the tensor-memory accelerator from a descriptor over the cache viewed as
+  [num_blocks * page, num_kv_heads * head_dim], one block-table entry per page. On an H200 at B2 S8k H32 D128: 475
+  TFLOP/s against 373 for the pointer kernel in the same run (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -251,21 +252,18 @@ _TMA_CONFIGS = [
 ]
 _prefill_attention_tma_tuned = triton.autotune(_TMA_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
     _prefill_attention_tma_kernel)
-# None: TMA on Hopper and newer when the cache layout allows it (and in the interpreter); True/False force a path
-USE_TMA: bool | None = None
 
 
 def _tma_ok(q, k_cache, v_cache) -> bool:
+    """Can the TMA kernel take this call: fp16/bf16, a power-of-two page, head_dim 64/128/256, contiguous caches, and
+    Hopper or newer (or the interpreter, which emulates the descriptors)."""
     page, d = k_cache.shape[1], k_cache.shape[3]
-    if USE_TMA is False or q.dtype not in (torch.float16, torch.bfloat16) or TensorDescriptor is None:
+    if q.dtype not in (torch.float16, torch.bfloat16) or TensorDescriptor is None:
         return False
-    shape_ok = (page & (page - 1) == 0 and 16 <= page <= 256 and d in (64, 128, 256)
-                and k_cache.is_contiguous() and v_cache.is_contiguous())
-    if USE_TMA:
-        return shape_ok
-    if interpreting():
-        return shape_ok
-    return shape_ok and torch.cuda.get_device_capability(q.device) >= (9, 0)
+    if not (page & (page - 1) == 0 and 16 <= page <= 256 and d in (64, 128, 256)
+            and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return False
+    return interpreting() or torch.cuda.get_device_capability(q.device) >= (9, 0)
 
 
 def _page_descriptor(cache: torch.Tensor) -> "TensorDescriptor":
@@ -284,7 +282,16 @@ def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    # q: [T, Hq, D] -> out [T, Hq, D]
+    """triton-v1: the pointer-gather kernel. q: [T, Hq, D] -> out [T, Hq, D]"""
+    return _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, tma=False)
+
+
+def prefill_attention_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """triton-v1.1: the TMA kernel where it applies (see _tma_ok), else the pointer-gather kernel."""
+    return _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, tma=True)
+
+
+def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, tma: bool):
     b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     check_device("prefill_attention", q)
     t, hq, d = q.shape
@@ -296,7 +303,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise PagedAttentionError("prefill_attention: caches must be contiguous along head_dim")
     page, hkv = k_cache.shape[1], k_cache.shape[2]
-    if _tma_ok(q, k_cache, v_cache):
+    if tma and _tma_ok(q, k_cache, v_cache):
         _launch_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale, b)
         return out
     args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, float(scale) * math.log2(math.e),

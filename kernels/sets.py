@@ -40,3 +40,9 @@ TRITON_V1 = register_kernel_set(TORCH.derive(
     paged_decode_attention=_decode.paged_decode_attention,
     linear=_linear.linear,
 ))
+
+TRITON_V1_1 = register_kernel_set(TRITON_V1.derive(
+    "triton-v1.1", "1.1.0",
+    description="triton-v1 with TMA page-tiled prefill attention on Hopper+ (fp16/bf16; elsewhere the v1 kernel)",
+    prefill_attention=_prefill.prefill_attention_tma,
+))

@@ -65,7 +65,8 @@ def test_llama3_8b_preset_loads_fast_and_serves_a_batch(kernel_set, free_gpu):
     prompts = [[128000] + list(range(1000 + 37 * i, 1000 + 37 * i + 100 + 50 * i)) for i in range(8)]
     t0 = time.perf_counter()
     engine.model_runner.capture_logits = True
-    results = llm.generate(prompts, GREEDY)
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
+    results = llm.generate(prompts, greedy)
     gen_s = time.perf_counter() - t0
     assert torch.isfinite(engine.model_runner.last_logits).all()
     engine.model_runner.capture_logits = False
@@ -73,16 +74,31 @@ def test_llama3_8b_preset_loads_fast_and_serves_a_batch(kernel_set, free_gpu):
     print(f"[{kernel_set}] 8 requests x 16 tokens (prompts 100..450 tokens) in {gen_s:.2f} s")
     # the same prompt again: a prefix-cache hit computes only the uncached tail
     before = engine.num_computed_tokens_total
-    (again,) = llm.generate([prompts[7]], GREEDY)
+    (again,) = llm.generate([prompts[7]], greedy)
     assert again.num_cached_tokens == (len(prompts[7]) - 1) // 64 * 64
     assert engine.num_computed_tokens_total - before == len(prompts[7]) - again.num_cached_tokens + 15
-    assert again.token_ids == results[7].token_ids
+    assert_same_greedy_up_to_bf16_ties(results[7], again)
     # throughput of a batch of 64 (prefill + decode)
     batch = [[128000] + [2000 + i] * 64 for i in range(64)]
     t0 = time.perf_counter()
     llm.generate(batch, SamplingParams(max_tokens=64, temperature=0.8, seed=1, ignore_eos=True))
     dt = time.perf_counter() - t0
     print(f"[{kernel_set}] 64 seqs x 64 tokens in {dt:.2f} s = {64 * 64 / dt:.0f} tok/s")
+
+
+def assert_same_greedy_up_to_bf16_ties(a, b, tie: float = 0.2) -> None:
+    """Greedy tokens of one prompt run twice in bf16 (alone vs in a batch, or after a prefix-cache hit: other GEMM
+    shapes and attention tilings round differently). They must agree, except that from a near-tie on the random-weight
+    model on they may part: there both runs' top two tokens are the same pair, under `tie` nats apart (bf16 logits of
+    magnitude 16-32 are 0.125 apart; seen on an H200 with triton-v1.1: gaps of 0.094 and 0.0 at step 9)."""
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+        if x != y:
+            assert i > 0, "the first token (the prefill's) differs"
+            for lp in (a.logprobs[i], b.logprobs[i]):
+                (t0, l0), (t1, l1) = lp["top_logprobs"][:2]
+                assert {t0, t1} == {x, y} and l0 - l1 < tie, (i, a.logprobs[i], b.logprobs[i])
+            return
+    assert a.token_ids == b.token_ids
 
 
 def greedy_logits(kernels: str, prompts: dict[str, list[int]], steps: int = 12) -> dict:

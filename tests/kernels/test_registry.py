@@ -90,3 +90,12 @@ def test_quantized_weight_validates():
         QuantizedWeight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(3), "int8")
     with pytest.raises(QuantizationError):
         QuantizedWeight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(4), "fp8")
+
+
+def test_triton_v1_1_replaces_only_the_prefill_kernel():
+    # a new version is a new set: v1 keeps its kernels, v1.1 shares every op but prefill_attention with it
+    v1, v11 = get_kernel_set("triton-v1"), get_kernel_set("triton-v1.1")
+    assert (v1.version, v11.version) == ("1.0.0", "1.1.0")
+    differ = [op for op in OP_NAMES if getattr(v1, op) is not getattr(v11, op)]
+    assert differ == ["prefill_attention"]
+    assert v11.prefill_attention.__name__ == "prefill_attention_tma"

@@ -1,4 +1,5 @@
-"""triton-v1 at full size on a GPU (skipped without CUDA): Llama-3-8B shapes, long contexts, fp8 tensor cores."""
+"""triton-v1 (and v1.1's prefill) at full size on a GPU (skipped without CUDA): Llama-3-8B shapes, long contexts,
+fp8 tensor cores."""
 import pytest
 import torch
 
@@ -16,9 +17,9 @@ def _cast(args, dtype):
     return [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
 
 
-def check(name, args, dtype, atol_scale=1.0):
+def check(name, args, dtype, atol_scale=1.0, kernel_set=TRI):
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
-    got = getattr(TRI, name)(*args)
+    got = getattr(kernel_set, name)(*args)
     same = getattr(REF, name)(*args)
     ref64 = getattr(REF, name)(*_cast(args, torch.float64))
     got, same, ref64 = (r[0] if isinstance(r, tuple) else r for r in (got, same, ref64))
@@ -35,9 +36,10 @@ def test_norms_and_activation_llama_shapes(dtype):
     check("silu_and_mul", (torch.randn(77, 2 * 14336, generator=g).to(dtype),), dtype)
 
 
+@pytest.mark.parametrize("set_name", ["triton-v1", "triton-v1.1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [64, 128])
-def test_prefill_attention_long_mixed_batch(dtype, d):
+def test_prefill_attention_long_mixed_batch(dtype, d, set_name):
     ctx = [1, 63, 64, 65, 1000, 3000, 4096]
     qlens = [1, 63, 64, 1, 1000, 1000, 2048]  # full prompts, decode-like, prefix-cache hits / chunks
     hq, hkv = 32, 8
@@ -45,7 +47,7 @@ def test_prefill_attention_long_mixed_batch(dtype, d):
     q = torch.randn(sum(qlens), hq, d, generator=torch.Generator().manual_seed(3)).to(dtype)
     cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
     check("prefill_attention", (q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5),
-          dtype)
+          dtype, kernel_set=get_kernel_set(set_name))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -89,12 +91,9 @@ def test_weight_only_linear_llama_shapes(kind, m, n, k):
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
-@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("split_k", [2, 4, 8])
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
-def test_weight_only_linear_split_k(split_k, n, k, pdl):
-    if pdl and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("programmatic dependent launch needs sm_90+")
+def test_weight_only_linear_split_k(split_k, n, k):
     # every split-K config autotuning may pick, repeated: a missing release/acquire between the splits' partials
     # and the last split's sum would show up as a wrong or run-to-run varying result
     from kernels.linear import linear_with_config
@@ -105,36 +104,10 @@ def test_weight_only_linear_split_k(split_k, n, k, pdl):
     ref64 = REF.linear(x.double(), qw)
     first = None
     for _ in range(5):
-        got = linear_with_config(x, qw, block_m=16, block_n=64, block_k=256, split_k=split_k, pdl=pdl)
+        got = linear_with_config(x, qw, block_m=16, block_n=64, block_k=256, split_k=split_k)
         assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
         first = got if first is None else first
         assert torch.equal(got, first)  # the partials are summed in split order: deterministic
-
-
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
-                    reason="programmatic dependent launch needs sm_90+")
-def test_pdl_linear_chain_reads_the_previous_output():
-    # y_{i+1} = W y_i in a chain of programmatic-dependent launches, inside a CUDA graph too: a GEMV that read its
-    # input before griddepcontrol.wait would see the previous kernel's output half-written
-    from kernels.linear import linear_with_config
-    g = torch.Generator().manual_seed(11)
-    qw = quantize_weight(torch.randn(4096, 4096, generator=g) * 0.02, "int8").to("cuda")
-    x0 = torch.randn(4, 4096, generator=g).bfloat16().cuda()
-
-    def chain(fn):
-        y = x0
-        for _ in range(6):  # back to back: each launch depends on the one before (W's scale keeps y ~ unit size)
-            y = fn(y)
-        return y
-    want = chain(lambda y: linear_with_config(y, qw, block_n=64, block_k=256, split_k=2))
-    got = chain(lambda y: linear_with_config(y, qw, block_n=64, block_k=256, split_k=2, pdl=True))
-    assert torch.equal(got, want)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(lambda y: linear_with_config(y, qw, block_n=64, block_k=256, split_k=2, pdl=True))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),

@@ -28,10 +28,10 @@ def _to(args, dtype=None, device=None):
     return out
 
 
-def check_op(name, args, dtype, dev, index=None, atol_scale=1.0):
-    """Run op `name` of triton-v1 on `dev` and compare with torch-in-dtype and torch-in-fp64 (on CPU)."""
+def check_op(name, args, dtype, dev, index=None, atol_scale=1.0, kernel_set=TRI):
+    """Run op `name` of `kernel_set` (triton-v1) on `dev` and compare with torch-in-dtype and torch-in-fp64 (CPU)."""
     pick = (lambda r: r) if index is None else (lambda r: r[index])
-    got = pick(getattr(TRI, name)(*_to(args, device=dev)))
+    got = pick(getattr(kernel_set, name)(*_to(args, device=dev)))
     same = pick(getattr(REF, name)(*_to(args, device=dev)))
     ref64 = pick(getattr(REF, name)(*_to(args, dtype=torch.float64, device="cpu")))
     assert got.dtype == dtype and got.shape == ref64.shape
@@ -103,33 +103,39 @@ def _prefill_args(ctx, qlens, hq, hkv, d, dtype, seed):
     return q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
 
 
+@pytest.mark.parametrize("set_name", ["triton-v1", "triton-v1.1"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_prefill_attention_full_prompts(dev, dtype):
+def test_prefill_attention_full_prompts(dev, dtype, set_name):
     # context lengths 1, 63, 64, 65 in one launch; 6 query heads over 2 kv heads
     ctx = [1, 63, 64, 65]
-    check_op("prefill_attention", _prefill_args(ctx, ctx, 6, 2, 64, dtype, seed=20), dtype, dev)
+    check_op("prefill_attention", _prefill_args(ctx, ctx, 6, 2, 64, dtype, seed=20), dtype, dev,
+             kernel_set=get_kernel_set(set_name))
 
 
+@pytest.mark.parametrize("set_name", ["triton-v1", "triton-v1.1"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_attention_prefix_hits_and_chunks(dev, dtype):
+def test_prefill_attention_prefix_hits_and_chunks(dev, dtype, set_name):
     # new tokens after a cached prefix (prefix-cache hit, chunked prefill), up to a 1000-token context
-    check_op("prefill_attention", _prefill_args([65, 130, 1000], [1, 66, 40], 3, 1, 64, dtype, seed=21), dtype, dev)
+    check_op("prefill_attention", _prefill_args([65, 130, 1000], [1, 66, 40], 3, 1, 64, dtype, seed=21), dtype, dev,
+             kernel_set=get_kernel_set(set_name))
 
 
-@pytest.mark.parametrize("tma", [False, True])
-def test_prefill_attention_both_kernels_ignore_stale_slots(dev, tma, monkeypatch):
-    # the TMA kernel (page-sized tiles; Hopper+, and the interpreter) and the pointer-gather kernel, forced, on the
-    # same prefix hits and chunks; the cache slots past each context hold NaN, as a recycled block may
+@pytest.mark.parametrize("set_name", ["triton-v1", "triton-v1.1"])
+def test_prefill_attention_both_kernels_ignore_stale_slots(dev, set_name):
+    # v1's pointer-gather kernel and v1.1's TMA kernel (page-sized tiles; Hopper+, and the interpreter) on the same
+    # prefix hits and chunks; the cache slots past each context hold NaN, as a recycled block may
     from kernels import prefill_attention as pa
-    monkeypatch.setattr(pa, "USE_TMA", tma)
+    tma = set_name == "triton-v1.1"
     ctx, qlens = [1, 64, 65, 200], [1, 64, 3, 130]
     q, k_cache, v_cache, tables, cu, lens, scale = _prefill_args(ctx, qlens, 4, 2, 64, torch.bfloat16, seed=24)
     for b, n in enumerate(ctx):
         last = tables[b, (n - 1) // 64].item()
         k_cache[last, (n - 1) % 64 + 1:] = float("nan")
         v_cache[last, (n - 1) % 64 + 1:] = float("nan")
-    assert pa._tma_ok(q, k_cache, v_cache) == tma
-    got = check_op("prefill_attention", (q, k_cache, v_cache, tables, cu, lens, scale), torch.bfloat16, dev)
+    if tma and dev == "cuda" and not pa._tma_ok(q.cuda(), k_cache.cuda(), v_cache.cuda()):
+        pytest.skip("TMA needs sm_90+")
+    got = check_op("prefill_attention", (q, k_cache, v_cache, tables, cu, lens, scale), torch.bfloat16, dev,
+                   kernel_set=get_kernel_set(set_name))
     assert torch.isfinite(got).all()
 
 
