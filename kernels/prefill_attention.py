@@ -66,18 +66,10 @@ def _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_h
 
 
 @triton.jit
-def _prefill_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # grid: (T // BLOCK_M + B, Hq). Sequence b owns query tiles [cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1),
-    # at least cdiv(q_len_b, BLOCK_M) of them; find this program's sequence by binary search (vLLM's trick).
-    # The last tiles (the heaviest under the causal mask) start first.
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
+def _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M: tl.constexpr):
+    # Sequence b owns query tiles [cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1), at least cdiv(q_len_b, BLOCK_M)
+    # of them; find tile pid's sequence by binary search (vLLM's trick). Returns (seq, q_start, q_len, m0): the tile
+    # covers new tokens [m0, m0 + BLOCK_M) of the sequence, none when m0 >= q_len.
     left = tl.full([], 0, tl.int32)  # tensors, not constexprs: they are loop-carried
     right = tl.full([], 0, tl.int32) + num_seqs - 1
     while left < right:
@@ -86,10 +78,23 @@ def _prefill_attention_kernel(
             left = mid
         else:
             right = mid - 1
-    seq = left
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    m0 = (pid - q_start // BLOCK_M - seq) * BLOCK_M
+    q_start = tl.load(cu_q_ptr + left)
+    q_len = tl.load(cu_q_ptr + left + 1) - q_start
+    return left, q_start, q_len, (pid - q_start // BLOCK_M - left) * BLOCK_M
+
+
+@triton.jit
+def _prefill_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # grid: (T // BLOCK_M + B, Hq); the last tiles (the heaviest under the causal mask) start first.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         kv_head = head // GROUP
@@ -192,18 +197,7 @@ def _prefill_attention_tma_kernel(
     BLOCK_N: tl.constexpr = PAGES * PAGE
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
-    left = tl.full([], 0, tl.int32)
-    right = tl.full([], 0, tl.int32) + num_seqs - 1
-    while left < right:
-        mid = (left + right + 1) // 2
-        if tl.load(cu_q_ptr + mid) // BLOCK_M + mid <= pid:
-            left = mid
-        else:
-            right = mid - 1
-    seq = left
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    m0 = (pid - q_start // BLOCK_M - seq) * BLOCK_M
+    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         col = (head // GROUP) * HEAD_DIM
