@@ -268,9 +268,10 @@ def build_worker(a):
                 "direct scrape on Kubernetes reaches one pod per Service endpoint per scrape: use --metrics "
                 "prometheus there")
         source = ScrapeSource()
-    hooks = [WebhookNotifier(WebhookConfig(u, format="json")) for u in a.webhook or ()]
-    hooks += [WebhookNotifier(WebhookConfig(u, format="slack")) for u in a.slack_webhook or ()]
     store = _open_store(a.store, must_exist=False)
+    # the webhook queues live in the store's file: notifications outlive a worker restart
+    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store.path) for u in a.webhook or ()]
+    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store.path) for u in a.slack_webhook or ()]
     return Worker(store, deployer, source, MultiNotifier(hooks), WorkerConfig(interval_s=a.interval))
 
 

@@ -259,8 +259,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         f"{ks.version}); work dir {workdir}")
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1))
     receiver = WebhookReceiver(out)
-    notifier = WebhookNotifier(WebhookConfig(receiver.url, format="json"))
     store = Store(str(store_path))
+    notifier = WebhookNotifier(WebhookConfig(receiver.url, format="json"), journal=store.path)
     load = worker = prom = None
     source = ScrapeSource()
     try:

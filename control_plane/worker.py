@@ -365,7 +365,7 @@ class Worker:
             if attempt:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
             try:
-                self._execute(r, spec, action)
+                self._execute(r, spec, action, action_id)
                 self._at(f"executed:{action.kind}")
                 self.store.mark_action(action_id, "done")
                 return
@@ -382,7 +382,7 @@ class Worker:
             log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
                      f"; router at {router_url(r.service)}" if router_url else "")
 
-    def _execute(self, r: Rollout, spec: DeploySpec, action: Action) -> None:
+    def _execute(self, r: Rollout, spec: DeploySpec, action: Action, action_id: int = 0) -> None:
         if isinstance(action, Deploy):
             if action.role != "production":
                 self._ensure_production(r, spec)
@@ -397,9 +397,11 @@ class Worker:
             except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
                 log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
         elif isinstance(action, Notify):
+            # the key makes a replayed Notify action (crash before it was marked done) a no-op in a journal
             self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,
                                               details={"canary_kernels": r.canary_kernels, "step": r.step + 1,
-                                                       "weight": r.weight, "reason": r.reason}))
+                                                       "weight": r.weight, "reason": r.reason},
+                                              key=f"{r.id}:{action_id}"))
         else:
             raise ValueError(f"unknown action {action!r}")
 

@@ -5,13 +5,25 @@ rolled_back, failed.
 5xx and 429 with exponential backoff; a 4xx, exhausted retries or a full queue are logged and dropped. Nothing here
 ever blocks or fails the rollout. Bodies: Slack-compatible (`{"text": ...}`, incoming-webhook format) or a generic
 JSON document with every field.
+
+With `journal=PATH` (the control plane's SQLite file; `sits-control worker` passes its store) the queue is a table
+there, `deliveries`, so a notification outlives a crash or restart of the worker: a new notifier for the same webhook
+delivers what the old one left pending. Each notification has an idempotency `key` (the worker's is
+"<rollout id>:<outbox action id>"); the journal holds a key once per webhook, so the worker re-running a Notify
+action after a crash queues nothing twice. Delivery is at least once: a crash between the receiver's answer and the
+row's update sends it again, and the JSON body carries `key` for the receiver to drop the repeat. Webhooks are
+identified in the table by a hash of their URL (Slack URLs embed a secret).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -35,6 +47,7 @@ class Notification:
     phase: str = ""
     at: float = field(default_factory=time.time)
     details: Mapping[str, Any] = field(default_factory=dict)
+    key: str = ""   # idempotency key: a journal holds one delivery per key and webhook; "" = a fresh one each time
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -88,43 +101,115 @@ def json_body(n: Notification) -> dict:
     return {"source": "sits", **n.to_dict()}
 
 
+class _Journal:
+    """The durable queue of one webhook: rows of the `deliveries` table in a SQLite file, oldest first."""
+
+    def __init__(self, path: str, url: str) -> None:
+        self.target = hashlib.sha256(url.encode()).hexdigest()[:16]
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._db.executescript("""
+            CREATE TABLE IF NOT EXISTS deliveries (id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL,
+                key TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+                attempts INTEGER NOT NULL DEFAULT 0, error TEXT, created_at REAL NOT NULL, done_at REAL,
+                UNIQUE (target, key));
+            CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(target, status, id);""")
+
+    def add(self, n: Notification, limit: int) -> bool | None:
+        """Queue n; None if its key is already queued or done (a replay), False if `limit` are pending."""
+        with self._lock:
+            if self.pending() >= limit:
+                return False
+            cur = self._db.execute("INSERT OR IGNORE INTO deliveries (target, key, body, created_at) "
+                                   "VALUES (?, ?, ?, ?)", (self.target, n.key or uuid.uuid4().hex,
+                                                           json.dumps(n.to_dict()), time.time()))
+            return True if cur.rowcount else None
+
+    def next(self) -> tuple[int, Notification] | None:
+        with self._lock:
+            row = self._db.execute("SELECT id, body FROM deliveries WHERE target = ? AND status = 'pending' "
+                                   "ORDER BY id LIMIT 1", (self.target,)).fetchone()
+        return (row[0], Notification(**json.loads(row[1]))) if row else None
+
+    def finish(self, row_id: int, status: str, attempts: int, error: str | None) -> None:
+        with self._lock:
+            self._db.execute("UPDATE deliveries SET status = ?, attempts = attempts + ?, error = ?, done_at = ? "
+                             "WHERE id = ?", (status, attempts, error, time.time(), row_id))
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'",
+                                    (self.target,)).fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
 class WebhookNotifier:
-    def __init__(self, config: WebhookConfig) -> None:
+    """One webhook. `journal`: a SQLite path for a queue that survives restarts (see the module docstring)."""
+
+    def __init__(self, config: WebhookConfig, *, journal: str | None = None) -> None:
         self.config = config
         self.sent = self.failed = self.dropped = 0
         self._queue: queue.Queue[Notification | None] = queue.Queue(config.queue_size)
+        self._journal = _Journal(journal, config.url) if journal and journal != ":memory:" else None
+        self._wake = threading.Event()
+        self._busy = False
         self._stop = threading.Event()
         self._session = requests.Session()
         self._session.trust_env = False
-        self._thread = threading.Thread(target=self._run, name="sits-webhook", daemon=True)
+        self._thread = threading.Thread(target=self._run_journal if self._journal else self._run,
+                                        name="sits-webhook", daemon=True)
         self._thread.start()
 
     def notify(self, n: Notification) -> None:
         if n.event not in self.config.events or self._stop.is_set():
             return
+        if self._journal is not None:
+            try:
+                added = self._journal.add(n, self.config.queue_size)
+            except sqlite3.Error as e:
+                added = False
+                log.error("webhook %s: journal write failed (%s)", _redact(self.config.url), e)
+            if added is False:
+                self.dropped += 1
+                log.error("webhook %s: queue full (%d) or journal unwritable; dropped %s notification for %s",
+                          _redact(self.config.url), self.config.queue_size, n.event, n.service)
+            self._wake.set()
+            return
         try:
             self._queue.put_nowait(n)
         except queue.Full:
             self.dropped += 1
-            log.error("webhook %s: queue full (%d); dropped %s notification for %s", self.config.url,
+            log.error("webhook %s: queue full (%d); dropped %s notification for %s", _redact(self.config.url),
                       self.config.queue_size, n.event, n.service)
+
+    def _idle(self) -> bool:
+        if self._journal is not None:
+            return not self._busy and self._journal.pending() == 0
+        return not self._queue.unfinished_tasks
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far was delivered or given up; False on timeout."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while not self._idle() and time.monotonic() < deadline:
             time.sleep(0.01)
-        return not self._queue.unfinished_tasks
+        return self._idle()
 
     def close(self, timeout: float = 5.0) -> None:
+        """Deliver what is queued (up to `timeout`), then stop. A journal keeps what is left for the next notifier."""
         self.flush(timeout)
         self._stop.set()
+        self._wake.set()
         try:
             self._queue.put_nowait(None)
         except queue.Full:
             pass
         self._thread.join(timeout)
         self._session.close()
+        if self._journal is not None and not self._thread.is_alive():
+            self._journal.close()
 
     def _run(self) -> None:
         while True:
@@ -134,30 +219,66 @@ class WebhookNotifier:
                     return
                 self._deliver(n)
             except Exception:  # never let one notification kill the sender
-                log.exception("webhook %s: unexpected error", self.config.url)
+                log.exception("webhook %s: unexpected error", _redact(self.config.url))
             finally:
                 self._queue.task_done()
 
-    def _deliver(self, n: Notification) -> None:
+    def _run_journal(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._busy = True
+                item = self._journal.next()
+                if item is None:
+                    self._busy = False
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                    continue
+                row_id, n = item
+                status, attempts, error = self._deliver(n)
+                if status != "stopped":   # stopped mid-retry: stays pending for the next notifier
+                    self._journal.finish(row_id, status, attempts, error)
+            except Exception:  # a broken row or database: log, back off, go on
+                log.exception("webhook %s: unexpected error", _redact(self.config.url))
+                self._stop.wait(1.0)
+            finally:
+                self._busy = False
+
+    def _deliver(self, n: Notification) -> tuple[str, int, str | None]:
+        """POST n with retries: ("sent" | "failed" | "stopped", attempts made, last error)."""
         c = self.config
         body = slack_body(n) if c.format == "slack" else json_body(n)
         last = ""
+        attempt = 0
         for attempt in range(c.retries + 1):
             if attempt and self._stop.wait(min(c.max_backoff_s, c.backoff_s * 2 ** (attempt - 1))):
-                break
+                return "stopped", attempt, last
             try:
                 r = self._session.post(c.url, json=body, timeout=c.timeout_s, headers=dict(c.headers))
             except requests.RequestException as e:
-                last = f"{type(e).__name__}: {e}"
+                last = f"{type(e).__name__}: {_redact_in(str(e), c.url)}"
                 continue
             if r.status_code < 300:
                 self.sent += 1
-                return
+                return "sent", attempt + 1, None
             last = f"HTTP {r.status_code}: {r.text[:200]}"
             if r.status_code < 500 and r.status_code != 429:
                 break  # the receiver rejected the body: retrying will not help
         self.failed += 1
-        log.error("webhook %s: %s notification for %s not delivered: %s", c.url, n.event, n.service, last)
+        log.error("webhook %s: %s notification for %s not delivered: %s", _redact(c.url), n.event, n.service, last)
+        return "failed", attempt + 1, last
+
+
+def _redact(url: str) -> str:
+    """scheme://host/… : webhook paths often are the secret (Slack), so logs show the host only."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0].rsplit('@', 1)[-1]}/…"
+
+
+def _redact_in(text: str, url: str) -> str:
+    """`text` (e.g. a requests error, which quotes the URL's path) without the URL's path or query."""
+    text = text.replace(url, _redact(url))
+    path = url.partition("://")[2].partition("/")[2]
+    return text.replace("/" + path, "/…") if path else text
 
 
 class MultiNotifier:

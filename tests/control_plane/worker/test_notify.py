@@ -135,3 +135,44 @@ def test_config_validation():
         WebhookConfig("http://x", format="teams")
     with pytest.raises(ValueError, match="unknown webhook event"):
         WebhookConfig("http://x", events=("exploded",))
+
+
+def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path):
+    # the worker's webhook queue lives in the store's SQLite file: a notification still being retried when the
+    # worker stops is delivered by the next worker's notifier, once; a replayed key (a Notify action re-run after a
+    # crash) queues nothing
+    db = str(tmp_path / "sits.db")
+    rx = receiver(script=[503] * 1000)
+    first = WebhookNotifier(WebhookConfig(rx.url, retries=1000, backoff_s=0.02, max_backoff_s=0.02), journal=db)
+    keyed = Notification("rolled_back", "chat", "chat-1", "restored", key="chat-1:7")
+    first.notify(keyed)
+    deadline = time.monotonic() + 5
+    while len(rx.hits) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first.close(timeout=0.1)   # stops mid-retry: the row stays pending
+    assert len(rx.hits) >= 2 and rx.bodies == [] and first.sent == 0
+    rx.script.clear()
+    second = WebhookNotifier(WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=db)
+    assert second.flush(5)
+    assert [b["key"] for b in rx.bodies] == ["chat-1:7"] and rx.bodies[0]["event"] == "rolled_back"
+    second.notify(keyed)                                              # the same key again: already delivered
+    second.notify(Notification("promoted", "chat", "chat-2", "done", key="chat-2:9"))
+    assert second.flush(5)
+    assert [b["key"] for b in rx.bodies] == ["chat-1:7", "chat-2:9"]
+    other = receiver()                                                # another webhook: its own queue in the file
+    third = WebhookNotifier(WebhookConfig(other.url), journal=db)
+    third.notify(keyed)
+    assert third.flush(5) and [b["key"] for b in other.bodies] == ["chat-1:7"]
+    second.close()
+    third.close()
+
+
+def test_webhook_secrets_stay_out_of_the_logs(caplog):
+    url = "http://127.0.0.1:9/services/T0001/B0002/S3cr3tT0ken"
+    n = WebhookNotifier(WebhookConfig(url, retries=1, backoff_s=0.01, timeout_s=0.5))
+    with caplog.at_level("ERROR"):
+        n.notify(N)
+        assert n.flush(5) and n.failed == 1
+    assert "not delivered" in caplog.text and "127.0.0.1" in caplog.text
+    assert "S3cr3tT0ken" not in caplog.text and "T0001" not in caplog.text
+    n.close()

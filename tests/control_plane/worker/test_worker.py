@@ -33,9 +33,11 @@ class Recorder:
         pass
 
 
-def drive(db, scale, crash_at=None, max_ticks=200):
+def drive(db, scale, crash_at=None, max_ticks=200, make_notifier=None):
     """Tick every 5 s until the rollout ends. With crash_at, every pass crashes once at that step (a fresh worker,
-    store and notifier queue then redo the pass at the same time, as a supervisor restarting the process would)."""
+    store and notifier queue then redo the pass at the same time, as a supervisor restarting the process would).
+    make_notifier(): a fresh notifier for every pass (stopped after it, as a killed process's would be) instead of
+    the one recorder."""
     deployer, source, notes = InMemoryDeployer(), CannedSource(scale={"chat": scale}), Recorder()
     with Store(db) as s:
         start_rollout(s, "chat", "v2", "v1", POLICY, SPEC, now=0.0, rollout_id="r1")
@@ -50,7 +52,8 @@ def drive(db, scale, crash_at=None, max_ticks=200):
         t += 5.0
         while True:
             store = Store(db)
-            w = Worker(store, deployer, source, notes, clock=lambda: t)
+            notifier = make_notifier() if make_notifier else notes
+            w = Worker(store, deployer, source, notifier, clock=lambda: t)
             w.step_hook = hook
             try:
                 r = w.reconcile_rollout("r1")
@@ -60,6 +63,9 @@ def drive(db, scale, crash_at=None, max_ticks=200):
             finally:
                 store.close()
                 w.side.close()
+                if make_notifier:
+                    notifier.close(timeout=0)
+                    notifier._thread.join(10)
         if not r.active:
             with Store(db) as s:
                 if not s.pending_actions("r1"):
@@ -115,6 +121,31 @@ def test_crash_between_any_two_steps_converges_with_no_check_lost_or_repeated(tm
         assert got[3] == calls and got[4] == notes and got[5] == services, step
     assert hit >= {"loaded", "observed", "reconciled", "saved", "recover", "executed:deploy", "executed:notify",
                    "executed:set_weights", last_call[0] == "promote" and "executed:promote" or "executed:rollback"}
+
+
+def test_journaled_webhook_sends_every_notification_once_across_crashes(tmp_path):
+    # the worker's webhook queue is in the store's file and keyed by outbox action: a crash after a Notify action ran
+    # but before it was marked done replays it, and the receiver still gets each notification exactly once
+    from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+
+    from .test_notify import Receiver
+    ref = drive(str(tmp_path / "ref.db"), 1.6)
+    want = [e for e, _ in ref[4]]
+    rx = Receiver()
+    try:
+        for steps in (("executed:notify",), ("saved", "executed:notify")):
+            db = str(tmp_path / f"{'-'.join(steps).replace(':', '_')}.db")
+            rx.bodies.clear()
+            got = drive(db, 1.6, crash_at=steps, make_notifier=lambda db=db: WebhookNotifier(
+                WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=db))
+            assert got[6] > 0 and got[0].phase is Phase.ROLLED_BACK
+            last = WebhookNotifier(WebhookConfig(rx.url), journal=db)
+            assert last.flush(10)
+            last.close()
+            assert [b["event"] for b in rx.bodies] == want, steps
+            assert len({b["key"] for b in rx.bodies}) == len(want)
+    finally:
+        rx.close()
 
 
 def test_commands_are_inputs_and_survive_a_crash_before_consumption(tmp_path):
