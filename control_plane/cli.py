@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from control_plane.adapters.notify import delivery_log
 from control_plane.rollout import Command
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
@@ -201,6 +202,13 @@ def show(store, rollout_id: str, out=print) -> None:
         out("queries of the last window:")
         for k, q in r.queries.items():
             out(f"  {k}: {q}")
+    notes = delivery_log(store.path, r.id)
+    if notes:
+        out("notifications (webhook deliveries):")
+        for d in notes:
+            tail = f" ({d['attempts']} attempts{': ' + d['error'] if d['error'] else ''})" if d["attempts"] != 1 \
+                else ""
+            out(f"  {_when(d['at'])}  {d['event']:12} webhook {d['webhook']}  {d['status']}{tail}")
 
 
 def cmd_rollout_show(a) -> int:
@@ -211,7 +219,8 @@ def cmd_rollout_show(a) -> int:
             if a.json:
                 r = store.get(a.id)
                 print(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
-                                  "events": store.events(a.id), "actions": store.actions(a.id)}, indent=1))
+                                  "events": store.events(a.id), "actions": store.actions(a.id),
+                                  "notifications": delivery_log(store.path, a.id)}, indent=1))
             else:
                 show(store, a.id)
         except RolloutNotFoundError as e:

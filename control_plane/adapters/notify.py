@@ -268,6 +268,27 @@ class WebhookNotifier:
         return "failed", attempt + 1, last
 
 
+def delivery_log(path: str, rollout_id: str) -> list[dict]:
+    """The journaled notifications of one rollout, oldest first: event, at, webhook (URL hash), status, attempts,
+    error. [] when the file has no journal (no webhook was configured)."""
+    if not path or path == ":memory:":
+        return []
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    try:
+        rows = db.execute("SELECT target, body, status, attempts, error, done_at FROM deliveries "
+                          "WHERE json_extract(body, '$.rollout_id') = ? ORDER BY id", (rollout_id,)).fetchall()
+    except sqlite3.OperationalError:   # no deliveries table
+        return []
+    finally:
+        db.close()
+    out = []
+    for target, body, status, attempts, error, done_at in rows:
+        n = json.loads(body)
+        out.append({"event": n["event"], "at": n["at"], "key": n["key"], "webhook": target, "status": status,
+                    "attempts": attempts, "error": error, "done_at": done_at})
+    return out
+
+
 def _redact(url: str) -> str:
     """scheme://host/… : webhook paths often are the secret (Slack), so logs show the host only."""
     scheme, _, rest = url.partition("://")

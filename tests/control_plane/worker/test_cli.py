@@ -8,7 +8,10 @@ from control_plane.rollout import Phase
 from control_plane.store import Store
 from control_plane.worker import Worker
 
+from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+
 from .support import CannedSource, InMemoryDeployer
+from .test_notify import Receiver
 
 POLICY = {"steps": [50], "check_interval_s": 10, "warmup_s": 0,
           "checks": [{"metric": "http_request_duration_seconds", "quantile": 0.9, "max_rel_delta": 0.1},
@@ -35,7 +38,9 @@ def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
 
     deployer, t = InMemoryDeployer(), [0.0]
     store = Store(db)
-    w = Worker(store, deployer, CannedSource(), clock=lambda: t[0])
+    rx = Receiver()
+    hook = WebhookNotifier(WebhookConfig(rx.url), journal=db)
+    w = Worker(store, deployer, CannedSource(), hook, clock=lambda: t[0])
 
     def tick():
         t[0] += 5
@@ -47,17 +52,24 @@ def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
     assert cli(capsys, "rollout", "resume", rid, "--store", db)[0] == 0
     phases = [tick() for _ in range(4)]
     assert phases[0] is Phase.PROGRESSING and phases[-1] is Phase.SUCCEEDED
+    assert hook.flush(10)
     rc, out = cli(capsys, "rollout", "show", rid, "--store", db)
     assert rc == 0 and "phase succeeded" in out and "paused by alice" in out
+    assert "notifications (webhook deliveries):" in out and rx.url not in out
+    assert [b["event"] for b in rx.bodies] == ["started", "step", "paused", "resumed", "promoting", "promoted"]
+    assert out.count(" sent") == len(rx.bodies)
     assert "request latency p90 /v1/completions" in out and "PASS -> promote" in out and "<= +10.0 %" in out
     rc, out = cli(capsys, "rollout", "show", rid, "--json", "--store", db)
     doc = json.loads(out)
     assert doc["rollout"]["phase"] == "succeeded" and doc["checks"][-1]["decision"] == "promote"
     assert all(a["status"] == "done" for a in doc["actions"])
+    assert [(n["event"], n["status"]) for n in doc["notifications"]] == [(b["event"], "sent") for b in rx.bodies]
     rc, out = cli(capsys, "rollout", "abort", rid, "--store", db)
     assert rc == 2 and "already succeeded" in out
     w.side.close()
     store.close()
+    hook.close()
+    rx.close()
 
 
 @pytest.mark.parametrize("argv,message", [
