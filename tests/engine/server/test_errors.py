@@ -88,7 +88,8 @@ def test_openai_client_raises_typed_errors(server):
 
 
 def test_full_waiting_queue_gets_429_with_retry_after(serve):
-    s = serve(max_num_seqs=1, max_waiting=2)
+    # 20 ms per engine step: the hog (2000 tokens) cannot finish, and free its slot, while the test runs
+    s = serve(max_num_seqs=1, max_waiting=2, fault_token_latency_ms=20)
     hog = {"model": "tiny", "prompt": "hog", "max_tokens": 2000, "ignore_eos": True, "stream": True}
     results: list[int] = []
     with httpx.Client(timeout=60) as c, c.stream("POST", s.url + "/v1/completions", json=hog) as stream:
