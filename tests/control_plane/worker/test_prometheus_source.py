@@ -137,12 +137,22 @@ def test_agrees_with_direct_scrape_on_the_same_traffic(engines, prometheus_facto
     scraped_by_prometheus(t0, counts())
     send(engines["baseline"], 60)
     send(engines["canary"], 60)
+    time.sleep(2.0)   # a longer window holds more scrapes, which bounds increase()'s extrapolation tighter (tol)
     after = time.time()
     scraped_by_prometheus(after, counts())
     t1 = time.time()
     a = scrape.window(SERVICE, targets, t0, t1)
     b = promsrc.window(SERVICE, targets, t0, t1, required=("canary", "baseline"))
-    tol = 2 * 0.3 / (t1 - t0)   # increase() extrapolates each series to the window ends (< one interval each)
+    # increase() scales the first-to-last sample delta (here exactly the window's count: the counters are quiet at
+    # both ends) by (sampled span + extrapolation) / sampled span, extrapolating each end by at most 1.1 average
+    # sample intervals: with n samples in the window that is at most 1 + 2.2 / (n - 1). n comes from Prometheus
+    # itself: under load scrapes come late or fail, and the window holds fewer than (t1 - t0) / 300 ms of them.
+    span = f"{max(1, round((t1 - t0) * 1000))}ms"
+    samples = prom.query(f'count_over_time(http_request_duration_seconds_count{{route="/v1/completions"}}[{span}])',
+                         time=t1)
+    n = min(float(x["value"][1]) for x in samples)
+    assert {x["metric"]["env"] for x in samples} == {"baseline", "canary"} and n >= 2, samples
+    tol = 2.2 / (n - 1)
     for role in ("baseline", "canary"):
         x, y = a.variants[role], b.variants[role]
         assert x.requests == 60 and x.requests <= y.requests <= x.requests * (1 + tol), role
@@ -154,7 +164,8 @@ def test_agrees_with_direct_scrape_on_the_same_traffic(engines, prometheus_facto
         # moves by at most tol: Prometheus's q-quantile lies between the scraped (q -/+ tol)-quantiles, give or take
         # the bucket precision (one bucket is 9 % wide)
         for q in (0.5, 0.9, 0.99):
-            lo, hi = hx.quantile(max(0.0, q - tol)), hx.quantile(min(1.0, q + tol))
+            lo = hx.quantile(q - tol) if q - tol > 0 else 0.0
+            hi = hx.quantile(q + tol) if q + tol < 1 else float("inf")
             assert lo / 1.0905 <= hy.quantile(q) <= hi * 1.0905, (role, q, lo, hy.quantile(q), hi, tol)
     scrape.close()
     promsrc.close()
