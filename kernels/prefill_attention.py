@@ -84,6 +84,29 @@ def _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _q_tile(q_ptr, q_start, q_len, m0, head, stride_qt, stride_qh, HEAD_DIM: tl.constexpr,
+            HEAD_DIM_P: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr):
+    # the tile's queries (rows past q_len and dims past HEAD_DIM as 0): (q, rows, offs_m, mask [BLOCK_M, HEAD_DIM_P],
+    # offs_d, mask_d)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    mask_d = offs_d < HEAD_DIM
+    mask = (offs_m < q_len)[:, None] & mask_d[None, :]
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=mask, other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q, rows, offs_m, mask, offs_d, mask_d
+
+
+@triton.jit
+def _key_bounds(ctx, q_len, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # keys [0, full_hi) are seen whole by every query of the tile (no mask); [full_hi, hi) straddle the diagonal
+    hi = tl.minimum(ctx, ctx - q_len + m0 + BLOCK_M)
+    return hi, ((ctx - q_len + m0 + 1) // BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
@@ -98,22 +121,14 @@ def _prefill_attention_kernel(
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         kv_head = head // GROUP
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM_P)
-        mask_d = offs_d < HEAD_DIM
-        mask_m = offs_m < q_len
-        rows = (q_start + offs_m).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
+        q, rows, offs_m, mask, offs_d, mask_d = _q_tile(q_ptr, q_start, q_len, m0, head, stride_qt, stride_qh,
+                                                        HEAD_DIM, HEAD_DIM_P, BLOCK_M, DOT_F32)
         qpos = ctx - q_len + offs_m
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
         bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-        hi = tl.minimum(ctx, ctx - q_len + m0 + BLOCK_M)
-        full_hi = ((ctx - q_len + m0 + 1) // BLOCK_N) * BLOCK_N  # tiles every query of this tile sees whole
+        hi, full_hi = _key_bounds(ctx, q_len, m0, BLOCK_M, BLOCK_N)
         for start_n in range(0, full_hi, BLOCK_N):
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_head, qpos,
                                        ctx, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
@@ -124,7 +139,7 @@ def _prefill_attention_kernel(
                                        stride_vh, offs_d, mask_d, PAGE, BLOCK_N, True, DOT_F32, DOT_PRECISION)
         out = acc / l_i[:, None]
         tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+                 out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -201,21 +216,14 @@ def _prefill_attention_tma_kernel(
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         col = (head // GROUP) * HEAD_DIM
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        mask_m = offs_m < q_len
-        rows = (q_start + offs_m).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=mask_m[:, None],
-                    other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
+        q, rows, offs_m, mask, offs_d, _ = _q_tile(q_ptr, q_start, q_len, m0, head, stride_qt, stride_qh, HEAD_DIM,
+                                                   HEAD_DIM, BLOCK_M, DOT_F32)
         qpos = ctx - q_len + offs_m
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-        hi = tl.minimum(ctx, ctx - q_len + m0 + BLOCK_M)
-        full_hi = ((ctx - q_len + m0 + 1) // BLOCK_N) * BLOCK_N
+        hi, full_hi = _key_bounds(ctx, q_len, m0, BLOCK_M, BLOCK_N)
         for start_n in range(0, full_hi, BLOCK_N):
             acc, l_i, m_i = _tma_tile(acc, l_i, m_i, q, start_n, k_desc, v_desc, bt_row, col, qpos, ctx, qk_scale,
                                       PAGE, PAGES, False, DOT_F32)
@@ -224,7 +232,7 @@ def _prefill_attention_tma_kernel(
                                       PAGE, PAGES, True, DOT_F32)
         out = acc / l_i[:, None]
         tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None])
+                 out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 _CONFIGS = [
