@@ -147,6 +147,9 @@ class LLMEngine:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
+            # they wait in the scheduler now: admission (add_request) keeps counting them until the step's end sets
+            # the exact number (an overcount meanwhile, never an undercount)
+            self._num_waiting += len(inbox)
         for seq in inbox:
             self.scheduler.add(seq)
         for rid in aborts:

@@ -90,3 +90,27 @@ def test_duplicate_ids_and_full_queue(engine):
     assert set(run_to_completion(engine)) == {"a", "b", "c"}
     engine.add_request("d", "four", p)  # room again
     run_to_completion(engine)
+
+
+def test_full_queue_holds_while_a_step_runs():
+    # requests leave the inbox for the scheduler at the start of a step: admission must still count them while the
+    # step runs (a server's HTTP thread calls add_request concurrently with the engine thread's step)
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=8, max_num_seqs=1, max_waiting=2))
+    p = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request("hog", "hog", p)
+    engine.step()                                   # the hog takes the only running slot
+    engine.add_request("w1", "one", p)
+    engine.add_request("w2", "two", p)
+    seen = []
+    schedule = engine.scheduler.schedule
+
+    def schedule_and_try_to_add():
+        try:
+            engine.add_request("late", "three", p)
+            seen.append("admitted")
+        except QueueFullError:
+            seen.append("queue full")
+        return schedule()
+    engine.scheduler.schedule = schedule_and_try_to_add
+    engine.step()
+    assert seen == ["queue full"] and engine.stats().num_waiting == 2
