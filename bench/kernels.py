@@ -268,15 +268,46 @@ def _config_name(c) -> str:
     return " ".join(f"{short.get(k, k)}{v}" for k, v in kw.items()) + f" w{c.num_warps} s{c.num_stages}"
 
 
-def _gemv_variants(lin) -> list[dict]:
-    """linear_with_config keyword sets: the autotuner's candidates."""
-    return [dict(block_m=c.kwargs["BLOCK_M"], block_n=c.kwargs["BLOCK_N"], block_k=c.kwargs["BLOCK_K"],
-                 split_k=c.kwargs["SPLIT_K"], num_warps=c.num_warps, num_stages=c.num_stages) for c in lin._SMALL_M]
+def _gemv_variants(lin) -> list[tuple[str, dict]]:
+    """(weight form, linear_with_config keywords): the row-major autotuner's candidates, tiles with more warps per
+    SM, the same kernel on packed weights ("packedTNxTK": each program's tiles contiguous; "kmajorTNxTK": tiles
+    ordered k-step first, so the programs running together read one contiguous region), with each program's k walk
+    rotated, and the TMA kernel."""
+    def kw(bn, bk, w, s, sk, **extra):
+        return dict(block_m=16, block_n=bn, block_k=bk, split_k=sk, num_warps=w, num_stages=s, **extra)
+    out = [("rowmajor", kw(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages, c.kwargs["SPLIT_K"]))
+           for c in lin._SMALL_M]
+    for sk in (1, 4):
+        out += [("rowmajor", kw(64, 256, 8, 4, sk)), ("rowmajor", kw(32, 256, 4, 3, sk)),
+                ("rowmajor", kw(64, 128, 4, 4, sk)), ("rowmajor", kw(128, 256, 16, 3, sk)),
+                ("rowmajor", kw(64, 256, 4, 4, sk, rotate=3)),
+                ("packed64x256", kw(64, 256, 4, 4, sk)), ("packed128x256", kw(128, 256, 8, 4, sk)),
+                ("kmajor64x256", kw(64, 256, 4, 3, sk)), ("kmajor64x256", kw(64, 256, 4, 4, sk)),
+                ("kmajor64x512", kw(64, 512, 4, 3, sk)),
+                ("tma", kw(64, 256, 4, 4, sk, tma=True)), ("tma", kw(128, 256, 8, 4, sk, tma=True))]
+    return out
 
 
-def _gemv_name(kw) -> str:
-    return f"M{kw['block_m']} N{kw['block_n']} K{kw['block_k']} splitK{kw['split_k']} w{kw['num_warps']} " \
-           f"s{kw['num_stages']}"
+def _gemv_name(kw, form="rowmajor") -> str:
+    return ("" if form == "rowmajor" else f"{form} ") + \
+        f"M{kw['block_m']} N{kw['block_n']} K{kw['block_k']} splitK{kw['split_k']} w{kw['num_warps']} " \
+        f"s{kw['num_stages']}" + (f" rot{kw['rotate']}" if kw.get("rotate") else "")
+
+
+def _read_ceiling(qws, rows, case):
+    """The same bytes read by a plain streaming kernel (no math, no x), timed like the GEMV variants."""
+    import torch
+
+    from bench.stream_read import stream_read
+    nbytes = qws[0].qweight.numel()
+    dst = torch.empty(nbytes // 1024 + 1, dtype=torch.int32, device="cuda")
+    for block, iters, w, il in ((16384, 1, 4, False), (16384, 1, 8, False), (8192, 4, 4, False),
+                                (8192, 4, 4, True), (16384, 4, 8, False), (16384, 4, 8, True), (16384, 16, 8, True)):
+        got = stream_read(qws[0].qweight.view(-1), dst, block, iters, w, il).sum().item()
+        ok = got == int(qws[0].qweight.view(-1).to(torch.int64).sum().item())
+        ms = bench_graph([lambda q=q: stream_read(q.qweight.view(-1), dst, block, iters, w, il) for q in qws])
+        rows.append({"case": case, "variant": f"read-only stream B{block} x{iters}{' interleaved' if il else ''} "
+                     f"w{w}", "us": 1e3 * ms, "tbs": nbytes / ms / 1e9, "rel_err": 0.0 if ok else 1.0})
 
 
 def sweeps(res, parts=("gemv", "prefill", "decode")):
@@ -285,27 +316,36 @@ def sweeps(res, parts=("gemv", "prefill", "decode")):
     import torch
     import torch.nn.functional as F
 
-    from kernels import quantize_weight
     from kernels import linear as lin
     from kernels import prefill_attention as pa
+    from kernels import quantize_weight
+    from kernels.quant import pack_weight
     from kernels.paged_decode_attention import paged_decode_attention
     rows = []
     for n, k in ([(14336, 4096), (4096, 14336)] if "gemv" in parts else []):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         qws = [quantize_weight(w * (1 + 0.01 * c), "int8") for c in range(8)]  # past the L2, as in the GEMV table
+        variants = _gemv_variants(lin)
+        forms = {f: [pack_weight(q, *map(int, f[6:].split("x")), k_major=f.startswith("kmajor")) for q in qws]
+                 for f in {f for f, _ in variants if f.startswith(("packed", "kmajor"))}}
+        forms["rowmajor"] = forms["tma"] = qws
+        _read_ceiling(qws, rows, f"int8 [{n}x{k}]")
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = lin.linear_ref(x, qws[0])
-            for kw in _gemv_variants(lin):
-                row = {"case": f"int8 [{n}x{k}] M={m}", "variant": _gemv_name(kw)}
+            for form, kw in variants:
+                row = {"case": f"int8 [{n}x{k}] M={m}", "variant": _gemv_name(kw, form)}
+                ws = forms[form]
                 try:
-                    row["rel_err"] = rel_err(lin.linear_with_config(x, qws[0], **kw), ref)
-                    ms = bench_graph([lambda q=q: lin.linear_with_config(x, q, **kw) for q in qws])
+                    row["rel_err"] = rel_err(lin.linear_with_config(x, ws[0], **kw), ref)
+                    ms = bench_graph([lambda q=q: lin.linear_with_config(x, q, **kw) for q in ws])
                     row.update(us=1e3 * ms, tbs=(n * k + 4 * n) / ms / 1e9)
                 except Exception as e:  # noqa: BLE001
                     row["error"] = str(e)[:100]
                 rows.append(row)
-        del w, qws
+                print(f"{row['case']:26s} {row['variant']:52s} {row.get('us', float('nan')):7.2f} us "
+                      f"{row.get('tbs', 0):5.2f} TB/s {row.get('error', '')}", flush=True)
+        del w, qws, forms
     if "prefill" in parts:
         b, s_, hq, hkv, d = 2, 8192, 32, 32, 128
         kc, vc, tables = paged([s_] * b, hkv, d, torch.bfloat16)
