@@ -19,51 +19,16 @@ import torch.nn.functional as F
 from kernels.quant import QuantizedWeight
 from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
 
-try:  # Triton >= 3.4: host-side TMA descriptors
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton: pointer kernels only
-    TensorDescriptor = None
-
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 FP8_MAX = 448.0
 
 
 @triton.jit
-def _linear_epilogue(acc, rm, rn, pid, pid_k, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, stride_om,
-                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    # with SPLIT_K > 1 every split stores its fp32 partial to ws [SPLIT_K, M, N] and bumps the tile's counter; the
-    # last to arrive sums the partials in split order (deterministic), applies scale/bias, writes out and resets the
-    # counter to 0 for the next launch
-    mask_m = rm < M
-    mask_n = rn < N
-    mask = mask_m[:, None] & mask_n[None, :]
-    last = True
-    if SPLIT_K > 1:
-        part = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
-        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is stored before the counter is bumped (release, gpu scope)
-        last = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
-        if last:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                acc += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(lock_ptr + pid, 0)
-    if last:
-        offs_n = rn % N
-        acc = acc * tl.load(scale_ptr + offs_n)[None, :]  # per-output-channel scale, once per output
-        if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=mask)
-
-
-@triton.jit
 def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
                    stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, PACK_N: tl.constexpr = 0,
-                   PACK_K: tl.constexpr = 0, PACK_KMAJOR: tl.constexpr = False, ROTATE: tl.constexpr = 0):
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # grid: (tiles, SPLIT_K). Split s reduces k in [s * k_per, (s + 1) * k_per); with SPLIT_K > 1 every split stores
     # its fp32 partial to ws [SPLIT_K, M, N] and bumps the tile's counter; the last to arrive sums the partials in
     # split order (deterministic), applies scale/bias, writes out and resets the counter to 0 for the next launch.
@@ -87,85 +52,41 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
     k_lo = pid_k * k_per
     k_hi = tl.minimum(K, k_lo + k_per)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
-    if PACK_K == 0:  # row-major [N, K]
-        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (k_lo + offs_k)[:, None]  # W^T [BLOCK_K, BLOCK_N]
-    else:  # packed tiles [N / PACK_N, K / PACK_K, PACK_N, PACK_K] (zero-padded): stride_wn steps one tile row;
-        # k-major [K / PACK_K, N / PACK_N, PACK_N, PACK_K]: stride_wn steps one tile column
-        tile_n = stride_wn if not PACK_KMAJOR else PACK_N * PACK_K
-        w_base = w_ptr + ((offs_n // PACK_N).to(tl.int64) * tile_n + (offs_n % PACK_N) * PACK_K)[None, :] \
-            + offs_k[:, None]
-        tile_k = PACK_N * PACK_K if not PACK_KMAJOR else stride_wn
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (k_lo + offs_k)[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if ROTATE != 0:  # start each tile's k walk at a different step, so concurrent programs read different offsets
-        x_base = x_ptrs
-        if PACK_K == 0:
-            w_first = w_ptrs
-        steps = tl.cdiv(k_hi - k_lo, BLOCK_K)
-        rot = (pid * ROTATE) % tl.maximum(steps, 1)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kpos = k0
-        if ROTATE != 0:
-            kk = tl.multiple_of((((k0 - k_lo) // BLOCK_K + rot) % steps) * BLOCK_K, BLOCK_K)
-            x_ptrs = x_base + kk
-            if PACK_K == 0:
-                w_ptrs = w_first + kk
-            kpos = k_lo + kk
-        if PACK_K != 0:  # BLOCK_K divides PACK_K: the step lies in one tile
-            w_ptrs = w_base + tl.multiple_of((kpos // PACK_K).to(tl.int64) * tile_k + kpos % PACK_K, BLOCK_K)
         if EVEN_K:  # K % (SPLIT_K * BLOCK_K) == 0: every tile is whole
             x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
             w = tl.load(w_ptrs, eviction_policy="evict_first")  # weights stream through once
         else:
-            mask_k = (kpos + offs_k) < k_hi
+            mask_k = (k0 + offs_k) < k_hi
             x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            if PACK_K == 0:
-                w = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0, eviction_policy="evict_first")
-            else:  # past K the padding holds zeros
-                w = tl.load(w_ptrs, eviction_policy="evict_first")
+            w = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0, eviction_policy="evict_first")
         if DOT_F32:
             acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=DOT_PRECISION)
         else:
             acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
-        if ROTATE == 0:
-            x_ptrs += BLOCK_K
-            if PACK_K == 0:
-                w_ptrs += BLOCK_K
-    _linear_epilogue(acc, rm, rn, pid, pid_k, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, stride_om,
-                     HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
-
-
-@triton.jit
-def _linear_tma_kernel(x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_om,
-                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, DOT_F32: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
-    # _linear_kernel's schedule with x and W tiles copied by the tensor-memory accelerator: one instruction per tile
-    # instead of per-thread address math and 16-byte copies; tiles past M, N or K arrive zero-filled, so no masks.
-    # Split boundaries are multiples of BLOCK_K, so a split's last tile never reaches into the next split's range.
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
-    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = pid_k * k_per
-    k_hi = tl.minimum(K, k_lo + k_per)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        x = x_desc.load([pid_m * BLOCK_M, k0])
-        w = w_desc.load([pid_n * BLOCK_N, k0])  # [BLOCK_N, BLOCK_K]
-        if DOT_F32:
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32).T, acc, input_precision=DOT_PRECISION)
-        else:
-            acc = tl.dot(x, w.to(x.dtype).T, acc, input_precision=DOT_PRECISION)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    _linear_epilogue(acc, rm, rn, pid, pid_k, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, stride_om,
-                     HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    mask_n = rn < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    last = True
+    if SPLIT_K > 1:
+        part = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the counter is bumped (release, gpu scope)
+        last = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+        if last:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(lock_ptr + pid, 0)
+    if last:
+        acc = acc * tl.load(scale_ptr + offs_n)[None, :]  # per-output-channel scale, once per output
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 @triton.jit
@@ -332,35 +253,20 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
         locks = _split_k_locks(x2.device, 1)
         ws = locks.view(torch.float32)
     args = (x2, qw, weight.scale, b, out, ws, locks, m, n, k, x2.stride(0), qw.stride(0), out.stride(0))
-    pack = {} if weight.tile is None else dict(PACK_N=weight.tile[0], PACK_K=weight.tile[1],
-                                               PACK_KMAJOR=weight.k_major)
     if config is None:
         kernel = _linear_small_m if m <= 16 else _linear_large_m
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
-        kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision, **pack)
+        kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision)
         return
-    c = dict(config, **pack)
-    if pack and pack["PACK_K"] % c["BLOCK_K"]:
-        raise ValueError(f"linear: BLOCK_K {c['BLOCK_K']} must divide the packed tile's {pack['PACK_K']}")
+    c = dict(config)
     c.setdefault("DOT_F32", False)
-    if c.pop("TMA", False):
-        if pack or TensorDescriptor is None:
-            raise ValueError("linear: the TMA kernel takes row-major weights and needs Triton >= 3.4")
-        bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
-        x_desc = TensorDescriptor(x2, [m, k], [x2.stride(0), 1], [bm, bk])
-        w_desc = TensorDescriptor(qw, [n, k], [qw.stride(0), 1], [bn, bk])
-        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), c["SPLIT_K"])
-        _linear_tma_kernel[grid](x_desc, w_desc, weight.scale, b, out, ws, locks, m, n, k, out.stride(0),
-                                 HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, **c)
-        return
     c["EVEN_K"] = k % (c["BLOCK_K"] * c["SPLIT_K"]) == 0
     grid = (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])
     _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, **c)
 
 
 def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int = 16, block_n: int = 64,
-                       block_k: int = 256, split_k: int = 1, num_warps: int = 4, num_stages: int = 4,
-                       tma: bool = False, rotate: int = 0) -> torch.Tensor:
+                       block_k: int = 256, split_k: int = 1, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """The weight-only kernel with one fixed tile config (benchmark sweeps and tests of configs autotuning may pick)."""
     check_linear_args(x, weight, bias)
     check_device("linear", x)
@@ -369,9 +275,7 @@ def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, b
     x2 = x.reshape(-1, weight.shape[1]).contiguous()
     out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, TMA=tma)
-        if rotate:
-            config["ROTATE"] = rotate
+        config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k)
         if not interpreting():
             config.update(num_warps=num_warps, num_stages=num_stages)
         else:
@@ -385,7 +289,7 @@ def linear_ref(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if not isinstance(weight, QuantizedWeight):
         return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     # int8 values and e4m3 values are exact in fp16/bf16/fp32, so this matmul only rounds its own result
-    y = F.linear(x, weight.rows().to(x.dtype)).to(torch.float32) * weight.scale
+    y = F.linear(x, weight.qweight.to(x.dtype)).to(torch.float32) * weight.scale
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
@@ -396,7 +300,7 @@ def linear_fp8_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> 
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
     sx = x2.abs().amax(1).clamp(min=1e-12) / FP8_MAX
     xq = (x2 / sx[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    y = (xq @ weight.rows().to(torch.float32).t()) * sx[:, None] * weight.scale[None, :]
+    y = (xq @ weight.qweight.to(torch.float32).t()) * sx[:, None] * weight.scale[None, :]
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
