@@ -12,8 +12,8 @@ Two kernels, one schedule:
 - `_prefill_attention_tma_kernel` (`prefill_attention_tma`, kernel set triton-v1.1; Hopper and newer, fp16/bf16,
   power-of-two page, head_dim 64/128/256, as the engine's cache has; other calls fall back to the pointer kernel):
   K/V tiles are whole pages, copied by the tensor-memory accelerator from a descriptor over the cache viewed as
-  [num_blocks * page, num_kv_heads * head_dim], one block-table entry per page. On an H200 at B2 S8k H32 D128: 475
-  TFLOP/s against 373 for the pointer kernel in the same run (BENCHMARKS.md).
+  [num_blocks * page, num_kv_heads * head_dim], one block-table entry per page. On an H200 at B2 S8k H32 D128: 470
+  TFLOP/s against 371 for the pointer kernel in the same run (BENCHMARKS.md).
 """
 from __future__ import annotations
 
