@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.quant import QuantizedWeight
-from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
+from kernels.triton_env import FastLauncher, check_device, interpreting, next_pow2, tl, triton
 
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
@@ -169,7 +169,8 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
 
     One buffer per (device, stream): launches on one stream run in order, so they can share it. A CUDA graph
     captured on a new stream gets its own, whose zero-fill is captured (and replayed) with it."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
+                                                 torch.cuda.current_device()) if device.type == "cuda" else 0
     key = (str(device), stream)
     locks = _LOCKS.get(key)
     if locks is None or locks.numel() < tiles:
@@ -237,6 +238,10 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     return out.view(*x.shape[:-1], n)
 
 
+# (device, small M, N, K, x dtype, has bias, precision) -> FastLauncher with the config the autotuner chose for it
+_TUNED: dict = {}
+
+
 def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None) -> None:
     # config None: the autotuned kernel for this M; else BLOCK_M/N/K, SPLIT_K (+ num_warps, num_stages, DOT_F32)
     m, k = x2.shape
@@ -244,6 +249,11 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     qw = weight.qweight
     has_bias = bias is not None
     b = bias.contiguous() if has_bias else weight.scale
+    tuned = None
+    if config is None:
+        tuned = _TUNED.get((x2.device, m <= 16, n, k, x2.dtype, has_bias, precision))
+        if tuned is not None:
+            config = tuned.constexprs
     split = MAX_SPLIT_K if config is None and m <= 16 else 1 if config is None else config["SPLIT_K"]
     bm = 16 if config is None and m <= 16 else 64 if config is None else config["BLOCK_M"]
     if split > 1:  # fp32 partials [split, M, N]; the stream-ordered caching allocator makes this cheap and safe
@@ -253,10 +263,17 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
         locks = _split_k_locks(x2.device, 1)
         ws = locks.view(torch.float32)
     args = (x2, qw, weight.scale, b, out, ws, locks, m, n, k, x2.stride(0), qw.stride(0), out.stride(0))
-    if config is None:
+    if tuned is not None:
+        tuned((triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]), config["SPLIT_K"]), *args)
+        return
+    if config is None:  # first call for this shape: autotune, then remember the winner
         kernel = _linear_small_m if m <= 16 else _linear_large_m
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
         kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision)
+        best = kernel.best_config
+        _TUNED[(x2.device, m <= 16, n, k, x2.dtype, has_bias, precision)] = FastLauncher(
+            _linear_kernel, **best.all_kwargs(), HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision,
+            EVEN_K=k % (best.kwargs["BLOCK_K"] * best.kwargs["SPLIT_K"]) == 0)
         return
     c = dict(config)
     c.setdefault("DOT_F32", False)

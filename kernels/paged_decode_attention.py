@@ -13,7 +13,7 @@ import math
 import torch
 
 from kernels.paged import check_lens, check_paged_args
-from kernels.triton_env import check_device, interpreting, next_pow2, num_sms, tl, triton
+from kernels.triton_env import check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl, triton
 
 
 
@@ -159,13 +159,14 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         _paged_decode_attention_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
                                                          DOT_F32=q.dtype != torch.float16, num_warps=4, num_stages=1)
     elif q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
-        _paged_decode_attention_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
-                                                         num_stages=3)
-    else:
-        _paged_decode_attention_tuned[(s, hkv, splits)](*args, **meta, DOT_F32=False)
+        fast(_paged_decode_attention_kernel, **meta, BLOCK_N=64, DOT_F32=False, num_warps=4, num_stages=3)(
+            (s, hkv, splits), *args)
+    else:  # tuned per (meta, batch bucket), as the autotuner's key
+        fast_tuned(_paged_decode_attention_tuned, _paged_decode_attention_kernel,
+                   (*meta.values(), args[-1], q.dtype, k_cache.dtype), (s, hkv, splits), *args, **meta, DOT_F32=False)
     if splits > 1:
-        _merge_splits_kernel[(s, hq)](part_o, part_lse, out, out.stride(0), out.stride(1), hq,
-                                      HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)
+        fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
+            (s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
     return out
 
 

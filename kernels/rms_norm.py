@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton_env import check_device, next_pow2, tl, triton
+from kernels.triton_env import check_device, fast, next_pow2, tl, triton
 
 
 @triton.jit
@@ -51,11 +51,11 @@ def _launch(x, residual, weight, eps):
     rows = x2.shape[0]
     if rows:
         block = next_pow2(h)
-        _rms_norm_kernel[(rows,)](
-            x2, r2 if r2 is not None else x2, weight.contiguous(), out, res_out if res_out is not None else out,
-            x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
-            res_out.stride(0) if res_out is not None else 0, h, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK_H=block, num_warps=min(16, max(1, block // 256)))
+        fast(_rms_norm_kernel, HAS_RESIDUAL=residual is not None, BLOCK_H=block,
+             num_warps=min(16, max(1, block // 256)))(
+            (rows,), x2, r2 if r2 is not None else x2, weight.contiguous(), out,
+            res_out if res_out is not None else out, x2.stride(0), r2.stride(0) if r2 is not None else 0,
+            out.stride(0), res_out.stride(0) if res_out is not None else 0, h, float(eps))
     return out.view(x.shape), (res_out.view(x.shape) if res_out is not None else None)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton_env import check_device, next_pow2, tl, triton
+from kernels.triton_env import check_device, fast, next_pow2, tl, triton
 
 
 @triton.jit
@@ -122,11 +122,11 @@ def rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
     k_out = torch.empty_like(k)
     if t:
         half = d // 2
-        _rope_and_cache_kernel[(t,)](
-            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_out, k_out,
+        fast(_rope_and_cache_kernel, HALF=half, HALF_P=next_pow2(half), HQ_P=next_pow2(hq), HKV_P=next_pow2(hkv),
+             num_warps=4)(
+            (t,), q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_out, k_out,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-            hq, hkv, k_cache.shape[1],
-            HALF=half, HALF_P=next_pow2(half), HQ_P=next_pow2(hq), HKV_P=next_pow2(hkv), num_warps=4)
+            hq, hkv, k_cache.shape[1])
     return q_out, k_out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.triton_env import check_device, tl, triton
+from kernels.triton_env import check_device, fast, tl, triton
 
 _BLOCK = 1024
 
@@ -35,8 +35,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     out = torch.empty(x2.shape[0], i, dtype=x.dtype, device=x.device)
     if x2.shape[0] and i:
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(i, _BLOCK))](x2, out, x2.stride(0), out.stride(0), i,
-                                                                    BLOCK=_BLOCK, num_warps=4)
+        fast(_silu_and_mul_kernel, BLOCK=_BLOCK, num_warps=4)((x2.shape[0], triton.cdiv(i, _BLOCK)), x2, out,
+                                                             x2.stride(0), out.stride(0), i)
     return out.view(*x.shape[:-1], i)
 
 

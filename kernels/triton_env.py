@@ -30,11 +30,18 @@ class TritonUnavailableError(RuntimeError):
     """A Triton kernel was called on tensors this process cannot run it on."""
 
 
+_INTERPRETING: bool | None = None
+
+
 def interpreting() -> bool:
-    """True when Triton's own functions were built for the interpreter (i.e. CPU tensors work)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(getattr(tl, "sum", None), InterpretedFunction) or isinstance(
-        getattr(triton.language.standard, "sum", None), InterpretedFunction)
+    """True when Triton's own functions were built for the interpreter (i.e. CPU tensors work). Fixed once `triton`
+    is imported, so it is computed once."""
+    global _INTERPRETING
+    if _INTERPRETING is None:
+        from triton.runtime.interpreter import InterpretedFunction
+        _INTERPRETING = isinstance(getattr(tl, "sum", None), InterpretedFunction) or isinstance(
+            getattr(triton.language.standard, "sum", None), InterpretedFunction)
+    return _INTERPRETING
 
 
 def check_device(op: str, t) -> None:
@@ -62,3 +69,120 @@ def num_sms(device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+FAST_LAUNCH_ENV = "SITS_TRITON_FAST_LAUNCH"  # "0" turns the fast path off (every launch through Triton's own)
+
+
+def _is_constexpr(annotation) -> bool:
+    # annotations are strings in modules with `from __future__ import annotations`
+    return annotation is tl.constexpr or (isinstance(annotation, str) and annotation.split(".")[-1] == "constexpr")
+
+
+def _spec_key(a):
+    # what Triton 3.x specializes a runtime argument on: a tensor's dtype and 16-byte alignment, an int's value 1,
+    # divisibility by 16 and width; floats and None are not specialized
+    if hasattr(a, "data_ptr"):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if isinstance(a, bool):
+        return "b", a
+    if isinstance(a, int):
+        return "i", a == 1, a % 16 == 0, -2**31 <= a < 2**31
+    if isinstance(a, float):
+        return "f"
+    if a is None:
+        return None
+    raise TypeError(type(a).__name__)  # e.g. a TMA descriptor: not taken by the fast path
+
+
+class FastLauncher:
+    """Launches one @triton.jit kernel with fixed constexprs and launch options at a fraction of Triton's per-call
+    cost (JITFunction.run binds and specializes every argument and builds a cache key on each call: tens of
+    microseconds, more than a decode-size kernel runs). The first call for a given argument specialization goes
+    through Triton, which compiles and returns the kernel; later calls with the same specialization call its launcher
+    directly. Off under the interpreter, when a launch hook is set (profilers), or with SITS_TRITON_FAST_LAUNCH=0."""
+
+    def __init__(self, fn, **constexprs):
+        import inspect
+        self.fn = fn
+        self.constexprs = constexprs
+        params = inspect.signature(getattr(fn, "fn", fn)).parameters
+        names = list(params)
+        missing = [n for n, p in params.items() if _is_constexpr(p.annotation) and n not in constexprs]
+        if missing:  # the launcher fills every constexpr slot itself: a default would be skipped, shifting the args
+            raise TypeError(f"FastLauncher: constexpr(s) {missing} of {names} must be given")
+        self.constexpr_at = {i: constexprs[n] for i, n in enumerate(names) if n in constexprs}
+        self.num_args = len(names)
+        self.num_runtime = self.num_args - len(self.constexpr_at)
+        self.compiled: dict = {}
+
+    def __call__(self, grid, *args) -> None:
+        if len(args) != self.num_runtime:
+            raise TypeError(f"FastLauncher: {len(args)} runtime arguments given, the kernel takes {self.num_runtime}")
+        if not _fast_launch_on():
+            self.fn[grid](*args, **self.constexprs)
+            return
+        import torch
+        dev = torch._C._cuda_getDevice()
+        try:
+            key = (dev, *map(_spec_key, args))
+        except TypeError:
+            self.fn[grid](*args, **self.constexprs)
+            return
+        kernel = self.compiled.get(key)
+        if kernel is None:  # Triton compiles (or finds) the kernel for this specialization and launches it
+            self.compiled[key] = self.fn[grid](*args, **self.constexprs)
+            return
+        full, it = [], iter(args)
+        for i in range(self.num_args):
+            full.append(self.constexpr_at[i] if i in self.constexpr_at else next(it))
+        g = tuple(grid) + (1, 1)
+        kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), kernel.function,
+                   kernel.packed_metadata, None, None, None, *full)
+
+
+_FAST_ON: bool | None = None
+
+
+def _hook_set(hook) -> bool:
+    # Triton 3.6 keeps launch hooks in a HookChain (never None; empty when unused); older versions use None
+    return hook is not None and (not hasattr(hook, "calls") or bool(hook.calls))
+
+
+def _fast_launch_on() -> bool:
+    global _FAST_ON, _RUNTIME_KNOBS
+    if _FAST_ON is None:
+        _FAST_ON = os.environ.get(FAST_LAUNCH_ENV, "1") != "0" and not interpreting()
+        if _FAST_ON:
+            from triton import knobs
+            _RUNTIME_KNOBS = knobs.runtime
+    if not _FAST_ON:
+        return False
+    return not (_hook_set(_RUNTIME_KNOBS.launch_enter_hook) or _hook_set(_RUNTIME_KNOBS.launch_exit_hook))
+
+
+_RUNTIME_KNOBS = None
+
+
+_LAUNCHERS: dict = {}
+
+
+def fast(fn, **constexprs) -> FastLauncher:
+    """The FastLauncher of `fn` with these constexprs / launch options (one per distinct set, kept for the process):
+    `fast(kernel, BLOCK=64, num_warps=4)(grid, *runtime_args)` launches like `kernel[grid](*runtime_args, ...)`."""
+    key = (fn, *constexprs.items())
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        launcher = _LAUNCHERS[key] = FastLauncher(fn, **constexprs)
+    return launcher
+
+
+def fast_tuned(autotuned, fn, key, grid, *args, **constexprs) -> None:
+    """Launch autotuned kernel `autotuned` (a triton.autotune over `fn`): the first call for `key` tunes through
+    Triton's autotuner; later calls launch the winner through a FastLauncher."""
+    launcher = _LAUNCHERS.get((autotuned, key))
+    if launcher is None:
+        autotuned[grid](*args, **constexprs)
+        _LAUNCHERS[(autotuned, key)] = FastLauncher(fn, **autotuned.best_config.all_kwargs(), **constexprs)
+        return
+    launcher(grid(launcher.constexprs) if callable(grid) else grid, *args)

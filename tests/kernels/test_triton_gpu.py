@@ -125,3 +125,30 @@ def test_fp8_native_w8a8_linear(m):
     same = linear_fp8_w8a8_ref(x, qw, bias)
     ref64 = REF.linear(x.double(), qw, bias.double())
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+
+
+def test_fast_launch_repeats_match_the_reference_and_respecialize():
+    """Repeated eager calls (the engine's decode loop) run through FastLauncher after the first: every call must
+    still match the reference, and an argument with another specialization (a misaligned view, M = 1 vs 5) must get
+    its own compiled kernel instead of reusing one built for 16-byte-aligned pointers."""
+    from kernels import linear as lin
+    g = torch.Generator().manual_seed(11)
+    n, k = 4096, 4096
+    qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
+    buf = torch.randn(8 * k + 1, generator=g).bfloat16().cuda()
+    tol = ATOL[torch.bfloat16]
+    for m in (1, 5, 1, 5):
+        for x in (buf[:m * k].view(m, k), buf[1:1 + m * k].view(m, k)):  # aligned, then 2 bytes off
+            assert x.is_contiguous()
+            ref64 = REF.linear(x.double(), qw)
+            assert_close_to_fp64(TRI.linear(x, qw), REF.linear(x, qw), ref64, tol * max(1.0, ref64.abs().max().item()))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    launcher = lin._TUNED[(dev, True, n, k, torch.bfloat16, False, "tf32")]
+    # M=1 vs M=5 (an int arg equal to 1 is specialized) x aligned vs not: four kernels, each reused on the repeats
+    assert len(launcher.compiled) == 4
+    h = torch.randn(3, 4096, generator=g).bfloat16().cuda()
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).bfloat16().cuda()
+    for _ in range(3):
+        check("rms_norm", (h, w, 1e-5), torch.bfloat16)
+        check("fused_add_rms_norm", (h, h.flip(0), w, 1e-5), torch.bfloat16)
+        check("silu_and_mul", (torch.randn(5, 2 * 1024, generator=g).bfloat16(),), torch.bfloat16)

@@ -1,0 +1,93 @@
+"""FastLauncher's dispatch logic on CPU with a stand-in for Triton's compiled kernel (the real launch is exercised
+on a GPU by test_triton_gpu.py::test_fast_launch_repeats_match_the_reference_and_respecialize)."""
+import pytest
+import torch
+
+from kernels import triton_env
+
+
+class _Compiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, g0, g1, g2, stream, function, packed, launch_meta, enter, exit_, *args):
+        self.log.append(("run", (g0, g1, g2), args))
+
+
+def _kernel(x_ptr, n, BLOCK: "tl.constexpr", scale, FLAG: "tl.constexpr"):
+    pass
+
+
+class _Jit:
+    fn = staticmethod(_kernel)
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.log.append(("jit", grid, args, kw))
+            return _Compiled(self.log)
+        return launch
+
+
+def test_first_call_compiles_through_triton_then_launches_directly(monkeypatch):
+    monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 7, raising=False)
+    jit = _Jit()
+    launch = triton_env.FastLauncher(jit, BLOCK=64, FLAG=True, num_warps=4)
+    x = torch.zeros(64)
+    launch((3,), x, 32, 0.5)
+    assert jit.log == [("jit", (3,), (x, 32, 0.5), {"BLOCK": 64, "FLAG": True, "num_warps": 4})]
+    launch((5, 2), x, 48, 0.25)  # same specialization (aligned tensor, n % 16 == 0): the launcher, constexprs in place
+    assert jit.log[-1] == ("run", (5, 2, 1), (x, 48, 64, 0.25, True))
+    launch((1,), x, 33, 0.5)  # n no longer divisible by 16: Triton compiles another kernel
+    launch((1,), x[1:], 48, 0.5)  # misaligned pointer: another one again
+    launch((1,), x, 1, 0.5)  # an int equal to 1 is specialized too
+    assert [e[0] for e in jit.log[2:]] == ["jit", "jit", "jit"]
+    assert len(launch.compiled) == 4
+
+
+def test_off_under_the_interpreter_or_when_disabled(monkeypatch):
+    monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: False)
+    jit = _Jit()
+    launch = triton_env.FastLauncher(jit, BLOCK=64, FLAG=False)
+    for _ in range(2):
+        launch((2,), torch.zeros(4), 16, 1.0)
+    assert [e[0] for e in jit.log] == ["jit", "jit"] and not launch.compiled
+
+
+def test_fast_caches_one_launcher_per_constexpr_set():
+    jit = _Jit()
+    a = triton_env.fast(jit, BLOCK=64, FLAG=True, num_warps=4)
+    assert triton_env.fast(jit, BLOCK=64, FLAG=True, num_warps=4) is a
+    assert triton_env.fast(jit, BLOCK=128, FLAG=True, num_warps=4) is not a
+
+
+def test_launch_hooks_turn_the_fast_path_off():
+    class Chain:  # Triton 3.6's HookChain: an object with a list of calls
+        def __init__(self, calls):
+            self.calls = calls
+    assert not triton_env._hook_set(None) and not triton_env._hook_set(Chain([]))
+    assert triton_env._hook_set(Chain([print])) and triton_env._hook_set(print)
+
+
+def test_every_constexpr_and_runtime_argument_is_accounted_for():
+    with pytest.raises(TypeError, match="FLAG"):
+        triton_env.FastLauncher(_Jit(), BLOCK=64)
+    launch = triton_env.FastLauncher(_Jit(), BLOCK=64, FLAG=True)
+    with pytest.raises(TypeError, match="2 runtime arguments given, the kernel takes 3"):
+        launch((1,), torch.zeros(4), 16)
+
+
+def test_the_real_kernels_constexprs_are_found():
+    # the wrappers' own launchers are checked whenever they run (the CPU kernel tests run every one of them); here:
+    # the signatures of the real kernels (string annotations under the interpreter) are read right
+    from kernels import linear, paged_decode_attention as pda, rms_norm, rope_and_cache, silu_and_mul
+    for fn in (linear._linear_kernel, pda._paged_decode_attention_kernel, pda._merge_splits_kernel,
+               rms_norm._rms_norm_kernel, rope_and_cache._rope_and_cache_kernel, silu_and_mul._silu_and_mul_kernel):
+        with pytest.raises(TypeError, match="must be given"):
+            triton_env.FastLauncher(fn)
