@@ -50,9 +50,10 @@ class LlamaDecoderLayer:
             x, residual = self.input_layernorm(hidden, residual)
         qkv = self.qkv_proj(x)
         q_size, kv_size = self.hq * self.d, self.hkv * self.d
-        q = qkv[:, :q_size].reshape(t, self.hq, self.d).contiguous()
-        k = qkv[:, q_size:q_size + kv_size].reshape(t, self.hkv, self.d).contiguous()
-        v = qkv[:, q_size + kv_size:].reshape(t, self.hkv, self.d).contiguous()
+        # strided views into qkv, no copies: rope_and_cache takes any row/head strides (unit stride along head_dim)
+        q = qkv[:, :q_size].view(t, self.hq, self.d)
+        k = qkv[:, q_size:q_size + kv_size].view(t, self.hkv, self.d)
+        v = qkv[:, q_size + kv_size:].view(t, self.hkv, self.d)
         attn = self.attn(q, k, v, positions, cos, sin, k_cache, v_cache, meta)
         hidden = self.o_proj(attn.reshape(t, q_size))
         x, residual = self.post_attention_layernorm(hidden, residual)

@@ -96,6 +96,25 @@ def test_rope_and_cache(dev, t, hq, hkv, d, dtype):
     assert (flat_k[untouched] == 7.0).all() and (flat_v[untouched] == 7.0).all()
 
 
+def test_rope_and_cache_takes_views_of_a_fused_qkv(dev):
+    # the model passes q/k/v as strided views into its fused qkv projection (no copies)
+    t, hq, hkv, d = 5, 4, 2, 64
+    g = torch.Generator().manual_seed(17)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g)
+    q, k, v = (qkv[:, a * d:b * d].view(t, b - a, d) for a, b in ((0, hq), (hq, hq + hkv), (hq + hkv, hq + 2 * hkv)))
+    assert not q.is_contiguous() and not v.is_contiguous()
+    positions = torch.arange(t) * 7
+    slots = torch.arange(t) * 3
+    cos, sin = rope_tables(64, d)
+    caches = [torch.zeros(2, 8, hkv, d, device=dev) for _ in range(4)]
+    q_out, k_out = TRI.rope_and_cache(*_to((q, k, v, positions, cos, sin), device=dev), *caches[:2], slots.to(dev))
+    q_ref, k_ref = REF.rope_and_cache(*_to((q.contiguous(), k.contiguous(), v.contiguous(), positions, cos, sin),
+                                           device=dev), *caches[2:], slots.to(dev))
+    torch.testing.assert_close(q_out, q_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_out, k_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[0], caches[2], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[1], caches[3])  # v is copied as is
+
 def _prefill_args(ctx, qlens, hq, hkv, d, dtype, seed):
     k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
     q = torch.randn(sum(qlens), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
