@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.quant import QuantizedWeight
-from kernels.triton_env import FastLauncher, check_device, interpreting, next_pow2, tl, triton
+from kernels.triton_env import check_device, fast_tuned, interpreting, next_pow2, tl, triton, tuned_launcher
 
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
@@ -155,7 +155,13 @@ _LARGE_M = [_cfg(bm, bn, 64, w, s, SPLIT_K=1) for bm, bn, w, s in ((128, 128, 8,
                                                                     (128, 64, 4, 4))]
 _FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128, 8, 3), _cfg(128, 128, 128, 4, 4)]
 MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _SMALL_M)
-_even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % (a["BLOCK_K"] * a["SPLIT_K"]) == 0})
+
+
+def _is_even_k(k: int, meta) -> bool:
+    return k % (meta["BLOCK_K"] * meta["SPLIT_K"]) == 0  # every split's every k tile is whole
+
+
+_even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # these run for tens of microseconds: candidates are timed inside a CUDA graph, or Python launch overhead (not the
 # kernel) would decide the winner
 _linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
@@ -238,10 +244,6 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     return out.view(*x.shape[:-1], n)
 
 
-# (device, small M, N, K, x dtype, has bias, precision) -> FastLauncher with the config the autotuner chose for it
-_TUNED: dict = {}
-
-
 def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None) -> None:
     # config None: the autotuned kernel for this M; else BLOCK_M/N/K, SPLIT_K (+ num_warps, num_stages, DOT_F32)
     m, k = x2.shape
@@ -249,11 +251,12 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     qw = weight.qweight
     has_bias = bias is not None
     b = bias.contiguous() if has_bias else weight.scale
-    tuned = None
-    if config is None:
-        tuned = _TUNED.get((x2.device, m <= 16, n, k, x2.dtype, has_bias, precision))
-        if tuned is not None:
-            config = tuned.constexprs
+    autotuned = tune_key = None
+    if config is None:  # the autotuner's winner for this shape, once it has run
+        autotuned = _linear_small_m if m <= 16 else _linear_large_m
+        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision)
+        tuned = tuned_launcher(autotuned, tune_key)
+        config = tuned.constexprs if tuned is not None else None
     split = MAX_SPLIT_K if config is None and m <= 16 else 1 if config is None else config["SPLIT_K"]
     bm = 16 if config is None and m <= 16 else 64 if config is None else config["BLOCK_M"]
     if split > 1:  # fp32 partials [split, M, N]; the stream-ordered caching allocator makes this cheap and safe
@@ -263,21 +266,15 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
         locks = _split_k_locks(x2.device, 1)
         ws = locks.view(torch.float32)
     args = (x2, qw, weight.scale, b, out, ws, locks, m, n, k, x2.stride(0), qw.stride(0), out.stride(0))
-    if tuned is not None:
-        tuned((triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]), config["SPLIT_K"]), *args)
-        return
-    if config is None:  # first call for this shape: autotune, then remember the winner
-        kernel = _linear_small_m if m <= 16 else _linear_large_m
+    if autotuned is not None:
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
-        kernel[grid](*args, HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision)
-        best = kernel.best_config
-        _TUNED[(x2.device, m <= 16, n, k, x2.dtype, has_bias, precision)] = FastLauncher(
-            _linear_kernel, **best.all_kwargs(), HAS_BIAS=has_bias, DOT_F32=False, DOT_PRECISION=precision,
-            EVEN_K=k % (best.kwargs["BLOCK_K"] * best.kwargs["SPLIT_K"]) == 0)
+        fast_tuned(autotuned, _linear_kernel, tune_key, grid, *args, HAS_BIAS=has_bias, DOT_F32=False,
+                   DOT_PRECISION=precision,
+                   derived=lambda best: {"EVEN_K": _is_even_k(k, best.kwargs)})  # the heuristic, for the launcher
         return
     c = dict(config)
     c.setdefault("DOT_F32", False)
-    c["EVEN_K"] = k % (c["BLOCK_K"] * c["SPLIT_K"]) == 0
+    c["EVEN_K"] = _is_even_k(k, c)
     grid = (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])
     _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, **c)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import sys
 
+import torch
+
 
 def _cuda_available() -> bool:
     try:
-        import torch
         return torch.cuda.is_available()
-    except Exception:  # pragma: no cover - torch always present in this project
+    except Exception:  # pragma: no cover - a broken CUDA setup
         return False
 
 
@@ -111,9 +112,10 @@ class FastLauncher:
         missing = [n for n, p in params.items() if _is_constexpr(p.annotation) and n not in constexprs]
         if missing:  # the launcher fills every constexpr slot itself: a default would be skipped, shifting the args
             raise TypeError(f"FastLauncher: constexpr(s) {missing} of {names} must be given")
-        self.constexpr_at = {i: constexprs[n] for i, n in enumerate(names) if n in constexprs}
-        self.num_args = len(names)
-        self.num_runtime = self.num_args - len(self.constexpr_at)
+        # every argument in signature order, constexprs filled in; runtime arguments go to `runtime_at` per call
+        self.template = [constexprs.get(n) for n in names]
+        self.runtime_at = [i for i, n in enumerate(names) if n not in constexprs]
+        self.num_runtime = len(self.runtime_at)
         self.compiled: dict = {}
 
     def __call__(self, grid, *args) -> None:
@@ -122,7 +124,6 @@ class FastLauncher:
         if not _fast_launch_on():
             self.fn[grid](*args, **self.constexprs)
             return
-        import torch
         dev = torch._C._cuda_getDevice()
         try:
             key = (dev, *map(_spec_key, args))
@@ -133,9 +134,9 @@ class FastLauncher:
         if kernel is None:  # Triton compiles (or finds) the kernel for this specialization and launches it
             self.compiled[key] = self.fn[grid](*args, **self.constexprs)
             return
-        full, it = [], iter(args)
-        for i in range(self.num_args):
-            full.append(self.constexpr_at[i] if i in self.constexpr_at else next(it))
+        full = self.template.copy()
+        for i, a in zip(self.runtime_at, args):
+            full[i] = a
         g = tuple(grid) + (1, 1)
         kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), kernel.function,
                    kernel.packed_metadata, None, None, None, *full)
@@ -177,12 +178,21 @@ def fast(fn, **constexprs) -> FastLauncher:
     return launcher
 
 
-def fast_tuned(autotuned, fn, key, grid, *args, **constexprs) -> None:
+def tuned_launcher(autotuned, key) -> FastLauncher | None:
+    """The launcher `fast_tuned` keeps for `key`, once it has tuned it (its `constexprs` hold the winning config)."""
+    return _LAUNCHERS.get((autotuned, key))
+
+
+def fast_tuned(autotuned, fn, key, grid, *args, derived=None, **constexprs) -> None:
     """Launch autotuned kernel `autotuned` (a triton.autotune over `fn`): the first call for `key` tunes through
-    Triton's autotuner; later calls launch the winner through a FastLauncher."""
+    Triton's autotuner; later calls launch the winner through a FastLauncher. `grid`: a tuple, or a function of the
+    config's meta-parameters; `derived(config)`: constexprs that wrappers such as triton.heuristics compute from
+    the config (the launcher calls `fn` itself, without them)."""
     launcher = _LAUNCHERS.get((autotuned, key))
     if launcher is None:
         autotuned[grid](*args, **constexprs)
-        _LAUNCHERS[(autotuned, key)] = FastLauncher(fn, **autotuned.best_config.all_kwargs(), **constexprs)
+        best = autotuned.best_config
+        _LAUNCHERS[(autotuned, key)] = FastLauncher(fn, **best.all_kwargs(), **(derived(best) if derived else {}),
+                                                    **constexprs)
         return
     launcher(grid(launcher.constexprs) if callable(grid) else grid, *args)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kernels import triton_env
+from kernels.triton_env import tl
 
 
 class _Compiled:
@@ -16,7 +17,7 @@ class _Compiled:
         self.log.append(("run", (g0, g1, g2), args))
 
 
-def _kernel(x_ptr, n, BLOCK: "tl.constexpr", scale, FLAG: "tl.constexpr"):
+def _kernel(x_ptr, n, BLOCK: tl.constexpr, scale, FLAG: tl.constexpr):
     pass
 
 
@@ -91,3 +92,36 @@ def test_the_real_kernels_constexprs_are_found():
                rms_norm._rms_norm_kernel, rope_and_cache._rope_and_cache_kernel, silu_and_mul._silu_and_mul_kernel):
         with pytest.raises(TypeError, match="must be given"):
             triton_env.FastLauncher(fn)
+
+
+def test_fast_tuned_tunes_once_then_launches_the_winner_with_derived_constexprs(monkeypatch):
+    monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 7, raising=False)
+    jit = _Jit()
+
+    class Best:  # triton.Config's interface
+        kwargs = {"BLOCK": 32}
+
+        def all_kwargs(self):
+            return {"BLOCK": 32, "num_warps": 2}
+
+    class Autotuned:
+        best_config = Best()
+        calls = []
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: self.calls.append((grid, args, kw))
+
+    tuned = Autotuned()
+    grid = lambda c: (c["BLOCK"] // 8,)  # noqa: E731
+    x = torch.zeros(64)
+    key = ("shape", 1)
+    assert triton_env.tuned_launcher(tuned, key) is None
+    for _ in range(3):
+        triton_env.fast_tuned(tuned, jit, key, grid, x, 32, 0.5,
+                              derived=lambda best: {"FLAG": best.kwargs["BLOCK"] > 16})
+    assert len(tuned.calls) == 1  # tuned once
+    launcher = triton_env.tuned_launcher(tuned, key)
+    assert launcher.constexprs == {"BLOCK": 32, "num_warps": 2, "FLAG": True}
+    assert jit.log[0][0] == "jit" and jit.log[-1] == ("run", (4, 1, 1), (x, 32, 32, 0.5, True))
