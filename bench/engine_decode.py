@@ -1,7 +1,7 @@
-"""Engine decode speed on a GPU: llama3-8b (random weights, bf16) per kernel set and quantization, against the
-memory-bandwidth floor of one decode step (every weight byte read once).
+"""Engine decode speed on a GPU: llama3-8b (random weights, bf16) per kernel set, quantization and with or without
+CUDA graphs, against the memory-bandwidth floor of one decode step (every weight byte read once).
 
-    python3 bench/engine_decode.py [--json OUT.json] [--tokens 64] [--batches 1,32]
+    python3 bench/engine_decode.py [--json OUT.json] [--tokens 64] [--batches 1,32] [--configs ...] [--profile]
     .venv/bin/python bench/engine_decode.py --model tiny --cpu --batches 1,4 --tokens 8   # smoke test, no GPU
 
 For each configuration the engine is built once; each batch size runs a greedy decode of --tokens tokens after a
@@ -20,7 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CONFIGS = (("torch", None), ("triton-v1.1", None), ("triton-v1.1", "int8"))
+# (kernel set, quantization, CUDA graphs); the torch set is never captured (its reference ops read values back)
+CONFIGS = (("torch", None, False), ("triton-v1.1", None, False), ("triton-v1.1", None, True),
+           ("triton-v1.1", "int8", False), ("triton-v1.1", "int8", True))
 
 
 def copy_tbs(device: str) -> float:
@@ -56,12 +58,13 @@ def weight_bytes(engine) -> int:
     return total + head.numel() * head.element_size()
 
 
-def run_config(model: str, device: str, kernels: str, quant: str | None, batches: list[int], tokens: int,
-               copy: float) -> list[dict]:
+def run_config(model: str, device: str, kernels: str, quant: str | None, graphs: bool, batches: list[int],
+               tokens: int, copy: float, profile: bool = False) -> list[dict]:
     import torch
 
     from engine import LLM, SamplingParams
-    llm = LLM(model=model, kernels=kernels, quantization=quant, max_num_seqs=max(batches), device=device)
+    llm = LLM(model=model, kernels=kernels, quantization=quant, max_num_seqs=max(batches), device=device,
+              enforce_eager=not graphs)
     engine = llm.engine
     floor_ms = weight_bytes(engine) / (copy * 1e12) * 1e3  # every weight byte read once per step
     rows = []
@@ -90,15 +93,65 @@ def run_config(model: str, device: str, kernels: str, quant: str | None, batches
         wall = time.perf_counter() - t_start
         step_ms.sort()
         med = step_ms[len(step_ms) // 2]
-        rows.append({"kernels": kernels, "quantization": quant or "none", "batch": b,
+        rows.append({"kernels": kernels, "quantization": quant or "none", "graphs": graphs, "batch": b,
                      "decode_tok_s": done / wall, "step_ms_median": med, "floor_ms": floor_ms,
                      "step_over_floor": med / floor_ms, "steps": len(step_ms)})
         print(json.dumps(rows[-1]), flush=True)
+        if profile:
+            profile_steps(engine, b, params, device, f"{kernels} {quant or 'none'} graphs={graphs} batch {b}")
     del llm, engine
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def profile_steps(engine, batch: int, params, device: str, title: str, steps: int = 8) -> None:
+    """Where a decode step's time goes: the top Python functions (cProfile, host) and the top GPU kernels
+    (torch.profiler), over `steps` decode steps after a prefill."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    vocab = engine.model_config.vocab_size
+    for i in range(batch):
+        engine.add_request(f"prof{batch}-{i}", [(500 + 3 * i + j) % vocab for j in range(64)], params)
+    engine.step()  # the prefill
+    _sync(device)
+    prof = cProfile.Profile()
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    _sync(device)
+    prof.disable()
+    host_ms = 1e3 * (time.perf_counter() - t0) / steps
+    with torch.profiler.profile(activities=acts) as tp:
+        for _ in range(steps):
+            engine.step()
+        _sync(device)
+    while engine.has_unfinished_requests():
+        engine.step()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+    print(f"\n=== profile: {title}: {host_ms:.2f} ms per step under cProfile ===")
+    lines = out.getvalue().splitlines()
+    print("\n".join(lines[next((i for i, ln in enumerate(lines) if "ncalls" in ln), 0):]))
+    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(tp.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=60), flush=True)
+
+
+def parse_config(spec: str) -> tuple[str, str | None, bool]:
+    parts = spec.split(":")
+    graphs = parts[-1] == "graphs"
+    if graphs:
+        parts.pop()
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] not in ("int8", "fp8", "none")):
+        raise SystemExit(f"--configs: {spec!r} is not KERNELS[:int8|fp8|none][:graphs]")
+    quant = parts[1] if len(parts) == 2 and parts[1] != "none" else None
+    return parts[0], quant, graphs
 
 
 def main(argv=None) -> int:
@@ -107,6 +160,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--configs", default="", help="comma list of KERNELS[:QUANT][:graphs] (default: every "
+                                                   "configuration), e.g. triton-v1.1:int8:graphs,torch")
+    ap.add_argument("--profile", action="store_true", help="also print where a decode step's time goes")
     ap.add_argument("--cpu", action="store_true", help="run on CPU (a smoke test of this script; Triton interpreted)")
     args = ap.parse_args(argv)
     import torch
@@ -118,14 +174,18 @@ def main(argv=None) -> int:
     copy = copy_tbs(device)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     res = {"device": name, "model": args.model, "torch": torch.__version__, "copy_tbs": copy, "rows": []}
-    for kernels, quant in CONFIGS:
-        res["rows"] += run_config(args.model, device, kernels, quant, batches, args.tokens, copy)
+    configs = [parse_config(c) for c in args.configs.split(",") if c] or CONFIGS
+    for kernels, quant, graphs in configs:
+        res["rows"] += run_config(args.model, device, kernels, quant, graphs, batches, args.tokens, copy,
+                                  args.profile)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     print(f"copy {copy:.2f} TB/s; floor = weight bytes / copy bandwidth")
-    print(f"{'kernels':12s} {'quant':6s} {'batch':>5s} {'tok/s':>8s} {'step ms':>8s} {'floor ms':>8s} {'x floor':>7s}")
+    print(f"{'kernels':12s} {'quant':6s} {'graphs':6s} {'batch':>5s} {'tok/s':>8s} {'step ms':>8s} {'floor ms':>8s} "
+          f"{'x floor':>7s}")
     for r in res["rows"]:
-        print(f"{r['kernels']:12s} {r['quantization']:6s} {r['batch']:5d} {r['decode_tok_s']:8.0f} "
+        print(f"{r['kernels']:12s} {r['quantization']:6s} {'yes' if r['graphs'] else 'no':6s} {r['batch']:5d} "
+              f"{r['decode_tok_s']:8.0f} "
               f"{r['step_ms_median']:8.2f} {r['floor_ms']:8.2f} {r['step_over_floor']:7.1f}")
     return 0
 

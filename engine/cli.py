@@ -22,13 +22,13 @@ def _generate(args) -> int:
 def _kernels(args) -> int:
     import kernels
 
-    rows = [("name", "version", "devices", "description")]
+    rows = [("name", "version", "devices", "cuda-graphs", "description")]
     for name in kernels.list_kernel_sets():
         ks = kernels.get_kernel_set(name)
-        rows.append((ks.name, ks.version, ",".join(ks.devices), ks.description))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        rows.append((ks.name, ks.version, ",".join(ks.devices), "yes" if ks.graph_safe else "no", ks.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
     return 0
 
 

@@ -28,6 +28,7 @@ class EngineConfig:
     quantization: str | None = None
     max_blocks_per_tenant: int | None = None
     seed: int = 0  # seeds the weights of presets and the sampler of unseeded requests
+    enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch every kernel from Python)
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -50,6 +51,8 @@ class EngineConfig:
         for name in ("num_kv_blocks", "max_model_len", "max_blocks_per_tenant"):
             if getattr(self, name) is not None:
                 _positive(getattr(self, name), name)
+        if not isinstance(self.enforce_eager, bool):
+            raise InvalidRequestError("enforce_eager must be a boolean", "enforce_eager")
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidRequestError("enable_prefix_caching must be a boolean", "enable_prefix_caching")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

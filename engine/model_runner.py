@@ -6,6 +6,7 @@ import torch
 
 import kernels
 from engine.config import EngineConfig, ModelConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequestError
 from engine.layers.attention import AttentionMetadata
 from engine.layers.sampler import Sampler
@@ -62,6 +63,12 @@ class ModelRunner:
             self.kv_cache = torch.zeros(mc.num_hidden_layers, 2, self.num_blocks, self.block_size,
                                         mc.num_key_value_heads, mc.head_dim, device=device, dtype=dtype)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_hidden_layers)]
+        # decode-only steps replay CUDA graphs (engine/cuda_graphs.py) when the kernel set allows it
+        self.decode_graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and not config.enforce_eager and kernel_set.graph_safe:
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=config.max_num_seqs,
+                                              max_blocks_per_seq=-(-max_model_len // self.block_size),
+                                              block_size=self.block_size, device=device)
         self.sampler = Sampler(device, config.seed)
         self.capture_logits = False  # tests: keep the last step's logits
         self.last_logits: torch.Tensor | None = None  # [num sampled seqs, vocab] fp32
@@ -98,6 +105,10 @@ class ModelRunner:
         pairs = list(zip(batch.seqs, batch.num_new_tokens))
         prefill = [(s, n) for s, n in pairs if n > 1]
         decode = [(s, n) for s, n in pairs if n == 1]  # a 1-token chunk is a decode: same math
+        graphs = self.decode_graphs
+        if not prefill and graphs is not None and graphs.usable([s for s, _ in decode]):
+            seqs = [s for s, _ in decode]
+            return self._sample(graphs.run(seqs), seqs)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -126,7 +137,10 @@ class ModelRunner:
                                     torch.tensor(positions, dtype=torch.int64, device=dev), self.kv_caches, meta)
         if not sample_seqs:
             return []
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        return self._sample(hidden[torch.tensor(sample_rows, device=dev)], sample_seqs)
+
+    def _sample(self, hidden: torch.Tensor, sample_seqs: list[Sequence]) -> list[tuple[Sequence, int, dict | None]]:
+        logits = self.model.compute_logits(hidden)
         if self.capture_logits:
             self.last_logits = logits.detach().clone()
             self.last_logits_seqs = [s.request_id for s in sample_seqs]

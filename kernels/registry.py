@@ -59,6 +59,9 @@ class KernelSet:
     prefill_attention: Callable
     paged_decode_attention: Callable
     linear: Callable
+    # the ops never wait on the GPU from the host and launch the same kernels for the same shapes, so the engine may
+    # capture decode steps in CUDA graphs (engine/cuda_graphs.py); derived sets inherit it
+    graph_safe: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -69,6 +72,8 @@ class KernelSet:
         if not devices or any(d not in DEVICES for d in devices) or len(set(devices)) != len(devices):
             raise KernelSetError(f"kernel set {self.name!r}: devices {self.devices!r} must be a non-empty subset of {DEVICES}")
         object.__setattr__(self, "devices", devices)
+        if not isinstance(self.graph_safe, bool):
+            raise KernelSetError(f"kernel set {self.name!r}: graph_safe must be a boolean")
         for op in OP_NAMES:
             if not callable(getattr(self, op)):
                 raise KernelSetError(f"kernel set {self.name!r}: op {op!r} is not callable")
@@ -81,8 +86,9 @@ class KernelSet:
         return str(device).split(":")[0] in self.devices
 
     def derive(self, name: str, version: str, *, description: str | None = None,
-               devices: tuple[str, ...] | None = None, **ops: Callable) -> KernelSet:
-        """A new set with this set's ops except the ones given (keyword = op name)."""
+               devices: tuple[str, ...] | None = None, graph_safe: bool | None = None, **ops: Callable) -> KernelSet:
+        """A new set with this set's ops except the ones given (keyword = op name). A replaced op must be as
+        capturable as the ones it replaces, or pass graph_safe=False."""
         unknown = sorted(set(ops) - set(OP_NAMES))
         if unknown:
             raise KernelSetError(f"unknown op(s) {unknown}; ops are {list(OP_NAMES)}")
@@ -90,7 +96,8 @@ class KernelSet:
             changed = ", ".join(sorted(ops)) or "no ops"
             description = f"{self.name} {self.version} with {changed} replaced"
         return dataclasses.replace(self, name=name, version=version, description=description,
-                                   devices=self.devices if devices is None else tuple(devices), **ops)
+                                   devices=self.devices if devices is None else tuple(devices),
+                                   graph_safe=self.graph_safe if graph_safe is None else graph_safe, **ops)
 
 
 _lock = threading.RLock()

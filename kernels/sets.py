@@ -30,6 +30,7 @@ TORCH = register_kernel_set(KernelSet(
 TRITON_V1 = register_kernel_set(TORCH.derive(
     "triton-v1", "1.0.0",
     devices=("cuda", "cpu"),
+    graph_safe=True,
     description="Triton: paged varlen flash prefill, split-KV GQA decode, fused RoPE+KV write, fused add+RMSNorm, "
                 "SiLU-and-mul, int8/fp8 weight matmul (plain weights via cuBLAS); CPU only under TRITON_INTERPRET=1",
     rms_norm=_rms.rms_norm,

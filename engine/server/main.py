@@ -35,6 +35,7 @@ class ServerConfig:
     max_blocks_per_tenant: int | None = None
     quantization: str | None = None
     seed: int = 0
+    enforce_eager: bool = False
     served_model_name: str | None = None
     otel_exporter: str | None = None   # None: from SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER, else "none"
     otlp_endpoint: str | None = None
@@ -72,7 +73,8 @@ class ServerConfig:
                             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                             max_model_len=self.max_model_len, num_kv_blocks=self.num_kv_blocks,
                             max_waiting=self.max_waiting, quantization=self.quantization,
-                            max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed)
+                            max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed,
+                            enforce_eager=self.enforce_eager)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-blocks-per-tenant", type=int, default=None)
     a("--quantization", choices=["int8", "fp8"], default=None)
     a("--seed", type=int, default=0)
+    a("--enforce-eager", action="store_true",
+      help="no CUDA graphs: launch every kernel of a decode step from Python (graphs are used on CUDA with kernel "
+           "sets that allow them, see `sits-engine kernels`)")
     a("--served-model-name", default=None, help="model id clients send (default: the preset or directory name)")
     a("--otel-exporter", choices=["none", "console", "otlp"], default=None,
       help="trace exporter (default: $SITS_OTEL_EXPORTER or $OTEL_TRACES_EXPORTER or none)")

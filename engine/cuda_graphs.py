@@ -1,0 +1,138 @@
+"""Decode steps replayed from CUDA graphs.
+
+A decode step launches ~10 kernels per layer (≈ 330 for llama3-8b); launched one by one from Python, the host takes
+3-10x longer than the GPU needs (BENCHMARKS.md, "Engine decode"). Here a decode-only step's forward pass is captured
+once per padded batch size and replayed with a single launch.
+
+- Batch sizes: 1, 2, 4, 8, then steps of 8-32 up to min(max_num_seqs, 256); a step with n sequences replays the
+  graph of the smallest size >= n. Padding rows write no KV (slot -1) and attend to one cached token; their outputs
+  are dropped. Larger decode batches, and steps with prefill tokens, run eagerly.
+- Each graph is captured on the first step that needs it, after one eager forward of that size on the capture
+  stream (Triton compiles and autotunes there, never inside a capture). All graphs share one memory pool.
+- Inputs live in static device buffers, filled with one host-to-device copy per step; block tables are kept at the
+  full width (max_model_len / block_size), so a graph never depends on how long the contexts are.
+- Only kernel sets that declare `graph_safe` are captured: their ops never wait on the GPU from the host and launch
+  the same kernels for the same shapes. A capture that fails anyway turns graphs off for the runner (logged), and
+  the engine goes on eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.layers.attention import AttentionMetadata
+
+log = logging.getLogger("sits.engine")
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """The padded batch sizes captured for an engine that runs at most `max_num_seqs` sequences per step."""
+    cap = min(max_num_seqs, GRAPH_BATCH_SIZES[-1])
+    return tuple(b for b in GRAPH_BATCH_SIZES if b < cap) + (cap,)
+
+
+def padded_batch_size(n: int, sizes: tuple[int, ...]) -> int | None:
+    """The smallest captured size >= n, or None when n is larger than every size."""
+    for b in sizes:
+        if b >= n:
+            return b
+    return None
+
+
+class DecodeGraphs:
+    """Runs decode-only forward passes through static buffers, replaying one CUDA graph per padded batch size.
+
+    capture=False runs the same padded, static-buffer path eagerly (tests on CPU check that path with it)."""
+
+    def __init__(self, model, kv_caches, *, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
+                 device: torch.device, capture: bool = True):
+        self.model, self.kv_caches = model, kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.capture = capture
+        self.sizes = graph_batch_sizes(max_num_seqs)
+        b = self.sizes[-1]
+        # per step: [ids | positions | slots | context lens] of the padded batch, then the used part of the tables
+        self.stage = torch.zeros(4 * b + b * max_blocks_per_seq, dtype=torch.int64, device=device)
+        self.lens = torch.ones(b, dtype=torch.int32, device=device)
+        self.tables = torch.zeros(b, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> (graph, its output)
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.stream = torch.cuda.Stream(device) if capture else None
+        self.failed: str | None = None  # why graphs were turned off
+
+    def usable(self, seqs) -> bool:
+        """Whether run(seqs) can take this decode step: graphs not turned off, a size for the batch, tables that
+        fit, and every sequence at its last token (a 1-token chunk in the middle of a prompt samples nothing)."""
+        return (self.failed is None and padded_batch_size(len(seqs), self.sizes) is not None
+                and all(s.num_computed_tokens + 1 == len(s.token_ids) and len(s.block_table) <= self.tables.shape[1]
+                        for s in seqs))
+
+    def run(self, seqs) -> torch.Tensor:
+        """Forward one decode token of each sequence (its last token, at position num_computed_tokens); returns the
+        final hidden states [len(seqs), H]. Caller checks usable(seqs) first."""
+        n = len(seqs)
+        b = padded_batch_size(n, self.sizes)
+        bs = self.block_size
+        pad = b - n
+        ids, pos, slots, lens, rows = [], [], [], [], []
+        width = max(len(s.block_table) for s in seqs)
+        for s in seqs:
+            p = s.num_computed_tokens
+            bt = s.block_table
+            ids.append(s.token_ids[p])
+            pos.append(p)
+            slots.append(bt[p // bs] * bs + p % bs)
+            lens.append(p + 1)
+            rows += bt
+            rows += [0] * (width - len(bt))
+        flat = ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad + rows
+        self.stage[:len(flat)].copy_(torch.tensor(flat, dtype=torch.int64), non_blocking=True)
+        self.tables[:n, :width].copy_(self.stage[4 * b:4 * b + n * width].view(n, width))
+        if self.capture and self.failed is None and b not in self.graphs:
+            self._capture(b)
+        if b in self.graphs:
+            graph, out = self.graphs[b]
+            graph.replay()
+        else:
+            out = self._forward(b)
+        return out[:n]
+
+    def _forward(self, b: int) -> torch.Tensor:
+        st = self.stage
+        self.lens[:b].copy_(st[3 * b:4 * b])  # int64 -> int32 on the device (inside the graph when captured)
+        meta = AttentionMetadata(slot_mapping=st[2 * b:3 * b], num_prefill_tokens=0, cu_seqlens_q=None,
+                                 prefill_context_lens=None, prefill_block_tables=None,
+                                 decode_context_lens=self.lens[:b], decode_block_tables=self.tables[:b])
+        return self.model.forward(st[:b], st[b:2 * b], self.kv_caches, meta)
+
+    def _capture(self, b: int) -> None:
+        t0 = time.perf_counter()
+        saved = self.stage[:4 * b].clone()  # this step's inputs; capture runs on dummy ones
+        self.stage[:4 * b].copy_(torch.tensor([0] * 2 * b + [-1] * b + [1] * b, dtype=torch.int64))
+        main = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(main)
+        try:
+            with torch.cuda.stream(self.stream):
+                self._forward(b)  # compiles and autotunes every kernel for this size, outside the capture
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                out = self._forward(b)
+        except Exception as e:  # noqa: BLE001 -- a set that is not capturable after all: go on eagerly
+            self.failed = f"{type(e).__name__}: {e}"
+            log.warning("CUDA graph capture of a %d-sequence decode step failed (%s); decode runs eagerly from now on",
+                        b, self.failed)
+            torch.cuda.synchronize(self.device)
+            self.stage[:4 * b].copy_(saved)
+            main.wait_stream(self.stream)
+            return
+        main.wait_stream(self.stream)
+        self.stage[:4 * b].copy_(saved)
+        self.graphs[b] = (graph, out)
+        log.info("captured the decode CUDA graph for batch size %d in %.2f s", b, time.perf_counter() - t0)

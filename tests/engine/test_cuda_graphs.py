@@ -1,0 +1,157 @@
+"""Decode steps through static buffers and CUDA graphs (engine/cuda_graphs.py).
+
+On CPU the padded, static-buffer path runs eagerly (DecodeGraphs(capture=False)) and must give what the normal
+eager path gives; on a GPU the captured graphs must too."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import kernels
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, graph_batch_sizes, padded_batch_size
+from engine.errors import InvalidRequestError
+
+# prompt lengths around the 64-token block edges; each its own number of new tokens, so the batch shrinks
+PROMPTS = {f"p{n}": (n, steps) for n, steps in ((1, 9), (63, 5), (64, 12), (65, 3), (130, 7))}
+
+
+def test_batch_sizes_cover_every_batch_up_to_the_limit():
+    assert graph_batch_sizes(256) == GRAPH_BATCH_SIZES
+    assert graph_batch_sizes(5) == (1, 2, 4, 5)
+    assert graph_batch_sizes(1) == (1,)
+    assert graph_batch_sizes(1000)[-1] == 256
+    sizes = graph_batch_sizes(40)
+    assert [padded_batch_size(n, sizes) for n in (1, 3, 5, 9, 17, 33, 40)] == [1, 4, 8, 16, 24, 40, 40]
+    assert padded_batch_size(41, sizes) is None
+
+
+def run(engine, graphs: DecodeGraphs | None = None) -> tuple[dict, dict]:
+    """Greedy tokens and per-step logits of PROMPTS; with `graphs`, decode steps go through it (counted by size)."""
+    runner = engine.model_runner
+    used: dict[int, int] = {}
+    if graphs is not None:
+        runner.decode_graphs = graphs
+        inner = graphs.run
+
+        def counting_run(seqs):
+            b = padded_batch_size(len(seqs), graphs.sizes)
+            used[b] = used.get(b, 0) + 1
+            return inner(seqs)
+        graphs.run = counting_run
+    runner.capture_logits = True
+    g = torch.Generator().manual_seed(1)
+    for rid, (n, steps) in PROMPTS.items():
+        engine.add_request(rid, torch.randint(0, 256, (n,), generator=g).tolist(),
+                           SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
+    out: dict = {rid: ([], []) for rid in PROMPTS}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            out[o.request_id][0].extend(o.new_token_ids)
+        for row, rid in enumerate(runner.last_logits_seqs):
+            out[rid][1].append(runner.last_logits[row].float().cpu())
+        runner.last_logits_seqs = []
+    return out, used
+
+
+def assert_same(ref: dict, got: dict, atol: float) -> None:
+    for rid in PROMPTS:
+        assert got[rid][0] == ref[rid][0], rid
+        assert len(got[rid][1]) == len(ref[rid][1]) == PROMPTS[rid][1]
+        for step, (a, b) in enumerate(zip(ref[rid][1], got[rid][1])):
+            assert (a - b).abs().max() < atol, (rid, step, float((a - b).abs().max()))
+
+
+def tiny(**kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model="tiny", num_kv_blocks=32, max_num_seqs=8, **kw))
+
+
+def test_padded_static_buffer_decode_matches_the_eager_path_on_cpu():
+    ref, _ = run(tiny(device="cpu"))
+    engine = tiny(device="cpu")
+    runner = engine.model_runner
+    assert runner.decode_graphs is None  # no graphs on CPU
+    graphs = DecodeGraphs(runner.model, runner.kv_caches, max_num_seqs=8, max_blocks_per_seq=engine.max_model_len // 64,
+                          block_size=64, device=runner.device, capture=False)
+    got, used = run(engine, graphs)
+    assert_same(ref, got, atol=1e-4)
+    # 5 sequences pad to 8, then 4, 2 (after p65 and p63 finish) ...; every decode step went through the buffers
+    assert used[8] >= 2 and used[4] >= 1 and used[1] >= 1, used
+    assert sum(used.values()) == max(steps for _, steps in PROMPTS.values()) - 1
+
+
+def test_mid_prompt_chunks_and_overlong_tables_stay_eager():
+    graphs = DecodeGraphs(None, [], max_num_seqs=4, max_blocks_per_seq=2, block_size=64, device=torch.device("cpu"),
+                          capture=False)
+    last = SimpleNamespace(num_computed_tokens=9, token_ids=[1] * 10, block_table=[0])
+    assert graphs.usable([last])
+    assert not graphs.usable([last, SimpleNamespace(num_computed_tokens=3, token_ids=[1] * 10, block_table=[0])])
+    assert not graphs.usable([SimpleNamespace(num_computed_tokens=200, token_ids=[1] * 201, block_table=[0, 1, 2])])
+    assert not graphs.usable([last] * 5)  # more sequences than the largest size
+    graphs.failed = "capture failed"
+    assert not graphs.usable([last])
+
+
+def test_enforce_eager_is_validated_and_sets_declare_graph_safety():
+    with pytest.raises(InvalidRequestError, match="enforce_eager"):
+        EngineConfig(enforce_eager="yes")
+    assert not kernels.get_kernel_set("torch").graph_safe
+    assert kernels.get_kernel_set("triton-v1").graph_safe and kernels.get_kernel_set("triton-v1.1").graph_safe
+    base = kernels.get_kernel_set("triton-v1.1")
+    assert base.derive("x", "1.0.0").graph_safe
+    assert not base.derive("x", "1.0.0", graph_safe=False).graph_safe
+
+
+# ---- on a GPU: captured graphs ----
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_captured_graphs_match_eager_decode(quantization):
+    kw = dict(device="cuda", dtype="float32", kernels="triton-v1.1", quantization=quantization)
+    ref, _ = run(tiny(enforce_eager=True, **kw))
+    assert tiny(enforce_eager=True, **kw).model_runner.decode_graphs is None
+    engine = tiny(**kw)
+    graphs = engine.model_runner.decode_graphs
+    assert graphs is not None and graphs.capture
+    got, used = run(engine, graphs)
+    assert graphs.failed is None
+    assert set(graphs.graphs) == set(used) and {8, 4, 1} <= set(used), used
+    assert_same(ref, got, atol=2e-3)
+    # replaying again (graphs already captured) gives the same again
+    again, _ = run(engine)
+    assert_same(ref, again, atol=2e-3)
+
+
+@gpu
+@pytest.mark.gpu
+def test_torch_set_is_never_captured():
+    assert tiny(device="cuda", kernels="torch").model_runner.decode_graphs is None
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_set_that_cannot_be_captured_falls_back_to_eager(caplog):
+    base = kernels.get_kernel_set("triton-v1.1")
+
+    def syncing_silu_and_mul(x):  # reads a value back to the host: not capturable
+        if float(x.abs().max()) < 0:
+            raise AssertionError
+        return base.silu_and_mul(x)
+    bad = base.derive("graph-unsafe-test", "1.0.0", silu_and_mul=syncing_silu_and_mul)
+    assert bad.graph_safe  # inherited: the wrong declaration this test is about
+    kernels.register_kernel_set(bad, replace=True)
+    try:
+        ref, _ = run(tiny(device="cuda", dtype="float32", kernels="triton-v1.1", enforce_eager=True))
+        engine = tiny(device="cuda", dtype="float32", kernels="graph-unsafe-test")
+        with caplog.at_level("WARNING", logger="sits.engine"):
+            got, _ = run(engine)
+        assert engine.model_runner.decode_graphs.failed
+        assert "decode runs eagerly" in caplog.text
+        assert_same(ref, got, atol=2e-3)
+    finally:
+        kernels.unregister_kernel_set("graph-unsafe-test")
