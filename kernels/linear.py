@@ -7,7 +7,8 @@ Triton paths:
   (fp32 accumulation). Small M (decode, GEMV-like) uses 16-row tiles and long K tiles so enough weight bytes are in
   flight to stream at memory bandwidth, and optionally split-K (a narrow N such as the down projection's 4096 has
   too few column tiles for 132 SMs): the splits' fp32 partials are summed by the last split to finish a tile, in
-  one launch. Larger M uses square-ish tiles with grouped ordering for L2 reuse.
+  one launch. 17..64 rows (batched decode) use one 32- or 64-row tile, also with split-K, so the weights are still
+  read once; larger M uses square-ish tiles with grouped ordering for L2 reuse.
 - `_linear_fp8_kernel` (M >= 64 on GPUs with fp8 tensor cores, sm_89+): W8A8 -- activations are quantized per token
   to e4m3 by `_quantize_fp8_rows_kernel` and both operands go to the fp8 tensor cores; y = acc * sx[t] * sw[n].
 """
@@ -151,10 +152,15 @@ def _small(bn, bk, w, s, split_k=1):
 # N=4096: 32-128 tiles) still puts every SM to work. Candidates from the H200 sweeps in BENCHMARKS.md.
 _SMALL_M = [_small(32, 256, 4, 4), _small(64, 256, 4, 4), _small(64, 128, 4, 5), _small(64, 256, 4, 4, 4),
             _small(32, 256, 4, 4, 4), _small(128, 256, 8, 3, 4)]
+# 17..64 rows (batched decode): one M tile of 32 or 64 rows, so the weights still stream through once, with split-K
+# (candidates from the H200 sweep in BENCHMARKS.md)
+_MID_M = {bm: [_cfg(bm, bn, bk, w, s, SPLIT_K=sk) for bn, bk, w, s, sk in
+               ((64, 256, 4, 3, 1), (64, 256, 4, 3, 4), (64, 128, 4, 4, 2), (128, 128, 8, 3, 4))] for bm in (32, 64)}
 _LARGE_M = [_cfg(bm, bn, 64, w, s, SPLIT_K=1) for bm, bn, w, s in ((128, 128, 8, 3), (64, 128, 4, 4), (128, 256, 8, 3),
                                                                     (128, 64, 4, 4))]
 _FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128, 8, 3), _cfg(128, 128, 128, 4, 4)]
-MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _SMALL_M)
+MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _SMALL_M + _MID_M[32] + _MID_M[64])
+SPLIT_K_MAX_M = 64  # larger M never splits K
 
 
 def _is_even_k(k: int, meta) -> bool:
@@ -165,7 +171,15 @@ _even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # these run for tens of microseconds: candidates are timed inside a CUDA graph, or Python launch overhead (not the
 # kernel) would decide the winner
 _linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
+_linear_mid_m = {bm: triton.autotune(c, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
+                 for bm, c in _MID_M.items()}
 _linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_even_k(_linear_kernel))
+
+
+def autotuner_for(m: int):
+    """The autotuned weight-only kernel that serves M rows (each keeps its own winner per N, K)."""
+    return _linear_small_m if m <= 16 else _linear_mid_m[32] if m <= 32 else _linear_mid_m[64] if m <= 64 \
+        else _linear_large_m
 _linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 _LOCKS: dict = {}
 
@@ -253,12 +267,13 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     b = bias.contiguous() if has_bias else weight.scale
     autotuned = tune_key = None
     if config is None:  # the autotuner's winner for this shape, once it has run
-        autotuned = _linear_small_m if m <= 16 else _linear_large_m
+        autotuned = autotuner_for(m)
         tune_key = (x2.device, n, k, x2.dtype, has_bias, precision)
         tuned = tuned_launcher(autotuned, tune_key)
         config = tuned.constexprs if tuned is not None else None
-    split = MAX_SPLIT_K if config is None and m <= 16 else 1 if config is None else config["SPLIT_K"]
-    bm = 16 if config is None and m <= 16 else 64 if config is None else config["BLOCK_M"]
+    # before the first tuning, size the split-K buffers for any candidate (locks: one per 16 x 16 tile at most)
+    split = (MAX_SPLIT_K if m <= SPLIT_K_MAX_M else 1) if config is None else config["SPLIT_K"]
+    bm = 16 if config is None else config["BLOCK_M"]
     if split > 1:  # fp32 partials [split, M, N]; the stream-ordered caching allocator makes this cheap and safe
         ws = torch.empty(split * m * n, dtype=torch.float32, device=x2.device)
         locks = _split_k_locks(x2.device, triton.cdiv(m, bm) * triton.cdiv(n, 16))

@@ -79,32 +79,33 @@ def test_rope_and_cache_llama_shape():
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-@pytest.mark.parametrize("m", [1, 7, 16, 48])
+@pytest.mark.parametrize("m", [1, 7, 16, 24, 48, 64, 80])  # small, both mid (32/64-row tile) and large-M kernels
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
 def test_weight_only_linear_llama_shapes(kind, m, n, k):
     g = torch.Generator().manual_seed(7)
     qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, kind).to("cuda")
     x = torch.randn(m, k, generator=g).bfloat16().cuda()
     got = TRI.linear(x, qw)
-    same = REF.linear(x, qw)
+    # from FP8_NATIVE_MIN_M rows on, fp8 weights take the W8A8 path, which also quantizes x: its own torch twin
+    same = linear_fp8_w8a8_ref(x, qw) if kind == "fp8" and m >= FP8_NATIVE_MIN_M else REF.linear(x, qw)
     ref64 = REF.linear(x.double(), qw)
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
-@pytest.mark.parametrize("split_k", [2, 4, 8])
+@pytest.mark.parametrize("m, block_m, split_k", [(16, 16, 2), (16, 16, 4), (16, 16, 8), (24, 32, 4), (48, 64, 2)])
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
-def test_weight_only_linear_split_k(split_k, n, k):
+def test_weight_only_linear_split_k(m, block_m, split_k, n, k):
     # every split-K config autotuning may pick, repeated: a missing release/acquire between the splits' partials
     # and the last split's sum would show up as a wrong or run-to-run varying result
     from kernels.linear import linear_with_config
     g = torch.Generator().manual_seed(9)
     qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
-    x = torch.randn(16, k, generator=g).bfloat16().cuda()
+    x = torch.randn(m, k, generator=g).bfloat16().cuda()
     same = REF.linear(x, qw)
     ref64 = REF.linear(x.double(), qw)
     first = None
     for _ in range(5):
-        got = linear_with_config(x, qw, block_m=16, block_n=64, block_k=256, split_k=split_k)
+        got = linear_with_config(x, qw, block_m=block_m, block_n=64, block_k=256, split_k=split_k, num_stages=3)
         assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
         first = got if first is None else first
         assert torch.equal(got, first)  # the partials are summed in split order: deterministic
