@@ -7,7 +7,8 @@ once per padded batch size and replayed with a single launch.
 - Batch sizes: 1, 2, 4, 8, then steps of 8-32 up to min(max_num_seqs, 256); a step with n sequences replays the
   graph of the smallest size >= n. Padding rows write no KV (slot -1) and attend to one cached token; their outputs
   are dropped. Larger decode batches, and steps with prefill tokens, run eagerly.
-- Each graph is captured on the first step that needs it, after one eager forward of that size on the capture
+- `LLMEngine.warmup()` (the server runs it before /readyz turns 200) captures every size; otherwise a graph is
+  captured on the first step that needs it. Each capture follows one eager forward of that size on the capture
   stream (Triton compiles and autotunes there, never inside a capture). All graphs share one memory pool.
 - Inputs live in static device buffers, filled with one host-to-device copy per step; block tables are kept at the
   full width (max_model_len / block_size), so a graph never depends on how long the contexts are.
@@ -102,6 +103,15 @@ class DecodeGraphs:
         else:
             out = self._forward(b)
         return out[:n]
+
+    def capture_all(self) -> None:
+        """Capture every size now, largest first (the shared pool is sized by the first): the engine's warm-up does
+        this, so no request waits for a capture."""
+        for b in reversed(self.sizes):
+            if self.failed is not None:
+                return
+            if b not in self.graphs:
+                self._capture(b)
 
     def _forward(self, b: int) -> torch.Tensor:
         st = self.stage

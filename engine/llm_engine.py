@@ -5,6 +5,7 @@ Threading: add_request / abort_request / stats may be called from any thread; st
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -21,6 +22,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import detokenize_incrementally, load_tokenizer
+
+log = logging.getLogger("sits.engine")
 
 DEFAULT_MAX_MODEL_LEN = 8192
 MAX_PRIORITY = 3
@@ -220,11 +223,16 @@ class LLMEngine:
             self._live.pop(seq.request_id, None)
 
     def warmup(self, max_tokens: int = 4) -> None:
-        """Run one short request to completion (first kernel launches/compiles); call before serving."""
+        """Run one short request to completion (first kernel launches/compiles) and capture the decode CUDA graphs
+        of every batch size (when the engine uses them); call before serving."""
         rid = f"__warmup__{id(self)}"
         self.add_request(rid, [self.model_config.bos_token_id or 0] * 3,
                          SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
         while self.has_unfinished_requests():
             self.step()
+        t0 = time.perf_counter()  # on the loop's thread, like step(): add_request is not blocked meanwhile
+        graphs = self.model_runner.capture_decode_graphs()
+        if graphs:
+            log.info("captured %d decode CUDA graphs in %.1f s", graphs, time.perf_counter() - t0)
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.block_manager.prefix_cache_queries = self.block_manager.prefix_cache_hits = 0

@@ -99,6 +99,14 @@ class ModelRunner:
         return max(min(int(budget // self.block_bytes()), cap), min_blocks)
 
     @torch.inference_mode()
+    def capture_decode_graphs(self) -> int:
+        """Capture the decode CUDA graph of every batch size now (no-op without graphs); returns how many exist."""
+        if self.decode_graphs is None:
+            return 0
+        self.decode_graphs.capture_all()
+        return len(self.decode_graphs.graphs)
+
+    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, int, dict | None]]:
         """Run the scheduled tokens; returns (seq, sampled token, logprobs) for each seq whose chunk reached its end."""
         bs = self.block_size

@@ -127,6 +127,27 @@ def test_captured_graphs_match_eager_decode(quantization):
     assert_same(ref, again, atol=2e-3)
 
 
+def test_warmup_captures_nothing_without_graphs():
+    engine = tiny(device="cpu")
+    engine.warmup()
+    assert engine.model_runner.capture_decode_graphs() == 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_warmup_captures_every_size_and_decode_reuses_them(caplog):
+    engine = tiny(device="cuda", dtype="float32", kernels="triton-v1.1")
+    with caplog.at_level("INFO", logger="sits.engine"):
+        engine.warmup()
+    graphs = engine.model_runner.decode_graphs
+    assert sorted(graphs.graphs) == [1, 2, 4, 8] and "captured 4 decode CUDA graphs" in caplog.text
+    captured = dict(graphs.graphs)
+    ref, _ = run(tiny(device="cuda", dtype="float32", kernels="triton-v1.1", enforce_eager=True))
+    got, used = run(engine)
+    assert_same(ref, got, atol=2e-3)
+    assert all(graphs.graphs[b] is captured[b] for b in captured)  # replayed, never captured again
+
+
 @gpu
 @pytest.mark.gpu
 def test_torch_set_is_never_captured():
