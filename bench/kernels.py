@@ -426,7 +426,7 @@ def markdown(res, notes: str = "") -> str:
              f"call). Decode attention and GEMV (a few to tens of microseconds): median per call of a CUDA graph that "
              f"replays ~48 calls round-robin over several copies of the inputs (> 400 MB, so the 60 MB L2 can't hold "
              f"them), for Triton and for the torch baseline alike -- the kernel time an engine replaying CUDA graphs "
-             f"sees (SITS's engine launches eagerly today: see Engine decode); `*_eager_*` "
+             f"sees (SITS's engine replays decode steps from CUDA graphs: see Engine decode); `*_eager_*` "
              f"columns are single eager calls incl. Python launch overhead; `read_only_us` is a kernel that only reads "
              f"the same weight bytes (bench/stream_read.py), timed the same way: the ceiling a GEMV can approach. "
              f"Every kernel's output is checked against "
