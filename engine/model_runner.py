@@ -114,8 +114,7 @@ class ModelRunner:
         prefill = [(s, n) for s, n in pairs if n > 1]
         decode = [(s, n) for s, n in pairs if n == 1]  # a 1-token chunk is a decode: same math
         graphs = self.decode_graphs
-        if not prefill and graphs is not None and graphs.usable([s for s, _ in decode]):
-            seqs = [s for s, _ in decode]
+        if not prefill and graphs is not None and graphs.usable(seqs := [s for s, _ in decode]):
             return self._sample(graphs.run(seqs), seqs)
         input_ids: list[int] = []
         positions: list[int] = []
