@@ -174,14 +174,14 @@ _linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)
 _linear_mid_m = {bm: triton.autotune(c, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
 _linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_even_k(_linear_kernel))
+_linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
+_LOCKS: dict = {}
 
 
 def autotuner_for(m: int):
     """The autotuned weight-only kernel that serves M rows (each keeps its own winner per N, K)."""
     return _linear_small_m if m <= 16 else _linear_mid_m[32] if m <= 32 else _linear_mid_m[64] if m <= 64 \
         else _linear_large_m
-_linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
-_LOCKS: dict = {}
 
 
 def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:

@@ -142,7 +142,8 @@ class FastLauncher:
                    kernel.packed_metadata, None, None, None, *full)
 
 
-_FAST_ON: bool | None = None
+_FAST_ON: bool | None = None  # the env switch and the interpreter check, read once
+_RUNTIME_KNOBS = None  # triton.knobs.runtime (its launch hooks), once the fast path is on
 
 
 def _hook_set(hook) -> bool:
@@ -160,9 +161,6 @@ def _fast_launch_on() -> bool:
     if not _FAST_ON:
         return False
     return not (_hook_set(_RUNTIME_KNOBS.launch_enter_hook) or _hook_set(_RUNTIME_KNOBS.launch_exit_hook))
-
-
-_RUNTIME_KNOBS = None
 
 
 _LAUNCHERS: dict = {}
