@@ -8,11 +8,12 @@ JSON document with every field.
 
 With `journal=store` (the control plane's Store; `sits-control worker` passes its own) the queue is the store's
 delivery journal (Store.record_delivery ...; read back with Store.deliveries(rollout_id)), so a notification outlives
-a crash or restart of the worker: a new notifier for the same webhook delivers what the old one left pending. Each notification has an idempotency `key` (the worker's is
-"<rollout id>:<outbox action id>"); the journal holds a key once per webhook, so the worker re-running a Notify
-action after a crash queues nothing twice. Delivery is at least once: a crash between the receiver's answer and the
-row's update sends it again, and the JSON body carries `key` for the receiver to drop the repeat. Webhooks are
-identified in the table by a hash of their URL (Slack URLs embed a secret).
+a crash or restart of the worker: a new notifier for the same webhook delivers what the old one left pending. Each
+notification has an idempotency `key` (the worker's is "<rollout id>:<outbox action id>"); the journal holds a key
+once per webhook, so the worker re-running a Notify action after a crash queues nothing twice. Delivery is at least
+once: a crash between the receiver's answer and the row's update sends it again, and the JSON body carries `key` for
+the receiver to drop the repeat. Webhooks are identified in the journal by a hash of their URL (Slack URLs embed a
+secret).
 """
 from __future__ import annotations
 
