@@ -31,6 +31,9 @@ class Recorder:
     def notify(self, n):
         self.events.append((n.event, n.service))
 
+    def flush(self, timeout=10.0):
+        return True
+
     def close(self, timeout=5.0):
         pass
 
