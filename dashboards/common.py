@@ -49,7 +49,8 @@ def timeseries(title: str, targets: Sequence[tuple[str, str]], unit: str = "", d
 def stat(title: str, expr: str, legend: str = "", unit: str = "none", width: int = 6,
          description: str = "") -> Stat:
     return Stat(title=title, dataSource=DATASOURCE, targets=[target(expr, legend, instant=True)], format=unit,
-                reduceCalc="lastNotNull", description=description, gridPos=GridPos(h=4, w=width, x=0, y=0))
+                reduceCalc="lastNotNull", description=description, gridPos=GridPos(h=4, w=width, x=0, y=0),
+                thresholds=[{"color": "green", "value": None}])
 
 
 def layout(panels: Sequence) -> list:

@@ -50,6 +50,8 @@ def check_schema(d: dict) -> None:
         need(not (mine & cells), f"panel {p['title']!r} overlaps another")
         cells |= mine
         need(p.get("datasource") == DATASOURCE, f"panel {p['title']!r}: datasource {p.get('datasource')}")
+        steps = p.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps", [])
+        need(isinstance(steps, list), f"panel {p['title']!r}: thresholds.steps must be a list, got {steps!r}")
         refs = [t.get("refId") for t in p.get("targets", [])]
         need(refs and len(set(refs)) == len(refs) and all(refs), f"panel {p['title']!r}: targets/refIds {refs}")
         for t in p["targets"]:

@@ -46,6 +46,7 @@ def test_generate_writes_one_valid_json_per_definition(tmp_path):
     (lambda d: d["templating"]["list"].pop(1), "template variables"),
     (lambda d: d["panels"][2].update(id=d["panels"][0]["id"]), "reused"),
     (lambda d: d.pop("uid"), "uid"),
+    (lambda d: d["panels"][0]["fieldConfig"]["defaults"]["thresholds"].update(steps=""), "thresholds.steps"),
 ])
 def test_schema_check_rejects_what_grafana_would(breakage, message):
     d = json.loads(generate.render_all()["canary.json"])
