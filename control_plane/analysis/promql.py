@@ -4,7 +4,8 @@ The analysis needs bucket COUNTS per variant (not a single quantile) to bound it
 source asks for each window's increase of every bucket; the quantile expressions are what dashboards and the evidence
 view show next to the analysis' own numbers (same data, same interpolation: histogram_quantile here is Prometheus').
 Labels: env = the variant's role (production | baseline | canary), service = the rollout's service.
-Error responses (5xx) are excluded from latency and counted as errors.
+Error responses (5xx) are excluded from latency and counted as errors. The Grafana dashboards (dashboards/) and the
+Helm chart's recording rules and alerts (dashboards/rules.py) are rendered from these templates too.
 
     render("bucket_increase", metric="http_request_duration_seconds", service="chat", env="canary",
            extra="", window="30s")
@@ -85,6 +86,8 @@ def render(name: str, **values: object) -> str:
         raise TemplateError(f"PromQL template {name!r} needs {', '.join(sorted(missing))}")
     if unknown:
         raise TemplateError(f"PromQL template {name!r} takes no {', '.join(sorted(unknown))}")
+    if "agg" in values and values["agg"] not in ("sum", "max", "min", "avg", "count"):
+        raise TemplateError(f"'agg' must be sum, max, min, avg or count: {values['agg']!r}")
     if "by" in values and not _LABELS.match(str(values["by"])):
         raise TemplateError(f"'by' must be a comma-separated list of label names: {values['by']!r}")
     for k, v in values.items():

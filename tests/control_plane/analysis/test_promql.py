@@ -111,3 +111,5 @@ def test_matchers_and_by_are_validated():
         promql.matchers(service=("==", "x"))
     with pytest.raises(promql.TemplateError, match="label names"):
         promql.render("rate_by", metric="m", by="env) or (up", match=m, window="1m")
+    with pytest.raises(promql.TemplateError, match="'agg'"):
+        promql.render("gauge_by", agg="sum) or (up", metric="m", by="env", match=m)
