@@ -57,8 +57,18 @@ def test_install_creates_every_object_and_uninstall_removes_them(home, kube_clus
     docs, notes = _install(home, kube_cluster, ns, "default-values.yaml")
     dyn = dynamic.DynamicClient(kube_cluster.api_client())
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"]
+    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "Role", "RoleBinding"] + ["Secret"] * 2 + \
+        ["Service", "ServiceAccount"]
     assert all(_exists(dyn, d) for d in docs)
+    # the session key is made once and kept by upgrades (logins survive a restart)
+    core = client.CoreV1Api(kube_cluster.api_client())
+    key = core.read_namespaced_secret("rel-sits-control-session", ns).data["secret-key"]
+    assert len(base64.b64decode(key)) == 64
+    helm("upgrade", "rel", str(CHART), "--namespace", ns, "--set", "controlPlane.interval=7", home=home,
+         kubeconfig=kube_cluster.kubeconfig)
+    assert core.read_namespaced_secret("rel-sits-control-session", ns).data["secret-key"] == key
+    cm = core.read_namespaced_config_map("rel-sits-control", ns)
+    assert cm.data["SITS_INTERVAL"] == "7"
     dep = client.AppsV1Api(kube_cluster.api_client()).read_namespaced_deployment("rel-sits-control", ns)
     assert dep.spec.template.spec.containers[0].args[1] == "serve"
     # NOTES: how to reach the UI and make a token
@@ -74,7 +84,7 @@ def test_install_creates_every_object_and_uninstall_removes_them(home, kube_clus
 def test_existing_secret_scenario_installs(home, kube_cluster):
     ns = _namespace(kube_cluster)
     docs, _ = _install(home, kube_cluster, ns, "existing-secret-values.yaml")
-    assert "Secret" not in {d["kind"] for d in docs}
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == ["rel-sits-control-session"]
     dep = client.AppsV1Api(kube_cluster.api_client()).read_namespaced_deployment("rel-sits-control", ns)
     vols = {v.name: v for v in dep.spec.template.spec.volumes}
     assert vols["auth"].secret.secret_name == "sits-auth" and vols["auth"].secret.items[0].key == "users.yaml"

@@ -52,7 +52,10 @@ def test_template_is_valid_kubernetes(home, scenario):
     assert set(kinds) & set(MONITORING_KINDS) == expected_monitoring
     assert ("Ingress" in kinds) == (scenario == "monitoring-values.yaml")
     assert ("PersistentVolumeClaim" in kinds) == (scenario == "kubernetes-prometheus-values.yaml")
-    assert ("Secret" in kinds) == (scenario != "existing-secret-values.yaml")
+    secrets = {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    assert ("rel-sits-control-auth" in secrets) == (scenario != "existing-secret-values.yaml")
+    assert ("rel-sits-control-prometheus" in secrets) == (scenario == "kubernetes-prometheus-values.yaml")
+    assert "rel-sits-control-session" in secrets
 
 
 def test_monitoring_needs_the_crds(home):
@@ -79,6 +82,9 @@ def test_deployment_security_probes_and_store(home):
                                                                                "path": "auth.yaml"}]
 
 
+SERVE_ONLY = ("--host", "--port", "--auth-file", "--secure-cookies")
+
+
 def _expand(args: list[str], env: dict[str, str]) -> list[str]:
     """The kubelet's $(VAR) expansion of container args."""
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
@@ -95,8 +101,12 @@ def test_container_flags_are_the_clis(home, scenario):
     assert c["envFrom"] == [{"configMapRef": {"name": cm["metadata"]["name"]}}]
     args = _expand(c["args"], cm["data"])
     assert args[1] == "serve"
-    worker = [args[0], "worker"] + [a for a in args[2:] if a.split("=")[0] not in ("--host", "--port", "--auth-file")]
-    a = build_parser().parse_args(worker)
+    parser = build_parser()
+    commands = next(x for x in parser._actions if x.dest == "cmd").choices
+    cli = args
+    if "serve" not in commands:   # before the service lands: its deployer/metrics flags are the worker's
+        cli = [args[0], "worker"] + [a for a in args[2:] if a.split("=")[0] not in SERVE_ONLY]
+    a = parser.parse_args(cli)
     values = yaml.safe_load((CHART / "ci" / scenario).read_text()) or {}
     m = values.get("metrics", {})
     assert a.deployer == values.get("deployer", {}).get("type", "kubernetes")
@@ -106,9 +116,12 @@ def test_container_flags_are_the_clis(home, scenario):
         assert a.prometheus_url == m["prometheus"]["url"]
         assert a.prometheus_token is None and a.prometheus_password is None   # from env (Secret) only
         secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
-        assert set(secret_env) == {"SITS_PROMETHEUS_TOKEN", "SITS_PROMETHEUS_PASSWORD"}
+        assert set(secret_env) == {"SITS_PROMETHEUS_TOKEN", "SITS_PROMETHEUS_PASSWORD", "SITS_SECRET_KEY"}
     text = json.dumps(by_kind(docs, "Deployment") + [cm])
     assert "not-a-real-token" not in text
+    assert ("--secure-cookies" in args) == (scenario == "monitoring-values.yaml")   # TLS at the Ingress
+    session = next(e for e in c["env"] if e["name"] == "SITS_SECRET_KEY")
+    assert session["valueFrom"]["secretKeyRef"] == {"name": "rel-sits-control-session", "key": "secret-key"}
 
 
 def test_role_is_exactly_what_the_deployer_calls(home):
