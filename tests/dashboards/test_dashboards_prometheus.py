@@ -120,3 +120,45 @@ def test_queries_select_by_service(prom):
                 if finite_points(query_range(server.url, q, start, end, step)):
                     leaked.append(f"{e.where}: {q}")
     assert not leaked, "queries ignoring $service:\n" + "\n".join(leaked)
+
+
+def _panel_exprs(name: str, title: str) -> list[str]:
+    d = __import__("json").loads(generate.render_all()[name])
+    (panel,) = [p for p in d["panels"] if p["title"] == title]
+    return [t["expr"] for t in panel["targets"]]
+
+
+def _annotation_expr(name: str, annotation: str) -> str:
+    d = __import__("json").loads(generate.render_all()[name])
+    return next(a["expr"] for a in d["annotations"]["list"] if a["name"] == annotation)
+
+
+def _series(server, expr: str, t0: int) -> list[dict]:
+    q, start, end, step = _window(expr, t0, SERVICE)
+    return query_range(server.url, q, start, end, step)
+
+
+def test_queries_show_what_happened(prom):
+    """Not just data: the rollout's transitions, verdicts and weights as backfilled, and the engines' error rates
+    as served (the canary fails 20 % of its requests, the others none)."""
+    server, t0 = prom
+    entered = {s["metric"]["phase"]: float(s["values"][0][0])
+               for s in _series(server, _annotation_expr("canary.json", "Rollout phase"), t0)}
+    assert entered == {"pending": t0, "initializing": t0 + 15, "progressing": t0 + 30, "rolling_back": t0 + 450,
+                       "rolled_back": t0 + 480}
+    verdicts = {s["metric"]["outcome"]: float(s["values"][0][0])
+                for s in _series(server, _annotation_expr("canary.json", "Check verdicts"), t0)}
+    assert verdicts == {"inconclusive": t0 + 60, "pass": t0 + 120, "fail": t0 + 435}
+    (weight,) = _series(server, _panel_exprs("canary.json", "Canary weight over time")[0], t0)
+    assert {float(v) for _, v in weight["values"]} == {0.0, 10.0, 25.0}
+    rollbacks = _series(server, _panel_exprs("control-plane.json", "Rollbacks by reason")[0], t0)
+    assert {s["metric"]["reason"] for s in rollbacks} == {"check_failed"}
+    errors = {}
+    for expr in _panel_exprs("canary.json", "Error rate per variant"):
+        (s,) = _series(server, expr, t0)
+        env = next(e for e in ("production", "baseline", "canary") if f'env="{e}"' in expr)
+        errors[env] = [float(v) for _, v in s["values"]]
+    assert max(errors["production"]) == max(errors["baseline"]) == 0.0
+    assert 0.03 < sum(errors["canary"]) / len(errors["canary"]) < 0.5
+    by_env = _series(server, _panel_exprs("engine.json", "Request rate")[0], t0)
+    assert {s["metric"]["env"] for s in by_env} == {"production", "baseline", "canary"}
