@@ -4,6 +4,7 @@ runs against a real Prometheus and returns finite data: engine series scraped li
 one rollout's timeline. With the service variable pointing elsewhere the same queries return nothing."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -96,7 +97,7 @@ def _window(expr: str, t0: int, service: str):
 
 def test_every_dashboard_query_returns_data(prom):
     server, t0 = prom
-    dashboards = {name: __import__("json").loads(text) for name, text in generate.render_all().items()}
+    dashboards = {name: json.loads(text) for name, text in generate.render_all().items()}
     assert set(dashboards) == {"engine.json", "canary.json", "control-plane.json"}
     empty, checked = [], 0
     for d in dashboards.values():
@@ -114,7 +115,7 @@ def test_queries_select_by_service(prom):
     server, t0 = prom
     leaked = []
     for text in generate.render_all().values():
-        for e in exprs(__import__("json").loads(text)):
+        for e in exprs(json.loads(text)):
             if "$service" in e.expr and e.kind != "variable":
                 q, start, end, step = _window(e.expr, t0, "no-such-service")
                 if finite_points(query_range(server.url, q, start, end, step)):
@@ -123,13 +124,13 @@ def test_queries_select_by_service(prom):
 
 
 def _panel_exprs(name: str, title: str) -> list[str]:
-    d = __import__("json").loads(generate.render_all()[name])
+    d = json.loads(generate.render_all()[name])
     (panel,) = [p for p in d["panels"] if p["title"] == title]
     return [t["expr"] for t in panel["targets"]]
 
 
 def _annotation_expr(name: str, annotation: str) -> str:
-    d = __import__("json").loads(generate.render_all()[name])
+    d = json.loads(generate.render_all()[name])
     return next(a["expr"] for a in d["annotations"]["list"] if a["name"] == annotation)
 
 
