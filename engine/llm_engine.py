@@ -22,6 +22,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import detokenize_incrementally, load_tokenizer
+from engine.warmup import warmup_plan
 
 log = logging.getLogger("sits.engine")
 
@@ -223,15 +224,23 @@ class LLMEngine:
             self._live.pop(seq.request_id, None)
 
     def warmup(self, max_tokens: int = 4) -> None:
-        """Run one short request to completion (first kernel launches/compiles) and capture the decode CUDA graphs
-        of every batch size (when the engine uses them); call before serving."""
+        """Run one short request to completion (first kernel launches/compiles), then on a GPU one dummy step of
+        every shape family a request can produce (engine/warmup.py), and capture the decode CUDA graphs of every
+        batch size (when the engine uses them); call before serving."""
         rid = f"__warmup__{id(self)}"
         self.add_request(rid, [self.model_config.bos_token_id or 0] * 3,
                          SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
         while self.has_unfinished_requests():
             self.step()
         t0 = time.perf_counter()  # on the loop's thread, like step(): add_request is not blocked meanwhile
-        graphs = self.model_runner.capture_decode_graphs()
+        runner = self.model_runner
+        if self.device.type == "cuda":  # every shape family a step can have, so nothing compiles while serving
+            plan = warmup_plan(self.config.max_num_batched_tokens, self.config.max_num_seqs, runner.decode_sizes,
+                               runner.decode_graphs is not None)
+            runner.warmup(plan)
+            log.info("warm-up ran %d step shapes in %.1f s", len(plan), time.perf_counter() - t0)
+            t0 = time.perf_counter()
+        graphs = runner.capture_decode_graphs()
         if graphs:
             log.info("captured %d decode CUDA graphs in %.1f s", graphs, time.perf_counter() - t0)
         self.prompt_tokens_total = self.generation_tokens_total = 0

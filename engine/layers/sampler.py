@@ -6,6 +6,8 @@ row from its own generator, so its tokens depend only on its seed and its logits
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -15,6 +17,7 @@ class Sampler:
     def __init__(self, device: torch.device, seed: int):
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)  # for unseeded requests
+        self.wait_s = 0.0  # host time spent in the step's device-to-host copy of the tokens (waiting for the GPU)
 
     def new_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -29,7 +32,9 @@ class Sampler:
         if not all(greedy):
             tokens = torch.where(torch.tensor(greedy, device=logits.device), tokens, self._sample(logits, params,
                                                                                               generators))
-        token_list = tokens.tolist()
+        t0 = time.perf_counter()
+        token_list = tokens.tolist()  # the step's one device-to-host copy (greedy and sampled rows alike)
+        self.wait_s += time.perf_counter() - t0
         logprobs = None
         if any(p.logprobs is not None for p in params):
             logprobs = self._logprobs(logits, params, token_list)
