@@ -186,7 +186,12 @@ def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs
     t1 = time.perf_counter()
     llm.engine.warmup()
     _sync(device)
-    return llm, {"load_s": t1 - t0, "warmup_s": time.perf_counter() - t1,
+    mem = {}
+    if device == "cuda":
+        import torch
+        free, total = torch.cuda.mem_get_info()
+        mem = {"gpu_free_gib": free / 2**30, "gpu_allocated_gib": torch.cuda.memory_allocated() / 2**30}
+    return llm, {**mem, "load_s": t1 - t0, "warmup_s": time.perf_counter() - t1,
                  "kv_capacity_tokens": llm.engine.stats().num_total_blocks * llm.engine.config.block_size}
 
 

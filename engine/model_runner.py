@@ -93,6 +93,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             return max(min(CPU_KV_CACHE_BYTES // self.block_bytes(), self.config.max_num_seqs * min_blocks),
                        min_blocks)
+        torch.cuda.empty_cache()  # what loading and quantizing freed is cached by the allocator, not "free" yet
         free, total = torch.cuda.mem_get_info(self.device)
         mc, c = self.model_config, self.config
         elt = torch.empty(0, dtype=self.dtype).element_size()
