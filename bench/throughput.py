@@ -328,12 +328,11 @@ def main(argv=None) -> int:
     logs: list[str] = []
     if "hf" in rows:
         run_hf(args, sz, device, copy, tflops, res["rows"])
-    if rows & {"ttft", "decode1", "b32", "b256"}:
-        run_engine_rows(args, sz, device, copy, tflops, None, rows, res["rows"], logs)
     if "decode1-int8" in rows:
         if rows == {"decode1-int8"} or args.smoke:
             run_engine_rows(args, sz, device, copy, tflops, "int8", rows, res["rows"], logs)
-        else:  # a fresh process: Triton's autotuners keep the last call's arguments (the bf16 engine's KV cache)
+        else:  # a fresh process, first: this one keeps what the bf16 engine held (Triton's autotuners keep
+            # their last call's arguments, the KV cache among them), so a later engine here gets no memory
             import subprocess
             import tempfile
             with tempfile.TemporaryDirectory() as tmp:
@@ -341,6 +340,8 @@ def main(argv=None) -> int:
                 subprocess.run([sys.executable, __file__, "--rows", "decode1-int8", "--model", args.model,
                                 "--kernels", args.kernels, "--json", str(sub)], check=True)
                 res["rows"] += json.loads(sub.read_text())["rows"]
+    if rows & {"ttft", "decode1", "b32", "b256"}:
+        run_engine_rows(args, sz, device, copy, tflops, None, rows, res["rows"], logs)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     if args.profile_log:

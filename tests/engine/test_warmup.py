@@ -64,7 +64,7 @@ def recording_set(calls: list):
 
 def test_eager_steps_pad_decodes_to_a_graph_size_with_full_width_tables():
     calls: list = []
-    engine = LLMEngine(EngineConfig(model="tiny", kernels=recording_set(calls), max_num_seqs=8,
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", kernels=recording_set(calls), max_num_seqs=8,
                                     max_num_batched_tokens=40, num_kv_blocks=64, max_model_len=640))
     greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     for i in range(3):
@@ -81,7 +81,7 @@ def test_eager_steps_pad_decodes_to_a_graph_size_with_full_width_tables():
 
 
 def test_warmup_steps_write_no_kv_and_change_no_result():
-    cfg = dict(model="tiny", max_num_seqs=4, max_num_batched_tokens=48, num_kv_blocks=32)
+    cfg = dict(model="tiny", device="cpu", max_num_seqs=4, max_num_batched_tokens=48, num_kv_blocks=32)
     prompt, greedy = list(range(40, 90)), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ref = LLMEngine(EngineConfig(**cfg))
     ref.add_request("r", prompt, greedy)
