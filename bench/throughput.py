@@ -126,7 +126,8 @@ class StepMeter:
     def step(self):
         sched = self.engine.scheduler
         n = len(sched.running)
-        decode_only = n > 0 and not sched.waiting and all(s.num_uncomputed_tokens == 1 for s in sched.running)
+        # decoding: one token to compute, or none while its step is in flight (engine/async_decode.py)
+        decode_only = n > 0 and not sched.waiting and all(s.num_uncomputed_tokens <= 1 for s in sched.running)
         prof = None
         if decode_only and self.profile_at and n == self.profile_at and self.profiled < self.profile_steps:
             self.profile = self.profile or cProfile.Profile()

@@ -63,10 +63,13 @@ class DecodeGraphs:
         w = max_blocks_per_seq
         # per step, one host-to-device copy of [ids | positions | slots | context lens | table rows] of the padded
         # batch, then the block-table entries that changed since the last step: [flat index | block id] x U
-        self.stage = torch.zeros(5 * b + 2 * b * w, dtype=torch.int64, device=device)
+        # (+ b: where each row's input token sits in the previous step's sampled tokens, when they stay on the GPU)
+        self.stage = torch.zeros(6 * b + 2 * b * w, dtype=torch.int64, device=device)
         pin = device.type == "cuda"
-        self.host = torch.zeros(self.stage.numel(), dtype=torch.int64, pin_memory=pin)
-        self.host_np = self.host.numpy()
+        # two pinned staging buffers, used in turn: with a step launched one ahead (engine/async_decode.py) the
+        # previous step's copy may not have run yet when the next one is staged
+        self.hosts = [torch.zeros(self.stage.numel(), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._host_flip = 0
         self.lens = torch.ones(b, dtype=torch.int32, device=device)
         # persistent tables: one row per sequence while it decodes here (row b: zeros, for padding rows), updated
         # incrementally; the graph gathers the batch's rows into `tables`
@@ -86,9 +89,11 @@ class DecodeGraphs:
                 and all(s.num_computed_tokens + 1 == len(s.token_ids) and len(s.block_table) <= self.tables.shape[1]
                         for s in seqs))
 
-    def run(self, seqs) -> torch.Tensor:
-        """Forward one decode token of each sequence (its last token, at position num_computed_tokens); returns the
-        final hidden states [len(seqs), H]. Caller checks usable(seqs) first."""
+    def run(self, seqs, ids_from: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+        """Forward one decode token of each sequence (at position num_computed_tokens); returns the final hidden
+        states [len(seqs), H]. The token is token_ids[num_computed_tokens], or with `ids_from` = (tokens on the
+        device, index of each row in them) taken on the device (engine/async_decode.py: not on the host yet).
+        Caller checks usable(seqs) first (or, with ids_from, what async_decode checks)."""
         n = len(seqs)
         b = padded_batch_size(n, self.sizes)
         bs, w = self.block_size, self.table_rows.shape[1]
@@ -100,7 +105,7 @@ class DecodeGraphs:
         for s in seqs:
             p = s.num_computed_tokens
             bt = s.block_table
-            ids.append(s.token_ids[p])
+            ids.append(0 if ids_from else s.token_ids[p])
             pos.append(p)
             slots.append(bt[p // bs] * bs + p % bs)
             lens.append(p + 1)
@@ -118,15 +123,22 @@ class DecodeGraphs:
             rows.append(row)
         u = len(upd_at)
         flat = ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad + rows + [b] * pad
-        self.host_np[:5 * b] = flat
+        host = self.hosts[self._host_flip]
+        self._host_flip ^= 1
+        host_np = host.numpy()
+        host_np[:5 * b] = flat
         if u:
-            self.host_np[5 * b:5 * b + u] = upd_at
-            self.host_np[5 * b + u:5 * b + 2 * u] = upd_val
+            host_np[5 * b:5 * b + u] = upd_at
+            host_np[5 * b + u:5 * b + 2 * u] = upd_val
         k = 5 * b + 2 * u
-        self.stage[:k].copy_(self.host[:k], non_blocking=True)
+        if ids_from:
+            host_np[k:k + n] = ids_from[1]
+        st = self.stage
+        st[:k + n].copy_(host[:k + n], non_blocking=True)
         if u:
-            st = self.stage
             self.table_rows.view(-1).index_copy_(0, st[5 * b:5 * b + u], st[5 * b + u:k].to(torch.int32))
+        if ids_from:
+            torch.index_select(ids_from[0], 0, st[k:k + n], out=st[:n])
         if self.capture and self.failed is None and b not in self.graphs:
             self._capture(b)
         if b in self.graphs:

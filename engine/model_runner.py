@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 
 import kernels
@@ -46,6 +49,15 @@ def load_kernel_set(name: str, device: torch.device):
     return ks
 
 
+@dataclass(slots=True)
+class InflightDecode:
+    """A decode step launched without waiting for its tokens."""
+    seqs: list[Sequence]  # its rows, in order
+    tokens: torch.Tensor  # [len(seqs)] sampled tokens on the device
+    host: torch.Tensor  # [len(seqs)] their (pinned) host copy, valid once `event` has passed
+    event: object | None  # torch.cuda.Event, None on CPU (the copy was synchronous)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource, kernel_set, device: torch.device,
                  dtype: torch.dtype, max_model_len: int):
@@ -74,6 +86,8 @@ class ModelRunner:
                                               max_blocks_per_seq=self.max_blocks,
                                               block_size=self.block_size, device=device)
         self.sampler = Sampler(device, config.seed)
+        self._host_tokens: list[torch.Tensor] | None = None  # launch_decode's pinned token buffers
+        self._host_flip = 0
         self.capture_logits = False  # tests: keep the last step's logits
         self.last_logits: torch.Tensor | None = None  # [num sampled seqs, vocab] fp32
         self.last_logits_seqs: list[str] = []  # their request ids
@@ -182,17 +196,48 @@ class ModelRunner:
             return []
         return self._sample(hidden[torch.tensor(sample_rows, device=dev)], sample_seqs)
 
+    @torch.inference_mode()
+    def launch_decode(self, seqs: list[Sequence], ids_from=None) -> InflightDecode:
+        """Launch a decode step through the graphs and sample on the GPU, copying the tokens to the host
+        asynchronously; `collect` waits for them (engine/async_decode.py). `ids_from`: see DecodeGraphs.run."""
+        logits = self.model.compute_logits(self.decode_graphs.run(seqs, ids_from))
+        tokens = self.sampler.sample_tokens(logits, [s.params for s in seqs], self._generators(seqs))
+        if self._host_tokens is None:  # two pinned buffers: a step's copy lands while the previous one is read
+            n = self.decode_graphs.sizes[-1]
+            self._host_tokens = [torch.empty(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                                 for _ in range(2)]
+        host = self._host_tokens[self._host_flip][:len(seqs)]
+        self._host_flip ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return InflightDecode(seqs, tokens, host, event)
+
+    def collect(self, inflight: InflightDecode) -> list[int]:
+        """The launched step's tokens, once the GPU has them (the wait counts in gpu_wait_s)."""
+        t0 = time.perf_counter()
+        if inflight.event is not None:
+            inflight.event.synchronize()
+        tokens = inflight.host.tolist()
+        self.sampler.wait_s += time.perf_counter() - t0
+        return tokens
+
+    def _generators(self, seqs: list[Sequence]) -> list:
+        gens = []
+        for s in seqs:
+            if s.params.seed is not None and s.sampler_state is None:
+                s.sampler_state = self.sampler.new_generator(s.params.seed)
+            gens.append(s.sampler_state)
+        return gens
+
     def _sample(self, hidden: torch.Tensor, sample_seqs: list[Sequence]) -> list[tuple[Sequence, int, dict | None]]:
         logits = self.model.compute_logits(hidden)
         if self.capture_logits:
             self.last_logits = logits.detach().clone()
             self.last_logits_seqs = [s.request_id for s in sample_seqs]
-        gens = []
-        for s in sample_seqs:
-            if s.params.seed is not None and s.sampler_state is None:
-                s.sampler_state = self.sampler.new_generator(s.params.seed)
-            gens.append(s.sampler_state)
-        tokens, logprobs = self.sampler(logits, [s.params for s in sample_seqs], gens)
+        tokens, logprobs = self.sampler(logits, [s.params for s in sample_seqs], self._generators(sample_seqs))
         return [(s, t, logprobs[i] if logprobs else None) for i, (s, t) in enumerate(zip(sample_seqs, tokens))]
 
     def _int32(self, values: list[int]) -> torch.Tensor:

@@ -26,12 +26,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None]) -> tuple[list[int], list[dict] | None]:
         """logits: [B, V] fp32 -> (token ids, per-row logprob dicts or None)."""
-        b, v = logits.shape
-        greedy = [p.greedy for p in params]
-        tokens = logits.argmax(dim=-1)
-        if not all(greedy):
-            tokens = torch.where(torch.tensor(greedy, device=logits.device), tokens, self._sample(logits, params,
-                                                                                              generators))
+        tokens = self.sample_tokens(logits, params, generators)
         t0 = time.perf_counter()
         token_list = tokens.tolist()  # the step's one device-to-host copy (greedy and sampled rows alike)
         self.wait_s += time.perf_counter() - t0
@@ -39,6 +34,17 @@ class Sampler:
         if any(p.logprobs is not None for p in params):
             logprobs = self._logprobs(logits, params, token_list)
         return token_list, logprobs
+
+    @torch.inference_mode()
+    def sample_tokens(self, logits: torch.Tensor, params: list[SamplingParams],
+                      generators: list[torch.Generator | None]) -> torch.Tensor:
+        """The sampled token of each row, on the logits' device (nothing waits for the GPU unless top-p is used)."""
+        greedy = [p.greedy for p in params]
+        tokens = logits.argmax(dim=-1)
+        if not all(greedy):
+            tokens = torch.where(torch.tensor(greedy, device=logits.device), tokens, self._sample(logits, params,
+                                                                                              generators))
+        return tokens
 
     def _sample(self, logits, params, generators) -> torch.Tensor:
         dev = logits.device

@@ -172,3 +172,25 @@ def test_jit_watch_sees_a_compilation():
     with JitWatch() as again:
         ks.rms_norm(x, torch.ones(40, device="cuda", dtype=torch.float16), 1e-5)
     assert again.compiles == []
+
+
+def test_decode_steps_launched_ahead_match_synchronous_steps_on_the_gpu(free_gpu):
+    """engine/async_decode.py with captured graphs: same greedy tokens and finish reasons as synchronous steps."""
+    def run(pipeline: bool) -> dict:
+        e = LLMEngine(EngineConfig(model="tiny", dtype="float32", kernels="triton-v1.1", max_num_seqs=16))
+        e._pipeline.enabled = pipeline
+        g = torch.Generator().manual_seed(3)
+        for i, n in enumerate((5, 63, 64, 65, 130, 300)):
+            e.add_request(f"r{i}", torch.randint(3, 250, (n,), generator=g).tolist(),
+                          SamplingParams(max_tokens=10 + 7 * i, temperature=0.0, ignore_eos=True,
+                                         stop_token_ids=[17] if i == 2 else None))
+        out: dict = {}
+        while e.has_unfinished_requests():
+            for o in e.step():
+                out.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.finished:
+                    out[o.request_id].append(o.finish_reason)
+        assert e.block_manager.num_free_blocks == e.block_manager.num_total_blocks
+        return out
+
+    assert run(True) == run(False)
