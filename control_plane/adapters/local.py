@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import sys
 import tempfile
 import threading
@@ -44,6 +45,10 @@ class LocalConfig:
     probe_timeout_s: float = 2.0                # per /readyz probe (status() and start-up)
     cpu_threads: int | None = None              # OMP/MKL/torch threads per replica (None: library default)
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every replica
+    # X-SITS-Pin-Token that lets a caller pin a variant (load generators, correctness probes); None: a random one per
+    # deployer, read it from LocalDeployer.pin_token. pin_sources: networks that may pin without it.
+    pin_token: str | None = field(default=None, repr=False)
+    pin_sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.engine_command:
@@ -96,6 +101,7 @@ class LocalDeployer:
         self._services: dict[str, _Service] = {}
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
+        self.pin_token = self.config.pin_token or secrets.token_urlsafe(24)
         atexit.register(_close_ref, weakref.ref(self))
 
     # ---- Deployer protocol ----
@@ -210,7 +216,8 @@ class LocalDeployer:
             if svc is None:
                 if not create:
                     raise DeployNotFoundError(f"service {name!r} is not deployed")
-                router = WeightedRouter(RouterConfig(service=name, host=self.config.host))
+                router = WeightedRouter(RouterConfig(service=name, host=self.config.host, pin_token=self.pin_token,
+                                                     pin_sources=tuple(self.config.pin_sources)))
                 router.start()
                 svc = self._services[name] = _Service(router)
             return svc
