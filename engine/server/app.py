@@ -176,6 +176,7 @@ def create_app(state: ServerState) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected})
+    app.router.redirect_slashes = False   # a 307 to a Location built from the client's Host header: just 404
     app.state.sits = state
     app.add_middleware(HTTPMetricsMiddleware, routes=ROUTES, metrics=state.metrics)
     return app
