@@ -28,6 +28,11 @@ class DeployConflictError(DeployError):
     """A concurrent writer kept changing the same object; retries were exhausted."""
 
 
+class DeployCancelled(DeployError):
+    """deploy() stopped because cancel()/close() was called (SIGTERM/SIGINT): what it started is stopped again, and
+    the caller leaves the action pending for the next worker instead of counting a failure."""
+
+
 @dataclass(slots=True, frozen=True)
 class VariantSpec:
     service: str
@@ -106,6 +111,9 @@ class Deployer(Protocol):
     def rollback(self, service: str) -> None: ...
 
     def delete(self, service: str, role: str | None = None) -> None: ...
+
+    # deploys in progress stop waiting and raise DeployCancelled (shutdown: before the worker's passes are joined)
+    def cancel(self) -> None: ...
 
 
 def normalize_weights(weights: Mapping[str, int | float]) -> dict[str, int]:

@@ -71,6 +71,9 @@ class KubernetesDeployer:
                             request_timeout_s=c.request_timeout_s, httproute_version=c.httproute_version)
 
     # ---- Deployer protocol ----
+    def cancel(self) -> None:
+        """Nothing to cancel: deploy() applies objects and returns; readiness is observed, never waited for here."""
+
     def deploy(self, spec: VariantSpec) -> None:
         ns, name = self.config.namespace, m.variant_name(spec.service, spec.role)
         if spec.replicas > self.config.max_replicas:

@@ -26,8 +26,8 @@ from typing import Mapping
 import httpx
 
 from control_plane.adapters import process
-from control_plane.adapters.deploy import (ROLES, DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
-                                           check_role, normalize_weights)
+from control_plane.adapters.deploy import (ROLES, DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
+                                           VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.router import RouterConfig, WeightedRouter
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,6 @@ ENV_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHON
               "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 ENV_PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_", "TORCHINDUCTOR_", "OMP_", "MKL_")
 ENGINE_MEMORY_BYTES = 1 << 30   # what one local engine replica is budgeted (the tiny model needs ~0.4 GB RSS)
-
-
-class DeployCancelled(DeployError):
-    """deploy() stopped because the deployer is closing (SIGTERM/SIGINT): replicas it started are stopped again."""
 
 
 def engine_environment(parent: Mapping[str, str], *extra: Mapping[str, str]) -> dict[str, str]:
@@ -247,10 +243,15 @@ class LocalDeployer:
     def router_url(self, service: str) -> str:
         return self._service(service).router.url
 
-    def close(self) -> None:
-        """Stop every variant and router of every service. Deploys in progress (other threads) are cancelled first:
-        they stop the replicas they started and raise DeployCancelled, so this does not wait for engines to load."""
+    def cancel(self) -> None:
+        """Deploys in progress (other threads) stop starting and waiting: they stop the replicas they started and
+        raise DeployCancelled. Until close(), later deploys are cancelled at once too."""
         self._closing.set()
+
+    def close(self) -> None:
+        """Stop every variant and router of every service, cancelling deploys in progress first (no waiting for
+        engines to load)."""
+        self.cancel()
         with self._lock:
             names = list(self._services)
         for name in names:
@@ -324,7 +325,7 @@ class LocalDeployer:
 
     def _check_closing(self, spec: VariantSpec) -> None:
         if self._closing.is_set():
-            raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled, the deployer is closing")
+            raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
 
     def _wait_ready(self, spec: VariantSpec, r: _Replica, deadline: float) -> None:
         while True:

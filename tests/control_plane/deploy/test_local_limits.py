@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from control_plane.adapters import process
-from control_plane.adapters.deploy import DeployError, VariantSpec
-from control_plane.adapters.local import (DeployCancelled, LocalConfig, LocalDeployer, default_max_replicas,
-                                          engine_environment)
+from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
+from control_plane.adapters.local import LocalConfig, LocalDeployer, default_max_replicas, engine_environment
 
 GB = 1 << 30
 
