@@ -18,6 +18,17 @@ def service_name(v: Any, field: str = "service") -> str:
     return v
 
 
+# the kernel registry's name pattern (kernels/registry.py _NAME; a test keeps the two equal): no paths, no spaces
+_KERNEL_SET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def kernel_set_name(v: Any, field: str = "kernels") -> str:
+    if not isinstance(v, str) or not _KERNEL_SET_RE.match(v) or ".." in v:
+        raise ValidationError(f"{field}: kernel set name {str(v)[:80]!r} must be 1-64 letters, digits and ._- "
+                              "(starting with a letter or digit, no '..')", field)
+    return v
+
+
 def model(v: Any, field: str = "model") -> str:
     if not isinstance(v, str) or not v:
         raise ValidationError("model must be 'tiny', 'llama3-8b' or a checkpoint path", field)

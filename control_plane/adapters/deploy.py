@@ -52,8 +52,7 @@ class VariantSpec:
             v.service_name(self.service)
             if self.role not in ROLES:
                 raise ValidationError(f"role {self.role!r} must be one of {', '.join(ROLES)}", "role")
-            if not isinstance(self.kernels, str) or not self.kernels:
-                raise ValidationError("kernels must name a kernel set, e.g. 'torch' or 'triton-v1'", "kernels")
+            v.kernel_set_name(self.kernels)
             v.model(self.model)
             v.integer(self.replicas, "replicas", 0)
             v.integer(self.gpus, "gpus", 0)
