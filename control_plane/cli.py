@@ -84,6 +84,14 @@ def _load_policy(path: str | None) -> Policy:
         raise CLIError(f"policy {path} is not valid JSON/YAML: {_first_line(e)}") from None
 
 
+def _count(text: str) -> int:
+    """argparse type of a count or port: digits only, at most 9 (so no 5,000-digit int() and no echo of it)."""
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("-").isdigit() and len(t) <= 10):
+        raise argparse.ArgumentTypeError(f"expected a small integer, got {t[:20]!r}{'...' if len(t) > 20 else ''}")
+    return int(t)
+
+
 def _first_line(e: Exception) -> str:
     lines = [x.strip() for x in str(e).splitlines() if x.strip()]
     return (" ".join(lines[:3]) or type(e).__name__)[:300]
@@ -229,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--interval", type=float, default=5.0, help="seconds between passes over the rollouts")
     w.add_argument("--deployer", choices=["local", "kubernetes"], default="local")
     w.add_argument("--workdir", default=None, help="local deployer: variant logs")
-    w.add_argument("--cpu-threads", type=int, default=None, help="local deployer: threads per engine process")
+    w.add_argument("--cpu-threads", type=_count, default=None, help="local deployer: threads per engine process")
     w.add_argument("--namespace", default="default")
     w.add_argument("--kubeconfig", default=None)
     w.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape")
@@ -243,11 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--pin-token-file", default=None,
                    help="local deployer: file holding the X-SITS-Pin-Token that may pin a variant (default: "
                         "$SITS_PIN_TOKEN, else a random one per worker)")
-    w.add_argument("--max-replicas", type=int, default=None,
+    w.add_argument("--max-replicas", type=_count, default=None,
                    help="local deployer: engines on this machine at once (default: 2 per core, 1 per GiB free)")
     w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
     w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
-    w.add_argument("--metrics-port", type=int, default=None, help="serve the worker's own /metrics on this port")
+    w.add_argument("--metrics-port", type=_count, default=None, help="serve the worker's own /metrics on this port")
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.set_defaults(fn=cmd_worker)
 
@@ -259,10 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--production-kernels", default="torch", help="the kernel set production runs now")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
     s.add_argument("--model", default="tiny")
-    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--replicas", type=_count, default=1)
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
-    s.add_argument("--gpus", type=int, default=0, help="GPUs per replica (Kubernetes)")
+    s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes)")
     s.add_argument("--production-args", nargs=argparse.REMAINDER, default=None,
                    help="extra `sits-engine serve` args of production and baseline (must come last)")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,

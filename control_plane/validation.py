@@ -35,9 +35,16 @@ def model(v: Any, field: str = "model") -> str:
     return v
 
 
-def integer(v: Any, field: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValidationError(f"{field} must be an integer >= {minimum}, got {v!r}", field)
+# a rollout asks for at most this many replicas per variant (deployers bound them further: local by the machine,
+# Kubernetes by KubernetesConfig.max_replicas); `--replicas 100000` is a typo, not a plan
+MAX_REPLICAS = 256
+MAX_GPUS = 16
+
+
+def integer(v: Any, field: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum or (maximum is not None and v > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ValidationError(f"{field} must be an integer {bound}, got {str(v)[:40]}", field)
     return v
 
 

@@ -54,8 +54,8 @@ class VariantSpec:
                 raise ValidationError(f"role {self.role!r} must be one of {', '.join(ROLES)}", "role")
             v.kernel_set_name(self.kernels)
             v.model(self.model)
-            v.integer(self.replicas, "replicas", 0)
-            v.integer(self.gpus, "gpus", 0)
+            v.integer(self.replicas, "replicas", 0, v.MAX_REPLICAS)
+            v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
             object.__setattr__(self, "args", v.strings(self.args, "args"))
             object.__setattr__(self, "env", v.string_map(self.env, "env"))
         except ValidationError as e:

@@ -230,3 +230,19 @@ def test_kernel_set_names_follow_the_registry_pattern_everywhere():
     assert _KERNEL_SET_RE.pattern == _NAME.pattern
     with pytest.raises(InvalidVariantError, match="kernel set name"):   # a deploy from a tampered store, too
         VariantSpec(service="chat", role="canary", kernels="../../etc")
+
+
+@pytest.mark.parametrize("flag,value", [("--replicas", "100000"), ("--replicas", "257"), ("--replicas", "0"),
+                                        ("--gpus", "17"), ("--replicas", "9" * 5000)])
+def test_absurd_replica_and_gpu_counts_are_refused_at_creation(tmp_path, capsys, flag, value):
+    db = str(tmp_path / "s.db")
+    try:
+        rc, _, err = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", flag, value,
+                         "--store", db)
+        one_line_error(rc, err)
+    except SystemExit as e:   # argparse's own usage error (usage line + one error line), for a non-number
+        rc, err = e.code, capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err
+    assert flag.lstrip("-") in err and len(err) < 1000
+    with Store(db) as store:
+        assert store.list() == []
