@@ -43,7 +43,7 @@ MAX_GPUS = 16
 
 def integer(v: Any, field: str, minimum: int, maximum: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum or (maximum is not None and v > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        bound = f">= {minimum}" if maximum is None else f">= {minimum} and <= {maximum}"
         raise ValidationError(f"{field} must be an integer {bound}, got {str(v)[:40]}", field)
     return v
 
