@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -34,7 +35,8 @@ from control_plane.errors import SitsError
 from control_plane.lifecycle import shutdown
 from control_plane.rollout import Command
 from control_plane.spec import DeploySpec
-from control_plane.store import Store, rollout_to_dict
+from control_plane.redact import redact
+from control_plane.store import Store, StoreError, rollout_to_dict
 from control_plane.worker import Worker, WorkerConfig
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
@@ -45,26 +47,68 @@ class CLIError(Exception):
     """Bad user input: printed as one line, exit code 2."""
 
 
-def _open_store(path: str, must_exist: bool = True) -> Store:
-    if must_exist and path != ":memory:" and not Path(path).exists():
+MAX_POLICY_BYTES = 1 << 20   # a policy is a few hundred bytes; a 35 MB one is a mistake or an attack
+
+
+def _open_store(path: str, must_exist: bool = True, readonly: bool = False) -> Store:
+    try:
+        exists, is_dir = Path(path).exists(), Path(path).is_dir()
+    except OSError as e:   # e.g. a directory on the way we may not enter
+        raise CLIError(f"store {path}: {e.strerror}") from None
+    if must_exist and path != ":memory:" and not exists:
         raise CLIError(f"no store at {path} (give --store PATH or set SITS_STORE)")
-    return Store(path)
+    if is_dir:
+        raise CLIError(f"store {path} is a directory; give the store's file")
+    return Store(path, readonly=readonly)
 
 
 def _load_policy(path: str | None) -> Policy:
     if path is None:
         return Policy()
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)
     except OSError as e:
         raise CLIError(f"cannot read policy file {path}: {e.strerror}") from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise CLIError(f"policy file {path} is larger than {MAX_POLICY_BYTES} bytes")
     try:
+        text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
         return Policy.from_dict(data)
     except PolicyError as e:
         raise CLIError(f"policy {path}: {e}") from None
-    except (ValueError, yaml.YAMLError) as e:
-        raise CLIError(f"policy {path} is not valid JSON/YAML: {e}") from None
+    except RecursionError:
+        raise CLIError(f"policy {path} is nested too deeply to be a policy") from None
+    except (ValueError, yaml.YAMLError) as e:   # JSONDecodeError, UnicodeDecodeError, YAML tags and syntax
+        raise CLIError(f"policy {path} is not valid JSON/YAML: {_first_line(e)}") from None
+
+
+def _count(text: str) -> int:
+    """argparse type of a count or port: digits only, at most 9 (so no 5,000-digit int() and no echo of it)."""
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("-").isdigit() and len(t) <= 10):
+        raise argparse.ArgumentTypeError(f"expected a small integer, got {t[:20]!r}{'...' if len(t) > 20 else ''}")
+    return int(t)
+
+
+def _first_line(e: Exception) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return (" ".join(lines[:3]) or type(e).__name__)[:300]
+
+
+def _secret(env: str, file: str | None) -> str | None:
+    """A secret from a file (first line) or an environment variable; never from a flag (visible in `ps`)."""
+    if file:
+        try:
+            with open(file) as f:
+                value = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"cannot read secret file {file}: {getattr(e, 'strerror', None) or e}") from None
+        if not value:
+            raise CLIError(f"secret file {file} is empty")
+        return value
+    return os.environ.get(env) or None
 
 
 # ---- commands ---------------------------------------------------------------------------------------------------
@@ -81,20 +125,20 @@ def cmd_rollout_start(a) -> int:
 
 
 def cmd_rollout_list(a) -> int:
-    with _open_store(a.store) as store:
+    with _open_store(a.store, readonly=True) as store:
         print("\n".join(fmt.rollout_table(store.list(active=True if a.active else None))))
     return 0
 
 
 def cmd_rollout_show(a) -> int:
-    with _open_store(a.store) as store:
+    with _open_store(a.store, readonly=True) as store:   # what was stored before redaction existed is masked here
         if a.json:
             r = store.get(a.id)
-            print(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
-                              "events": store.events(a.id), "actions": store.actions(a.id),
-                              "notifications": store.deliveries(a.id)}, indent=1))
+            print(redact(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
+                                     "events": store.events(a.id), "actions": store.actions(a.id),
+                                     "notifications": store.deliveries(a.id)}, indent=1)))
         else:
-            print("\n".join(fmt.rollout_report(store, a.id)))
+            print("\n".join(redact(line) for line in fmt.rollout_report(store, a.id)))
     return 0
 
 
@@ -111,14 +155,16 @@ def build_worker(a) -> Worker:
     if a.deployer == "kubernetes":
         deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig))
     else:
-        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads))
+        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
+                                             pin_token=_secret("SITS_PIN_TOKEN", a.pin_token_file),
+                                             max_replicas=a.max_replicas))
     if a.metrics == "prometheus":
         if not a.prometheus_url:
             raise CLIError("--metrics prometheus needs --prometheus-url")
-        token = a.prometheus_token or os.environ.get("SITS_PROMETHEUS_TOKEN")
+        token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
         basic = None
         if a.prometheus_user:
-            basic = (a.prometheus_user, a.prometheus_password or os.environ.get("SITS_PROMETHEUS_PASSWORD", ""))
+            basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
         source = PrometheusSource(PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic))
     else:
         if a.deployer == "kubernetes":
@@ -143,8 +189,8 @@ def cmd_worker(a) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"worker: store {worker.store.path}, every {worker.config.interval_s:g} s, metrics from "
-          f"{worker.source.name}; Ctrl-C to stop", flush=True)
+    print(redact(f"worker: store {worker.store.path}, every {worker.config.interval_s:g} s, metrics from "
+                 f"{worker.source.name}; Ctrl-C to stop"), flush=True)
     worker.start()
     stop.wait()
     shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
@@ -171,7 +217,7 @@ def cmd_demo(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sits-control", description="SITS control plane: gray releases of kernel sets.")
+    p = argparse.ArgumentParser(prog="sits-control", allow_abbrev=False, description="SITS control plane: gray releases of kernel sets.")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
                    help="default: info for `worker`, warning otherwise")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -185,22 +231,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
     d.set_defaults(fn=cmd_demo)
 
-    w = sub.add_parser("worker", help="run the control loop")
+    # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`
+    w = sub.add_parser("worker", help="run the control loop", allow_abbrev=False)
     w.add_argument("--store", default=DEFAULT_STORE)
     w.add_argument("--interval", type=float, default=5.0, help="seconds between passes over the rollouts")
     w.add_argument("--deployer", choices=["local", "kubernetes"], default="local")
     w.add_argument("--workdir", default=None, help="local deployer: variant logs")
-    w.add_argument("--cpu-threads", type=int, default=None, help="local deployer: threads per engine process")
+    w.add_argument("--cpu-threads", type=_count, default=None, help="local deployer: threads per engine process")
     w.add_argument("--namespace", default="default")
     w.add_argument("--kubeconfig", default=None)
     w.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape")
-    w.add_argument("--prometheus-url", default=os.environ.get("SITS_PROMETHEUS_URL"))
-    w.add_argument("--prometheus-token", default=None, help="bearer token (or $SITS_PROMETHEUS_TOKEN)")
-    w.add_argument("--prometheus-user", default=None, help="basic auth user (password: $SITS_PROMETHEUS_PASSWORD)")
-    w.add_argument("--prometheus-password", default=None)
+    w.add_argument("--prometheus-url", default=os.environ.get("SITS_PROMETHEUS_URL"),
+                   help="user:password@ in it becomes basic auth (and is never printed)")
+    w.add_argument("--prometheus-token-file", default=None,
+                   help="file holding the bearer token (default: $SITS_PROMETHEUS_TOKEN); secrets never go in flags")
+    w.add_argument("--prometheus-user", default=None, help="basic auth user")
+    w.add_argument("--prometheus-password-file", default=None,
+                   help="file holding the basic auth password (default: $SITS_PROMETHEUS_PASSWORD)")
+    w.add_argument("--pin-token-file", default=None,
+                   help="local deployer: file holding the X-SITS-Pin-Token that may pin a variant (default: "
+                        "$SITS_PIN_TOKEN, else a random one per worker)")
+    w.add_argument("--max-replicas", type=_count, default=None,
+                   help="local deployer: engines on this machine at once (default: 2 per core, 1 per GiB free)")
     w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
     w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
-    w.add_argument("--metrics-port", type=int, default=None, help="serve the worker's own /metrics on this port")
+    w.add_argument("--metrics-port", type=_count, default=None, help="serve the worker's own /metrics on this port")
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.set_defaults(fn=cmd_worker)
 
@@ -212,10 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--production-kernels", default="torch", help="the kernel set production runs now")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
     s.add_argument("--model", default="tiny")
-    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--replicas", type=_count, default=1)
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
-    s.add_argument("--gpus", type=int, default=0, help="GPUs per replica (Kubernetes)")
+    s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes)")
     s.add_argument("--production-args", nargs=argparse.REMAINDER, default=None,
                    help="extra `sits-engine serve` args of production and baseline (must come last)")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,
@@ -249,9 +304,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return a.fn(a)
-    except (CLIError, SitsError) as e:
-        print(f"sits-control: error: {e}", file=sys.stderr)
+    except (CLIError, SitsError, StoreError, DeployError) as e:
+        print(f"sits-control: error: {redact(str(e))}", file=sys.stderr)
         return 2
+    except sqlite3.Error as e:   # the store file changed under us (damaged, locked past the timeout)
+        print(f"sits-control: error: store {a.store}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:   # `sits-control rollout show ID | head`: the reader left; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from control_plane.errors import ConflictError, NotFoundError
+from control_plane.redact import redact
 from control_plane.rollout_types import Action, Command, Rollout
 from control_plane.spec import DeploySpec
 from control_plane.store_codec import (check_to_dict, clean, rollout_from_dict,  # noqa: F401  (re-exported)
@@ -45,12 +46,13 @@ def _command(command: Command | str) -> Command:
 class Store:
     """`Store(path)`. Thread-safe: one connection behind a lock; other processes may open the same file."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, readonly: bool = False):
         self.path = str(path)
+        self.readonly = readonly   # readers of a store they may not write (rollout list/show): no migration, no WAL
         self._lock = threading.RLock()
-        self._db = connect(self.path)
+        self._db = connect(self.path, readonly)
         try:
-            self.migrated_from = migrate(self._db, self.path)
+            self.migrated_from = migrate(self._db, self.path, readonly)
         except BaseException:
             self._db.close()
             raise
@@ -166,7 +168,7 @@ class Store:
                         c.verdict.reason, json.dumps(check_to_dict(r.id, c))))
         for e in r.new_events:
             db.execute("INSERT INTO events (rollout_id, at, kind, phase, message, actor) VALUES (?, ?, ?, ?, ?, ?)",
-                       (r.id, e.at, e.kind.value, e.phase.value, e.message, e.actor))
+                       (r.id, e.at, e.kind.value, e.phase.value, redact(e.message), e.actor))
         now = time.time()
         for a in actions:
             db.execute("INSERT INTO actions (rollout_id, version, kind, body, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -208,7 +210,7 @@ class Store:
             raise StoreError("action status must be 'done' or 'failed'")
         with self._tx() as db:
             db.execute("UPDATE actions SET status = ?, error = ?, done_at = ? WHERE id = ?",
-                       (status, error, time.time(), action_id))
+                       (status, None if error is None else redact(error), time.time(), action_id))
 
     def actions(self, rollout_id: str) -> list[dict]:
         rows = self._rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "

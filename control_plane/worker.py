@@ -28,7 +28,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from control_plane.adapters.deploy import Deployer, DeployNotFoundError
+from control_plane.adapters.deploy import Deployer, DeployCancelled, DeployNotFoundError
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
 from control_plane.analysis import VariantData
@@ -36,6 +36,7 @@ from control_plane.rollout import (Action, Command, Deploy, Notify, Observation,
                                    SetWeights, reconcile)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
+from control_plane.redact import redact
 from control_plane.store import Store
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class Worker:
             self.reconcile_rollout(rollout_id)
         except LeaseLostError as e:
             log.warning("%s; this pass stops here", e)
+        except DeployCancelled as e:   # shutdown: the pass ends, its pending actions stay for the next worker
+            log.info("rollout %s (%s): %s", rollout_id, service, e)
         except Exception:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
@@ -225,7 +228,7 @@ class Worker:
         if actions or new.new_checks or new.new_events or dataclasses.replace(new, new_checks=(), new_events=()) != r:
             saved = self.store.save(new, actions)
             for e in new.new_events:
-                log.info("rollout %s (%s): %s", r.id, r.service, e.message)
+                log.info("rollout %s (%s): %s", r.id, r.service, redact(e.message))
         t3 = time.perf_counter()
         self._at("saved")
         if command is not None:
@@ -306,13 +309,18 @@ class Worker:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
             if not self._lease(r.id):   # stalled past the TTL and replaced: the new holder runs this action
                 raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
+            if attempt and self._stop.is_set():
+                raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")
             try:
                 self._execute(r, spec, action, action_id)
                 self._at(f"executed:{action.kind}")
                 self.store.mark_action(action_id, "done")
                 return
+            except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
+                log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)
+                raise
             except Exception as e:
-                last = f"{type(e).__name__}: {e}"
+                last = redact(f"{type(e).__name__}: {e}")
                 log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
         self.metrics.action_failures.labels(r.service, action.kind).inc()
         self.store.mark_action(action_id, "failed", last[:4000])
