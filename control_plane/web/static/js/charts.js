@@ -10,8 +10,12 @@ const Charts = (() => {
     const grid = { stroke: css("--line-soft"), width: 1 };
     const ticks = { stroke: css("--line"), width: 1 };
     return [
-      { stroke: css("--muted"), grid, ticks, values: (u, vals) => vals.map((v) => new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" })) },
-      { stroke: css("--muted"), grid, ticks, size: 62, values: (u, vals) => vals.map(yFmt) },
+      { stroke: css("--muted"), grid, ticks, space: 80, values: (u, vals) => {
+        const span = (u.scales.x.max ?? 0) - (u.scales.x.min ?? 0);
+        const f = span < 900 ? { hour: "2-digit", minute: "2-digit", second: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+        return vals.map((v) => new Date(v * 1000).toLocaleTimeString("en-GB", f));
+      } },
+      { stroke: css("--muted"), grid, ticks, size: 70, values: (u, vals) => vals.map((v) => v == null ? "" : yFmt(v)) },
     ];
   }
 
@@ -48,15 +52,18 @@ const Charts = (() => {
   }
 
   function latencyChart(node, width, getMarkers) {
-    const series = [{ label: "time", value: (u, v) => v == null ? "–" : new Date(v * 1000).toLocaleTimeString() }];
+    const series = [{ label: "time", value: (u, v) => v == null ? "–" : SITS.clock(v) }];
     for (const role of ROLES) {
       const color = css("--" + role);
       series.push({ label: `${role} P90`, stroke: color, width: 1.5, dash: [5, 4], spanGaps: false, value: (u, v) => SITS.ms(v) });
       series.push({ label: `${role} P99`, stroke: color, width: 2, spanGaps: false, value: (u, v) => SITS.ms(v) });
     }
     const opts = {
-      width, height: 230, series, axes: axes((v) => SITS.ms(v)), plugins: [markerPlugin(getMarkers)],
-      scales: { x: { time: true }, y: { distr: 3, log: 10 } },
+      width, height: 250, series, axes: axes((v) => SITS.ms(v)), plugins: [markerPlugin(getMarkers)],
+      scales: { x: { time: true }, y: { distr: 3, log: 10, range: (u, min, max) => {
+        if (min == null || max == null || !(min > 0)) return [0.001, 1];
+        return [min / 1.6, max * 1.6];
+      } } },
       cursor: { sync: { key: syncKey }, points: { size: 6 } },
       legend: { live: true },
     };
@@ -69,7 +76,7 @@ const Charts = (() => {
     const dots = (label, color) => ({ label, stroke: color, fill: color, width: 0, paths: () => null,
       points: { show: true, size: 9, width: 1, stroke: color, fill: color }, value: pctv });
     const series = [
-      { label: "time", value: (u, v) => v == null ? "–" : new Date(v * 1000).toLocaleTimeString() },
+      { label: "time", value: (u, v) => v == null ? "–" : SITS.clock(v) },
       { label: "P99 CI low", stroke: "transparent", width: 0, value: pctv, points: { show: false } },
       { label: "P99 CI high", stroke: "transparent", width: 0, value: pctv, points: { show: false } },
       { label: `P99 vs ${target}`, stroke: canary, width: 2, value: pctv },
@@ -79,7 +86,7 @@ const Charts = (() => {
       dots("pass", ok), dots("inconclusive", grey), dots("fail", bad),
     ];
     const opts = {
-      width, height: 230, series, axes: axes((v) => SITS.pct(v, 0)), plugins: [markerPlugin(getMarkers)],
+      width, height: 250, series, axes: axes((v) => SITS.pct(v, 0)), plugins: [markerPlugin(getMarkers)],
       bands: [{ series: [2, 1], fill: "rgba(224,112,26,0.16)" }],
       scales: { x: { time: true }, y: { range: (u, min, max) => {
         const lo = Math.min(min ?? 0, -0.05), hi = Math.max(max ?? 0, 0.05);

@@ -51,6 +51,7 @@ const SITS = (() => {
   function ms(x) {
     if (x === null || x === undefined) return "–";
     const v = x * 1000;
+    if (v >= 1000) return (v / 1000).toFixed(v >= 10000 ? 1 : 2) + " s";
     return (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2)) + " ms";
   }
   function ago(t, now = Date.now() / 1000) {
@@ -66,7 +67,7 @@ const SITS = (() => {
     if (s < 3600) return Math.floor(s / 60) + " m " + String(Math.round(s % 60)).padStart(2, "0") + " s";
     return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " m";
   }
-  const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  const clock = (t) => new Date(t * 1000).toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit", second: "2-digit" });
   const mark = { pass: "✓", fail: "✗", inconclusive: "?" };
 
   // "p99 latency +3.1 % [−2.0, +8.0] ✓"
@@ -83,7 +84,12 @@ const SITS = (() => {
       el("span", { class: `verdict-${v}` }, `${mark[v]} ${v}`));
   }
 
-  function weightBar(w) {
+  function weightBar(w, phase) {
+    if (phase === "succeeded") {
+      return el("div", { class: "weight", title: "promoted: the canary's kernel set is production" },
+        el("div", { class: "bar", role: "img", "aria-label": "promoted, 100 percent" }, el("span", { class: "promoted", style: "width:100%" })),
+        el("span", { class: "pct" }, "100 %"));
+    }
     const c = w.canary || 0, b = w.baseline || 0;
     return el("div", { class: "weight", title: `canary ${c} %, baseline ${b} %, production ${w.production} %` },
       el("div", { class: "bar", role: "img", "aria-label": `canary ${c} percent` },

@@ -9,17 +9,25 @@
   const id = R.id;
   const METRICS = ["http_request_duration_seconds", "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds"];
   const LABEL = { http_request_duration_seconds: "Request latency", sits_time_to_first_token_seconds: "Time to first token", sits_inter_token_latency_seconds: "Inter-token latency" };
-  let S = null, charts = {}, lastSeq = 0, lastEvent = 0, lastCheckRow = 0;
+  let S = null, charts = {}, lastSeq = 0, lastEvent = 0, lastCheckRow = 0, showAll = false;
+  $("more-checks").addEventListener("click", () => {
+    showAll = true;
+    document.querySelectorAll("#checks tbody tr").forEach((tr) => { tr.hidden = false; });
+    $("more-checks").hidden = true;
+  });
 
   // ---- header ------------------------------------------------------------------------------------------------------
   const human = (s) => (s || "").replace(/http_request_duration_seconds\{route="([^"]+)"\}/g, "request latency on $1")
     .replace(/sits_time_to_first_token_seconds(\{[^}]*\})?/g, "TTFT").replace(/sits_inter_token_latency_seconds(\{[^}]*\})?/g, "inter-token latency")
-    .replace(/http_request_duration_seconds/g, "request latency");
+    .replace(/http_request_duration_seconds/g, "request latency").replace(/:p(\d+)/g, " p$1");
   const PHASE_TEXT = { pending: "Waiting for the worker to deploy the canary and baseline.", initializing: "Deploying the canary and baseline; waiting until they are ready." };
 
   function header() {
     $("phase").replaceWith(Object.assign(badge(R.phase, true), { id: "phase" }));
-    $("reason").textContent = human(R.reason) || PHASE_TEXT[R.phase] || "";
+    const lc = R.last_check;
+    const why = human(R.reason) || PHASE_TEXT[R.phase] || "";
+    $("reason").replaceChildren(el("span", {}, why.charAt(0).toUpperCase() + why.slice(1) + (why ? "." : "")),
+      lc && R.active ? el("span", { class: "muted" }, ` Last check #${lc.seq}: ${lc.outcome} → ${lc.decision} (${human(lc.reason)}).`) : null);
     const pending = R.pending_commands || [];
     for (const btn of document.querySelectorAll("#actions button")) {
       const c = btn.dataset.command;
@@ -113,8 +121,8 @@
         const d = S.metrics[metric].deltas;
         const thr = d.p99 && d.p99.threshold != null ? ` · threshold +${(d.p99.threshold * 100).toFixed(0)} %` : " · shown, not decided";
         const row = el("div", { class: "chart-row", "data-metric": metric },
-          el("figure", { class: "chart", style: "margin:0" }, el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left),
-          el("figure", { class: "chart", style: "margin:0" }, el("h3", {}, `Canary vs ${S.compare_to}`, el("span", { class: "muted" }, thr)), right));
+          el("figure", { class: "chart latency", style: "margin:0" }, el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left),
+          el("figure", { class: "chart delta", style: "margin:0" }, el("h3", {}, `${LABEL[metric]}: canary vs ${S.compare_to}`, el("span", { class: "muted" }, thr)), right));
         box.append(row);
         const w = Math.max(260, left.clientWidth || (box.clientWidth / 2 - 30));
         charts[metric] = { lat: Charts.latencyChart(left, w, markers), delta: Charts.deltaChart(right, w, markers, S.compare_to), left, right };
@@ -138,10 +146,11 @@
       const f = rate ? pt : pct;
       const val = rate ? (x) => x == null ? "–" : (x * 100).toFixed(2) + " %" : ms;
       const route = (r.series.match(/route="([^"]+)"/) || [])[1];
-      grid.append(el("span", { class: "lbl" }, r.label + (route ? ` ${route}` : "")),
+      const thr = rate ? `+${(r.threshold * 100).toFixed(2)} pt` : `+${(r.threshold * 100).toFixed(0)} %`;
+      grid.append(el("span", { class: "lbl" }, r.label.replace("request latency", "latency"), route ? el("small", {}, " " + route) : null),
         el("span", {}, `${val(r.canary)} vs ${val(r.target)}`),
         el("span", {}, r.delta_rel != null || r.delta_abs != null ? f(rate ? r.delta_abs : r.delta_rel) : "–",
-          el("span", { class: "muted" }, r.ci_low != null ? ` [${f(r.ci_low)}, ${f(r.ci_high)}]` : ""), el("span", { class: "muted" }, ` ≤ +${rate ? (r.threshold * 100).toFixed(2) + " pt" : (r.threshold * 100).toFixed(0) + " %"}`)),
+          el("span", { class: "muted" }, r.ci_low != null ? ` [${f(r.ci_low)}, ${f(r.ci_high)}]` : ""), el("span", { class: "muted" }, ` ≤ ${thr}`)),
         el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more ? el("span", { class: "need" }, `needs about ${r.need_more} more requests`) : null));
     }
     return grid;
@@ -149,21 +158,20 @@
   function checkRow(c) {
     const v = c.variants, target = c.compare_to;
     const req = (role) => v[role] && v[role].requests != null ? Math.round(v[role].requests) : "–";
-    const btn = el("button", { type: "button", class: "secondary small", "aria-expanded": "false" }, "Evidence");
+    const btn = el("button", { type: "button", class: "secondary", "aria-expanded": "false" }, "Evidence");
     const tr = el("tr", { "data-seq": c.seq },
-      el("td", {}, c.seq), el("td", { class: "mono" }, clock(c.at)),
-      el("td", {}, `${c.step + 1}/${R.steps.length} · ${c.weight} %`),
-      el("td", { class: "mono" }, `${req("canary")} / ${req(target)}`),
-      el("td", {}, resultGrid(c)),
-      el("td", {}, el("strong", { class: `verdict-${c.outcome}` }, `${mark[c.outcome]} ${c.outcome}`), el("div", { class: "muted small" }, `→ ${c.decision}`),
-        c.need_more ? el("span", { class: "need" }, `needs about ${c.need_more} more requests per variant`) : null),
-      el("td", {}, btn));
+      el("td", { class: "when" }, el("strong", {}, `#${c.seq}`), clock(c.at)),
+      el("td", { class: "when" }, `step ${c.step + 1}/${R.steps.length}`, el("br"), `${c.weight} %`),
+      el("td", { class: "when" }, `${req("canary")}`, el("br"), el("span", { class: "muted" }, `${req(target)}`)),
+      el("td", { class: "results-cell" }, resultGrid(c)),
+      el("td", { class: "verdict" }, el("strong", { class: `verdict-${c.outcome}` }, `${mark[c.outcome]} ${c.outcome}`), el("div", { class: "muted small" }, `→ ${c.decision}`),
+        c.need_more ? el("span", { class: "need" }, `needs about ${c.need_more} more requests per variant`) : null, btn));
     btn.addEventListener("click", async () => {
       const open = tr.nextElementSibling && tr.nextElementSibling.classList.contains("evidence");
       if (open) { tr.nextElementSibling.remove(); btn.setAttribute("aria-expanded", "false"); return; }
       const res = await api(`/rollouts/${encodeURIComponent(id)}/checks/${c.seq}`);
       const pre = el("pre", { tabindex: "0", "aria-label": `raw evidence of check ${c.seq}` }, JSON.stringify(res.data, null, 1));
-      tr.after(el("tr", { class: "evidence" }, el("td", { colspan: "7" }, el("p", { class: "small muted" }, human(c.reason)), pre)));
+      tr.after(el("tr", { class: "evidence" }, el("td", { colspan: "5" }, el("p", { class: "small muted" }, human(c.reason)), pre)));
       btn.setAttribute("aria-expanded", "true");
     });
     return tr;
@@ -173,6 +181,10 @@
     if (!res.ok) return;
     const body = document.querySelector("#checks tbody");
     for (const c of res.data.checks) { body.prepend(checkRow(c)); lastCheckRow = Math.max(lastCheckRow, c.seq); }
+    const rows = [...body.querySelectorAll("tr:not(.evidence)")];
+    rows.forEach((tr, i) => { tr.hidden = !showAll && i >= 10; });
+    $("more-checks").hidden = showAll || rows.length <= 10;
+    $("more-checks").textContent = `Show all ${rows.length} checks`;
     $("no-checks").hidden = lastCheckRow > 0;
     document.getElementById("checks").hidden = lastCheckRow === 0;
   }

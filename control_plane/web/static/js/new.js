@@ -29,8 +29,8 @@
     box.addEventListener("change", () => { input.disabled = !box.checked; });
     input.disabled = !box.checked;
     const wrap = el("div", { class: "threshold" },
-      el("label", { class: "check name", for: `${id}-on` }, box, " ", label),
-      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), "≤ +", input, unit === "%" ? "%" : "pt"),
+      el("label", { class: "check name", for: `${id}-on` }, box, label),
+      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted" }, "at most +"), input, unit === "%" ? "%" : "points"),
       err);
     thresholds.append(wrap);
     return { metric, q, input, box, err };
@@ -41,16 +41,16 @@
     const box = $("changes");
     if (!c || !p) { box.textContent = ""; return; }
     const diff = Object.keys(c.ops).filter((op) => c.ops[op] !== p.ops[op]);
-    box.replaceChildren(
+    box.replaceChildren(el("div", {},
       el("strong", {}, `${c.name} ${c.version}`), " vs ", el("strong", {}, `${p.name} ${p.version}`), ": ",
       diff.length ? ["changes ", ...diff.flatMap((op, i) => [i ? " " : "", el("code", { class: "op" }, op)])]
         : el("span", { class: "warn" }, "same implementations (a control experiment)"),
-      el("br"), el("span", { class: "muted" }, `${c.description} · devices ${c.devices.join(", ")} · CUDA graphs ${c.cuda_graphs ? "yes" : "no"}`));
+      el("br"), el("span", { class: "muted" }, `${c.description} · devices ${c.devices.join(", ")} · CUDA graphs ${c.cuda_graphs ? "yes" : "no"}`)));
   }
   function updateChips() {
     const chips = $("steps-chips");
     const steps = parseSteps();
-    chips.replaceChildren(...(steps || []).flatMap((s, i) => [i ? el("span", { class: "arrow" }, "→") : null, el("span", { class: "chip" }, s + " %")]));
+    chips.replaceChildren(...(steps || []).flatMap((s, i) => [i ? el("span", { class: "arrow" }, "→") : null, el("span", { class: "chip" }, s + " %")]).filter(Boolean));
   }
   function parseSteps() {
     const parts = $("steps").value.split(/[\s,;]+/).filter(Boolean);

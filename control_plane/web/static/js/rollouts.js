@@ -16,7 +16,7 @@
       el("td", { class: "c-service" }, el("a", { href }, el("strong", {}, r.service))),
       el("td", { class: "c-kernels" }, el("span", { class: "kset" }, r.kernels, el("span", { class: "arrow", "aria-label": "replacing" }, "→"), r.production_kernels)),
       el("td", { class: "c-phase" }, badge(r.phase)),
-      el("td", { class: "c-weight" }, weightBar(r.weights)),
+      el("td", { class: "c-weight" }, weightBar(r.weights, r.phase)),
       el("td", { class: "c-check" }, checkLine(r.last_check)),
       el("td", { class: "age", title: new Date(r.created_at * 1000).toLocaleString() }, ago(r.created_at)));
     return tr;
