@@ -313,3 +313,28 @@ class Store:
                         "status": r["status"], "attempts": r["attempts"], "error": r["error"],
                         "done_at": r["done_at"]})
         return out
+
+    # ---- aggregates for the control plane's /metrics (computed at scrape time) ----------------------------------
+    def check_outcome_counts(self) -> dict[tuple[str, str], int]:
+        """(service, outcome) -> checks stored."""
+        rows = self._rows("SELECT r.service, c.outcome, COUNT(*) AS n FROM checks c JOIN rollouts r ON r.id = "
+                          "c.rollout_id GROUP BY r.service, c.outcome")
+        return {(r["service"], r["outcome"]): r["n"] for r in rows}
+
+    def rollback_reasons(self) -> dict[tuple[str, str], int]:
+        """(service, reason) -> rolled-back rollouts. reason: the deciding check's guard (crashing, not_ready, nan,
+        error_rate), "checks_failed" or "inconclusive" when the last check decided the rollback, "aborted" when a
+        manual abort was consumed, else "other" (deadline, readiness timeout, a failed action)."""
+        rows = self._rows(
+            "SELECT r.service, c.decision, c.outcome, json_extract(c.evidence, '$.verdict.guard') AS guard, "
+            "EXISTS (SELECT 1 FROM commands m WHERE m.rollout_id = r.id AND m.command = 'abort' AND m.consumed_at "
+            "IS NOT NULL) AS aborted FROM rollouts r LEFT JOIN checks c ON c.rollout_id = r.id AND c.seq = "
+            "(SELECT MAX(seq) FROM checks WHERE rollout_id = r.id) WHERE r.phase = 'rolled_back'")
+        out: dict[tuple[str, str], int] = {}
+        for r in rows:
+            if r["decision"] == "rollback":
+                reason = r["guard"] or ("checks_failed" if r["outcome"] == "fail" else "inconclusive")
+            else:
+                reason = "aborted" if r["aborted"] else "other"
+            out[(r["service"], reason)] = out.get((r["service"], reason), 0) + 1
+        return out
