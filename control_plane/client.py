@@ -4,12 +4,15 @@
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from typing import Any, Callable
 
 import httpx
 
+from control_plane import format as fmt
 from control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 
 
@@ -118,3 +121,57 @@ def wait(fetch: Callable[[], dict], out: Callable[[str], None] = print, interval
             out(f"rollout {r['id']} {r['phase'].replace('_', ' ')}: {r.get('reason') or '-'}")
             return 0 if r["phase"] == "succeeded" else 1
         sleep(interval)
+
+
+# ---- `sits-control rollout ... --url URL`: the same commands over the API -------------------------------------------
+def client_from(a) -> ApiClient:
+    return ApiClient(a.url, os.environ.get("SITS_TOKEN"))
+
+
+def remote_start(a, body: dict) -> int:
+    with client_from(a) as c:
+        r = c.start(body)
+        print(f"rollout {r['id']} created for service {r['service']}: canary {r['kernels']} vs production "
+              f"{r['production_kernels']} (via {a.url})", flush=True)
+        return wait(lambda: c.get(r["id"])) if a.wait else 0
+
+
+def remote_list(a) -> int:
+    with client_from(a) as c:
+        rs = c.list(active="true" if a.active else None, limit=500)["rollouts"]
+    if not rs:
+        print("no rollouts")
+        return 0
+    print(f"{'ID':40} {'SERVICE':12} {'PHASE':13} {'STEP':6} {'WEIGHT':6} {'CHECKS':6} CREATED")
+    for r in rs:
+        step = f"{r['step'] + 1}/{len(r['steps'])}" if r["step"] >= 0 else "-"
+        print(f"{r['id']:40} {r['service']:12} {r['phase']:13} {step:6} {r['weight']:>5}% {r['checks']:>6} "
+              f"{fmt.when(r['created_at'])}")
+    return 0
+
+
+def remote_show(a) -> int:
+    with client_from(a) as c:
+        r, checks, events = c.get(a.id), c.checks(a.id), c.events(a.id)
+    if a.json:
+        print(json.dumps({"rollout": r, "checks": checks, "events": events}, indent=1))
+        return 0
+    print(f"rollout {r['id']}  service {r['service']}  canary {r['kernels']}  production {r['production_kernels']}")
+    print(f"{progress_line(r)}; {r['checks']} checks; {r['reason'] or '-'}")
+    print("events:")
+    for e in events:
+        if e["kind"] != "check":
+            print(f"  {fmt.when(e['at'])}  [{e['phase']}] {e['message']}" + (f"  ({e['actor']})" if e["actor"] else ""))
+    print("checks:")
+    for ev in checks:
+        for line in fmt.format_check(ev, r["steps"]):
+            print("  " + line)
+    return 0
+
+
+def remote_command(a) -> int:
+    with client_from(a) as c:
+        out = c.command(a.id, a.command)
+    print(f"{a.command} queued for rollout {a.id} by {out['actor']} (phase {out['rollout']['phase']}); the worker "
+          "applies it at its next pass")
+    return 0
