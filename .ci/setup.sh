@@ -29,6 +29,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/cpu.txt
   .venv/bin/python -m pip install -q -c constraints/cpu.txt -e '.[test]'
   touch "$stamp"
 fi
+bash .ci/install-browser.sh   # Chromium for the web UI's browser test
 # kube-apiserver + kube-controller-manager + etcd for the Kubernetes deployer tests (built once, cached on disk)
 bash .ci/build-kube.sh
 echo "[setup] ok"

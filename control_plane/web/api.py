@@ -94,6 +94,11 @@ def create_rollout():
     return resp
 
 
+def router_of():
+    worker = current_app.config["WORKER"]
+    return worker.deployer.router_url if worker is not None else None
+
+
 def _current_production(name: str) -> str:
     for s in catalog.services(store(), spec_or_none):
         if s["service"] == name:
@@ -160,7 +165,7 @@ def kernels():
 @bp.get("/services")
 @require("viewer")
 def services():
-    return jsonify({"services": catalog.services(store(), spec_or_none)})
+    return jsonify({"services": catalog.services(store(), spec_or_none, router_of())})
 
 
 @bp.get("/config")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import kernels
+from control_plane.adapters.deploy import DeployNotFoundError
 from control_plane.rollout import Phase
 
 from control_plane.web.present import weights_of
@@ -34,10 +35,11 @@ def kernel_catalog() -> list[dict]:
     return out
 
 
-def services(store, spec_of) -> list[dict]:
+def services(store, spec_of, router_of=None) -> list[dict]:
     """Each service seen in the store with what production runs now, from its latest rollout: the canary's kernel
     set if that rollout succeeded, else the production it was compared with. Readiness is the production variant's
-    as the worker last observed it (views never ask the deployer)."""
+    as the worker last observed it (views never ask the deployer for status). `router_of(service)`: where its traffic
+goes, from the deployer in this process (a lookup, no I/O), or None."""
     latest: dict[str, object] = {}
     for r in store.list(limit=10000):   # newest first
         latest.setdefault(r.service, r)
@@ -52,8 +54,18 @@ def services(store, spec_of) -> list[dict]:
                     "ready": ready,
                     "latest_rollout": {"id": r.id, "phase": r.phase.value, "kernels": r.canary_kernels,
                                        "created_at": r.created_at},
-                    "active_rollout": r.id if r.active else None, "production_weight": weights_of(r)["production"]})
+                    "active_rollout": r.id if r.active else None, "production_weight": weights_of(r)["production"],
+                    "router_url": _router(router_of, name)})
     return out
+
+
+def _router(router_of, service: str) -> str | None:
+    if router_of is None:
+        return None
+    try:
+        return router_of(service)
+    except DeployNotFoundError:   # nothing deployed for it by this process's worker (yet)
+        return None
 
 
 def _production_ready(store, r) -> bool | None:

@@ -104,9 +104,13 @@ def variants_of(r: Rollout, spec_replicas: int | None) -> dict:
     out = {}
     for role in ("production", "baseline", "canary"):
         d = r.data.get(role)
+        gone = not r.active and role != "production"   # removed by the rollback, or the canary is production now
         out[role] = {"kernels": kernels[role], "replicas": spec_replicas, "weight": weights_of(r)[role],
-                     "ready": None if d is None else d.ready, "crashing": None if d is None else d.crashing,
-                     "requests": None if d is None else d.requests, "errors": None if d is None else d.errors}
+                     "ready": None if d is None or gone else d.ready,
+                     "crashing": None if d is None or gone else d.crashing,
+                     "requests": None if d is None else d.requests, "errors": None if d is None else d.errors,
+                     "state": ("promoted" if r.phase is Phase.SUCCEEDED and role == "canary" else "removed")
+                     if gone else "deployed" if d is not None else "unknown"}
     return out
 
 

@@ -6,7 +6,7 @@ from flask import Blueprint, current_app, render_template
 
 from control_plane.analysis import Policy
 from control_plane.web import catalog
-from control_plane.web.api import detail, spec_or_none, store
+from control_plane.web.api import detail, router_of, spec_or_none, store
 from control_plane.web.auth import current_user, require
 
 bp = Blueprint("ui", __name__)
@@ -46,4 +46,4 @@ def services():
 
 
 def _services() -> list[dict]:
-    return catalog.services(current_app.extensions["sits_store"], spec_or_none)
+    return catalog.services(current_app.extensions["sits_store"], spec_or_none, router_of())

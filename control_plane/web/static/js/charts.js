@@ -5,6 +5,13 @@ const Charts = (() => {
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   const ROLES = ["production", "baseline", "canary"];
   const syncKey = "sits-detail";
+  // the nearest 1-2-5 x 10^k below (floor) or above (ceil) x: round log-axis ends
+  function nice(x, round) {
+    const k = Math.floor(Math.log10(x)), steps = [1, 2, 5, 10];
+    const m = x / 10 ** k;
+    const pick = round === Math.floor ? [...steps].reverse().find((s) => s <= m + 1e-9) : steps.find((s) => s >= m - 1e-9);
+    return pick * 10 ** k;
+  }
 
   function axes(yFmt) {
     const grid = { stroke: css("--line-soft"), width: 1 };
@@ -62,7 +69,7 @@ const Charts = (() => {
       width, height: 250, series, axes: axes((v) => SITS.ms(v)), plugins: [markerPlugin(getMarkers)],
       scales: { x: { time: true }, y: { distr: 3, log: 10, range: (u, min, max) => {
         if (min == null || max == null || !(min > 0)) return [0.001, 1];
-        return [min / 1.6, max * 1.6];
+        return [nice(min / 1.3, Math.floor), nice(max * 1.3, Math.ceil)];
       } } },
       cursor: { sync: { key: syncKey }, points: { size: 6 } },
       legend: { live: true },
@@ -110,14 +117,14 @@ const Charts = (() => {
     return out;
   }
 
-  function deltaData(s, metric) {
+  function deltaData(s, metric, limits = {}) {
     const m = s.metrics[metric];
     const none = s.t.map(() => null);
     const d99 = (m && m.deltas.p99) || null, d90 = (m && m.deltas.p90) || null;
-    const th = (d, n) => d && d.threshold != null ? s.t.map(() => d.threshold) : none;
+    const th = (q) => limits[q] != null ? s.t.map(() => limits[q]) : none;
     const dot = (which) => d99 ? d99.delta.map((v, i) => d99.outcome[i] === which ? v : null) : none;
     return [s.t, d99 ? d99.low : none, d99 ? d99.high : none, d99 ? d99.delta : none, d90 ? d90.delta : none,
-      th(d99), th(d90), dot("pass"), dot("inconclusive"), dot("fail")];
+      th("p99"), th("p90"), dot("pass"), dot("inconclusive"), dot("fail")];
   }
 
   return { latencyChart, deltaChart, latencyData, deltaData };

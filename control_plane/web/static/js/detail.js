@@ -53,7 +53,8 @@
     }));
     $("variants").replaceChildren(...["production", "baseline", "canary"].map((role) => {
       const v = R.variants[role];
-      const ready = v.crashing ? el("span", { class: "bad" }, "● crashing") : v.ready === true ? el("span", { class: "ok" }, "● ready")
+      const ready = v.state === "removed" ? el("span", { class: "muted" }, "removed") : v.state === "promoted" ? el("span", { class: "ok" }, "promoted to production")
+        : v.crashing ? el("span", { class: "bad" }, "● crashing") : v.ready === true ? el("span", { class: "ok" }, "● ready")
         : v.ready === false ? el("span", { class: "bad" }, "● not ready") : el("span", { class: "muted" }, "not observed");
       return el("div", { class: `variant ${role}` }, el("div", { class: "role" }, role),
         el("div", {}, el("strong", {}, v.kernels), " · ", el("span", { class: "num" }, v.weight + " %"), " · ", ready),
@@ -88,6 +89,14 @@
     const warm = R.policy.warmup_s;
     return R.steps_timeline.filter((s) => s.entered_at != null).map((s) => ({ t: s.entered_at, until: s.entered_at + warm, label: s.weight + " %" }));
   }
+  // the policy's thresholds of a metric by quantile ({p99: 0.1, p90: 0.05}): drawn even before a check decided
+  function thresholds(metric) {
+    const out = {};
+    for (const c of R.policy.checks) {
+      if (c.metric === metric && c.quantile != null) out["p" + +(c.quantile * 100).toFixed(3)] = c.max_rel_delta;
+    }
+    return out;
+  }
   function appendSeries(n) {
     if (!S) { S = n; return; }
     const len = S.t.length, add = n.t.length;
@@ -118,8 +127,9 @@
       if (!S.metrics[metric]) continue;
       if (!charts[metric]) {
         const left = el("div", { class: "plot" }), right = el("div", { class: "plot" });
-        const d = S.metrics[metric].deltas;
-        const thr = d.p99 && d.p99.threshold != null ? ` · threshold +${(d.p99.threshold * 100).toFixed(0)} %` : " · shown, not decided";
+        const lim = thresholds(metric);
+        const thr = lim.p99 != null ? ` · P99 threshold +${(lim.p99 * 100).toFixed(0)} %` + (lim.p90 != null ? `, P90 +${(lim.p90 * 100).toFixed(0)} %` : "")
+          : lim.p90 != null ? ` · P90 threshold +${(lim.p90 * 100).toFixed(0)} %` : " · shown, not decided";
         const row = el("div", { class: "chart-row", "data-metric": metric },
           el("figure", { class: "chart latency", style: "margin:0" }, el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left),
           el("figure", { class: "chart delta", style: "margin:0" }, el("h3", {}, `${LABEL[metric]}: canary vs ${S.compare_to}`, el("span", { class: "muted" }, thr)), right));
@@ -128,7 +138,10 @@
         charts[metric] = { lat: Charts.latencyChart(left, w, markers), delta: Charts.deltaChart(right, w, markers, S.compare_to), left, right };
       }
       charts[metric].lat.setData(Charts.latencyData(S, metric));
-      charts[metric].delta.setData(Charts.deltaData(S, metric));
+      charts[metric].delta.setData(Charts.deltaData(S, metric, thresholds(metric)));
+      // how many points each chart holds (x values with a canary P99), for people reading the DOM and the UI test
+      const pts = Charts.latencyData(S, metric)[6].filter((v) => v != null).length;
+      box.querySelector(`[data-metric="${metric}"]`).dataset.points = pts;
     }
   }
   new ResizeObserver(() => {
