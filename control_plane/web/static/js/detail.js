@@ -26,8 +26,8 @@
     $("phase").replaceWith(Object.assign(badge(R.phase, true), { id: "phase" }));
     const lc = R.last_check;
     const why = human(R.reason) || PHASE_TEXT[R.phase] || "";
-    $("reason").replaceChildren(el("span", {}, why.charAt(0).toUpperCase() + why.slice(1) + (why ? "." : "")),
-      lc && R.active ? el("span", { class: "muted" }, ` Last check #${lc.seq}: ${lc.outcome} → ${lc.decision} (${human(lc.reason)}).`) : null);
+    $("reason").replaceChildren(...[el("span", {}, why.charAt(0).toUpperCase() + why.slice(1) + (why ? "." : "")),
+      lc && R.active ? el("span", { class: "muted" }, ` Last check #${lc.seq}: ${lc.outcome} → ${lc.decision} (${human(lc.reason)}).`) : null].filter(Boolean));
     const pending = R.pending_commands || [];
     for (const btn of document.querySelectorAll("#actions button")) {
       const c = btn.dataset.command;

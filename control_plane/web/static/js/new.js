@@ -123,7 +123,9 @@
       const res = await api("/rollouts", { method: "POST", body });
       if (res.status === 201) { location.href = `/rollouts/${encodeURIComponent(res.data.id)}`; return; }
       const e = (res.data && res.data.error) || { message: `HTTP ${res.status}`, field: null };
-      showError(e.field, e.message, checkRows);
+      const human = (m) => m.replace(/^policy: /, "").replace(/http_request_duration_seconds/g, "request latency")
+        .replace(/sits_time_to_first_token_seconds/g, "time to first token").replace(/sits_inter_token_latency_seconds/g, "inter-token latency");
+      showError(e.field, human(e.message), checkRows);
     } catch (e) {
       showError(null, "The service did not answer: " + e.message, []);
     } finally {
