@@ -24,6 +24,7 @@ from control_plane.store import Store
 from control_plane.web import api, auth, ops, ui
 from control_plane.web.common import error_response, wants_json
 from control_plane.web.present import HeadlineCache
+from control_plane.web.series import PointCache
 from control_plane.web.users import LoginLimiter, Users
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def create_app(config: dict | None = None) -> Flask:
         store = app.config["STORE"] = Store(str(store))
     app.extensions["sits_store"] = store
     app.extensions["sits_headlines"] = HeadlineCache()
+    app.extensions["sits_points"] = PointCache()
     app.extensions["sits_login_limiter"] = LoginLimiter(app.config["LOGIN_LIMIT"], app.config["LOGIN_WINDOW_S"],
                                                         app.config["LOGIN_CLOCK"])
     app.session_interface = auth.SessionInterface()

@@ -314,7 +314,16 @@ class Store:
                         "done_at": r["done_at"]})
         return out
 
-    # ---- aggregates for the control plane's /metrics (computed at scrape time) ----------------------------------
+    # ---- for listings and the control plane's /metrics (computed at scrape time) -------------------------------
+    def list_summaries(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None,
+                       limit: int = 1000, offset: int = 0) -> list[Rollout]:
+        """list() without each rollout's step data (`data` empty: SQLite drops it before Python parses the state),
+        for listings: several times faster with big rollouts."""
+        where, args = self._where(active, service, phase)
+        rows = self._rows(f"SELECT json_remove(state, '$.data') AS state, version FROM rollouts{where} "
+                          "ORDER BY created_at DESC, id LIMIT ? OFFSET ?", [*args, int(limit), int(offset)])
+        return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
+
     def check_outcome_counts(self) -> dict[tuple[str, str], int]:
         """(service, outcome) -> checks stored."""
         rows = self._rows("SELECT r.service, c.outcome, COUNT(*) AS n FROM checks c JOIN rollouts r ON r.id = "

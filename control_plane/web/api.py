@@ -16,7 +16,7 @@ from control_plane.web import catalog, present, validate
 from control_plane.web.auth import current_user, require
 from control_plane.web.common import API_PREFIX, clean, error_response, int_arg
 from control_plane.web.openapi import openapi_spec
-from control_plane.web.series import build_series
+from control_plane.web.series import series_of
 
 bp = Blueprint("api", __name__, url_prefix=API_PREFIX)
 
@@ -68,7 +68,7 @@ def list_rollouts():
     if active == "bad":
         raise ValidationError("active must be true or false", field="active")
     limit, offset = int_arg("limit", 50, 1, 500), int_arg("offset", 0)
-    rs = store().list(active=active, service=svc, phase=phase, limit=limit, offset=offset)
+    rs = store().list_summaries(active=active, service=svc, phase=phase, limit=limit, offset=offset)
     total = store().count(active=active, service=svc, phase=phase)
     return jsonify({"rollouts": [_summary(r) for r in rs], "total": total, "limit": limit, "offset": offset})
 
@@ -142,9 +142,8 @@ def rollout_events(rollout_id: str):
 @require("viewer")
 def rollout_series(rollout_id: str):
     r = store().get(rollout_id)
-    since = int_arg("since_seq", 0)
-    checks = store().checks(rollout_id, since_seq=since, limit=100000)
-    return jsonify(build_series(checks, r.policy.compare_to, current_app.config["SERIES_MAX_POINTS"]))
+    return jsonify(series_of(store(), rollout_id, r.policy.compare_to, int_arg("since_seq", 0),
+                             current_app.config["SERIES_MAX_POINTS"], current_app.extensions["sits_points"]))
 
 
 @bp.post("/rollouts/<rollout_id>/<any(promote, pause, resume, abort):command>")

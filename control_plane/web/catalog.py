@@ -41,7 +41,7 @@ def services(store, spec_of, router_of=None) -> list[dict]:
     as the worker last observed it (views never ask the deployer for status). `router_of(service)`: where its traffic
 goes, from the deployer in this process (a lookup, no I/O), or None."""
     latest: dict[str, object] = {}
-    for r in store.list(limit=10000):   # newest first
+    for r in store.list_summaries(limit=10000):   # newest first
         latest.setdefault(r.service, r)
     out = []
     for name in sorted(latest):
@@ -73,7 +73,7 @@ def _production_ready(store, r) -> bool | None:
     rollout is over (the worker stops looking)."""
     if not r.active:
         return None
-    prod = r.data.get("production")
+    prod = store.get(r.id).data.get("production")   # the summaries carry no step data
     if prod is not None:
         return prod.ready
     if r.checks:

@@ -25,7 +25,7 @@ class StoreCollector(Collector):
         weight = GaugeMetricFamily("sits_canary_weight_percent", "Traffic share of the canary, percent.",
                                    labels=["service", "rollout"])
         shown: dict[str, object] = {}
-        for r in self.store.list(limit=10000):   # newest first: the first per service is its latest
+        for r in self.store.list_summaries(limit=10000):   # newest first: the first per service is its latest
             if r.active or r.service not in shown:
                 shown.setdefault(r.service, r)
                 for p in Phase:
@@ -49,7 +49,7 @@ class StoreCollector(Collector):
         h = HistogramMetricFamily("sits_rollout_duration_seconds", "From creation to the final phase, by outcome.",
                                   labels=["outcome"])
         by: dict[str, list[float]] = {}
-        for r in self.store.list(active=False, limit=100000):
+        for r in self.store.list_summaries(active=False, limit=100000):
             by.setdefault(r.phase.value, []).append(max(0.0, r.phase_since - r.created_at))
         for outcome, xs in sorted(by.items()):
             buckets = [(str(float(b)), float(sum(1 for x in xs if x <= b))) for b in DURATION_BUCKETS]

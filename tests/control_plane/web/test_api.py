@@ -293,3 +293,15 @@ def test_openapi_describes_every_route(app, client):
         for p in paths:
             for m in rule.methods - {"HEAD", "OPTIONS"}:
                 assert (m, p) in described, (m, p)
+
+
+def test_list_summaries_are_list_without_the_step_data(store):
+    from dataclasses import replace
+
+    ro = new_rollout(store)
+    drive(store, ro.id, 8)
+    new_rollout(store, "embed", now=10.0)
+    full, light = store.list(), store.list_summaries()
+    assert full[1].data and not light[1].data
+    assert [replace(r, data={}) for r in full] == light
+    assert store.list_summaries(service="embed", limit=1, offset=0)[0].service == "embed"
