@@ -3,12 +3,13 @@ rejected request changes nothing"."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from control_plane.rollout import Phase
 
-from .conftest import NAMES, POLICY, auth, drive, new_rollout, snapshot
+from .conftest import NAMES, auth, drive, new_rollout, snapshot
 
 
 def test_list_is_newest_first_filtered_and_paginated(client, store):
@@ -296,8 +297,6 @@ def test_openapi_describes_every_route(app, client):
 
 
 def test_list_summaries_are_list_without_the_step_data(store):
-    from dataclasses import replace
-
     ro = new_rollout(store)
     drive(store, ro.id, 8)
     new_rollout(store, "embed", now=10.0)

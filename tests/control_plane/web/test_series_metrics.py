@@ -6,7 +6,7 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, histogram_quantile
+from control_plane.analysis import REQUEST_LATENCY, Policy, histogram_quantile
 from control_plane.app import create_app
 from control_plane.rollout import Phase
 from control_plane.web.series import thin

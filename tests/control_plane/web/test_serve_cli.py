@@ -2,6 +2,7 @@
 against a live service whose worker drives rollouts (in-memory deployer, canned metrics)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -114,7 +115,7 @@ FAST = Policy(steps=(50, 100), check_interval_s=0.3, warmup_s=0.0, min_samples=5
 
 @pytest.mark.parametrize("service,rc,final", [("good", 0, "succeeded"), ("slow", 1, "rolled back")])
 def test_start_wait_follows_the_rollout_to_its_end(live, tmp_path, monkeypatch, capsys, service, rc, final):
-    (tmp_path / "policy.json").write_text(__import__("json").dumps(FAST.to_dict()))
+    (tmp_path / "policy.json").write_text(json.dumps(FAST.to_dict()))
     monkeypatch.setenv("SITS_TOKEN", TOKENS["operator"])
     code = main(["rollout", "start", "--service", service, "--kernels", "triton-v1.1", "--production-kernels",
                  "triton-v1", "--policy", str(tmp_path / "policy.json"), "--url", live, "--wait"])
