@@ -134,8 +134,9 @@ def rollout_check(rollout_id: str, seq: int):
 def rollout_events(rollout_id: str):
     store().get(rollout_id)
     since = int_arg("since_id", 0)
-    events = [e for e in store().events(rollout_id, limit=int_arg("limit", 5000, 1, 20000)) if e["id"] > since]
-    return jsonify({"events": events})
+    events = store().events(rollout_id, since_id=since, limit=int_arg("limit", 5000, 1, 20000))
+    return jsonify({"events": events, "actions": [present.action_row(a) for a in store().actions(rollout_id)],
+                    "notifications": store().deliveries(rollout_id)})
 
 
 @bp.get("/rollouts/<rollout_id>/series")

@@ -145,3 +145,13 @@ def check_compact(ev: Mapping) -> dict:
                   "decision": ev["decision"], "outcome": v["outcome"], "reason": v["reason"], "guard": v.get("guard"),
                   "need_more": v.get("need_more"), "compare_to": v.get("compare_to"), "variants": variants,
                   "results": [dict(r, label=check_label(r["check"])) for r in v.get("results", [])]})
+
+
+def action_row(a: Mapping) -> dict:
+    """One deployer/notifier action of the outbox, with a short description of what it did."""
+    b = a["body"]
+    what = {"deploy": lambda: f"deploy {b.get('role')} ({b.get('kernels')})",
+            "set_weights": lambda: "weights " + ", ".join(f"{k} {v} %" for k, v in b.get("weights", {}).items()),
+            "notify": lambda: f"notify: {b.get('event')}"}.get(a["kind"], lambda: a["kind"])()
+    return {"id": a["id"], "kind": a["kind"], "what": what, "status": a["status"], "error": a["error"],
+            "created_at": a["created_at"], "done_at": a["done_at"]}

@@ -202,8 +202,14 @@ def test_actions_are_202_idempotent_409_when_not_allowed_and_recorded_with_the_a
     assert client.post(url + "/abort", headers=auth("admin")).status_code == 202
     drive(store, ro.id, 3, t0=t)
     assert store.get(ro.id).phase is Phase.ROLLED_BACK
-    events = client.get(url + "/events", headers=auth("viewer")).get_json()["events"]
+    body = client.get(url + "/events", headers=auth("viewer")).get_json()
+    events = body["events"]
     actors = {e["actor"] for e in events if e["kind"] != "check"}
+    acts = {(a["kind"], a["status"]) for a in body["actions"]}
+    assert {("deploy", "done"), ("set_weights", "done"), ("rollback", "done")} <= acts
+    assert any(a["what"] == "deploy canary (triton-v1.1)" for a in body["actions"])
+    since = client.get(url + f"/events?since_id={events[-2]['id']}", headers=auth("viewer")).get_json()["events"]
+    assert [e["id"] for e in since] == [events[-1]["id"]]
     assert {NAMES["operator"], NAMES["admin"]} <= actors
     before = snapshot(store)
     for c in ("promote", "pause", "resume", "abort"):

@@ -211,6 +211,16 @@
         el("span", { class: "actor" + (e.actor ? "" : " system") }, e.actor || "worker"), el("span", { class: "msg" }, human(e.message))));
       lastEvent = Math.max(lastEvent, e.id);
     }
+    const rows = [
+      ...res.data.actions.map((a) => ({ t: a.created_at, who: "worker", msg: a.what, status: a.status, err: a.error })),
+      ...res.data.notifications.map((n) => ({ t: n.at, who: "webhook", msg: `${n.event} → ${n.webhook}`, status: n.status, err: n.error })),
+    ].sort((a, b) => b.t - a.t);
+    if (rows.length) {
+      $("outbox").replaceChildren(...rows.map((r) => el("li", {}, el("span", { class: "t" }, clock(r.t)),
+        el("span", { class: "actor system" }, r.who),
+        el("span", { class: "msg" }, r.msg, " ", el("span", { class: r.status === "failed" ? "bad" : r.status === "pending" ? "warn" : "ok" }, r.status),
+          r.err ? el("span", { class: "muted small" }, ` (${r.err})`) : null))));
+    }
   }
 
   async function refresh() {
