@@ -58,6 +58,8 @@ class Notification:
 class Notifier(Protocol):
     def notify(self, n: Notification) -> None: ...     # never blocks, never raises
 
+    def flush(self, timeout: float = 10.0) -> bool: ...   # wait until what was queued is delivered or given up
+
     def close(self, timeout: float = 5.0) -> None: ...
 
 
@@ -285,7 +287,7 @@ class MultiNotifier:
                 log.exception("notifier %r failed", x)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        return all(getattr(x, "flush", lambda t: True)(timeout) for x in self.notifiers)
+        return all([x.flush(timeout) for x in self.notifiers])   # a list: every notifier gets its flush
 
     def close(self, timeout: float = 5.0) -> None:
         for x in self.notifiers:
