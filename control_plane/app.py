@@ -7,6 +7,7 @@ Config keys (besides Flask's own):
                    alive); None with --no-worker
     LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login rate limit (5 per 300 s per client address)
     SERIES_MAX_POINTS   points per chart series before thinning (300)
+    POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
 Views only read and write the store; the worker does everything else.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def create_app(config: dict | None = None) -> Flask:
     app = Flask(__name__, template_folder="web/templates", static_folder="web/static")
     app.config.update(
         SECRET_KEY=secrets.token_hex(32), STORE="sits.db", AUTH_FILE=None, SITS_USERS=None, WORKER=None,
-        LOGIN_LIMIT=5, LOGIN_WINDOW_S=300.0, LOGIN_CLOCK=time.monotonic, SERIES_MAX_POINTS=300,
+        LOGIN_LIMIT=5, LOGIN_WINDOW_S=300.0, LOGIN_CLOCK=time.monotonic, SERIES_MAX_POINTS=300, POLICY_DEFAULTS=None,
         MAX_CONTENT_LENGTH=MAX_BODY, SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_NAME="sits_session", PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
         JSON_SORT_KEYS=False)

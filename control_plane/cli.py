@@ -183,8 +183,9 @@ def cmd_serve(a) -> int:
     def stop_worker(worker: Worker) -> None:
         shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
         worker.store.close()
+    defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
     try:
-        return serve(a, build_worker, stop_worker)
+        return serve(a, build_worker, stop_worker, defaults)
     except ServeError as e:
         raise CLIError(str(e)) from None
 
@@ -257,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--trusted-proxy", default=None,
                    help="address of a TLS-terminating proxy whose X-Forwarded-Proto is believed")
     v.add_argument("--secure-cookies", action="store_true", help="mark the session cookie Secure (served over TLS)")
+    v.add_argument("--policy-defaults", default=os.environ.get("SITS_POLICY_DEFAULTS") or None,
+                   help="policy file (JSON/YAML, fields of Policy) new rollouts start from (or $SITS_POLICY_DEFAULTS)")
     _worker_args(v)
     v.set_defaults(fn=cmd_serve)
 

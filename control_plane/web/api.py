@@ -81,7 +81,7 @@ def create_rollout():
     except BadRequest:
         raise ValidationError("the body is not valid JSON", field=None) from None
     body = validate.create_body(body)
-    policy = validate.policy(body.get("policy"))
+    policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
     production = body.get("production_kernels") or _current_production(body["service"])
     spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],
             "production_args": body.get("production_args") or []}
@@ -92,6 +92,11 @@ def create_rollout():
     resp.status_code = 201
     resp.headers["Location"] = url_for("api.get_rollout", rollout_id=r.id)
     return resp
+
+
+def policy_defaults() -> Policy:
+    """What a new rollout gets for the policy fields it does not give."""
+    return Policy.from_dict(current_app.config["POLICY_DEFAULTS"] or {})
 
 
 def router_of():
@@ -173,7 +178,7 @@ def services():
 def config():
     users = current_app.config["SITS_USERS"]
     worker = current_app.config["WORKER"]
-    return jsonify({"policy_defaults": Policy().to_dict(), "store": store().path,
+    return jsonify({"policy_defaults": policy_defaults().to_dict(), "store": store().path,
                     "auth": {"enabled": users is not None,
                              "users": [{"name": u.name, "role": u.role} for u in (users.users if users else [])]},
                     "worker": None if worker is None else {"interval_s": worker.config.interval_s,

@@ -42,9 +42,9 @@ def check_flags(host: str, auth_file: str | None) -> Users | None:
         raise ServeError(str(e)) from None
 
 
-def serve(a, build_worker, stop_worker) -> int:
+def serve(a, build_worker, stop_worker, policy_defaults=None) -> int:
     """`a`: the parsed flags (serve's own plus the worker's); build_worker(a) / stop_worker(worker) come from the CLI
-    so the worker is assembled in one place."""
+    so the worker is assembled in one place; `policy_defaults`: a Policy new rollouts start from."""
     users = check_flags(a.host, a.auth_file)
     if users is None:
         log.warning("auth is OFF (no --auth-file): serving on loopback %s only; every request acts as an admin",
@@ -53,7 +53,8 @@ def serve(a, build_worker, stop_worker) -> int:
     store = worker.store if worker is not None else a.store
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker,
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
-                      "SESSION_COOKIE_SECURE": bool(a.secure_cookies)})
+                      "SESSION_COOKIE_SECURE": bool(a.secure_cookies),
+                      "POLICY_DEFAULTS": policy_defaults.to_dict() if policy_defaults is not None else None})
     kw = {}
     if a.trusted_proxy:   # X-Forwarded-Proto from this proxy makes the request (and so the cookie) https
         kw = dict(trusted_proxy=a.trusted_proxy, trusted_proxy_headers={"x-forwarded-proto", "x-forwarded-for"},

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
-from control_plane.analysis import Policy
 from control_plane.web import catalog
-from control_plane.web.api import detail, router_of, spec_or_none, store
+from control_plane.web.api import detail, policy_defaults, router_of, spec_or_none, store
 from control_plane.web.auth import current_user, require
 
 bp = Blueprint("ui", __name__)
@@ -22,7 +21,7 @@ def rollouts():
 @require("viewer")
 def new_rollout():
     return render_template("new.html", kernels=catalog.kernel_catalog(), services=_services(),
-                           defaults=Policy().to_dict(), can_start=current_user().can("operator"))
+                           defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"))
 
 
 @bp.get("/rollouts/<rollout_id>")

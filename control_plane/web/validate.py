@@ -38,9 +38,10 @@ def create_body(body: Any) -> dict:
     return dict(body)
 
 
-def policy(d: Mapping | None) -> Policy:
+def policy(d: Mapping | None, defaults: Mapping | None = None) -> Policy:
+    """The body's policy fields over the service's defaults (`serve --policy-defaults`; Policy() without)."""
     try:
-        return Policy.from_dict(d or {})
+        return Policy.from_dict({**(defaults or {}), **(d or {})})
     except _BAD as e:
         raise ValidationError(f"policy: {e}", field=_policy_field(dict(d or {}))) from None
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from control_plane.app import create_app
 from control_plane.rollout import Phase
 
 from .conftest import NAMES, auth, drive, new_rollout, snapshot
@@ -310,3 +311,15 @@ def test_list_summaries_are_list_without_the_step_data(store):
     assert full[1].data and not light[1].data
     assert [replace(r, data={}) for r in full] == light
     assert store.list_summaries(service="embed", limit=1, offset=0)[0].service == "embed"
+
+
+def test_new_rollouts_start_from_the_service_policy_defaults(store, users):
+    app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users,
+                      "POLICY_DEFAULTS": {"steps": [1, 2, 100], "check_interval_s": 7}})
+    c = app.test_client()
+    r = c.post("/api/v1/rollouts", json={"service": "chat", "kernels": "torch"}, headers=auth("operator"))
+    assert r.get_json()["steps"] == [1, 2, 100] and r.get_json()["policy"]["check_interval_s"] == 7
+    r = c.post("/api/v1/rollouts", json={"service": "embed", "kernels": "torch", "policy": {"steps": [5, 100]}},
+               headers=auth("operator"))
+    assert r.get_json()["steps"] == [5, 100] and r.get_json()["policy"]["check_interval_s"] == 7
+    assert c.get("/api/v1/config", headers=auth("admin")).get_json()["policy_defaults"]["steps"] == [1, 2, 100]

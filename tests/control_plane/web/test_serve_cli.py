@@ -55,7 +55,8 @@ def test_serve_refuses_a_bad_auth_file(tmp_path, capsys):
 
 
 def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, capsys):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SITS_POLICY_DEFAULTS": str(tmp_path / "policy.yaml")}
+    (tmp_path / "policy.yaml").write_text("steps: [3, 30, 100]\ncheck_interval_s: 15\n")   # as the Helm chart mounts it
     proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
                              _auth_file(tmp_path), "--store", str(tmp_path / "s.db"), "--no-worker"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -73,6 +74,8 @@ def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, ca
         out = run(["start", "--service", "chat", "--kernels", "triton-v1.1"], "operator")
         assert out.returncode == 0, out.stderr
         rid = re.search(r"rollout (\S+) created", out.stdout).group(1)
+        got = httpx.get(f"{url}/api/v1/rollouts/{rid}", headers={"Authorization": f"Bearer {TOKENS['viewer']}"}).json()
+        assert got["steps"] == [3, 30, 100] and got["policy"]["check_interval_s"] == 15
         listed = run(["list"], "viewer")
         assert rid in listed.stdout and "pending" in listed.stdout
         denied = run(["abort", rid], "viewer")
