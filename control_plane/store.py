@@ -318,11 +318,20 @@ class Store:
     def list_summaries(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None,
                        limit: int = 1000, offset: int = 0) -> list[Rollout]:
         """list() without each rollout's step data (`data` empty: SQLite drops it before Python parses the state),
-        for listings: several times faster with big rollouts."""
+        for listings. The page is chosen on (created_at, id) alone, so only its rows' states are read."""
         where, args = self._where(active, service, phase)
-        rows = self._rows(f"SELECT json_remove(state, '$.data') AS state, version FROM rollouts{where} "
-                          "ORDER BY created_at DESC, id LIMIT ? OFFSET ?", [*args, int(limit), int(offset)])
+        rows = self._rows("SELECT json_remove(state, '$.data') AS state, version FROM rollouts WHERE id IN "
+                          f"(SELECT id FROM rollouts{where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?) "
+                          "ORDER BY created_at DESC, id", [*args, int(limit), int(offset)])
         return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
+
+    def rollout_index(self) -> list[dict]:
+        """id, service, phase, active, weight, created_at, phase_since of every rollout, newest first, without
+        parsing any state in Python (for /metrics)."""
+        rows = self._rows("SELECT id, service, phase, active, json_extract(state, '$.weight') AS weight, created_at, "
+                          "json_extract(state, '$.phase_since') AS phase_since FROM rollouts "
+                          "ORDER BY created_at DESC, id")
+        return [dict(r) for r in rows]
 
     def check_outcome_counts(self) -> dict[tuple[str, str], int]:
         """(service, outcome) -> checks stored."""

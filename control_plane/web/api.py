@@ -121,7 +121,9 @@ def get_rollout(rollout_id: str):
 @require("viewer")
 def rollout_checks(rollout_id: str):
     store().get(rollout_id)   # 404 for an unknown rollout
-    since, limit = int_arg("since_seq", 0), int_arg("limit", 1000, 1, 5000)
+    since, limit, last = int_arg("since_seq", 0), int_arg("limit", 1000, 1, 5000), int_arg("last", 0, 0, 5000)
+    if last:   # the newest `last` checks (the UI's first load)
+        since = max(since, store().get(rollout_id).checks - last)
     checks = store().checks(rollout_id, since_seq=since, limit=limit)
     if request.args.get("view") == "compact":
         checks = [present.check_compact(c) for c in checks]

@@ -24,13 +24,14 @@ class StoreCollector(Collector):
                                   labels=["service", "rollout", "phase"])
         weight = GaugeMetricFamily("sits_canary_weight_percent", "Traffic share of the canary, percent.",
                                    labels=["service", "rollout"])
-        shown: dict[str, object] = {}
-        for r in self.store.list_summaries(limit=10000):   # newest first: the first per service is its latest
-            if r.active or r.service not in shown:
-                shown.setdefault(r.service, r)
+        rows = self.store.rollout_index()   # newest first: the first row of a service is its latest rollout
+        seen: set[str] = set()
+        for r in rows:
+            if r["active"] or r["service"] not in seen:
+                seen.add(r["service"])
                 for p in Phase:
-                    phase.add_metric([r.service, r.id, p.value], 1.0 if r.phase is p else 0.0)
-                weight.add_metric([r.service, r.id], float(r.weight if r.active else 0))
+                    phase.add_metric([r["service"], r["id"], p.value], 1.0 if r["phase"] == p.value else 0.0)
+                weight.add_metric([r["service"], r["id"]], float(r["weight"] or 0) if r["active"] else 0.0)
         yield phase
         yield weight
         checks = CounterMetricFamily("sits_rollout_checks", "Checks stored, by service and verdict outcome.",
@@ -43,14 +44,15 @@ class StoreCollector(Collector):
         for (service, reason), n in sorted(self.store.rollback_reasons().items()):
             rollbacks.add_metric([service, reason], float(n))
         yield rollbacks
-        yield self._durations()
+        yield self._durations(rows)
 
-    def _durations(self):
+    def _durations(self, rows: list[dict]):
         h = HistogramMetricFamily("sits_rollout_duration_seconds", "From creation to the final phase, by outcome.",
                                   labels=["outcome"])
         by: dict[str, list[float]] = {}
-        for r in self.store.list_summaries(active=False, limit=100000):
-            by.setdefault(r.phase.value, []).append(max(0.0, r.phase_since - r.created_at))
+        for r in rows:
+            if not r["active"]:
+                by.setdefault(r["phase"], []).append(max(0.0, float(r["phase_since"]) - r["created_at"]))
         for outcome, xs in sorted(by.items()):
             buckets = [(str(float(b)), float(sum(1 for x in xs if x <= b))) for b in DURATION_BUCKETS]
             buckets.append(("+Inf", float(len(xs))))

@@ -85,6 +85,8 @@ def test_checks_carry_full_evidence_and_compact_view_drops_buckets(client, store
     compact = client.get(f"/api/v1/rollouts/{ro.id}/checks?view=compact", headers=auth("viewer")).get_json()
     c0 = compact["checks"][0]
     assert "histograms" not in json.dumps(c0) and c0["variants"]["canary"]["requests"] > 0
+    newest = client.get(f"/api/v1/rollouts/{ro.id}/checks?last=2", headers=auth("viewer")).get_json()["checks"]
+    assert [c["seq"] for c in newest] == [c["seq"] for c in full[-2:]]
     one = client.get(f"/api/v1/rollouts/{ro.id}/checks/1", headers=auth("viewer")).get_json()
     assert one == full[0]
 

@@ -12,8 +12,8 @@
   let S = null, charts = {}, lastSeq = 0, lastEvent = 0, lastCheckRow = 0, showAll = false;
   $("more-checks").addEventListener("click", () => {
     showAll = true;
-    document.querySelectorAll("#checks tbody tr").forEach((tr) => { tr.hidden = false; });
     $("more-checks").hidden = true;
+    loadChecks(true);
   });
 
   // ---- header ------------------------------------------------------------------------------------------------------
@@ -189,15 +189,24 @@
     });
     return tr;
   }
-  async function loadChecks() {
-    const res = await api(`/rollouts/${encodeURIComponent(id)}/checks?view=compact&since_seq=${lastCheckRow}`);
+  let loadingChecks = false;
+  async function loadChecks(all = false) {
+    if (loadingChecks) return;
+    loadingChecks = true;
+    try { await fetchChecks(all); } finally { loadingChecks = false; }
+  }
+  async function fetchChecks(all) {
+    // first load: the newest 10 (what the table shows); "Show all" fetches the older ones
+    const q = all ? "since_seq=0" : lastCheckRow ? `since_seq=${lastCheckRow}` : "last=10";
+    const res = await api(`/rollouts/${encodeURIComponent(id)}/checks?view=compact&${q}`);
     if (!res.ok) return;
     const body = document.querySelector("#checks tbody");
+    if (all) body.replaceChildren();
     for (const c of res.data.checks) { body.prepend(checkRow(c)); lastCheckRow = Math.max(lastCheckRow, c.seq); }
     const rows = [...body.querySelectorAll("tr:not(.evidence)")];
     rows.forEach((tr, i) => { tr.hidden = !showAll && i >= 10; });
-    $("more-checks").hidden = showAll || rows.length <= 10;
-    $("more-checks").textContent = `Show all ${rows.length} checks`;
+    $("more-checks").hidden = showAll || R.checks <= 10;
+    $("more-checks").textContent = `Show all ${R.checks} checks`;
     $("no-checks").hidden = lastCheckRow > 0;
     document.getElementById("checks").hidden = lastCheckRow === 0;
   }
