@@ -135,3 +135,20 @@ def test_progress_line_shows_step_weight_delta_interval_and_verdict():
                         "delta": 0.031, "ci": [-0.02, 0.08], "threshold": 0.1, "kind": "rel", "need_more": 640}}
     assert progress_line(r) == ("progressing · step 2/3 at 25 % · check 7: inconclusive -> hold · p99 request "
                                 "latency +3.1 % [-2.0 %, +8.0 %] <= +10.0 % (needs about 640 more requests)")
+
+
+def test_start_wait_follows_the_store_when_no_url_is_given(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SITS_URL", raising=False)
+    db = str(tmp_path / "s.db")
+    (tmp_path / "policy.json").write_text(json.dumps(FAST.to_dict()))
+    store = Store(db)
+    worker = Worker(store, InMemoryDeployer(), CannedSource(rate=1000.0, scale={"slow": 2.0}),
+                    config=WorkerConfig(interval_s=0.05, lease_ttl_s=5)).start()
+    try:
+        code = main(["rollout", "start", "--service", "slow", "--kernels", "triton-v1.1", "--production-kernels",
+                     "triton-v1", "--policy", str(tmp_path / "policy.json"), "--store", db, "--wait"])
+    finally:
+        worker.stop()
+        store.close()
+    out = capsys.readouterr().out
+    assert code == 1 and "rolled back" in out.splitlines()[-1] and "check " in out

@@ -75,7 +75,8 @@ const SITS = (() => {
     if (!c) return el("span", { class: "muted" }, "no checks yet");
     const v = c.outcome;
     if (c.delta === undefined) {
-      return el("span", { class: `lastcheck verdict-${v}` }, `${mark[v] || ""} ${v}`);
+      return el("span", { class: "lastcheck", title: c.reason }, el("span", { class: `verdict-${v}` }, `${mark[v] || ""} ${v}`),
+        c.need_more ? el("span", { class: "muted" }, ` · needs about ${c.need_more} more requests`) : null);
     }
     const f = c.kind === "abs" ? pt : pct;
     const ci = c.ci && c.ci[0] !== null ? ` [${f(c.ci[0]).replace(" %", "").replace(" pt", "")}, ${f(c.ci[1]).replace(" %", "").replace(" pt", "")}]` : "";
