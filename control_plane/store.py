@@ -325,6 +325,14 @@ class Store:
                           "ORDER BY created_at DESC, id", [*args, int(limit), int(offset)])
         return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
 
+    def checks_without_buckets(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
+        """checks() without the variants' bucket counts (SQLite drops them before Python parses the evidence): the
+        verdict with every result, requests/errors/readiness per variant."""
+        drop = ", ".join(f"'$.variants.{role}.histograms'" for role in ("production", "baseline", "canary"))
+        rows = self._rows(f"SELECT json_remove(evidence, {drop}) AS evidence FROM checks WHERE rollout_id = ? "
+                          "AND seq > ? ORDER BY seq LIMIT ?", (rollout_id, since_seq, limit))
+        return [json.loads(r["evidence"]) for r in rows]
+
     def rollout_index(self) -> list[dict]:
         """id, service, phase, active, weight, created_at, phase_since of every rollout, newest first, without
         parsing any state in Python (for /metrics)."""

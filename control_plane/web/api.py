@@ -124,9 +124,11 @@ def rollout_checks(rollout_id: str):
     since, limit, last = int_arg("since_seq", 0), int_arg("limit", 1000, 1, 5000), int_arg("last", 0, 0, 5000)
     if last:   # the newest `last` checks (the UI's first load)
         since = max(since, store().get(rollout_id).checks - last)
-    checks = store().checks(rollout_id, since_seq=since, limit=limit)
     if request.args.get("view") == "compact":
-        checks = [present.check_compact(c) for c in checks]
+        checks = [present.check_compact(c) for c in store().checks_without_buckets(rollout_id, since_seq=since,
+                                                                                    limit=limit)]
+    else:
+        checks = store().checks(rollout_id, since_seq=since, limit=limit)
     return jsonify({"checks": clean(checks)})
 
 

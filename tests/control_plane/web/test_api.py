@@ -325,3 +325,13 @@ def test_new_rollouts_start_from_the_service_policy_defaults(store, users):
                headers=auth("operator"))
     assert r.get_json()["steps"] == [5, 100] and r.get_json()["policy"]["check_interval_s"] == 7
     assert c.get("/api/v1/config", headers=auth("admin")).get_json()["policy_defaults"]["steps"] == [1, 2, 100]
+
+
+def test_checks_without_buckets_are_checks_minus_the_histograms(store):
+    ro = new_rollout(store)
+    drive(store, ro.id, 8)
+    full, light = store.checks(ro.id), store.checks_without_buckets(ro.id)
+    for c in full:
+        for v in c["variants"].values():
+            del v["histograms"]
+    assert full == light and light
