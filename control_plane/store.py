@@ -334,17 +334,27 @@ class Store:
         return [json.loads(r["evidence"]) for r in rows]
 
     def rollout_index(self) -> list[dict]:
-        """id, service, phase, active, weight, created_at, phase_since of every rollout, newest first, without
-        parsing any state in Python (for /metrics)."""
-        rows = self._rows("SELECT id, service, phase, active, json_extract(state, '$.weight') AS weight, created_at, "
-                          "json_extract(state, '$.phase_since') AS phase_since FROM rollouts "
-                          "ORDER BY created_at DESC, id")
-        return [dict(r) for r in rows]
+        """id, service, phase, active, created_at of every rollout, newest first (no state read: for /metrics)."""
+        return [dict(r) for r in self._rows("SELECT id, service, phase, active, created_at FROM rollouts "
+                                            "ORDER BY created_at DESC, id")]
+
+    def progress(self, ids: Sequence[str]) -> dict[str, tuple[int, float]]:
+        """id -> (weight, phase_since) of these rollouts, read by SQLite from their states."""
+        out: dict[str, tuple[int, float]] = {}
+        ids = list(ids)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            rows = self._rows("SELECT id, json_extract(state, '$.weight') AS weight, json_extract(state, "
+                              f"'$.phase_since') AS since FROM rollouts WHERE id IN ({', '.join('?' * len(chunk))})",
+                              chunk)
+            out.update({r["id"]: (int(r["weight"] or 0), float(r["since"] or 0.0)) for r in rows})
+        return out
 
     def check_outcome_counts(self) -> dict[tuple[str, str], int]:
         """(service, outcome) -> checks stored."""
-        rows = self._rows("SELECT r.service, c.outcome, COUNT(*) AS n FROM checks c JOIN rollouts r ON r.id = "
-                          "c.rollout_id GROUP BY r.service, c.outcome")
+        rows = self._rows("SELECT r.service, c.outcome, SUM(c.n) AS n FROM (SELECT rollout_id, outcome, COUNT(*) AS n "
+                          "FROM checks GROUP BY rollout_id, outcome) c JOIN rollouts r ON r.id = c.rollout_id "
+                          "GROUP BY r.service, c.outcome")
         return {(r["service"], r["outcome"]): r["n"] for r in rows}
 
     def rollback_reasons(self) -> dict[tuple[str, str], int]:

@@ -9,7 +9,8 @@ tables in the same file when they ran (rollout_specs, commands with a `by` colum
 Version 2: one owner (control_plane/store.py) for every table; events.actor (and kind "metrics" for metrics-source
 errors, "window" before); commands.actor (was `by`); deliveries.rollout_id (was only inside the body); leases.
 Version 3: indexes for listing rollouts newest first (all, per service, per phase): without them every listing
-reads each row's large state to reach created_at (51 ms for the 50 newest of 1,000 rollouts, bench/api_latency.py).
+reads each row's large state to reach created_at (51 ms for the 50 newest of 1,000 rollouts, bench/api_latency.py);
+checks(rollout_id, outcome), so counting checks by outcome does not read 100,000 evidence rows.
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def _v2_to_v3(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX rollouts_newest ON rollouts(created_at DESC, id)")
     db.execute("CREATE INDEX rollouts_service_newest ON rollouts(service, created_at DESC, id)")
     db.execute("CREATE INDEX rollouts_phase_newest ON rollouts(phase, created_at DESC, id)")
+    db.execute("CREATE INDEX checks_outcome ON checks(rollout_id, outcome)")   # /metrics counts without the evidence
 
 
 # MIGRATIONS[v] takes a file from version v to v + 1

@@ -132,5 +132,8 @@ def test_listings_newest_first_use_an_index(tmp_path):
             plan = " ".join(r[-1] for r in db.execute(f"EXPLAIN QUERY PLAN SELECT id FROM rollouts{where} "
                                                         "ORDER BY created_at DESC, id LIMIT 50"))
             assert "USING" in plan and "INDEX" in plan and "TEMP B-TREE" not in plan, (where, plan)
+        plan = " ".join(r[-1] for r in db.execute("EXPLAIN QUERY PLAN SELECT rollout_id, outcome, COUNT(*) FROM "
+                                                   "checks GROUP BY rollout_id, outcome"))
+        assert "COVERING INDEX checks_outcome" in plan, plan
     finally:
         db.close()
