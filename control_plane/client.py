@@ -20,7 +20,7 @@ class ApiError(SitsError):
     """The API answered with an error (status, code, message, field) or could not be reached."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(f"{message}" + (f" (field {field})" if field else "") + (f" [HTTP {status}]" if status else ""))
+        super().__init__(message + (f" (field {field})" if field else "") + (f" [HTTP {status}]" if status else ""))
         self.status, self.code, self.message, self.field = status, code, message, field
 
 
@@ -80,7 +80,7 @@ class ApiClient:
         return self._call("POST", f"/rollouts/{rollout_id}/{command}", json={})
 
 
-# ---- progress of a rollout until it ends (store or API) ---------------------------------------------------------------
+# ---- progress of a rollout until it ends (store or API) -------------------------------------------------------------
 def _pct(x, kind: str = "rel") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -88,9 +88,11 @@ def _pct(x, kind: str = "rel") -> str:
 
 
 def progress_line(r: dict) -> str:
-    """'progressing · step 2/5 at 10 % · check 4: p99 request latency +3.1 % [-2.0 %, +8.0 %] <= +10 % pass -> advance'"""
+    """'progressing · step 2/5 at 10 % · check 4: pass -> advance · p99 request latency +3.1 % [-2.0 %, +8.0 %] <=
+    +10.0 %'"""
     steps = r.get("steps") or []
-    step = f"step {r['step'] + 1}/{len(steps)} at {r['weight']} %" if r.get("step", -1) >= 0 else "before the first step"
+    step = (f"step {r['step'] + 1}/{len(steps)} at {r['weight']} %" if r.get("step", -1) >= 0
+            else "before the first step")
     line = f"{r['phase']} · {step}"
     c = r.get("last_check")
     if c:

@@ -63,9 +63,12 @@ def openapi_spec() -> dict:
             "parameters": [RID, _param("seq", "path", {"type": "integer"})],
             "responses": {"200": _resp("the check", {"type": "object"}), **read}}},
         "/rollouts/{rollout_id}/events": {"get": {
-            "summary": "Events (who did what, when)", "parameters": [RID, _param("since_id", schema={"type": "integer"})],
-            "responses": {"200": _resp("events", {"type": "object", "properties": {"events": {"type": "array", "items": {
-                "$ref": "#/components/schemas/Event"}}}}), **read}}},
+            "summary": "Events (who did what, when), the deployer's actions and the webhook deliveries",
+            "parameters": [RID, _param("since_id", schema={"type": "integer"})],
+            "responses": {"200": _resp("events", {"type": "object", "properties": {
+                "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
+                "actions": {"type": "array", "items": {"type": "object"}},
+                "notifications": {"type": "array", "items": {"type": "object"}}}}), **read}}},
         "/rollouts/{rollout_id}/series": {"get": {
             "summary": "Chart data: P50/P90/P99 per variant and metric per check, deltas with intervals (columnar)",
             "parameters": [RID, _param("since_seq", schema={"type": "integer"})],

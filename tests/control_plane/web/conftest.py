@@ -84,5 +84,6 @@ def snapshot(store: Store) -> dict:
     """Everything a rejected request must leave unchanged."""
     rs = store.list(limit=100000)
     return {"rollouts": [(r.id, r.phase, r.version) for r in rs], "count": store.count(),
-            "events": {r.id: store.events(r.id) for r in rs}, "commands": {r.id: store.pending_commands(r.id) for r in rs},
+            "events": {r.id: store.events(r.id) for r in rs},
+            "commands": {r.id: store.pending_commands(r.id) for r in rs},
             "checks": {r.id: store.check_summaries(r.id) for r in rs}}

@@ -260,7 +260,8 @@ def test_config_is_admin_only_and_holds_no_secrets(client):
     assert r.status_code == 200
     cfg = r.get_json()
     assert cfg["policy_defaults"]["steps"] == [5, 10, 25, 50, 100] and cfg["auth"]["enabled"] is True
-    assert {u["name"]: u["role"] for u in cfg["auth"]["users"]} == {"vera": "viewer", "otto": "operator", "ada": "admin"}
+    roles = {u["name"]: u["role"] for u in cfg["auth"]["users"]}
+    assert roles == {"vera": "viewer", "otto": "operator", "ada": "admin"}
     text = r.get_data(as_text=True)
     assert "token_sha256" not in text and "token-0123456789" not in text
 

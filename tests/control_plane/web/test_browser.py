@@ -38,7 +38,8 @@ def service(tmp_path):
     auth = tmp_path / "users.json"
     auth.write_text(f'{{"users": [{{"name": "otto", "role": "operator", "token_sha256": "{token_sha256(TOKEN)}"}}]}}')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file", str(auth),
+    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+                             str(auth),
                              "--store", str(tmp_path / "sits.db"), "--interval", "0.5", "--workdir",
                              str(tmp_path / "variants"), "--cpu-threads", "1"],
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "serve.log", "w"), text=True, env=env)
