@@ -4,6 +4,8 @@
     sits-control worker --store sits.db                 # run the control loop (local deployer + direct scrape)
     sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--args --seed 7]
     sits-control rollout list | show ID | promote ID | abort ID | pause ID | resume ID
+    sits-control serve --port 8080 --auth-file users.yaml   # the web UI + JSON API, with the worker beside it
+    SITS_URL=http://host:8080 SITS_TOKEN=... sits-control rollout start ... --wait   # the same over the API
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Sequence
 import yaml
 from prometheus_client import start_http_server
 
+from control_plane import client
 from control_plane import format as fmt
 from control_plane import service
 from control_plane.adapters.deploy import DeployError
@@ -37,6 +40,8 @@ from control_plane.rollout import Command
 from control_plane.spec import DeploySpec
 from control_plane.redact import redact
 from control_plane.store import Store, StoreError, rollout_to_dict
+from control_plane.web import present
+from control_plane.web.serve import ServeError, serve
 from control_plane.worker import Worker, WorkerConfig
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
@@ -113,24 +118,44 @@ def _secret(env: str, file: str | None) -> str | None:
 
 # ---- commands ---------------------------------------------------------------------------------------------------
 def cmd_rollout_start(a) -> int:
+    policy = _load_policy(a.policy)
+    if a.url:
+        body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
+                "policy": policy.to_dict() if a.policy else None, "args": a.args, "production_args": a.production_args,
+                "production_kernels": a.production_kernels}
+        return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
     spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
                       canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
                       gpus=a.gpus)
-    policy = _load_policy(a.policy)
     with _open_store(a.store, must_exist=False) as store:
-        r = service.start_rollout(store, a.service, a.kernels, a.production_kernels, policy, spec, actor=a.by)
-    print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
-          f"{r.production_kernels}; a running `sits-control worker --store {a.store}` takes it from here")
+        r = service.start_rollout(store, a.service, a.kernels, a.production_kernels or "torch", policy, spec,
+                                  actor=a.by)
+        print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
+              f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
+              "from here", flush=True)
+        if a.wait:
+            return client.wait(lambda: _summary(store, r.id))
     return 0
 
 
+def _summary(store: Store, rollout_id: str) -> dict:
+    """What `--wait` follows, read from the store: the API's rollout summary."""
+    r = store.get(rollout_id)
+    last = present.headline(store.check(r.id, r.checks)) if r.checks else None
+    return present.rollout_summary(r, last, service.allowed_commands(r))
+
+
 def cmd_rollout_list(a) -> int:
+    if a.url:
+        return client.remote_list(a)
     with _open_store(a.store, readonly=True) as store:
         print("\n".join(fmt.rollout_table(store.list(active=True if a.active else None))))
     return 0
 
 
 def cmd_rollout_show(a) -> int:
+    if a.url:
+        return client.remote_show(a)
     with _open_store(a.store, readonly=True) as store:   # what was stored before redaction existed is masked here
         if a.json:
             r = store.get(a.id)
@@ -143,6 +168,8 @@ def cmd_rollout_show(a) -> int:
 
 
 def cmd_rollout_command(a) -> int:
+    if a.url:
+        return client.remote_command(a)
     with _open_store(a.store) as store:
         service.send_command(store, a.id, a.command, a.by)
         r = store.get(a.id)
@@ -198,6 +225,17 @@ def cmd_worker(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    def stop_worker(worker: Worker) -> None:
+        shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
+        worker.store.close()
+    defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
+    try:
+        return serve(a, build_worker, stop_worker, defaults)
+    except ServeError as e:
+        raise CLIError(str(e)) from None
+
+
 def cmd_demo(a) -> int:
     try:
         cfg = DemoConfig(workdir=a.workdir, rate=a.rate, slow_ms=a.slow_ms, kernels=a.kernels, metrics=a.metrics)
@@ -216,23 +254,8 @@ def cmd_demo(a) -> int:
         return 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sits-control", allow_abbrev=False, description="SITS control plane: gray releases of kernel sets.")
-    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
-                   help="default: info for `worker`, warning otherwise")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    d = sub.add_parser("demo", help="run two real rollouts locally (CPU, tiny model): one rolls back, one is promoted")
-    d.add_argument("--workdir", default=None, help="where the store and variant logs go (default: a new temp dir)")
-    d.add_argument("--rate", type=float, default=40.0, help="load through the router, requests/s")
-    d.add_argument("--slow-ms", type=float, default=250.0, help="latency injected into the bad canary (ms)")
-    d.add_argument("--kernels", default="torch", help="kernel set of every variant (a CPU-capable one)")
-    d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
-                   help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
-    d.set_defaults(fn=cmd_demo)
-
-    # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`
-    w = sub.add_parser("worker", help="run the control loop", allow_abbrev=False)
+def _worker_args(w: argparse.ArgumentParser) -> None:
+    """The worker's flags: `sits-control worker` and `serve` build it the same way (build_worker)."""
     w.add_argument("--store", default=DEFAULT_STORE)
     w.add_argument("--interval", type=float, default=5.0, help="seconds between passes over the rollouts")
     w.add_argument("--deployer", choices=["local", "kubernetes"], default="local")
@@ -255,16 +278,54 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local deployer: engines on this machine at once (default: 2 per core, 1 per GiB free)")
     w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
     w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sits-control", allow_abbrev=False, description="SITS control plane: gray releases of kernel sets.")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                   help="default: info for `worker`, warning otherwise")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="run two real rollouts locally (CPU, tiny model): one rolls back, one is promoted")
+    d.add_argument("--workdir", default=None, help="where the store and variant logs go (default: a new temp dir)")
+    d.add_argument("--rate", type=float, default=40.0, help="load through the router, requests/s")
+    d.add_argument("--slow-ms", type=float, default=250.0, help="latency injected into the bad canary (ms)")
+    d.add_argument("--kernels", default="torch", help="kernel set of every variant (a CPU-capable one)")
+    d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
+                   help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
+    d.set_defaults(fn=cmd_demo)
+
+    # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`
+    w = sub.add_parser("worker", help="run the control loop", allow_abbrev=False)
+    _worker_args(w)
     w.add_argument("--metrics-port", type=_count, default=None, help="serve the worker's own /metrics on this port")
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.set_defaults(fn=cmd_worker)
+
+    v = sub.add_parser("serve", help="the web UI and JSON API (waitress), with the worker beside it",
+                       allow_abbrev=False)
+    v.add_argument("--host", default="127.0.0.1", help="a non-loopback address needs --auth-file")
+    v.add_argument("--port", type=int, default=8080)
+    v.add_argument("--auth-file", default=os.environ.get("SITS_AUTH_FILE"),
+                   help="users and roles with token hashes (JSON or YAML; docs/web.md); without it auth is off "
+                        "and only loopback is served")
+    v.add_argument("--no-worker", action="store_true", help="serve the API and UI alone (a worker runs elsewhere)")
+    v.add_argument("--threads", type=int, default=8, help="waitress request threads")
+    v.add_argument("--trusted-proxy", default=None,
+                   help="address of a TLS-terminating proxy whose X-Forwarded-Proto is believed")
+    v.add_argument("--secure-cookies", action="store_true", help="mark the session cookie Secure (served over TLS)")
+    v.add_argument("--policy-defaults", default=os.environ.get("SITS_POLICY_DEFAULTS") or None,
+                   help="policy file (JSON/YAML, fields of Policy) new rollouts start from (or $SITS_POLICY_DEFAULTS)")
+    _worker_args(v)
+    v.set_defaults(fn=cmd_serve)
 
     r = sub.add_parser("rollout", help="start, list, show and steer rollouts").add_subparsers(dest="rcmd",
                                                                                               required=True)
     s = r.add_parser("start", help="create a rollout of a kernel set (the worker deploys and analyses it)")
     s.add_argument("--service", required=True)
     s.add_argument("--kernels", required=True, help="the canary's kernel set")
-    s.add_argument("--production-kernels", default="torch", help="the kernel set production runs now")
+    s.add_argument("--production-kernels", default=None,
+                   help="the kernel set production runs now (default: torch; over the API, what the service runs)")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
     s.add_argument("--model", default="tiny")
     s.add_argument("--replicas", type=_count, default=1)
@@ -277,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra `sits-engine serve` args of the canary (must come last)")
     s.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
     s.add_argument("--store", default=DEFAULT_STORE)
+    s.add_argument("--wait", action="store_true", help="follow the rollout until it ends (exit 0 succeeded, 1 not)")
     s.set_defaults(fn=cmd_rollout_start)
     ls = r.add_parser("list", help="list rollouts")
     ls.add_argument("--active", action="store_true")
@@ -293,12 +355,15 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
         x.add_argument("--store", default=DEFAULT_STORE)
         x.set_defaults(fn=cmd_rollout_command, command=c.value)
+    for sp in r.choices.values():   # every rollout command also works over the API
+        sp.add_argument("--url", default=os.environ.get("SITS_URL"),
+                        help="the control plane's URL (or $SITS_URL; token from $SITS_TOKEN): use the API, not --store")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    level = a.log_level or ("info" if a.cmd == "worker" else "warning")
+    level = a.log_level or ("info" if a.cmd in ("worker", "serve") else "warning")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3"):   # one line per readiness probe otherwise
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -8,6 +8,9 @@ Version 1 (until 2026-12-01): rollouts, checks, events, actions; the worker and 
 tables in the same file when they ran (rollout_specs, commands with a `by` column, deliveries keyed by a JSON body).
 Version 2: one owner (control_plane/store.py) for every table; events.actor (and kind "metrics" for metrics-source
 errors, "window" before); commands.actor (was `by`); deliveries.rollout_id (was only inside the body); leases.
+Version 3: indexes for listing rollouts newest first (all, per service, per phase): without them every listing
+reads each row's large state to reach created_at (51 ms for the 50 newest of 1,000 rollouts, bench/api_latency.py);
+checks(rollout_id, outcome), so counting checks by outcome does not read 100,000 evidence rows.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import sqlite3
 from typing import Callable
 from urllib.parse import quote
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -68,8 +71,15 @@ def _v1_to_v2(db: sqlite3.Connection) -> None:
                "acquired_at REAL NOT NULL)")
 
 
+def _v2_to_v3(db: sqlite3.Connection) -> None:
+    db.execute("CREATE INDEX rollouts_newest ON rollouts(created_at DESC, id)")
+    db.execute("CREATE INDEX rollouts_service_newest ON rollouts(service, created_at DESC, id)")
+    db.execute("CREATE INDEX rollouts_phase_newest ON rollouts(phase, created_at DESC, id)")
+    db.execute("CREATE INDEX checks_outcome ON checks(rollout_id, outcome)")   # /metrics counts without the evidence
+
+
 # MIGRATIONS[v] takes a file from version v to v + 1
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 class StoreError(Exception):

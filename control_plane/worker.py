@@ -75,6 +75,9 @@ class WorkerMetrics:
         self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
         self.busy = Gauge("sits_control_busy_rollouts", "Rollouts whose pass is still running.",
                           registry=self.registry)
+        self.reconcile = Histogram("sits_reconcile_duration_seconds", "Time of one rollout pass that reconciled "
+                                   "(observe + reconcile + persist + actions).", buckets=_STAGE_BUCKETS,
+                                   registry=self.registry)
 
 
 class LeaseLostError(Exception):
@@ -136,6 +139,11 @@ class Worker:
     def run_once(self, timeout: float | None = None) -> None:
         for t in self.tick():
             t.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """The loop thread runs (what /readyz reports)."""
+        return self._loop is not None and self._loop.is_alive() and not self._stop.is_set()
 
     def start(self) -> "Worker":
         self._stop.clear()
@@ -238,6 +246,7 @@ class Worker:
         t4 = time.perf_counter()
         for stage, dt in (("observe", t1 - t0), ("reconcile", t2 - t1), ("persist", t3 - t2), ("actions", t4 - t3)):
             self.metrics.stage.labels(r.service, stage).observe(dt)
+        self.metrics.reconcile.observe(t4 - t0)
         return saved
 
     def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
