@@ -128,8 +128,8 @@ def cmd_rollout_start(a) -> int:
                       canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
                       gpus=a.gpus)
     with _open_store(a.store, must_exist=False) as store:
-        r = service.start_rollout(store, a.service, a.kernels, a.production_kernels or "torch", policy, spec,
-                                  actor=a.by)
+        production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
+        r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by)
         print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
               f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
               "from here", flush=True)
