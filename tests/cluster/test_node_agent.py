@@ -10,6 +10,7 @@ from kubernetes.client.rest import ApiException
 
 from control_plane.adapters import process
 from tests.cluster.support import container_status, pid_alive, pod, wait_for
+from tests.fixtures.kube_proxy import ServiceLoadBalancer
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_node_registered_ready_with_gpu_capacity(core, node_agent):
     assert [(c.type, c.status) for c in node.status.conditions] == [("Ready", "True")]
 
 
-def test_deployment_becomes_ready_endpoints_list_pod_ips_and_pods_answer(core, apps, agent_namespace):
+def test_deployment_becomes_ready_endpoints_list_pod_ips_and_pods_answer(core, apps, agent_namespace, kube_cluster):
     ns, port = agent_namespace, process.free_port()
     apps.create_namespaced_deployment(ns, engine_deployment("eng", port, replicas=2))
     core.create_namespaced_service(ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "eng"},
@@ -48,11 +49,11 @@ def test_deployment_becomes_ready_endpoints_list_pod_ips_and_pods_answer(core, a
              lambda: (apps.read_namespaced_deployment("eng", ns).status.ready_replicas or 0) == 2, timeout=60)
     pods = core.list_namespaced_pod(ns, label_selector="app=eng").items
     ips = sorted(p.status.pod_ip for p in pods)
-    assert len(set(ips)) == 2 and all(ip.startswith("10.244.") for ip in ips)
+    assert len(set(ips)) == 2 and all(ip.startswith("127.0.1.") for ip in ips)
     assert all(p.spec.node_name == "local-0" and p.status.phase == "Running" for p in pods)
-    # the real endpoints controller turned the Ready pods into the Service's endpoints
-    eps = wait_for("Endpoints eng", lambda: core.read_namespaced_endpoints("eng", ns).subsets)
-    assert sorted(a.ip for a in eps[0].addresses) == ips and eps[0].ports[0].port == port
+    # the real EndpointSlice controller turned the Ready pods into the Service's endpoints
+    lb = ServiceLoadBalancer(kube_cluster.api_client(), ns, "eng")
+    assert wait_for("EndpointSlice eng", lambda: lb.endpoints() == [(ip, port) for ip in ips] and lb.endpoints())
     for ip in ips:  # both pods bound 0.0.0.0:port, each got its own address
         body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
         req = urllib.request.Request(f"http://{ip}:{port}/v1/completions", data=body,
