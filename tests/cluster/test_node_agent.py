@@ -166,3 +166,59 @@ def _gone(core, ns, name) -> bool:
     except ApiException as e:
         return e.status == 404
     return False
+
+
+def test_probes_gate_readiness_and_restart_on_liveness_failure(core, agent_namespace, kube_cluster, tmp_path):
+    ns, port = agent_namespace, process.free_port()
+    (tmp_path / "ready").touch()
+    (tmp_path / "alive").touch()
+    body = pod("probed", [sys.executable, "-m", "http.server", "--bind", "0.0.0.0", str(port)],
+               volumes=[{"name": "out", "hostPath": {"path": str(tmp_path)}}],
+               mounts=[{"name": "out", "mountPath": "/probe"}],
+               ports=[{"name": "web", "containerPort": port}],
+               startupProbe={"tcpSocket": {"port": "web"}, "periodSeconds": 1, "failureThreshold": 30},
+               readinessProbe={"exec": {"command": ["test", "-f", "/probe/ready"]}, "periodSeconds": 1},
+               livenessProbe={"exec": {"command": ["test", "-f", "/probe/alive"]}, "periodSeconds": 1,
+                              "failureThreshold": 2})
+    core.create_namespaced_pod(ns, body)
+    core.create_namespaced_service(ns, {"metadata": {"name": "probed"}, "spec": {
+        "selector": {"app": "probed"}, "ports": [{"port": 80, "targetPort": "web"}]}})
+    lb = ServiceLoadBalancer(kube_cluster.api_client(), ns, "probed", refresh_s=0)
+    ip = wait_for("ready endpoint", lambda: lb.endpoints() and lb.endpoints()[0][0])
+    _, status, _ = lb.request("/")
+    assert status == 200 and container_status(core, ns, "probed")["ready"]
+    (tmp_path / "ready").unlink()   # the exec readiness probe fails: NotReady, out of the Service
+    wait_for("not ready", lambda: not container_status(core, ns, "probed")["ready"] and not lb.endpoints())
+    assert container_status(core, ns, "probed")["restartCount"] == 0   # readiness never restarts
+    (tmp_path / "ready").touch()
+    assert wait_for("ready again", lambda: lb.endpoints()) == [(ip, port)]
+    (tmp_path / "alive").unlink()   # liveness fails twice: the container is killed (SIGTERM) and restarted
+    st = wait_for("restarted", lambda: (s := container_status(core, ns, "probed"))["restartCount"] >= 1 and s)
+    assert st["lastState"]["terminated"]["exitCode"] == 143 and st["lastState"]["terminated"]["signal"] == 15
+    (tmp_path / "alive").touch()
+    wait_for("ready after the restart", lambda: container_status(core, ns, "probed")["ready"] and lb.endpoints())
+
+
+def test_projected_service_account_token_from_the_token_request_api(core, agent_namespace, kube_cluster, tmp_path):
+    ns = agent_namespace
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "ca"}, "data": {"ca.crt": "CA"}})
+    vol = {"name": "kube-api", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}
+    script = ("import pathlib, shutil; shutil.copytree('/var/run/secrets/kubernetes.io/serviceaccount', "
+              "'/out/sa', dirs_exist_ok=True)")
+    body = pod("projected", [sys.executable, "-c", script],
+               volumes=[vol, {"name": "out", "hostPath": {"path": str(tmp_path)}}],
+               mounts=[{"name": "kube-api", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                        "readOnly": True}, {"name": "out", "mountPath": "/out"}])
+    body["spec"].update(restartPolicy="Never", automountServiceAccountToken=False)
+    core.create_namespaced_pod(ns, body)
+    wait_for("pod Succeeded", lambda: core.read_namespaced_pod("projected", ns).status.phase == "Succeeded")
+    sa = tmp_path / "sa"
+    assert sorted(p.name for p in sa.iterdir()) == ["ca.crt", "namespace", "token"]
+    assert (sa / "ca.crt").read_text() == "CA" and (sa / "namespace").read_text() == ns
+    token = (sa / "token").read_text()
+    with pytest.raises(ApiException) as e:   # a bound token of the default ServiceAccount: authenticated, no grants
+        client.CoreV1Api(kube_cluster.api_client(token)).list_namespaced_secret(ns)
+    assert e.value.status == 403 and f"system:serviceaccount:{ns}:default" in e.value.body
