@@ -4,6 +4,7 @@ Service's ready endpoints as kube-proxy would, a real Prometheus scrapes the pod
 the deployer runs in-cluster on a mounted ServiceAccount token under a namespace-scoped Role."""
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -39,19 +40,23 @@ def core(kube_cluster):
 
 @pytest.fixture(scope="module")
 def three_variants(kube_cluster, node_agent, core):
-    """production, baseline and canary deployed by the deployer, their pods run by the node agent, all Ready."""
+    """production (2 replicas), baseline and canary deployed by the deployer, their pods run by the node agent,
+    all Ready."""
     with managed_namespace(kube_cluster, node_agent, "e2e") as ns:
         port = process.free_port()
         kd = deployer(kube_cluster, ns, port)
         for role in ("production", "baseline", "canary"):
-            kd.deploy(spec(role))
+            kd.deploy(spec(role, replicas=2 if role == "production" else 1))
         status = wait_for("all three variants ready", lambda: (st := kd.status(SVC)) and len(st) == 3
                           and all(s.ready for s in st.values()) and st, timeout=90)
         yield ns, port, kd, status
 
 
-def pods_by_role(core, ns) -> dict[str, client.V1Pod]:
-    return {p.metadata.labels["sits.io/role"]: p for p in core.list_namespaced_pod(ns, label_selector="app=chat").items}
+def pods_by_role(core, ns) -> dict[str, list[client.V1Pod]]:
+    out: dict[str, list] = {}
+    for p in core.list_namespaced_pod(ns, label_selector="app=chat").items:
+        out.setdefault(p.metadata.labels["sits.io/role"], []).append(p)
+    return out
 
 
 def test_readiness_comes_from_real_pod_status(three_variants, core, kube_cluster):
@@ -59,30 +64,41 @@ def test_readiness_comes_from_real_pod_status(three_variants, core, kube_cluster
     pods = pods_by_role(core, ns)
     assert sorted(pods) == ["baseline", "canary", "production"]
     for role, st in status.items():
-        assert st.ready and st.ready_replicas == 1 and "1/1 ready" in st.message
-        p = pods[role]
-        assert p.spec.node_name == "local-0" and p.status.phase == "Running"
-        cs = p.status.container_statuses[0]
-        assert cs.ready and cs.restart_count == 0 and cs.image == "registry.local/sits-engine:1"
-        # the deployer's own per-variant Service resolves to exactly this pod (the real EndpointSlice controller)
-        assert ServiceLoadBalancer(kube_cluster.api_client(), ns, f"{SVC}-{role}").endpoints() == [(p.status.pod_ip, port)]
+        n = 2 if role == "production" else 1
+        assert st.ready and st.ready_replicas == n and f"{n}/{n} ready" in st.message
+        assert len(pods[role]) == n
+        for p in pods[role]:
+            assert p.spec.node_name == "local-0" and p.status.phase == "Running"
+            cs = p.status.container_statuses[0]
+            assert cs.ready and cs.restart_count == 0 and cs.image == "registry.local/sits-engine:1"
+        # the deployer's own per-variant Service resolves to exactly these pods (the real EndpointSlice controller)
+        assert ServiceLoadBalancer(kube_cluster.api_client(), ns, f"{SVC}-{role}").endpoints() == sorted(
+            (p.status.pod_ip, port) for p in pods[role])
     # every Deployment status was written by the deployment controller from these pods: none was patched here
     apps = client.AppsV1Api(kube_cluster.api_client())
     for d in apps.list_namespaced_deployment(ns).items:
-        assert d.status.ready_replicas == 1 and d.status.observed_generation == d.metadata.generation
+        assert d.status.ready_replicas == d.spec.replicas and d.status.observed_generation == d.metadata.generation
 
 
-def test_the_shared_service_spreads_connections_over_every_ready_pod(three_variants, core, kube_cluster):
+def test_the_shared_service_splits_traffic_by_replica_ratio(three_variants, core, kube_cluster):
+    """Replica-ratio traffic as a cluster gives it: the shared Service selects every variant, each connection goes to
+    a ready pod at random, so production (2 of 4 pods) gets ~50%, baseline and canary ~25% each."""
     ns, port, kd, _ = three_variants
-    lb = ServiceLoadBalancer(kube_cluster.api_client(), ns, SVC)
-    ips = {p.status.pod_ip: role for role, p in pods_by_role(core, ns).items()}
-    assert sorted(ip for ip, _ in lb.endpoints()) == sorted(ips)
-    counts = lb.run(45, "/v1/completions", COMPLETION)
-    # uniform per connection over 3 endpoints: each gets 15 on average; 0 of 45 has probability 3 * (2/3)^45 < 1e-7
-    assert set(counts) == set(ips)
+    lb = ServiceLoadBalancer(kube_cluster.api_client(), ns, SVC, rng=random.Random(18))
+    role_of = {p.status.pod_ip: role for role, ps in pods_by_role(core, ns).items() for p in ps}
+    assert sorted(ip for ip, _ in lb.endpoints()) == sorted(role_of)
+    n = 200
+    counts = lb.run(n, "/v1/models")
     assert all(set(c) == {200} for c in counts.values())
-    # each pod is the variant it claims: its metrics carry the env the deployer gave it
-    for ip, role in ips.items():
+    assert set(counts) == set(role_of)   # every pod got traffic
+    share = {r: sum(sum(c.values()) for ip, c in counts.items() if role_of[ip] == r) for r in ("production", "canary")}
+    # binomial(200, 0.5) and (200, 0.25): mean +- 4 standard deviations (a false failure < 1e-4)
+    assert 100 - 29 <= share["production"] <= 100 + 29, counts
+    assert 50 - 25 <= share["canary"] <= 50 + 25, counts
+    # a real completion through the Service, and each pod is the variant it claims (its metrics' env label)
+    _, status, body = lb.request("/v1/completions", COMPLETION)
+    assert status == 200 and json.loads(body)["choices"]
+    for role in ("production", "baseline", "canary"):
         _, status, body = ServiceLoadBalancer(kube_cluster.api_client(), ns, f"{SVC}-{role}").request("/metrics")
         assert status == 200 and f'env="{role}"' in body.decode()
 
@@ -106,13 +122,13 @@ def test_prometheus_scrapes_the_pods_with_the_documented_relabelling(three_varia
     with PrometheusServer.start(tmp_path / "prom", scrape_configs=as_file_sd(jobs, targets),
                                 scrape_interval="500ms") as prom:
         q = f'sum by (env, service, kernel_version, pod) (http_request_duration_seconds_count{{namespace="{ns}"}})'
-        result = prom.wait_for(q, lambda r: len(r) == 3, timeout=45)
+        result = prom.wait_for(q, lambda r: len(r) == 4, timeout=45)
         got = {s["metric"]["pod"]: s["metric"] for s in result}
         assert got == {p.metadata.name: {"env": role, "service": SVC, "kernel_version": "torch",
-                                         "pod": p.metadata.name} for role, p in pods.items()}
+                                         "pod": p.metadata.name} for role, ps in pods.items() for p in ps}
         up = prom.query(f'up{{job="sits-engines", namespace="{ns}"}}')
         assert sorted(s["metric"]["instance"] for s in up) == sorted(f"{p.status.pod_ip}:{port}"
-                                                                     for p in pods.values())
+                                                                     for ps in pods.values() for p in ps)
         assert not prom.query(f'count({{namespace="{ns}", exported_env!=""}})')
 
 
