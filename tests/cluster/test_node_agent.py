@@ -222,3 +222,17 @@ def test_projected_service_account_token_from_the_token_request_api(core, agent_
     with pytest.raises(ApiException) as e:   # a bound token of the default ServiceAccount: authenticated, no grants
         client.CoreV1Api(kube_cluster.api_client(token)).list_namespaced_secret(ns)
     assert e.value.status == 403 and f"system:serviceaccount:{ns}:default" in e.value.body
+
+
+def test_stopping_the_agent_kills_every_pod_process(core, kube_cluster, kube_namespace, tmp_path):
+    from tests.fixtures.node_agent import NodeAgent
+    ns = kube_namespace
+    wait_for("default token", lambda: core.read_namespaced_service_account("default", ns).secrets)
+    with NodeAgent(kube_cluster, tmp_path, node_name="local-stop", time_scale=0.2) as agent:
+        agent.manage(ns)
+        # a child process in the container's group, and one that ignores SIGTERM
+        core.create_namespaced_pod(ns, pod("tree", ["sh", "-c", "trap '' TERM; sleep 300 & while :; do sleep 0.1; done"]))
+        pids = wait_for("tree running", lambda: (w := agent.worker(ns, "tree")) and w.pids())
+        children = wait_for("the sleep child", lambda: [int(p) for p in open(f"/proc/{pids[0]}/task/{pids[0]}/children")
+                                                        .read().split()])
+    assert not any(pid_alive(p) for p in pids + children)
