@@ -166,7 +166,8 @@ def test_deployer_in_cluster_under_a_namespace_role_missing_a_verb(kube_cluster,
         rbac = client.RbacAuthorizationV1Api(kube_cluster.api_client())
         core.create_namespaced_service_account(ns, {"metadata": {"name": "sits"}})
         rbac.create_namespaced_role(ns, {"metadata": {"name": "sits"}, "rules": [   # no "delete" on Deployments
-            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "update"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"],
+             "verbs": ["get", "list", "watch", "create", "update"]},
             {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "update", "delete"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
         rbac.create_namespaced_role_binding(ns, {"metadata": {"name": "sits"},

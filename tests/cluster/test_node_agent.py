@@ -231,7 +231,8 @@ def test_stopping_the_agent_kills_every_pod_process(core, kube_cluster, kube_nam
     with NodeAgent(kube_cluster, tmp_path, node_name="local-stop", time_scale=0.2) as agent:
         agent.manage(ns)
         # a child process in the container's group, and one that ignores SIGTERM
-        core.create_namespaced_pod(ns, pod("tree", ["sh", "-c", "trap '' TERM; sleep 300 & while :; do sleep 0.1; done"]))
+        core.create_namespaced_pod(ns, pod("tree", ["sh", "-c",
+                                                    "trap '' TERM; sleep 300 & while :; do sleep 0.1; done"]))
         pids = wait_for("tree running", lambda: (w := agent.worker(ns, "tree")) and w.pids())
         children = wait_for("the sleep child", lambda: [int(p) for p in open(f"/proc/{pids[0]}/task/{pids[0]}/children")
                                                         .read().split()])
