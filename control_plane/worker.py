@@ -291,8 +291,15 @@ class Worker:
             while isinstance(group[0][1], Deploy) and i + len(group) < len(pending) \
                     and isinstance(pending[i + len(group)][1], Deploy):
                 group.append(pending[i + len(group)])
-            if len(group) > 1:   # variants start in parallel (production first if the service has none)
-                self._ensure_production(r, spec)
+            parallel = len(group) > 1
+            if parallel:   # variants start in parallel (production first if the service has none)
+                try:
+                    self._ensure_production(r, spec)
+                except Exception as e:   # e.g. RBAC forbids it: one at a time, so each action retries and records it
+                    log.warning("rollout %s: production could not be deployed (%s): the deploy actions run one at a "
+                                "time", r.id, redact(f"{type(e).__name__}: {e}"))
+                    parallel = False
+            if parallel:
                 raised: list[BaseException] = []
 
                 def run(aid: int, a: Action) -> None:
