@@ -106,6 +106,26 @@ def rope_and_cache_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapp
     return q_out, k_out
 
 
+# The frequency base that kernels which compute their own angles often hard-code (the original RoFormer/Llama-1 one).
+HARDCODED_ROPE_BASE = 10000.0
+
+
+def rope_and_cache_fixed_base_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+    """A WRONG RoPE, kept as an example of a bug that ships (kernel set torch-wrong-rope): it computes the angles
+    from the position with a hard-coded base of 10000 and no frequency scaling, ignoring the caller's cos/sin tables
+    (which hold the model's rope_theta, 500000 for Llama 3, and its llama3 scaling). Same cost as the reference."""
+    check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    d = q.shape[-1]
+    inv_freq = 1.0 / (HARDCODED_ROPE_BASE ** (torch.arange(0, d, 2, device=q.device, dtype=acc) / d))
+    angles = positions.to(acc)[:, None] * inv_freq[None, :]
+    c, s = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    q_out = _rotate(q.to(acc), c, s).to(q.dtype)
+    k_out = _rotate(k.to(acc), c, s).to(k.dtype)
+    write_kv_ref(k_out, v, k_cache, v_cache, slot_mapping)
+    return q_out, k_out
+
+
 def rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
     # q: [T, Hq, D], k/v: [T, Hkv, D] -> (q_out, k_out); k_cache/v_cache written in place
     check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
