@@ -5,9 +5,15 @@ from statistics import NormalDist
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
+from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
+from control_plane.analysis import Policy as _Policy
 from control_plane.rollout import (Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
                                    SetWeights, reconcile, weights_for)
+
+def Policy(**kw):
+    """These tests are about the latency analysis: the correctness gate is off (test_rollout_correctness.py)."""
+    return _Policy(correctness={"enabled": False}, **kw)
+
 
 BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))
 _Z = NormalDist()

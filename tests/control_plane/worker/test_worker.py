@@ -7,12 +7,17 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.analysis import Policy
+from control_plane.analysis import Policy as _Policy
 from control_plane.rollout import Command, Phase
 from control_plane.store import Store
 from control_plane.worker import DeploySpec, SideTables, Worker, WorkerConfig, start_rollout
 
 from .support import CannedSource, InMemoryDeployer
+
+def Policy(**kw):
+    """The in-memory deployer serves no engines: the correctness gate is off (its worker tests are elsewhere)."""
+    return _Policy(correctness={"enabled": False}, **kw)
+
 
 POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)
 SPEC = DeploySpec(canary_args=("--seed", "7"))
