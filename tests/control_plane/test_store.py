@@ -10,9 +10,15 @@ from statistics import NormalDist
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
+from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
+from control_plane.analysis import Policy as _Policy
 from control_plane.rollout import Command, Deploy, Observation, Phase, Rollout, SetWeights, reconcile
 from control_plane.store import RolloutNotFoundError, Store, StoreConflictError
+
+def Policy(**kw):
+    """Stored rollouts driven by canned windows: the correctness gate (which needs engines) is off."""
+    return _Policy(correctness={"enabled": False}, **kw)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))
@@ -53,7 +59,7 @@ def test_create_get_list_and_conflicts(tmp_path):
 def test_full_evidence_and_outbox_round_trip(tmp_path):
     path = str(tmp_path / "s.db")
     s = Store(path)
-    r = s.create(Rollout("r1", "chat", "v2", "v1"))
+    r = s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
     t, kinds = 0.0, []
     r, a = reconcile(r, None, t)
     r = s.save(r, a)
@@ -113,7 +119,7 @@ CRASHER = textwrap.dedent("""
 def test_killed_inside_the_save_transaction(tmp_path):
     db = str(tmp_path / "s.db")
     s = Store(db)
-    r = s.create(Rollout("r1", "chat", "v2", "v1"))
+    r = s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
     r, a = reconcile(r, None, 0.0)
     r = s.save(r, a)
     r, a = reconcile(r, Observation(0, 1, source(0, 1)), 1.0)
@@ -170,7 +176,7 @@ def test_worker_crashes_lose_and_repeat_no_check(tmp_path, scale, final):
     crashes = ["before_save", "after_save", "actions"]
     db = str(tmp_path / "w.db")
     with Store(db) as s:
-        s.create(Rollout("r1", "chat", "v2", "v1"))
+        s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
     w, now, results = Worker(db, scale), 0.0, []
     for i in range(200):
         now += 10
@@ -194,7 +200,7 @@ def test_worker_crashes_lose_and_repeat_no_check(tmp_path, scale, final):
 
 def test_commands_persist(tmp_path):
     with Store(str(tmp_path / "c.db")) as s:
-        r = s.create(Rollout("r1", "chat", "v2", "v1"))
+        r = s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
         r = s.save(*reconcile(r, None, 0.0))
         r = s.save(*reconcile(r, Observation(0, 1, source(0, 1)), 1.0))
         r = s.save(*reconcile(r, Observation(1, 2, command=Command.PAUSE, command_by="alice"), 2.0))
