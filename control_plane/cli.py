@@ -19,8 +19,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from control_plane.adapters.notify import delivery_log
+from control_plane import service
+from control_plane.errors import SitsError
 from control_plane.rollout import Command
+from control_plane.spec import DeploySpec
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 
@@ -145,22 +147,12 @@ def _load_policy(path: str | None):
 
 
 def cmd_rollout_start(a) -> int:
-    from control_plane.store import StoreConflictError
-    from control_plane.worker import DeploySpec, start_rollout
-
-    try:
-        spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
-                          canary_args=tuple(a.args or ()), production_image=a.production_image,
-                          canary_image=a.image, gpus=a.gpus)
-    except ValueError as e:
-        raise CLIError(str(e)) from None
+    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
+                      canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
+                      gpus=a.gpus)
+    policy = _load_policy(a.policy)
     with _open_store(a.store, must_exist=False) as store:
-        try:
-            r = start_rollout(store, a.service, a.kernels, a.production_kernels, _load_policy(a.policy), spec)
-        except StoreConflictError as e:
-            raise CLIError(str(e)) from None
-        except ValueError as e:
-            raise CLIError(str(e)) from None
+        r = service.start_rollout(store, a.service, a.kernels, a.production_kernels, policy, spec, actor=a.by)
     print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
           f"{r.production_kernels}; a running `sits-control worker --store {a.store}` takes it from here")
     return 0
@@ -202,7 +194,7 @@ def show(store, rollout_id: str, out=print) -> None:
         out("queries of the last window:")
         for k, q in r.queries.items():
             out(f"  {k}: {q}")
-    notes = delivery_log(store.path, r.id)
+    notes = store.deliveries(r.id)
     if notes:
         out("notifications (webhook deliveries):")
         for d in notes:
@@ -220,7 +212,7 @@ def cmd_rollout_show(a) -> int:
                 r = store.get(a.id)
                 print(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
                                   "events": store.events(a.id), "actions": store.actions(a.id),
-                                  "notifications": delivery_log(store.path, a.id)}, indent=1))
+                                  "notifications": store.deliveries(a.id)}, indent=1))
             else:
                 show(store, a.id)
         except RolloutNotFoundError as e:
@@ -229,19 +221,9 @@ def cmd_rollout_show(a) -> int:
 
 
 def cmd_rollout_command(a) -> int:
-    from control_plane.store import RolloutNotFoundError
-    from control_plane.worker import SideTables
-
     with _open_store(a.store) as store:
-        try:
-            r = store.get(a.id)
-        except RolloutNotFoundError as e:
-            raise CLIError(str(e.args[0])) from None
-        if not r.active:
-            raise CLIError(f"rollout {a.id} is already {r.phase.value}")
-        side = SideTables(store.path)
-        side.add_command(a.id, Command(a.command), a.by)
-        side.close()
+        service.send_command(store, a.id, a.command, a.by)
+        r = store.get(a.id)
     print(f"{a.command} queued for rollout {a.id} (phase {r.phase.value}); the worker applies it at its next pass")
     return 0
 
@@ -279,8 +261,8 @@ def build_worker(a):
         source = ScrapeSource()
     store = _open_store(a.store, must_exist=False)
     # the webhook queues live in the store's file: notifications outlive a worker restart
-    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store.path) for u in a.webhook or ()]
-    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store.path) for u in a.slack_webhook or ()]
+    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store) for u in a.webhook or ()]
+    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store) for u in a.slack_webhook or ()]
     return Worker(store, deployer, source, MultiNotifier(hooks), WorkerConfig(interval_s=a.interval))
 
 
@@ -388,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra `sits-engine serve` args of production and baseline (must come last)")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,
                    help="extra `sits-engine serve` args of the canary (must come last)")
+    s.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
     s.add_argument("--store", default=DEFAULT_STORE)
     s.set_defaults(fn=cmd_rollout_start)
     ls = r.add_parser("list", help="list rollouts")
@@ -416,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return a.fn(a)
-    except CLIError as e:
+    except (CLIError, SitsError) as e:
         print(f"sits-control: error: {e}", file=sys.stderr)
         return 2
 

@@ -260,7 +260,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1))
     receiver = WebhookReceiver(out)
     store = Store(str(store_path))
-    notifier = WebhookNotifier(WebhookConfig(receiver.url, format="json"), journal=store.path)
+    notifier = WebhookNotifier(WebhookConfig(receiver.url, format="json"), journal=store)
     load = worker = prom = None
     source = ScrapeSource()
     try:
@@ -329,8 +329,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
 def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -> str:
     """Print the rollout's events and every check's evidence as they are stored, until it ends."""
     from control_plane.cli import format_check, format_deltas
-    from control_plane.rollout import Phase
-    from control_plane.worker import SideTables
+    from control_plane.rollout import Command, EventKind, Phase
 
     seen_event, seen_check, last_load = 0, 0, time.monotonic()
     deadline, aborted = time.monotonic() + cfg.rollout_timeout_s, False
@@ -339,7 +338,7 @@ def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -
         for e in store.events(rollout_id):
             if e["id"] > seen_event:
                 seen_event = e["id"]
-                if e["kind"] in ("phase", "command") or e["message"].startswith("metrics source"):
+                if e["kind"] in (EventKind.PHASE, EventKind.COMMAND, EventKind.METRICS):
                     out(f"      {e['message']}")
         for ev in store.checks(rollout_id, since_seq=seen_check):
             seen_check = ev["seq"]
@@ -359,9 +358,7 @@ def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -
                 + " (client side, last 5 s)")
         if time.monotonic() > deadline and not aborted:
             out(f"      rollout did not finish within {cfg.rollout_timeout_s:g} s: aborting it")
-            side = SideTables(store.path)
-            side.add_command(rollout_id, "abort", "demo timeout")
-            side.close()
+            store.add_command(rollout_id, Command.ABORT, "demo timeout")
             aborted, deadline = True, time.monotonic() + 120
         elif time.monotonic() > deadline:
             return r.phase.value

@@ -30,11 +30,12 @@ from typing import Mapping
 
 from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData, Verdict, assess
 from control_plane.rollout_types import (  # noqa: F401  (re-exported: the rollout API lives here)
-    ROLES, Action, Check, Command, Deploy, Event, Notify, Observation, Phase, Promote, Rollback, Rollout, SetWeights,
-    weights_for)
+    ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify, Observation, Phase, Promote, Rollback,
+    Rollout, SetWeights, weights_for)
 
-__all__ = ["ROLES", "Action", "Check", "Command", "Deploy", "Event", "Notify", "Observation", "Phase", "Promote",
-           "Rollback", "Rollout", "SetWeights", "correctness_due", "reconcile", "weights_for"]
+__all__ = ["ROLES", "Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify", "Observation",
+           "Phase", "Promote", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due", "reconcile",
+           "weights_for"]
 
 _EPS = 1e-6
 
@@ -63,18 +64,19 @@ class _Builder:
         self.actions: list[Action] = []
         self.checks: list[Check] = []
         self.events: list[Event] = []
+        self.actor = ""   # while a command is applied: its actor, recorded on the events it causes
 
     def set(self, **changes) -> None:
         for k, v in changes.items():
             setattr(self.r, k, v)
 
-    def event(self, kind: str, message: str) -> None:
-        self.events.append(Event(self.now, kind, message, self.r.phase))
+    def event(self, kind: EventKind, message: str) -> None:
+        self.events.append(Event(self.now, kind, message, self.r.phase, self.actor))
 
     def go(self, phase: Phase, reason: str, notify: str | None = None) -> None:
         old = self.r.phase
         self.set(phase=phase, phase_since=self.now, reason=reason)
-        self.event("phase", f"{old.value} -> {phase.value}: {reason}")
+        self.event(EventKind.PHASE, f"{old.value} -> {phase.value}: {reason}")
         if notify:
             self.actions.append(Notify(notify, f"{self.r.service}: {reason}"))
         if phase is Phase.ROLLING_BACK:
@@ -90,7 +92,7 @@ class _Builder:
                  excluded_requests=0.0)
         self.actions.append(SetWeights(weights_for(weight)))
         self.actions.append(Notify("step", f"{self.r.service}: canary at {weight} % ({reason})"))
-        self.event("phase", f"step {index + 1}/{len(p.steps)}: canary at {weight} % ({reason})")
+        self.event(EventKind.PHASE, f"step {index + 1}/{len(p.steps)}: canary at {weight} % ({reason})")
 
     def done(self) -> tuple[Rollout, list[Action]]:
         self.set(new_checks=tuple(self.checks), new_events=tuple(self.events))
@@ -116,16 +118,36 @@ def reconcile(rollout: Rollout, observation: Observation | None, now: float) -> 
     b = _Builder(rollout, float(now))
     if b.r.phase.terminal:
         if obs.command is not None:
-            b.event("command", f"{obs.command.value} ignored: rollout already {b.r.phase.value}")
+            b.actor = obs.command_by
+            b.event(EventKind.COMMAND, f"{obs.command.value} ignored: rollout already {b.r.phase.value}")
         return b.done()
     if obs.failed_actions and _on_failed_actions(b, obs):
         return b.done()
-    if obs.command is not None and _on_command(b, obs):
-        return b.done()
+    if obs.command is not None:
+        b.actor = obs.command_by
+        applied = _on_command(b, obs)
+        b.actor = ""
+        if applied:
+            return b.done()
     handler = {Phase.PENDING: _pending, Phase.INITIALIZING: _initializing, Phase.PROGRESSING: _progressing,
                Phase.PAUSED: _paused, Phase.PROMOTING: _promoting, Phase.ROLLING_BACK: _rolling_back}[b.r.phase]
     handler(b, obs)
     return b.done()
+
+
+def allowed_commands(rollout: Rollout) -> set[Command]:
+    """The manual commands that change the rollout in its current phase (what a UI enables); reconcile ignores the
+    others (with an event)."""
+    phase = rollout.phase
+    if phase is Phase.PENDING:
+        return {Command.ABORT}
+    if phase is Phase.INITIALIZING:
+        return {Command.ABORT, Command.PAUSE}
+    if phase is Phase.PROGRESSING:
+        return {Command.ABORT, Command.PAUSE, Command.PROMOTE}
+    if phase is Phase.PAUSED:
+        return {Command.ABORT, Command.PROMOTE} | (set() if rollout.awaiting_promotion else {Command.RESUME})
+    return set()   # PROMOTING / ROLLING_BACK finish on their own; terminal phases take nothing
 
 
 def _on_failed_actions(b: _Builder, obs: Observation) -> bool:
@@ -145,7 +167,7 @@ def _on_command(b: _Builder, obs: Observation) -> bool:
         if phase is Phase.PENDING:
             b.go(Phase.ROLLED_BACK, f"aborted{who} before anything was deployed", "rolled_back")
         elif phase in (Phase.PROMOTING, Phase.ROLLING_BACK):
-            b.event("command", f"abort{who} ignored while {phase.value}")
+            b.event(EventKind.COMMAND, f"abort{who} ignored while {phase.value}")
             return False
         else:
             b.go(Phase.ROLLING_BACK, f"aborted{who}", "rolling_back")
@@ -167,7 +189,7 @@ def _on_command(b: _Builder, obs: Observation) -> bool:
               warmup_until=max(b.r.warmup_until, b.now))
         b.go(back, f"resumed{who}", "resumed")
         return True
-    b.event("command", f"{cmd.value}{who} ignored in phase {phase.value}"
+    b.event(EventKind.COMMAND, f"{cmd.value}{who} ignored in phase {phase.value}"
             + (" (awaiting promotion: use promote or abort)" if b.r.awaiting_promotion else ""))
     return False
 
@@ -187,7 +209,8 @@ def _correctness_check(b: _Builder, cv: CorrectnessVerdict) -> bool:
     """Record a correctness verdict as a check; True when it rolled the rollout back."""
     r = b.r
     seq = r.checks + 1
-    decision = {Outcome.PASS: "pass", Outcome.FAIL: "rollback", Outcome.INCONCLUSIVE: "hold"}[cv.outcome]
+    decision = {Outcome.PASS: Decision.PASS, Outcome.FAIL: Decision.ROLLBACK,
+                Outcome.INCONCLUSIVE: Decision.HOLD}[cv.outcome]
     verdict = Verdict(cv.outcome, f"correctness: {cv.reason}", r.policy.compare_to,
                       guard="correctness" if cv.outcome is Outcome.FAIL else None, correctness=cv)
     b.checks.append(Check(seq, b.now, r.step, r.weight, None, None, "correctness", {}, {}, verdict, decision))
@@ -195,7 +218,8 @@ def _correctness_check(b: _Builder, cv: CorrectnessVerdict) -> bool:
     if cv.outcome is Outcome.PASS:
         b.set(correctness_step=max(r.step, 0))
     where = "before traffic" if r.step < 0 else f"at {r.weight} %"
-    b.event("check", f"correctness check {seq} {where}: {cv.outcome.value} -> {decision}: {cv.reason}")
+    b.event(EventKind.CHECK, f"correctness check {seq} {where}: {cv.outcome.value} -> {decision.value}: "
+            f"{cv.reason}")
     if cv.outcome is Outcome.FAIL:
         b.go(Phase.ROLLING_BACK, f"correctness gate (check {seq}): {cv.reason}", "rolling_back")
         return True
@@ -235,7 +259,7 @@ def _take_window(b: _Builder, obs: Observation) -> None:
     if obs.source:
         b.set(source=obs.source, queries=dict(obs.queries) or b.r.queries)
     for err in obs.errors:
-        b.event("window", f"metrics source: {err}")
+        b.event(EventKind.METRICS, f"metrics source: {err}")
     start, end = obs.window_start, obs.window_end
     if start is None and end is not None and b.r.observed_until is None:
         b.set(observed_until=end)   # a source's first poll: nothing to diff yet, but the cursor starts here
@@ -243,7 +267,7 @@ def _take_window(b: _Builder, obs: Observation) -> None:
         return
     r = b.r
     if r.observed_until is not None and start < r.observed_until - _EPS:
-        b.event("window", f"window [{start:.3f}, {end:.3f}] overlaps data already counted (until "
+        b.event(EventKind.WINDOW, f"window [{start:.3f}, {end:.3f}] overlaps data already counted (until "
                 f"{r.observed_until:.3f}); dropped")
         return
     b.set(observed_until=end)
@@ -254,7 +278,7 @@ def _take_window(b: _Builder, obs: Observation) -> None:
     has = {role: _has_data(obs.variants.get(role)) for role in ("canary", r.policy.compare_to)}
     if len(set(has.values())) > 1:   # the comparison is concurrent: a window with one side missing is not used
         missing = next(role for role, ok in has.items() if not ok)
-        b.event("window", f"window [{start:.3f}, {end:.3f}] has no data from {missing}; dropped")
+        b.event(EventKind.WINDOW, f"window [{start:.3f}, {end:.3f}] has no data from {missing}; dropped")
         return
     b.set(data=_accumulate(r.data, obs.variants), data_since=r.data_since if r.data_since is not None else start)
 
@@ -289,47 +313,47 @@ def _progressing(b: _Builder, obs: Observation) -> None:
     data = _with_readiness(b.r.data, obs)
     verdict = assess(data, p)
     r = b.r
-    decision = "hold"
+    decision = Decision.HOLD
     seq = r.checks + 1
     waiting_gate = p.correctness.enabled and r.correctness_step != r.step
     if verdict.outcome is Outcome.PASS:
         b.set(consecutive_failures=0, consecutive_inconclusive=0)
         nxt = r.step + 1
         if waiting_gate:
-            decision = "hold"   # latency passed; the step's correctness gate has not (yet)
+            decision = Decision.HOLD   # latency passed; the step's correctness gate has not (yet)
         elif nxt < len(p.steps) and p.steps[nxt] < 100:
-            decision = "advance"
+            decision = Decision.ADVANCE
         else:
-            decision = "promote" if p.auto_promote else "gate"
+            decision = Decision.PROMOTE if p.auto_promote else Decision.GATE
     elif verdict.outcome is Outcome.FAIL:
         fails = r.consecutive_failures + 1
         b.set(consecutive_failures=fails, consecutive_inconclusive=0)
         if verdict.guard or fails >= p.failure_limit:
-            decision = "rollback"
+            decision = Decision.ROLLBACK
     else:
         incs = r.consecutive_inconclusive + 1
         b.set(consecutive_failures=0, consecutive_inconclusive=incs)
         if incs >= p.inconclusive_limit:
-            decision = "pause" if p.on_inconclusive == "pause" else "rollback"
+            decision = Decision.PAUSE if p.on_inconclusive == "pause" else Decision.ROLLBACK
     b.checks.append(Check(seq, b.now, r.step, r.weight, r.data_since, r.observed_until, r.source, dict(r.queries),
                           data, verdict, decision))
     b.set(checks=seq, step_checks=r.step_checks + 1, last_check_at=b.now)
-    b.event("check", f"check {seq} at {r.weight} %: {verdict.outcome.value} -> {decision}: {verdict.reason}"
-            + ("; waiting for this step's correctness gate" if waiting_gate and verdict.outcome is Outcome.PASS
-               else ""))
-    if decision == "advance":
+    b.event(EventKind.CHECK, f"check {seq} at {r.weight} %: {verdict.outcome.value} -> {decision.value}: "
+            f"{verdict.reason}" + ("; waiting for this step's correctness gate"
+                                   if waiting_gate and verdict.outcome is Outcome.PASS else ""))
+    if decision is Decision.ADVANCE:
         b.start_step(r.step + 1, f"check {seq} passed")
-    elif decision == "promote":
+    elif decision is Decision.PROMOTE:
         b.go(Phase.PROMOTING, f"every step passed (check {seq})", "promoting")
-    elif decision == "gate":
+    elif decision is Decision.GATE:
         b.set(awaiting_promotion=True, paused_from=Phase.PROGRESSING)
         b.go(Phase.PAUSED, f"every step passed (check {seq}); awaiting manual promotion", "paused")
-    elif decision == "rollback":
+    elif decision is Decision.ROLLBACK:
         why = (f"guard: {verdict.reason}" if verdict.guard else
                f"{b.r.consecutive_failures} failed check(s): {verdict.reason}" if verdict.outcome is Outcome.FAIL
                else f"{b.r.consecutive_inconclusive} inconclusive checks: {verdict.reason}")
         b.go(Phase.ROLLING_BACK, why, "rolling_back")
-    elif decision == "pause":
+    elif decision is Decision.PAUSE:
         b.set(paused_from=Phase.PROGRESSING)
         b.go(Phase.PAUSED, f"{b.r.consecutive_inconclusive} inconclusive checks: {verdict.reason}", "paused")
 

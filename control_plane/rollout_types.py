@@ -34,6 +34,26 @@ class Command(str, Enum):
     RESUME = "resume"
 
 
+class Decision(str, Enum):
+    """What a check led to."""
+    HOLD = "hold"            # keep collecting at this step
+    ADVANCE = "advance"      # next step
+    PROMOTE = "promote"      # every step passed: promote automatically
+    GATE = "gate"            # every step passed: wait for a manual promote
+    ROLLBACK = "rollback"
+    PAUSE = "pause"          # too many inconclusive checks (on_inconclusive="pause")
+    PASS = "pass"            # a correctness check passed: traffic may start, the step may advance
+
+
+class EventKind(str, Enum):
+    CREATED = "created"      # the rollout was created (by its actor)
+    PHASE = "phase"          # a phase change or a new step
+    COMMAND = "command"      # a manual command that changed nothing (ignored in this phase)
+    WINDOW = "window"        # a metrics window dropped (overlapping, or one side without data)
+    METRICS = "metrics"      # the metrics source failed: the window counts as no data
+    CHECK = "check"          # one check's outcome and decision
+
+
 # ---- actions: the worker maps them onto a Deployer / Notifier -------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class Action:
@@ -138,15 +158,22 @@ class Check:
     queries: Mapping[str, str]
     data: Mapping[str, VariantData]
     verdict: Verdict
-    decision: str        # hold | advance | promote | gate | rollback | pause (a correctness check: hold | pass | rollback)
+    decision: Decision   # a correctness check (source "correctness"): PASS, HOLD (inconclusive) or ROLLBACK
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decision", Decision(self.decision))
 
 
 @dataclass(slots=True, frozen=True)
 class Event:
     at: float
-    kind: str            # phase | command | window | check
+    kind: EventKind
     message: str
     phase: Phase
+    actor: str = ""      # who caused it: a command's or a creation's actor; "" for the worker's own decisions
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,15 +1,17 @@
-"""SQLite store: rollouts (state as JSON), every check with its full evidence, events, and an outbox of actions.
+"""SQLite store, the only module that opens the file: rollouts (state as JSON) with their deploy specs, every check
+with its full evidence, events, an outbox of actions, the queue of manual commands, the worker leases and the webhook
+delivery journal. Schema and migrations: control_plane/store_schema.py; JSON codec: control_plane/store_codec.py.
 
 `save(rollout, actions)` writes, in ONE transaction: the new state (only if the stored version is still the one the
 rollout was loaded at), the rollout's `new_checks` (primary key (rollout_id, seq): a check is never stored twice),
 `new_events`, and `actions` as pending outbox rows. A crash before the commit leaves the old state, so the next
 reconcile redoes the same check with the same seq; a crash after it leaves pending actions that the worker runs
-(idempotently) before reconciling again. At most one active rollout per service.
+(idempotently) before reconciling again. At most one active rollout per service. `create_rollout` writes a rollout
+and its spec in one transaction. ":memory:" is a file like any other (one connection, the same schema).
 """
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 import time
@@ -17,121 +19,41 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, Mapping, Sequence
 
-from control_plane.analysis import HistogramSnapshot, Policy, VariantData
-from control_plane.rollout import Action, Check, Phase, Rollout
-
-SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rollouts (
-    id TEXT PRIMARY KEY, service TEXT NOT NULL, phase TEXT NOT NULL, active INTEGER NOT NULL,
-    version INTEGER NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS one_active_per_service ON rollouts(service) WHERE active = 1;
-CREATE TABLE IF NOT EXISTS checks (
-    rollout_id TEXT NOT NULL REFERENCES rollouts(id), seq INTEGER NOT NULL, at REAL NOT NULL, step INTEGER NOT NULL,
-    weight INTEGER NOT NULL, outcome TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL,
-    evidence TEXT NOT NULL, PRIMARY KEY (rollout_id, seq));
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL REFERENCES rollouts(id), at REAL NOT NULL,
-    kind TEXT NOT NULL, phase TEXT NOT NULL, message TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS actions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL REFERENCES rollouts(id),
-    version INTEGER NOT NULL, kind TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
-    error TEXT, created_at REAL NOT NULL, done_at REAL);
-CREATE INDEX IF NOT EXISTS actions_pending ON actions(rollout_id, status);
-"""
+from control_plane.errors import ConflictError, NotFoundError
+from control_plane.rollout_types import Action, Command, Rollout
+from control_plane.spec import DeploySpec
+from control_plane.store_codec import (check_to_dict, clean, rollout_from_dict,  # noqa: F401  (re-exported)
+                                       rollout_to_dict, variant_from_dict, variant_to_dict)
+from control_plane.store_schema import SCHEMA_VERSION, StoreError, connect, migrate  # noqa: F401  (re-exported)
 
 
-class StoreError(Exception):
-    """A store operation failed."""
-
-
-class RolloutNotFoundError(StoreError, KeyError):
+class RolloutNotFoundError(StoreError, NotFoundError):
     """No rollout with that id."""
 
 
-class StoreConflictError(StoreError):
+class StoreConflictError(StoreError, ConflictError):
     """The rollout changed since it was loaded, or the service already has an active rollout, or the id exists."""
 
 
-# ---- JSON codec ---------------------------------------------------------------------------------------------------
-def _clean(x: Any) -> Any:
-    """JSON-safe: non-finite floats become Prometheus' strings ("NaN", "+Inf", "-Inf")."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("+Inf" if x > 0 else "-Inf")
-    if isinstance(x, Mapping):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def _f(x: Any) -> float | None:
-    return None if x is None else float(x)
-
-
-def variant_to_dict(v: VariantData) -> dict:
-    return {"histograms": {k: h.to_dict() for k, h in v.histograms.items()}, "requests": v.requests,
-            "errors": v.errors, "ready": v.ready, "crashing": v.crashing}
-
-
-def variant_from_dict(d: Mapping) -> VariantData:
-    return VariantData({k: HistogramSnapshot.from_dict(h) for k, h in d["histograms"].items()}, float(d["requests"]),
-                       float(d["errors"]), bool(d["ready"]), bool(d["crashing"]))
-
-
-_STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
-                 "weight", "warmup_until", "last_check_at", "checks", "step_checks", "consecutive_failures",
-                 "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source",
-                 "correctness_step", "correctness_at")
-
-
-def rollout_to_dict(r: Rollout) -> dict:
-    d = {"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
-         "production_kernels": r.production_kernels, "policy": r.policy.to_dict(), "phase": r.phase.value,
-         "paused_from": r.paused_from.value if r.paused_from else None, "queries": dict(r.queries),
-         "data": {role: variant_to_dict(v) for role, v in r.data.items()}}
-    d.update({k: getattr(r, k) for k in _STATE_FIELDS})
-    return _clean(d)
-
-
-def rollout_from_dict(d: Mapping, version: int = 0) -> Rollout:
-    kw = {k: d[k] for k in _STATE_FIELDS if k in d}
-    for k in ("created_at", "phase_since", "paused_total_s", "warmup_until", "last_check_at", "excluded_requests"):
-        kw[k] = float(kw[k])
-    for k in ("started_at", "data_since", "observed_until", "correctness_at"):
-        kw[k] = _f(kw.get(k))
-    return Rollout(id=d["id"], service=d["service"], canary_kernels=d["canary_kernels"],
-                   production_kernels=d["production_kernels"], policy=Policy.from_dict(d["policy"]),
-                   phase=Phase(d["phase"]), paused_from=Phase(d["paused_from"]) if d.get("paused_from") else None,
-                   queries=dict(d.get("queries", {})),
-                   data={role: variant_from_dict(v) for role, v in d.get("data", {}).items()}, version=version, **kw)
-
-
-def check_to_dict(rollout_id: str, c: Check) -> dict:
-    """The evidence of one check: raw bucket counts per variant, the queries, estimates, bounds, verdict, decision."""
-    return _clean({"rollout_id": rollout_id, "seq": c.seq, "at": c.at, "step": c.step, "weight": c.weight,
-                   "window_start": c.window_start, "window_end": c.window_end, "source": c.source,
-                   "queries": dict(c.queries), "decision": c.decision, "verdict": c.verdict.to_dict(),
-                   "variants": {role: variant_to_dict(v) for role, v in c.data.items()}})
+def _command(command: Command | str) -> Command:
+    try:
+        return Command(command)
+    except ValueError:
+        raise StoreError(f"unknown command {command!r}; use one of {', '.join(c.value for c in Command)}") from None
 
 
 class Store:
-    """`Store(path)`; ":memory:" works for tests. Thread-safe (one connection behind a lock)."""
+    """`Store(path)`. Thread-safe: one connection behind a lock; other processes may open the same file."""
 
     def __init__(self, path: str):
         self.path = str(path)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA foreign_keys = ON")
-        if self.path != ":memory:":
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = FULL")
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {version} is newer than this code's {SCHEMA_VERSION}")
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._db = connect(self.path)
+        try:
+            self.migrated_from = migrate(self._db, self.path)
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -154,8 +76,13 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
     # ---- rollouts ---------------------------------------------------------------------------------------------
-    def create(self, rollout: Rollout) -> Rollout:
+    def create_rollout(self, rollout: Rollout, spec: DeploySpec | None = None) -> Rollout:
+        """The rollout (with its `new_events`) and its deploy spec, in one transaction."""
         now = time.time()
         try:
             with self._tx() as db:
@@ -163,32 +90,49 @@ class Store:
                            " VALUES (?, ?, ?, ?, 1, ?, ?, ?)",
                            (rollout.id, rollout.service, rollout.phase.value, int(rollout.active),
                             json.dumps(rollout_to_dict(rollout)), now, now))
+                db.execute("INSERT INTO rollout_specs (rollout_id, body) VALUES (?, ?)",
+                           (rollout.id, json.dumps((spec or DeploySpec()).to_dict())))
                 self._insert_records(db, rollout, (), 1)
         except sqlite3.IntegrityError as e:
             raise StoreConflictError(f"rollout {rollout.id!r} exists or service {rollout.service!r} already has an "
                                      f"active rollout ({e})") from None
         return replace(rollout, version=1, new_checks=(), new_events=())
 
-    def get(self, rollout_id: str) -> Rollout:
-        with self._lock:
-            row = self._db.execute("SELECT state, version FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
-        if row is None:
-            raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
-        return rollout_from_dict(json.loads(row["state"]), row["version"])
+    def create(self, rollout: Rollout) -> Rollout:
+        """create_rollout with the default DeploySpec."""
+        return self.create_rollout(rollout)
 
-    def list(self, *, active: bool | None = None, service: str | None = None, limit: int = 1000) -> list[Rollout]:
-        sql, args = "SELECT state, version FROM rollouts WHERE 1=1", []
-        if active is not None:
-            sql += " AND active = ?"
-            args.append(int(active))
-        if service is not None:
-            sql += " AND service = ?"
-            args.append(service)
-        sql += " ORDER BY created_at DESC, id LIMIT ?"
-        args.append(int(limit))
-        with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
+    def spec(self, rollout_id: str) -> DeploySpec:
+        rows = self._rows("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,))
+        return DeploySpec.from_dict(json.loads(rows[0]["body"])) if rows else DeploySpec()
+
+    def get(self, rollout_id: str) -> Rollout:
+        rows = self._rows("SELECT state, version FROM rollouts WHERE id = ?", (rollout_id,))
+        if not rows:
+            raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
+        return rollout_from_dict(json.loads(rows[0]["state"]), rows[0]["version"])
+
+    @staticmethod
+    def _where(active: bool | None, service: str | None, phase: str | None) -> tuple[str, list]:
+        sql, args = " WHERE 1=1", []
+        for col, val in (("active", None if active is None else int(active)), ("service", service),
+                         ("phase", None if phase is None else getattr(phase, "value", phase))):
+            if val is not None:
+                sql += f" AND {col} = ?"
+                args.append(val)
+        return sql, args
+
+    def list(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None,
+             limit: int = 1000, offset: int = 0) -> list[Rollout]:
+        """Newest first."""
+        where, args = self._where(active, service, phase)
+        rows = self._rows(f"SELECT state, version FROM rollouts{where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
+                          [*args, int(limit), int(offset)])
         return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
+
+    def count(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None) -> int:
+        where, args = self._where(active, service, phase)
+        return self._rows(f"SELECT COUNT(*) FROM rollouts{where}", args)[0][0]
 
     def active(self) -> list[Rollout]:
         """Every rollout the worker must keep reconciling (not SUCCEEDED / ROLLED_BACK / FAILED)."""
@@ -218,51 +162,45 @@ class Store:
         for c in r.new_checks:
             db.execute("INSERT INTO checks (rollout_id, seq, at, step, weight, outcome, decision, reason, evidence) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (r.id, c.seq, c.at, c.step, c.weight, c.verdict.outcome.value, c.decision, c.verdict.reason,
-                        json.dumps(check_to_dict(r.id, c))))
+                       (r.id, c.seq, c.at, c.step, c.weight, c.verdict.outcome.value, c.decision.value,
+                        c.verdict.reason, json.dumps(check_to_dict(r.id, c))))
         for e in r.new_events:
-            db.execute("INSERT INTO events (rollout_id, at, kind, phase, message) VALUES (?, ?, ?, ?, ?)",
-                       (r.id, e.at, e.kind, e.phase.value, e.message))
+            db.execute("INSERT INTO events (rollout_id, at, kind, phase, message, actor) VALUES (?, ?, ?, ?, ?, ?)",
+                       (r.id, e.at, e.kind.value, e.phase.value, e.message, e.actor))
         now = time.time()
         for a in actions:
             db.execute("INSERT INTO actions (rollout_id, version, kind, body, created_at) VALUES (?, ?, ?, ?, ?)",
-                       (r.id, version, a.kind, json.dumps(_clean(a.to_dict())), now))
+                       (r.id, version, a.kind, json.dumps(clean(a.to_dict())), now))
 
     # ---- records ----------------------------------------------------------------------------------------------
     def checks(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
-        with self._lock:
-            rows = self._db.execute("SELECT evidence FROM checks WHERE rollout_id = ? AND seq > ? ORDER BY seq "
-                                    "LIMIT ?", (rollout_id, since_seq, limit)).fetchall()
+        rows = self._rows("SELECT evidence FROM checks WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                          (rollout_id, since_seq, limit))
         return [json.loads(r["evidence"]) for r in rows]
 
     def check_summaries(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
         """seq, at, step, weight, outcome, decision, reason of each check, without the (large) evidence."""
-        with self._lock:
-            rows = self._db.execute("SELECT seq, at, step, weight, outcome, decision, reason FROM checks "
-                                    "WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                                    (rollout_id, since_seq, limit)).fetchall()
+        rows = self._rows("SELECT seq, at, step, weight, outcome, decision, reason FROM checks "
+                          "WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?", (rollout_id, since_seq, limit))
         return [dict(r) for r in rows]
 
     def check(self, rollout_id: str, seq: int) -> dict:
-        with self._lock:
-            row = self._db.execute("SELECT evidence FROM checks WHERE rollout_id = ? AND seq = ?",
-                                   (rollout_id, seq)).fetchone()
-        if row is None:
+        rows = self._rows("SELECT evidence FROM checks WHERE rollout_id = ? AND seq = ?", (rollout_id, seq))
+        if not rows:
             raise RolloutNotFoundError(f"no check {seq} for rollout {rollout_id!r}")
-        return json.loads(row["evidence"])
+        return json.loads(rows[0]["evidence"])
 
-    def events(self, rollout_id: str, *, limit: int = 1000) -> list[dict]:
-        with self._lock:
-            rows = self._db.execute("SELECT id, at, kind, phase, message FROM events WHERE rollout_id = ? ORDER BY id "
-                                    "LIMIT ?", (rollout_id, limit)).fetchall()
+    def events(self, rollout_id: str, *, limit: int = 1000, since_id: int = 0) -> list[dict]:
+        """id, at, kind, phase, message, actor of each event, oldest first."""
+        rows = self._rows("SELECT id, at, kind, phase, message, actor FROM events WHERE rollout_id = ? AND id > ? "
+                          "ORDER BY id LIMIT ?", (rollout_id, since_id, limit))
         return [dict(r) for r in rows]
 
     # ---- action outbox ----------------------------------------------------------------------------------------
     def pending_actions(self, rollout_id: str) -> list[tuple[int, Action]]:
         """Actions saved but not yet marked done, oldest first: run them before reconciling this rollout again."""
-        with self._lock:
-            rows = self._db.execute("SELECT id, body FROM actions WHERE rollout_id = ? AND status = 'pending' "
-                                    "ORDER BY id", (rollout_id,)).fetchall()
+        rows = self._rows("SELECT id, body FROM actions WHERE rollout_id = ? AND status = 'pending' ORDER BY id",
+                          (rollout_id,))
         return [(r["id"], Action.from_dict(json.loads(r["body"]))) for r in rows]
 
     def mark_action(self, action_id: int, status: str = "done", error: str | None = None) -> None:
@@ -273,7 +211,105 @@ class Store:
                        (status, error, time.time(), action_id))
 
     def actions(self, rollout_id: str) -> list[dict]:
-        with self._lock:
-            rows = self._db.execute("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
-                                    "WHERE rollout_id = ? ORDER BY id", (rollout_id,)).fetchall()
+        rows = self._rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
+                          "WHERE rollout_id = ? ORDER BY id", (rollout_id,))
         return [dict(r, body=json.loads(r["body"])) for r in rows]
+
+    # ---- manual commands: left by the CLI / API, consumed by the worker after the state they produced is saved ----
+    def add_command(self, rollout_id: str, command: Command | str, actor: str, *, reuse_pending: bool = False) -> int:
+        """Queue a command; its id. With reuse_pending, the same command already queued (not yet consumed) is
+        returned instead of a second one. RolloutNotFoundError if there is no such rollout."""
+        command = _command(command)
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM rollouts WHERE id = ?", (rollout_id,)).fetchone() is None:
+                raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
+            if reuse_pending:
+                row = db.execute("SELECT id FROM commands WHERE rollout_id = ? AND command = ? AND consumed_at IS NULL"
+                                 " ORDER BY id LIMIT 1", (rollout_id, command.value)).fetchone()
+                if row is not None:
+                    return row["id"]
+            return db.execute("INSERT INTO commands (rollout_id, command, actor, created_at) VALUES (?, ?, ?, ?)",
+                              (rollout_id, command.value, actor, time.time())).lastrowid
+
+    def next_command(self, rollout_id: str) -> tuple[int, Command, str] | None:
+        """The oldest unconsumed command: (command_id, command, actor)."""
+        rows = self._rows("SELECT id, command, actor FROM commands WHERE rollout_id = ? AND consumed_at IS NULL "
+                          "ORDER BY id LIMIT 1", (rollout_id,))
+        return (rows[0]["id"], Command(rows[0]["command"]), rows[0]["actor"]) if rows else None
+
+    def consume_command(self, command_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE commands SET consumed_at = ? WHERE id = ?", (time.time(), command_id))
+
+    def pending_commands(self, rollout_id: str) -> list[dict]:
+        """Queued, not yet consumed commands, oldest first: id, command, actor, created_at."""
+        rows = self._rows("SELECT id, command, actor, created_at FROM commands WHERE rollout_id = ? AND consumed_at "
+                          "IS NULL ORDER BY id", (rollout_id,))
+        return [dict(r) for r in rows]
+
+    # ---- leases: which worker drives a rollout -------------------------------------------------------------------
+    def acquire_lease(self, rollout_id: str, owner: str, ttl_s: float, now: float) -> bool:
+        """Take (or renew) the rollout's lease until now + ttl_s: True if `owner` holds it afterwards, i.e. it was
+        free, expired or already `owner`'s."""
+        with self._tx() as db:
+            row = db.execute("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,)).fetchone()
+            if row is not None and row["owner"] != owner and row["expires_at"] > now:
+                return False
+            if row is not None and row["owner"] == owner:
+                db.execute("UPDATE leases SET expires_at = ? WHERE rollout_id = ?", (now + ttl_s, rollout_id))
+            else:
+                db.execute("INSERT OR REPLACE INTO leases (rollout_id, owner, expires_at, acquired_at) "
+                           "VALUES (?, ?, ?, ?)", (rollout_id, owner, now + ttl_s, now))
+            return True
+
+    def release_lease(self, rollout_id: str, owner: str) -> None:
+        """Give the lease up (if `owner` holds it) so another worker takes over without waiting for expiry."""
+        with self._tx() as db:
+            db.execute("DELETE FROM leases WHERE rollout_id = ? AND owner = ?", (rollout_id, owner))
+
+    def lease(self, rollout_id: str) -> tuple[str, float] | None:
+        """(owner, expires_at), or None if no worker holds it."""
+        rows = self._rows("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,))
+        return (rows[0]["owner"], rows[0]["expires_at"]) if rows else None
+
+    # ---- webhook delivery journal (adapters/notify.py): one durable queue per webhook `target` -------------------
+    def record_delivery(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
+                        limit: int) -> bool | None:
+        """Queue a delivery: True; None if (target, key) is already queued or done (a replay); False if `limit`
+        deliveries to target are pending."""
+        with self._tx() as db:
+            pending = db.execute("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'",
+                                 (target,)).fetchone()[0]
+            if pending >= limit:
+                return False
+            cur = db.execute("INSERT OR IGNORE INTO deliveries (target, key, rollout_id, body, created_at) "
+                             "VALUES (?, ?, ?, ?, ?)", (target, key, rollout_id, json.dumps(body), time.time()))
+            return True if cur.rowcount else None
+
+    def next_delivery(self, target: str) -> tuple[int, dict] | None:
+        """The oldest pending delivery to target: (delivery id, body)."""
+        rows = self._rows("SELECT id, body FROM deliveries WHERE target = ? AND status = 'pending' ORDER BY id "
+                          "LIMIT 1", (target,))
+        return (rows[0]["id"], json.loads(rows[0]["body"])) if rows else None
+
+    def finish_delivery(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None:
+        """status: "sent" or "failed"; attempts made by this try (added to the row's)."""
+        with self._tx() as db:
+            db.execute("UPDATE deliveries SET status = ?, attempts = attempts + ?, error = ?, done_at = ? WHERE id = ?",
+                       (status, attempts, error, time.time(), delivery_id))
+
+    def pending_deliveries(self, target: str) -> int:
+        return self._rows("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'", (target,))[0][0]
+
+    def deliveries(self, rollout_id: str) -> list[dict]:
+        """The rollout's journaled notifications, oldest first: event, at, key, webhook (the target: a hash of the
+        URL), status, attempts, error, done_at."""
+        rows = self._rows("SELECT target, body, status, attempts, error, done_at FROM deliveries WHERE rollout_id = ? "
+                          "ORDER BY id", (rollout_id,))
+        out = []
+        for r in rows:
+            n = json.loads(r["body"])
+            out.append({"event": n["event"], "at": n["at"], "key": n["key"], "webhook": r["target"],
+                        "status": r["status"], "attempts": r["attempts"], "error": r["error"],
+                        "done_at": r["done_at"]})
+        return out

@@ -16,126 +16,30 @@ windows are dropped by reconcile (Policy.warmup_s after every deploy or weight c
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import sqlite3
+import os
+import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec, VariantStatus
+from control_plane.adapters.deploy import Deployer, DeployNotFoundError
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
-from control_plane.analysis import Policy, VariantData
+from control_plane.analysis import VariantData
 from control_plane.rollout import (Action, Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
                                    SetWeights, reconcile)
+from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
+from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.store import Store
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
 _STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-
-
-@dataclass(slots=True, frozen=True)
-class DeploySpec:
-    """How a rollout's variants run (besides their kernel sets): baseline = a fresh copy of production."""
-    model: str = "tiny"
-    replicas: int = 1
-    production_args: tuple[str, ...] = ()
-    canary_args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    production_image: str | None = None      # Kubernetes: None = the deployer's default image
-    canary_image: str | None = None
-    gpus: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError("model must be 'tiny', 'llama3-8b' or a checkpoint path")
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ValueError(f"replicas must be an integer >= 1, got {self.replicas!r}")
-        for name in ("production_args", "canary_args"):
-            v = getattr(self, name)
-            if isinstance(v, str) or not all(isinstance(a, str) for a in v):
-                raise ValueError(f"{name} must be a list of strings")
-            object.__setattr__(self, name, tuple(v))
-        object.__setattr__(self, "env", dict(self.env))
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
-            raise ValueError(f"gpus must be an integer >= 0, got {self.gpus!r}")
-
-    def variant(self, service: str, role: str, kernels: str) -> VariantSpec:
-        canary = role == "canary"
-        return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
-                           image=self.canary_image if canary else self.production_image,
-                           args=self.canary_args if canary else self.production_args, env=self.env, gpus=self.gpus)
-
-
-class SideTables:
-    """Worker-owned tables in the store's SQLite file: each rollout's DeploySpec and the queue of manual commands
-    (promote/abort/pause/resume) that the CLI or API leave for the worker. A command is consumed after the state it
-    produced is saved: a crash in between replays it, and reconcile ignores a command that no longer applies."""
-
-    def __init__(self, path: str) -> None:
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        self._db.executescript("""
-            CREATE TABLE IF NOT EXISTS rollout_specs (rollout_id TEXT PRIMARY KEY, body TEXT NOT NULL);
-            CREATE TABLE IF NOT EXISTS commands (id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL,
-                command TEXT NOT NULL, by TEXT NOT NULL, created_at REAL NOT NULL, consumed_at REAL);""")
-
-    def put_spec(self, rollout_id: str, spec: DeploySpec) -> None:
-        body = json.dumps(dataclasses.asdict(spec))
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO rollout_specs VALUES (?, ?)", (rollout_id, body))
-
-    def spec(self, rollout_id: str) -> DeploySpec:
-        with self._lock:
-            row = self._db.execute("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,)).fetchone()
-        return DeploySpec(**json.loads(row[0])) if row else DeploySpec()
-
-    def add_command(self, rollout_id: str, command: Command | str, by: str = "") -> int:
-        command = Command(command)
-        with self._lock:
-            cur = self._db.execute("INSERT INTO commands (rollout_id, command, by, created_at) VALUES (?, ?, ?, ?)",
-                                   (rollout_id, command.value, by, time.time()))
-            return cur.lastrowid
-
-    def next_command(self, rollout_id: str) -> tuple[int, Command, str] | None:
-        with self._lock:
-            row = self._db.execute("SELECT id, command, by FROM commands WHERE rollout_id = ? AND consumed_at IS "
-                                   "NULL ORDER BY id LIMIT 1", (rollout_id,)).fetchone()
-        return (row[0], Command(row[1]), row[2]) if row else None
-
-    def consume(self, command_id: int) -> None:
-        with self._lock:
-            self._db.execute("UPDATE commands SET consumed_at = ? WHERE id = ?", (time.time(), command_id))
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-
-def start_rollout(store: Store, service: str, canary_kernels: str, production_kernels: str,
-                  policy: Policy | None = None, spec: DeploySpec | None = None, *, now: float | None = None,
-                  rollout_id: str | None = None) -> Rollout:
-    """Create a PENDING rollout (the worker takes it from there). StoreConflictError if the service has one."""
-    now = time.time() if now is None else now
-    spec = spec or DeploySpec()
-    try:   # the deployer would refuse these later (service must be a DNS label): refuse them now
-        spec.variant(service, "canary", canary_kernels)
-        spec.variant(service, "production", production_kernels)
-    except DeployError as e:
-        raise ValueError(str(e)) from None
-    rid = rollout_id or f"{service}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
-    side = SideTables(store.path) if store.path != ":memory:" else None
-    if side is not None:   # written first: an orphan spec row is harmless, a rollout without its spec is not
-        side.put_spec(rid, spec)
-        side.close()
-    return store.create(Rollout(rid, service, canary_kernels, production_kernels, policy or Policy(),
-                                created_at=now, phase_since=now))
 
 
 @dataclass(slots=True)
@@ -144,10 +48,14 @@ class WorkerConfig:
     action_retries: int = 2          # deployer action attempts after the first
     action_backoff_s: float = 1.0    # doubled per attempt
     join_timeout_s: float = 30.0     # stop(): how long to wait for rollout threads
+    lease_ttl_s: float = 30.0        # a rollout's lease lasts this long after each renewal (every pass, every action)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0 or self.action_backoff_s < 0 or self.join_timeout_s < 0:
             raise ValueError("interval_s must be > 0; action_backoff_s and join_timeout_s >= 0")
+        if not self.lease_ttl_s > self.interval_s:
+            raise ValueError(f"lease_ttl_s ({self.lease_ttl_s}) must exceed interval_s ({self.interval_s}): the "
+                             "holder renews once per pass")
         if isinstance(self.action_retries, bool) or not isinstance(self.action_retries, int) or self.action_retries < 0:
             raise ValueError("action_retries must be an integer >= 0")
 
@@ -167,20 +75,33 @@ class WorkerMetrics:
                           registry=self.registry)
 
 
+class LeaseLostError(Exception):
+    """Another worker took the rollout's lease during this pass (this one stalled past lease_ttl_s)."""
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 class Worker:
     """`Worker(store, deployer, metrics_source, notifier)`; `start()`/`stop()` run the loop in threads,
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
-    `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash."""
+    `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
+    `owner`: this worker's lease identity (default hostname:pid:random). A pass drives a rollout only while this
+    worker holds its lease (Store.acquire_lease, renewed every pass and before every action, lease_ttl_s long):
+    several workers on one store never drive one rollout at once, and one that stops renewing is replaced after
+    the lease expires."""
 
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
                  notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
-                 clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> None:
+                 clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
+                 owner: str | None = None) -> None:
         self.store, self.deployer, self.source = store, deployer, metrics_source
         self.notifier = notifier or MultiNotifier()
         self.config = config or WorkerConfig()
         self.clock = clock
+        self.owner = owner or default_owner()
         self.metrics = WorkerMetrics(registry)
-        self.side = SideTables(store.path)
         self.step_hook: Callable[[str], None] | None = None
         self._threads: dict[str, threading.Thread] = {}
         self._stop = threading.Event()
@@ -221,18 +142,20 @@ class Worker:
         return self
 
     def stop(self) -> None:
-        """Stop the loop; wait (join_timeout_s in all) for passes in flight. A pass still running after that (a
-        hung deployer call) is abandoned: its outbox rows stay pending and the next worker finishes them."""
+        """Stop the loop; wait (join_timeout_s in all) for passes in flight, then give up the leases of the rollouts
+        whose pass ended (another worker takes them over at once). A pass still running after that (a hung deployer
+        call) is abandoned with its lease: its outbox rows stay pending and the next holder finishes them."""
         self._stop.set()
         deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
             self._loop.join(max(0.0, deadline - time.monotonic()))
-        for t in list(self._threads.values()):
+        for rid, t in list(self._threads.items()):
             t.join(max(0.0, deadline - time.monotonic()))
+            if not t.is_alive():
+                self.store.release_lease(rid, self.owner)
 
     def close(self) -> None:
         self.stop()
-        self.side.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -245,6 +168,8 @@ class Worker:
     def _pass(self, rollout_id: str, service: str) -> None:
         try:
             self.reconcile_rollout(rollout_id)
+        except LeaseLostError as e:
+            log.warning("%s; this pass stops here", e)
         except Exception:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
@@ -253,9 +178,18 @@ class Worker:
         """Finished rollouts whose last actions (notifications) never ran because of a crash."""
         for r in self.store.list(active=False, limit=50):
             pending = self.store.pending_actions(r.id)
-            if pending:
+            if pending and self._lease(r.id):
                 self._run_actions(r, pending)
+                self.store.release_lease(r.id, self.owner)
         self._recovered = True
+
+    def _lease(self, rollout_id: str) -> bool:
+        return self.store.acquire_lease(rollout_id, self.owner, self.config.lease_ttl_s, self.clock())
+
+    def holds(self, rollout_id: str) -> bool:
+        """Whether this worker holds the rollout's lease now."""
+        held = self.store.lease(rollout_id)
+        return held is not None and held[0] == self.owner and held[1] > self.clock()
 
     # ---- one pass ------------------------------------------------------------------------------------------------
     def _at(self, step: str) -> None:
@@ -263,18 +197,23 @@ class Worker:
             self.step_hook(step)
 
     def reconcile_rollout(self, rollout_id: str) -> Rollout:
+        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease)."""
         r = self.store.get(rollout_id)
+        if not self._lease(r.id):
+            log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
+            return r
         pending = self.store.pending_actions(r.id)
         if pending:   # only after a crash or an interrupted pass: finish it, reconcile next interval
             self._at("recover")
             self._run_actions(r, pending)
             return r
         if not r.active:
+            self.store.release_lease(r.id, self.owner)
             return r
         self._at("loaded")
         now = self.clock()
         t0 = time.perf_counter()
-        command = self.side.next_command(r.id)
+        command = self.store.next_command(r.id)
         obs = self._observe(r, now, command)
         t1 = time.perf_counter()
         self._at("observed")
@@ -289,7 +228,7 @@ class Worker:
         t3 = time.perf_counter()
         self._at("saved")
         if command is not None:
-            self.side.consume(command[0])
+            self.store.consume_command(command[0])
             self._at("consumed")
         self._run_actions(saved, self.store.pending_actions(r.id))
         t4 = time.perf_counter()
@@ -309,7 +248,7 @@ class Worker:
         # ready: every replica up before traffic starts (INITIALIZING); afterwards "serving" (a replica count that is
         # catching up with a weight change, e.g. Kubernetes replica-ratio traffic, is not a canary failure)
         variants = {role: VariantData(ready=st.ready or (r.phase is not Phase.INITIALIZING and st.ready_replicas > 0),
-                                      crashing=crashing(st)) for role, st in status.items()}
+                                      crashing=st.crashing and not st.ready) for role, st in status.items()}
         if not errors and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
             for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
                 variants.setdefault(role, VariantData(ready=False))
@@ -332,7 +271,7 @@ class Worker:
 
     # ---- actions -------------------------------------------------------------------------------------------------
     def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
-        spec = self.side.spec(r.id)
+        spec = self.store.spec(r.id)
         i = 0
         while i < len(pending):
             group = [pending[i]]
@@ -364,6 +303,8 @@ class Worker:
         for attempt in range(c.action_retries + 1):
             if attempt:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
+            if not self._lease(r.id):   # stalled past the TTL and replaced: the new holder runs this action
+                raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
             try:
                 self._execute(r, spec, action, action_id)
                 self._at(f"executed:{action.kind}")
@@ -378,9 +319,9 @@ class Worker:
     def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
         if "production" not in self.deployer.status(r.service):
             self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
-            router_url = getattr(self.deployer, "router_url", None)
+            router = self.deployer.router_url(r.service)
             log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
-                     f"; router at {router_url(r.service)}" if router_url else "")
+                     f"; traffic enters at {router}" if router else "")
 
     def _execute(self, r: Rollout, spec: DeploySpec, action: Action, action_id: int = 0) -> None:
         if isinstance(action, Deploy):
@@ -405,8 +346,3 @@ class Worker:
         else:
             raise ValueError(f"unknown action {action!r}")
 
-
-def crashing(st: VariantStatus) -> bool:
-    """A replica exited (local deployer) or crash-loops (Kubernetes): the status message says so."""
-    msg = st.message.lower()
-    return not st.ready and ("exited with code" in msg or "crashloop" in msg)

@@ -6,14 +6,12 @@ HTTPRoute). Every call is idempotent: repeating it after a crash converges to th
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
-ROLES = ("production", "baseline", "canary")
-
-# DNS-1035 label: the service name becomes part of Kubernetes object names (`<service>-<role>`) and of label values
-_SERVICE_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+from control_plane import validation as v
+from control_plane.errors import ValidationError
+from control_plane.rollout_types import ROLES  # noqa: F401  (re-exported: the adapters' import of it)
 
 
 class DeployError(Exception):
@@ -26,6 +24,10 @@ class DeployNotFoundError(DeployError):
 
 class DeployConflictError(DeployError):
     """A concurrent writer kept changing the same object; retries were exhausted."""
+
+
+class InvalidVariantError(DeployError, ValidationError):
+    """A VariantSpec field is invalid (the deployer refuses it before touching anything)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,26 +43,19 @@ class VariantSpec:
     gpus: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.service, str) or not _SERVICE_RE.match(self.service):
-            raise DeployError(
-                f"service {self.service!r} must be a DNS label: lower-case letters, digits and '-', "
-                "starting with a letter, at most 40 characters")
-        if self.role not in ROLES:
-            raise DeployError(f"role {self.role!r} must be one of {', '.join(ROLES)}")
-        if not isinstance(self.kernels, str) or not self.kernels:
-            raise DeployError("kernels must name a kernel set, e.g. 'torch' or 'triton-v1'")
-        if not isinstance(self.model, str) or not self.model:
-            raise DeployError("model must be 'tiny', 'llama3-8b' or a checkpoint path")
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
-            raise DeployError(f"replicas must be an integer >= 0, got {self.replicas!r}")
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
-            raise DeployError(f"gpus must be an integer >= 0, got {self.gpus!r}")
-        if isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args):
-            raise DeployError("args must be a sequence of strings")
-        object.__setattr__(self, "args", tuple(self.args))
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(self.env).items()):
-            raise DeployError("env must map strings to strings")
-        object.__setattr__(self, "env", dict(self.env))
+        try:
+            v.service_name(self.service)
+            if self.role not in ROLES:
+                raise ValidationError(f"role {self.role!r} must be one of {', '.join(ROLES)}", "role")
+            if not isinstance(self.kernels, str) or not self.kernels:
+                raise ValidationError("kernels must name a kernel set, e.g. 'torch' or 'triton-v1'", "kernels")
+            v.model(self.model)
+            v.integer(self.replicas, "replicas", 0)
+            v.integer(self.gpus, "gpus", 0)
+            object.__setattr__(self, "args", v.strings(self.args, "args"))
+            object.__setattr__(self, "env", v.string_map(self.env, "env"))
+        except ValidationError as e:
+            raise InvalidVariantError(str(e), e.field) from None
 
     def engine_args(self, *, port: int, host: str | None = None) -> list[str]:
         """`sits-engine serve ...` arguments (without the program) for this variant; env label = role."""
@@ -91,6 +86,7 @@ class VariantStatus:
     endpoint: str | None
     message: str = ""
     endpoints: tuple[str, ...] = ()   # every replica's URL where they are reachable one by one (local deployer)
+    crashing: bool = False            # a replica exited (local) or crash-loops (Kubernetes), as the deployer sees it
 
 
 @runtime_checkable
@@ -106,6 +102,10 @@ class Deployer(Protocol):
     def rollback(self, service: str) -> None: ...
 
     def delete(self, service: str, role: str | None = None) -> None: ...
+
+    def router_url(self, service: str) -> str | None: ...   # where the service's traffic enters, if this deployer has it
+
+    def close(self) -> None: ...   # release what the deployer holds (local: stop every variant; Kubernetes: clients)
 
 
 def normalize_weights(weights: Mapping[str, int | float]) -> dict[str, int]:

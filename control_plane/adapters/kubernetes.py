@@ -63,6 +63,7 @@ class KubernetesDeployer:
     def __init__(self, config: KubernetesConfig | None = None, *, api_client: client.ApiClient | None = None):
         self.config = config or KubernetesConfig()
         c = self.config
+        self._owns_client = api_client is None
         self.kube = KubeApi(api_client or load_client(c.kubeconfig, c.context, c.in_cluster), c.namespace,
                             retries=c.retries, backoff_s=c.backoff_s, max_backoff_s=c.max_backoff_s,
                             request_timeout_s=c.request_timeout_s, httproute_version=c.httproute_version)
@@ -115,9 +116,11 @@ class KubernetesDeployer:
         if any(not s.ready and s.replicas for s in out.values()):  # say why: crash loops, image pulls, OOM kills
             pods = self.kube.call(f"list Pods of {service}", lambda: self.kube.list_pods(sel.split(",")[0]))
             for role, st in list(out.items()):
-                why = pod_problems([p for p in pods if p["metadata"].get("labels", {}).get(m.ROLE_LABEL) == role])
+                mine = [p for p in pods if p["metadata"].get("labels", {}).get(m.ROLE_LABEL) == role]
+                why = pod_problems(mine)
                 if why and not st.ready:
-                    out[role] = dataclasses.replace(st, message=f"{st.message}; {why}")
+                    out[role] = dataclasses.replace(st, message=f"{st.message}; {why}",
+                                                    crashing=pods_crashing(mine))
         return out
 
     def promote(self, service: str) -> None:
@@ -156,6 +159,18 @@ class KubernetesDeployer:
             self.kube.delete(f"Service {name}", "service", name)
         if role is None:
             self.kube.delete(f"Service {service}", "service", service)
+
+    def router_url(self, service: str) -> str | None:
+        """The in-cluster URL of the Service that splits traffic by replicas; None with an HTTPRoute (the
+        Gateway's address is the cluster's, not ours)."""
+        if self.config.traffic != "replicas":
+            return None
+        return f"http://{service}.{self.config.namespace}.svc:{self.config.port}"
+
+    def close(self) -> None:
+        """Close the API client if this deployer made it (a client passed in belongs to the caller)."""
+        if self._owns_client:
+            self.kube.api.close()
 
     # ---- deployments ----
     def _apply_deployment(self, spec: VariantSpec) -> None:
@@ -294,6 +309,18 @@ def _int_or_none(v) -> int | None:
 
 
 _BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
+
+
+def pods_crashing(pods: list[dict]) -> bool:
+    """A container in CrashLoopBackOff, or restarted after exiting with an error and not ready again."""
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            if (cs.get("state", {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+                return True
+            last = cs.get("lastState", {}).get("terminated") or {}
+            if cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):
+                return True
+    return False
 
 
 def pod_problems(pods: list[dict]) -> str:

@@ -185,8 +185,8 @@ class LocalDeployer:
                 with self._lock:
                     self._services.pop(service, None)
 
-    # ---- extras ----
     def router_url(self, service: str) -> str:
+        """The service's weighted router (DeployNotFoundError before its first deploy)."""
         return self._service(service).router.url
 
     def close(self) -> None:
@@ -271,10 +271,11 @@ class LocalDeployer:
             process.stop(r.proc, self.config.stop_timeout_s)
 
     def _variant_status(self, role: str, v: _Variant, weight: int) -> VariantStatus:
-        ready_n, problems = 0, []
+        ready_n, exited, problems = 0, 0, []
         for i, r in enumerate(v.replicas):
             rc = r.proc.poll()
             if rc is not None:
+                exited += 1
                 problems.append(f"replica {i} (pid {r.proc.pid}) exited with code {rc}; "
                                 f"log {r.log_path}:\n{_tail(r.log_path, 800)}")
             elif self._readyz(r.url):
@@ -287,7 +288,7 @@ class LocalDeployer:
             msg += "; " + "; ".join(problems)
         return VariantStatus(role=role, ready=want > 0 and ready_n == want, replicas=want, ready_replicas=ready_n,
                              endpoint=v.replicas[0].url if v.replicas else None, message=msg,
-                             endpoints=tuple(r.url for r in v.replicas))
+                             endpoints=tuple(r.url for r in v.replicas), crashing=exited > 0)
 
 
 def _tail(path: Path, n: int = 2000) -> str:

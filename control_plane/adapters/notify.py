@@ -6,9 +6,9 @@ rolled_back, failed.
 ever blocks or fails the rollout. Bodies: Slack-compatible (`{"text": ...}`, incoming-webhook format) or a generic
 JSON document with every field.
 
-With `journal=PATH` (the control plane's SQLite file; `sits-control worker` passes its store) the queue is a table
-there, `deliveries`, so a notification outlives a crash or restart of the worker: a new notifier for the same webhook
-delivers what the old one left pending. Each notification has an idempotency `key` (the worker's is
+With `journal=store` (the control plane's Store; `sits-control worker` passes its own) the queue is the store's
+delivery journal (Store.record_delivery ...; read back with Store.deliveries(rollout_id)), so a notification outlives
+a crash or restart of the worker: a new notifier for the same webhook delivers what the old one left pending. Each notification has an idempotency `key` (the worker's is
 "<rollout id>:<outbox action id>"); the journal holds a key once per webhook, so the worker re-running a Notify
 action after a crash queues nothing twice. Delivery is at least once: a crash between the receiver's answer and the
 row's update sends it again, and the JSON body carries `key` for the receiver to drop the repeat. Webhooks are
@@ -17,10 +17,8 @@ identified in the table by a hash of their URL (Slack URLs embed a secret).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 import uuid
@@ -101,59 +99,51 @@ def json_body(n: Notification) -> dict:
     return {"source": "sits", **n.to_dict()}
 
 
-class _Journal:
-    """The durable queue of one webhook: rows of the `deliveries` table in a SQLite file, oldest first."""
+class DeliveryJournal(Protocol):
+    """Where journaled notifications wait: the store's delivery journal (control_plane.store.Store)."""
 
-    def __init__(self, path: str, url: str) -> None:
+    def record_delivery(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
+                        limit: int) -> bool | None: ...
+
+    def next_delivery(self, target: str) -> tuple[int, dict] | None: ...
+
+    def finish_delivery(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None: ...
+
+    def pending_deliveries(self, target: str) -> int: ...
+
+
+class _Journal:
+    """One webhook's durable queue in a DeliveryJournal, oldest first. Webhooks are told apart by a hash of their
+    URL (Slack URLs embed a secret)."""
+
+    def __init__(self, journal: DeliveryJournal, url: str) -> None:
+        self.journal = journal
         self.target = hashlib.sha256(url.encode()).hexdigest()[:16]
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        self._db.executescript("""
-            CREATE TABLE IF NOT EXISTS deliveries (id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL,
-                key TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
-                attempts INTEGER NOT NULL DEFAULT 0, error TEXT, created_at REAL NOT NULL, done_at REAL,
-                UNIQUE (target, key));
-            CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(target, status, id);""")
 
     def add(self, n: Notification, limit: int) -> bool | None:
         """Queue n; None if its key is already queued or done (a replay), False if `limit` are pending."""
-        with self._lock:
-            if self.pending() >= limit:
-                return False
-            cur = self._db.execute("INSERT OR IGNORE INTO deliveries (target, key, body, created_at) "
-                                   "VALUES (?, ?, ?, ?)", (self.target, n.key or uuid.uuid4().hex,
-                                                           json.dumps(n.to_dict()), time.time()))
-            return True if cur.rowcount else None
+        return self.journal.record_delivery(self.target, n.key or uuid.uuid4().hex, n.rollout_id, n.to_dict(),
+                                            limit=limit)
 
     def next(self) -> tuple[int, Notification] | None:
-        with self._lock:
-            row = self._db.execute("SELECT id, body FROM deliveries WHERE target = ? AND status = 'pending' "
-                                   "ORDER BY id LIMIT 1", (self.target,)).fetchone()
-        return (row[0], Notification(**json.loads(row[1]))) if row else None
+        item = self.journal.next_delivery(self.target)
+        return (item[0], Notification(**item[1])) if item else None
 
     def finish(self, row_id: int, status: str, attempts: int, error: str | None) -> None:
-        with self._lock:
-            self._db.execute("UPDATE deliveries SET status = ?, attempts = attempts + ?, error = ?, done_at = ? "
-                             "WHERE id = ?", (status, attempts, error, time.time(), row_id))
+        self.journal.finish_delivery(row_id, status, attempts, error)
 
     def pending(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'",
-                                    (self.target,)).fetchone()[0]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        return self.journal.pending_deliveries(self.target)
 
 
 class WebhookNotifier:
-    """One webhook. `journal`: a SQLite path for a queue that survives restarts (see the module docstring)."""
+    """One webhook. `journal`: the store, for a queue that survives restarts (see the module docstring)."""
 
-    def __init__(self, config: WebhookConfig, *, journal: str | None = None) -> None:
+    def __init__(self, config: WebhookConfig, *, journal: DeliveryJournal | None = None) -> None:
         self.config = config
         self.sent = self.failed = self.dropped = 0
         self._queue: queue.Queue[Notification | None] = queue.Queue(config.queue_size)
-        self._journal = _Journal(journal, config.url) if journal and journal != ":memory:" else None
+        self._journal = _Journal(journal, config.url) if journal is not None else None
         self._wake = threading.Event()
         self._busy = False
         self._stop = threading.Event()
@@ -169,7 +159,7 @@ class WebhookNotifier:
         if self._journal is not None:
             try:
                 added = self._journal.add(n, self.config.queue_size)
-            except sqlite3.Error as e:
+            except Exception as e:   # the store is unwritable (disk full, locked past its timeout, closed)
                 added = False
                 log.error("webhook %s: journal write failed (%s)", _redact(self.config.url), e)
             if added is False:
@@ -198,7 +188,8 @@ class WebhookNotifier:
         return self._idle()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Deliver what is queued (up to `timeout`), then stop. A journal keeps what is left for the next notifier."""
+        """Deliver what is queued (up to `timeout`), then stop. A journal keeps what is left for the next notifier
+        (the store stays open: it is the caller's)."""
         self.flush(timeout)
         self._stop.set()
         self._wake.set()
@@ -208,8 +199,6 @@ class WebhookNotifier:
             pass
         self._thread.join(timeout)
         self._session.close()
-        if self._journal is not None and not self._thread.is_alive():
-            self._journal.close()
 
     def _run(self) -> None:
         while True:
@@ -266,27 +255,6 @@ class WebhookNotifier:
         self.failed += 1
         log.error("webhook %s: %s notification for %s not delivered: %s", _redact(c.url), n.event, n.service, last)
         return "failed", attempt + 1, last
-
-
-def delivery_log(path: str, rollout_id: str) -> list[dict]:
-    """The journaled notifications of one rollout, oldest first: event, at, webhook (URL hash), status, attempts,
-    error. [] when the file has no journal (no webhook was configured)."""
-    if not path or path == ":memory:":
-        return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
-    try:
-        rows = db.execute("SELECT target, body, status, attempts, error, done_at FROM deliveries "
-                          "WHERE json_extract(body, '$.rollout_id') = ? ORDER BY id", (rollout_id,)).fetchall()
-    except sqlite3.OperationalError:   # no deliveries table
-        return []
-    finally:
-        db.close()
-    out = []
-    for target, body, status, attempts, error, done_at in rows:
-        n = json.loads(body)
-        out.append({"event": n["event"], "at": n["at"], "key": n["key"], "webhook": target, "status": status,
-                    "attempts": attempts, "error": error, "done_at": done_at})
-    return out
 
 
 def _redact(url: str) -> str:

@@ -64,6 +64,7 @@ class TestResult:
     ci_high: float = math.nan
     need_more: int | None = None
     vs_production: tuple[float, float] | None = None  # (delta_abs, delta_rel) when production is not the target
+    low_traffic: bool = False   # too few samples to decide: skipped when another series of the check decides
 
     def to_dict(self) -> dict:
         def clean(v):
@@ -125,6 +126,7 @@ def _latency(check: MetricCheck, series: str, c: VariantData, t: VariantData, pr
     base = dict(check=check.name, series=series, threshold=thr, n_canary=n_c, n_target=n_t)
     if min(n_c, n_t) < need:
         return TestResult(**base, outcome=Outcome.INCONCLUSIVE, need_more=int(math.ceil(need - min(n_c, n_t))),
+                          low_traffic=True,
                           reason=f"low traffic: {min(n_c, n_t):g} requests, {need} needed for p{q * 100:g}")
     fail_est, pass_est, vc, vt = quantile_delta(hc, ht, q, policy.z_fail, policy.z_pass)
     vs_prod = None
@@ -156,6 +158,7 @@ def _error_rate(check: MetricCheck, c: VariantData, t: VariantData, prod: Varian
     n = min(c.requests, t.requests)
     if n < policy.min_error_samples:
         return TestResult(**base, outcome=Outcome.INCONCLUSIVE, need_more=int(math.ceil(policy.min_error_samples - n)),
+                          low_traffic=True,
                           reason=f"low traffic: {n:g} requests, {policy.min_error_samples} needed for the error rate")
     fail_est, pass_est = proportion_diff(c.errors, c.requests, t.errors, t.requests, policy.z_fail, policy.z_pass)
     rc, rt = c.errors / c.requests, t.errors / t.requests
@@ -179,7 +182,7 @@ def _combine(check: MetricCheck, results: list[TestResult]) -> tuple[Outcome, in
     """Series too small to decide are skipped when another series of the same check has enough data."""
     if any(r.outcome is Outcome.FAIL for r in results):
         return Outcome.FAIL, None
-    decided = [r for r in results if not r.reason.startswith("low traffic")]
+    decided = [r for r in results if not r.low_traffic]
     if decided and all(r.outcome is Outcome.PASS for r in decided):
         return Outcome.PASS, None
     more = [r.need_more for r in (decided or results) if r.outcome is Outcome.INCONCLUSIVE and r.need_more]

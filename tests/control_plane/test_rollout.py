@@ -1,28 +1,12 @@
 """The rollout state machine: reconcile() stepped with a frozen clock and canned observations; phase after each step."""
-import math
 from dataclasses import replace
-from statistics import NormalDist
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
-from control_plane.analysis import Policy as _Policy
+from control_plane.analysis import REQUEST_LATENCY, VariantData
 from control_plane.rollout import (Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
                                    SetWeights, reconcile, weights_for)
-
-def Policy(**kw):
-    """These tests are about the latency analysis: the correctness gate is off (test_rollout_correctness.py)."""
-    return _Policy(correctness={"enabled": False}, **kw)
-
-
-BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))
-_Z = NormalDist()
-
-
-def lat(n, scale=1.0):
-    return HistogramSnapshot.from_values(
-        [0.05 * math.exp(0.5 * _Z.inv_cdf((i + 0.5) / n)) * scale for i in range(n)], BOUNDS)
-
+from tests.control_plane.helpers import latency_policy as Policy, lat
 
 GOOD, BAD = lat(3000), lat(3000, 1.5)   # one 10 s window of traffic per variant
 

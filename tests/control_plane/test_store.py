@@ -1,42 +1,24 @@
 """SQLite store: round trips, outbox, optimistic concurrency, one active rollout per service, and crash safety
 (a real process killed in the middle of the save transaction, and a worker loop crashed between its steps)."""
-import math
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from statistics import NormalDist
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
-from control_plane.analysis import Policy as _Policy
+from control_plane.analysis import REQUEST_LATENCY
 from control_plane.rollout import Command, Deploy, Observation, Phase, Rollout, SetWeights, reconcile
 from control_plane.store import RolloutNotFoundError, Store, StoreConflictError
-
-def Policy(**kw):
-    """Stored rollouts driven by canned windows: the correctness gate (which needs engines) is off."""
-    return _Policy(correctness={"enabled": False}, **kw)
-
+from control_plane.worker import Worker
+from tests.control_plane.helpers import latency_policy as Policy, windows as source
+from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
 ROOT = Path(__file__).resolve().parents[2]
-BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))
-_Z = NormalDist()
 
 
-def lat(n, scale=1.0):
-    return HistogramSnapshot.from_values(
-        [0.05 * math.exp(0.5 * _Z.inv_cdf((i + 0.5) / n)) * scale for i in range(n)], BOUNDS)
-
-
-def source(start: float, end: float, scale: float = 1.0) -> dict:
-    """A deterministic metrics source: the window [start, end] at 100 requests/s per variant."""
-    n = max(int(round((end - start) * 100)), 0)
-    if n == 0:
-        return {"canary": VariantData(), "baseline": VariantData()}
-    return {"canary": VariantData({REQUEST_LATENCY: lat(n, scale)}, float(n), n * 0.005),
-            "baseline": VariantData({REQUEST_LATENCY: lat(n)}, float(n), n * 0.005)}
+class Crash(BaseException):
+    """A simulated kill: nothing in memory survives, only the SQLite file and the (external) deployer."""
 
 
 def test_create_get_list_and_conflicts(tmp_path):
@@ -98,8 +80,7 @@ def test_full_evidence_and_outbox_round_trip(tmp_path):
 CRASHER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
-    sys.path.insert(0, {here!r})
-    from test_store import source
+    from tests.control_plane.helpers import windows as source
     from control_plane.rollout import Observation, reconcile
     from control_plane.store import Store
     s = Store({db!r})
@@ -127,7 +108,7 @@ def test_killed_inside_the_save_transaction(tmp_path):
     r, a = reconcile(r, Observation(1, 21, source(1, 21)), 21.0)      # step data, no check yet
     r = s.save(r, a)
     s.close()
-    code = CRASHER.format(root=str(ROOT), here=str(Path(__file__).parent), db=db)
+    code = CRASHER.format(root=str(ROOT), db=db)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 9, proc.stderr
     s = Store(db)
@@ -140,60 +121,43 @@ def test_killed_inside_the_save_transaction(tmp_path):
     assert [c["seq"] for c in s.checks("r1")] == [1]
 
 
-class Worker:
-    """The worker's loop, written out so a crash can be injected between any two of its steps."""
-
-    def __init__(self, path, scale):
-        self.path, self.scale = path, scale
-
-    def tick(self, now, crash_at=None):
-        s = Store(self.path)                                   # a fresh process: nothing survives but the file
-        try:
-            for action_id, _ in s.pending_actions("r1"):        # 1. finish what the last run left (idempotent)
-                if crash_at == "actions":
-                    return "crashed"
-                s.mark_action(action_id)
-            r = s.get("r1")                                     # 2. load
-            if not r.active:
-                return r.phase
-            start = r.observed_until if r.observed_until is not None else now - 10
-            obs = Observation(start, now, source(start, now, self.scale))   # 3. gather (re-reads the window)
-            new, actions = reconcile(r, obs, now)               # 4. compute
-            if crash_at == "before_save":
-                return "crashed"
-            s.save(new, actions)                                # 5. persist (one transaction)
-            if crash_at == "after_save":
-                return "crashed"
-            for action_id, _ in s.pending_actions("r1"):        # 6. act
-                s.mark_action(action_id)
-            return new.phase
-        finally:
-            s.close()
-
-
 @pytest.mark.parametrize("scale,final", [(1.0, Phase.SUCCEEDED), (1.5, Phase.ROLLED_BACK)])
 def test_worker_crashes_lose_and_repeat_no_check(tmp_path, scale, final):
-    crashes = ["before_save", "after_save", "actions"]
+    """The real worker, killed (a BaseException from Worker.step_hook) before its save, after it, and while acting;
+    every pass is a fresh worker and store on the file, as after a process restart."""
+    crashes = ["executed:", "saved", "reconciled"]
     db = str(tmp_path / "w.db")
     with Store(db) as s:
         s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
-    w, now, results = Worker(db, scale), 0.0, []
+    deployer, source = InMemoryDeployer(), CannedSource(scale={"chat": scale})
+    now, crashed = 0.0, set()
+
+    def crash_at(step, where):
+        if step.startswith(where):
+            raise Crash(where)
     for i in range(200):
         now += 10
-        results.append(w.tick(now, crash_at=crashes[i % 3] if i % 4 == 1 else None))
         with Store(db) as s:
-            if not s.get("r1").active:
+            w = Worker(s, deployer, source, clock=lambda: now, owner="worker-0")
+            if i % 2 == 1:   # every other pass crashes, at each point in turn
+                w.step_hook = lambda step, where=crashes[(i // 2) % 3]: crash_at(step, where)
+            try:
+                w.reconcile_rollout("r1")
+            except Crash as e:
+                crashed.add(e.args[0])
+            if not s.get("r1").active and not s.pending_actions("r1"):
                 break
     with Store(db) as s:
         r, checks = s.get("r1"), s.checks("r1")
-        assert r.phase is final and "crashed" in results
+        assert r.phase is final and crashed == set(crashes)
         seqs = [c["seq"] for c in checks]
         assert seqs == list(range(1, r.checks + 1)) and len(seqs) >= 2       # contiguous: none lost or repeated
         assert s.pending_actions("r1") == []
         # every window was counted exactly once: step data in the checks never exceeds what the source produced
-        for c in checks:
+        for c in checks:   # (a check whose step's windows were all warm-up has no data at all)
             n = c["variants"]["canary"]["requests"]
-            assert n == pytest.approx((c["window_end"] - c["window_start"]) * 100)
+            span = 0.0 if c["window_start"] is None else c["window_end"] - c["window_start"]
+            assert n == pytest.approx(span * source.rate)
         kinds = [a["kind"] for a in s.actions("r1")]
         assert kinds.count("deploy") == 2 and kinds.count("promote" if scale == 1.0 else "rollback") == 1
 
@@ -206,15 +170,3 @@ def test_commands_persist(tmp_path):
         r = s.save(*reconcile(r, Observation(1, 2, command=Command.PAUSE, command_by="alice"), 2.0))
         assert s.get("r1").phase is Phase.PAUSED and s.get("r1").paused_from is Phase.PROGRESSING
         assert any("paused by alice" in e["message"] for e in s.events("r1"))
-
-
-def test_refuses_a_newer_schema(tmp_path):
-    import sqlite3
-    from control_plane.store import StoreError
-    path = str(tmp_path / "n.db")
-    Store(path).close()
-    db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 99")
-    db.close()
-    with pytest.raises(StoreError, match="newer"):
-        Store(path)

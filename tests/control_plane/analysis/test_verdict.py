@@ -1,25 +1,11 @@
 """Table tests for assess(): every verdict path on literal, deterministic data (no mocks, no randomness)."""
 import math
-from statistics import NormalDist
 
 import pytest
 
 from control_plane.analysis import (ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Outcome, Policy,
                                     VariantData, assess)
-
-BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))   # 5 % buckets, 1 ms .. 17 s
-_Z = NormalDist()
-
-
-def lat(n: int, scale: float = 1.0, *, tail_scale: float = 1.0, median: float = 0.05, sigma: float = 0.5):
-    """n latencies at the exact lognormal quantiles (i + 0.5) / n; the slowest 5 % optionally multiplied."""
-    vals = []
-    for i in range(n):
-        p = (i + 0.5) / n
-        v = median * math.exp(sigma * _Z.inv_cdf(p)) * scale
-        vals.append(v * tail_scale if p > 0.95 else v)
-    return HistogramSnapshot.from_values(vals, BOUNDS)
-
+from tests.control_plane.helpers import BOUNDS, lat
 
 def var(n=20000, scale=1.0, *, errors=None, ready=True, crashing=False, tail_scale=1.0, key=REQUEST_LATENCY):
     errors = n * 0.005 if errors is None else errors
@@ -110,7 +96,7 @@ def test_per_route_series():
     sparse = VariantData({fast: lat(20000), slow: lat(50)}, 20050.0, 100.0)
     v = assess({"canary": sparse, "baseline": VariantData({fast: lat(20000), slow: lat(50)}, 20050.0, 100.0)}, P)
     assert v.outcome is Outcome.PASS
-    assert any(r.reason.startswith("low traffic") for r in v.results)
+    assert any(r.low_traffic for r in v.results)
 
 
 def test_more_data_moves_inconclusive_to_a_decision():
@@ -162,7 +148,7 @@ def test_sample_floor_keeps_bounds_finite():
     loose = Policy(min_samples=10, min_tail_samples=1)
     v = assess({"canary": var(200), "baseline": var(200)}, loose)
     p99 = next(r for r in v.results if r.check.endswith("p99"))
-    assert p99.reason.startswith("low traffic") and p99.need_more == math.ceil(2.3 ** 2 * 0.99 / 0.01) + 1 - 200
+    assert p99.low_traffic and p99.need_more == math.ceil(2.3 ** 2 * 0.99 / 0.01) + 1 - 200
     v = assess({"canary": var(600), "baseline": var(600)}, loose)
     p99 = next(r for r in v.results if r.check.endswith("p99"))
-    assert not p99.reason.startswith("low traffic") and math.isfinite(p99.ci_high)
+    assert not p99.low_traffic and math.isfinite(p99.ci_high)

@@ -2,36 +2,31 @@
 those: in-memory deployer, canned observations, frozen clock). End-to-end tests use the real LocalDeployer."""
 from __future__ import annotations
 
-import math
 import threading
 import time
-from statistics import NormalDist
 
 from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
                                            normalize_weights)
 from control_plane.adapters.metrics import MetricsWindow, NoDataError
 from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
 from engine.buckets import LATENCY_BUCKETS
+from tests.control_plane.helpers import lat
 
-_Z = NormalDist()
 KEY = REQUEST_LATENCY + '{route="/v1/completions"}'
-
-
-def lognormal(n: int, median: float = 0.05, sigma: float = 0.4) -> HistogramSnapshot:
-    """n observations on the normal quantile grid (deterministic), in the engine's bucket layout."""
-    return HistogramSnapshot.from_values([median * math.exp(sigma * _Z.inv_cdf((i + 0.5) / n)) for i in range(n)],
-                                         LATENCY_BUCKETS)
 
 
 class InMemoryDeployer:
     """The Deployer protocol over a dict; every call is logged. `gates[service]` (an Event) blocks deploy() of that
-    service until set; `fail[(service, role)]` makes deploy() of that variant raise."""
+    service until set; `fail[(service, role)]` makes deploy() of that variant raise; `crash((service, role))` makes
+    the deployed variant's replicas exit (not ready, crashing) until it is deployed again."""
 
     def __init__(self) -> None:
         self.services: dict[str, dict] = {}
         self.calls: list[tuple] = []
         self.gates: dict[str, threading.Event] = {}
         self.fail: set[tuple[str, str]] = set()
+        self.crashed: set[tuple[str, str]] = set()
+        self.closed = False
         self._lock = threading.Lock()
 
     def _svc(self, service: str, create: bool = False) -> dict:
@@ -49,6 +44,7 @@ class InMemoryDeployer:
             self.calls.append(("deploy", spec.service, spec.role, spec.kernels, spec.args))
             svc = self._svc(spec.service, create=True)
             svc["variants"][spec.role] = spec
+            self.crashed.discard((spec.service, spec.role))
             if spec.role == "production" and not any(svc["weights"].values()):
                 svc["weights"] = {"production": 100}
 
@@ -63,8 +59,25 @@ class InMemoryDeployer:
             svc = self.services.get(service)
             if svc is None:
                 return {}
-            return {role: VariantStatus(role, True, 1, 1, f"mem://{service}/{role}", "1/1 ready",
-                                        (f"mem://{service}/{role}",)) for role in svc["variants"]}
+            return {role: self._status(service, role) for role in svc["variants"]}
+
+    def _status(self, service, role) -> VariantStatus:
+        url = f"mem://{service}/{role}"
+        if (service, role) in self.crashed:
+            return VariantStatus(role, False, 1, 0, url, "0/1 ready; replica 0 exited with code 1", (url,),
+                                 crashing=True)
+        return VariantStatus(role, True, 1, 1, url, "1/1 ready", (url,))
+
+    def crash(self, service, role) -> None:
+        with self._lock:
+            self._svc(service)["variants"][role]   # KeyError if not deployed
+            self.crashed.add((service, role))
+
+    def router_url(self, service):
+        return f"mem://{service}" if service in self.services else None
+
+    def close(self) -> None:
+        self.closed = True
 
     def promote(self, service) -> None:
         with self._lock:
@@ -114,7 +127,8 @@ class CannedSource:
         variants = {}
         for role in targets:
             s = self.scale.get(service, 1.0) if role == "canary" else 1.0
-            h = lognormal(n, 0.05 * s) if n else HistogramSnapshot.empty(LATENCY_BUCKETS)
+            h = lat(n, s, sigma=0.4, bounds=LATENCY_BUCKETS) if n else HistogramSnapshot.empty(
+                LATENCY_BUCKETS)
             variants[role] = VariantData({KEY: h}, float(n), 0.0)
         return MetricsWindow(start, end, variants, self.name, {r: f"canned://{service}/{r}" for r in targets})
 

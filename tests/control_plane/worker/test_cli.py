@@ -15,7 +15,8 @@ from .test_notify import Receiver
 
 POLICY = {"steps": [50], "check_interval_s": 10, "warmup_s": 0,
           "checks": [{"metric": "http_request_duration_seconds", "quantile": 0.9, "max_rel_delta": 0.1},
-                     {"metric": "error_rate", "max_abs_delta": 0.01}]}
+                     {"metric": "error_rate", "max_abs_delta": 0.01}],
+          "correctness": {"enabled": False}}   # the in-memory deployer serves no engines to replay prompts on
 
 
 def cli(capsys, *argv):
@@ -27,11 +28,11 @@ def cli(capsys, *argv):
 def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
     db, pol = str(tmp_path / "s.db"), tmp_path / "p.json"
     pol.write_text(json.dumps(POLICY))
-    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v2", "--production-kernels", "v1",
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "triton-v1", "--production-kernels", "torch",
                   "--policy", str(pol), "--store", db, "--args", "--seed", "7")
     assert rc == 0 and "created for service chat" in out
     rid = out.split()[1]
-    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v3", "--store", db)
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "triton-v1.1", "--store", db)
     assert rc == 2 and "active rollout" in out
     rc, out = cli(capsys, "rollout", "list", "--store", db)
     assert rc == 0 and rid in out and "pending" in out
@@ -39,14 +40,14 @@ def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
     deployer, t = InMemoryDeployer(), [0.0]
     store = Store(db)
     rx = Receiver()
-    hook = WebhookNotifier(WebhookConfig(rx.url), journal=db)
+    hook = WebhookNotifier(WebhookConfig(rx.url), journal=store)
     w = Worker(store, deployer, CannedSource(), hook, clock=lambda: t[0])
 
     def tick():
         t[0] += 5
         return w.reconcile_rollout(rid).phase
     assert [tick(), tick()] == [Phase.INITIALIZING, Phase.PROGRESSING]
-    assert ("deploy", "chat", "canary", "v2", ("--seed", "7")) in deployer.calls
+    assert ("deploy", "chat", "canary", "triton-v1", ("--seed", "7")) in deployer.calls
     assert cli(capsys, "rollout", "pause", rid, "--store", db, "--by", "alice")[0] == 0
     assert tick() is Phase.PAUSED
     assert cli(capsys, "rollout", "resume", rid, "--store", db)[0] == 0
@@ -66,17 +67,17 @@ def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
     assert [(n["event"], n["status"]) for n in doc["notifications"]] == [(b["event"], "sent") for b in rx.bodies]
     rc, out = cli(capsys, "rollout", "abort", rid, "--store", db)
     assert rc == 2 and "already succeeded" in out
-    w.side.close()
-    store.close()
     hook.close()
+    store.close()
     rx.close()
 
 
 @pytest.mark.parametrize("argv,message", [
     (["rollout", "show", "nope"], "no rollout 'nope'"),
     (["rollout", "pause", "nope"], "no rollout 'nope'"),
-    (["rollout", "start", "--service", "Chat!", "--kernels", "v2"], "service"),
-    (["rollout", "start", "--service", "chat", "--kernels", "v2", "--replicas", "0"], "replicas"),
+    (["rollout", "start", "--service", "Chat!", "--kernels", "torch"], "service"),
+    (["rollout", "start", "--service", "chat", "--kernels", "torch", "--replicas", "0"], "replicas"),
+    (["rollout", "start", "--service", "chat", "--kernels", "triton-v9"], "unknown kernel set 'triton-v9'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     db = str(tmp_path / "s.db")
@@ -89,11 +90,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 def test_bad_policy_file_and_missing_store(tmp_path, capsys):
     pol = tmp_path / "p.yaml"
     pol.write_text("steps: [10, 5]\n")
-    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v2", "--policy", str(pol),
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--policy", str(pol),
                   "--store", str(tmp_path / "s.db"))
     assert rc == 2 and "strictly increasing" in out
     pol.write_text("stepz: [10]\n")
-    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "v2", "--policy", str(pol),
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--policy", str(pol),
                   "--store", str(tmp_path / "s.db"))
     assert rc == 2 and "unknown policy field" in out
     rc, out = cli(capsys, "rollout", "list", "--store", str(tmp_path / "missing.db"))

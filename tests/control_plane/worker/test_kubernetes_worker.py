@@ -10,7 +10,9 @@ from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeploy
 from control_plane.analysis import Policy
 from control_plane.rollout import Phase
 from control_plane.store import Store
-from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
+from control_plane.service import start_rollout
+from control_plane.spec import DeploySpec
+from control_plane.worker import Worker, WorkerConfig
 
 from .support import CannedSource
 
@@ -18,7 +20,7 @@ SVC = "chat"
 FAST = Policy(steps=(25, 50), check_interval_s=0.3, warmup_s=0.0, ready_timeout_s=60)
 
 
-@pytest.mark.parametrize("scale,final,kernels", [(1.0, Phase.SUCCEEDED, "triton-v2"),
+@pytest.mark.parametrize("scale,final,kernels", [(1.0, Phase.SUCCEEDED, "triton-v1.1"),
                                                  (1.6, Phase.ROLLED_BACK, "torch")])
 def test_worker_rolls_out_on_kubernetes(kube_cluster, kube_namespace, tmp_path, scale, final, kernels):
     ns = kube_namespace
@@ -33,8 +35,8 @@ def test_worker_rolls_out_on_kubernetes(kube_cluster, kube_namespace, tmp_path, 
                 pass
     threading.Thread(target=kubelet, daemon=True).start()
     store = Store(str(tmp_path / "k.db"))
-    start_rollout(store, SVC, "triton-v2", "torch", FAST, DeploySpec(replicas=4, canary_args=("--seed", "7"),
-                                                                      canary_image="registry.local/sits:2"),
+    start_rollout(store, SVC, "triton-v1.1", "torch", FAST, DeploySpec(replicas=4, canary_args=("--seed", "7"),
+                                                                        canary_image="registry.local/sits:2"),
                   rollout_id="r1")
     w = Worker(store, kd, CannedSource(rate=2000, scale={SVC: scale}), config=WorkerConfig(interval_s=0.2)).start()
     try:
@@ -57,5 +59,4 @@ def test_worker_rolls_out_on_kubernetes(kube_cluster, kube_namespace, tmp_path, 
     assert (prod.spec.template.spec.containers[0].image == "registry.local/sits:2") == (final is Phase.SUCCEEDED)
     weights = [a["body"]["weights"] for a in store.actions("r1") if a["kind"] == "set_weights"]
     assert weights[0] == {"production": 50, "baseline": 25, "canary": 25}
-    w.side.close()
     store.close()

@@ -8,19 +8,23 @@ import pytest
 
 from control_plane.adapters.notify import (MultiNotifier, Notification, WebhookConfig, WebhookNotifier, json_body,
                                            slack_body)
+from control_plane.store import Store
 
 
 class Receiver:
-    """A real HTTP server; `script` is the list of status codes to answer in turn (then 200); `delay` seconds."""
+    """A real HTTP server; `script` is the list of status codes to answer in turn (then 200); `delay` seconds;
+    `gate`: an Event every answer waits for (a receiver that hangs until the test lets it go)."""
 
-    def __init__(self, script=(), delay=0.0):
-        self.script, self.delay, self.hits, self.bodies = list(script), delay, [], []
+    def __init__(self, script=(), delay=0.0, gate=None):
+        self.script, self.delay, self.gate, self.hits, self.bodies = list(script), delay, gate, [], []
         outer = self
 
         class H(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.hits.append((time.monotonic(), dict(self.headers)))
+                if outer.gate is not None:
+                    outer.gate.wait(30)
                 time.sleep(outer.delay)
                 code = outer.script.pop(0) if outer.script else 200
                 if code == 200:
@@ -101,15 +105,22 @@ def test_gives_up_after_retries_and_on_4xx_without_retrying(receiver, caplog):
 
 
 def test_never_blocks_the_caller_and_unreachable_is_only_logged(receiver, caplog):
-    slow = receiver(delay=1.0)
-    n = WebhookNotifier(WebhookConfig(slow.url, timeout_s=5))
+    gate = threading.Event()
+    slow = receiver(gate=gate)                        # answers nothing until the gate opens
+    n = WebhookNotifier(WebhookConfig(slow.url, timeout_s=30))
     dead = WebhookNotifier(WebhookConfig("http://127.0.0.1:9/nothing-listens", retries=1, backoff_s=0.01,
                                          timeout_s=0.5))
     both = MultiNotifier([n, dead])
-    t0 = time.monotonic()
-    for _ in range(3):
-        both.notify(N)
-    assert time.monotonic() - t0 < 0.1                # enqueued only
+    returned = threading.Event()
+
+    def caller():
+        for _ in range(3):
+            both.notify(N)
+        returned.set()
+    threading.Thread(target=caller, daemon=True).start()
+    # every notify() returned while the receiver still holds the first request: they only enqueue
+    assert returned.wait(20) and not gate.is_set() and slow.bodies == []
+    gate.set()
     assert dead.flush(5) and dead.failed == 3
     assert n.flush(10) and n.sent == 3 and len(slow.bodies) == 3
     assert "ConnectionError" in caplog.text
@@ -137,11 +148,12 @@ def test_config_validation():
         WebhookConfig("http://x", events=("exploded",))
 
 
-def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path):
-    # the worker's webhook queue lives in the store's SQLite file: a notification still being retried when the
+@pytest.mark.parametrize("where", ["file", ":memory:"])
+def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path, where):
+    # the worker's webhook queue lives in the store's delivery journal: a notification still being retried when the
     # worker stops is delivered by the next worker's notifier, once; a replayed key (a Notify action re-run after a
-    # crash) queues nothing
-    db = str(tmp_path / "sits.db")
+    # crash) queues nothing. An in-memory store journals the same way.
+    db = Store(str(tmp_path / "sits.db") if where == "file" else ":memory:")
     rx = receiver(script=[503] * 1000)
     first = WebhookNotifier(WebhookConfig(rx.url, retries=1000, backoff_s=0.02, max_backoff_s=0.02), journal=db)
     keyed = Notification("rolled_back", "chat", "chat-1", "restored", key="chat-1:7")
@@ -165,6 +177,10 @@ def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path
     assert third.flush(5) and [b["key"] for b in other.bodies] == ["chat-1:7"]
     second.close()
     third.close()
+    log = db.deliveries("chat-1")                     # one row per webhook, read back by rollout
+    assert [(d["key"], d["status"]) for d in log] == [("chat-1:7", "sent"), ("chat-1:7", "sent")]
+    assert len({d["webhook"] for d in log}) == 2 and all(rx.url not in d["webhook"] for d in log)
+    db.close()
 
 
 def test_webhook_secrets_stay_out_of_the_logs(caplog):

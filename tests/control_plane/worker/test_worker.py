@@ -7,17 +7,14 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.analysis import Policy as _Policy
 from control_plane.rollout import Command, Phase
 from control_plane.store import Store
-from control_plane.worker import DeploySpec, SideTables, Worker, WorkerConfig, start_rollout
+from control_plane.service import start_rollout
+from control_plane.spec import DeploySpec
+from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
+from control_plane.worker import Worker, WorkerConfig
 
 from .support import CannedSource, InMemoryDeployer
-
-def Policy(**kw):
-    """The in-memory deployer serves no engines: the correctness gate is off (its worker tests are elsewhere)."""
-    return _Policy(correctness={"enabled": False}, **kw)
-
 
 POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)
 SPEC = DeploySpec(canary_args=("--seed", "7"))
@@ -41,11 +38,11 @@ class Recorder:
 def drive(db, scale, crash_at=None, max_ticks=200, make_notifier=None):
     """Tick every 5 s until the rollout ends. With crash_at, every pass crashes once at that step (a fresh worker,
     store and notifier queue then redo the pass at the same time, as a supervisor restarting the process would).
-    make_notifier(): a fresh notifier for every pass (stopped after it, as a killed process's would be) instead of
+    make_notifier(store): a fresh notifier for every pass (stopped after it, as a killed process's would be) instead of
     the one recorder."""
     deployer, source, notes = InMemoryDeployer(), CannedSource(scale={"chat": scale}), Recorder()
     with Store(db) as s:
-        start_rollout(s, "chat", "v2", "v1", POLICY, SPEC, now=0.0, rollout_id="r1")
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, SPEC, now=0.0, rollout_id="r1")
     t, crashed = 0.0, set()
 
     def hook(step):
@@ -57,8 +54,9 @@ def drive(db, scale, crash_at=None, max_ticks=200, make_notifier=None):
         t += 5.0
         while True:
             store = Store(db)
-            notifier = make_notifier() if make_notifier else notes
-            w = Worker(store, deployer, source, notifier, clock=lambda: t)
+            notifier = make_notifier(store) if make_notifier else notes
+            # a restarted worker process keeps its identity (e.g. a StatefulSet pod name): the lease is its own
+            w = Worker(store, deployer, source, notifier, clock=lambda: t, owner="worker-0")
             w.step_hook = hook
             try:
                 r = w.reconcile_rollout("r1")
@@ -66,11 +64,10 @@ def drive(db, scale, crash_at=None, max_ticks=200, make_notifier=None):
             except Crash:
                 continue
             finally:
-                store.close()
-                w.side.close()
                 if make_notifier:
                     notifier.close(timeout=0)
                     notifier._thread.join(10)
+                store.close()
         if not r.active:
             with Store(db) as s:
                 if not s.pending_actions("r1"):
@@ -102,8 +99,9 @@ def test_crash_between_any_two_steps_converges_with_no_check_lost_or_repeated(tm
     assert [c[0] for c in checks] == list(range(1, r.checks + 1)) and len(checks) >= 2
     assert all(a["status"] == "done" for a in actions)
     # the variants ran with the rollout's DeploySpec: baseline = production's args, canary its own
-    assert calls[0] == [("deploy", "chat", "baseline", "v1", ()), ("deploy", "chat", "canary", "v2", ("--seed", "7")),
-                        ("deploy", "chat", "production", "v1", ())]
+    assert calls[0] == [("deploy", "chat", "baseline", "torch", ()),
+                        ("deploy", "chat", "canary", "triton-v1", ("--seed", "7")),
+                        ("deploy", "chat", "production", "torch", ())]
     assert [e for e, _ in notes][:2] == ["started", "step"]
     with Store(str(tmp_path / "ref.db")) as s:   # warm-up windows after each weight change are not analysed
         steps = [e["at"] for e in s.events("r1") if e["message"].startswith("step ")]
@@ -141,12 +139,13 @@ def test_journaled_webhook_sends_every_notification_once_across_crashes(tmp_path
         for steps in (("executed:notify",), ("saved", "executed:notify")):
             db = str(tmp_path / f"{'-'.join(steps).replace(':', '_')}.db")
             rx.bodies.clear()
-            got = drive(db, 1.6, crash_at=steps, make_notifier=lambda db=db: WebhookNotifier(
-                WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=db))
+            got = drive(db, 1.6, crash_at=steps, make_notifier=lambda store: WebhookNotifier(
+                WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=store))
             assert got[6] > 0 and got[0].phase is Phase.ROLLED_BACK
-            last = WebhookNotifier(WebhookConfig(rx.url), journal=db)
-            assert last.flush(10)
-            last.close()
+            with Store(db) as store:
+                last = WebhookNotifier(WebhookConfig(rx.url), journal=store)
+                assert last.flush(10)
+                last.close()
             assert [b["event"] for b in rx.bodies] == want, steps
             assert len({b["key"] for b in rx.bodies}) == len(want)
     finally:
@@ -158,23 +157,20 @@ def test_commands_are_inputs_and_survive_a_crash_before_consumption(tmp_path):
     deployer, source = InMemoryDeployer(), CannedSource()
     t = 0.0
     with Store(db) as s:
-        start_rollout(s, "chat", "v2", "v1", Policy(steps=(10, 100), check_interval_s=10, warmup_s=0), now=0.0,
-                      rollout_id="r1")
+        start_rollout(s, "chat", "triton-v1", "torch", Policy(steps=(10, 100), check_interval_s=10, warmup_s=0),
+                      now=0.0, rollout_id="r1")
 
     def tick(hook=None):
         with Store(db) as s:
-            w = Worker(s, deployer, source, clock=lambda: t)
+            w = Worker(s, deployer, source, clock=lambda: t, owner="worker-0")
             w.step_hook = hook
-            try:
-                return w.reconcile_rollout("r1").phase
-            finally:
-                w.side.close()
+            return w.reconcile_rollout("r1").phase
 
     for _ in range(2):
         t += 1
         tick()
-    side = SideTables(db)
-    side.add_command("r1", Command.PAUSE, "alice")
+    queue = Store(db)
+    queue.add_command("r1", Command.PAUSE, "alice")
     t += 1
 
     def crash_after_save(step):
@@ -185,18 +181,23 @@ def test_commands_are_inputs_and_survive_a_crash_before_consumption(tmp_path):
     assert tick() is Phase.PAUSED                       # recovered the outbox (notify "paused")
     t += 1
     assert tick() is Phase.PAUSED                       # the replayed PAUSE is ignored, then consumed
-    assert side.next_command("r1") is None
-    side.add_command("r1", "promote", "bob")
+    assert queue.next_command("r1") is None
+    queue.add_command("r1", "promote", "bob")
     t += 1
     assert tick() is Phase.PROMOTING
     t += 1
     assert tick() is Phase.SUCCEEDED
     with Store(db) as s:
-        msgs = [e["message"] for e in s.events("r1")]
+        events = s.events("r1")
+    msgs = [e["message"] for e in events]
     assert any("paused by alice" in m for m in msgs) and any("ignored in phase paused" in m for m in msgs)
     assert any("promoted manually by bob" in m for m in msgs)
+    # events carry the command's actor; the worker's own decisions none
+    assert {e["actor"] for e in events if "by alice" in e["message"]} == {"alice"}
+    assert {e["actor"] for e in events if "by bob" in e["message"]} == {"bob"}
+    assert {e["actor"] for e in events if e["kind"] == "phase" and "step" in e["message"]} == {""}
     assert ("promote", "chat") in deployer.calls
-    side.close()
+    queue.close()
 
 
 def test_failed_deploy_is_reported_and_rolls_back(tmp_path):
@@ -204,7 +205,7 @@ def test_failed_deploy_is_reported_and_rolls_back(tmp_path):
     deployer, t = InMemoryDeployer(), [0.0]
     deployer.fail.add(("chat", "canary"))
     with Store(db) as s:
-        start_rollout(s, "chat", "v2", "v1", POLICY, now=0.0, rollout_id="r1")
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
         w = Worker(s, deployer, CannedSource(), config=WorkerConfig(action_retries=1, action_backoff_s=0.01),
                    clock=lambda: t[0])
         phases = []
@@ -214,9 +215,10 @@ def test_failed_deploy_is_reported_and_rolls_back(tmp_path):
         failed = [a for a in s.actions("r1") if a["status"] == "failed"]
         assert phases == [Phase.INITIALIZING, Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.ROLLED_BACK]
         assert [a["kind"] for a in failed] == ["deploy"] and "image pull failed" in failed[0]["error"]
-        assert "deploy failed" in s.get("r1").reason or "deploy failed" in str(s.events("r1"))
+        assert s.get("r1").reason == "production torch restored (deploy failed)"   # ROLLED_BACK's, naming the cause
+        rolling_back = [e for e in s.events("r1") if e["message"].startswith("initializing -> rolling_back")]
+        assert [e["message"] for e in rolling_back] == ["initializing -> rolling_back: deploy failed"]
         assert deployer.calls[-1] == ("rollback", "chat")
-        w.side.close()
 
 
 def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
@@ -229,7 +231,7 @@ def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
     fast = Policy(steps=(50, 100), check_interval_s=0.2, warmup_s=0.0)
     store = Store(db)
     for svc in ("stuck", "slowmetrics", "fast"):
-        start_rollout(store, svc, "v2", "v1", fast, rollout_id=svc)
+        start_rollout(store, svc, "triton-v1", "torch", fast, rollout_id=svc)
     w = Worker(store, deployer, source, config=WorkerConfig(interval_s=0.05, join_timeout_s=5)).start()
     try:
         deadline = time.monotonic() + 30
@@ -252,7 +254,6 @@ def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
     sums = {(s.labels["service"], s.labels["stage"]): s.value for s in fams["sits_control_reconcile_seconds"].samples
             if s.name.endswith("_sum")}
     assert sums[("slowmetrics", "observe")] >= 1.5 > sums[("fast", "observe")]
-    w.side.close()
     store.close()
 
 
@@ -262,14 +263,14 @@ def test_variants_lost_with_a_previous_worker_roll_back_cleanly(tmp_path):
     db = str(tmp_path / "l.db")
     deployer, t = InMemoryDeployer(), [0.0]
     with Store(db) as s:
-        start_rollout(s, "chat", "v2", "v1", POLICY, now=0.0, rollout_id="r1")
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
         w = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
         for _ in range(2):
             t[0] += 5
             w.reconcile_rollout("r1")
         assert s.get("r1").phase is Phase.PROGRESSING
         deployer.services.clear()                         # the previous worker's processes are gone
-        w2 = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
+        w2 = Worker(s, deployer, CannedSource(), clock=lambda: t[0], owner=w.owner)   # its restart
         phases = []
         for _ in range(2):
             t[0] += 5
@@ -277,5 +278,3 @@ def test_variants_lost_with_a_previous_worker_roll_back_cleanly(tmp_path):
         assert phases == [Phase.ROLLING_BACK, Phase.ROLLED_BACK]
         assert "not ready" in s.get("r1").reason
         assert all(a["status"] == "done" for a in s.actions("r1"))
-        w.side.close()
-        w2.side.close()

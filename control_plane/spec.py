@@ -1,0 +1,53 @@
+"""`DeploySpec`: how a rollout's variants run besides their kernel sets (model, replicas, args, env, images, GPUs).
+The baseline is a fresh copy of production. Validated once, here and in `VariantSpec`, by the shared field checks of
+control_plane/validation.py; bad input raises ValidationError naming the field."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from control_plane import validation as v
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.errors import ValidationError
+
+
+@dataclass(slots=True, frozen=True)
+class DeploySpec:
+    model: str = "tiny"
+    replicas: int = 1
+    production_args: tuple[str, ...] = ()
+    canary_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    production_image: str | None = None      # Kubernetes: None = the deployer's default image
+    canary_image: str | None = None
+    gpus: int = 0
+
+    def __post_init__(self) -> None:
+        v.model(self.model)
+        v.integer(self.replicas, "replicas", 1)
+        object.__setattr__(self, "production_args", v.strings(self.production_args, "production_args"))
+        object.__setattr__(self, "canary_args", v.strings(self.canary_args, "args"))
+        object.__setattr__(self, "env", v.string_map(self.env, "env"))
+        v.optional_string(self.production_image, "production_image")
+        v.optional_string(self.canary_image, "image")
+        v.integer(self.gpus, "gpus", 0)
+
+    def variant(self, service: str, role: str, kernels: str) -> VariantSpec:
+        canary = role == "canary"
+        return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
+                           image=self.canary_image if canary else self.production_image,
+                           args=self.canary_args if canary else self.production_args, env=self.env, gpus=self.gpus)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "replicas": self.replicas, "production_args": list(self.production_args),
+                "canary_args": list(self.canary_args), "env": dict(self.env),
+                "production_image": self.production_image, "canary_image": self.canary_image, "gpus": self.gpus}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DeploySpec":
+        if not isinstance(d, Mapping):
+            raise ValidationError("spec must be an object", "spec")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValidationError(f"unknown spec field(s) {unknown}", unknown[0])
+        return cls(**d)

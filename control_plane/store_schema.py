@@ -1,0 +1,112 @@
+"""The store's schema: the SQLite file's tables, its version (PRAGMA user_version) and the forward migrations.
+
+A new file is created at version 1 and migrated forward like any older file, so every file reaches the current
+schema by the same statements. Each migration runs in one transaction with the version bump: a crash leaves the file
+at the version before. A file newer than this code is refused (downgrades would lose columns silently).
+
+Version 1 (until 2026-12-01): rollouts, checks, events, actions; the worker and the webhook notifier added their own
+tables in the same file when they ran (rollout_specs, commands with a `by` column, deliveries keyed by a JSON body).
+Version 2: one owner (control_plane/store.py) for every table; events.actor (and kind "metrics" for metrics-source
+errors, "window" before); commands.actor (was `by`); deliveries.rollout_id (was only inside the body); leases.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Callable
+
+SCHEMA_VERSION = 2
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    id TEXT PRIMARY KEY, service TEXT NOT NULL, phase TEXT NOT NULL, active INTEGER NOT NULL,
+    version INTEGER NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS one_active_per_service ON rollouts(service) WHERE active = 1;
+CREATE TABLE IF NOT EXISTS checks (
+    rollout_id TEXT NOT NULL REFERENCES rollouts(id), seq INTEGER NOT NULL, at REAL NOT NULL, step INTEGER NOT NULL,
+    weight INTEGER NOT NULL, outcome TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL,
+    evidence TEXT NOT NULL, PRIMARY KEY (rollout_id, seq));
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL REFERENCES rollouts(id), at REAL NOT NULL,
+    kind TEXT NOT NULL, phase TEXT NOT NULL, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+    version INTEGER NOT NULL, kind TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+    error TEXT, created_at REAL NOT NULL, done_at REAL);
+CREATE INDEX IF NOT EXISTS actions_pending ON actions(rollout_id, status);
+"""
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _v1_to_v2(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+    # metrics-source errors get their own kind (EventKind.METRICS); v1 filed them under "window"
+    db.execute("UPDATE events SET kind = 'metrics' WHERE kind = 'window' AND message LIKE 'metrics source:%'")
+    # worker.SideTables' tables, created here when no worker ever ran on the file
+    db.execute("CREATE TABLE IF NOT EXISTS rollout_specs (rollout_id TEXT PRIMARY KEY, body TEXT NOT NULL)")
+    if "by" in _columns(db, "commands"):
+        db.execute("ALTER TABLE commands RENAME COLUMN by TO actor")
+    db.execute("CREATE TABLE IF NOT EXISTS commands (id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL, "
+               "command TEXT NOT NULL, actor TEXT NOT NULL, created_at REAL NOT NULL, consumed_at REAL)")
+    db.execute("CREATE INDEX IF NOT EXISTS commands_pending ON commands(rollout_id, consumed_at, id)")
+    # adapters/notify.py's journal; the rollout id moves out of the JSON body into a column of its own
+    db.execute("CREATE TABLE IF NOT EXISTS deliveries (id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL, "
+               "key TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', "
+               "attempts INTEGER NOT NULL DEFAULT 0, error TEXT, created_at REAL NOT NULL, done_at REAL, "
+               "UNIQUE (target, key))")
+    db.execute("CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(target, status, id)")
+    db.execute("ALTER TABLE deliveries ADD COLUMN rollout_id TEXT NOT NULL DEFAULT ''")
+    for row_id, body in db.execute("SELECT id, body FROM deliveries").fetchall():
+        db.execute("UPDATE deliveries SET rollout_id = ? WHERE id = ?", (json.loads(body).get("rollout_id", ""),
+                                                                         row_id))
+    db.execute("CREATE INDEX deliveries_rollout ON deliveries(rollout_id, id)")
+    db.execute("CREATE TABLE leases (rollout_id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL, "
+               "acquired_at REAL NOT NULL)")
+
+
+# MIGRATIONS[v] takes a file from version v to v + 1
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+
+
+class StoreError(Exception):
+    """A store operation failed."""
+
+
+class SchemaError(StoreError):
+    """The file's schema cannot be used by this code (it is newer)."""
+
+
+def migrate(db: sqlite3.Connection, name: str) -> int:
+    """Bring the file to SCHEMA_VERSION; returns the version it had. `db` is in autocommit mode."""
+    db.execute("BEGIN IMMEDIATE")   # two processes opening one new file: the second waits, then sees it migrated
+    try:
+        found = version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaError(f"{name}: schema version {version} is newer than this code's {SCHEMA_VERSION}")
+        if version == 0:
+            for stmt in filter(str.strip, _V1.split(";")):
+                db.execute(stmt)
+            version = 1
+        while version < SCHEMA_VERSION:
+            MIGRATIONS[version](db)
+            version += 1
+        db.execute(f"PRAGMA user_version = {version}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return found
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """A connection to the store's file (":memory:" included: same pragmas, same schema) in autocommit mode;
+    transactions are explicit (BEGIN IMMEDIATE)."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA foreign_keys = ON")
+    db.execute("PRAGMA journal_mode = WAL")   # ":memory:" answers "memory" and stays as it is
+    db.execute("PRAGMA synchronous = FULL")
+    return db

@@ -1,0 +1,48 @@
+"""Field checks shared by every spec that carries them (DeploySpec, VariantSpec, the API): each raises
+ValidationError naming its field. Pure."""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from control_plane.errors import ValidationError
+
+# DNS-1035 label: the service name becomes part of Kubernetes object names (`<service>-<role>`) and of label values
+_SERVICE_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+def service_name(v: Any, field: str = "service") -> str:
+    if not isinstance(v, str) or not _SERVICE_RE.match(v):
+        raise ValidationError(f"service {v!r} must be a DNS label: lower-case letters, digits and '-', starting "
+                              "with a letter, at most 40 characters", field)
+    return v
+
+
+def model(v: Any, field: str = "model") -> str:
+    if not isinstance(v, str) or not v:
+        raise ValidationError("model must be 'tiny', 'llama3-8b' or a checkpoint path", field)
+    return v
+
+
+def integer(v: Any, field: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValidationError(f"{field} must be an integer >= {minimum}, got {v!r}", field)
+    return v
+
+
+def strings(v: Any, field: str) -> tuple[str, ...]:
+    if isinstance(v, (str, bytes)) or not all(isinstance(a, str) for a in v):
+        raise ValidationError(f"{field} must be a list of strings", field)
+    return tuple(v)
+
+
+def string_map(v: Any, field: str) -> dict[str, str]:
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise ValidationError(f"{field} must map strings to strings", field)
+    return dict(v)
+
+
+def optional_string(v: Any, field: str) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v):
+        raise ValidationError(f"{field} must be a non-empty string or null", field)
+    return v

@@ -1,0 +1,126 @@
+"""Worker leases: two workers on one store never both drive a rollout; when the holder stops renewing, the other
+takes over after the lease expires. First with an injected clock (deterministic), then with two real Worker loops
+(threads) on one file store, the holder hung in a deploy."""
+import threading
+import time
+
+from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
+from control_plane.rollout import Phase
+from control_plane.service import start_rollout
+from control_plane.store import Store
+from control_plane.worker import Worker, WorkerConfig
+
+from .support import CannedSource, InMemoryDeployer
+
+POLICY = Policy(steps=(50, 100), check_interval_s=10, warmup_s=0)
+
+
+class Recording:
+    """One worker's view of a shared deployer: every call is recorded under this worker's name; `gate` (an Event)
+    holds this worker's deploy() calls until set."""
+
+    def __init__(self, inner, name, log, gate=None):
+        self.inner, self.name, self.log, self.gate = inner, name, log, gate
+
+    def __getattr__(self, attr):
+        fn = getattr(self.inner, attr)
+
+        def call(*a, **kw):
+            if attr == "deploy" and self.gate is not None:
+                self.gate.wait(60)
+            if attr not in ("status", "router_url"):   # reads
+                self.log.append((self.name, attr))
+            return fn(*a, **kw)
+        return call
+
+
+def test_only_the_lease_holder_drives_and_the_other_takes_over_after_expiry(tmp_path):
+    db, t, log = str(tmp_path / "l.db"), [0.0], []
+    deployer = InMemoryDeployer()
+    cfg = WorkerConfig(interval_s=5, lease_ttl_s=30)
+    with Store(db) as s1, Store(db) as s2:                     # two processes' connections to one file
+        start_rollout(s1, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
+        w1 = Worker(s1, Recording(deployer, "w1", log), CannedSource(), config=cfg, clock=lambda: t[0], owner="w1")
+        w2 = Worker(s2, Recording(deployer, "w2", log), CannedSource(), config=cfg, clock=lambda: t[0], owner="w2")
+        versions = []
+        for _ in range(3):                                     # both try every pass; only w1 (first) gets through
+            t[0] += 5
+            versions.append(w1.reconcile_rollout("r1").version)
+            assert w2.reconcile_rollout("r1").version == versions[-1]      # skipped: nothing saved by w2
+        assert s1.lease("r1") == ("w1", t[0] + 30) and w1.holds("r1") and not w2.holds("r1")
+        assert versions == sorted(set(versions)) and {who for who, _ in log} == {"w1"}
+        # w1 stops renewing (hung or dead): w2 is refused until the lease expires, then drives to the end
+        renewed = t[0]
+        t[0] = renewed + 29.9
+        assert w2.reconcile_rollout("r1").version == versions[-1]
+        t[0] = renewed + 30.0
+        phases = []
+        while s2.get("r1").active:
+            phases.append(w2.reconcile_rollout("r1").phase)
+            t[0] += 5
+            assert len(phases) < 50
+        assert phases[-1] is Phase.SUCCEEDED and s2.lease("r1") is not None and s2.lease("r1")[0] == "w2"
+        before = len(log)
+        t[0] += 5
+        assert w1.reconcile_rollout("r1").phase is Phase.SUCCEEDED and len(log) == before   # w1 came back: refused
+        # the holder gives the lease up once the rollout is over and its outbox empty
+        w2.reconcile_rollout("r1")
+        assert s2.lease("r1") is None
+        assert [c["seq"] for c in s2.checks("r1")] == list(range(1, s2.get("r1").checks + 1))
+        assert [who for who, what in log if what == "promote"] == ["w2"]
+
+
+def test_a_stopped_worker_hands_its_leases_over_at_once(tmp_path):
+    db, t, deployer = str(tmp_path / "h.db"), [0.0], InMemoryDeployer()
+    with Store(db) as s:
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
+        w1 = Worker(s, deployer, CannedSource(), clock=lambda: t[0], owner="w1")
+        w1.run_once()
+        assert s.lease("r1")[0] == "w1"
+        w1.stop()
+        assert s.lease("r1") is None
+        w2 = Worker(s, deployer, CannedSource(), clock=lambda: t[0], owner="w2")
+        t[0] += 1                                              # long before w1's lease would have expired
+        assert w2.reconcile_rollout("r1").phase is Phase.PROGRESSING and s.lease("r1")[0] == "w2"
+
+
+def wait_for(cond, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_two_real_workers_on_one_file_store(tmp_path):
+    """Both loops run; w1 takes the rollout and hangs in its deploy (never renewing); w2 waits out the lease and
+    finishes the rollout; w1's late pass then finds the lease gone and stops without acting again."""
+    db, log, gate = str(tmp_path / "two.db"), [], threading.Event()
+    deployer = InMemoryDeployer()
+    fast = Policy(steps=(50, 100), check_interval_s=0.1, warmup_s=0.0)
+    cfg = WorkerConfig(interval_s=0.02, lease_ttl_s=0.5, action_retries=0, join_timeout_s=10)
+    with Store(db) as s0:
+        start_rollout(s0, "chat", "triton-v1", "torch", fast, rollout_id="r1")
+    s1, s2 = Store(db), Store(db)
+    w1 = Worker(s1, Recording(deployer, "w1", log, gate), CannedSource(rate=20000), config=cfg, owner="w1")
+    w2 = Worker(s2, Recording(deployer, "w2", log), CannedSource(rate=20000), config=cfg, owner="w2")
+    try:
+        w1.start()
+        wait_for(lambda: s1.lease("r1") is not None)           # w1 holds it, stuck in its first deploy
+        w2.start()
+        wait_for(lambda: s2.get("r1").phase is Phase.SUCCEEDED and not s2.pending_actions("r1"))
+        assert {who for who, _ in log} == {"w2"}               # w1 never got a call through
+        gate.set()                                             # w1's hung deploy returns ...
+        wait_for(lambda: not any(t.is_alive() for t in w1._threads.values()))
+    finally:
+        gate.set()
+        w1.stop()
+        w2.stop()
+    # ... and w1 did nothing more: one deploy of each variant by it at most (the hung call itself), no weights,
+    # no promote; the outbox and the checks are as one worker would have left them
+    assert [what for who, what in log if who == "w1"] in ([], ["deploy"], ["deploy", "deploy"])
+    assert [who for who, what in log if what in ("promote", "set_weights")] == ["w2"] * len(
+        [1 for _, what in log if what in ("promote", "set_weights")])
+    assert all(a["status"] == "done" for a in s2.actions("r1"))
+    assert [c["seq"] for c in s2.checks("r1")] == list(range(1, s2.get("r1").checks + 1))
+    s1.close()
+    s2.close()
