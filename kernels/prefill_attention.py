@@ -376,9 +376,10 @@ def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, conte
 
 
 def prefill_attention_per_head_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    """prefill_attention_ref computed one (sequence, query head) at a time: the same math and dtypes, but unfused --
-    one gather and two small matmuls per head instead of one batched matmul per sequence. Correct and slower (kernel
-    set torch-slow-attn, the example of a slow release)."""
+    """prefill_attention_ref computed one query row at a time, per (sequence, head): the same math and dtypes, but
+    unfused -- the K/V of the head gathered again for every head, one vector-matrix product and one softmax per new
+    token instead of one batched matmul per sequence. Correct and slower (kernel set torch-slow-attn, the example
+    of a slow release)."""
     b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     out = torch.zeros_like(q)
     cu = cu_seqlens_q.tolist()
@@ -394,14 +395,12 @@ def prefill_attention_per_head_ref(q, k_cache, v_cache, block_tables, cu_seqlens
             continue
         if n < 0 or n > length:
             raise PagedAttentionError(f"prefill_attention: sequence {i} has {n} new tokens but context length {length}")
-        qpos = torch.arange(length - n, length, device=q.device)
-        kpos = torch.arange(length, device=q.device)
-        masked = kpos[None, :] > qpos[:, None]
         for h in range(hq):
             k = gather_kv(k_cache, block_tables[i], length)[:, h // g].to(q.dtype)  # [L, D]
             v = gather_kv(v_cache, block_tables[i], length)[:, h // g].to(q.dtype)
-            scores = torch.matmul(q[s:e, h], k.t()) * scale  # [n, L]
-            p = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1,
-                              dtype=_softmax_dtype(q.dtype)).to(q.dtype)
-            out[s:e, h] = torch.matmul(p, v)
+            for t in range(n):
+                visible = length - n + t + 1   # causal: keys up to this token's own position
+                scores = torch.mv(k[:visible], q[s + t, h]) * scale
+                p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
+                out[s + t, h] = torch.mv(v[:visible].t(), p)
     return out

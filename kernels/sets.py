@@ -59,8 +59,8 @@ TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
 
 TORCH_SLOW_ATTN = register_kernel_set(TORCH.derive(
     "torch-slow-attn", "1.0.2",
-    description="EXAMPLE OF A SLOW RELEASE: torch with unfused attention, one (sequence, head) at a time in prefill "
-                "and decode; the same answers as torch, slower",
+    description="EXAMPLE OF A SLOW RELEASE: torch with unfused attention, one query row per (sequence, head) at a "
+                "time in prefill and one (sequence, head) at a time in decode; the same answers as torch, slower",
     prefill_attention=_prefill.prefill_attention_per_head_ref,
     paged_decode_attention=_decode.paged_decode_attention_per_head_ref,
 ))

@@ -116,12 +116,15 @@ class CorrectnessVerdict:
     evidence: tuple[PromptComparison, ...] = ()   # diverged or failing prompts (at most _MAX_EVIDENCE)
     diverged: int = 0                     # prompts with any divergence
     tokens: int = 0                       # tokens compared, both sides
+    requests: int = 0                     # set by the worker: what the replay cost
+    seconds: float = math.nan
 
     def to_dict(self) -> dict:
         return {"outcome": self.outcome.value, "reason": self.reason, "prompts": self.prompts, "errors": self.errors,
                 "identical_fraction": _clean(self.identical_fraction), "top1_agreement": _clean(self.top1_agreement),
                 "drift_mean": _clean(self.drift_mean), "drift_max": _clean(self.drift_max),
                 "failed": list(self.failed), "dtype": self.dtype, "diverged": self.diverged, "tokens": self.tokens,
+                "requests": self.requests, "seconds": _clean(self.seconds),
                 "evidence": [e.to_dict() for e in self.evidence]}
 
     @classmethod
@@ -131,7 +134,7 @@ class CorrectnessVerdict:
                    nan("identical_fraction"), nan("top1_agreement"), nan("drift_mean"), nan("drift_max"),
                    tuple(d.get("failed", ())), d.get("dtype", ""),
                    tuple(PromptComparison.from_dict(e) for e in d.get("evidence", ())), d.get("diverged", 0),
-                   d.get("tokens", 0))
+                   d.get("tokens", 0), d.get("requests", 0), nan("seconds"))
 
 
 def _clean(v):
