@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from control_plane import service
+from control_plane.correctness_format import format_correctness
 from control_plane.errors import SitsError
 from control_plane.rollout import Command
 from control_plane.spec import DeploySpec
@@ -63,6 +64,8 @@ def _series_label(result: dict) -> str:
 
 def format_check(ev: dict, steps: Sequence[int] = ()) -> list[str]:
     """One check's evidence: per metric the canary and target values, delta, CI of the delta, threshold, verdict."""
+    if ev["verdict"].get("correctness") is not None:
+        return format_correctness(ev, len(steps))
     v, target = ev["verdict"], ev["verdict"]["compare_to"]
     window = ""
     if ev.get("window_start") is not None and ev.get("window_end") is not None:
