@@ -3,11 +3,14 @@
 PY := .venv/bin/python
 
 setup:
-	bash .ci/setup.sh
+	bash .ci/setup.sh test
 
-demo: setup
+# the demo's setup installs only what the demo needs (the project on CPU torch): no test extra, no Kubernetes build
+demo:
+	bash .ci/setup.sh demo
 	$(PY) -m control_plane.cli demo
 
 # pytest exits 5 when it collects nothing: that fails here like any other error.
-test: setup
+test:
+	bash .ci/setup.sh test
 	$(PY) -m pytest -q tests

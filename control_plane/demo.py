@@ -8,10 +8,11 @@ process. The policy is a demo policy (short steps and intervals); `Policy()` def
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import threading
 import time
-from collections import deque
+import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,7 +20,22 @@ from typing import Callable
 
 import httpx
 
+import kernels
+from control_plane.adapters import process
+from control_plane.adapters.deploy import Deployer, VariantSpec
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.format import format_check, format_deltas
+from control_plane.lifecycle import shutdown
+from control_plane.loadgen import LoadGenerator
+from control_plane.rollout import Command, Decision, EventKind, Phase
+from control_plane.service import start_rollout
+from control_plane.spec import DeploySpec
+from control_plane.store import Store
+from control_plane.worker import Worker, WorkerConfig
 
 
 def demo_policy() -> Policy:
@@ -34,75 +50,11 @@ def demo_policy() -> Policy:
                   on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100)
 
 
-class LoadGenerator:
-    """Open-loop load through the router: `rate` requests/s spread over `threads` senders (a sender that falls
-    behind sends at once). Counts answers per variant (the router's x-sits-variant header) and status."""
-
-    def __init__(self, url: str, rate: float = 20.0, threads: int = 16, max_tokens: int = 4,
-                 prompt: str = "Once upon a time") -> None:
-        if not rate > 0 or threads < 1:
-            raise ValueError("load rate must be > 0 and threads >= 1")
-        self.url, self.rate, self.threads = url.rstrip("/"), rate, threads
-        self.body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        self.sent = 0
-        self.recent: deque[tuple[float, str, int, float]] = deque(maxlen=20000)   # (t, variant, status, seconds)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._workers: list[threading.Thread] = []
-
-    def start(self) -> "LoadGenerator":
-        t0 = time.monotonic()
-        for i in range(self.threads):
-            t = threading.Thread(target=self._run, args=(t0 + i / self.rate,), name=f"sits-load-{i}", daemon=True)
-            t.start()
-            self._workers.append(t)
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._workers:
-            t.join(30)
-
-    def _run(self, next_at: float) -> None:
-        period = self.threads / self.rate
-        with httpx.Client(timeout=60, trust_env=False) as c:
-            while not self._stop.is_set():
-                delay = next_at - time.monotonic()
-                if delay > 0 and self._stop.wait(delay):
-                    return
-                next_at = max(next_at + period, time.monotonic() - period)
-                start = time.monotonic()
-                try:
-                    r = c.post(self.url + "/v1/completions", json=self.body)
-                    variant, status = r.headers.get("x-sits-variant", "?"), r.status_code
-                except httpx.HTTPError:
-                    variant, status = "?", 0
-                with self._lock:
-                    self.sent += 1
-                    self.recent.append((time.monotonic(), variant, status, time.monotonic() - start))
-
-    def summary(self, last_s: float = 10.0) -> dict:
-        """Requests/s, share and p90 client latency per variant over the last `last_s` seconds."""
-        cut = time.monotonic() - last_s
-        with self._lock:
-            rows = [x for x in self.recent if x[0] >= cut]
-        out = {"rate": len(rows) / last_s, "errors": sum(1 for r in rows if r[2] != 200), "variants": {}}
-        for v in sorted({r[1] for r in rows}):
-            lat = sorted(r[3] for r in rows if r[1] == v)
-            out["variants"][v] = {"share": len(lat) / len(rows), "p90_ms": 1000 * lat[int(0.9 * (len(lat) - 1))]}
-        return out
-
-
 class LocalPrometheus:
     """A real Prometheus (the Debian package's binary) scraping the demo's variants every 500 ms. It finds them
     through a file_sd file that follows the deployer's status (what Kubernetes service discovery does in a cluster)."""
 
-    def __init__(self, workdir: Path, deployer, service: str) -> None:
-        import shutil
-        import urllib.request
-
-        from control_plane.adapters import process
-
+    def __init__(self, workdir: Path, deployer: Deployer, service: str) -> None:
         binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         if not Path(binary).exists():
             raise ValueError("--metrics prometheus needs the prometheus binary (Debian: apt-get install prometheus)")
@@ -114,7 +66,6 @@ class LocalPrometheus:
                                        {"files": [str(self.sd)], "refresh_interval": "1s"}]}]}))
         port = process.free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self._process = process
         self.proc = process.spawn([binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'prom-data'}",
                                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                                   log_path=workdir / "prometheus.log")
@@ -152,7 +103,7 @@ class LocalPrometheus:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._process.stop(self.proc, 10)
+        process.stop(self.proc, 10)
 
 
 @dataclass(slots=True)
@@ -170,8 +121,6 @@ class DemoConfig:
     policy: Policy = field(default_factory=demo_policy)
 
     def __post_init__(self) -> None:
-        import kernels
-
         if self.metrics not in ("scrape", "prometheus"):
             raise ValueError(f"metrics must be 'scrape' or 'prometheus', got {self.metrics!r}")
 
@@ -236,15 +185,6 @@ def _printer(t0: float) -> Callable[[str], None]:
 
 
 def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
-    from control_plane.adapters.deploy import VariantSpec
-    from control_plane.adapters.local import LocalConfig, LocalDeployer
-    from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
-    from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-    from control_plane.adapters.scrape import ScrapeSource
-    from control_plane.store import Store
-    from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
-    import kernels
-
     cfg = cfg or DemoConfig()
     t0 = time.monotonic()
     out = _printer(t0)
@@ -298,7 +238,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
                 (f"canary {ks.name}, unchanged (a good release)", (), "succeeded")]
         for i, (label, args, expected) in enumerate(runs):
             out(f"[{4 + i}/5] rollout {i + 1}: {label}")
-            ro = start_rollout(store, cfg.service, cfg.kernels, cfg.kernels, p, DeploySpec(canary_args=args))
+            ro = start_rollout(store, cfg.service, cfg.kernels, cfg.kernels, p, DeploySpec(canary_args=args),
+                               actor="demo")
             out(f"      rollout {ro.id} created (expected outcome: {expected.replace('_', ' ')})")
             phase = _follow(store, ro.id, load, cfg, out)
             result.rollouts.append((ro.id, label, phase, expected))
@@ -308,17 +249,9 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     finally:
         if load is not None:
             load.stop()
-        if worker is not None:
-            worker.stop()
-        notifier.close()
-        source.close()
         if prom is not None:
             prom.stop()
-        try:   # every variant stops with the deployer (the weights first go back to production alone)
-            deployer.set_weights(cfg.service, {"production": 100})
-        except Exception:
-            pass
-        deployer.close()
+        shutdown(deployer, worker=worker, notifier=notifier, source=source)   # every variant stops here
         receiver.close()
         store.close()
     result.seconds = time.monotonic() - t0
@@ -326,25 +259,21 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     return result
 
 
-def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -> str:
+def _follow(store: Store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -> str:
     """Print the rollout's events and every check's evidence as they are stored, until it ends."""
-    from control_plane.cli import format_check, format_deltas
-    from control_plane.rollout import Command, EventKind, Phase
-
     seen_event, seen_check, last_load = 0, 0, time.monotonic()
     deadline, aborted = time.monotonic() + cfg.rollout_timeout_s, False
     while True:
         r = store.get(rollout_id)
-        for e in store.events(rollout_id):
-            if e["id"] > seen_event:
-                seen_event = e["id"]
-                if e["kind"] in (EventKind.PHASE, EventKind.COMMAND, EventKind.METRICS):
-                    out(f"      {e['message']}")
+        for e in store.events(rollout_id, since_id=seen_event):
+            seen_event = e["id"]
+            if e["kind"] in (EventKind.PHASE, EventKind.COMMAND, EventKind.METRICS):
+                out(f"      {e['message']}")
         for ev in store.checks(rollout_id, since_seq=seen_check):
             seen_check = ev["seq"]
             for line in format_check(ev, r.policy.steps):
                 out("      " + line)
-            if ev["decision"] in ("rollback", "promote"):
+            if ev["decision"] in (Decision.ROLLBACK, Decision.PROMOTE):
                 out("          every measured percentile at this check (shown, not all decided on):")
                 for line in format_deltas(ev):
                     out("      " + line)
@@ -366,8 +295,6 @@ def _follow(store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -
 
 
 def _summary(result: DemoResult, out) -> None:
-    from control_plane.store import Store
-
     out("")
     out(f"Summary ({result.seconds / 60:.1f} min):")
     with Store(result.store_path) as store:

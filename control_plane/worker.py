@@ -12,7 +12,8 @@ source delays only its own rollout):
 
 Killed between any two steps, a restarted worker converges: before 4 nothing was written and the pass is redone from
 the same persisted state (same window start, same check seq); after 4 the outbox holds what is left to do. Warm-up
-windows are dropped by reconcile (Policy.warmup_s after every deploy or weight change).
+windows are dropped by reconcile (Policy.warmup_s after every deploy or weight change). Several workers may share a
+store: a pass runs only under the rollout's lease (Store.acquire_lease), so one worker drives each rollout at a time.
 """
 from __future__ import annotations
 

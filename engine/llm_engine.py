@@ -13,7 +13,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.errors import InvalidRequestError, QueueFullError, StepError
+from engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
 from engine.presets import GPU_ONLY, num_params
@@ -82,14 +82,8 @@ class LLMEngine:
             raise InvalidRequestError(f"priority must be an integer in [0, {MAX_PRIORITY}], got {priority!r}",
                                       "priority")
         token_ids = self._prompt_ids(prompt)
+        check_context_length(len(token_ids), params.max_tokens, self.max_model_len)
         total = len(token_ids) + params.max_tokens
-        if len(token_ids) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the model's context is "
-                                      f"{self.max_model_len} tokens", "prompt")
-        if total > self.max_model_len:
-            raise InvalidRequestError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
-                                      f"{total} exceeds the model's context of {self.max_model_len} tokens",
-                                      "max_tokens")
         limit = self.config.max_blocks_per_tenant
         if limit is not None and self.block_manager.blocks_needed(total) > limit:
             raise InvalidRequestError(f"prompt + max_tokens = {total} tokens exceeds the per-tenant KV limit of "

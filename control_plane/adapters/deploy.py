@@ -103,9 +103,11 @@ class Deployer(Protocol):
 
     def delete(self, service: str, role: str | None = None) -> None: ...
 
-    def router_url(self, service: str) -> str | None: ...   # where the service's traffic enters, if this deployer has it
+    # where the service's traffic enters, if this deployer knows (local: its router; Kubernetes: the Service)
+    def router_url(self, service: str) -> str | None: ...
 
-    def close(self) -> None: ...   # release what the deployer holds (local: stop every variant; Kubernetes: clients)
+    # release what the deployer holds (local: every variant stops; Kubernetes: its API client, the cluster stays)
+    def close(self) -> None: ...
 
 
 def normalize_weights(weights: Mapping[str, int | float]) -> dict[str, int]:

@@ -8,11 +8,12 @@ JSON document with every field.
 
 With `journal=store` (the control plane's Store; `sits-control worker` passes its own) the queue is the store's
 delivery journal (Store.record_delivery ...; read back with Store.deliveries(rollout_id)), so a notification outlives
-a crash or restart of the worker: a new notifier for the same webhook delivers what the old one left pending. Each notification has an idempotency `key` (the worker's is
-"<rollout id>:<outbox action id>"); the journal holds a key once per webhook, so the worker re-running a Notify
-action after a crash queues nothing twice. Delivery is at least once: a crash between the receiver's answer and the
-row's update sends it again, and the JSON body carries `key` for the receiver to drop the repeat. Webhooks are
-identified in the table by a hash of their URL (Slack URLs embed a secret).
+a crash or restart of the worker: a new notifier for the same webhook delivers what the old one left pending. Each
+notification has an idempotency `key` (the worker's is "<rollout id>:<outbox action id>"); the journal holds a key
+once per webhook, so the worker re-running a Notify action after a crash queues nothing twice. Delivery is at least
+once: a crash between the receiver's answer and the row's update sends it again, and the JSON body carries `key` for
+the receiver to drop the repeat. Webhooks are identified in the journal by a hash of their URL (Slack URLs embed a
+secret).
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class Notification:
 @runtime_checkable
 class Notifier(Protocol):
     def notify(self, n: Notification) -> None: ...     # never blocks, never raises
+
+    def flush(self, timeout: float = 10.0) -> bool: ...   # wait until what was queued is delivered or given up
 
     def close(self, timeout: float = 5.0) -> None: ...
 
@@ -284,7 +287,7 @@ class MultiNotifier:
                 log.exception("notifier %r failed", x)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        return all(getattr(x, "flush", lambda t: True)(timeout) for x in self.notifiers)
+        return all([x.flush(timeout) for x in self.notifiers])   # a list: every notifier gets its flush
 
     def close(self, timeout: float = 5.0) -> None:
         for x in self.notifiers:

@@ -4,7 +4,8 @@ The analysis needs bucket COUNTS per variant (not a single quantile) to bound it
 source asks for each window's increase of every bucket; the quantile expressions are what dashboards and the evidence
 view show next to the analysis' own numbers (same data, same interpolation: histogram_quantile here is Prometheus').
 Labels: env = the variant's role (production | baseline | canary), service = the rollout's service.
-Error responses (5xx) are excluded from latency and counted as errors.
+Error responses (5xx) are excluded from latency and counted as errors. The Grafana dashboards (dashboards/) and the
+Helm chart's recording rules and alerts (dashboards/rules.py) are rendered from these templates too.
 
     render("bucket_increase", metric="http_request_duration_seconds", service="chat", env="canary",
            extra="", window="30s")
@@ -33,9 +34,30 @@ TEMPLATES: dict[str, str] = {
     "quantile_delta": '(histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{service="{service}",env="canary"'
                       '{extra}}}[{window}]))) / histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{service='
                       '"{service}",env="{target}"{extra}}}[{window}])))) - 1',
-    "error_rate": 'sum(rate(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"5.."}}'
-                  '[{window}])) / sum(rate(http_request_duration_seconds_count{{service="{service}",env="{env}"}}'
-                  '[{window}]))',
+    # (a variant that never answered 5xx has no 5xx series: its rate is 0, not "no data")
+    "error_rate": '(sum(rate(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"5.."'
+                  '{extra}}}[{window}])) or vector(0)) / sum(rate(http_request_duration_seconds_count{{service='
+                  '"{service}",env="{env}"{extra}}}[{window}]))',
+    # dashboards and the Helm chart's recording rules: the same forms split by variant. `match` is a whole matcher
+    # list built by matchers() (validated there), `by` the grouping labels (validated as label names)
+    "quantile_by": 'histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{match}}}[{window}])))',
+    "rate_by": 'sum by ({by}) (rate({metric}{{{match}}}[{window}]))',
+    "increase_by": 'sum by ({by}) (increase({metric}{{{match}}}[{window}]))',
+    "ratio_by": 'sum by ({by}) (rate({numerator}{{{match}}}[{window}])) / sum by ({by}) (rate({denominator}'
+                '{{{match}}}[{window}]))',
+    "error_ratio_by": '(sum by ({by}) (rate(http_request_duration_seconds_count{{{match},status=~"5.."}}[{window}]))'
+                      ' or 0 * sum by ({by}) (rate(http_request_duration_seconds_count{{{match}}}[{window}])))'
+                      ' / sum by ({by}) (rate(http_request_duration_seconds_count{{{match}}}[{window}]))',
+    "gauge_by": '{agg} by ({by}) ({metric}{{{match}}})',
+    # control plane: phase transitions (a phase that is current now but was not one interval ago), rollbacks,
+    # and services whose checks were all inconclusive over a window
+    "verdicts": 'sum by ({by}) (increase(sits_rollout_checks_total{{{match}}}[{window}])) > 0',
+    "rolled_back": 'sum by ({by}) (increase(sits_rollbacks_total{{{match}}}[{window}])) > 0',
+    "target_down": 'absent(up{{{match}}} == 1)',
+    "phase_entered": '({metric}{{{match}}} == 1) unless ({metric}{{{match}}} offset {window} == 1)',
+    "inconclusive_only": 'sum by ({by}) (increase(sits_rollout_checks_total{{{match},outcome="inconclusive"}}'
+                         '[{window}])) > 0 unless sum by ({by}) (increase(sits_rollout_checks_total{{{match},'
+                         'outcome=~"pass|fail"}}[{window}])) > 0',
 }
 
 
@@ -44,6 +66,8 @@ class TemplateError(KeyError):
 
 
 _SAFE_VALUE = re.compile(r'^[^"\\\n{}]*$')
+_LABELS = re.compile(r'^[a-zA-Z_][a-zA-Z0-9_]*(, ?[a-zA-Z_][a-zA-Z0-9_]*)*$')
+_RAW = {"extra", "match"}   # built by matchers()/route_filter(), or LATENCY_FILTER
 
 
 def keys(name: str) -> set[str]:
@@ -62,10 +86,28 @@ def render(name: str, **values: object) -> str:
         raise TemplateError(f"PromQL template {name!r} needs {', '.join(sorted(missing))}")
     if unknown:
         raise TemplateError(f"PromQL template {name!r} takes no {', '.join(sorted(unknown))}")
+    if "agg" in values and values["agg"] not in ("sum", "max", "min", "avg", "count"):
+        raise TemplateError(f"'agg' must be sum, max, min, avg or count: {values['agg']!r}")
+    if "by" in values and not _LABELS.match(str(values["by"])):
+        raise TemplateError(f"'by' must be a comma-separated list of label names: {values['by']!r}")
     for k, v in values.items():
-        if k != "extra" and not _SAFE_VALUE.match(str(v)):
+        if k not in _RAW and not _SAFE_VALUE.match(str(v)):
             raise TemplateError(f"value for {k!r} may not contain quotes, backslashes, braces or newlines: {v!r}")
     return TEMPLATES[name].format(**values)
+
+
+def matchers(metric: str = "", **labels: str | tuple[str, str]) -> str:
+    """A matcher list for `match`: labels as values (`=`) or (op, value) pairs, e.g. namespace=("=~", "$ns"),
+    plus the latency filter of `metric` (5xx excluded from request latency)."""
+    out = []
+    for k, v in labels.items():
+        op, val = v if isinstance(v, tuple) else ("=", v)
+        if op not in ("=", "!=", "=~", "!~"):
+            raise TemplateError(f"matcher operator for {k!r} must be =, !=, =~ or !~, got {op!r}")
+        if not _LABELS.match(k) or not _SAFE_VALUE.match(str(val)):
+            raise TemplateError(f"unsafe matcher {k}{op}{val!r}")
+        out.append(f'{k}{op}"{val}"')
+    return (",".join(out) + LATENCY_FILTER.get(metric, "")).lstrip(",")
 
 
 def route_filter(route: str) -> str:

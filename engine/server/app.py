@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import threading
 import time
-from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -22,38 +20,9 @@ from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.server import handlers
 from engine.server.errors import APIError, api_error_response, error_response
 from engine.server.runner import EngineRunner
-from engine.tracing import RequestTracer
+from engine.server.state import Faults, ServerState  # noqa: F401  (Faults re-exported for older imports)
 
 log = logging.getLogger("sits.engine.server")
-
-
-@dataclass(slots=True)
-class Faults:
-    """Fault injection (all off by default): see `sits-engine serve --help`."""
-
-    latency_s: float = 0.0
-    token_latency_s: float = 0.0
-    error_rate: float = 0.0
-    seed: int = 0
-    rng: random.Random = field(init=False)
-
-    def __post_init__(self) -> None:
-        if self.latency_s < 0 or self.token_latency_s < 0:
-            raise ValueError("fault latencies must be >= 0")
-        if not 0.0 <= self.error_rate <= 1.0:
-            raise ValueError(f"fault error rate must be in [0, 1], got {self.error_rate}")
-        self.rng = random.Random(self.seed)
-
-
-@dataclass(slots=True)
-class ServerState:
-    runner: EngineRunner
-    metrics: EngineMetrics
-    tracer: RequestTracer
-    faults: Faults
-    model_names: set[str]
-    version: dict[str, str]
-    system_fingerprint: str
 
 
 class HTTPMetricsMiddleware:

@@ -12,13 +12,14 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.errors import EngineError, InvalidRequestError, QueueFullError
+from engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError, check_context_length
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError, error_body
 from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
-from engine.server.runner import Output, Rejected
+from engine.server.runner import EngineRunner, Output, Rejected
 from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
+from engine.server.state import ServerState, server_state
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop
@@ -29,7 +30,7 @@ RETRY_AFTER_S = "1"
 class Tracker:
     """Per-request timing and counts; feeds the histograms and the span."""
 
-    state: Any
+    state: ServerState
     span: Any
     arrival: float
     prompt_tokens: int
@@ -114,8 +115,19 @@ async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat")
 
 
-async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list[int], Any, str, int]:
-    state = request.app.state.sits
+@dataclass(slots=True, frozen=True)
+class Prepared:
+    """A validated generation request, ready for the engine."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    params: SamplingParams
+    tenant: str
+    priority: int
+
+
+async def _prepare(request: Request, kind: str) -> Prepared:
+    state = server_state(request)
     runner = state.runner
     if not runner.ready.is_set():
         raise APIError(503, runner.load_error or "the model is still loading", headers={"Retry-After": "5"})
@@ -140,18 +152,13 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
     ctx = engine.max_model_len
     if not ids:
         raise APIError(400, "the prompt is empty after tokenization", param=prompt_param)
-    if len(ids) >= ctx:
-        raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context is {ctx} tokens "
-                       "(prompt plus at least one output token must fit)", param=prompt_param,
-                       code="context_length_exceeded")
-    max_tokens = greq.max_tokens if greq.max_tokens is not None else ctx - len(ids)
+    max_tokens = greq.max_tokens if greq.max_tokens is not None else max(ctx - len(ids), 1)
     if greq.echo and max_tokens == 0:
         max_tokens = 1   # scoring only: the engine always generates one token; the response leaves it out
-    if len(ids) + max_tokens > ctx:
-        name = "max_tokens"
-        raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
-                       f"context is {ctx}, so at most {ctx - len(ids)} tokens can be generated", param=name,
-                       code="context_length_exceeded")
+    try:
+        check_context_length(len(ids), max_tokens, ctx, prompt_param)
+    except ContextLengthError as e:
+        raise APIError(400, str(e), param=e.param, code="context_length_exceeded") from None
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=greq.temperature, top_p=greq.top_p,
                                 top_k=greq.top_k, seed=greq.seed, stop=greq.stop,
@@ -160,7 +167,7 @@ async def _prepare(request: Request, kind: str) -> tuple[GenerationRequest, list
                                 prompt_logprobs=greq.logprobs if greq.echo else None)
     except (InvalidRequestError, ValueError) as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
-    return greq, ids, params, tenant, priority
+    return Prepared(greq, ids, params, tenant, priority)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -180,6 +187,8 @@ def _rejection(error: Exception) -> APIError:
     if isinstance(error, QueueFullError):
         return APIError(429, f"the server's waiting queue is full: {error}", code="queue_full",
                         headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(error, ContextLengthError):
+        return APIError(400, str(error), param=error.param, code="context_length_exceeded")
     if isinstance(error, (InvalidRequestError, ValueError)):
         return APIError(400, str(error), param=getattr(error, "param", None))
     return APIError(503, f"the engine could not take the request: {error}", headers={"Retry-After": RETRY_AFTER_S})
@@ -187,8 +196,9 @@ def _rejection(error: Exception) -> APIError:
 
 async def _generate(request: Request, kind: str) -> Response:
     arrival = time.perf_counter()
-    state = request.app.state.sits
-    greq, ids, params, tenant, priority = await _prepare(request, kind)
+    state = server_state(request)
+    prep = await _prepare(request, kind)
+    greq, ids, tenant, priority = prep.request, prep.prompt_ids, prep.tenant, prep.priority
     faults = state.faults
     if faults.error_rate > 0 and faults.rng.random() < faults.error_rate:
         raise APIError(500, "injected fault (--fault-error-rate): the request failed", code="injected_fault")
@@ -200,7 +210,7 @@ async def _generate(request: Request, kind: str) -> Response:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
     runner = state.runner
     try:
-        queue = runner.submit(rid, ids, params, tenant=tenant, priority=priority)
+        queue = runner.submit(rid, ids, prep.params, tenant=tenant, priority=priority)
     except EngineError as e:
         err = _rejection(e)
         tracker.close(error=err.message)
@@ -212,14 +222,14 @@ async def _generate(request: Request, kind: str) -> Response:
     return await _collect(request, greq, ids, rid, created, queue, tracker, state)
 
 
-def _on_stream_close(runner: Any, rid: str, tracker: Tracker) -> None:
+def _on_stream_close(runner: EngineRunner, rid: str, tracker: Tracker) -> None:
     if not tracker.closed:
         runner.abort(rid)
         tracker.close(aborted=True)
 
 
 async def _collect(request: Request, greq: GenerationRequest, ids: list[int], rid: str, created: int,
-                   queue: asyncio.Queue, tracker: Tracker, state: Any) -> Response:
+                   queue: asyncio.Queue, tracker: Tracker, state: ServerState) -> Response:
     async def drain() -> str | None:
         while True:
             item = await queue.get()
@@ -266,7 +276,8 @@ async def _collect(request: Request, greq: GenerationRequest, ids: list[int], ri
     return JSONResponse(body)
 
 
-def _completion_choice(greq: GenerationRequest, ids: list[int], text: str, tracker: Tracker, state: Any) -> dict:
+def _completion_choice(greq: GenerationRequest, ids: list[int], text: str, tracker: Tracker,
+                       state: ServerState) -> dict:
     """echo: the prompt leads the text, and (with logprobs) its tokens lead the logprobs, scored given what precedes
     them (the first has none); max_tokens 0 with echo scores the prompt alone."""
     decode = state.runner.engine.tokenizer.decode
@@ -290,7 +301,7 @@ def is_probe(headers: Any) -> bool:
 
 
 async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue, tracker: Tracker,
-                  state: Any) -> AsyncIterator[bytes]:
+                  state: ServerState) -> AsyncIterator[bytes]:
     chat = greq.kind == "chat"
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": greq.model, "system_fingerprint": state.system_fingerprint}

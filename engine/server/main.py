@@ -131,7 +131,8 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     span_exporter: send spans there instead of the configured exporter; engine_factory(EngineConfig) -> LLMEngine."""
     import kernels
     from engine.metrics import EngineMetrics, MetricLabels
-    from engine.server.app import Faults, ServerState, create_app
+    from engine.server.app import create_app
+    from engine.server.state import Faults, ServerState
     from engine.server.runner import EngineRunner
     from engine.tracing import RequestTracer, TracingConfig, build_tracer_provider
 

@@ -4,6 +4,7 @@ import pytest
 
 from engine import (EngineConfig, InvalidRequestError, LLMEngine, QueueFullError, SamplingParams,
                     UnknownModelError)
+from engine.errors import ContextLengthError
 from tests.engine.helpers import run_to_completion
 
 
@@ -75,6 +76,19 @@ def test_add_request_validation(engine, prompt, kwargs, param, words):
         engine.add_request("bad", prompt, params, **kwargs)
     assert e.value.param == param and words in str(e.value), str(e.value)
     assert not engine.has_unfinished_requests()
+
+
+def test_context_length_is_a_typed_error(engine):
+    with pytest.raises(ContextLengthError) as e:
+        engine.add_request("long", [1] * 200, SamplingParams(max_tokens=100))
+    assert (e.value.prompt_tokens, e.value.max_tokens, e.value.context, e.value.param) == (200, 100, 256, "max_tokens")
+    assert str(e.value) == ("prompt (200 tokens) + max_tokens (100) = 300 exceeds the model's context of 256 tokens: "
+                            "at most 56 tokens can be generated")
+    assert isinstance(e.value, InvalidRequestError) and not engine.has_unfinished_requests()
+    engine.add_request("fits", [1] * 200, SamplingParams(max_tokens=56))   # exactly the context: accepted
+    engine.abort_request("fits")
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 def test_duplicate_ids_and_full_queue(engine):

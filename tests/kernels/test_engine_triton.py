@@ -16,11 +16,13 @@ def _run(kernels, device, max_tokens, **kw):
 
 
 def _assert_same(a, b, logprob_tol):
+    assert len(a) == len(b) == len(PROMPTS), (len(a), len(b))   # one result per prompt on both sides
     for ra, rb in zip(a, b):
-        assert ra.token_ids == rb.token_ids, (ra.prompt, ra.token_ids, rb.token_ids)
+        assert ra.prompt == rb.prompt
+        assert ra.token_ids == rb.token_ids and ra.token_ids, (ra.prompt, ra.token_ids, rb.token_ids)
         la = [e["logprob"] for e in ra.logprobs]
         lb = [e["logprob"] for e in rb.logprobs]
-        assert len(la) == len(ra.token_ids)
+        assert len(la) == len(lb) == len(ra.token_ids), (len(la), len(lb), len(ra.token_ids))
         assert max(abs(x - y) for x, y in zip(la, lb)) <= logprob_tol, (la, lb)
 
 
@@ -50,6 +52,7 @@ def test_triton_set_runs_bf16_on_gpu(kernels):
     # bf16 rounding differs between the sets, so only the first token (one prefill) must agree exactly
     ref = _run("torch", "cuda", 8, dtype="bfloat16")
     got = _run(kernels, "cuda", 8, dtype="bfloat16")
+    assert len(ref) == len(got) == len(PROMPTS)
     for ra, rb in zip(ref, got):
         assert ra.token_ids[0] == rb.token_ids[0]
         assert len(rb.token_ids) == 8

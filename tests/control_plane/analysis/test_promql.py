@@ -97,3 +97,19 @@ def test_increase_with_a_counter_reset_matches_prometheus(prometheus_factory, tm
     mine = increase([HistogramSnapshot(bounds, c) for c in scrapes])
     assert [by_le[b] for b in bounds] == pytest.approx(list(mine.counts))
     assert mine.counts == (11.0, 17.0, 21.0, 24.0)    # e.g. le=0.05: (9-1) + 1 + (3-1)
+
+
+def test_matchers_and_by_are_validated():
+    m = promql.matchers("http_request_duration_seconds", namespace=("=~", "$namespace"), service="chat")
+    assert m == 'namespace=~"$namespace",service="chat",status!~"5.."'
+    assert promql.matchers("sits_queue_time_seconds") == ""
+    assert promql.render("rate_by", metric="m", by="env, kernel_version", match=m, window="1m") == (
+        'sum by (env, kernel_version) (rate(m{namespace=~"$namespace",service="chat",status!~"5.."}[1m]))')
+    with pytest.raises(promql.TemplateError, match="unsafe matcher"):
+        promql.matchers(service='x"} or up{a="')
+    with pytest.raises(promql.TemplateError, match="operator"):
+        promql.matchers(service=("==", "x"))
+    with pytest.raises(promql.TemplateError, match="label names"):
+        promql.render("rate_by", metric="m", by="env) or (up", match=m, window="1m")
+    with pytest.raises(promql.TemplateError, match="'agg'"):
+        promql.render("gauge_by", agg="sum) or (up", metric="m", by="env", match=m)

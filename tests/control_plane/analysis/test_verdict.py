@@ -5,7 +5,7 @@ import pytest
 
 from control_plane.analysis import (ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Outcome, Policy,
                                     VariantData, assess)
-from tests.control_plane.helpers import BOUNDS, lat
+from tests.control_plane.helpers import lat
 
 def var(n=20000, scale=1.0, *, errors=None, ready=True, crashing=False, tail_scale=1.0, key=REQUEST_LATENCY):
     errors = n * 0.005 if errors is None else errors

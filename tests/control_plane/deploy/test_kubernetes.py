@@ -7,7 +7,7 @@ from kubernetes import client, watch
 
 from control_plane.adapters.deploy import (DeployConflictError, DeployError, DeployNotFoundError, Deployer,
                                            VariantSpec)
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer, pods_crashing
 
 SVC = "chat"
 
@@ -384,19 +384,31 @@ def test_crash_looping_pods_are_named_in_the_status(kd, kube_namespace, kube_clu
     kd.deploy(spec("production"))
     kd.deploy(spec("canary", kernels="triton-v2"))
     assert mark_ready(kube_cluster, kd, ns, "production").ready
-    core = client.CoreV1Api(kube_cluster.api_client())
+    assert not kd.status(SVC)["canary"].crashing                   # pending, not crashing
     deadline = time.monotonic() + 30
-    while not (pods := core.list_namespaced_pod(ns, label_selector=f"app={SVC},sits.io/role=canary").items):
+    # what a kubelet reports for an engine that exits at start-up (e.g. an unknown kernel set)
+    while not kube_cluster.crash_pods(ns, f"app={SVC},sits.io/role=canary", restarts=4, exit_code=2):
         assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
         time.sleep(0.2)
-    pod = pods[0]
-    # what a kubelet reports for an engine that exits at start-up (e.g. an unknown kernel set)
-    core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {"phase": "Running", "containerStatuses": [{
-        "name": "engine", "image": "registry.local/sits-engine:1", "imageID": "", "ready": False, "restartCount": 4,
-        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
-        "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}}]}})
+    pod = client.CoreV1Api(kube_cluster.api_client()).list_namespaced_pod(
+        ns, label_selector=f"app={SVC},sits.io/role=canary").items[0]
     st = kd.status(SVC)
-    assert not st["canary"].ready
+    assert not st["canary"].ready and st["canary"].crashing
     assert f"pod {pod.metadata.name}: engine CrashLoopBackOff (restarted 4 times, last exit code 2 Error)" \
         in st["canary"].message
-    assert st["production"].ready and "CrashLoopBackOff" not in st["production"].message
+    assert st["production"].ready and not st["production"].crashing
+    assert "CrashLoopBackOff" not in st["production"].message
+
+
+@pytest.mark.parametrize("container,crashing", [
+    ({"ready": False, "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}, True),
+    ({"ready": False, "restartCount": 1, "state": {"running": {}},
+      "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}, True),
+    ({"ready": True, "restartCount": 1, "state": {"running": {}},
+      "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}, False),   # recovered
+    ({"ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}, False),
+    ({"ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff"}}}, False),
+])
+def test_pods_crashing_reads_restarts_and_the_waiting_reason(container, crashing):
+    pod = {"metadata": {"name": "p"}, "status": {"containerStatuses": [{"name": "engine", **container}]}}
+    assert pods_crashing([pod]) is crashing

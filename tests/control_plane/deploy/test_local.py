@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import httpx
 import pytest
@@ -153,10 +152,9 @@ def test_crash_shows_as_not_ready_until_redeployed(local):
     local.set_weights(SVC, {"production": 90, "baseline": 10})
     victim = local._services[SVC].variants["baseline"].replicas[0].proc
     os.kill(victim.pid, signal.SIGKILL)
-    victim.wait(10)
-    time.sleep(0.5)
+    victim.wait(10)                                   # reaped: status() reads the exit code from the same process
     st = local.status(SVC)["baseline"]
-    assert not st.ready and st.ready_replicas == 0 and "exited with code -9" in st.message
+    assert not st.ready and st.ready_replicas == 0 and st.crashing and "exited with code -9" in st.message
     assert local.status(SVC)["baseline"].ready is False  # nothing restarted it behind our back
     local.deploy(spec("baseline"))  # an explicit deploy converges again
     st = local.status(SVC)["baseline"]

@@ -51,8 +51,12 @@ class InMemoryDeployer:
     def set_weights(self, service, weights) -> None:
         w = normalize_weights(weights)
         with self._lock:
+            svc = self._svc(service)
+            missing = [r for r, v in w.items() if v > 0 and r not in svc["variants"]]
+            if missing:
+                raise DeployNotFoundError(f"service {service}: cannot give traffic to {missing}: not deployed")
             self.calls.append(("set_weights", service, tuple(sorted(w.items()))))
-            self._svc(service)["weights"] = w
+            svc["weights"] = w
 
     def status(self, service):
         with self._lock:
@@ -76,8 +80,13 @@ class InMemoryDeployer:
     def router_url(self, service):
         return f"mem://{service}" if service in self.services else None
 
-    def close(self) -> None:
-        self.closed = True
+    def close(self) -> None:   # like the local deployer: every variant stops with it
+        with self._lock:
+            self.closed = True
+            self.services.clear()
+
+    def weights(self, service) -> dict[str, int]:
+        return {**{r: 0 for r in ("production", "baseline", "canary")}, **self._svc(service)["weights"]}
 
     def promote(self, service) -> None:
         with self._lock:
@@ -86,6 +95,7 @@ class InMemoryDeployer:
             canary = svc["variants"].pop("canary", None)
             if canary is not None:
                 svc["variants"]["production"] = VariantSpec(service, "production", canary.kernels, args=canary.args)
+                self.crashed.discard((service, "production"))
             svc["variants"].pop("baseline", None)
             svc["weights"] = {"production": 100}
 

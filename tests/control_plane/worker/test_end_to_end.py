@@ -16,7 +16,7 @@ from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.demo import LoadGenerator
+from control_plane.loadgen import LoadGenerator
 from control_plane.rollout import Phase
 from control_plane.store import Store
 from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
@@ -43,7 +43,6 @@ def world(tmp_path_factory):
     load = LoadGenerator(d.router_url(SVC), rate=30, threads=12, max_tokens=2).start()
     yield d, load
     load.stop()
-    d.set_weights(SVC, {"production": 100})
     d.close()
 
 

@@ -16,6 +16,7 @@ from control_plane.adapters.metrics import MetricsQueryError, MetricsSource, Mul
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
+from control_plane.rollout import ROLES
 from engine.buckets import LATENCY_BUCKETS
 from tests.fixtures.prometheus import PROMETHEUS_BIN, PrometheusServer, backfill, format_value
 
@@ -23,7 +24,6 @@ from .conftest import SERVICE, send
 
 COMPL = REQUEST_LATENCY + '{route="/v1/completions"}'
 T0 = 1_700_000_000
-ROLES = ("production", "baseline", "canary")
 
 
 def _series(lines, name, labels, snaps, ts):

@@ -31,6 +31,9 @@ class Recorder:
     def notify(self, n):
         self.events.append((n.event, n.service))
 
+    def flush(self, timeout=10.0):
+        return True
+
     def close(self, timeout=5.0):
         pass
 
@@ -278,3 +281,24 @@ def test_variants_lost_with_a_previous_worker_roll_back_cleanly(tmp_path):
         assert phases == [Phase.ROLLING_BACK, Phase.ROLLED_BACK]
         assert "not ready" in s.get("r1").reason
         assert all(a["status"] == "done" for a in s.actions("r1"))
+
+
+def test_a_crashing_canary_is_rolled_back_from_the_deployer_status(tmp_path):
+    """The deployer says the canary crashes (VariantStatus.crashing; not the message text): the guard rolls back at
+    once, during start-up and while progressing."""
+    for crash_in in (Phase.INITIALIZING, Phase.PROGRESSING):
+        deployer, t = InMemoryDeployer(), [0.0]
+        with Store(str(tmp_path / f"{crash_in.value}.db")) as s:
+            start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
+            w = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
+            t[0] += 1
+            w.reconcile_rollout("r1")                          # deploys baseline + canary
+            if crash_in is Phase.PROGRESSING:
+                t[0] += 1
+                assert w.reconcile_rollout("r1").phase is Phase.PROGRESSING
+            deployer.crash("chat", "canary")
+            t[0] += 1
+            r = w.reconcile_rollout("r1")
+            assert r.phase is Phase.ROLLING_BACK, crash_in
+            assert r.reason == ("canary is crashing during start-up" if crash_in is Phase.INITIALIZING
+                                else "guard: canary is crashing (restarts or exited)")

@@ -1,4 +1,5 @@
-"""Fixtures: `server` (one tiny-model server per module) and `serve(**ServerConfig overrides)` (per test)."""
+"""Fixtures: `server` (one tiny-model server per module) and `serve(**ServerConfig overrides)` (per test;
+`engine_factory=` builds the LLMEngine, e.g. with an injected clock)."""
 
 from dataclasses import replace
 
@@ -11,8 +12,8 @@ from tests.engine.server.harness import BASE, RunningServer
 def serve():
     servers: list[RunningServer] = []
 
-    def start(**overrides) -> RunningServer:
-        s = RunningServer(replace(BASE, **overrides))
+    def start(*, engine_factory=None, **overrides) -> RunningServer:
+        s = RunningServer(replace(BASE, **overrides), engine_factory=engine_factory)
         servers.append(s)
         return s.wait_ready()
 

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from engine.errors import ContextLengthError
 from tests.engine.server.harness import http, sample
 
 OK = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
@@ -56,6 +57,16 @@ def test_bad_input_table(server, name, method, path, body, headers, status, para
     assert isinstance(err["message"], str) and err["message"] and err["type"]
     assert err["param"] == param
     assert b"Traceback" not in payload and b'File "' not in payload
+
+
+@pytest.mark.parametrize("body,param", [({"prompt": [1, 2, 3], "max_tokens": 5000}, "max_tokens"),
+                                        ({"prompt": [1] * 4096, "max_tokens": 1}, "prompt")])
+def test_context_length_is_one_typed_error_with_the_engines_message(server, body, param):
+    got, _, payload = http("POST", server.url + "/v1/completions", {"model": "tiny", **body}, {})
+    err = json.loads(payload)["error"]
+    want = ContextLengthError(len(body["prompt"]), body["max_tokens"], 4096)   # what LLMEngine.add_request raises
+    assert got == 400 and err["code"] == "context_length_exceeded" and err["param"] == param == want.param
+    assert err["message"] == str(want)
 
 
 def test_oversized_body_is_refused_before_it_is_read(server):

@@ -1,0 +1,28 @@
+"""Shutting a control loop down, the same way from `sits-control worker` and the demo: the worker's passes first
+(their outbox rows stay for the next worker), then the notifier (delivering what it can; a journal keeps the rest),
+the metrics source, and last the deployer (the local one moves traffic to production and stops every variant; the
+Kubernetes one only closes its client: the cluster keeps running)."""
+from __future__ import annotations
+
+import logging
+
+from control_plane.adapters.deploy import Deployer
+from control_plane.adapters.metrics import MetricsSource
+from control_plane.adapters.notify import Notifier
+from control_plane.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def shutdown(deployer: Deployer, *, worker: Worker | None = None, notifier: Notifier | None = None,
+             source: MetricsSource | None = None) -> None:
+    """Stop each part given, in order; a part that fails to stop is logged and the rest still stop."""
+    steps = [("worker", worker.stop if worker else None), ("notifier", notifier.close if notifier else None),
+             ("metrics source", source.close if source else None), ("deployer", deployer.close)]
+    for name, stop in steps:
+        if stop is None:
+            continue
+        try:
+            stop()
+        except Exception as e:
+            log.warning("closing the %s: %s", name, e)

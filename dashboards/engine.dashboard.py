@@ -1,0 +1,54 @@
+"""Engine: every variant (env, kernel_version) of one service: traffic, latency percentiles, the scheduler's state."""
+from control_plane.analysis import promql
+from dashboards.common import (LATENCY, NS, QUANTILES, RATE, dashboard, q_name, timeseries, variables)
+
+VARIANT = "env, kernel_version"   # the engine's own histograms carry the kernel version; HTTP ones only env
+
+
+def _match(metric: str = "") -> str:
+    return promql.matchers(metric, namespace=NS, service="$service")
+
+
+def _latency(metric: str, title: str):
+    by = "env" if metric == "http_request_duration_seconds" else VARIANT
+    legend = "{{env}}" if by == "env" else "{{env}} {{kernel_version}}"
+    return timeseries(f"{title} P50 / P90 / P99", [
+        (promql.render("quantile_by", q=q, metric=metric, by=by, match=_match(metric), window=RATE),
+         f"{q_name(q)} {legend}") for q in QUANTILES], unit="s")
+
+
+def _per_variant(title: str, template: str, unit: str, **values):
+    return timeseries(title, [(promql.render(template, by=VARIANT, match=_match(), **values),
+                               "{{env}} {{kernel_version}}")], unit=unit)
+
+
+panels = [
+    timeseries("Request rate", [(promql.render("rate_by", metric="http_request_duration_seconds_count", by="env",
+                                               match=_match(), window=RATE), "{{env}}")], unit="reqps"),
+    timeseries("Error ratio (5xx)", [(promql.render("error_ratio_by", by="env", match=_match(), window=RATE),
+                                      "{{env}}")], unit="percentunit"),
+    *[_latency(metric, title) for metric, title in LATENCY.items()],
+    _latency("sits_queue_time_seconds", "Queue time"),
+    timeseries("Requests running / waiting", [
+        (promql.render("gauge_by", agg="sum", metric="sits_num_requests_running", by=VARIANT, match=_match()),
+         "running {{env}} {{kernel_version}}"),
+        (promql.render("gauge_by", agg="sum", metric="sits_num_requests_waiting", by=VARIANT, match=_match()),
+         "waiting {{env}} {{kernel_version}}")]),
+    _per_variant("KV-cache usage (busiest replica)", "gauge_by", "percentunit", agg="max",
+                 metric="sits_kv_cache_usage_perc"),
+    timeseries("Tokens / s", [
+        (promql.render("rate_by", metric="sits_generation_tokens_total", by=VARIANT, match=_match(), window=RATE),
+         "generated {{env}} {{kernel_version}}"),
+        (promql.render("rate_by", metric="sits_prompt_tokens_total", by=VARIANT, match=_match(), window=RATE),
+         "prompt {{env}} {{kernel_version}}")], unit="short"),
+    _per_variant("Prefix-cache hit rate (prompt tokens)", "ratio_by", "percentunit",
+                 numerator="sits_prefix_cache_hits_total", denominator="sits_prefix_cache_queries_total",
+                 window=RATE),
+    _per_variant("Preemptions", "increase_by", "short", metric="sits_num_preemptions_total", window=RATE),
+]
+
+dashboard = dashboard(
+    "SITS / Engine", "sits-engine",
+    "Every variant of one service: request rate, errors, latency percentiles (request, TTFT, inter-token, e2e, "
+    "queue), running/waiting requests, KV-cache usage, tokens/s, prefix-cache hits and preemptions.",
+    panels, variables(), tags=["engine"])

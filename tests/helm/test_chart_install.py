@@ -1,0 +1,169 @@
+"""`helm install` into the real test API server (etcd + kube-apiserver 1.20 + controller manager): every object the
+chart renders is created; monitoring objects only once their CRDs are served; the chart's ServiceAccount token can
+do everything the Kubernetes deployer does and nothing else; `helm uninstall` removes what the chart made."""
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, dynamic
+from kubernetes.client.rest import ApiException
+
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from tests.helm.support import CHART, MONITORING_KINDS, helm
+
+CRDS = Path(__file__).resolve().parent / "crds"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("helm-home")
+
+
+def _namespace(kube_cluster, name: str | None = None) -> str:
+    name = name or f"h-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(kube_cluster.api_client())
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    return name
+
+
+def _install(home, kube_cluster, ns: str, scenario: str, *extra: str) -> tuple[list[dict], str]:
+    r = helm("install", "rel", str(CHART), "--namespace", ns, "-f", str(CHART / "ci" / scenario), *extra,
+             home=home, kubeconfig=kube_cluster.kubeconfig)
+    manifest = helm("get", "manifest", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig).stdout
+    return [d for d in yaml.safe_load_all(manifest) if d], r.stdout
+
+
+def _exists(dyn, doc: dict) -> bool:
+    api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+    try:
+        api.get(name=doc["metadata"]["name"], namespace=doc["metadata"].get("namespace"))
+        return True
+    except dynamic.exceptions.NotFoundError:
+        return False
+
+
+def test_install_creates_every_object_and_uninstall_removes_them(home, kube_cluster):
+    ns = _namespace(kube_cluster)
+    docs, notes = _install(home, kube_cluster, ns, "default-values.yaml")
+    dyn = dynamic.DynamicClient(kube_cluster.api_client())
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "Role", "RoleBinding"] + ["Secret"] * 2 + \
+        ["Service", "ServiceAccount"]
+    assert all(_exists(dyn, d) for d in docs)
+    # the session key is made once and kept by upgrades (logins survive a restart)
+    core = client.CoreV1Api(kube_cluster.api_client())
+    key = core.read_namespaced_secret("rel-sits-control-session", ns).data["secret-key"]
+    assert len(base64.b64decode(key)) == 64
+    helm("upgrade", "rel", str(CHART), "--namespace", ns, "--set", "controlPlane.interval=7", home=home,
+         kubeconfig=kube_cluster.kubeconfig)
+    assert core.read_namespaced_secret("rel-sits-control-session", ns).data["secret-key"] == key
+    cm = core.read_namespaced_config_map("rel-sits-control", ns)
+    assert cm.data["SITS_INTERVAL"] == "7"
+    dep = client.AppsV1Api(kube_cluster.api_client()).read_namespaced_deployment("rel-sits-control", ns)
+    assert dep.spec.template.spec.containers[0].args[1] == "serve"
+    # NOTES: how to reach the UI and make a token
+    assert f"kubectl -n {ns} port-forward svc/rel-sits-control 8080:8080" in notes
+    assert "sha256sum" in notes and "Authorization: Bearer" in notes and "nobody can log in" in notes
+    helm("uninstall", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig)
+    deadline = time.monotonic() + 30
+    while any(_exists(dyn, d) for d in docs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [d["kind"] for d in docs if _exists(dyn, d)]
+
+
+def test_existing_secret_scenario_installs(home, kube_cluster):
+    ns = _namespace(kube_cluster)
+    docs, _ = _install(home, kube_cluster, ns, "existing-secret-values.yaml")
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == ["rel-sits-control-session"]
+    dep = client.AppsV1Api(kube_cluster.api_client()).read_namespaced_deployment("rel-sits-control", ns)
+    vols = {v.name: v for v in dep.spec.template.spec.volumes}
+    assert vols["auth"].secret.secret_name == "sits-auth" and vols["auth"].secret.items[0].key == "users.yaml"
+
+
+def test_monitoring_objects_left_out_without_crds(home, kube_cluster):
+    """Without prometheus-operator's CRDs the install succeeds and its notes say what was left out."""
+    ext = client.ApiextensionsV1Api(kube_cluster.api_client())
+    if "monitoring.coreos.com" in {c.spec.group for c in ext.list_custom_resource_definition().items}:
+        pytest.skip("this session's API server already serves monitoring.coreos.com (installed by a test before)")
+    ns = _namespace(kube_cluster)
+    docs, notes = _install(home, kube_cluster, ns, "monitoring-values.yaml")
+    kinds = {d["kind"] for d in docs}
+    assert "Ingress" in kinds and not kinds & set(MONITORING_KINDS)
+    assert all(_exists(dynamic.DynamicClient(kube_cluster.api_client()), d) for d in docs)
+    assert "WARNING: PrometheusRule was requested but this cluster does not serve" in notes
+
+
+def test_monitoring_objects_created_with_crds(home, kube_cluster):
+    """With the CRDs installed, the ServiceMonitor, PodMonitor and PrometheusRule are created."""
+    for crd in sorted(CRDS.glob("*.yaml")):
+        kube_cluster.install_crd(crd)
+    ns = _namespace(kube_cluster)
+    deadline = time.monotonic() + 30   # helm reads the served kinds from discovery, which may lag the CRD
+    while True:
+        docs, notes = _install(home, kube_cluster, ns, "monitoring-values.yaml")
+        if set(MONITORING_KINDS) <= {d["kind"] for d in docs} or time.monotonic() > deadline:
+            break
+        helm("uninstall", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig)
+        time.sleep(1)
+    assert set(MONITORING_KINDS) <= {d["kind"] for d in docs} and "WARNING" not in notes
+    assert all(_exists(dynamic.DynamicClient(kube_cluster.api_client()), d) for d in docs)
+
+
+def _service_account_client(kube_cluster, ns: str, name: str, timeout: float = 30) -> client.ApiClient:
+    """An API client holding the ServiceAccount's token (the token controller writes it into a Secret)."""
+    core = client.CoreV1Api(kube_cluster.api_client())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for s in core.list_namespaced_secret(ns).items:
+            if s.type == "kubernetes.io/service-account-token" and \
+                    (s.metadata.annotations or {}).get("kubernetes.io/service-account.name") == name and \
+                    (s.data or {}).get("token"):
+                return kube_cluster.api_client(token=base64.b64decode(s.data["token"]).decode())
+        time.sleep(0.2)
+    raise TimeoutError(f"no token Secret for ServiceAccount {ns}/{name}")
+
+
+def test_service_account_can_deploy_and_nothing_more(home, kube_cluster):
+    """The deployer, holding only the chart's ServiceAccount token, deploys production/baseline/canary, shifts
+    weights, reads status, promotes and cleans up in the variants' namespace; other verbs, resources and
+    namespaces are forbidden."""
+    release_ns = _namespace(kube_cluster)
+    variants_ns = _namespace(kube_cluster, "sits-variants")   # the scenario's deployer namespace
+    docs, _ = _install(home, kube_cluster, release_ns, "kubernetes-prometheus-values.yaml")
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == variants_ns
+    assert "PersistentVolumeClaim" in {x["kind"] for x in docs}
+    assert all(_exists(dynamic.DynamicClient(kube_cluster.api_client()), x) for x in docs)
+    sa = _service_account_client(kube_cluster, release_ns, "rel-sits-control")
+    d = KubernetesDeployer(KubernetesConfig(namespace=variants_ns, retries=1, backoff_s=0.01), api_client=sa)
+    service = f"s{uuid.uuid4().hex[:6]}"
+    for role_name in ("production", "baseline", "canary"):
+        d.deploy(VariantSpec(service=service, role=role_name, kernels="torch" if role_name != "canary"
+                             else "triton-v1"))
+    d.set_weights(service, {"production": 80, "baseline": 10, "canary": 10})
+    st = d.status(service)   # pods never become ready here: status lists them to say why
+    assert set(st) == {"production", "baseline", "canary"}
+    d.promote(service)
+    assert set(d.status(service)) == {"production"}
+    d.delete(service)
+    assert d.status(service) == {}
+    core, apps = client.CoreV1Api(sa), client.AppsV1Api(sa)
+    forbidden = [lambda: core.list_namespaced_secret(variants_ns),
+                 lambda: core.create_namespaced_config_map(variants_ns, {"metadata": {"name": "x"}}),
+                 lambda: core.delete_collection_namespaced_pod(variants_ns),
+                 lambda: apps.list_namespaced_deployment(release_ns),     # only the variants' namespace
+                 lambda: core.list_namespaced_service(variants_ns)]      # the deployer never lists Services
+    for call in forbidden:
+        with pytest.raises(ApiException) as e:
+            call()
+        assert e.value.status == 403
