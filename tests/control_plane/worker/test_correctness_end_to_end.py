@@ -5,6 +5,7 @@ load through the router, the real worker with its HTTP correctness probe, store 
   same canary without the gate is promoted: latency alone cannot see it;
 - torch-slow-attn (same answers, slower) passes the gate and is rolled back by the latency checks;
 - torch against itself passes both and is promoted."""
+import json
 import time
 
 import pytest
@@ -13,8 +14,9 @@ from control_plane.adapters.deploy import VariantSpec
 from control_plane.adapters.local import LocalConfig, LocalDeployer
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.analysis.prompts import DEFAULT_PROMPTS
 from control_plane.cli import main as control_cli
-from control_plane.demo import LoadGenerator
+from control_plane.loadgen import LoadGenerator
 from control_plane.rollout import Phase
 from control_plane import service
 from control_plane.service import start_rollout
@@ -22,8 +24,11 @@ from control_plane.store import Store
 from control_plane.worker import Worker, WorkerConfig
 
 SVC = "gate"
-# one step at 50 %, a look every 3 s; the gate replays 16 of the default prompts, 8 tokens each
+LOAD_PROMPT = "Write a short paragraph that explains why the sky looks blue during the day and red at sunset."
+# one step at 50 %, a look every 3 s; the gate replays a user prompt set (a file: the 12 shortest default prompts
+# and one past a 64-token block), 8 tokens each -- the whole default set costs 11-16 s per replay on this loaded CPU
 GATE = {"max_tokens": 8, "compare_tokens": 8, "concurrency": 4, "request_timeout_s": 60.0}
+PROMPTS = sorted(DEFAULT_PROMPTS, key=len)[:12] + [LOAD_PROMPT]
 FAST = dict(steps=(50,), check_interval_s=3.0, warmup_s=1.0,
             checks=(MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.35),
                     MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
@@ -36,7 +41,8 @@ def world(tmp_path_factory):
     d = LocalDeployer(LocalConfig(workdir=str(tmp_path_factory.mktemp("variants")), cpu_threads=1,
                                   ready_timeout_s=240))
     d.deploy(VariantSpec(SVC, "production", "torch"))
-    load = LoadGenerator(d.router_url(SVC), rate=30, threads=12, max_tokens=2).start()
+    # a ~95-token prompt: the slow set's row-at-a-time prefill makes it several times slower than torch's
+    load = LoadGenerator(d.router_url(SVC), rate=30, threads=12, max_tokens=2, prompt=LOAD_PROMPT).start()
     yield d, load
     load.stop()
     d.set_weights(SVC, {"production": 100})
@@ -48,7 +54,10 @@ def run(world, tmp_path, canary, gate=True, timeout=120.0, **policy):
     would make the canary the world's production)."""
     deployer, _ = world
     store = Store(str(tmp_path / f"{canary}-{gate}.db"))
-    r = start_rollout(store, SVC, canary, "torch", Policy(**{**FAST, **policy}, correctness={**GATE, "enabled": gate}))
+    prompt_file = tmp_path / "prompts.json"
+    prompt_file.write_text(json.dumps(PROMPTS))
+    r = start_rollout(store, SVC, canary, "torch", Policy(**{**FAST, **policy}, correctness={
+        **GATE, "enabled": gate, "prompt_set": str(prompt_file)}))
     worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
     try:
         deadline, aborted = time.monotonic() + timeout, False
@@ -76,7 +85,7 @@ def test_the_wrong_set_is_rolled_back_by_the_gate_and_promoted_without_it(world,
     (gate,) = checks
     cv = gate["verdict"]["correctness"]
     assert gate["source"] == "correctness" and gate["decision"] == "rollback" and cv["outcome"] == "fail"
-    assert cv["dtype"] == "float32" and cv["prompts"] == 32 and cv["requests"] == 96
+    assert cv["dtype"] == "float32" and cv["prompts"] == len(PROMPTS) and cv["requests"] == 3 * len(PROMPTS)
     assert {"drift_max", "top1_agreement"} <= set(cv["failed"])
     diverged = [e for e in cv["evidence"] if e["first_divergence"] is not None]
     assert diverged, cv
