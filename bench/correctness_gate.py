@@ -3,6 +3,7 @@
     .venv/bin/python bench/correctness_gate.py cost [--replays 3]        # real engines over HTTP (CPU, tiny)
     .venv/bin/python bench/correctness_gate.py equivalence [--replays 100] [--budget-s 300]
     .venv/bin/python bench/correctness_gate.py smallest-bug
+    .venv/bin/python bench/correctness_gate.py speed                     # the example sets' speed vs torch
     python3 bench/correctness_gate.py gpu [--model tiny,llama3-8b]       # torch vs triton-v1 in bf16 on a GPU
 
 cost: two `sits-engine serve` processes (torch, torch), one gate replay of the default prompt set through
@@ -154,14 +155,68 @@ def gpu(args) -> dict:
 
 
 def cost(args) -> dict:
-    from bench.correctness_cost import measure_cost   # real processes; kept apart (needs the adapter and deployer)
-    return measure_cost(args.replays)
+    """Two real `sits-engine serve` processes through the LocalDeployer (torch vs torch, then torch-wrong-rope),
+    the worker's own probe: requests, tokens and seconds of one gate replay of the default prompt set."""
+    import tempfile
+
+    from control_plane.adapters.correctness import CorrectnessProbe
+    from control_plane.adapters.deploy import VariantSpec
+    from control_plane.adapters.local import LocalConfig, LocalDeployer
+    policy = CorrectnessPolicy()
+    d = LocalDeployer(LocalConfig(workdir=tempfile.mkdtemp(prefix="sits-gate-"), cpu_threads=1, ready_timeout_s=240))
+    out = {}
+    try:
+        for canary in ("torch", "torch-wrong-rope", "torch-slow-attn"):
+            d.deploy(VariantSpec("gatebench", "production", "torch"))
+            d.deploy(VariantSpec("gatebench", "baseline", "torch"))
+            d.deploy(VariantSpec("gatebench", "canary", canary))
+            st = d.status("gatebench")
+            runs = [CorrectnessProbe().run(st["canary"].endpoint, st["baseline"].endpoint, policy)
+                    for _ in range(args.replays)]
+            secs = sorted(r.seconds for r in runs)
+            v = runs[-1].verdict
+            out[f"torch vs {canary}"] = {"requests": runs[-1].requests, "tokens": runs[-1].tokens,
+                                         "seconds_median": round(secs[len(secs) // 2], 2),
+                                         "seconds_max": round(secs[-1], 2), "outcome": v.outcome.value,
+                                         "dtype": v.dtype, "failed": list(v.failed)}
+            print(canary, out[f"torch vs {canary}"], flush=True)
+            d.rollback("gatebench")
+    finally:
+        d.close()
+    return out
+
+
+def speed(args) -> dict:
+    """Offline tiny-model throughput of torch and the example sets on CPU: a prefill-heavy and a decode-heavy
+    workload, the median of 3 runs each (interleaved, so machine load hits every set alike)."""
+    from engine import LLM, SamplingParams
+    sets = ("torch", "torch-slow-attn", "torch-wrong-rope")
+    llms = {k: LLM(model="tiny", kernels=k) for k in sets}
+    work = {"prefill 8 x 95-token prompts, 1 token": (list(DEFAULT_PROMPTS[18:19]) * 8, 1),
+            "decode 8 x 64 tokens": (["Once upon a time"] * 8, 64)}
+    times = {(k, w): [] for k in sets for w in work}
+    for llm in llms.values():
+        llm.generate(["warm up"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    for _ in range(7):
+        for w, (prompts, n) in work.items():
+            for k, llm in llms.items():
+                t0 = time.perf_counter()
+                llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+                times[(k, w)].append(time.perf_counter() - t0)
+    out = {}
+    for w in work:
+        base = sorted(times[("torch", w)])[3]
+        for k in sets:
+            med = sorted(times[(k, w)])[3]
+            out[f"{w}: {k}"] = {"seconds": round(med, 4), "vs_torch": round(med / base, 2)}
+            print(f"{w:40s} {k:18s} {med * 1000:8.1f} ms  x{med / base:.2f}", flush=True)
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("cost", "equivalence", "smallest-bug", "gpu"))
-    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("mode", choices=("cost", "equivalence", "smallest-bug", "gpu", "speed"))
+    ap.add_argument("--replays", type=int, default=None, help="equivalence: 100; cost: 3")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale-errors", type=lambda s: [float(x) for x in s.split(",")],
@@ -169,7 +224,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny,llama3-8b")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    result = {"cost": cost, "equivalence": equivalence, "smallest-bug": smallest_bug, "gpu": gpu}[args.mode](args)
+    if args.replays is None:
+        args.replays = 3 if args.mode == "cost" else 100
+    result = {"cost": cost, "equivalence": equivalence, "smallest-bug": smallest_bug, "gpu": gpu,
+              "speed": speed}[args.mode](args)
     print(json.dumps(result, indent=1, default=str))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
