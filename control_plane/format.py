@@ -93,7 +93,8 @@ def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
         head = f"first divergence at token {at}" if at is not None else "no divergence"
         margins = f" (baseline margin {_fmt(e['baseline_margin'], '.3g')}, canary margin " \
                   f"{_fmt(e['canary_margin'], '.3g')})" if at is not None else ""
-        lines.append(f"    prompt {e['index']} {label!r}: {head}{margins}, max drift {_fmt(e['drift_max'], '.2g')}")
+        lines.append(f"    prompt {e['index']} {label!r}: {head}{margins}; max drift {_fmt(e['drift_max'], '.2g')} "
+                     f"before it, {_fmt(e['forced_drift_max'], '.2g')} fed the baseline's tokens")
         lines.append(f"      baseline: {_ids(e['baseline_tokens'])} {e['baseline_text']!r}")
         lines.append(f"      canary:   {_ids(e['canary_tokens'])} {e['canary_text']!r}")
     lines.append(f"    reason: {cv['reason']}")
