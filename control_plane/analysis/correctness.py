@@ -236,8 +236,9 @@ def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
     if failed:
         return CorrectnessVerdict(Outcome.FAIL, f"{dtype} tolerances: " + "; ".join(why), failed=tuple(failed),
                                   evidence=evidence[:_MAX_EVIDENCE], **stats)
+    near_ties = " (all near-ties)" if diverged else ""
     return CorrectnessVerdict(Outcome.PASS, f"{len(ok)} prompts: {identical:.0%} identical over "
-                              f"{policy.compare_tokens} tokens, {len(diverged)} diverged (all near-ties), top-1 "
+                              f"{policy.compare_tokens} tokens, {len(diverged)} diverged{near_ties}, top-1 "
                               f"agreement {_pct(top1)}, max logprob drift {drift_max:.2g}",
                               evidence=evidence[:_MAX_EVIDENCE], **stats)
 

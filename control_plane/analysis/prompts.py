@@ -18,7 +18,8 @@ _PARAGRAPHS = (
     "She wrote the letter twice. The first version said everything; the second said only what needed saying, and "
     "that was the one she sent, with a pressed flower from the garden folded into the last page.",
     "def merge(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
-    "            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n",
+    "            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n"
+    "    return out + a[i:] + b[j:]\n",
 )
 
 DEFAULT_PROMPTS: tuple[str, ...] = (

@@ -17,7 +17,8 @@ from .support import CannedSource, InMemoryDeployer
 
 
 class ClosedPortDeployer(InMemoryDeployer):
-    """Variants that say they are ready at an address where nothing listens (the engine died after its readiness probe)."""
+    """Variants that say they are ready at an address where nothing listens (the engine died after its readiness
+    probe)."""
 
     def __init__(self, url):
         super().__init__()
