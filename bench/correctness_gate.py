@@ -89,7 +89,8 @@ def equivalence(args) -> dict:
     t0 = time.perf_counter()
     fails, drift_max, worst_identical, worst_top1, n = 0, 0.0, 1.0, 1.0, 0
     while n < args.replays and time.perf_counter() - t0 < args.budget_s:
-        v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2), policy)
+        v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2), policy,
+                               "bfloat16")
         n += 1
         fails += v.outcome.value == "fail"
         drift_max = max(drift_max, v.drift_max)
@@ -143,7 +144,8 @@ def gpu(args) -> dict:
             canary = base if name == "torch" else LLM(model=model, kernels=name, dtype="bfloat16")
             rng = random.Random(0)
             t0 = time.perf_counter()
-            v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2), policy)
+            v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2), policy,
+                               "bfloat16")
             out[f"{model} {name} vs torch bf16"] = {**_summary(v), "seconds": round(time.perf_counter() - t0, 1),
                                                      "evidence": [e.to_dict() for e in v.evidence[:3]]}
             print(json.dumps(out[f"{model} {name} vs torch bf16"], default=str)[:2000], flush=True)
