@@ -32,14 +32,18 @@ from control_plane.adapters.deploy import Deployer, DeployNotFoundError
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
 from control_plane.analysis import VariantData
-from control_plane.rollout import (Action, Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
-                                   SetWeights, reconcile)
+from control_plane.rollout import (Action, Command, Deploy, Event, EventKind, Notify, Observation, Phase, Promote,
+                                   Rollback, Rollout, SetWeights, reconcile, weights_for)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.store import Store
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
+# the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
+_EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
+             Phase.PROGRESSING: ("production", "baseline", "canary"), Phase.PAUSED: ("production", "baseline", "canary"),
+             Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
 _STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -108,6 +112,7 @@ class Worker:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
+        self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
@@ -203,6 +208,8 @@ class Worker:
         if not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
             return r
+        if r.id not in self._restored:
+            r = self._restore(r)
         pending = self.store.pending_actions(r.id)
         if pending:   # only after a crash or an interrupted pass: finish it, reconcile next interval
             self._at("recover")
@@ -236,6 +243,47 @@ class Worker:
         for stage, dt in (("observe", t1 - t0), ("reconcile", t2 - t1), ("persist", t3 - t2), ("actions", t4 - t3)):
             self.metrics.stage.labels(r.service, stage).observe(dt)
         return saved
+
+    def _restore(self, r: Rollout) -> Rollout:
+        """First pass of this worker over the rollout: variants its phase has deployed but the deployer does not know
+        (local processes died with a previous worker) are deployed again, as they were, with the traffic split of the
+        current step; the event is stored before anything is deployed, and windows of the next warm-up are dropped.
+        Killed while restoring, the next worker restores again (every deploy is idempotent)."""
+        want = _EXPECTED.get(r.phase, ())
+        status = self.deployer.status(r.service) if want else {}
+        missing = [role for role in want if role not in status]
+        if missing:
+            now = self.clock()
+            msg = (f"restart: {', '.join(missing)} not deployed (gone with a previous control plane); deploying "
+                   f"{'them' if len(missing) > 1 else 'it'} again at weight {r.weight} %")
+            log.warning("rollout %s (%s): %s", r.id, r.service, msg)
+            r = self.store.save(dataclasses.replace(
+                r, warmup_until=max(r.warmup_until, now + r.policy.warmup_s) if r.step >= 0 else r.warmup_until,
+                new_events=(Event(now, EventKind.PHASE, msg, r.phase),)))
+            spec = self.store.spec(r.id)
+            kernels = {"production": r.production_kernels, "baseline": r.production_kernels,
+                       "canary": r.canary_kernels}
+            if "production" in missing:
+                self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
+            others = [role for role in missing if role != "production"]
+            raised: list[Exception] = []
+
+            def deploy(role: str) -> None:
+                try:
+                    self.deployer.deploy(spec.variant(r.service, role, kernels[role]))
+                except Exception as e:   # re-raised below: the pass fails and the next one restores again
+                    raised.append(e)
+            threads = [threading.Thread(target=deploy, args=(role,)) for role in others]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if raised:
+                raise raised[0]
+            if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
+                self.deployer.set_weights(r.service, weights_for(r.weight))
+        self._restored.add(r.id)
+        return r
 
     def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
         failed = tuple(a["kind"] for a in self.store.actions(r.id)
