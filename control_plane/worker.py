@@ -282,6 +282,7 @@ class Worker:
                 raise raised[0]
             if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
                 self.deployer.set_weights(r.service, weights_for(r.weight))
+            self._at("restored")
         self._restored.add(r.id)
         return r
 
