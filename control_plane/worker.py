@@ -36,7 +36,7 @@ from control_plane.rollout import (Action, Command, Deploy, Event, EventKind, No
                                    Rollback, Rollout, SetWeights, reconcile, weights_for)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
-from control_plane.store import Store
+from control_plane.store import Store, StoreWriteError
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
@@ -73,6 +73,8 @@ class WorkerMetrics:
                                registry=self.registry)
         self.errors = Counter("sits_control_pass_errors", "Rollout passes that raised.", ["service"],
                               registry=self.registry)
+        self.store_errors = Counter("sits_control_store_write_errors", "Passes stopped because the store could not "
+                                    "be written (disk full or read-only).", registry=self.registry)
         self.action_failures = Counter("sits_control_action_failures", "Actions that failed for good.",
                                        ["service", "kind"], registry=self.registry)
         self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
@@ -113,6 +115,7 @@ class Worker:
         self._loop: threading.Thread | None = None
         self._recovered = False
         self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
+        self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
@@ -167,6 +170,8 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.tick()
+            except StoreWriteError as e:
+                self._store_failed(e, "worker tick")
             except Exception:
                 log.exception("worker tick failed")
             self._stop.wait(self.config.interval_s)
@@ -174,11 +179,22 @@ class Worker:
     def _pass(self, rollout_id: str, service: str) -> None:
         try:
             self.reconcile_rollout(rollout_id)
+            self.store_error = None
+        except StoreWriteError as e:
+            self._store_failed(e, f"rollout {rollout_id} ({service})")
         except LeaseLostError as e:
             log.warning("%s; this pass stops here", e)
         except Exception:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
+
+    def _store_failed(self, e: StoreWriteError, where: str) -> None:
+        # nothing the pass decided was stored, so nothing was done: an action runs only once its outbox row exists,
+        # and one that ran but could not be marked done stays pending and is repeated (idempotently) later
+        self.store_error = str(e)
+        self.metrics.store_errors.inc()
+        log.error("%s: %s; this pass stopped without acting, retried every %g s until the store can be written",
+                  where, e, self.config.interval_s)
 
     def _recover(self) -> None:
         """Finished rollouts whose last actions (notifications) never ran because of a crash."""
@@ -360,6 +376,8 @@ class Worker:
                 self._at(f"executed:{action.kind}")
                 self.store.mark_action(action_id, "done")
                 return
+            except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
+                raise
             except Exception as e:
                 last = f"{type(e).__name__}: {e}"
                 log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
