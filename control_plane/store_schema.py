@@ -8,14 +8,18 @@ Version 1 (until 2026-12-01): rollouts, checks, events, actions; the worker and 
 tables in the same file when they ran (rollout_specs, commands with a `by` column, deliveries keyed by a JSON body).
 Version 2: one owner (control_plane/store.py) for every table; events.actor (and kind "metrics" for metrics-source
 errors, "window" before); commands.actor (was `by`); deliveries.rollout_id (was only inside the body); leases.
+Version 3: indexes for listing rollouts newest first (all, per service, per phase): without them every listing
+reads each row's large state to reach created_at (51 ms for the 50 newest of 1,000 rollouts, bench/api_latency.py);
+checks(rollout_id, outcome), so counting checks by outcome does not read 100,000 evidence rows.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
 from typing import Callable
+from urllib.parse import quote
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -67,8 +71,15 @@ def _v1_to_v2(db: sqlite3.Connection) -> None:
                "acquired_at REAL NOT NULL)")
 
 
+def _v2_to_v3(db: sqlite3.Connection) -> None:
+    db.execute("CREATE INDEX rollouts_newest ON rollouts(created_at DESC, id)")
+    db.execute("CREATE INDEX rollouts_service_newest ON rollouts(service, created_at DESC, id)")
+    db.execute("CREATE INDEX rollouts_phase_newest ON rollouts(phase, created_at DESC, id)")
+    db.execute("CREATE INDEX checks_outcome ON checks(rollout_id, outcome)")   # /metrics counts without the evidence
+
+
 # MIGRATIONS[v] takes a file from version v to v + 1
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 class StoreError(Exception):
@@ -84,8 +95,33 @@ class SchemaError(StoreError):
     """The file's schema cannot be used by this code (it is newer)."""
 
 
-def migrate(db: sqlite3.Connection, name: str) -> int:
-    """Bring the file to SCHEMA_VERSION; returns the version it had. `db` is in autocommit mode."""
+def migrate(db: sqlite3.Connection, name: str, readonly: bool = False) -> int:
+    """Bring the file to SCHEMA_VERSION; returns the version it had. `db` is in autocommit mode. Read-only: only
+    checks that the file is at SCHEMA_VERSION."""
+    try:
+        return _migrate(db, name, readonly)
+    except sqlite3.Error as e:   # not a database, truncated, read-only, locked: one line, never a traceback
+        raise StoreError(f"store {name}: {_why(e, readonly)}") from None
+
+
+def _why(e: sqlite3.Error, readonly: bool) -> str:
+    text = str(e)
+    if readonly and ("readonly" in text or "unable to open" in text):
+        return f"{text} (cannot read the file)"
+    if "readonly" in text or "unable to open" in text:
+        return f"{text} (the file or its directory is not writable: this command writes; list and show only read)"
+    if "not a database" in text or "malformed" in text:
+        return f"{text} (not a SITS store, or a damaged one)"
+    return text
+
+
+def _migrate(db: sqlite3.Connection, name: str, readonly: bool) -> int:
+    if readonly:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise SchemaError(f"store {name}: schema version {version}, this code reads {SCHEMA_VERSION}; open it "
+                              "with a writable command once (e.g. `sits-control worker`) to migrate it")
+        return version
     db.execute("BEGIN IMMEDIATE")   # two processes opening one new file: the second waits, then sees it migrated
     try:
         found = version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -106,12 +142,33 @@ def migrate(db: sqlite3.Connection, name: str) -> int:
     return found
 
 
-def connect(path: str) -> sqlite3.Connection:
+def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
     """A connection to the store's file (":memory:" included: same pragmas, same schema) in autocommit mode;
-    transactions are explicit (BEGIN IMMEDIATE)."""
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
-    db.row_factory = sqlite3.Row
-    db.execute("PRAGMA foreign_keys = ON")
-    db.execute("PRAGMA journal_mode = WAL")   # ":memory:" answers "memory" and stays as it is
-    db.execute("PRAGMA synchronous = FULL")
+    transactions are explicit (BEGIN IMMEDIATE). Read-only: the file must exist; nothing is written (no WAL switch),
+    so a read-only file or directory can still be listed. StoreError (one line) when the file cannot be used."""
+    try:
+        if not readonly or path == ":memory:":
+            return _open(path, path, writable=True)
+        try:
+            return _open(path, f"file:{quote(path)}?mode=ro", writable=False)
+        except sqlite3.OperationalError:
+            # a WAL file in a directory we may not write: SQLite cannot create the -shm it reads through, so read
+            # the file as it is (a store nobody can write has no writer whose -wal would be missed)
+            return _open(path, f"file:{quote(path)}?mode=ro&immutable=1", writable=False)
+    except sqlite3.Error as e:
+        raise StoreError(f"store {path}: {_why(e, readonly)}") from None
+
+
+def _open(path: str, target: str, writable: bool) -> sqlite3.Connection:
+    db = sqlite3.connect(target, uri=not writable, check_same_thread=False, isolation_level=None, timeout=30.0)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA foreign_keys = ON")
+        if writable:
+            db.execute("PRAGMA journal_mode = WAL")   # ":memory:" answers "memory" and stays as it is
+            db.execute("PRAGMA synchronous = FULL")
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()   # reads the header: garbage fails here
+    except BaseException:
+        db.close()
+        raise
     return db

@@ -18,15 +18,33 @@ def service_name(v: Any, field: str = "service") -> str:
     return v
 
 
+# the kernel registry's name pattern (kernels/registry.py _NAME; a test keeps the two equal): no paths, no spaces
+_KERNEL_SET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def kernel_set_name(v: Any, field: str = "kernels") -> str:
+    if not isinstance(v, str) or not _KERNEL_SET_RE.match(v) or ".." in v:
+        raise ValidationError(f"{field}: kernel set name {str(v)[:80]!r} must be 1-64 letters, digits and ._- "
+                              "(starting with a letter or digit, no '..')", field)
+    return v
+
+
 def model(v: Any, field: str = "model") -> str:
     if not isinstance(v, str) or not v:
         raise ValidationError("model must be 'tiny', 'llama3-8b' or a checkpoint path", field)
     return v
 
 
-def integer(v: Any, field: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValidationError(f"{field} must be an integer >= {minimum}, got {v!r}", field)
+# a rollout asks for at most this many replicas per variant (deployers bound them further: local by the machine,
+# Kubernetes by KubernetesConfig.max_replicas); `--replicas 100000` is a typo, not a plan
+MAX_REPLICAS = 256
+MAX_GPUS = 16
+
+
+def integer(v: Any, field: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum or (maximum is not None and v > maximum):
+        bound = f">= {minimum}" if maximum is None else f">= {minimum} and <= {maximum}"
+        raise ValidationError(f"{field} must be an integer {bound}, got {str(v)[:40]}", field)
     return v
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from control_plane.adapters.deploy import Deployer, DeployNotFoundError
+from control_plane.adapters.deploy import Deployer, DeployCancelled, DeployNotFoundError
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
 from control_plane.analysis import VariantData
@@ -36,6 +36,7 @@ from control_plane.rollout import (Action, Command, Deploy, Event, EventKind, No
                                    Rollback, Rollout, SetWeights, reconcile, weights_for)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
+from control_plane.redact import redact
 from control_plane.store import Store, StoreWriteError
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ class WorkerMetrics:
         self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
         self.busy = Gauge("sits_control_busy_rollouts", "Rollouts whose pass is still running.",
                           registry=self.registry)
+        self.reconcile = Histogram("sits_reconcile_duration_seconds", "Time of one rollout pass that reconciled "
+                                   "(observe + reconcile + persist + actions).", buckets=_STAGE_BUCKETS,
+                                   registry=self.registry)
 
 
 class LeaseLostError(Exception):
@@ -144,6 +148,11 @@ class Worker:
         for t in self.tick():
             t.join(timeout)
 
+    @property
+    def alive(self) -> bool:
+        """The loop thread runs (what /readyz reports)."""
+        return self._loop is not None and self._loop.is_alive() and not self._stop.is_set()
+
     def start(self) -> "Worker":
         self._stop.clear()
         self._loop = threading.Thread(target=self._run, name="sits-worker", daemon=True)
@@ -184,6 +193,8 @@ class Worker:
             self._store_failed(e, f"rollout {rollout_id} ({service})")
         except LeaseLostError as e:
             log.warning("%s; this pass stops here", e)
+        except DeployCancelled as e:   # shutdown: the pass ends, its pending actions stay for the next worker
+            log.info("rollout %s (%s): %s", rollout_id, service, e)
         except Exception:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
@@ -248,7 +259,7 @@ class Worker:
         if actions or new.new_checks or new.new_events or dataclasses.replace(new, new_checks=(), new_events=()) != r:
             saved = self.store.save(new, actions)
             for e in new.new_events:
-                log.info("rollout %s (%s): %s", r.id, r.service, e.message)
+                log.info("rollout %s (%s): %s", r.id, r.service, redact(e.message))
         t3 = time.perf_counter()
         self._at("saved")
         if command is not None:
@@ -258,6 +269,7 @@ class Worker:
         t4 = time.perf_counter()
         for stage, dt in (("observe", t1 - t0), ("reconcile", t2 - t1), ("persist", t3 - t2), ("actions", t4 - t3)):
             self.metrics.stage.labels(r.service, stage).observe(dt)
+        self.metrics.reconcile.observe(t4 - t0)
         return saved
 
     def _restore(self, r: Rollout) -> Rollout:
@@ -371,6 +383,8 @@ class Worker:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
             if not self._lease(r.id):   # stalled past the TTL and replaced: the new holder runs this action
                 raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
+            if attempt and self._stop.is_set():
+                raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")
             try:
                 self._execute(r, spec, action, action_id)
                 self._at(f"executed:{action.kind}")
@@ -378,8 +392,11 @@ class Worker:
                 return
             except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
                 raise
+            except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
+                log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)
+                raise
             except Exception as e:
-                last = f"{type(e).__name__}: {e}"
+                last = redact(f"{type(e).__name__}: {e}")
                 log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
         self.metrics.action_failures.labels(r.service, action.kind).inc()
         self.store.mark_action(action_id, "failed", last[:4000])

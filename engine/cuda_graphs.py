@@ -10,8 +10,10 @@ once per padded batch size and replayed with a single launch.
 - `LLMEngine.warmup()` (the server runs it before /readyz turns 200) captures every size; otherwise a graph is
   captured on the first step that needs it. Each capture follows one eager forward of that size on the capture
   stream (Triton compiles and autotunes there, never inside a capture). All graphs share one memory pool.
-- Inputs live in static device buffers, filled with one host-to-device copy per step; block tables are kept at the
-  full width (max_model_len / block_size), so a graph never depends on how long the contexts are.
+- Inputs live in static device buffers, filled with one host-to-device copy per step (from a pinned buffer). Block
+  tables are kept at the full width (max_model_len / block_size), so a graph never depends on how long the contexts
+  are, in persistent rows, one per sequence, of which a step sends only the entries that changed (a new block every
+  64 tokens); the graph gathers the batch's rows.
 - Only kernel sets that declare `graph_safe` are captured: their ops never wait on the GPU from the host and launch
   the same kernels for the same shapes. A capture that fails anyway turns graphs off for the runner (logged), and
   the engine goes on eagerly.
@@ -58,10 +60,23 @@ class DecodeGraphs:
         self.capture = capture
         self.sizes = graph_batch_sizes(max_num_seqs)
         b = self.sizes[-1]
-        # per step: [ids | positions | slots | context lens] of the padded batch, then the used part of the tables
-        self.stage = torch.zeros(4 * b + b * max_blocks_per_seq, dtype=torch.int64, device=device)
+        w = max_blocks_per_seq
+        # per step, one host-to-device copy of [ids | positions | slots | context lens | table rows] of the padded
+        # batch, then the block-table entries that changed since the last step: [flat index | block id] x U
+        # (+ b: where each row's input token sits in the previous step's sampled tokens, when they stay on the GPU)
+        self.stage = torch.zeros(6 * b + 2 * b * w, dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        # two pinned staging buffers, used in turn: with a step launched one ahead (engine/async_decode.py) the
+        # previous step's copy may not have run yet when the next one is staged
+        self.hosts = [torch.zeros(self.stage.numel(), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._host_flip = 0
         self.lens = torch.ones(b, dtype=torch.int32, device=device)
-        self.tables = torch.zeros(b, max_blocks_per_seq, dtype=torch.int32, device=device)
+        # persistent tables: one row per sequence while it decodes here (row b: zeros, for padding rows), updated
+        # incrementally; the graph gathers the batch's rows into `tables`
+        self.table_rows = torch.zeros(b + 1, w, dtype=torch.int32, device=device)
+        self.tables = torch.zeros(b, w, dtype=torch.int32, device=device)
+        self._rows: dict[int, list] = {}  # seq_id -> [row, the seq's block_table list, entries written]
+        self._free_rows = list(range(b - 1, -1, -1))
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> (graph, its output)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.stream = torch.cuda.Stream(device) if capture else None
@@ -74,27 +89,56 @@ class DecodeGraphs:
                 and all(s.num_computed_tokens + 1 == len(s.token_ids) and len(s.block_table) <= self.tables.shape[1]
                         for s in seqs))
 
-    def run(self, seqs) -> torch.Tensor:
-        """Forward one decode token of each sequence (its last token, at position num_computed_tokens); returns the
-        final hidden states [len(seqs), H]. Caller checks usable(seqs) first."""
+    def run(self, seqs, ids_from: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+        """Forward one decode token of each sequence (at position num_computed_tokens); returns the final hidden
+        states [len(seqs), H]. The token is token_ids[num_computed_tokens], or with `ids_from` = (tokens on the
+        device, index of each row in them) taken on the device (engine/async_decode.py: not on the host yet).
+        Caller checks usable(seqs) first (or, with ids_from, what async_decode checks)."""
         n = len(seqs)
         b = padded_batch_size(n, self.sizes)
-        bs = self.block_size
+        bs, w = self.block_size, self.table_rows.shape[1]
         pad = b - n
-        ids, pos, slots, lens, rows = [], [], [], [], []
-        width = max(len(s.block_table) for s in seqs)
+        rows_of = self._rows
+        if len(rows_of) > n or any(s.seq_id not in rows_of for s in seqs):
+            self._release_absent({s.seq_id for s in seqs})
+        ids, pos, slots, lens, rows, upd_at, upd_val = [], [], [], [], [], [], []
         for s in seqs:
             p = s.num_computed_tokens
             bt = s.block_table
-            ids.append(s.token_ids[p])
+            ids.append(0 if ids_from else s.token_ids[p])
             pos.append(p)
             slots.append(bt[p // bs] * bs + p % bs)
             lens.append(p + 1)
-            rows += bt
-            rows += [0] * (width - len(bt))
-        flat = ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad + rows
-        self.stage[:len(flat)].copy_(torch.tensor(flat, dtype=torch.int64), non_blocking=True)
-        self.tables[:n, :width].copy_(self.stage[4 * b:4 * b + n * width].view(n, width))
+            entry = rows_of.get(s.seq_id)
+            if entry is None or entry[1] is not bt:  # new here, or its table was replaced (preempted, readmitted)
+                row = entry[0] if entry is not None else self._free_rows.pop()
+                entry = rows_of[s.seq_id] = [row, bt, 0]
+                upd_at += range(row * w + len(bt), row * w + w)  # clear what an earlier owner left
+                upd_val += [0] * (w - len(bt))
+            row, _, done = entry
+            if done < len(bt):  # blocks appended since the last step
+                upd_at += range(row * w + done, row * w + len(bt))
+                upd_val += bt[done:]
+                entry[2] = len(bt)
+            rows.append(row)
+        u = len(upd_at)
+        flat = ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad + rows + [b] * pad
+        host = self.hosts[self._host_flip]
+        self._host_flip ^= 1
+        host_np = host.numpy()
+        host_np[:5 * b] = flat
+        if u:
+            host_np[5 * b:5 * b + u] = upd_at
+            host_np[5 * b + u:5 * b + 2 * u] = upd_val
+        k = 5 * b + 2 * u
+        if ids_from:
+            host_np[k:k + n] = ids_from[1]
+        st = self.stage
+        st[:k + n].copy_(host[:k + n], non_blocking=True)
+        if u:
+            self.table_rows.view(-1).index_copy_(0, st[5 * b:5 * b + u], st[5 * b + u:k].to(torch.int32))
+        if ids_from:
+            torch.index_select(ids_from[0], 0, st[k:k + n], out=st[:n])
         if self.capture and self.failed is None and b not in self.graphs:
             self._capture(b)
         if b in self.graphs:
@@ -103,6 +147,10 @@ class DecodeGraphs:
         else:
             out = self._forward(b)
         return out[:n]
+
+    def _release_absent(self, live: set[int]) -> None:
+        for sid in [sid for sid in self._rows if sid not in live]:
+            self._free_rows.append(self._rows.pop(sid)[0])
 
     def capture_all(self) -> None:
         """Capture every size now, largest first (the shared pool is sized by the first): the engine's warm-up does
@@ -116,6 +164,7 @@ class DecodeGraphs:
     def _forward(self, b: int) -> torch.Tensor:
         st = self.stage
         self.lens[:b].copy_(st[3 * b:4 * b])  # int64 -> int32 on the device (inside the graph when captured)
+        torch.index_select(self.table_rows, 0, st[4 * b:5 * b], out=self.tables[:b])  # the batch's table rows
         meta = AttentionMetadata(slot_mapping=st[2 * b:3 * b], num_prefill_tokens=0, cu_seqlens_q=None,
                                  prefill_context_lens=None, prefill_block_tables=None,
                                  decode_context_lens=self.lens[:b], decode_block_tables=self.tables[:b])
@@ -123,8 +172,9 @@ class DecodeGraphs:
 
     def _capture(self, b: int) -> None:
         t0 = time.perf_counter()
-        saved = self.stage[:4 * b].clone()  # this step's inputs; capture runs on dummy ones
-        self.stage[:4 * b].copy_(torch.tensor([0] * 2 * b + [-1] * b + [1] * b, dtype=torch.int64))
+        saved = self.stage[:5 * b].clone()  # this step's inputs; capture runs on dummy ones
+        self.stage[:5 * b].copy_(torch.tensor([0] * 2 * b + [-1] * b + [1] * b + [self.sizes[-1]] * b,
+                                              dtype=torch.int64))
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)
         try:
@@ -139,10 +189,10 @@ class DecodeGraphs:
             log.warning("CUDA graph capture of a %d-sequence decode step failed (%s); decode runs eagerly from now on",
                         b, self.failed)
             torch.cuda.synchronize(self.device)
-            self.stage[:4 * b].copy_(saved)
+            self.stage[:5 * b].copy_(saved)
             main.wait_stream(self.stream)
             return
         main.wait_stream(self.stream)
-        self.stage[:4 * b].copy_(saved)
+        self.stage[:5 * b].copy_(saved)
         self.graphs[b] = (graph, out)
         log.info("captured the decode CUDA graph for batch size %d in %.2f s", b, time.perf_counter() - t0)

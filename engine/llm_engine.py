@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from engine.async_decode import DecodePipeline
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
@@ -22,6 +23,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import detokenize_incrementally, load_tokenizer
+from engine.warmup import warmup_plan
 
 log = logging.getLogger("sits.engine")
 
@@ -59,6 +61,7 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self._pipeline = DecodePipeline(self)  # decode steps launched one ahead when nothing else is going on
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
@@ -147,6 +150,9 @@ class LLMEngine:
             # they wait in the scheduler now: admission (add_request) keeps counting them until the step's end sets
             # the exact number (an overcount meanwhile, never an undercount)
             self._num_waiting += len(inbox)
+        pipe = self._pipeline
+        if pipe.inflight is not None and (inbox or aborts or self.scheduler.waiting):
+            outputs += pipe.drain()  # the scheduler takes the next step: the one in flight is collected first
         for seq in inbox:
             self.scheduler.add(seq)
         for rid in aborts:
@@ -155,24 +161,36 @@ class LLMEngine:
                 self.scheduler.finish(seq, "abort")
                 outputs.append(self._output(seq, [], "", None))
                 self._forget(seq)
-        batch = self.scheduler.schedule()
-        if batch.seqs:
-            try:
-                results = self.model_runner.execute(batch)
-            except Exception as e:
-                for seq in batch.seqs:
-                    self.scheduler.finish(seq, "abort")
-                    outputs.append(self._output(seq, [], "", None))
-                    self._forget(seq)
-                raise StepError(f"model step failed ({type(e).__name__}: {e}); its {len(batch.seqs)} "
-                                f"request(s) were aborted", outputs) from e
-            self.num_computed_tokens_total += batch.num_tokens
-            self.scheduler.update_computed(batch)
-            for seq, token, logprob in results:
-                outputs.append(self._append_token(seq, token, logprob))
+        if pipe.inflight is None:
+            batch = self.scheduler.schedule()
+            if batch.seqs and pipe.can_start(batch):
+                try:
+                    pipe.start(batch)
+                except Exception as e:
+                    self._abort_step(batch.seqs, e, outputs)
+            elif batch.seqs:
+                try:
+                    results = self.model_runner.execute(batch)
+                except Exception as e:
+                    self._abort_step(batch.seqs, e, outputs)
+                self.num_computed_tokens_total += batch.num_tokens
+                self.scheduler.update_computed(batch)
+                for seq, token, logprob in results:
+                    outputs.append(self._append_token(seq, token, logprob))
+        if pipe.inflight is not None:  # decode steps one ahead (engine/async_decode.py)
+            outputs += pipe.advance()
         with self._lock:
             self._num_waiting = len(self.scheduler.waiting)
         return outputs
+
+    def _abort_step(self, seqs: list[Sequence], e: Exception, outputs: list[RequestOutput] | None = None):
+        outputs = [] if outputs is None else outputs
+        for seq in seqs:
+            self.scheduler.finish(seq, "abort")
+            outputs.append(self._output(seq, [], "", None))
+            self._forget(seq)
+        raise StepError(f"model step failed ({type(e).__name__}: {e}); its {len(seqs)} "
+                        f"request(s) were aborted", outputs) from e
 
     def _append_token(self, seq: Sequence, token: int, logprob: dict | None) -> RequestOutput:
         p = seq.params
@@ -217,15 +235,23 @@ class LLMEngine:
             self._live.pop(seq.request_id, None)
 
     def warmup(self, max_tokens: int = 4) -> None:
-        """Run one short request to completion (first kernel launches/compiles) and capture the decode CUDA graphs
-        of every batch size (when the engine uses them); call before serving."""
+        """Run one short request to completion (first kernel launches/compiles), then on a GPU one dummy step of
+        every shape family a request can produce (engine/warmup.py), and capture the decode CUDA graphs of every
+        batch size (when the engine uses them); call before serving."""
         rid = f"__warmup__{id(self)}"
         self.add_request(rid, [self.model_config.bos_token_id or 0] * 3,
                          SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
         while self.has_unfinished_requests():
             self.step()
         t0 = time.perf_counter()  # on the loop's thread, like step(): add_request is not blocked meanwhile
-        graphs = self.model_runner.capture_decode_graphs()
+        runner = self.model_runner
+        if self.device.type == "cuda":  # every shape family a step can have, so nothing compiles while serving
+            plan = warmup_plan(self.config.max_num_batched_tokens, self.config.max_num_seqs, runner.decode_sizes,
+                               runner.decode_graphs is not None)
+            runner.warmup(plan)
+            log.info("warm-up ran %d step shapes in %.1f s", len(plan), time.perf_counter() - t0)
+            t0 = time.perf_counter()
+        graphs = runner.capture_decode_graphs()
         if graphs:
             log.info("captured %d decode CUDA graphs in %.1f s", graphs, time.perf_counter() - t0)
         self.prompt_tokens_total = self.generation_tokens_total = 0

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 
 import kernels
 from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
 from engine.errors import InvalidRequestError
 from engine.layers.attention import AttentionMetadata
 from engine.layers.sampler import Sampler
 from engine.loader import ModelSource
 from engine.models.llama import LlamaForCausalLM
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+from engine.warmup import WarmupStep
 
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
 GPU_MEMORY_UTILIZATION = 0.90
@@ -44,6 +49,15 @@ def load_kernel_set(name: str, device: torch.device):
     return ks
 
 
+@dataclass(slots=True)
+class InflightDecode:
+    """A decode step launched without waiting for its tokens."""
+    seqs: list[Sequence]  # its rows, in order
+    tokens: torch.Tensor  # [len(seqs)] sampled tokens on the device
+    host: torch.Tensor  # [len(seqs)] their (pinned) host copy, valid once `event` has passed
+    event: object | None  # torch.cuda.Event, None on CPU (the copy was synchronous)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource, kernel_set, device: torch.device,
                  dtype: torch.dtype, max_model_len: int):
@@ -63,16 +77,25 @@ class ModelRunner:
             self.kv_cache = torch.zeros(mc.num_hidden_layers, 2, self.num_blocks, self.block_size,
                                         mc.num_key_value_heads, mc.head_dim, device=device, dtype=dtype)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_hidden_layers)]
+        self.max_blocks = -(-max_model_len // self.block_size)  # block-table width of every step
+        self.decode_sizes = graph_batch_sizes(config.max_num_seqs)  # decode rows are padded to one of these
         # decode-only steps replay CUDA graphs (engine/cuda_graphs.py) when the kernel set allows it
         self.decode_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager and kernel_set.graph_safe:
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=config.max_num_seqs,
-                                              max_blocks_per_seq=-(-max_model_len // self.block_size),
+                                              max_blocks_per_seq=self.max_blocks,
                                               block_size=self.block_size, device=device)
         self.sampler = Sampler(device, config.seed)
+        self._host_tokens: list[torch.Tensor] | None = None  # launch_decode's pinned token buffers
+        self._host_flip = 0
         self.capture_logits = False  # tests: keep the last step's logits
         self.last_logits: torch.Tensor | None = None  # [num sampled seqs, vocab] fp32
         self.last_logits_seqs: list[str] = []  # their request ids
+
+    @property
+    def gpu_wait_s(self) -> float:
+        """Host seconds spent waiting for the GPU in the steps so far (the sampled tokens' copy to the host)."""
+        return self.sampler.wait_s
 
     def block_bytes(self) -> int:
         mc = self.model_config
@@ -84,6 +107,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             return max(min(CPU_KV_CACHE_BYTES // self.block_bytes(), self.config.max_num_seqs * min_blocks),
                        min_blocks)
+        torch.cuda.empty_cache()  # what loading and quantizing freed is cached by the allocator, not "free" yet
         free, total = torch.cuda.mem_get_info(self.device)
         mc, c = self.model_config, self.config
         elt = torch.empty(0, dtype=self.dtype).element_size()
@@ -109,27 +133,52 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, int, dict | None]]:
         """Run the scheduled tokens; returns (seq, sampled token, logprobs) for each seq whose chunk reached its end."""
-        bs = self.block_size
         pairs = list(zip(batch.seqs, batch.num_new_tokens))
         prefill = [(s, n) for s, n in pairs if n > 1]
-        decode = [(s, n) for s, n in pairs if n == 1]  # a 1-token chunk is a decode: same math
+        decode = [s for s, n in pairs if n == 1]  # a 1-token chunk is a decode: same math
         graphs = self.decode_graphs
-        if not prefill and graphs is not None and graphs.usable(seqs := [s for s, _ in decode]):
-            return self._sample(graphs.run(seqs), seqs)
+        if not prefill and graphs is not None and graphs.usable(decode):
+            return self._sample(graphs.run(decode), decode)
+        return self._run_eager(prefill, decode)
+
+    @torch.inference_mode()
+    def warmup(self, steps: list[WarmupStep]) -> None:
+        """Run each step's shape once on dummy tokens (no KV written, nothing returned): Triton compiles and
+        autotunes here instead of inside a request (engine/warmup.py)."""
+        greedy = SamplingParams(max_tokens=1, temperature=0.0)
+        for step in steps:
+            prefill = [(Sequence("__warmup__", [0] * n, greedy), n) for n in step.prefill_lens]
+            decode = [Sequence("__warmup__", [0, 0], greedy) for _ in range(step.num_decodes)]
+            for s, n in prefill:
+                s.block_table = [0] * -(-n // self.block_size)
+            for s in decode:
+                s.num_computed_tokens, s.block_table = 1, [0]
+            self._run_eager(prefill, decode, write_kv=False)
+
+    def _run_eager(self, prefill: list[tuple[Sequence, int]], decode: list[Sequence], write_kv: bool = True):
+        bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
-        for s, n in prefill + decode:
+        for s, n in prefill + [(s, 1) for s in decode]:
             start = s.num_computed_tokens
             input_ids += s.token_ids[start:start + n]
             positions += range(start, start + n)
-            bt = s.block_table
-            slots += [bt[p // bs] * bs + p % bs for p in range(start, start + n)]
+            if write_kv:
+                bt = s.block_table
+                slots += [bt[p // bs] * bs + p % bs for p in range(start, start + n)]
+            else:
+                slots += [-1] * n
             if start + n == len(s.token_ids):
                 sample_rows.append(len(input_ids) - 1)
                 sample_seqs.append(s)
+        # decode rows padded to a graph batch size: decode attention sees only the shapes warm-up compiled
+        pad = (padded_batch_size(len(decode), self.decode_sizes) or len(decode)) - len(decode) if decode else 0
+        input_ids += [0] * pad
+        positions += [0] * pad
+        slots += [-1] * pad
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
@@ -137,8 +186,9 @@ class ModelRunner:
             cu_seqlens_q=self._cu_seqlens([n for _, n in prefill]) if prefill else None,
             prefill_context_lens=self._int32([s.num_computed_tokens + n for s, n in prefill]) if prefill else None,
             prefill_block_tables=self._block_tables([s for s, _ in prefill]) if prefill else None,
-            decode_context_lens=self._int32([s.num_computed_tokens + 1 for s, _ in decode]) if decode else None,
-            decode_block_tables=self._block_tables([s for s, _ in decode]) if decode else None,
+            decode_context_lens=self._int32([s.num_computed_tokens + 1 for s in decode] + [1] * pad)
+            if decode else None,
+            decode_block_tables=self._block_tables(decode, pad) if decode else None,
         )
         hidden = self.model.forward(torch.tensor(input_ids, dtype=torch.int64, device=dev),
                                     torch.tensor(positions, dtype=torch.int64, device=dev), self.kv_caches, meta)
@@ -146,17 +196,48 @@ class ModelRunner:
             return []
         return self._sample(hidden[torch.tensor(sample_rows, device=dev)], sample_seqs)
 
+    @torch.inference_mode()
+    def launch_decode(self, seqs: list[Sequence], ids_from=None) -> InflightDecode:
+        """Launch a decode step through the graphs and sample on the GPU, copying the tokens to the host
+        asynchronously; `collect` waits for them (engine/async_decode.py). `ids_from`: see DecodeGraphs.run."""
+        logits = self.model.compute_logits(self.decode_graphs.run(seqs, ids_from))
+        tokens = self.sampler.sample_tokens(logits, [s.params for s in seqs], self._generators(seqs))
+        if self._host_tokens is None:  # two pinned buffers: a step's copy lands while the previous one is read
+            n = self.decode_graphs.sizes[-1]
+            self._host_tokens = [torch.empty(n, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                                 for _ in range(2)]
+        host = self._host_tokens[self._host_flip][:len(seqs)]
+        self._host_flip ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return InflightDecode(seqs, tokens, host, event)
+
+    def collect(self, inflight: InflightDecode) -> list[int]:
+        """The launched step's tokens, once the GPU has them (the wait counts in gpu_wait_s)."""
+        t0 = time.perf_counter()
+        if inflight.event is not None:
+            inflight.event.synchronize()
+        tokens = inflight.host.tolist()
+        self.sampler.wait_s += time.perf_counter() - t0
+        return tokens
+
+    def _generators(self, seqs: list[Sequence]) -> list:
+        gens = []
+        for s in seqs:
+            if s.params.seed is not None and s.sampler_state is None:
+                s.sampler_state = self.sampler.new_generator(s.params.seed)
+            gens.append(s.sampler_state)
+        return gens
+
     def _sample(self, hidden: torch.Tensor, sample_seqs: list[Sequence]) -> list[tuple[Sequence, int, dict | None]]:
         logits = self.model.compute_logits(hidden)
         if self.capture_logits:
             self.last_logits = logits.detach().clone()
             self.last_logits_seqs = [s.request_id for s in sample_seqs]
-        gens = []
-        for s in sample_seqs:
-            if s.params.seed is not None and s.sampler_state is None:
-                s.sampler_state = self.sampler.new_generator(s.params.seed)
-            gens.append(s.sampler_state)
-        tokens, logprobs = self.sampler(logits, [s.params for s in sample_seqs], gens)
+        tokens, logprobs = self.sampler(logits, [s.params for s in sample_seqs], self._generators(sample_seqs))
         return [(s, t, logprobs[i] if logprobs else None) for i, (s, t) in enumerate(zip(sample_seqs, tokens))]
 
     def _int32(self, values: list[int]) -> torch.Tensor:
@@ -168,6 +249,12 @@ class ModelRunner:
             cu.append(cu[-1] + n)
         return self._int32(cu)
 
-    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max(len(s.block_table) for s in seqs)
-        return self._int32([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
+    def _block_tables(self, seqs: list[Sequence], pad_rows: int = 0) -> torch.Tensor:
+        """[len(seqs) + pad_rows, max_blocks] int32: always the full width, so kernels see one stride (warm-up)."""
+        w = self.max_blocks
+        flat: list[int] = []
+        for s in seqs:
+            flat += s.block_table
+            flat += [0] * (w - len(s.block_table))
+        flat += [0] * (w * pad_rows)
+        return torch.tensor(flat, dtype=torch.int32).view(-1, w).to(self.device, non_blocking=True)

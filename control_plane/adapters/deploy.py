@@ -26,6 +26,11 @@ class DeployConflictError(DeployError):
     """A concurrent writer kept changing the same object; retries were exhausted."""
 
 
+class DeployCancelled(DeployError):
+    """deploy() stopped because cancel()/close() was called (SIGTERM/SIGINT): what it started is stopped again, and
+    the caller leaves the action pending for the next worker instead of counting a failure."""
+
+
 class InvalidVariantError(DeployError, ValidationError):
     """A VariantSpec field is invalid (the deployer refuses it before touching anything)."""
 
@@ -47,11 +52,10 @@ class VariantSpec:
             v.service_name(self.service)
             if self.role not in ROLES:
                 raise ValidationError(f"role {self.role!r} must be one of {', '.join(ROLES)}", "role")
-            if not isinstance(self.kernels, str) or not self.kernels:
-                raise ValidationError("kernels must name a kernel set, e.g. 'torch' or 'triton-v1'", "kernels")
+            v.kernel_set_name(self.kernels)
             v.model(self.model)
-            v.integer(self.replicas, "replicas", 0)
-            v.integer(self.gpus, "gpus", 0)
+            v.integer(self.replicas, "replicas", 0, v.MAX_REPLICAS)
+            v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
             object.__setattr__(self, "args", v.strings(self.args, "args"))
             object.__setattr__(self, "env", v.string_map(self.env, "env"))
         except ValidationError as e:
@@ -102,6 +106,9 @@ class Deployer(Protocol):
     def rollback(self, service: str) -> None: ...
 
     def delete(self, service: str, role: str | None = None) -> None: ...
+
+    # deploys in progress stop waiting and raise DeployCancelled (shutdown: before the worker's passes are joined)
+    def cancel(self) -> None: ...
 
     # where the service's traffic enters, if this deployer knows (local: its router; Kubernetes: the Service)
     def router_url(self, service: str) -> str | None: ...

@@ -44,6 +44,7 @@ class KubernetesConfig:
     backoff_s: float = 0.1
     max_backoff_s: float = 2.0
     request_timeout_s: float = 30.0
+    max_replicas: int = 32                   # policy maximum per variant: a typo cannot ask the cluster for 100000
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace or ""):
@@ -56,6 +57,8 @@ class KubernetesConfig:
             raise DeployError(f"port {self.port} out of range")
         if self.retries < 0 or self.backoff_s < 0 or self.request_timeout_s <= 0:
             raise DeployError("retries/backoff must be >= 0 and request_timeout_s > 0")
+        if isinstance(self.max_replicas, bool) or not isinstance(self.max_replicas, int) or self.max_replicas < 1:
+            raise DeployError(f"max_replicas must be an integer >= 1, got {self.max_replicas!r}")
         self.hostnames = tuple(self.hostnames)
 
 
@@ -69,8 +72,14 @@ class KubernetesDeployer:
                             request_timeout_s=c.request_timeout_s, httproute_version=c.httproute_version)
 
     # ---- Deployer protocol ----
+    def cancel(self) -> None:
+        """Nothing to cancel: deploy() applies objects and returns; readiness is observed, never waited for here."""
+
     def deploy(self, spec: VariantSpec) -> None:
         ns, name = self.config.namespace, m.variant_name(spec.service, spec.role)
+        if spec.replicas > self.config.max_replicas:
+            raise DeployError(f"{spec.service}/{spec.role}: {spec.replicas} replicas exceed the policy maximum of "
+                              f"{self.config.max_replicas} (KubernetesConfig.max_replicas)")
         self._apply_deployment(spec)
         self.kube.apply(f"Service {name}", "service", name,
                     m.service(name, spec.service, m.selector(spec.service, spec.role), self.config.port, spec.role))

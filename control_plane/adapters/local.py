@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import sys
 import tempfile
 import threading
@@ -25,12 +26,45 @@ from typing import Mapping
 import httpx
 
 from control_plane.adapters import process
-from control_plane.adapters.deploy import (ROLES, DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
-                                           check_role, normalize_weights)
+from control_plane.adapters.deploy import (ROLES, DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
+                                           VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.router import RouterConfig, WeightedRouter
 
 log = logging.getLogger(__name__)
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# engine replicas get an explicit environment: these of ours (exact names, then prefixes), LocalConfig.env and the
+# spec's env. Nothing else: the worker's own secrets (SITS_PROMETHEUS_TOKEN, ..._PASSWORD, API tokens) stay here.
+ENV_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "HF_HOME",
+              "XDG_CACHE_HOME", "SITS_BUILD", "SITS_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME",
+              "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+ENV_PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_", "TORCHINDUCTOR_", "OMP_", "MKL_")
+ENGINE_MEMORY_BYTES = 1 << 30   # what one local engine replica is budgeted (the tiny model needs ~0.4 GB RSS)
+
+
+def engine_environment(parent: Mapping[str, str], *extra: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in parent.items() if k in ENV_PASSED or k.startswith(ENV_PASSED_PREFIXES)}
+    for e in extra:
+        env.update(e)
+    return env
+
+
+def default_max_replicas(cpus: int | None = None, memory_bytes: int | None = None) -> int:
+    """How many engine replicas this machine holds at once: 2 per core, and one per ENGINE_MEMORY_BYTES of the
+    memory available now (never below 1)."""
+    cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    memory_bytes = memory_bytes if memory_bytes is not None else _available_memory()
+    return max(1, min(2 * cpus, memory_bytes // ENGINE_MEMORY_BYTES))
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(slots=True)
@@ -44,6 +78,12 @@ class LocalConfig:
     probe_timeout_s: float = 2.0                # per /readyz probe (status() and start-up)
     cpu_threads: int | None = None              # OMP/MKL/torch threads per replica (None: library default)
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every replica
+    # X-SITS-Pin-Token that lets a caller pin a variant (load generators, correctness probes); None: a random one per
+    # deployer, read it from LocalDeployer.pin_token. pin_sources: networks that may pin without it.
+    pin_token: str | None = field(default=None, repr=False)
+    pin_sources: tuple[str, ...] = ()
+    max_replicas: int | None = None             # engines of all services at once; None: default_max_replicas()
+    start_batch: int | None = None              # replicas started together, then waited for; None: one per core
 
     def __post_init__(self) -> None:
         if not self.engine_command:
@@ -54,6 +94,10 @@ class LocalConfig:
             raise DeployError("timeouts must be positive")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise DeployError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        for name in ("max_replicas", "start_batch"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise DeployError(f"{name} must be an integer >= 1, got {v!r}")
 
 
 @dataclass(slots=True)
@@ -96,6 +140,11 @@ class LocalDeployer:
         self._services: dict[str, _Service] = {}
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
+        self.pin_token = self.config.pin_token or secrets.token_urlsafe(24)
+        self.max_replicas = self.config.max_replicas or default_max_replicas()
+        self._start_batch = self.config.start_batch or len(os.sched_getaffinity(0))
+        self._closing = threading.Event()   # set by close(): deploys in progress stop starting and waiting
+        self._starting = 0                  # replicas being started now (counted against max_replicas)
         atexit.register(_close_ref, weakref.ref(self))
 
     # ---- Deployer protocol ----
@@ -105,7 +154,12 @@ class LocalDeployer:
             cur = svc.variants.get(spec.role)
             if cur is not None and cur.spec == spec and all(r.proc.poll() is None for r in cur.replicas):
                 return  # already as desired
-            new = self._start_replicas(spec)  # raises (and cleans up) if they never get ready
+            self._reserve(spec)
+            try:
+                new = self._start_replicas(spec)  # raises (and cleans up) if they never get ready or on close()
+            finally:
+                with self._lock:
+                    self._starting -= spec.replicas
             with svc.state:
                 svc.variants[spec.role] = _Variant(spec, new)
                 svc.router.set_backends(spec.role, [r.url for r in new] or None)
@@ -189,9 +243,16 @@ class LocalDeployer:
         """The service's weighted router (DeployNotFoundError before its first deploy)."""
         return self._service(service).router.url
 
+    def cancel(self) -> None:
+        """Deploys in progress (other threads) stop starting and waiting: they stop the replicas they started and
+        raise DeployCancelled. Until close(), later deploys are cancelled at once too."""
+        self._closing.set()
+
     def close(self) -> None:
-        """Stop every variant and router of every service; each service's traffic goes to production alone first
-        (where it runs), so requests in flight finish on the variant that stops last."""
+        """Stop every variant and router of every service, cancelling deploys in progress first (no waiting for
+        engines to load); each service's traffic goes to production alone first (where it runs), so requests in
+        flight finish on the variant that stops last."""
+        self.cancel()
         with self._lock:
             names = list(self._services)
         for name in names:
@@ -201,6 +262,7 @@ class LocalDeployer:
                 pass
             self.delete(name)
         self._http.close()
+        self._closing.clear()   # usable again (a later deploy starts afresh)
 
     def __enter__(self) -> "LocalDeployer":
         return self
@@ -215,19 +277,38 @@ class LocalDeployer:
             if svc is None:
                 if not create:
                     raise DeployNotFoundError(f"service {name!r} is not deployed")
-                router = WeightedRouter(RouterConfig(service=name, host=self.config.host))
+                router = WeightedRouter(RouterConfig(service=name, host=self.config.host, pin_token=self.pin_token,
+                                                     pin_sources=tuple(self.config.pin_sources)))
                 router.start()
                 svc = self._services[name] = _Service(router)
             return svc
 
+    def _reserve(self, spec: VariantSpec) -> None:
+        """Count spec's replicas against max_replicas (engines running plus being started) or refuse the deploy."""
+        with self._lock:
+            running = sum(len(v.replicas) for svc in self._services.values() for v in svc.variants.values())
+            cur = self._services[spec.service].variants.get(spec.role) if spec.service in self._services else None
+            # the variant's current replicas stop once the new ones are ready: both run for a while
+            if running + self._starting + spec.replicas > self.max_replicas:
+                raise DeployError(
+                    f"{spec.service}/{spec.role}: {spec.replicas} replicas would make "
+                    f"{running + self._starting + spec.replicas} engines on this machine; at most "
+                    f"{self.max_replicas} fit (LocalConfig.max_replicas; {len(cur.replicas) if cur else 0} of the "
+                    f"running ones are this variant's current replicas)")
+            self._starting += spec.replicas
+
     def _start_replicas(self, spec: VariantSpec) -> list[_Replica]:
         started: list[_Replica] = []
         try:
-            for i in range(spec.replicas):
-                started.append(self._start_one(spec, i))
-            deadline = time.monotonic() + self.config.ready_timeout_s
-            for r in started:
-                self._wait_ready(spec, r, deadline)
+            for first in range(0, spec.replicas, self._start_batch):   # bounded batches: start some, wait, repeat
+                batch = []
+                for i in range(first, min(spec.replicas, first + self._start_batch)):
+                    self._check_closing(spec)
+                    batch.append(self._start_one(spec, i))
+                    started.append(batch[-1])
+                deadline = time.monotonic() + self.config.ready_timeout_s
+                for r in batch:
+                    self._wait_ready(spec, r, deadline)
         except BaseException:
             for r in started:
                 process.stop(r.proc, self.config.stop_timeout_s)
@@ -238,7 +319,7 @@ class LocalDeployer:
         port = process.free_port(self.config.host)
         log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
         argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host)]
-        env = {**os.environ, **self.config.env, **spec.env, "PYTHONUNBUFFERED": "1"}
+        env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         if self.config.cpu_threads is not None:
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
@@ -247,8 +328,13 @@ class LocalDeployer:
         proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir))
         return _Replica(proc, port, f"http://{self.config.host}:{port}", log_path)
 
+    def _check_closing(self, spec: VariantSpec) -> None:
+        if self._closing.is_set():
+            raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
+
     def _wait_ready(self, spec: VariantSpec, r: _Replica, deadline: float) -> None:
         while True:
+            self._check_closing(spec)
             rc = r.proc.poll()
             if rc is not None:
                 raise DeployError(f"{spec.service}/{spec.role}: engine exited with code {rc} before it was ready; "
@@ -258,7 +344,7 @@ class LocalDeployer:
             if time.monotonic() > deadline:
                 raise DeployError(f"{spec.service}/{spec.role}: engine not ready after "
                                   f"{self.config.ready_timeout_s}s; log {r.log_path}:\n{_tail(r.log_path)}")
-            time.sleep(0.1)
+            self._closing.wait(0.1)
 
     def _readyz(self, url: str) -> bool:
         if self._http.is_closed:  # used again after close()

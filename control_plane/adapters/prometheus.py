@@ -23,13 +23,14 @@ from control_plane.adapters.metrics import (INFERENCE_ROUTES, MetricsQueryError,
                                             NoDataError, Target)
 from control_plane.analysis import promql
 from control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
+from control_plane.redact import redact, split_credentials
 
 
 @dataclass(slots=True)
 class PrometheusConfig:
-    url: str
-    bearer_token: str | None = None
-    basic_auth: tuple[str, str] | None = None    # (user, password)
+    url: str                                     # user:password@ in it moves to basic_auth (never kept in url)
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)    # (user, password)
     timeout_s: float = 5.0
     retries: int = 3                             # attempts after the first one
     backoff_s: float = 0.25                      # doubled after each failed attempt ...
@@ -42,7 +43,11 @@ class PrometheusConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
             raise ValueError(f"prometheus url must start with http:// or https://, got {self.url!r}")
-        self.url = self.url.rstrip("/")
+        self.url, in_url = split_credentials(self.url.rstrip("/"))
+        if in_url is not None:
+            if self.basic_auth is not None or self.bearer_token is not None:
+                raise ValueError("prometheus credentials given twice: in the url and as token/basic auth")
+            self.basic_auth = in_url
         if self.bearer_token is not None and self.basic_auth is not None:
             raise ValueError("give a bearer token or basic auth, not both")
         if self.basic_auth is not None:
@@ -83,7 +88,7 @@ class PrometheusSource:
             try:
                 r = self._session.post(url, data=data, timeout=self.config.timeout_s, verify=self.config.verify_tls)
             except requests.RequestException as e:
-                last = f"{type(e).__name__}: {e}"
+                last = redact(f"{type(e).__name__}: {e}")
                 continue
             if r.status_code >= 500 or r.status_code == 429:
                 last = f"HTTP {r.status_code}: {r.text[:200]}"

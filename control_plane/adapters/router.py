@@ -2,18 +2,21 @@
 
 Each request goes to production / baseline / canary by the current weights (smooth weighted round-robin, so the split
 over N requests is exact to within one request per variant), or to the variant named in the `X-SITS-Variant` request
-header. Bodies stream through chunk by chunk (SSE works); all end-to-end headers, `traceparent` included, are
-forwarded. Weights and backends are swapped atomically: requests already in flight finish on the backend they started
-on. Admin paths under /_sits/: metrics (Prometheus text; requests per variant), weights, healthz.
+header when the caller may pin (the pin token or an allow-listed source: router_http.py). Request and response bodies
+stream through chunk by chunk (SSE works; a request body over `max_body_bytes` is a 413, as on the engine); end-to-end
+headers, `traceparent` included, are forwarded. Only origin-form targets are accepted. Weights and backends are
+swapped atomically: requests already in flight finish on the backend they started on. Admin paths under /_sits/:
+metrics (Prometheus text; requests per variant), weights, healthz.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import httpx
@@ -21,12 +24,13 @@ import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from control_plane.adapters import router_http as rh
 from control_plane.adapters.deploy import ROLES, DeployError, normalize_weights
+from engine.server.limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, timeout_protocol
 
+log = logging.getLogger(__name__)
 PIN_HEADER = "x-sits-variant"
-# hop-by-hop headers (RFC 9110 7.6.1) are not forwarded; host/content-length are recomputed per hop
-_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-        b"transfer-encoding", b"upgrade", b"host", b"content-length"}
+PIN_TOKEN_HEADER = "x-sits-pin-token"
 
 
 @dataclass(slots=True)
@@ -38,6 +42,12 @@ class RouterConfig:
     read_timeout: float = 600.0
     max_connections: int = 1000
     shutdown_timeout: float = 5.0
+    pin_token: str | None = field(default=None, repr=False)   # a secret: X-SITS-Pin-Token must equal it to pin
+    pin_sources: tuple[str, ...] = ()       # networks whose requests may pin without the token (e.g. "127.0.0.1/32")
+    trusted_proxies: tuple[str, ...] = ()   # networks whose X-Forwarded-For chain is kept (and extended)
+    max_body_bytes: int = MAX_BODY_BYTES    # the engine's limit: larger request bodies are a 413 here already
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.service:
@@ -46,6 +56,16 @@ class RouterConfig:
             raise DeployError(f"router port {self.port} out of range")
         if self.connect_timeout <= 0 or self.read_timeout <= 0 or self.max_connections < 1:
             raise DeployError("router timeouts and max_connections must be positive")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0 or self.max_body_bytes < 1:
+            raise DeployError("router header/body timeouts and max_body_bytes must be positive")
+        if self.pin_token is not None and len(self.pin_token) < 16:
+            raise DeployError("the router's pin token must be at least 16 characters")
+        try:
+            self.pin_sources = tuple(self.pin_sources)
+            self.trusted_proxies = tuple(self.trusted_proxies)
+            rh.parse_networks(self.pin_sources + self.trusted_proxies)
+        except ValueError as e:
+            raise DeployError(f"router pin_sources / trusted_proxies: {e}") from None
 
 
 class WeightedRouter:
@@ -55,7 +75,10 @@ class WeightedRouter:
         self.config = config
         self._lock = threading.Lock()
         self._weights = {r: 0 for r in ROLES}
-        self._backends: dict[str, tuple[str, ...]] = {}
+        self._backends: dict[str, tuple[httpx.URL, ...]] = {}
+        self._pin_token = config.pin_token.encode() if config.pin_token else None
+        self._pin_sources = rh.parse_networks(config.pin_sources)
+        self._trusted_proxies = rh.parse_networks(config.trusted_proxies)
         self._current = {r: 0 for r in ROLES}   # smooth WRR state
         self._rr = {r: 0 for r in ROLES}        # round-robin among a variant's replicas
         self._in_flight = {r: 0 for r in ROLES}
@@ -92,9 +115,13 @@ class WeightedRouter:
     def set_backends(self, role: str, urls: list[str] | tuple[str, ...] | None) -> None:
         if role not in ROLES:
             raise DeployError(f"unknown role {role!r}")
+        try:
+            parsed = tuple(rh.parse_backend(u) for u in urls or ())
+        except (ValueError, httpx.InvalidURL) as e:
+            raise DeployError(f"role {role}: {e}") from None
         with self._lock:
-            if urls:
-                self._backends[role] = tuple(u.rstrip("/") for u in urls)
+            if parsed:
+                self._backends[role] = parsed
             else:
                 self._backends.pop(role, None)
 
@@ -103,7 +130,7 @@ class WeightedRouter:
             return self._in_flight[role]
 
     # ---- selection ----
-    def _pick(self, pinned: str | None) -> tuple[str, str] | None:
+    def _pick(self, pinned: str | None) -> tuple[str, httpx.URL] | None:
         with self._lock:
             if pinned is not None:
                 role = pinned
@@ -139,18 +166,24 @@ class WeightedRouter:
         path = scope["path"]
         if path.startswith("/_sits/"):
             return await self._admin(path, send)
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
-        pin = next((v.decode("latin-1").strip() for k, v in scope["headers"] if k.lower() == b"x-sits-variant"), None)
+        raw = scope["headers"]
+        client = (scope.get("client") or (None, 0))[0]
+        pin = next((v.decode("latin-1").strip() for k, v in raw if k.lower() == rh.PIN_HEADER), None)
+        if pin is not None and not rh.pin_allowed(raw, client, self._pin_token, self._pin_sources):
+            return await self._reject(scope, send, 403, f"{PIN_HEADER} is honoured only with a valid "
+                                      f"{PIN_TOKEN_HEADER} or from an allow-listed source")
         if pin is not None and pin not in ROLES:
-            return await _json(send, 400, {"error": f"{PIN_HEADER} must be one of {', '.join(ROLES)}, got {pin!r}"})
-        body = bytearray()
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            return await self._reject(scope, send, 400, f"{PIN_HEADER} must be one of {', '.join(ROLES)}, "
+                                      f"got {pin[:40]!r}")
+        target = scope.get("raw_path") or path.encode(), scope["query_string"]
+        try:
+            rh.check_target(*target)
+        except rh.BadTarget as e:
+            return await self._reject(scope, send, 400, str(e))
+        declared = rh.declared_length(raw)
+        if declared is not None and declared > self.config.max_body_bytes:
+            return await self._reject(scope, send, 413, f"request body of {declared} bytes exceeds the limit of "
+                                      f"{self.config.max_body_bytes} bytes")
         picked = self._pick(pin)
         routing = "pinned" if pin is not None else "weighted"
         if picked is None:
@@ -159,26 +192,69 @@ class WeightedRouter:
             return await _json(send, 503, {"error": f"service {self.config.service}: {why}"})
         role, base = picked
         try:
-            await self._forward(scope, receive, send, role, routing, base, headers, bytes(body))
+            try:
+                url = rh.upstream_url(base, *target)
+            except rh.BadTarget as e:
+                self._requests.labels(self.config.service, role, routing, "400").inc()
+                return await self._reject(scope, send, 400, str(e))
+            headers = rh.request_headers(raw, client, self._trusted_proxies)
+            await self._forward(scope, receive, send, role, routing, url, headers)
         finally:
             self._done(role)
 
-    async def _forward(self, scope, receive, send, role, routing, base, headers, body) -> None:
+    async def _reject(self, scope, send, status: int, message: str) -> None:
+        log.info("router %s: rejected %s %r: %d %s", self.config.service, scope["method"],
+                 (scope.get("raw_path") or b"")[:100], status, message)
+        await _json(send, status, {"error": message})
+
+    async def _body(self, receive, gone: asyncio.Event):
+        """The request body as it arrives, at most max_body_bytes; the client leaving ends the upstream request."""
+        size, limit = 0, self.config.max_body_bytes
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                gone.set()
+                raise _ClientGone()
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge()
+            if chunk:
+                yield chunk
+            if not msg.get("more_body"):
+                return
+
+    async def _forward(self, scope, receive, send, role, routing, url: httpx.URL, headers) -> None:
         client = self._get_client()
-        url = base + scope["path"] + (("?" + scope["query_string"].decode("latin-1")) if scope["query_string"] else "")
-        client_addr = scope.get("client") or ("", 0)
-        headers = headers + [(b"x-forwarded-for", str(client_addr[0]).encode())]
-        req = client.build_request(scope["method"], url, headers=headers, content=body)
+        gone = asyncio.Event()
+        if rh.has_body(scope["headers"]):
+            content = self._body(receive, gone)
+            length = rh.declared_length(scope["headers"])
+            if length is not None:   # keep Content-Length framing upstream (httpx then sends no chunked encoding)
+                headers = headers + [(b"content-length", str(length).encode())]
+        else:
+            content = b""
+        req = client.build_request(scope["method"], url, headers=headers, content=content)
         try:
             resp = await client.send(req, stream=True)
+        except _BodyTooLarge:
+            self._requests.labels(self.config.service, role, routing, "413").inc()
+            return await self._reject(scope, send, 413, f"request body exceeds the limit of "
+                                      f"{self.config.max_body_bytes} bytes")
+        except _ClientGone:
+            self._requests.labels(self.config.service, role, routing, "499").inc()
+            return
         except httpx.HTTPError as e:
+            if gone.is_set():
+                self._requests.labels(self.config.service, role, routing, "499").inc()
+                return
             self._errors.labels(self.config.service, role, "connect").inc()
             self._requests.labels(self.config.service, role, routing, "502").inc()
-            return await _json(send, 502, {"error": f"variant {role} at {base} unreachable: {type(e).__name__}"},
-                               role)
+            return await _json(send, 502, {"error": f"variant {role} at {url.scheme}://{url.netloc.decode()} "
+                                                    f"unreachable: {type(e).__name__}"}, role)
         code = str(resp.status_code)
         try:
-            out = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP or k.lower() == b"content-length"]
+            out = rh.response_headers(resp.headers.raw)
             out.append((b"x-sits-variant", role.encode()))
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
             pump = asyncio.ensure_future(self._pump(resp, send))
@@ -217,7 +293,7 @@ class WeightedRouter:
         if path == "/_sits/weights":
             with self._lock:
                 data = {"service": self.config.service, "weights": dict(self._weights),
-                        "backends": {r: list(u) for r, u in self._backends.items()},
+                        "backends": {r: [str(x) for x in u] for r, u in self._backends.items()},
                         "in_flight": dict(self._in_flight)}
             return await _json(send, 200, data)
         if path == "/_sits/healthz":
@@ -254,8 +330,11 @@ class WeightedRouter:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.config.host, self.config.port))
         host, port = sock.getsockname()[:2]
-        cfg = uvicorn.Config(self, lifespan="on", log_level="warning", access_log=False,
-                             timeout_graceful_shutdown=self.config.shutdown_timeout, timeout_keep_alive=30)
+        c = self.config
+        # proxy_headers off: the client address is the peer's, never what its X-Forwarded-For claims
+        cfg = uvicorn.Config(self, lifespan="on", log_level="warning", access_log=False, proxy_headers=False,
+                             timeout_graceful_shutdown=c.shutdown_timeout, timeout_keep_alive=30,
+                             http=timeout_protocol(c.header_timeout_s, c.body_timeout_s))
         self._server = uvicorn.Server(cfg)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
                                         name=f"sits-router-{self.config.service}", daemon=True)
@@ -275,6 +354,14 @@ class WeightedRouter:
         if self._thread is not None:
             self._thread.join(self.config.shutdown_timeout + 5)
         self._thread = self._server = None
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
 
 
 async def _wait_disconnect(receive) -> None:

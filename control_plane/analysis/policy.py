@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
@@ -11,6 +12,16 @@ ITL = "sits_inter_token_latency_seconds"
 E2E = "sits_e2e_request_latency_seconds"
 ERROR_RATE = "error_rate"  # pseudo-metric: errors / requests of the variant
 TARGETS = ("baseline", "production")
+MAX_CHECKS = 32
+MAX_REPORT_METRICS = 32
+_METRIC_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")   # a Prometheus metric name: it goes into PromQL
+# (low, high) of every numeric policy field: a typo or a hostile file cannot ask for 1e-300 s or 1e25 failures
+LIMITS: dict[str, tuple[float, float]] = {
+    "check_interval_s": (0.1, 86400.0), "warmup_s": (0.0, 3600.0), "max_duration_s": (1.0, 30 * 86400.0),
+    "ready_timeout_s": (1.0, 86400.0), "min_samples": (1, 10 ** 9), "min_tail_samples": (1, 10 ** 6),
+    "failure_limit": (1, 1000), "inconclusive_limit": (1, 100_000), "min_error_samples": (1, 10 ** 9),
+    "z_fail": (0.01, 10.0), "z_pass": (0.01, 10.0), "max_error_rate": (0.0001, 1.0), "max_rel_delta": (0.0001, 100.0),
+}
 
 
 class PolicyError(ValueError):
@@ -27,8 +38,9 @@ class MetricCheck:
     max_abs_delta: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.metric, str) or not self.metric:
-            raise PolicyError("check.metric must be a non-empty metric name")
+        if not isinstance(self.metric, str) or not (self.metric == ERROR_RATE or _METRIC_RE.match(self.metric)):
+            raise PolicyError(f"check.metric must be a Prometheus metric name or {ERROR_RATE!r}, got "
+                              f"{_short(self.metric)}")
         if self.metric == ERROR_RATE:
             if self.quantile is not None or self.max_rel_delta is not None:
                 raise PolicyError("error_rate checks take max_abs_delta only")
@@ -37,8 +49,9 @@ class MetricCheck:
         else:
             if not _num(self.quantile) or not 0 < self.quantile < 1:
                 raise PolicyError(f"{self.metric}: quantile must be in (0, 1), got {self.quantile!r}")
-            if not _num(self.max_rel_delta) or self.max_rel_delta <= 0:
-                raise PolicyError(f"{self.metric}: max_rel_delta must be > 0 (0.10 = +10 %)")
+            if not _num(self.max_rel_delta) or not _within("max_rel_delta", self.max_rel_delta):
+                raise PolicyError(f"{self.metric}: max_rel_delta must be in {_range('max_rel_delta')} "
+                                  "(0.10 = +10 %)")
             if self.max_abs_delta is not None:
                 raise PolicyError(f"{self.metric}: latency checks take max_rel_delta, not max_abs_delta")
 
@@ -86,33 +99,36 @@ class Policy:
             raise PolicyError("steps need at least one step below 100 % (the canary is analysed next to a baseline "
                               "before promotion)")
         object.__setattr__(self, "steps", steps)
-        checks = tuple(c if isinstance(c, MetricCheck) else MetricCheck(**c) for c in self.checks)
-        if not checks:
-            raise PolicyError("a policy needs at least one check")
+        if isinstance(self.checks, (str, bytes, Mapping)) or not isinstance(self.checks, (list, tuple)):
+            raise PolicyError("checks must be a list of check objects")
+        if not 1 <= len(self.checks) <= MAX_CHECKS:
+            raise PolicyError(f"a policy needs at least one check and at most {MAX_CHECKS}, got {len(self.checks)}")
+        checks = tuple(_check(c, i) for i, c in enumerate(self.checks))
         object.__setattr__(self, "checks", checks)
-        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s"):
-            if not _num(getattr(self, name)) or getattr(self, name) <= 0:
-                raise PolicyError(f"{name} must be a positive number of seconds")
-        if not _num(self.warmup_s) or self.warmup_s < 0:
-            raise PolicyError("warmup_s must be >= 0 seconds")
+        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s", "warmup_s"):
+            if not _num(getattr(self, name)) or not _within(name, getattr(self, name)):
+                raise PolicyError(f"{name} must be a number of seconds in {_range(name)}, got "
+                                  f"{_short(getattr(self, name))}")
         for name in ("min_samples", "failure_limit", "inconclusive_limit", "min_error_samples", "min_tail_samples"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise PolicyError(f"{name} must be an integer >= 1, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not _within(name, v):
+                raise PolicyError(f"{name} must be an integer in {_range(name)}, got {_short(v)}")
         if self.on_inconclusive not in ("pause", "rollback"):
             raise PolicyError("on_inconclusive must be 'pause' or 'rollback'")
         if self.compare_to not in TARGETS:
             raise PolicyError("compare_to must be 'baseline' or 'production'")
         if not isinstance(self.auto_promote, bool):
             raise PolicyError("auto_promote must be true or false")
-        for name in ("z_fail", "z_pass"):
-            if not _num(getattr(self, name)) or getattr(self, name) <= 0:
-                raise PolicyError(f"{name} must be > 0")
-        if not _num(self.max_error_rate) or not 0 < self.max_error_rate <= 1:
-            raise PolicyError("max_error_rate must be in (0, 1]")
-        report = tuple(self.report_metrics)
-        if isinstance(self.report_metrics, str) or not all(isinstance(m, str) and m for m in report):
+        for name in ("z_fail", "z_pass", "max_error_rate"):
+            if not _num(getattr(self, name)) or not _within(name, getattr(self, name)):
+                raise PolicyError(f"{name} must be in {_range(name)}, got {_short(getattr(self, name))}")
+        if isinstance(self.report_metrics, (str, bytes, Mapping)) or not isinstance(self.report_metrics, (list, tuple)):
             raise PolicyError("report_metrics must be a list of metric names")
+        if len(self.report_metrics) > MAX_REPORT_METRICS:
+            raise PolicyError(f"report_metrics has {len(self.report_metrics)} names; at most {MAX_REPORT_METRICS}")
+        report = tuple(self.report_metrics)
+        if not all(isinstance(m, str) and _METRIC_RE.match(m) for m in report):
+            raise PolicyError("report_metrics must be a list of Prometheus metric names")
         object.__setattr__(self, "report_metrics", report)
 
     @property
@@ -130,20 +146,46 @@ class Policy:
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "Policy":
+        if d is not None and not isinstance(d, Mapping):
+            raise PolicyError(f"a policy must be an object of fields, got {type(d).__name__}")
         d = dict(d or {})
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(str(k) for k in set(d) - known)
         if unknown:
-            raise PolicyError(f"unknown policy field(s): {', '.join(unknown)}")
+            raise PolicyError(f"unknown policy field(s): {_short(', '.join(unknown))}")
         for key in ("steps", "report_metrics"):
-            if key in d and not isinstance(d[key], str):
+            if key in d and not isinstance(d[key], (list, tuple)):
+                raise PolicyError(f"{key} must be a list, got {type(d[key]).__name__}")
+            if key in d:
                 d[key] = tuple(d[key])
-        if "checks" in d:
-            try:
-                d["checks"] = tuple(MetricCheck(**c) if isinstance(c, Mapping) else c for c in d["checks"])
-            except TypeError as e:
-                raise PolicyError(f"bad check: {e}") from None
         return cls(**d)
+
+
+def _check(c, i: int) -> MetricCheck:
+    if isinstance(c, MetricCheck):
+        return c
+    if not isinstance(c, Mapping):
+        raise PolicyError(f"bad check: checks[{i}] must be an object like {{\"metric\": ..., \"quantile\": 0.99, "
+                          f"\"max_rel_delta\": 0.1}}, got {_short(c)}")
+    unknown = sorted(str(k) for k in set(c) - {f.name for f in fields(MetricCheck)})
+    if unknown:
+        raise PolicyError(f"bad check: checks[{i}] has unknown field(s): {_short(', '.join(unknown))}")
+    return MetricCheck(**c)
+
+
+def _within(name: str, v: float) -> bool:
+    lo, hi = LIMITS[name]
+    return lo <= v <= hi
+
+
+def _range(name: str) -> str:
+    lo, hi = LIMITS[name]
+    return f"[{lo:g}, {hi:g}]"
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _num(x) -> bool:

@@ -6,6 +6,8 @@ row from its own generator, so its tokens depend only on its seed and its logits
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -15,6 +17,7 @@ class Sampler:
     def __init__(self, device: torch.device, seed: int):
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)  # for unseeded requests
+        self.wait_s = 0.0  # host time spent in the step's device-to-host copy of the tokens (waiting for the GPU)
 
     def new_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -23,17 +26,25 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None]) -> tuple[list[int], list[dict] | None]:
         """logits: [B, V] fp32 -> (token ids, per-row logprob dicts or None)."""
-        b, v = logits.shape
+        tokens = self.sample_tokens(logits, params, generators)
+        t0 = time.perf_counter()
+        token_list = tokens.tolist()  # the step's one device-to-host copy (greedy and sampled rows alike)
+        self.wait_s += time.perf_counter() - t0
+        logprobs = None
+        if any(p.logprobs is not None for p in params):
+            logprobs = self._logprobs(logits, params, token_list)
+        return token_list, logprobs
+
+    @torch.inference_mode()
+    def sample_tokens(self, logits: torch.Tensor, params: list[SamplingParams],
+                      generators: list[torch.Generator | None]) -> torch.Tensor:
+        """The sampled token of each row, on the logits' device (nothing waits for the GPU unless top-p is used)."""
         greedy = [p.greedy for p in params]
         tokens = logits.argmax(dim=-1)
         if not all(greedy):
             tokens = torch.where(torch.tensor(greedy, device=logits.device), tokens, self._sample(logits, params,
                                                                                               generators))
-        token_list = tokens.tolist()
-        logprobs = None
-        if any(p.logprobs is not None for p in params):
-            logprobs = self._logprobs(logits, params, token_list)
-        return token_list, logprobs
+        return tokens
 
     def _sample(self, logits, params, generators) -> torch.Tensor:
         dev = logits.device

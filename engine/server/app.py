@@ -96,12 +96,22 @@ async def _metrics(request: Request) -> Response:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
+    _log_rejected(request, exc.status, exc.message)
     return api_error_response(exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    _log_rejected(request, exc.status_code, str(exc.detail))
     return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+def _log_rejected(request: Request, status: int, message: str) -> None:
+    # one line per rejected request, never a traceback; the message is ours (it quotes at most a short, repr()'d
+    # piece of the input), the path is cut short, headers are never logged
+    if status < 500:
+        log.info("rejected %s %s: %d %s", request.method, request.url.path[:100], status,
+                 " ".join(message[:300].split()))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -135,6 +145,7 @@ def create_app(state: ServerState) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected})
+    app.router.redirect_slashes = False   # a 307 to a Location built from the client's Host header: just 404
     app.state.sits = state
     app.add_middleware(HTTPMetricsMiddleware, routes=ROUTES, metrics=state.metrics)
     return app

@@ -9,19 +9,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError, check_context_length
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError, error_body
+from engine.server.limits import MAX_BODY_BYTES
 from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
 from engine.server.runner import EngineRunner, Output, Rejected
 from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
 from engine.server.state import ServerState, server_state
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
 _LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop
 RETRY_AFTER_S = "1"
 
@@ -158,14 +158,17 @@ async def _prepare(request: Request, kind: str) -> Prepared:
 
 async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > MAX_BODY_BYTES):
+        raise APIError(413, f"request body of {declared[:20]} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise APIError(413, f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:   # the client went away (or missed the body deadline) before its body was complete
+        raise APIError(400, "the connection closed before the request body was complete") from None
     return b"".join(chunks)
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from engine.server.limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+
 log = logging.getLogger("sits.engine.server")
 
 PRESET_NAMES = ("tiny", "llama3-8b")
@@ -45,6 +47,8 @@ class ServerConfig:
     warmup: bool = True
     log_level: str = "info"
     access_log: bool = True
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -57,6 +61,8 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if not 0.0 <= self.fault_error_rate <= 1.0:
             raise ValueError(f"--fault-error-rate must be in [0, 1], got {self.fault_error_rate}")
+        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("--header-timeout-s and --body-timeout-s must be > 0")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise ValueError(f"unknown log level {self.log_level!r}")
 
@@ -111,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up generation before /readyz is 200")
     a("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     a("--no-access-log", dest="access_log", action="store_false")
+    a("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
+      help="a request head must arrive within this many seconds, else 408 and the connection is closed")
+    a("--body-timeout-s", type=float, default=BODY_TIMEOUT_S,
+      help="a request body must arrive within this many seconds of its head, else 408 and close")
     return p
 
 
@@ -167,9 +177,12 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
 def uvicorn_config(app: Any, config: ServerConfig) -> Any:
     import uvicorn
 
+    from engine.server.limits import timeout_protocol
+
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           access_log=config.access_log, backlog=4096, timeout_keep_alive=30,
-                          timeout_graceful_shutdown=10, lifespan="on")
+                          timeout_graceful_shutdown=10, lifespan="on",
+                          http=timeout_protocol(config.header_timeout_s, config.body_timeout_s))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,12 @@ from engine.server.errors import APIError
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 PRIORITIES = range(0, 4)
+_PRIORITY_TEXT = {str(p) for p in PRIORITIES}
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 CHAT_ROLES = ("system", "developer", "user", "assistant")
+MAX_JSON_DEPTH = 16           # the deepest valid body (messages[i].content[j].text) is 4 levels
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # fields the engine cannot honour: the request is refused unless the value is the neutral default
 _UNSUPPORTED_NEUTRAL = {
@@ -61,11 +65,41 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise _bad("request body is empty; expected a JSON object", None)
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _bad(f"request body is not valid JSON: {e}", None) from None
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, bad UTF-8, a 4300+ digit integer, deep nesting
+        raise _bad(f"request body is not valid JSON: {_short(e)}", None) from None
     if not isinstance(body, dict):
         raise _bad(f"request body must be a JSON object, got {type(body).__name__}", None)
+    _check_values(body)
     return body
+
+
+def _short(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _check_values(body: Any) -> None:
+    """Reject what json.loads accepts but nothing downstream can use: nesting deeper than MAX_JSON_DEPTH, strings
+    with lone surrogates (not encodable as UTF-8), integers outside 64 bits."""
+    stack = [(body, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                raise _bad("request body has a string with a lone UTF-16 surrogate (not valid Unicode text)", None)
+        elif isinstance(v, bool) or v is None or isinstance(v, float):
+            continue
+        elif isinstance(v, int):
+            if not INT_MIN <= v <= INT_MAX:
+                raise _bad(f"request body has an integer outside the 64-bit range: {_short(ValueError(v))}", None)
+        else:
+            if depth > MAX_JSON_DEPTH:
+                raise _bad(f"request body is nested deeper than {MAX_JSON_DEPTH} levels", None)
+            if isinstance(v, dict):
+                stack.extend((k, depth) for k in v)
+                stack.extend((x, depth + 1) for x in v.values())
+            else:
+                stack.extend((x, depth + 1) for x in v)
 
 
 def _is_int(v: Any) -> bool:
@@ -249,6 +283,7 @@ def parse_tenant(headers: Any, default_tenant: str = "default") -> tuple[str, in
     if not _TENANT_RE.match(tenant):
         raise _bad("X-SITS-Tenant must be 1-64 characters of letters, digits and _.:@-", "X-SITS-Tenant")
     raw = headers.get("x-sits-priority", "0").strip()
-    if not raw.isdigit() or int(raw) not in PRIORITIES:
-        raise _bad(f"X-SITS-Priority must be an integer 0..3, got {raw!r}", "X-SITS-Priority")
+    if raw not in _PRIORITY_TEXT:   # exact text: no int() of a 5,000-digit or non-ASCII-digit header
+        raise _bad(f"X-SITS-Priority must be an integer {PRIORITIES.start}..{PRIORITIES.stop - 1}, got "
+                   f"{_short(ValueError(repr(raw)))}", "X-SITS-Priority")
     return tenant, int(raw)

@@ -34,7 +34,7 @@ def version(path: str) -> int:
 
 def test_the_fixture_is_a_v1_file(tmp_path):
     path = v1_file(tmp_path / "v1.db")
-    assert version(path) == 1 and SCHEMA_VERSION == 2 and sorted(MIGRATIONS) == [1]
+    assert version(path) == 1 and SCHEMA_VERSION == 3 and sorted(MIGRATIONS) == [1, 2]
     db = sqlite3.connect(path)
     assert "by" in {r[1] for r in db.execute("PRAGMA table_info(commands)")}
     assert "actor" not in {r[1] for r in db.execute("PRAGMA table_info(events)")}
@@ -120,3 +120,20 @@ def test_refuses_a_newer_schema(tmp_path):
     db.close()
     with pytest.raises(StoreError, match="newer"):
         Store(path)
+
+
+def test_listings_newest_first_use_an_index(tmp_path):
+    """Version 3: choosing a page of rollouts reads an index, not every row's state."""
+    with Store(str(tmp_path / "s.db")) as s:
+        pass
+    db = sqlite3.connect(str(tmp_path / "s.db"))
+    try:
+        for where in ("", " WHERE service = 'chat'", " WHERE phase = 'progressing'"):
+            plan = " ".join(r[-1] for r in db.execute(f"EXPLAIN QUERY PLAN SELECT id FROM rollouts{where} "
+                                                        "ORDER BY created_at DESC, id LIMIT 50"))
+            assert "USING" in plan and "INDEX" in plan and "TEMP B-TREE" not in plan, (where, plan)
+        plan = " ".join(r[-1] for r in db.execute("EXPLAIN QUERY PLAN SELECT rollout_id, outcome, COUNT(*) FROM "
+                                                   "checks GROUP BY rollout_id, outcome"))
+        assert "COVERING INDEX checks_outcome" in plan, plan
+    finally:
+        db.close()

@@ -176,3 +176,41 @@ def test_a_set_that_cannot_be_captured_falls_back_to_eager(caplog):
         assert_same(ref, got, atol=2e-3)
     finally:
         kernels.unregister_kernel_set("graph-unsafe-test")
+
+
+def test_persistent_tables_follow_appends_departures_and_replaced_tables():
+    """The static path keeps one table row per sequence and sends only changed entries: the tables the model sees
+    must equal every sequence's block table, padded with zeros, whatever happened to the rows before."""
+    seen = []
+
+    class Model:
+        def forward(self, ids, pos, kv, meta):
+            seen.append((meta.decode_block_tables.clone(), meta.decode_context_lens.clone()))
+            return torch.zeros(ids.shape[0], 2)
+
+    g = DecodeGraphs(Model(), None, max_num_seqs=4, max_blocks_per_seq=5, block_size=4, device=torch.device("cpu"),
+                     capture=False)
+
+    def seq(sid, table, n_tokens):
+        return SimpleNamespace(seq_id=sid, block_table=table, token_ids=[1] * n_tokens, num_computed_tokens=n_tokens - 1)
+
+    def step(*seqs):
+        g.run(list(seqs))
+        tables, lens = seen[-1]
+        for i, s in enumerate(seqs):
+            assert tables[i].tolist() == s.block_table + [0] * (5 - len(s.block_table)), (i, tables[i])
+            assert lens[i] == s.num_computed_tokens + 1
+        assert (tables[len(seqs):] == 0).all()
+
+    a, b = seq(0, [7, 8], 6), seq(1, [3, 4, 5], 10)
+    step(a, b)
+    a.block_table.append(9)  # grows in place
+    a.token_ids += [1] * 3
+    a.num_computed_tokens += 3
+    step(a, b)
+    c = seq(2, [11], 2)  # b leaves; c takes its row, whose old entries must not show
+    step(a, c)
+    a.block_table = [1]  # preempted and readmitted: a new, shorter table
+    a.token_ids, a.num_computed_tokens = [1] * 3, 2
+    step(c, a)
+    step(seq(3, [2, 2, 2, 2, 2], 20), c, a, b)

@@ -134,3 +134,63 @@ def test_every_kernel_set_matches_the_torch_reference_in_the_engine(name):
             if ref[rid][1][step] != got[rid][1][step]:
                 break  # a near-tie flipped a token: later steps see different inputs
         assert compared >= 4, (rid, compared)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_no_compilation_or_autotuning_after_warmup(quantization, free_gpu):
+    """After warm-up, a mixed workload (prompt lengths 1..1500 across every bucket, chunked prefill, prefill and
+    decode in one step, batches of 1..24 decodes, greedy and sampled) compiles and tunes nothing."""
+    import random
+
+    from kernels.jit_watch import JitWatch
+    engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.1", quantization=quantization, max_num_seqs=32,
+                                    max_num_batched_tokens=1024))
+    engine.warmup()
+    rng = random.Random(7)
+    lengths = [1, 2, 15, 16, 17, 40, 63, 64, 65, 100, 127, 300, 513, 700, 1000, 1023, 1024, 1500, 3, 5, 33, 90, 250,
+               31]
+    with JitWatch() as watch:
+        for i, n in enumerate(lengths):
+            params = SamplingParams(max_tokens=rng.randint(1, 40), temperature=0.0 if i % 2 else 0.8, top_p=0.9,
+                                    ignore_eos=True)
+            engine.add_request(f"r{i}", [rng.randrange(10, 500) for _ in range(n)], params)
+            for _ in range(rng.randint(0, 3)):
+                engine.step()
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert watch.compiles == [] and watch.autotune_runs == 0, watch.summary()
+
+
+def test_jit_watch_sees_a_compilation():
+    from kernels.jit_watch import JitWatch
+    ks = __import__("kernels").get_kernel_set("triton-v1")
+    x = torch.randn(3, 40, device="cuda", dtype=torch.float16)  # a hidden size nothing else here uses
+    with JitWatch() as watch:
+        ks.rms_norm(x, torch.ones(40, device="cuda", dtype=torch.float16), 1e-5)
+        torch.cuda.synchronize()
+    assert watch.compiles, watch.summary()
+    with JitWatch() as again:
+        ks.rms_norm(x, torch.ones(40, device="cuda", dtype=torch.float16), 1e-5)
+    assert again.compiles == []
+
+
+def test_decode_steps_launched_ahead_match_synchronous_steps_on_the_gpu(free_gpu):
+    """engine/async_decode.py with captured graphs: same greedy tokens and finish reasons as synchronous steps."""
+    def run(pipeline: bool) -> dict:
+        e = LLMEngine(EngineConfig(model="tiny", dtype="float32", kernels="triton-v1.1", max_num_seqs=16))
+        e._pipeline.enabled = pipeline
+        g = torch.Generator().manual_seed(3)
+        for i, n in enumerate((5, 63, 64, 65, 130, 300)):
+            e.add_request(f"r{i}", torch.randint(3, 250, (n,), generator=g).tolist(),
+                          SamplingParams(max_tokens=10 + 7 * i, temperature=0.0, ignore_eos=True,
+                                         stop_token_ids=[17] if i == 2 else None))
+        out: dict = {}
+        while e.has_unfinished_requests():
+            for o in e.step():
+                out.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.finished:
+                    out[o.request_id].append(o.finish_reason)
+        assert e.block_manager.num_free_blocks == e.block_manager.num_total_blocks
+        return out
+
+    assert run(True) == run(False)

@@ -114,7 +114,7 @@ def test_container_flags_are_the_clis(home, scenario):
     assert a.namespace == (values.get("deployer", {}).get("namespace") or "sits")
     if a.metrics == "prometheus":
         assert a.prometheus_url == m["prometheus"]["url"]
-        assert a.prometheus_token is None and a.prometheus_password is None   # from env (Secret) only
+        assert a.prometheus_token_file is None and a.prometheus_password_file is None   # from env (Secret) only
         secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
         assert set(secret_env) == {"SITS_PROMETHEUS_TOKEN", "SITS_PROMETHEUS_PASSWORD", "SITS_SECRET_KEY"}
     text = json.dumps(by_kind(docs, "Deployment") + [cm])

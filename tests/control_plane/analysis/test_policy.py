@@ -47,3 +47,50 @@ def test_round_trip_and_unknown_fields():
         Policy.from_dict({"stepz": [1]})
     with pytest.raises(PolicyError, match="bad check"):
         Policy.from_dict({"checks": [{"metrik": "x"}]})
+
+
+HUGE = 10 ** 25
+
+
+@pytest.mark.parametrize("d,msg", [
+    ({"checks": ["abc"]}, "checks\\[0\\] must be an object"),
+    ({"checks": [1, 2]}, "checks\\[0\\]"),
+    ({"checks": "abc"}, "checks must be a list"),
+    ({"checks": {"metric": "m"}}, "checks must be a list"),
+    ({"checks": [{"metric": REQUEST_LATENCY, "quantile": 0.9, "max_rel_delta": 0.1}] * 33}, "at most 32"),
+    ({"checks": [{"metric": "up) or vector(1", "quantile": 0.9, "max_rel_delta": 0.1}]}, "Prometheus metric name"),
+    ({"checks": [{"metric": REQUEST_LATENCY, "quantile": 0.9, "max_rel_delta": 1e300}]}, "max_rel_delta"),
+    ({"steps": 5}, "steps must be a list"), ({"steps": {"a": 1}}, "steps must be a list"),
+    ({"report_metrics": ["m"] * 3_000_000}, "at most 32"),
+    ({"report_metrics": "sits_ttft"}, "report_metrics must be a list"),
+    ({"report_metrics": ["a b"]}, "Prometheus metric names"), ({"report_metrics": [1]}, "Prometheus metric names"),
+    ({"check_interval_s": 1e-300}, "check_interval_s"), ({"check_interval_s": 1e300}, "check_interval_s"),
+    ({"warmup_s": 1e9}, "warmup_s"), ({"max_duration_s": 1e12}, "max_duration_s"),
+    ({"ready_timeout_s": 1e-9}, "ready_timeout_s"), ({"failure_limit": HUGE}, "failure_limit"),
+    ({"failure_limit": 1e25}, "failure_limit"), ({"inconclusive_limit": HUGE}, "inconclusive_limit"),
+    ({"min_samples": HUGE}, "min_samples"), ({"min_tail_samples": HUGE}, "min_tail_samples"),
+    ({"min_error_samples": HUGE}, "min_error_samples"), ({"z_fail": 1e300}, "z_fail"), ({"z_pass": 1e-300}, "z_pass"),
+    ({"max_error_rate": 1e-300}, "max_error_rate"), ({"x" * 10_000: 1}, "unknown policy field"),
+])
+def test_hostile_policy_dicts_are_policy_errors(d, msg):
+    with pytest.raises(PolicyError, match=msg) as e:
+        Policy.from_dict(d)
+    assert len(str(e.value)) < 300   # a one-line message, not the input echoed back
+
+
+@pytest.mark.parametrize("doc", [[], [1, 2], "policy", 5, True])
+def test_a_policy_must_be_an_object(doc):
+    with pytest.raises(PolicyError, match="must be an object"):
+        Policy.from_dict(doc)
+
+
+def test_every_numeric_field_is_bounded():
+    from control_plane.analysis.policy import LIMITS
+
+    numeric = {f for f, v in Policy().to_dict().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert numeric <= set(LIMITS)
+    for name in numeric:   # the defaults are inside their bounds, and one past the top is refused
+        lo, hi = LIMITS[name]
+        assert lo <= getattr(Policy(), name) <= hi
+        with pytest.raises(PolicyError, match=name):
+            Policy.from_dict({name: hi * 10 if isinstance(hi, float) else hi + 1})

@@ -119,10 +119,13 @@ def test_weight_change_under_load_loses_no_request(local):
 def test_pin_header_and_traceparent_reach_the_engine(local):
     local.set_weights(SVC, {"production": 100})
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY,
-                   headers={"X-SITS-Variant": "baseline", "traceparent": tp}, timeout=30)
+    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30,
+                   headers={"X-SITS-Variant": "baseline", "X-SITS-Pin-Token": local.pin_token, "traceparent": tp})
     assert r.status_code == 200 and r.headers["x-sits-variant"] == "baseline"
     assert r.json()["choices"][0]["finish_reason"] == "length"
+    # without the deployer's pin token nobody may steer requests onto a variant
+    assert httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30,
+                      headers={"X-SITS-Variant": "canary"}).status_code == 403
 
 
 def test_streaming_through_the_router(local):
@@ -170,7 +173,7 @@ def test_rollback_drains_in_flight_canary_requests_then_removes_it(local):
 
     def long_canary_stream():
         with httpx.stream("POST", local.router_url(SVC) + "/v1/completions", timeout=60,
-                          headers={"X-SITS-Variant": "canary"},
+                          headers={"X-SITS-Variant": "canary", "X-SITS-Pin-Token": local.pin_token},
                           json={**BODY, "max_tokens": 60, "ignore_eos": True, "stream": True}) as r:
             got["events"] = [line for line in r.iter_lines() if line.startswith("data: ")]
     t = threading.Thread(target=long_canary_stream)

@@ -12,9 +12,13 @@ from control_plane.adapters.deploy import DeployError
 from control_plane.adapters.router import RouterConfig, WeightedRouter
 
 
+PIN_TOKEN = "test-pin-token-0123456789"
+PIN = {"X-SITS-Pin-Token": PIN_TOKEN}
+
+
 @pytest.fixture
 def router(upstreams):
-    r = WeightedRouter(RouterConfig(service="chat"))
+    r = WeightedRouter(RouterConfig(service="chat", pin_token=PIN_TOKEN))
     for role, url in upstreams.items():
         r.set_backends(role, [url])
     r.start()
@@ -69,16 +73,16 @@ def test_uneven_weights_interleave(router):
 def test_pin_header_traceparent_and_query(router):
     router.set_weights({"production": 100})
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    r = httpx.get(router.url + "/echo?a=1&b=2", headers={"X-SITS-Variant": "canary", "traceparent": tp})
+    r = httpx.get(router.url + "/echo?a=1&b=2", headers={"X-SITS-Variant": "canary", "traceparent": tp, **PIN})
     assert r.status_code == 200
     body = r.json()
     assert body["name"] == "canary" and body["traceparent"] == tp and body["query"] == "a=1&b=2"
     assert body["x_forwarded_for"] == "127.0.0.1"
     assert httpx.get(router.url + "/echo").json()["name"] == "production"
-    bad = httpx.get(router.url + "/echo", headers={"X-SITS-Variant": "gray"})
+    bad = httpx.get(router.url + "/echo", headers={"X-SITS-Variant": "gray", **PIN})
     assert bad.status_code == 400 and "gray" in bad.json()["error"]
     router.set_backends("baseline", None)
-    gone = httpx.get(router.url + "/echo", headers={"X-SITS-Variant": "baseline"})
+    gone = httpx.get(router.url + "/echo", headers={"X-SITS-Variant": "baseline", **PIN})
     assert gone.status_code == 503 and "not deployed" in gone.json()["error"]
     assert router_counts(router)[("canary", "pinned", "200")] == 1
 

@@ -1,4 +1,4 @@
-"""A small real HTTP upstream for router tests (run as a subprocess): echoes requests, streams, sleeps.
+"""A small real HTTP upstream for router tests (run as a subprocess): echoes requests, streams, sleeps, digests bodies.
 
     python tests/control_plane/deploy/upstream_server.py --name canary --port 8123
 """
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 
 import uvicorn
@@ -24,7 +25,20 @@ def make_app(name: str) -> Starlette:
         return JSONResponse({"name": name, "method": request.method, "path": request.url.path,
                              "query": request.url.query, "body": body.decode(),
                              "traceparent": request.headers.get("traceparent"),
-                             "x_forwarded_for": request.headers.get("x-forwarded-for")})
+                             "x_forwarded_for": request.headers.get("x-forwarded-for"),
+                             "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in request.headers.raw]})
+
+    async def digest(request: Request):
+        h, n = hashlib.sha256(), 0
+        async for chunk in request.stream():
+            h.update(chunk)
+            n += len(chunk)
+        return JSONResponse({"name": name, "bytes": n, "sha256": h.hexdigest()})
+
+    async def hop(request: Request):
+        # a response naming its own hop-by-hop header in Connection, which a proxy must not pass on
+        return PlainTextResponse("hop", headers={"connection": "x-hop-secret", "x-hop-secret": "1",
+                                                 "x-end-to-end": "kept"})
 
     async def stream(request: Request):
         n, delay = int(request.query_params.get("n", "5")), float(request.query_params.get("delay", "0.1"))
@@ -40,7 +54,8 @@ def make_app(name: str) -> Starlette:
         return PlainTextResponse("ok")
 
     return Starlette(routes=[Route("/echo", echo, methods=["GET", "POST"]), Route("/v1/completions", echo,
-                             methods=["POST"]), Route("/stream", stream), Route("/readyz", ok), Route("/healthz", ok)])
+                             methods=["POST"]), Route("/stream", stream), Route("/readyz", ok), Route("/healthz", ok),
+                             Route("/digest", digest, methods=["POST", "PUT"]), Route("/hop", hop)])
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
-                                           normalize_weights)
+from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
+                                           VariantStatus, normalize_weights)
 from control_plane.adapters.metrics import MetricsWindow, NoDataError
 from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
 from engine.buckets import LATENCY_BUCKETS
@@ -27,6 +27,7 @@ class InMemoryDeployer:
         self.fail: set[tuple[str, str]] = set()
         self.crashed: set[tuple[str, str]] = set()
         self.closed = False
+        self._cancelled = threading.Event()
         self._lock = threading.Lock()
 
     def _svc(self, service: str, create: bool = False) -> dict:
@@ -36,8 +37,10 @@ class InMemoryDeployer:
 
     def deploy(self, spec: VariantSpec) -> None:
         gate = self.gates.get(spec.service)
-        if gate is not None:
-            gate.wait()
+        while gate is not None and not gate.wait(0.01) and not self._cancelled.is_set():
+            pass
+        if self._cancelled.is_set():   # like the local deployer: a deploy waiting for its engines stops
+            raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled")
         if (spec.service, spec.role) in self.fail:
             raise DeployError(f"{spec.service}/{spec.role}: image pull failed (simulated)")
         with self._lock:
@@ -80,10 +83,15 @@ class InMemoryDeployer:
     def router_url(self, service):
         return f"mem://{service}" if service in self.services else None
 
+    def cancel(self) -> None:
+        self._cancelled.set()
+
     def close(self) -> None:   # like the local deployer: every variant stops with it
+        self.cancel()
         with self._lock:
             self.closed = True
             self.services.clear()
+        self._cancelled.clear()
 
     def weights(self, service) -> dict[str, int]:
         return {**{r: 0 for r in ("production", "baseline", "canary")}, **self._svc(service)["weights"]}

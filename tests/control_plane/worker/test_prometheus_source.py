@@ -211,6 +211,11 @@ def test_bearer_token_retries_and_timeouts():
         PrometheusSource(PrometheusConfig("http://127.0.0.1:9", retries=1, backoff_s=0.01, timeout_s=0.5)).query("up")
     with pytest.raises(ValueError, match="not both"):
         PrometheusConfig("http://x", bearer_token="a", basic_auth=("u", "p"))
+    with pytest.raises(ValueError, match="given twice"):
+        PrometheusConfig("http://u:p@x", bearer_token="a")
+    with pytest.raises(MetricsQueryError) as e:   # a transport error's text quotes the URL: no password in it
+        PrometheusSource(PrometheusConfig("http://u:hunter2@127.0.0.1:9", retries=0, timeout_s=0.5)).query("up")
+    assert "hunter2" not in str(e.value)
 
 
 def test_basic_auth_against_a_real_prometheus(tmp_path):
@@ -229,6 +234,13 @@ def test_basic_auth_against_a_real_prometheus(tmp_path):
             PrometheusSource(PrometheusConfig(url, basic_auth=("sits", "wrong"))).query("vector(1)")
         with pytest.raises(MetricsQueryError, match="bad_data"):
             good.query("sum(")
+        # credentials inside the URL authenticate, and are never kept in (or printed from) the URL
+        in_url = PrometheusConfig(f"http://sits:pw@127.0.0.1:{port}", retries=0)
+        assert in_url.url == url and in_url.basic_auth == ("sits", "pw") and "pw" not in repr(in_url)
+        assert PrometheusSource(in_url).query("vector(1)")[0]["value"][1] == "1"
+        with pytest.raises(MetricsQueryError) as e:
+            PrometheusSource(PrometheusConfig(f"http://sits:wrong-pw@127.0.0.1:{port}", retries=0)).query("up")
+        assert "wrong-pw" not in str(e.value) and "HTTP 401" in str(e.value)
     finally:
         proc.terminate()
         proc.wait(10)

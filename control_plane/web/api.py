@@ -1,0 +1,208 @@
+"""The JSON API under /api/v1/ (ARCHITECTURE.md "Control-plane service"). Thin views over the store and
+control_plane.service; the worker does the rest."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from flask import Blueprint, current_app, jsonify, request, url_for
+from werkzeug.exceptions import BadRequest
+
+from control_plane import service
+from control_plane.analysis import Policy
+from control_plane.errors import ValidationError
+from control_plane.rollout import Command, Phase
+from control_plane.web import catalog, present, validate
+from control_plane.web.auth import current_user, require
+from control_plane.web.common import API_PREFIX, clean, error_response, int_arg
+from control_plane.web.openapi import openapi_spec
+from control_plane.web.series import series_of
+
+bp = Blueprint("api", __name__, url_prefix=API_PREFIX)
+
+
+def store():
+    return current_app.extensions["sits_store"]
+
+
+def _summary(r) -> dict:
+    last = current_app.extensions["sits_headlines"].get(store(), r.id, r.checks)
+    return present.rollout_summary(r, last, service.allowed_commands(r))
+
+
+def spec_or_none(rollout_id: str):
+    try:
+        return store().spec(rollout_id)
+    except KeyError:
+        return None
+
+
+def detail(r) -> dict:
+    s = store()
+    spec = spec_or_none(r.id)
+    out = _summary(r)
+    last = s.checks(r.id, since_seq=r.checks - 1, limit=1) if r.checks else []
+    lease = s.lease(r.id)
+    out.update(
+        policy=r.policy.to_dict(), paused_from=r.paused_from.value if r.paused_from else None,
+        variants=present.variants_of(r, spec.replicas if spec else None),
+        spec=None if spec is None else {**dataclasses.asdict(spec), "env": sorted(spec.env)},
+        steps_timeline=present.step_timeline(r, s.actions(r.id), current_app.config.get("CLOCK", time.time)()),
+        last_verdict=present.check_compact(last[0]) if last else None,
+        pending_commands=s.pending_commands(r.id),
+        lease=None if lease is None else {"owner": lease[0], "expires_at": lease[1]},
+        source=r.source, warmup_until=r.warmup_until, observed_until=r.observed_until)
+    return out
+
+
+# ---- rollouts ----------------------------------------------------------------------------------------------------
+@bp.get("/rollouts")
+@require("viewer")
+def list_rollouts():
+    svc = request.args.get("service") or None
+    phase = request.args.get("phase") or None
+    if phase is not None and phase not in {p.value for p in Phase}:
+        raise ValidationError(f"phase must be one of {', '.join(p.value for p in Phase)}", field="phase")
+    active = {"true": True, "1": True, "false": False, "0": False, None: None, "": None}.get(
+        request.args.get("active"), "bad")
+    if active == "bad":
+        raise ValidationError("active must be true or false", field="active")
+    limit, offset = int_arg("limit", 50, 1, 500), int_arg("offset", 0)
+    rs = store().list_summaries(active=active, service=svc, phase=phase, limit=limit, offset=offset)
+    total = store().count(active=active, service=svc, phase=phase)
+    return jsonify({"rollouts": [_summary(r) for r in rs], "total": total, "limit": limit, "offset": offset})
+
+
+@bp.post("/rollouts")
+@require("operator")
+def create_rollout():
+    try:
+        body = request.get_json(force=True, silent=False)
+    except BadRequest:
+        raise ValidationError("the body is not valid JSON", field=None) from None
+    body = validate.create_body(body)
+    policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
+    production = body.get("production_kernels") or _current_production(body["service"])
+    spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],
+            "production_args": body.get("production_args") or []}
+    spec.update({k: body[k] for k in ("replicas", "gpus") if body.get(k) is not None})
+    r = service.start_rollout(store(), body["service"], body["kernels"], production, policy, spec,
+                              actor=current_user().name)
+    resp = jsonify(detail(r))
+    resp.status_code = 201
+    resp.headers["Location"] = url_for("api.get_rollout", rollout_id=r.id)
+    return resp
+
+
+def policy_defaults() -> Policy:
+    """What a new rollout gets for the policy fields it does not give."""
+    return Policy.from_dict(current_app.config["POLICY_DEFAULTS"] or {})
+
+
+def router_of():
+    worker = current_app.config["WORKER"]
+    return worker.deployer.router_url if worker is not None else None
+
+
+def _current_production(name: str) -> str:
+    for s in catalog.services(store(), spec_or_none):
+        if s["service"] == name:
+            return s["production_kernels"]
+    return "torch"
+
+
+@bp.get("/rollouts/<rollout_id>")
+@require("viewer")
+def get_rollout(rollout_id: str):
+    return jsonify(detail(store().get(rollout_id)))
+
+
+@bp.get("/rollouts/<rollout_id>/checks")
+@require("viewer")
+def rollout_checks(rollout_id: str):
+    store().get(rollout_id)   # 404 for an unknown rollout
+    since, limit, last = int_arg("since_seq", 0), int_arg("limit", 1000, 1, 5000), int_arg("last", 0, 0, 5000)
+    if last:   # the newest `last` checks (the UI's first load)
+        since = max(since, store().get(rollout_id).checks - last)
+    if request.args.get("view") == "compact":
+        checks = [present.check_compact(c) for c in store().checks_without_buckets(rollout_id, since_seq=since,
+                                                                                    limit=limit)]
+    else:
+        checks = store().checks(rollout_id, since_seq=since, limit=limit)
+    return jsonify({"checks": clean(checks)})
+
+
+@bp.get("/rollouts/<rollout_id>/checks/<int:seq>")
+@require("viewer")
+def rollout_check(rollout_id: str, seq: int):
+    return jsonify(clean(store().check(rollout_id, seq)))
+
+
+@bp.get("/rollouts/<rollout_id>/events")
+@require("viewer")
+def rollout_events(rollout_id: str):
+    store().get(rollout_id)
+    since = int_arg("since_id", 0)
+    events = store().events(rollout_id, since_id=since, limit=int_arg("limit", 5000, 1, 20000))
+    return jsonify({"events": events, "actions": [present.action_row(a) for a in store().actions(rollout_id)],
+                    "notifications": store().deliveries(rollout_id)})
+
+
+@bp.get("/rollouts/<rollout_id>/series")
+@require("viewer")
+def rollout_series(rollout_id: str):
+    r = store().get(rollout_id)
+    return jsonify(series_of(store(), rollout_id, r.policy.compare_to, int_arg("since_seq", 0),
+                             current_app.config["SERIES_MAX_POINTS"], current_app.extensions["sits_points"]))
+
+
+@bp.post("/rollouts/<rollout_id>/<any(promote, pause, resume, abort):command>")
+@require("operator")
+def rollout_command(rollout_id: str, command: str):
+    cid = service.send_command(store(), rollout_id, Command(command), current_user().name)
+    return jsonify({"command_id": cid, "command": command, "actor": current_user().name,
+                    "rollout": _summary(store().get(rollout_id))}), 202
+
+
+# ---- catalogue -----------------------------------------------------------------------------------------------------
+@bp.get("/kernels")
+@require("viewer")
+def kernels():
+    return jsonify({"kernels": catalog.kernel_catalog()})
+
+
+@bp.get("/services")
+@require("viewer")
+def services():
+    return jsonify({"services": catalog.services(store(), spec_or_none, router_of())})
+
+
+@bp.get("/config")
+@require("admin")
+def config():
+    users = current_app.config["SITS_USERS"]
+    worker = current_app.config["WORKER"]
+    return jsonify({"policy_defaults": policy_defaults().to_dict(), "store": store().path,
+                    "auth": {"enabled": users is not None,
+                             "users": [{"name": u.name, "role": u.role} for u in (users.users if users else [])]},
+                    "worker": None if worker is None else {"interval_s": worker.config.interval_s,
+                                                           "lease_ttl_s": worker.config.lease_ttl_s,
+                                                           "owner": worker.owner,
+                                                           "metrics_source": worker.source.name}})
+
+
+@bp.get("/me")
+@require("viewer")
+def me():
+    u = current_user()
+    return jsonify({"name": u.name, "role": u.role})
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(openapi_spec())
+
+
+@bp.route("/<path:anything>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+def unknown(anything: str):
+    return error_response(404, "not_found", f"no API route /{anything}")

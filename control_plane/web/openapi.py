@@ -1,0 +1,134 @@
+"""`GET /api/v1/openapi.json`: OpenAPI 3.1 description of every API route (a test keeps it in step with the URL map)."""
+from __future__ import annotations
+
+from control_plane.rollout import Command, Phase
+
+_ERR = {"$ref": "#/components/schemas/Error"}
+
+
+def _resp(desc: str, schema: dict | None = None) -> dict:
+    out = {"description": desc}
+    if schema is not None:
+        out["content"] = {"application/json": {"schema": schema}}
+    return out
+
+
+def _errors(*codes: int) -> dict:
+    words = {401: "no or invalid token", 403: "role too low, or CSRF token missing (cookie sessions)",
+             404: "no such rollout", 409: "conflict: the service has an active rollout, or the action is not "
+             "allowed in this phase", 413: "body too large", 422: "validation error; `field` names the input",
+             429: "too many failed logins"}
+    return {str(c): _resp(words[c], _ERR) for c in codes}
+
+
+def _param(name: str, where: str = "query", schema: dict | None = None, desc: str = "") -> dict:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema or {"type": "string"},
+            "description": desc}
+
+
+RID = _param("rollout_id", "path", desc="rollout id")
+
+
+def openapi_spec() -> dict:
+    ro = {"$ref": "#/components/schemas/Rollout"}
+    read = _errors(401, 404)
+    paths = {
+        "/rollouts": {
+            "get": {"summary": "List rollouts, newest first", "parameters": [
+                _param("service"), _param("phase", schema={"enum": [p.value for p in Phase]}),
+                _param("active", schema={"type": "boolean"}),
+                _param("limit", schema={"type": "integer", "minimum": 1, "maximum": 500, "default": 50}),
+                _param("offset", schema={"type": "integer", "minimum": 0, "default": 0})],
+                "responses": {"200": _resp("rollouts", {"type": "object", "properties": {
+                    "rollouts": {"type": "array", "items": ro}, "total": {"type": "integer"},
+                    "limit": {"type": "integer"}, "offset": {"type": "integer"}}}), **_errors(401, 422)}},
+            "post": {"summary": "Start a canary rollout (the worker deploys and analyses it)",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"$ref": "#/components/schemas/NewRollout"}}}},
+                     "responses": {"201": {**_resp("created (Location: the rollout's URL)", ro),
+                                           "headers": {"Location": {"schema": {"type": "string"}}}},
+                                   **_errors(401, 403, 409, 413, 422)}}},
+        "/rollouts/{rollout_id}": {"get": {"summary": "A rollout: phase, step, weights, variants, policy, last "
+                                           "verdict with its evidence", "parameters": [RID],
+                                           "responses": {"200": _resp("the rollout", ro), **read}}},
+        "/rollouts/{rollout_id}/checks": {"get": {
+            "summary": "Every check with its full evidence (view=compact: without bucket counts)",
+            "parameters": [RID, _param("since_seq", schema={"type": "integer"}),
+                           _param("limit", schema={"type": "integer"}),
+                           _param("view", schema={"enum": ["full", "compact"]})],
+            "responses": {"200": _resp("checks", {"type": "object", "properties": {
+                "checks": {"type": "array", "items": {"type": "object"}}}}), **read}}},
+        "/rollouts/{rollout_id}/checks/{seq}": {"get": {
+            "summary": "One check's raw evidence (queries, bucket counts per variant, verdict)",
+            "parameters": [RID, _param("seq", "path", {"type": "integer"})],
+            "responses": {"200": _resp("the check", {"type": "object"}), **read}}},
+        "/rollouts/{rollout_id}/events": {"get": {
+            "summary": "Events (who did what, when), the deployer's actions and the webhook deliveries",
+            "parameters": [RID, _param("since_id", schema={"type": "integer"})],
+            "responses": {"200": _resp("events", {"type": "object", "properties": {
+                "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
+                "actions": {"type": "array", "items": {"type": "object"}},
+                "notifications": {"type": "array", "items": {"type": "object"}}}}), **read}}},
+        "/rollouts/{rollout_id}/series": {"get": {
+            "summary": "Chart data: P50/P90/P99 per variant and metric per check, deltas with intervals (columnar)",
+            "parameters": [RID, _param("since_seq", schema={"type": "integer"})],
+            "responses": {"200": _resp("series", {"type": "object"}), **read}}},
+        "/kernels": {"get": {"summary": "Kernel sets: name, version, devices, cuda_graphs, parent, ops overridden",
+                             "responses": {"200": _resp("kernel sets", {"type": "object"}), **_errors(401)}}},
+        "/services": {"get": {"summary": "Each service's production: kernel set, model, replicas, readiness",
+                              "responses": {"200": _resp("services", {"type": "object"}), **_errors(401)}}},
+        "/config": {"get": {"summary": "Policy defaults, worker and auth settings (admin)",
+                            "responses": {"200": _resp("config", {"type": "object"}), **_errors(401, 403)}}},
+        "/me": {"get": {"summary": "The caller's name and role",
+                        "responses": {"200": _resp("user", {"type": "object"}), **_errors(401)}}},
+        "/openapi.json": {"get": {"summary": "This document", "security": [],
+                                  "responses": {"200": _resp("OpenAPI 3.1", {"type": "object"})}}},
+    }
+    for c in Command:
+        paths[f"/rollouts/{{rollout_id}}/{c.value}"] = {"post": {
+            "summary": f"{c.value.capitalize()} the rollout (queued for the worker; idempotent)",
+            "parameters": [RID],
+            "responses": {"202": _resp("accepted", {"type": "object", "properties": {
+                "command_id": {"type": "integer"}, "command": {"type": "string"}, "actor": {"type": "string"},
+                "rollout": ro}}), **_errors(401, 403, 404, 409)}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "SITS control plane", "version": "1",
+                 "description": "Canary rollouts of kernel sets. Auth: Authorization: Bearer TOKEN (roles viewer < "
+                                "operator < admin). Errors: {\"error\": {\"code\", \"message\", \"field\"}}."},
+        "servers": [{"url": "/api/v1"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                    "type": "object", "required": ["code", "message", "field"], "properties": {
+                        "code": {"type": "string"}, "message": {"type": "string"},
+                        "field": {"type": ["string", "null"]}}}}},
+                "NewRollout": {"type": "object", "required": ["service", "kernels"], "additionalProperties": False,
+                               "properties": {
+                                   "service": {"type": "string", "description": "a DNS label"},
+                                   "kernels": {"type": "string", "description": "the canary's kernel set"},
+                                   "production_kernels": {"type": "string",
+                                                          "description": "default: what the service runs now"},
+                                   "model": {"type": "string", "default": "tiny"},
+                                   "replicas": {"type": "integer", "minimum": 1, "default": 1},
+                                   "gpus": {"type": "integer", "minimum": 0, "default": 0},
+                                   "policy": {"type": "object", "description": "fields of Policy (steps, checks, "
+                                              "check_interval_s, compare_to, ...); defaults from GET /config"},
+                                   "args": {"type": "array", "items": {"type": "string"}},
+                                   "production_args": {"type": "array", "items": {"type": "string"}}}},
+                "Rollout": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "service": {"type": "string"},
+                    "phase": {"enum": [p.value for p in Phase]}, "reason": {"type": "string"},
+                    "step": {"type": "integer", "description": "index into steps; -1 before the first"},
+                    "steps": {"type": "array", "items": {"type": "integer"}}, "weight": {"type": "integer"},
+                    "weights": {"type": "object"}, "kernels": {"type": "string"},
+                    "production_kernels": {"type": "string"}, "last_check": {"type": ["object", "null"]},
+                    "allowed_actions": {"type": "array", "items": {"enum": [c.value for c in Command]}}}},
+                "Event": {"type": "object", "properties": {
+                    "id": {"type": "integer"}, "at": {"type": "number"}, "kind": {"type": "string"},
+                    "phase": {"type": "string"}, "message": {"type": "string"}, "actor": {"type": "string"}}},
+            }},
+    }

@@ -1,0 +1,50 @@
+"""/healthz (the process answers), /readyz (the store answers, and the worker is alive unless --no-worker),
+/metrics (Prometheus text). Unauthenticated, like every probe and scrape endpoint."""
+from __future__ import annotations
+
+import sqlite3
+
+from flask import Blueprint, Response, current_app, jsonify
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from control_plane.web.metrics import StoreCollector
+
+bp = Blueprint("ops", __name__)
+
+
+def _registry() -> CollectorRegistry:
+    reg = current_app.extensions.get("sits_metrics")
+    if reg is None:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(StoreCollector(current_app.extensions["sits_store"]))
+        current_app.extensions["sits_metrics"] = reg
+    return reg
+
+
+@bp.get("/healthz")
+def healthz():
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz():
+    problems = []
+    try:
+        current_app.extensions["sits_store"].count()
+    except (sqlite3.Error, OSError) as e:
+        problems.append(f"store: {type(e).__name__}: {e}")
+    worker = current_app.config["WORKER"]
+    if worker is not None and not worker.alive:
+        problems.append("worker: its loop is not running")
+    body = {"status": "ok" if not problems else "unavailable", "worker": worker is not None, "problems": problems}
+    return jsonify(body), 200 if not problems else 503
+
+
+@bp.get("/metrics")
+def metrics():
+    text = generate_latest(_registry())
+    worker = current_app.config["WORKER"]
+    if worker is not None:
+        text += generate_latest(worker.metrics.registry)
+    return Response(text, mimetype=CONTENT_TYPE_LATEST)

@@ -1,0 +1,157 @@
+"""The API's JSON shapes of rollouts and checks, from what the store holds (pure functions of stored data)."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Mapping
+
+from control_plane.analysis import ERROR_RATE
+from control_plane.rollout import Phase, Rollout, weights_for
+from control_plane.web.common import clean
+
+SHORT = {"http_request_duration_seconds": "request latency", "sits_time_to_first_token_seconds": "TTFT",
+         "sits_inter_token_latency_seconds": "inter-token latency", "sits_e2e_request_latency_seconds": "e2e latency",
+         ERROR_RATE: "error rate"}
+
+
+def metric_of(series: str) -> str:
+    return series.split("{", 1)[0]
+
+
+def check_label(name: str) -> str:
+    """'http_request_duration_seconds:p99' -> 'p99 request latency'."""
+    metric, _, q = name.partition(":p")
+    short = SHORT.get(metric, metric)
+    return f"p{q.replace('_', '.')} {short}" if q else short
+
+
+def headline(ev: Mapping) -> dict:
+    """The one line a list shows for a check: the deciding (or worst) result's delta, interval and verdict."""
+    v = ev["verdict"]
+    results = [r for r in v.get("results", []) if r.get("delta_rel") is not None or r.get("delta_abs") is not None]
+    rank = {"fail": 0, "inconclusive": 1, "pass": 2}
+    best = None
+    if results:
+        # a failing result first, then the highest quantile, then the largest delta
+        best = min(results, key=lambda r: (rank.get(r["outcome"], 3), -_quantile(r["check"]),
+                                           -(r.get("delta_rel") if r.get("delta_rel") is not None else -1e9)))
+    out = {"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"], "outcome": v["outcome"],
+           "decision": ev["decision"], "reason": v["reason"], "guard": v.get("guard"), "need_more": v.get("need_more"),
+           "compare_to": v.get("compare_to")}
+    if best is not None:
+        is_rate = best["check"] == ERROR_RATE
+        out.update(check=best["check"], label=check_label(best["check"]), series=best["series"],
+                   kind="abs" if is_rate else "rel",
+                   delta=best["delta_abs"] if is_rate else best["delta_rel"], ci=[best["ci_low"], best["ci_high"]],
+                   threshold=best["threshold"], result=best["outcome"])
+    return clean(out)
+
+
+def _quantile(name: str) -> float:
+    _, _, q = name.partition(":p")
+    try:
+        return float(q.replace("_", ".")) if q else 0.0
+    except ValueError:
+        return 0.0
+
+
+class HeadlineCache:
+    """Checks never change once stored: their headline is computed once per (store, rollout, seq)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._d: OrderedDict[tuple, dict] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, store, rollout_id: str, seq: int) -> dict | None:
+        if seq <= 0:
+            return None
+        key = (store.path, rollout_id, seq)
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is not None:
+                self._d.move_to_end(key)
+                return hit
+        try:
+            h = headline(store.check(rollout_id, seq))
+        except KeyError:
+            return None
+        with self._lock:
+            self._d[key] = h
+            while len(self._d) > self._size:
+                self._d.popitem(last=False)
+        return h
+
+
+def weights_of(r: Rollout) -> dict[str, int]:
+    if r.phase in (Phase.PROGRESSING, Phase.PAUSED) and r.weight > 0:
+        return weights_for(r.weight)
+    return {"production": 100, "baseline": 0, "canary": 0}
+
+
+def rollout_summary(r: Rollout, last_check: dict | None, allowed: set) -> dict:
+    return clean({
+        "id": r.id, "service": r.service, "kernels": r.canary_kernels, "production_kernels": r.production_kernels,
+        "phase": r.phase.value, "active": r.active, "reason": r.reason, "step": r.step, "steps": list(r.policy.steps),
+        "weight": r.weight, "weights": weights_of(r), "created_at": r.created_at, "phase_since": r.phase_since,
+        "started_at": r.started_at, "checks": r.checks, "awaiting_promotion": r.awaiting_promotion,
+        "compare_to": r.policy.compare_to, "last_check": last_check,
+        "allowed_actions": sorted(c.value for c in allowed)})
+
+
+def variants_of(r: Rollout, spec_replicas: int | None) -> dict:
+    kernels = {"production": r.production_kernels, "baseline": r.production_kernels, "canary": r.canary_kernels}
+    out = {}
+    for role in ("production", "baseline", "canary"):
+        d = r.data.get(role)
+        gone = not r.active and role != "production"   # removed by the rollback, or the canary is production now
+        out[role] = {"kernels": kernels[role], "replicas": spec_replicas, "weight": weights_of(r)[role],
+                     "ready": None if d is None or gone else d.ready,
+                     "crashing": None if d is None or gone else d.crashing,
+                     "requests": None if d is None else d.requests, "errors": None if d is None else d.errors,
+                     "state": ("promoted" if r.phase is Phase.SUCCEEDED and role == "canary" else "removed")
+                     if gone else "deployed" if d is not None else "unknown"}
+    return out
+
+
+def step_timeline(r: Rollout, actions: list[dict], now: float) -> list[dict]:
+    """Each policy step with when the canary's weight was set to it (the set_weights actions) and for how long."""
+    entered: dict[int, float] = {}
+    for a in actions:
+        if a["kind"] == "set_weights":
+            w = int(a["body"].get("weights", {}).get("canary", 0))
+            entered.setdefault(w, a["created_at"])
+    end = now if r.active else r.phase_since
+    out = []
+    for i, w in enumerate(r.policy.steps):
+        at = entered.get(w)
+        nxt = [entered[x] for x in r.policy.steps[i + 1:] if x in entered]
+        left = min(nxt) if nxt else (end if at is not None and i == r.step else None)
+        if w == 100 and r.phase is Phase.SUCCEEDED:
+            at = at or r.phase_since
+        state = "done" if i < r.step or (r.phase is Phase.SUCCEEDED) else ("current" if i == r.step else "todo")
+        out.append({"index": i, "weight": w, "state": state, "entered_at": at,
+                    "seconds": None if at is None or left is None else max(0.0, left - at)})
+    return out
+
+
+def check_compact(ev: Mapping) -> dict:
+    """A check for the table: every result's values and bounds, requests per variant; no bucket counts."""
+    v = ev["verdict"]
+    variants = {role: {"requests": d.get("requests"), "errors": d.get("errors"), "ready": d.get("ready"),
+                       "crashing": d.get("crashing")} for role, d in ev.get("variants", {}).items()}
+    return clean({"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"],
+                  "window_start": ev.get("window_start"), "window_end": ev.get("window_end"),
+                  "decision": ev["decision"], "outcome": v["outcome"], "reason": v["reason"], "guard": v.get("guard"),
+                  "need_more": v.get("need_more"), "compare_to": v.get("compare_to"), "variants": variants,
+                  "results": [dict(r, label=check_label(r["check"])) for r in v.get("results", [])]})
+
+
+def action_row(a: Mapping) -> dict:
+    """One deployer/notifier action of the outbox, with a short description of what it did."""
+    b = a["body"]
+    what = {"deploy": lambda: f"deploy {b.get('role')} ({b.get('kernels')})",
+            "set_weights": lambda: "weights " + ", ".join(f"{k} {v} %" for k, v in b.get("weights", {}).items()),
+            "notify": lambda: f"notify: {b.get('event')}"}.get(a["kind"], lambda: a["kind"])()
+    return {"id": a["id"], "kind": a["kind"], "what": what, "status": a["status"], "error": a["error"],
+            "created_at": a["created_at"], "done_at": a["done_at"]}

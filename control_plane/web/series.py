@@ -1,0 +1,185 @@
+"""Chart data of a rollout, from its stored checks: P50/P90/P99 per variant and metric over time (every series of a
+metric, e.g. one per route, merged), and the canary-vs-target delta of each checked quantile with its interval.
+
+Each check's evidence holds the step's accumulated bucket counts per variant, so a point is the quantile of the
+current step's data so far (it starts afresh at each weight change). Columnar and rounded to 4 significant digits;
+more than `max_points` checks are thinned evenly (failed checks and the last one are always kept), so a one-hour
+rollout's series stay far below 200 KB.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Iterable, Mapping, Sequence
+
+from control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, histogram_quantile
+from control_plane.web.common import num
+from control_plane.web.present import SHORT
+
+CHART_METRICS = (REQUEST_LATENCY, TTFT, ITL)
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+ROLES = ("production", "baseline", "canary")
+
+
+def thin(checks: Sequence[Mapping], max_points: int) -> list[Mapping]:
+    """At most ~max_points checks, evenly spaced; failed checks and the last one always kept. `checks`: dicts with
+    an "outcome" (summaries) or a "verdict" (evidence)."""
+    n = len(checks)
+    if n <= max_points:
+        return list(checks)
+    keep = {round(i * (n - 1) / (max_points - 1)) for i in range(max_points)}
+    keep |= {i for i, c in enumerate(checks) if _outcome(c) == "fail"}
+    keep.add(n - 1)
+    return [checks[i] for i in sorted(keep)]
+
+
+def _outcome(c: Mapping) -> str:
+    return c["outcome"] if "outcome" in c else c["verdict"]["outcome"]
+
+
+def _merged(histograms: Mapping[str, Mapping], metric: str) -> list[tuple[float, float]] | None:
+    """(upper bound, cumulative count) of every series of `metric` summed (series with another bucket layout than
+    the first are left out: a sum over different bounds is not a histogram)."""
+    bounds, counts = None, None
+    for key, h in histograms.items():
+        if key != metric and not key.startswith(metric + "{"):
+            continue
+        b = [float(x) for x in h["bounds"]]
+        c = [float(x) for x in h["counts"]]
+        if bounds is None:
+            bounds, counts = b, c
+        elif b == bounds:
+            counts = [x + y for x, y in zip(counts, c)]
+    return None if bounds is None else list(zip(bounds, counts))
+
+
+def _quantiles(buckets: list[tuple[float, float]] | None) -> list[float | None]:
+    if not buckets or buckets[-1][1] <= 0:
+        return [None] * len(QUANTILES)
+    return [num(histogram_quantile(q, buckets)) for _, q in QUANTILES]
+
+
+def _q_of(check_name: str) -> str:
+    return "p" + check_name.partition(":p")[2].replace("_", ".")
+
+
+def _deltas(ev: Mapping, metric: str) -> dict[str, dict]:
+    """Per quantile: the worst series' delta of this metric. Checked quantiles come with their interval, threshold
+    and outcome; the others (shown, not decided) are the relative delta against the same target, without bounds."""
+    v = ev["verdict"]
+    out: dict[str, dict] = {}
+    for r in v.get("results", []):
+        if metric_matches(r["series"], metric) and r.get("delta_rel") is not None:
+            q = _q_of(r["check"])
+            if q not in out or r["delta_rel"] > out[q]["delta"]:
+                out[q] = {"delta": r["delta_rel"], "low": r.get("ci_low"), "high": r.get("ci_high"),
+                          "threshold": r["threshold"], "outcome": r["outcome"], "checked": True}
+    target = v.get("compare_to") or "baseline"
+    for d in v.get("deltas", []):
+        if d.get("quantile") is None or not metric_matches(d["series"], metric):
+            continue
+        q = f"p{d['quantile'] * 100:g}"
+        rel = d.get(f"vs_{target}_rel")
+        if rel is None or (q in out and out[q]["checked"]):
+            continue
+        if q not in out or rel > out[q]["delta"]:
+            out[q] = {"delta": rel, "low": None, "high": None, "threshold": None, "outcome": None, "checked": False}
+    return out
+
+
+def metric_matches(series: str, metric: str) -> bool:
+    return series == metric or series.startswith(metric + "{")
+
+
+def point(ev: Mapping, metrics: Sequence[str] = CHART_METRICS) -> dict:
+    """One check's chart values: per metric, P50/P90/P99 of each variant and the deltas per quantile."""
+    variants = ev.get("variants", {})
+    out = {"t": ev["at"], "seq": ev["seq"], "weight": ev["weight"], "outcome": ev["verdict"]["outcome"], "metrics": {}}
+    for metric in metrics:
+        qs = {role: _quantiles(_merged(variants.get(role, {}).get("histograms", {}), metric)) for role in ROLES}
+        deltas = _deltas(ev, metric)
+        if deltas or any(x is not None for v in qs.values() for x in v):
+            out["metrics"][metric] = {"q": qs, "d": deltas}
+    return out
+
+
+class PointCache:
+    """Checks never change once stored: each one's point is computed once per (store, rollout, seq)."""
+
+    def __init__(self, size: int = 50000) -> None:
+        self._d: OrderedDict[tuple, dict] = OrderedDict()
+        self._size, self._lock = size, threading.Lock()
+
+    def points(self, store, rollout_id: str, seqs: Sequence[int]) -> list[dict]:
+        out = []
+        for seq in seqs:
+            key = (store.path, rollout_id, seq)
+            with self._lock:
+                p = self._d.get(key)
+            if p is None:
+                p = point(store.check(rollout_id, seq))
+                with self._lock:
+                    self._d[key] = p
+                    while len(self._d) > self._size:
+                        self._d.popitem(last=False)
+            out.append(p)
+        return out
+
+
+def series_of(store, rollout_id: str, compare_to: str, since_seq: int = 0, max_points: int = 300,
+              cache: PointCache | None = None) -> dict:
+    """The rollout's chart data after `since_seq`: which checks from the (small) summaries, values from the cache."""
+    summaries = store.check_summaries(rollout_id, since_seq=since_seq, limit=10 ** 7)
+    shown = thin(summaries, max_points)
+    pts = (cache or PointCache(0)).points(store, rollout_id, [c["seq"] for c in shown])
+    out = assemble(pts, compare_to)
+    out.update(checks=len(summaries), last_seq=summaries[-1]["seq"] if summaries else None)
+    return out
+
+
+def build_series(checks: Iterable[Mapping], compare_to: str, max_points: int = 300,
+                 metrics: Sequence[str] = CHART_METRICS) -> dict:
+    """series_of for check evidence already in hand."""
+    checks = list(checks)
+    out = assemble([point(c, metrics) for c in thin(checks, max_points)], compare_to, metrics)
+    out.update(checks=len(checks), last_seq=checks[-1]["seq"] if checks else None)
+    return out
+
+
+def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHART_METRICS) -> dict:
+    """Points -> columns: every array has one entry per point (None where a point lacks the value)."""
+    n = len(pts)
+    out = {"compare_to": compare_to, "points": n, "t": [p["t"] for p in pts], "seq": [p["seq"] for p in pts],
+           "weight": [p["weight"] for p in pts], "outcome": [p["outcome"] for p in pts], "metrics": {}}
+    for metric in metrics:
+        if not any(metric in p["metrics"] for p in pts):
+            continue
+        qs = {role: {name: [None] * n for name, _ in QUANTILES} for role in ROLES}
+        deltas: dict[str, dict] = {}
+        for i, p in enumerate(pts):
+            m = p["metrics"].get(metric)
+            if m is None:
+                continue
+            for role in ROLES:
+                for (name, _), x in zip(QUANTILES, m["q"][role]):
+                    qs[role][name][i] = x
+            for q, d in m["d"].items():
+                col = deltas.setdefault(q, {"delta": [None] * n, "low": [None] * n, "high": [None] * n,
+                                            "outcome": [None] * n, "checked": False, "threshold": None})
+                col["checked"] = col["checked"] or d["checked"]
+                if d["threshold"] is not None:
+                    col["threshold"] = d["threshold"]
+                for k in ("delta", "low", "high"):
+                    col[k][i] = num(d[k])
+                col["outcome"][i] = d["outcome"]
+        out["metrics"][metric] = {"label": SHORT.get(metric, metric), "quantiles": qs,
+                                  "deltas": dict(sorted(deltas.items(), key=lambda kv: -_qf(kv[0])))}
+    return out
+
+
+def _qf(q: str) -> float:
+    try:
+        return float(q[1:])
+    except ValueError:
+        return math.nan

@@ -1,0 +1,87 @@
+"""`sits-control serve`: the Flask app under waitress, with the worker (built exactly as `sits-control worker`
+builds it) running beside it in the same process; `--no-worker` serves the API and UI alone."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import threading
+
+import waitress
+
+from control_plane.app import create_app
+from control_plane.web.users import AuthFileError, Users
+
+log = logging.getLogger(__name__)
+
+
+class ServeError(ValueError):
+    """The service cannot start with these flags (one line for the CLI)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_flags(host: str, auth_file: str | None) -> Users | None:
+    """Users from the auth file; without one, only a loopback host is allowed."""
+    if auth_file is None:
+        if not is_loopback(host):
+            raise ServeError(f"refusing to serve on {host} without --auth-file: anyone who can reach it could start "
+                             "and abort rollouts (use a loopback address such as 127.0.0.1, or give --auth-file)")
+        return None
+    try:
+        return Users.load(auth_file)
+    except AuthFileError as e:
+        raise ServeError(str(e)) from None
+
+
+def serve(a, build_worker, stop_worker, policy_defaults=None) -> int:
+    """`a`: the parsed flags (serve's own plus the worker's); build_worker(a) / stop_worker(worker) come from the CLI
+    so the worker is assembled in one place; `policy_defaults`: a Policy new rollouts start from."""
+    users = check_flags(a.host, a.auth_file)
+    if users is None:
+        log.warning("auth is OFF (no --auth-file): serving on loopback %s only; every request acts as an admin",
+                    a.host)
+    worker = None if a.no_worker else build_worker(a)
+    store = worker.store if worker is not None else a.store
+    app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker,
+                      "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
+                      "SESSION_COOKIE_SECURE": bool(a.secure_cookies),
+                      "POLICY_DEFAULTS": policy_defaults.to_dict() if policy_defaults is not None else None})
+    kw = {}
+    if a.trusted_proxy:   # X-Forwarded-Proto from this proxy makes the request (and so the cookie) https
+        kw = dict(trusted_proxy=a.trusted_proxy, trusted_proxy_headers={"x-forwarded-proto", "x-forwarded-for"},
+                  clear_untrusted_proxy_headers=True)
+    server = waitress.create_server(app, host=a.host, port=a.port, threads=a.threads, ident="sits", **kw)
+    stopping = threading.Event()
+
+    def stop(*_):
+        if not stopping.is_set():
+            stopping.set()
+            raise KeyboardInterrupt
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    if worker is not None:
+        worker.start()
+    url = f"http://{a.host if ':' not in a.host else '[' + a.host + ']'}:{server.effective_port}"
+    print(f"sits-control serve: {url}/ (API {url}/api/v1/, metrics {url}/metrics); store "
+          f"{app.config['STORE'].path}; auth {'file ' + a.auth_file if users else 'OFF (loopback only)'}; "
+          f"worker {'on' if worker is not None else 'off (--no-worker)'}; Ctrl-C to stop", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        if worker is not None:
+            stop_worker(worker)
+        else:
+            app.config["STORE"].close()
+    return 0

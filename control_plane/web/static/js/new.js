@@ -1,0 +1,135 @@
+// New canary form: builds the POST /api/v1/rollouts body, shows the server's 422 next to the offending field.
+"use strict";
+(() => {
+  const { api, el } = SITS;
+  const $ = (id) => document.getElementById(id);
+  const kernels = JSON.parse($("kernel-data").textContent);
+  const services = JSON.parse($("service-data").textContent);
+  const defaults = JSON.parse($("policy-defaults").textContent);
+  const byName = Object.fromEntries(kernels.map((k) => [k.name, k]));
+  const form = $("new-canary");
+
+  // the threshold rows: [metric, quantile, label, unit]; enabled and filled from the policy defaults
+  const ROWS = [
+    ["http_request_duration_seconds", 0.99, "Request latency P99", "%"],
+    ["http_request_duration_seconds", 0.9, "Request latency P90", "%"],
+    ["sits_time_to_first_token_seconds", 0.99, "Time to first token P99", "%"],
+    ["sits_inter_token_latency_seconds", 0.99, "Inter-token latency P99", "%"],
+    ["error_rate", null, "Error rate", "pt"],
+  ];
+  const thresholds = $("thresholds");
+  const rowEls = ROWS.map(([metric, q, label, unit], i) => {
+    const d = defaults.checks.find((c) => c.metric === metric && (c.quantile ?? null) === q);
+    const value = d ? (metric === "error_rate" ? d.max_abs_delta : d.max_rel_delta) * 100 : 10;
+    const id = `thr-${i}`;
+    const box = el("input", { type: "checkbox", id: `${id}-on`, checked: !!d, "aria-label": `check ${label}` });
+    const input = el("input", { type: "number", id, step: "any", value: +value.toFixed(4), inputmode: "decimal" });
+    const err = el("p", { class: "field-error", id: `${id}-err`, hidden: true });
+    input.setAttribute("aria-describedby", err.id);
+    box.addEventListener("change", () => { input.disabled = !box.checked; });
+    input.disabled = !box.checked;
+    const wrap = el("div", { class: "threshold" },
+      el("label", { class: "check name", for: `${id}-on` }, box, label),
+      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted" }, "at most +"), input, unit === "%" ? "%" : "points"),
+      err);
+    thresholds.append(wrap);
+    return { metric, q, input, box, err };
+  });
+
+  function updateChanges() {
+    const c = byName[$("kernels").value], p = byName[$("production_kernels").value];
+    const box = $("changes");
+    if (!c || !p) { box.textContent = ""; return; }
+    const diff = Object.keys(c.ops).filter((op) => c.ops[op] !== p.ops[op]);
+    box.replaceChildren(el("div", {},
+      el("strong", {}, `${c.name} ${c.version}`), " vs ", el("strong", {}, `${p.name} ${p.version}`), ": ",
+      diff.length ? ["changes ", ...diff.flatMap((op, i) => [i ? " " : "", el("code", { class: "op" }, op)])]
+        : el("span", { class: "warn" }, "same implementations (a control experiment)"),
+      el("br"), el("span", { class: "muted" }, `${c.description} · devices ${c.devices.join(", ")} · CUDA graphs ${c.cuda_graphs ? "yes" : "no"}`)));
+  }
+  function updateChips() {
+    const chips = $("steps-chips");
+    const steps = parseSteps();
+    chips.replaceChildren(...(steps || []).flatMap((s, i) => [i ? el("span", { class: "arrow" }, "→") : null, el("span", { class: "chip" }, s + " %")]).filter(Boolean));
+  }
+  function parseSteps() {
+    const parts = $("steps").value.split(/[\s,;]+/).filter(Boolean);
+    const nums = parts.map(Number);
+    return nums.every((n) => Number.isInteger(n)) ? nums : null;
+  }
+  $("service").addEventListener("input", () => {
+    const s = services.find((x) => x.service === $("service").value);
+    if (s && byName[s.production_kernels]) { $("production_kernels").value = s.production_kernels; updateChanges(); }
+  });
+  $("kernels").addEventListener("change", updateChanges);
+  $("production_kernels").addEventListener("change", updateChanges);
+  $("steps").addEventListener("input", updateChips);
+  updateChanges();
+  updateChips();
+
+  function clearErrors() {
+    form.querySelectorAll("[aria-invalid]").forEach((e) => e.removeAttribute("aria-invalid"));
+    form.querySelectorAll(".field-error").forEach((e) => { e.hidden = true; e.textContent = ""; });
+    $("form-error").hidden = true;
+  }
+  function showError(field, message, checkRows) {
+    let input = null, err = null;
+    const m = field && field.match(/^policy\.checks\[(\d+)\]/);
+    if (m && checkRows[+m[1]]) {
+      ({ input, err } = checkRows[+m[1]]);
+    } else if (field) {
+      input = form.querySelector(`[data-field="${CSS.escape(field)}"]`);
+      if (input) {
+        err = input.parentElement.querySelector(`.field-error[data-for="${CSS.escape(field)}"]`);
+        if (!err) { err = el("p", { class: "field-error", "data-for": field, id: `err-${input.id}` }); input.after(err); }
+      }
+    }
+    if (input && err) {
+      input.setAttribute("aria-invalid", "true");
+      input.setAttribute("aria-describedby", err.id);
+      err.textContent = message;
+      err.hidden = false;
+      input.focus();
+    } else {
+      $("form-error").textContent = message;
+      $("form-error").hidden = false;
+      $("form-error").focus?.();
+    }
+  }
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    clearErrors();
+    const steps = parseSteps();
+    if (!$("service").value.trim()) return showError("service", "Give the service to canary.", []);
+    if (!steps || !steps.length) return showError("policy.steps", "Steps are whole percents, e.g. 5, 10, 25, 50, 100.", []);
+    const checkRows = rowEls.filter((r) => r.box.checked);
+    const num = (id) => $(id).value === "" ? undefined : Number($(id).value);
+    const policy = {
+      steps, compare_to: form.querySelector('input[name="compare_to"]:checked').value,
+      check_interval_s: num("check_interval_s"), warmup_s: num("warmup_s"), min_samples: num("min_samples"),
+      checks: checkRows.map((r) => r.metric === "error_rate"
+        ? { metric: r.metric, max_abs_delta: Number(r.input.value) / 100 }
+        : { metric: r.metric, quantile: r.q, max_rel_delta: Number(r.input.value) / 100 }),
+    };
+    const body = {
+      service: $("service").value.trim(), kernels: $("kernels").value, production_kernels: $("production_kernels").value,
+      model: $("model").value.trim(), replicas: Number($("replicas").value), policy,
+    };
+    const args = $("args").value.trim();
+    if (args) body.args = args.split(/\s+/);
+    $("start").disabled = true;
+    try {
+      const res = await api("/rollouts", { method: "POST", body });
+      if (res.status === 201) { location.href = `/rollouts/${encodeURIComponent(res.data.id)}`; return; }
+      const e = (res.data && res.data.error) || { message: `HTTP ${res.status}`, field: null };
+      const human = (m) => m.replace(/^policy: /, "").replace(/http_request_duration_seconds/g, "request latency")
+        .replace(/sits_time_to_first_token_seconds/g, "time to first token").replace(/sits_inter_token_latency_seconds/g, "inter-token latency");
+      showError(e.field, human(e.message), checkRows);
+    } catch (e) {
+      showError(null, "The service did not answer: " + e.message, []);
+    } finally {
+      $("start").disabled = false;
+    }
+  });
+})();

@@ -1,0 +1,48 @@
+"""The web UI: server-rendered pages; the live parts (rollout rows, the detail page's header, charts, checks and
+events) are drawn by small scripts from the same JSON API, polled every 1.5 s."""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, render_template
+
+from control_plane.web import catalog
+from control_plane.web.api import detail, policy_defaults, router_of, spec_or_none, store
+from control_plane.web.auth import current_user, require
+
+bp = Blueprint("ui", __name__)
+
+
+@bp.get("/")
+@require("viewer")
+def rollouts():
+    return render_template("rollouts.html", services=sorted({s["service"] for s in _services()}))
+
+
+@bp.get("/rollouts/new")
+@require("viewer")
+def new_rollout():
+    return render_template("new.html", kernels=catalog.kernel_catalog(), services=_services(),
+                           defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"))
+
+
+@bp.get("/rollouts/<rollout_id>")
+@require("viewer")
+def rollout(rollout_id: str):
+    r = store().get(rollout_id)
+    sets = {k["name"]: k for k in catalog.kernel_catalog()}
+    return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"))
+
+
+@bp.get("/kernels")
+@require("viewer")
+def kernels():
+    return render_template("kernels.html", kernels=catalog.kernel_catalog())
+
+
+@bp.get("/services")
+@require("viewer")
+def services():
+    return render_template("services.html", services=_services())
+
+
+def _services() -> list[dict]:
+    return catalog.services(current_app.extensions["sits_store"], spec_or_none, router_of())

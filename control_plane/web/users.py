@@ -1,0 +1,149 @@
+"""Users and roles from the auth file, token checks, and the failed-login limiter. No Flask here.
+
+Auth file (JSON or YAML): {"users": [{"name": "alice", "role": "operator", "token_sha256": "<hex sha256>"}]}.
+Only hashes are stored; a token is checked by hashing it and comparing in constant time against every user.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import yaml
+
+ROLES = ("viewer", "operator", "admin")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._@-]{0,63}$")
+
+
+class AuthFileError(ValueError):
+    """The auth file is missing, unreadable or malformed (the message says where)."""
+
+
+@dataclass(slots=True, frozen=True)
+class User:
+    name: str
+    role: str
+
+    def can(self, role: str) -> bool:
+        """True if this user's role is at least `role` (viewer < operator < admin)."""
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+
+# what every request acts as when the service runs without an auth file (loopback only)
+LOCAL_USER = User("local", "admin")
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Users:
+    """The users of one auth file; `authenticate(token)` -> User or None."""
+
+    def __init__(self, entries: Iterable[tuple[str, str, str]]) -> None:
+        self._by_hash: list[tuple[bytes, User]] = []
+        seen: set[str] = set()
+        for name, role, digest in entries:
+            if name in seen:
+                raise AuthFileError(f"user {name!r} appears twice")
+            seen.add(name)
+            self._by_hash.append((bytes.fromhex(digest), User(name, role)))
+
+    @property
+    def users(self) -> list[User]:
+        return [u for _, u in self._by_hash]
+
+    def get(self, name: str) -> User | None:
+        return next((u for _, u in self._by_hash if u.name == name), None)
+
+    def authenticate(self, token: str) -> User | None:
+        if not isinstance(token, str) or not token:
+            return None
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
+        for h, user in self._by_hash:   # no early exit: the time does not depend on which user matched
+            if hmac.compare_digest(h, digest):
+                found = user
+        return found
+
+    @classmethod
+    def from_dict(cls, data, where: str = "auth file") -> "Users":
+        if not isinstance(data, dict) or not isinstance(data.get("users"), list):
+            raise AuthFileError(f'{where}: expected {{"users": [{{"name", "role", "token_sha256"}}, ...]}}')
+        entries = []
+        for i, u in enumerate(data["users"]):
+            at = f"{where}: users[{i}]"
+            if not isinstance(u, dict):
+                raise AuthFileError(f"{at} must be an object")
+            unknown = sorted(set(u) - {"name", "role", "token_sha256"})
+            if unknown:
+                raise AuthFileError(f"{at}: unknown field(s) {', '.join(unknown)} (plaintext tokens are not accepted: "
+                                    "store token_sha256)")
+            name, role, digest = u.get("name"), u.get("role"), u.get("token_sha256")
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise AuthFileError(f"{at}: name must be 1-64 letters, digits, space or ._@-")
+            if role not in ROLES:
+                raise AuthFileError(f"{at}: role must be one of {', '.join(ROLES)}")
+            if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
+                raise AuthFileError(f"{at}: token_sha256 must be 64 hex digits (sha256 of the token)")
+            entries.append((name, role, digest.lower()))
+        if not entries:
+            raise AuthFileError(f"{where}: no users")
+        return cls(entries)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Users":
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise AuthFileError(f"cannot read auth file {p}: {e.strerror}") from None
+        try:
+            # YAML is a superset of JSON: .yaml/.yml and anything else goes through the YAML parser
+            data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except ValueError as e:
+            raise AuthFileError(f"auth file {p} is not valid JSON: {e}") from None
+        except yaml.YAMLError as e:
+            raise AuthFileError(f"auth file {p} is not valid YAML: {e}") from None
+        return cls.from_dict(data, str(p))
+
+
+class LoginLimiter:
+    """At most `limit` failed logins per client address in `window_s`; `retry_after(addr)` > 0 while blocked."""
+
+    def __init__(self, limit: int = 5, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self._fails: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, addr: str, now: float) -> deque[float]:
+        q = self._fails.setdefault(addr, deque())
+        while q and q[0] <= now - self.window_s:
+            q.popleft()
+        return q
+
+    def retry_after(self, addr: str) -> float:
+        now = self.clock()
+        with self._lock:
+            q = self._recent(addr, now)
+            return 0.0 if len(q) < self.limit else q[0] + self.window_s - now
+
+    def failed(self, addr: str) -> None:
+        now = self.clock()
+        with self._lock:
+            self._recent(addr, now).append(now)
+            if len(self._fails) > 10000:   # bounded memory under a spray of addresses
+                for a in [a for a, q in self._fails.items() if not q][:5000]:
+                    del self._fails[a]
+
+    def succeeded(self, addr: str) -> None:
+        with self._lock:
+            self._fails.pop(addr, None)

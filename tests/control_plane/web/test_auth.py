@@ -1,0 +1,185 @@
+"""Auth: the auth file, the login page and its session cookie, CSRF, the failed-login limit, auth off, and that
+tokens never reach the logs."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from control_plane.app import create_app
+from control_plane.web.users import AuthFileError, Users, token_sha256
+
+from .conftest import TOKENS, auth, drive, new_rollout, snapshot
+
+
+def login(client, token: str, next_url: str = "/"):
+    client.get("/login")
+    with client.session_transaction() as s:
+        csrf = s["csrf"]
+    return client.post("/login", data={"token": token, "csrf_token": csrf, "next": next_url})
+
+
+def csrf_of(client) -> str:
+    with client.session_transaction() as s:
+        return s["csrf"]
+
+
+def test_auth_file_json_and_yaml(tmp_path):
+    entry = {"name": "alice", "role": "operator", "token_sha256": token_sha256("s3cret")}
+    (tmp_path / "a.json").write_text(json.dumps({"users": [entry]}))
+    (tmp_path / "a.yaml").write_text(f"users:\n  - name: alice\n    role: operator\n    token_sha256: "
+                                     f"{entry['token_sha256']}\n")
+    for name in ("a.json", "a.yaml"):
+        u = Users.load(tmp_path / name)
+        assert u.authenticate("s3cret").name == "alice" and u.authenticate("s3cret").role == "operator"
+        assert u.authenticate("wrong") is None and u.authenticate("") is None
+
+
+@pytest.mark.parametrize("data,words", [
+    ({"users": [{"name": "a", "role": "root", "token_sha256": "0" * 64}]}, "role"),
+    ({"users": [{"name": "a", "role": "viewer", "token_sha256": "abc"}]}, "token_sha256"),
+    ({"users": [{"name": "a", "role": "viewer", "token": "plain"}]}, "plaintext"),
+    ({"users": []}, "no users"),
+    ([1], "users"),
+    ({"users": [{"name": "a", "role": "viewer", "token_sha256": "0" * 64},
+                {"name": "a", "role": "admin", "token_sha256": "1" * 64}]}, "twice"),
+])
+def test_bad_auth_files_are_refused_with_the_reason(data, words):
+    with pytest.raises(AuthFileError, match=words):
+        Users.from_dict(data)
+
+
+def test_unreadable_or_malformed_auth_file(tmp_path):
+    with pytest.raises(AuthFileError, match="cannot read"):
+        Users.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(AuthFileError, match="not valid JSON"):
+        Users.load(tmp_path / "bad.json")
+
+
+def test_login_sets_an_httponly_lax_session_cookie_and_logout_ends_it(client):
+    assert client.get("/").status_code == 302
+    r = login(client, TOKENS["operator"], "/kernels")
+    assert r.status_code == 302 and r.headers["Location"] == "/kernels"
+    cookie = r.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" not in cookie
+    assert TOKENS["operator"] not in cookie
+    page = client.get("/")
+    assert page.status_code == 200 and b"otto" in page.data
+    assert client.get("/api/v1/me").get_json() == {"name": "otto", "role": "operator"}
+    r = client.post("/logout", data={"csrf_token": csrf_of(client)})
+    assert r.status_code == 302
+    assert client.get("/").status_code == 302
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_cookie_is_secure_behind_tls(app):
+    c = app.test_client()
+    c.get("/login", base_url="https://sits.example")
+    with c.session_transaction(base_url="https://sits.example") as s:
+        csrf = s["csrf"]
+    r = c.post("/login", data={"token": TOKENS["viewer"], "csrf_token": csrf}, base_url="https://sits.example")
+    assert r.status_code == 302 and "Secure" in r.headers["Set-Cookie"]
+
+
+def test_login_redirect_never_leaves_the_site(client):
+    r = login(client, TOKENS["viewer"], "https://evil.example/")
+    assert r.headers["Location"] == "/"
+    r = login(client, TOKENS["viewer"], "//evil.example/x")
+    assert r.headers["Location"] == "/"
+
+
+def test_wrong_token_does_not_say_whether_a_user_exists(client):
+    r = login(client, "nobody-has-this")
+    assert r.status_code == 401 and b"That token is not valid." in r.data
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_login_without_csrf_is_refused(client):
+    client.get("/login")
+    r = client.post("/login", data={"token": TOKENS["admin"]})
+    assert r.status_code == 400
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_failed_logins_are_rate_limited_per_client(client, login_clock):
+    for _ in range(5):
+        assert login(client, "bad-token").status_code == 401
+    r = login(client, TOKENS["admin"])   # right token, but blocked
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
+    assert client.get("/api/v1/me", headers=auth("admin")).status_code == 429   # bearer too
+    other = client.application.test_client()
+    other.environ_base["REMOTE_ADDR"] = "127.0.0.9"
+    assert login(other, TOKENS["viewer"]).status_code == 302   # another address is not blocked
+    login_clock.t += 301
+    assert login(client, TOKENS["admin"]).status_code == 302
+
+
+def test_bad_bearer_tokens_count_as_failed_logins(client):
+    for _ in range(5):
+        assert client.get("/api/v1/rollouts", headers={"Authorization": "Bearer nope"}).status_code == 401
+    r = client.get("/api/v1/rollouts", headers=auth("viewer"))
+    assert r.status_code == 429 and r.get_json()["error"]["code"] == "rate_limited"
+
+
+def test_session_actions_need_the_csrf_token(client, store):
+    ro = new_rollout(store)
+    drive(store, ro.id, 3)
+    login(client, TOKENS["operator"])
+    before = snapshot(store)
+    r = client.post(f"/api/v1/rollouts/{ro.id}/pause", json={})
+    assert r.status_code == 403 and r.get_json()["error"]["code"] == "csrf"
+    r = client.post(f"/api/v1/rollouts/{ro.id}/pause", json={}, headers={"X-CSRF-Token": "forged"})
+    assert r.status_code == 403
+    r = client.post("/api/v1/rollouts", json={"service": "x", "kernels": "torch"})
+    assert r.status_code == 403
+    assert snapshot(store) == before
+    r = client.post(f"/api/v1/rollouts/{ro.id}/pause", json={}, headers={"X-CSRF-Token": csrf_of(client)})
+    assert r.status_code == 202 and store.pending_commands(ro.id)[0]["actor"] == "otto"
+
+
+def test_logout_needs_the_csrf_token(client):
+    login(client, TOKENS["viewer"])
+    client.post("/logout", data={"csrf_token": "forged"})
+    assert client.get("/api/v1/me").status_code == 200
+
+
+def test_user_removed_from_the_auth_file_loses_the_session(store, users):
+    app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "k"})
+    c = app.test_client()
+    login(c, TOKENS["viewer"])
+    assert c.get("/api/v1/me").status_code == 200
+    app.config["SITS_USERS"] = Users.from_dict({"users": [{"name": "ada", "role": "admin",
+                                                           "token_sha256": token_sha256(TOKENS["admin"])}]})
+    assert c.get("/api/v1/me").status_code == 401
+
+
+def test_auth_off_acts_as_local_admin_but_still_blocks_cross_site_posts(store):
+    app = create_app({"TESTING": True, "STORE": store})
+    c = app.test_client()
+    ro = new_rollout(store)
+    assert c.get("/api/v1/me").get_json() == {"name": "local", "role": "admin"}
+    assert c.get("/").status_code == 200
+    before = snapshot(store)
+    # what a cross-site form can send: no JSON content type, no CSRF token
+    r = c.post(f"/api/v1/rollouts/{ro.id}/abort", data="x", content_type="text/plain")
+    assert r.status_code == 403
+    assert snapshot(store) == before
+    r = c.post(f"/api/v1/rollouts/{ro.id}/abort", json={})   # the CLI
+    assert r.status_code == 202 and store.pending_commands(ro.id)[0]["actor"] == "local"
+
+
+def test_tokens_never_reach_the_logs(client, store, caplog):
+    caplog.set_level(logging.DEBUG)
+    ro = new_rollout(store)
+    login(client, "wrong-secret-token-xyz")
+    login(client, TOKENS["operator"])
+    client.get("/api/v1/rollouts", headers=auth("admin"))
+    client.get("/api/v1/rollouts", headers={"Authorization": "Bearer another-wrong-token-abc"})
+    client.post(f"/api/v1/rollouts/{ro.id}/abort", headers=auth("operator"))
+    text = caplog.text
+    for secret in (*TOKENS.values(), "wrong-secret-token-xyz", "another-wrong-token-abc"):
+        assert secret not in text
+    assert not re.search(r"sits_session=", text)

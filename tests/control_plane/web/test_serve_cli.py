@@ -1,0 +1,154 @@
+"""`sits-control serve` under waitress (a real process and port), and `sits-control rollout ... --url` / `--wait`
+against a live service whose worker drives rollouts (in-memory deployer, canned metrics)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+import waitress
+
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.app import create_app
+from control_plane.cli import main
+from control_plane.client import progress_line
+from control_plane.store import Store
+from control_plane.web.serve import is_loopback
+from control_plane.worker import Worker, WorkerConfig
+
+from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
+
+from control_plane.web.users import token_sha256
+
+from .conftest import NAMES, TOKENS
+
+
+def _auth_file(tmp_path) -> str:
+    lines = ["users:"] + [f"  - {{name: {NAMES[r]}, role: {r}, token_sha256: {token_sha256(t)}}}"
+                          for r, t in TOKENS.items()]
+    path = tmp_path / "users.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.org"])
+def test_serve_refuses_a_non_loopback_host_without_auth(host, capsys):
+    assert main(["serve", "--host", host, "--port", "0"]) == 2
+    assert "without --auth-file" in capsys.readouterr().err
+
+
+def test_loopback_hosts():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.1.5", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "192.168.1.1", "::", "sits.example"))
+
+
+def test_serve_refuses_a_bad_auth_file(tmp_path, capsys):
+    (tmp_path / "bad.json").write_text('{"users": [{"name": "a", "role": "god", "token_sha256": "00"}]}')
+    assert main(["serve", "--port", "0", "--auth-file", str(tmp_path / "bad.json"), "--no-worker"]) == 2
+    assert "role must be one of" in capsys.readouterr().err
+
+
+def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, capsys):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SITS_POLICY_DEFAULTS": str(tmp_path / "policy.yaml")}
+    (tmp_path / "policy.yaml").write_text("steps: [3, 30, 100]\ncheck_interval_s: 15\n")   # as the Helm chart mounts it
+    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+                             _auth_file(tmp_path), "--store", str(tmp_path / "s.db"), "--no-worker"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"(http://127\.0\.0\.1:\d+)/", line).group(1)
+        assert httpx.get(url + "/healthz").json() == {"status": "ok"}
+        assert httpx.get(url + "/readyz").status_code == 200   # --no-worker: the store is enough
+
+        def run(args, role):   # the CLI in this process, the service in its own
+            monkeypatch.setenv("SITS_TOKEN", TOKENS[role])
+            rc = main(["rollout", *args, "--url", url])
+            out = capsys.readouterr()
+            return subprocess.CompletedProcess(args, rc, out.out, out.err)
+        out = run(["start", "--service", "chat", "--kernels", "triton-v1.1"], "operator")
+        assert out.returncode == 0, out.stderr
+        rid = re.search(r"rollout (\S+) created", out.stdout).group(1)
+        got = httpx.get(f"{url}/api/v1/rollouts/{rid}", headers={"Authorization": f"Bearer {TOKENS['viewer']}"}).json()
+        assert got["steps"] == [3, 30, 100] and got["policy"]["check_interval_s"] == 15
+        listed = run(["list"], "viewer")
+        assert rid in listed.stdout and "pending" in listed.stdout
+        denied = run(["abort", rid], "viewer")
+        assert denied.returncode == 2 and "operator role" in denied.stderr and "HTTP 403" in denied.stderr
+        bad = run(["start", "--service", "chat", "--kernels", "nope"], "operator")
+        assert bad.returncode == 2 and "unknown kernel set" in bad.stderr
+        ok = run(["abort", rid], "operator")
+        assert ok.returncode == 0 and "queued" in ok.stdout and NAMES["operator"] in ok.stdout
+        shown = run(["show", rid], "viewer")
+        assert f"created by {NAMES['operator']}" in shown.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
+@pytest.fixture
+def live(tmp_path, users):
+    """A waitress server on a free port with a started worker (fast passes, canned metrics at 1000 req/s)."""
+    store = Store(str(tmp_path / "live.db"))
+    source = CannedSource(rate=1000.0, scale={"slow": 2.0})
+    worker = Worker(store, InMemoryDeployer(), source, config=WorkerConfig(interval_s=0.05, lease_ttl_s=5))
+    app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker, "SECRET_KEY": "k"})
+    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    worker.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}"
+    finally:
+        worker.stop()
+        server.close()
+        t.join(10)
+        store.close()
+
+
+FAST = Policy(steps=(50, 100), check_interval_s=0.3, warmup_s=0.0, min_samples=50, min_tail_samples=2,
+              checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.5),
+                      MetricCheck(ERROR_RATE, max_abs_delta=0.05)), failure_limit=2, min_error_samples=50)
+
+
+@pytest.mark.parametrize("service,rc,final", [("good", 0, "succeeded"), ("slow", 1, "rolled back")])
+def test_start_wait_follows_the_rollout_to_its_end(live, tmp_path, monkeypatch, capsys, service, rc, final):
+    (tmp_path / "policy.json").write_text(json.dumps(FAST.to_dict()))
+    monkeypatch.setenv("SITS_TOKEN", TOKENS["operator"])
+    code = main(["rollout", "start", "--service", service, "--kernels", "triton-v1.1", "--production-kernels",
+                 "triton-v1", "--policy", str(tmp_path / "policy.json"), "--url", live, "--wait"])
+    out = capsys.readouterr().out
+    assert code == rc, out
+    assert re.search(r"step 1/2 at 50 %", out)
+    assert re.search(r"check \d+: (pass|fail) -> \w+ · p99 request latency [+-]\d+\.\d % \[", out), out
+    assert out.strip().splitlines()[-1].split(":")[0].endswith(final)
+
+
+def test_progress_line_shows_step_weight_delta_interval_and_verdict():
+    r = {"phase": "progressing", "step": 1, "steps": [5, 25, 100], "weight": 25,
+         "last_check": {"seq": 7, "outcome": "inconclusive", "decision": "hold", "label": "p99 request latency",
+                        "delta": 0.031, "ci": [-0.02, 0.08], "threshold": 0.1, "kind": "rel", "need_more": 640}}
+    assert progress_line(r) == ("progressing · step 2/3 at 25 % · check 7: inconclusive -> hold · p99 request "
+                                "latency +3.1 % [-2.0 %, +8.0 %] <= +10.0 % (needs about 640 more requests)")
+
+
+def test_start_wait_follows_the_store_when_no_url_is_given(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SITS_URL", raising=False)
+    db = str(tmp_path / "s.db")
+    (tmp_path / "policy.json").write_text(json.dumps(FAST.to_dict()))
+    store = Store(db)
+    worker = Worker(store, InMemoryDeployer(), CannedSource(rate=1000.0, scale={"slow": 2.0}),
+                    config=WorkerConfig(interval_s=0.05, lease_ttl_s=5)).start()
+    try:
+        code = main(["rollout", "start", "--service", "slow", "--kernels", "triton-v1.1", "--production-kernels",
+                     "triton-v1", "--policy", str(tmp_path / "policy.json"), "--store", db, "--wait"])
+    finally:
+        worker.stop()
+        store.close()
+    out = capsys.readouterr().out
+    assert code == 1 and "rolled back" in out.splitlines()[-1] and "check " in out
