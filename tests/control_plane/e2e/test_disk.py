@@ -10,9 +10,11 @@ import subprocess
 
 import pytest
 
+from control_plane.app import create_app
 from control_plane.rollout import Phase
 from control_plane.service import start_rollout
 from control_plane.store import Store, StoreWriteError
+from control_plane.web.users import Users, token_sha256
 from control_plane.worker import Worker
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
@@ -47,6 +49,13 @@ def test_full_disk_stops_the_worker_cleanly_and_it_recovers(small_disk, caplog):
     deployer = InMemoryDeployer()
     r = start_rollout(store, "chat", "torch", "torch", FAST, now=0.0, rollout_id="r1")
     w = Worker(store, deployer, CannedSource(), clock=lambda: t[0])
+    users = Users.from_dict({"users": [{"name": "otto", "role": "operator", "token_sha256": token_sha256("t" * 24)}]})
+    client = create_app({"TESTING": True, "STORE": store, "WORKER": w, "SITS_USERS": users,
+                         "SECRET_KEY": "x"}).test_client()
+    bearer = {"Authorization": "Bearer " + "t" * 24}
+
+    def store_problems():
+        return [p for p in client.get("/readyz").get_json()["problems"] if p.startswith("store:")]
 
     def passes(n):
         for _ in range(n):
@@ -63,10 +72,14 @@ def test_full_disk_stops_the_worker_cleanly_and_it_recovers(small_disk, caplog):
     with pytest.raises(StoreWriteError):   # a command from the CLI/API is refused the same way, nothing queued
         store.add_command(r.id, "pause", "alice")
     assert store.pending_commands(r.id) == []
+    assert client.get("/readyz").status_code == 503 and "cannot be written" in store_problems()[0]
+    resp = client.post("/api/v1/rollouts", json={"service": "other", "kernels": "torch"}, headers=bearer)
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "store_unavailable"
+    assert store.count() == 1                                                   # and nothing was created
 
     (small_disk / "filler").unlink()                                             # space returns
     passes(1)
-    assert w.store_error is None and store.get(r.id).phase is Phase.INITIALIZING
+    assert w.store_error is None and store.get(r.id).phase is Phase.INITIALIZING and store_problems() == []
     assert sorted(c[2] for c in deployer.calls if c[0] == "deploy") == ["baseline", "canary", "production"]
     passes(1)
     assert store.get(r.id).phase is Phase.PROGRESSING
