@@ -11,6 +11,7 @@ observation (window deltas, readiness) goes through `reconcile`; the request rat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import math
 import os
@@ -96,7 +97,8 @@ class RunResult:
 def simulate(rng, policy: Policy, base: Dist, canary: Dist, rate: float, *, tick: float = 10.0,
              horizon: float = 3600.0, err_p: float = 0.005) -> RunResult:
     pb, pc = base.bucket_probs(), canary.bucket_probs()
-    r = Rollout("sim", "sim", "new", "old", policy)
+    # latency only: simulated traffic has no answers to check (the correctness gate: bench/correctness_gate.py)
+    r = Rollout("sim", "sim", "new", "old", dataclasses.replace(policy, correctness={"enabled": False}))
     r, _ = reconcile(r, None, 0.0)
     ready = {"baseline": VariantData(), "canary": VariantData()}
     r, _ = reconcile(r, Observation(0.0, 1.0, ready), 1.0)
@@ -151,7 +153,7 @@ def analysis_cost(n_rollouts: int = 100, repeats: int = 20) -> float:
     p = LOGNORMAL.bucket_probs()
     rollouts, observations = [], []
     for i in range(n_rollouts):
-        r = Rollout(f"r{i}", f"svc{i}", "new", "old", Policy())
+        r = Rollout(f"r{i}", f"svc{i}", "new", "old", Policy(correctness={"enabled": False}))
         r, _ = reconcile(r, None, 0.0)
         ready = {role: VariantData() for role in ("production", "baseline", "canary")}
         r, _ = reconcile(r, Observation(0.0, 1.0, ready), 1.0)            # step 1 at t=1, warm-up until 11

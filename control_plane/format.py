@@ -1,11 +1,12 @@
 """Text views of rollouts and their evidence, shared by the CLI, the demo and the web UI: a check's table (canary vs
 target per metric, delta, its confidence interval, threshold, verdict), every measured percentile against both
-baseline and production, the rollout list and `rollout show`. Input is what the store returns (JSON dicts)."""
+baseline and production, a correctness-gate check (its diverged prompts with both continuations), the rollout list
+and `rollout show`. Input is what the store returns (JSON dicts)."""
 from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from control_plane.analysis import E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT
 from control_plane.rollout import EventKind, Rollout
@@ -54,8 +55,56 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["    " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
 
 
+# ---- the correctness gate ----------------------------------------------------------------------------------------
+_MAX_IDS = 24
+
+
+def _fmt(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _ids(ids) -> str:
+    ids = list(ids)
+    return str(ids[:_MAX_IDS])[:-1] + (", ...]" if len(ids) > _MAX_IDS else "]")
+
+
+def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
+    """One correctness check (a check dict whose verdict has a "correctness" entry)."""
+    cv, decision = ev["verdict"]["correctness"], ev["decision"]
+    where = "before traffic" if ev["step"] < 0 else f"step {ev['step'] + 1}{f'/{steps_total}' if steps_total else ''}" \
+        f" · canary at {ev['weight']} %"
+    lines = [f"check {ev['seq']} · {where} · correctness gate: {cv['outcome'].upper()} -> {decision}"]
+    cost = f"; {cv['requests']} requests in {cv['seconds']:.1f} s" if cv.get("seconds") is not None else ""
+    if cv["prompts"]:
+        lines.append(f"    {cv['prompts']} prompts ({cv['dtype'] or 'unknown dtype'} tolerances): "
+                     f"{_fmt(cv['identical_fraction'], '.0%')} identical, {cv['diverged']} diverged, top-1 agreement "
+                     f"{_fmt(cv['top1_agreement'], '.1%')} when fed the baseline's tokens, logprob drift mean "
+                     f"{_fmt(cv['drift_mean'], '.2g')} max {_fmt(cv['drift_max'], '.2g')}{cost}")
+    if cv["errors"]:
+        lines.append(f"    {cv['errors']} prompt(s) could not be replayed")
+    if cv["failed"]:
+        lines.append(f"    failed: {', '.join(cv['failed'])}")
+    for e in cv["evidence"]:
+        label = e["prompt"].replace("\n", " ")
+        if e.get("error"):
+            lines.append(f"    prompt {e['index']} {label!r}: {e['error']}")
+            continue
+        at = e["first_divergence"]
+        head = f"first divergence at token {at}" if at is not None else "no divergence"
+        margins = f" (baseline margin {_fmt(e['baseline_margin'], '.3g')}, canary margin " \
+                  f"{_fmt(e['canary_margin'], '.3g')})" if at is not None else ""
+        lines.append(f"    prompt {e['index']} {label!r}: {head}{margins}; max drift {_fmt(e['drift_max'], '.2g')} "
+                     f"before it, {_fmt(e['forced_drift_max'], '.2g')} fed the baseline's tokens")
+        lines.append(f"      baseline: {_ids(e['baseline_tokens'])} {e['baseline_text']!r}")
+        lines.append(f"      canary:   {_ids(e['canary_tokens'])} {e['canary_text']!r}")
+    lines.append(f"    reason: {cv['reason']}")
+    return lines
+
+
 def format_check(ev: dict, steps: Sequence[int] = ()) -> list[str]:
     """One check's evidence: per metric the canary and target values, delta, CI of the delta, threshold, verdict."""
+    if ev["verdict"].get("correctness") is not None:
+        return format_correctness(ev, len(steps))
     v, target = ev["verdict"], ev["verdict"]["compare_to"]
     window = ""
     if ev.get("window_start") is not None and ev.get("window_end") is not None:

@@ -8,6 +8,13 @@ observation. The worker persists the returned rollout with its `new_checks`/`new
 transaction (store.save), runs every action (idempotently, retrying) before the next call, and reports actions that
 failed for good in `Observation.failed_actions`; PROMOTING/ROLLING_BACK complete on the call after their action ran.
 
+Correctness gate (Policy.correctness, on by default): when `correctness_due(rollout, now)` the worker replays the
+prompt set against canary and baseline and passes the verdict in `Observation.correctness`; each one is recorded as
+a check (source "correctness", its evidence in `verdict.correctness`). Before the first traffic step (INITIALIZING,
+both variants ready) the gate must PASS for traffic to start; within a step a PASS is needed before the step may
+advance or promote; a FAIL rolls back at once (a guard: a wrong answer is never "noise"); INCONCLUSIVE is retried
+after check_interval_s. With policy.correctness.interval_s > 0 it is also re-run every interval_s.
+
 Observations carry WINDOW DELTAS, not cumulative counters: the worker takes per-replica deltas between its polls
 (HistogramSnapshot.delta handles counter resets), sums replicas (merge), and reports [window_start, window_end].
 Windows must not overlap what was already counted (start >= rollout.observed_until; overlapping ones are dropped and
@@ -21,13 +28,14 @@ from dataclasses import fields
 from types import SimpleNamespace
 from typing import Mapping
 
-from control_plane.analysis import Outcome, VariantData, assess
+from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData, Verdict, assess
 from control_plane.rollout_types import (  # noqa: F401  (re-exported: the rollout API lives here)
     ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify, Observation, Phase, Promote, Rollback,
     Rollout, SetWeights, weights_for)
 
 __all__ = ["ROLES", "Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify", "Observation",
-           "Phase", "Promote", "Rollback", "Rollout", "SetWeights", "allowed_commands", "reconcile", "weights_for"]
+           "Phase", "Promote", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due", "reconcile",
+           "weights_for"]
 
 _EPS = 1e-6
 
@@ -89,6 +97,19 @@ class _Builder:
     def done(self) -> tuple[Rollout, list[Action]]:
         self.set(new_checks=tuple(self.checks), new_events=tuple(self.events))
         return Rollout(**vars(self.r)), self.actions
+
+
+def correctness_due(rollout: Rollout, now: float) -> bool:
+    """Should the worker replay the correctness prompt set in this pass? (INITIALIZING: once both variants are
+    ready, which the worker checks.) Due when the current step (step 0 before traffic) has no PASS yet -- retried
+    after check_interval_s -- or, with correctness.interval_s > 0, when that long has passed since the last run."""
+    c, r = rollout.policy.correctness, rollout
+    if not c.enabled or r.phase not in (Phase.INITIALIZING, Phase.PROGRESSING):
+        return False
+    since = None if r.correctness_at is None else now - r.correctness_at
+    if r.correctness_step != max(r.step, 0):
+        return since is None or since >= r.policy.check_interval_s - _EPS
+    return c.interval_s > 0 and since is not None and since >= c.interval_s - _EPS
 
 
 def reconcile(rollout: Rollout, observation: Observation | None, now: float) -> tuple[Rollout, list[Action]]:
@@ -184,17 +205,53 @@ def _pending(b: _Builder, obs: Observation) -> None:
          "started")
 
 
+def _correctness_check(b: _Builder, cv: CorrectnessVerdict) -> bool:
+    """Record a correctness verdict as a check; True when it rolled the rollout back."""
+    r = b.r
+    seq = r.checks + 1
+    decision = {Outcome.PASS: Decision.PASS, Outcome.FAIL: Decision.ROLLBACK,
+                Outcome.INCONCLUSIVE: Decision.HOLD}[cv.outcome]
+    verdict = Verdict(cv.outcome, f"correctness: {cv.reason}", r.policy.compare_to,
+                      guard="correctness" if cv.outcome is Outcome.FAIL else None, correctness=cv)
+    b.checks.append(Check(seq, b.now, r.step, r.weight, None, None, "correctness", {}, {}, verdict, decision))
+    b.set(checks=seq, correctness_at=b.now)
+    if cv.outcome is Outcome.PASS:
+        b.set(correctness_step=max(r.step, 0))
+    where = "before traffic" if r.step < 0 else f"at {r.weight} %"
+    b.event(EventKind.CHECK, f"correctness check {seq} {where}: {cv.outcome.value} -> {decision.value}: "
+            f"{cv.reason}")
+    if cv.outcome is Outcome.FAIL:
+        b.go(Phase.ROLLING_BACK, f"correctness gate (check {seq}): {cv.reason}", "rolling_back")
+        return True
+    return False
+
+
 def _initializing(b: _Builder, obs: Observation) -> None:
     canary, baseline = obs.variants.get("canary"), obs.variants.get("baseline")
+    gated = b.r.policy.correctness.enabled
     if canary is not None and canary.crashing:
         b.go(Phase.ROLLING_BACK, "canary is crashing during start-up", "rolling_back")
+    elif gated and canary is not None and baseline is not None and canary.ready and baseline.ready \
+            and b.r.correctness_step != 0:
+        # traffic starts only once the canary gives the baseline's answers
+        if obs.correctness is not None and _correctness_check(b, obs.correctness):
+            return
+        if b.r.correctness_step == 0:
+            _start_traffic(b, obs, "canary and baseline ready, correctness gate passed")
+        elif b.now - b.r.phase_since > b.r.policy.ready_timeout_s:
+            b.go(Phase.ROLLING_BACK, f"no passing correctness verdict within {b.r.policy.ready_timeout_s:g} s",
+                 "rolling_back")
     elif canary is not None and baseline is not None and canary.ready and baseline.ready:
-        # the data cursor starts now at the latest: sources that query [observed_until, now] need a start
-        b.set(started_at=b.now, observed_until=obs.window_end if obs.window_end is not None else b.now)
-        b.go(Phase.PROGRESSING, "canary and baseline ready")
-        b.start_step(0, "first step")
+        _start_traffic(b, obs, "canary and baseline ready")
     elif b.now - b.r.phase_since > b.r.policy.ready_timeout_s:
         b.go(Phase.ROLLING_BACK, f"not ready after {b.r.policy.ready_timeout_s:g} s", "rolling_back")
+
+
+def _start_traffic(b: _Builder, obs: Observation, reason: str) -> None:
+    # the data cursor starts now at the latest: sources that query [observed_until, now] need a start
+    b.set(started_at=b.now, observed_until=obs.window_end if obs.window_end is not None else b.now)
+    b.go(Phase.PROGRESSING, reason)
+    b.start_step(0, "first step")
 
 
 def _take_window(b: _Builder, obs: Observation) -> None:
@@ -247,6 +304,8 @@ def _progressing(b: _Builder, obs: Observation) -> None:
     if b.r.started_at is not None and b.now - b.r.started_at - b.r.paused_total_s > p.max_duration_s:
         b.go(Phase.ROLLING_BACK, f"max duration {p.max_duration_s:g} s exceeded", "rolling_back")
         return
+    if obs.correctness is not None and _correctness_check(b, obs.correctness):
+        return
     canary = obs.variants.get("canary")
     guard_now = canary is not None and (canary.crashing or not canary.ready)
     if not guard_now and b.now < b.r.last_check_at + p.check_interval_s - _EPS:
@@ -256,10 +315,13 @@ def _progressing(b: _Builder, obs: Observation) -> None:
     r = b.r
     decision = Decision.HOLD
     seq = r.checks + 1
+    waiting_gate = p.correctness.enabled and r.correctness_step != r.step
     if verdict.outcome is Outcome.PASS:
         b.set(consecutive_failures=0, consecutive_inconclusive=0)
         nxt = r.step + 1
-        if nxt < len(p.steps) and p.steps[nxt] < 100:
+        if waiting_gate:
+            decision = Decision.HOLD   # latency passed; the step's correctness gate has not (yet)
+        elif nxt < len(p.steps) and p.steps[nxt] < 100:
             decision = Decision.ADVANCE
         else:
             decision = Decision.PROMOTE if p.auto_promote else Decision.GATE
@@ -277,7 +339,8 @@ def _progressing(b: _Builder, obs: Observation) -> None:
                           data, verdict, decision))
     b.set(checks=seq, step_checks=r.step_checks + 1, last_check_at=b.now)
     b.event(EventKind.CHECK, f"check {seq} at {r.weight} %: {verdict.outcome.value} -> {decision.value}: "
-            f"{verdict.reason}")
+            f"{verdict.reason}" + ("; waiting for this step's correctness gate"
+                                   if waiting_gate and verdict.outcome is Outcome.PASS else ""))
     if decision is Decision.ADVANCE:
         b.start_step(r.step + 1, f"check {seq} passed")
     elif decision is Decision.PROMOTE:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar, Mapping
 
-from control_plane.analysis import Policy, VariantData, Verdict
+from control_plane.analysis import CorrectnessVerdict, Policy, VariantData, Verdict
 
 ROLES = ("production", "baseline", "canary")
 
@@ -42,6 +42,7 @@ class Decision(str, Enum):
     GATE = "gate"            # every step passed: wait for a manual promote
     ROLLBACK = "rollback"
     PAUSE = "pause"          # too many inconclusive checks (on_inconclusive="pause")
+    PASS = "pass"            # a correctness check passed: traffic may start, the step may advance
 
 
 class EventKind(str, Enum):
@@ -114,7 +115,8 @@ class Observation:
     errors are WINDOW DELTAS over [window_start, window_end] (the worker takes deltas per replica between its polls,
     handling counter resets, and sums replicas); `ready`/`crashing` are the state at window_end. `queries`: the
     PromQL or scrape URLs used (kept as evidence). `errors`: metrics-source failures (the window counts as no data).
-    `failed_actions`: kinds of actions from the previous call that failed for good."""
+    `failed_actions`: kinds of actions from the previous call that failed for good. `correctness`: the verdict of a
+    correctness-gate replay the worker ran in this pass because `rollout.correctness_due` said so (None: none ran)."""
     window_start: float | None = None
     window_end: float | None = None
     variants: Mapping[str, VariantData] = field(default_factory=dict)
@@ -124,6 +126,7 @@ class Observation:
     command: Command | None = None
     command_by: str = ""
     failed_actions: tuple[str, ...] = ()
+    correctness: CorrectnessVerdict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) and not isinstance(self.command, Command):
@@ -155,7 +158,7 @@ class Check:
     queries: Mapping[str, str]
     data: Mapping[str, VariantData]
     verdict: Verdict
-    decision: Decision
+    decision: Decision   # a correctness check (source "correctness"): PASS, HOLD (inconclusive) or ROLLBACK
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decision", Decision(self.decision))
@@ -200,6 +203,8 @@ class Rollout:
     data_since: float | None = None
     observed_until: float | None = None
     excluded_requests: float = 0.0           # canary requests dropped as warm-up in this step
+    correctness_step: int = -2               # step whose correctness gate passed (-1: before the first step)
+    correctness_at: float | None = None      # when the gate last ran (interval_s and retries count from here)
     source: str = ""
     queries: Mapping[str, str] = field(default_factory=dict)
     new_checks: tuple[Check, ...] = ()       # produced by the last reconcile call; the store persists them

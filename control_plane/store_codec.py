@@ -43,7 +43,8 @@ def variant_from_dict(d: Mapping) -> VariantData:
 
 _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
                  "weight", "warmup_until", "last_check_at", "checks", "step_checks", "consecutive_failures",
-                 "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source")
+                 "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source",
+                 "correctness_step", "correctness_at")
 
 
 def rollout_to_dict(r: Rollout) -> dict:
@@ -59,7 +60,7 @@ def rollout_from_dict(d: Mapping, version: int = 0) -> Rollout:
     kw = {k: d[k] for k in _STATE_FIELDS if k in d}
     for k in ("created_at", "phase_since", "paused_total_s", "warmup_until", "last_check_at", "excluded_requests"):
         kw[k] = float(kw[k])
-    for k in ("started_at", "data_since", "observed_until"):
+    for k in ("started_at", "data_since", "observed_until", "correctness_at"):
         kw[k] = _f(kw.get(k))
     return Rollout(id=d["id"], service=d["service"], canary_kernels=d["canary_kernels"],
                    production_kernels=d["production_kernels"], policy=Policy.from_dict(d["policy"]),

@@ -4,7 +4,8 @@ source delays only its own rollout):
     1. finish the outbox: pending actions of the last pass (after a crash or failure) run, idempotently; done for now
     2. load the rollout, gather an Observation: readiness from the deployer, the window since `observed_until` from
        the metrics source (a MetricsError makes the window "no data": inconclusive, never a pass), a queued manual
-       command, and the actions of the last pass that failed for good
+       command, and the actions of the last pass that failed for good; when `correctness_due` and both variants
+       are ready, the correctness gate's replay of the prompt set against canary and baseline (adapters/correctness)
     3. reconcile(rollout, observation, now)                                   (pure)
     4. persist the new state + its checks + events + actions in ONE transaction (Store.save)
     5. run the actions through the deployer (each retried, then marked done/failed in the outbox) and the notifier
@@ -28,12 +29,13 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError
 from control_plane.adapters.deploy import Deployer, DeployCancelled, DeployNotFoundError
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
-from control_plane.analysis import VariantData
+from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
 from control_plane.rollout import (Action, Command, Deploy, Event, EventKind, Notify, Observation, Phase, Promote,
-                                   Rollback, Rollout, SetWeights, reconcile, weights_for)
+                                   Rollback, Rollout, SetWeights, correctness_due, reconcile, weights_for)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.redact import redact
@@ -106,8 +108,9 @@ class Worker:
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
                  notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
                  clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None, correctness: CorrectnessProbe | None = None) -> None:
         self.store, self.deployer, self.source = store, deployer, metrics_source
+        self.correctness = correctness or CorrectnessProbe()
         self.notifier = notifier or MultiNotifier()
         self.config = config or WorkerConfig()
         self.clock = clock
@@ -250,6 +253,8 @@ class Worker:
         t0 = time.perf_counter()
         command = self.store.next_command(r.id)
         obs = self._observe(r, now, command)
+        tc = time.perf_counter()
+        obs = self._correctness(r, obs, now)
         t1 = time.perf_counter()
         self._at("observed")
         new, actions = reconcile(r, obs, now)
@@ -267,7 +272,8 @@ class Worker:
             self._at("consumed")
         self._run_actions(saved, self.store.pending_actions(r.id))
         t4 = time.perf_counter()
-        for stage, dt in (("observe", t1 - t0), ("reconcile", t2 - t1), ("persist", t3 - t2), ("actions", t4 - t3)):
+        for stage, dt in (("observe", tc - t0), ("correctness", t1 - tc), ("reconcile", t2 - t1), ("persist", t3 - t2),
+                          ("actions", t4 - t3)):
             self.metrics.stage.labels(r.service, stage).observe(dt)
         self.metrics.reconcile.observe(t4 - t0)
         return saved
@@ -347,6 +353,29 @@ class Worker:
         return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), failed_actions=failed,
                            **cmd)
 
+    def _correctness(self, r: Rollout, obs: Observation, now: float) -> Observation:
+        """The gate's replay when it is due and canary and baseline are both ready; its verdict joins the
+        observation. A replay that cannot run (no endpoint, unreadable prompt set) is INCONCLUSIVE, never a pass."""
+        c, b = obs.variants.get("canary"), obs.variants.get("baseline")
+        if not correctness_due(r, now) or c is None or b is None or not (c.ready and b.ready):
+            return obs
+        policy = r.policy.correctness
+        try:
+            status = self.deployer.status(r.service)
+            urls = {role: (status[role].endpoints or (status[role].endpoint,))[0] for role in ("canary", "baseline")}
+            if not all(urls.values()):
+                raise KeyError("no endpoint")
+            run = self.correctness.run(urls["canary"], urls["baseline"], policy)
+        except PromptSetError as e:
+            run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, str(e)), 0, 0, 0.0)
+        except Exception as e:   # the deployer or the replay failed: no verdict is not a pass
+            run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, f"replay failed: {type(e).__name__}: {e}"),
+                          0, 0, 0.0)
+        v = dataclasses.replace(run.verdict, requests=run.requests, seconds=round(run.seconds, 3))
+        log.info("rollout %s (%s): correctness gate %s in %.1f s (%d requests): %s", r.id, r.service,
+                 v.outcome.value, run.seconds, run.requests, v.reason)
+        return dataclasses.replace(obs, correctness=v)
+
     # ---- actions -------------------------------------------------------------------------------------------------
     def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
         spec = self.store.spec(r.id)
@@ -356,8 +385,15 @@ class Worker:
             while isinstance(group[0][1], Deploy) and i + len(group) < len(pending) \
                     and isinstance(pending[i + len(group)][1], Deploy):
                 group.append(pending[i + len(group)])
-            if len(group) > 1:   # variants start in parallel (production first if the service has none)
-                self._ensure_production(r, spec)
+            parallel = len(group) > 1
+            if parallel:   # variants start in parallel (production first if the service has none)
+                try:
+                    self._ensure_production(r, spec)
+                except Exception as e:   # e.g. RBAC forbids it: one at a time, so each action retries and records it
+                    log.warning("rollout %s: production could not be deployed (%s): the deploy actions run one at a "
+                                "time", r.id, redact(f"{type(e).__name__}: {e}"))
+                    parallel = False
+            if parallel:
                 raised: list[BaseException] = []
 
                 def run(aid: int, a: Action) -> None:

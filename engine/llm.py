@@ -21,6 +21,7 @@ class GenerationResult:
     num_prompt_tokens: int
     num_cached_tokens: int
     logprobs: list[dict] | None = None
+    prompt_logprobs: list[dict] | None = None  # SamplingParams.prompt_logprobs: entries for prompt tokens 1..
 
 
 class LLM:
@@ -53,6 +54,7 @@ class LLM:
         texts = [""] * len(prompts)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list | None] = [[] if p.logprobs is not None else None for p in sampling_params]
+        prompt_logprobs: list[list | None] = [None] * len(prompts)
         results: list[GenerationResult | None] = [None] * len(prompts)
         bar = None
         if use_tqdm and len(prompts) >= TQDM_MIN_PROMPTS:
@@ -68,9 +70,12 @@ class LLM:
                     tokens[i] += out.new_token_ids
                     if out.logprobs and logprobs[i] is not None:
                         logprobs[i] += out.logprobs
+                    if out.prompt_logprobs is not None:
+                        prompt_logprobs[i] = out.prompt_logprobs
                     if out.finished:
                         results[i] = GenerationResult(prompts[i], texts[i], tokens[i], out.finish_reason,
-                                                      out.num_prompt_tokens, out.num_cached_tokens, logprobs[i])
+                                                      out.num_prompt_tokens, out.num_cached_tokens, logprobs[i],
+                                                      prompt_logprobs[i])
                         if bar is not None:
                             bar.update(1)
         except BaseException:

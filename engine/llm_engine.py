@@ -222,7 +222,10 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._forget(seq)
-        return self._output(seq, [token], new_text, [logprob] if logprob is not None else None)
+        out = self._output(seq, [token], new_text, [logprob] if logprob is not None else None)
+        if seq.num_output_tokens == 1 and seq.params.prompt_logprobs is not None:
+            out.prompt_logprobs = list(seq.prompt_logprobs)
+        return out
 
     def _output(self, seq: Sequence, new_ids: list[int], new_text: str, logprobs) -> RequestOutput:
         return RequestOutput(request_id=seq.request_id, new_token_ids=new_ids, new_text=new_text,

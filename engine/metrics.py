@@ -124,6 +124,9 @@ class EngineMetrics:
                                    eng, buckets=LATENCY_BUCKETS, registry=r)
         self.request_success = Counter("sits_request_success", "Finished requests by finish reason.",
                                        eng + ["finished_reason"], registry=r)
+        self.probe_requests = Counter("sits_probe_requests", "Requests marked X-SITS-Probe: 1 (the control plane's "
+                                      "correctness probes); kept out of every latency histogram and error count.",
+                                      ["env", "service", "status"], registry=r)
         self.request_errors = Counter("sits_request_errors", "Requests answered with an error, by HTTP status code.",
                                       eng + ["code"], registry=r)
         self.info = Info("sits_engine", "The engine build serving this endpoint.", registry=r)
@@ -167,6 +170,9 @@ class EngineMetrics:
 
     def count_finished(self, reason: str) -> None:
         self.request_success.labels(*self._eng_values, reason).inc()
+
+    def count_probe(self, status: int) -> None:
+        self.probe_requests.labels(self.labels.env, self.labels.service, str(status)).inc()
 
     def count_error(self, status: int) -> None:
         self.request_errors.labels(*self._eng_values, str(status)).inc()

@@ -137,7 +137,8 @@ class ModelRunner:
         prefill = [(s, n) for s, n in pairs if n > 1]
         decode = [s for s, n in pairs if n == 1]  # a 1-token chunk is a decode: same math
         graphs = self.decode_graphs
-        if not prefill and graphs is not None and graphs.usable(decode):
+        scoring = any(s.needs_prompt_logprobs for s, _ in pairs)   # teacher forcing reads every prompt row
+        if not prefill and not scoring and graphs is not None and graphs.usable(decode):
             return self._sample(graphs.run(decode), decode)
         return self._run_eager(prefill, decode)
 
@@ -192,9 +193,35 @@ class ModelRunner:
         )
         hidden = self.model.forward(torch.tensor(input_ids, dtype=torch.int64, device=dev),
                                     torch.tensor(positions, dtype=torch.int64, device=dev), self.kv_caches, meta)
+        chunks = prefill + [(s, 1) for s in decode]
+        if any(s.needs_prompt_logprobs for s, _ in chunks):
+            self._prompt_logprobs(hidden, chunks, input_ids)
         if not sample_seqs:
             return []
         return self._sample(hidden[torch.tensor(sample_rows, device=dev)], sample_seqs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, chunks: list[tuple[Sequence, int]], input_ids: list[int]) -> None:
+        """Append to each scoring sequence the logprob of every prompt token its chunk predicts (row p predicts token
+        p + 1), with the top N alternatives; rows already scored (a recompute after preemption) are skipped."""
+        row, rows, targets, owners = 0, [], [], []
+        for s, n in chunks:
+            start = s.num_computed_tokens
+            if s.needs_prompt_logprobs:
+                for p in range(max(start, len(s.prompt_logprobs)), min(start + n, s.num_prompt_tokens - 1)):
+                    rows.append(row + p - start)
+                    targets.append(s.token_ids[p + 1])
+                    owners.append(s)
+            row += n
+        lp = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).log_softmax(dim=-1)
+        chosen = lp.gather(1, torch.tensor(targets, device=self.device)[:, None]).squeeze(1).tolist()
+        k = max(s.params.prompt_logprobs for s in owners)
+        top = lp.topk(k, dim=-1) if k else None
+        top_ids = top.indices.tolist() if top is not None else None
+        top_vals = top.values.tolist() if top is not None else None
+        for i, (s, t) in enumerate(zip(owners, targets)):
+            n = s.params.prompt_logprobs
+            s.prompt_logprobs.append({"token_id": t, "logprob": chosen[i],
+                                      "top_logprobs": list(zip(top_ids[i][:n], top_vals[i][:n])) if n else []})
 
     @torch.inference_mode()
     def launch_decode(self, seqs: list[Sequence], ids_from=None) -> InflightDecode:

@@ -17,6 +17,8 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     logprobs: list[dict] | None  # per new token: {"token_id", "logprob", "top_logprobs": [(id, logprob), ...]}
     tenant: str
+    # SamplingParams.prompt_logprobs: entries for prompt tokens 1.. (token 0 has no context), on the first output
+    prompt_logprobs: list[dict] | None = None
 
 
 @dataclass(slots=True)

@@ -20,6 +20,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; N = the sampled token's logprob plus the top N (0..20)
+    # None = off; N = each prompt token's logprob given the tokens before it, plus the top N there (0..20): scores a
+    # given text (teacher forcing). Such a prompt is computed in full (never served from the prefix cache).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -53,6 +56,8 @@ class SamplingParams:
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", lo=0, hi=MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int(self.prompt_logprobs, "prompt_logprobs", lo=0, hi=MAX_LOGPROBS)
 
     @property
     def greedy(self) -> bool:

@@ -99,7 +99,7 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
-            cached = bm.match_prefix(seq)
+            cached = [] if seq.needs_prompt_logprobs else bm.match_prefix(seq)  # scoring needs every row's logits
             num_cached = len(cached) * bm.block_size
             # admit only if the whole remaining prompt fits now (avoids admitting what must be preempted at once)
             why = bm.can_allocate(seq, cached, len(seq) - num_cached)

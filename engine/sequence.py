@@ -37,6 +37,8 @@ class Sequence:
         self.admitted = False
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        # params.prompt_logprobs: one entry per prompt token after the first, filled as its chunks are computed
+        self.prompt_logprobs: list[dict] = []
         self.sampler_state = None  # the model runner's per-request RNG (opaque here)
         # incremental detokenization / stop strings (engine-owned)
         self.output_text = ""
@@ -58,6 +60,10 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def is_finished(self) -> bool:

@@ -189,3 +189,22 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, 
     scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
     return torch.einsum("skgl,slkd->skgd", p, v).reshape(s, hq, d)
+
+
+def paged_decode_attention_per_head_ref(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """paged_decode_attention_ref computed one (sequence, query head) at a time over that sequence's own blocks:
+    same math and dtypes, unfused (a gather and two matrix-vector products per head). Correct and slower (kernel
+    set torch-slow-attn)."""
+    check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
+    s, hq, d = q.shape
+    out = torch.empty_like(q)
+    bs, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    for i, length in enumerate(context_lens.tolist()):
+        blocks = block_tables[i, :-(-length // bs)].long()
+        for h in range(hq):
+            k = k_cache[blocks, :, h // g].reshape(-1, d)[:length].to(q.dtype)  # [L, D]
+            v = v_cache[blocks, :, h // g].reshape(-1, d)[:length].to(q.dtype)
+            p = torch.softmax(torch.mv(k, q[i, h]) * scale, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
+            out[i, h] = torch.mv(v.t(), p)
+    return out

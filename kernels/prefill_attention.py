@@ -373,3 +373,34 @@ def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, conte
         p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
         out[s:e] = torch.matmul(p, v).transpose(0, 1)
     return out
+
+
+def prefill_attention_per_head_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """prefill_attention_ref computed one query row at a time, per (sequence, head): the same math and dtypes, but
+    unfused -- the K/V of the head gathered again for every head, one vector-matrix product and one softmax per new
+    token instead of one batched matmul per sequence. Correct and slower (kernel set torch-slow-attn, the example
+    of a slow release)."""
+    b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    out = torch.zeros_like(q)
+    cu = cu_seqlens_q.tolist()
+    ctx = context_lens.tolist()
+    if cu[-1] != q.shape[0]:
+        raise PagedAttentionError(f"prefill_attention: cu_seqlens_q[-1]={cu[-1]} but q has {q.shape[0]} tokens")
+    hq, hkv = q.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    for i in range(b):
+        s, e, length = cu[i], cu[i + 1], ctx[i]
+        n = e - s
+        if n == 0:
+            continue
+        if n < 0 or n > length:
+            raise PagedAttentionError(f"prefill_attention: sequence {i} has {n} new tokens but context length {length}")
+        for h in range(hq):
+            k = gather_kv(k_cache, block_tables[i], length)[:, h // g].to(q.dtype)  # [L, D]
+            v = gather_kv(v_cache, block_tables[i], length)[:, h // g].to(q.dtype)
+            for t in range(n):
+                visible = length - n + t + 1   # causal: keys up to this token's own position
+                scores = torch.mv(k[:visible], q[s + t, h]) * scale
+                p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
+                out[s + t, h] = torch.mv(v[:visible].t(), p)
+    return out

@@ -106,6 +106,41 @@ def rope_and_cache_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapp
     return q_out, k_out
 
 
+# The frequency base that kernels which compute their own angles often hard-code (the original RoFormer/Llama-1 one).
+HARDCODED_ROPE_BASE = 10000.0
+
+
+_FIXED_BASE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _fixed_base_tables(d: int, n: int, device, acc) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [>= n, d/2] for base 10000, built once per (head dim, device, dtype) and grown by doubling."""
+    key = (d, str(device), acc)
+    cos, sin = _FIXED_BASE_TABLES.get(key, (None, None))
+    if cos is None or cos.shape[0] < n:
+        size = max(4096, 1 << (n - 1).bit_length())
+        inv_freq = 1.0 / (HARDCODED_ROPE_BASE ** (torch.arange(0, d, 2, device=device, dtype=acc) / d))
+        angles = torch.arange(size, device=device, dtype=acc)[:, None] * inv_freq[None, :]
+        cos, sin = angles.cos(), angles.sin()
+        _FIXED_BASE_TABLES[key] = (cos, sin)
+    return cos, sin
+
+
+def rope_and_cache_fixed_base_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+    """A WRONG RoPE, kept as an example of a bug that ships (kernel set torch-wrong-rope): it uses its own cos/sin
+    tables for a hard-coded base of 10000 without frequency scaling, ignoring the caller's tables (which hold the
+    model's rope_theta, 500000 for Llama 3, and its llama3 scaling). The same work as the reference: gather, rotate."""
+    check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    pos = positions.long()
+    own_cos, own_sin = _fixed_base_tables(q.shape[-1], int(pos.max()) + 1 if pos.numel() else 1, q.device, acc)
+    c, s = own_cos[pos][:, None, :], own_sin[pos][:, None, :]
+    q_out = _rotate(q.to(acc), c, s).to(q.dtype)
+    k_out = _rotate(k.to(acc), c, s).to(k.dtype)
+    write_kv_ref(k_out, v, k_cache, v_cache, slot_mapping)
+    return q_out, k_out
+
+
 def rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
     # q: [T, Hq, D], k/v: [T, Hkv, D] -> (q_out, k_out); k_cache/v_cache written in place
     check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)

@@ -2,10 +2,12 @@
 
 No I/O and no flask/kubernetes/requests/torch/engine imports: dataclasses in, dataclasses out.
 """
+from .correctness import (CorrectnessVerdict, Continuation, PromptComparison, PromptReplay, TokenLogprob,
+                          compare_replays)
 from .deltas import Delta, compute_deltas
 from .histogram import HistogramError, HistogramSnapshot, increase, merge_all
-from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy, PolicyError,
-                     default_checks)
+from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, CorrectnessPolicy, MetricCheck, Policy,
+                     PolicyError, default_checks)
 from .quantile import histogram_quantile
 from .stats import DeltaEstimate, QuantileBounds, proportion_diff, quantile_bounds, quantile_delta
 from .verdict import Outcome, TestResult, VariantData, Verdict, assess
@@ -15,5 +17,7 @@ __all__ = [
     "Policy", "PolicyError", "MetricCheck", "default_checks",
     "REQUEST_LATENCY", "TTFT", "ITL", "E2E", "ERROR_RATE",
     "QuantileBounds", "DeltaEstimate", "quantile_bounds", "quantile_delta", "proportion_diff",
+    "CorrectnessPolicy", "CorrectnessVerdict", "Continuation", "PromptComparison", "PromptReplay", "TokenLogprob",
+    "compare_replays",
     "Outcome", "TestResult", "VariantData", "Verdict", "assess", "Delta", "compute_deltas",
 ]

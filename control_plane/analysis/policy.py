@@ -28,6 +28,10 @@ class PolicyError(ValueError):
     """An invalid policy value; the message names the field."""
 
 
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 @dataclass(slots=True, frozen=True)
 class MetricCheck:
     """One gate. Latency: relative delta of the `quantile` of `metric` (every series whose key is `metric` or
@@ -69,6 +73,126 @@ def default_checks() -> tuple[MetricCheck, ...]:
 
 
 @dataclass(slots=True, frozen=True)
+class Tolerances:
+    """How far a canary may be from the baseline and still compute the same model (analysis/correctness.py).
+    Drifts and margins are in nats (natural-log probability)."""
+    min_identical_fraction: float   # prompts whose first K greedy tokens are identical
+    min_top1_agreement: float       # teacher forcing: positions where the baseline's token is the canary's top-1
+    max_mean_logprob_drift: float   # mean |canary - baseline| of the chosen tokens' logprobs
+    max_logprob_drift: float        # max of the same (greedy prefix and teacher forcing)
+    max_flip_margin: float          # a divergence where the baseline preferred its token by more is a real change
+
+    def __post_init__(self) -> None:
+        for name in ("min_identical_fraction", "min_top1_agreement"):
+            v = getattr(self, name)
+            if not _num(v) or not 0 <= v <= 1:
+                raise PolicyError(f"correctness tolerance {name} must be a fraction in [0, 1], got {v!r}")
+        for name in ("max_mean_logprob_drift", "max_logprob_drift", "max_flip_margin"):
+            v = getattr(self, name)
+            if not _num(v) or not 0 <= v <= 100:
+                raise PolicyError(f"correctness tolerance {name} must be a number of nats in [0, 100], got {v!r}")
+
+
+# Measured (docs/control-loop.md "Correctness gate", BENCHMARKS.md "Correctness gate"): fp32 is the torch set against
+# itself with other batch compositions on CPU (max drift 9.5e-7 over 100 replays); the half-precision ones are set
+# from torch vs triton-v1 in bf16 on an H200 where that was measured, else they are the loose estimate stated there.
+DEFAULT_TOLERANCES: dict[str, Tolerances] = {
+    "float32": Tolerances(min_identical_fraction=0.9, min_top1_agreement=0.98, max_mean_logprob_drift=1e-5,
+                          max_logprob_drift=1e-4, max_flip_margin=1e-3),
+    "bfloat16": Tolerances(min_identical_fraction=0.75, min_top1_agreement=0.9, max_mean_logprob_drift=0.05,
+                           max_logprob_drift=1.0, max_flip_margin=0.5),
+    "float16": Tolerances(min_identical_fraction=0.75, min_top1_agreement=0.9, max_mean_logprob_drift=0.05,
+                          max_logprob_drift=1.0, max_flip_margin=0.5),
+}
+LOOSEST_DTYPE = "bfloat16"   # used for a dtype the policy has no tolerances for
+
+
+def _default_tolerances() -> dict[str, Tolerances]:
+    return dict(DEFAULT_TOLERANCES)
+
+
+@dataclass(slots=True, frozen=True)
+class CorrectnessPolicy:
+    """The kernel-correctness gate (analysis/correctness.py): before the first traffic step and at every step (plus
+    every interval_s when > 0) the prompt set is replayed greedily against canary and baseline, and compared with
+    the tolerances of the engines' dtype."""
+    enabled: bool = True
+    prompt_set: str = "default"          # "default" (analysis/prompts.py) or a file: a JSON list of strings
+    max_tokens: int = 16                 # greedy tokens generated per prompt
+    compare_tokens: int = 8              # K: "identical" means identical over the first K tokens
+    top_logprobs: int = 5                # alternatives per position (for the margins at a divergence)
+    interval_s: float = 0.0              # 0: once per step; > 0: also every interval_s within a step
+    max_error_fraction: float = 0.25     # more prompts failing to replay: inconclusive
+    request_timeout_s: float = 60.0
+    concurrency: int = 4                 # replay requests in flight per variant
+    tolerances: Mapping[str, Tolerances] = field(default_factory=_default_tolerances)   # dtype -> tolerances
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise PolicyError("correctness.enabled must be true or false")
+        if not isinstance(self.prompt_set, str) or not self.prompt_set or len(self.prompt_set) > 4096:
+            raise PolicyError("correctness.prompt_set must be 'default' or a file path")
+        for name, lo, hi in (("max_tokens", 1, 256), ("compare_tokens", 1, 256), ("top_logprobs", 1, 20),
+                             ("concurrency", 1, 64)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise PolicyError(f"correctness.{name} must be an integer in [{lo}, {hi}], got {v!r}")
+        if self.compare_tokens > self.max_tokens:
+            raise PolicyError("correctness.compare_tokens must be <= correctness.max_tokens")
+        if not _num(self.max_error_fraction) or not 0 <= self.max_error_fraction <= 1:
+            raise PolicyError("correctness.max_error_fraction must be a fraction in [0, 1]")
+        if not _num(self.interval_s) or self.interval_s < 0:
+            raise PolicyError("correctness.interval_s must be >= 0 seconds (0 = once per step)")
+        if not _num(self.request_timeout_s) or not 0 < self.request_timeout_s <= 3600:
+            raise PolicyError("correctness.request_timeout_s must be in (0, 3600] seconds")
+        if not isinstance(self.tolerances, Mapping) or not self.tolerances:
+            raise PolicyError("correctness.tolerances must map dtypes (float32, bfloat16, ...) to tolerances")
+        tol = {}
+        for dtype, t in self.tolerances.items():
+            if not isinstance(dtype, str) or not dtype:
+                raise PolicyError("correctness.tolerances keys must be dtype names such as 'bfloat16'")
+            tol[dtype] = t if isinstance(t, Tolerances) else _tolerances(dtype, t)
+        object.__setattr__(self, "tolerances", tol)
+
+    def tolerances_for(self, dtype: str) -> Tolerances:
+        return self.tolerances.get(dtype) or self.tolerances.get(LOOSEST_DTYPE) or next(iter(self.tolerances.values()))
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tolerances"}
+        d["tolerances"] = {k: asdict(t) for k, t in self.tolerances.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d) -> "CorrectnessPolicy":
+        """Plain dict -> policy; `tolerances` entries are merged field by field over the defaults of that dtype."""
+        if isinstance(d, CorrectnessPolicy):
+            return d
+        if not isinstance(d, Mapping):
+            raise PolicyError("correctness must be an object, e.g. {\"enabled\": false}")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise PolicyError(f"unknown correctness field(s): {', '.join(unknown)}")
+        d = dict(d)
+        if "tolerances" in d:
+            if not isinstance(d["tolerances"], Mapping):
+                raise PolicyError("correctness.tolerances must map dtypes (float32, bfloat16, ...) to tolerances")
+            d["tolerances"] = {**DEFAULT_TOLERANCES, **{k: _tolerances(k, v) for k, v in d["tolerances"].items()}}
+        return cls(**d)
+
+
+def _tolerances(dtype: str, t) -> Tolerances:
+    if isinstance(t, Tolerances):
+        return t
+    if not isinstance(t, Mapping):
+        raise PolicyError(f"correctness.tolerances.{dtype} must be an object")
+    base = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[LOOSEST_DTYPE])
+    unknown = sorted(set(t) - {f.name for f in fields(Tolerances)})
+    if unknown:
+        raise PolicyError(f"unknown correctness.tolerances.{dtype} field(s): {', '.join(unknown)}")
+    return Tolerances(**{**asdict(base), **t})
+
+
+@dataclass(slots=True, frozen=True)
 class Policy:
     steps: tuple[int, ...] = (5, 10, 25, 50, 100)   # canary traffic %, the last one reached by promotion
     check_interval_s: float = 30.0
@@ -88,6 +212,7 @@ class Policy:
     max_error_rate: float = 0.05                    # guard: canary error rate above this fails at once
     min_error_samples: int = 100                    # requests before the error-rate guard may fire
     report_metrics: tuple[str, ...] = (TTFT, ITL, E2E)  # deltas shown in every check, not decided on
+    correctness: CorrectnessPolicy = field(default_factory=CorrectnessPolicy)
 
     def __post_init__(self) -> None:
         steps = tuple(self.steps)
@@ -130,6 +255,8 @@ class Policy:
         if not all(isinstance(m, str) and _METRIC_RE.match(m) for m in report):
             raise PolicyError("report_metrics must be a list of Prometheus metric names")
         object.__setattr__(self, "report_metrics", report)
+        if not isinstance(self.correctness, CorrectnessPolicy):
+            object.__setattr__(self, "correctness", CorrectnessPolicy.from_dict(self.correctness))
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -142,6 +269,7 @@ class Policy:
         d["steps"] = list(self.steps)
         d["report_metrics"] = list(self.report_metrics)
         d["checks"] = [{k: v for k, v in asdict(c).items() if v is not None} for c in self.checks]
+        d["correctness"] = self.correctness.to_dict()
         return d
 
     @classmethod
@@ -158,6 +286,8 @@ class Policy:
                 raise PolicyError(f"{key} must be a list, got {type(d[key]).__name__}")
             if key in d:
                 d[key] = tuple(d[key])
+        if "correctness" in d:
+            d["correctness"] = CorrectnessPolicy.from_dict(d["correctness"])
         return cls(**d)
 
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from .deltas import Delta, compute_deltas
 from .histogram import HistogramSnapshot
 from .policy import ERROR_RATE, MetricCheck, Policy
 from .stats import DeltaEstimate, more_samples_needed, proportion_diff, quantile_delta
+
+if TYPE_CHECKING:   # correctness.py imports Outcome from here
+    from .correctness import CorrectnessVerdict
 
 
 class Outcome(str, Enum):
@@ -83,11 +86,15 @@ class Verdict:
     guard: str | None = None          # set when a guard decided (rollback without waiting for failure_limit)
     need_more: int | None = None      # requests per variant, for INCONCLUSIVE
     deltas: tuple[Delta, ...] = ()    # P90/P99 of every series vs baseline and production (shown, not decided)
+    correctness: "CorrectnessVerdict | None" = None   # a correctness-gate check (rollout.py), with its evidence
 
     def to_dict(self) -> dict:
-        return {"outcome": self.outcome.value, "reason": self.reason, "compare_to": self.compare_to,
-                "guard": self.guard, "need_more": self.need_more, "results": [r.to_dict() for r in self.results],
-                "deltas": [d.to_dict() for d in self.deltas]}
+        d = {"outcome": self.outcome.value, "reason": self.reason, "compare_to": self.compare_to,
+             "guard": self.guard, "need_more": self.need_more, "results": [r.to_dict() for r in self.results],
+             "deltas": [d.to_dict() for d in self.deltas]}
+        if self.correctness is not None:
+            d["correctness"] = self.correctness.to_dict()
+        return d
 
 
 def _has_nan(v: VariantData) -> bool:

@@ -52,9 +52,12 @@ class HTTPMetricsMiddleware:
             path = scope.get("path", "")
             route = path if path in self.routes else "other"  # bounded label cardinality
             metrics = self.metrics
-            metrics.observe_http(route, status, time.perf_counter() - start)
-            if status >= 400 and path.startswith("/v1/"):
-                metrics.count_error(status)
+            if (b"x-sits-probe", b"1") in scope.get("headers", ()):
+                metrics.count_probe(status)   # a correctness probe: never part of the latency the canary is judged on
+            else:
+                metrics.observe_http(route, status, time.perf_counter() - start)
+                if status >= 400 and path.startswith("/v1/"):
+                    metrics.count_error(status)
 
 
 async def _models(request: Request) -> Response:
@@ -84,7 +87,11 @@ async def _readyz(request: Request) -> Response:
 
 
 async def _version(request: Request) -> Response:
-    return JSONResponse(request.app.state.sits.version)
+    state: ServerState = request.app.state.sits
+    body = dict(state.version)
+    if state.runner.ready.is_set():   # the compute dtype ("auto" resolved), known once the model is loaded
+        body["dtype"] = str(state.runner.engine.dtype).removeprefix("torch.")
+    return JSONResponse(body)
 
 
 async def _metrics(request: Request) -> Response:

@@ -43,24 +43,33 @@ class Tracker:
     finish_reason: str | None = None
     text: list[str] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)   # one engine entry per generated token, when asked for
+    token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[dict] = field(default_factory=list)   # echo + logprobs: prompt tokens 1.. scored
+    probe: bool = False   # X-SITS-Probe: 1 -- a control-plane probe, kept out of the latency histograms
 
     def on_output(self, item: Output) -> None:
         m = self.state.metrics
         now = time.perf_counter()
+        observe = not self.probe
         if not self.queued:
             self.queued = True
-            m.observe_queue_time(max(0.0, item.step_start - self.arrival))
+            if observe:
+                m.observe_queue_time(max(0.0, item.step_start - self.arrival))
         n = len(item.out.new_token_ids)
+        if item.out.prompt_logprobs is not None:
+            self.prompt_logprobs = item.out.prompt_logprobs
         if n:
+            self.token_ids.extend(item.out.new_token_ids)
             if self.first_token is None:
                 self.first_token = now
-                m.observe_ttft(now - self.arrival)
+                if observe:
+                    m.observe_ttft(now - self.arrival)
                 n_itl = n - 1
                 gap = 0.0
             else:
                 n_itl = n
                 gap = (now - self.last_token) / n
-            for _ in range(n_itl):
+            for _ in range(n_itl if observe else 0):
                 m.observe_itl(gap)
             self.last_token = now
             self.output_tokens += n
@@ -79,13 +88,15 @@ class Tracker:
         m = self.state.metrics
         if aborted:
             reason = "abort"
-            m.count_finished(reason)
+            if not self.probe:
+                m.count_finished(reason)
         elif error is not None:
             reason = "error"  # counted by HTTP status in sits_request_errors_total, not as a finished request
         else:
             reason = self.finish_reason or "abort"
-            m.observe_e2e(time.perf_counter() - self.arrival)
-            m.count_finished(reason)
+            if not self.probe:
+                m.observe_e2e(time.perf_counter() - self.arrival)
+                m.count_finished(reason)
         ttft = None if self.first_token is None else self.first_token - self.arrival
         self.state.tracer.finish(self.span, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                                  ttft_s=ttft, finish_reason=reason, error=error)
@@ -142,6 +153,8 @@ async def _prepare(request: Request, kind: str) -> Prepared:
     if not ids:
         raise APIError(400, "the prompt is empty after tokenization", param=prompt_param)
     max_tokens = greq.max_tokens if greq.max_tokens is not None else max(ctx - len(ids), 1)
+    if greq.echo and max_tokens == 0:
+        max_tokens = 1   # scoring only: the engine always generates one token; the response leaves it out
     try:
         check_context_length(len(ids), max_tokens, ctx, prompt_param)
     except ContextLengthError as e:
@@ -150,7 +163,8 @@ async def _prepare(request: Request, kind: str) -> Prepared:
         params = SamplingParams(max_tokens=max_tokens, temperature=greq.temperature, top_p=greq.top_p,
                                 top_k=greq.top_k, seed=greq.seed, stop=greq.stop,
                                 stop_token_ids=greq.stop_token_ids, ignore_eos=greq.ignore_eos,
-                                logprobs=greq.logprobs)
+                                logprobs=greq.logprobs,
+                                prompt_logprobs=greq.logprobs if greq.echo else None)
     except (InvalidRequestError, ValueError) as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return Prepared(greq, ids, params, tenant, priority)
@@ -194,7 +208,7 @@ async def _generate(request: Request, kind: str) -> Response:
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     span = state.tracer.start_request(f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
                                       request.headers, tenant=tenant, priority=priority, request_id=rid)
-    tracker = Tracker(state, span, arrival, len(ids))
+    tracker = Tracker(state, span, arrival, len(ids), probe=is_probe(request.headers))
     if faults.latency_s > 0:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
     runner = state.runner
@@ -208,7 +222,7 @@ async def _generate(request: Request, kind: str) -> Response:
     if greq.stream:
         return SSEResponse(_stream(greq, rid, created, queue, tracker, state),
                            on_close=lambda: _on_stream_close(runner, rid, tracker))
-    return await _collect(request, greq, rid, created, queue, tracker, state)
+    return await _collect(request, greq, ids, rid, created, queue, tracker, state)
 
 
 def _on_stream_close(runner: EngineRunner, rid: str, tracker: Tracker) -> None:
@@ -217,8 +231,8 @@ def _on_stream_close(runner: EngineRunner, rid: str, tracker: Tracker) -> None:
         tracker.close(aborted=True)
 
 
-async def _collect(request: Request, greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue,
-                   tracker: Tracker, state: ServerState) -> Response:
+async def _collect(request: Request, greq: GenerationRequest, ids: list[int], rid: str, created: int,
+                   queue: asyncio.Queue, tracker: Tracker, state: ServerState) -> Response:
     async def drain() -> str | None:
         while True:
             item = await queue.get()
@@ -256,11 +270,37 @@ async def _collect(request: Request, greq: GenerationRequest, rid: str, created:
         body = {"id": rid, "object": "chat.completion", "created": created, "model": greq.model,
                 "system_fingerprint": fp, "choices": [choice], "usage": tracker.usage()}
     else:
-        lp = completion_logprobs(decode, tracker.logprobs, 0) if greq.logprobs is not None else None
-        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": tracker.finish_reason}
+        choice = _completion_choice(greq, ids, text, tracker, state)
+        usage = tracker.usage()
+        if greq.echo and greq.max_tokens == 0:
+            usage.update(completion_tokens=0, total_tokens=usage["prompt_tokens"])
         body = {"id": rid, "object": "text_completion", "created": created, "model": greq.model,
-                "system_fingerprint": fp, "choices": [choice], "usage": tracker.usage()}
+                "system_fingerprint": fp, "choices": [choice], "usage": usage}
     return JSONResponse(body)
+
+
+def _completion_choice(greq: GenerationRequest, ids: list[int], text: str, tracker: Tracker,
+                       state: ServerState) -> dict:
+    """echo: the prompt leads the text, and (with logprobs) its tokens lead the logprobs, scored given what precedes
+    them (the first has none); max_tokens 0 with echo scores the prompt alone."""
+    decode = state.runner.engine.tokenizer.decode
+    out_ids, entries = tracker.token_ids, tracker.logprobs
+    if greq.echo and greq.max_tokens == 0:
+        text, out_ids, entries = "", [], []
+    if greq.echo:
+        text = (greq.prompt if isinstance(greq.prompt, str) else decode(ids)) + text
+    lp = None
+    if greq.logprobs is not None:
+        lead = [ids[0], *tracker.prompt_logprobs] if greq.echo else []
+        lp = completion_logprobs(decode, lead + entries, 0, as_ids=greq.tokens_as_ids)
+    choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": tracker.finish_reason}
+    if greq.return_token_ids:
+        choice.update(prompt_token_ids=list(ids), token_ids=list(out_ids))
+    return choice
+
+
+def is_probe(headers: Any) -> bool:
+    return headers.get("x-sits-probe", "").strip() == "1"
 
 
 async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue, tracker: Tracker,
@@ -277,7 +317,8 @@ async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asynci
         if greq.logprobs is not None and not role:
             entries = tracker.logprobs[sent["logprobs"]:]
             sent["logprobs"] = len(tracker.logprobs)
-            lp = chat_logprobs(decode, entries) if chat else completion_logprobs(decode, entries, sent["chars"])
+            lp = chat_logprobs(decode, entries) if chat else completion_logprobs(decode, entries, sent["chars"],
+                                                                                 as_ids=greq.tokens_as_ids)
             sent["chars"] += sum(len(t) for t in lp.get("tokens", ()))
         if chat:
             delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}

@@ -15,14 +15,22 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else -9999.0   # JSON has no -Infinity; OpenAI's convention for "impossible"
 
 
-def completion_logprobs(decode: Callable[[list[int]], str], entries: Sequence[dict], text_offset: int) -> dict:
-    """Legacy /v1/completions shape: parallel lists plus one {token: logprob} dict per position."""
+def completion_logprobs(decode: Callable[[list[int]], str], entries: Sequence[dict | int], text_offset: int, *,
+                        as_ids: bool = False) -> dict:
+    """Legacy /v1/completions shape: parallel lists plus one {token: logprob} dict per position. An entry that is a
+    bare token id (the first prompt token under `echo`: nothing precedes it) has null logprobs, as in OpenAI's API.
+    as_ids: tokens and top-logprob keys are "token_id:N" (vLLM's return_tokens_as_token_ids), exact for any token."""
     tokens, token_logprobs, top, offsets = [], [], [], []
     for e in entries:
-        s = decode([e["token_id"]])
-        tokens.append(s)
-        token_logprobs.append(_finite(e["logprob"]))
-        top.append({decode([t]): _finite(lp) for t, lp in e["top_logprobs"]})
+        tid = e if isinstance(e, int) else e["token_id"]
+        s = decode([tid])
+        tokens.append(f"token_id:{tid}" if as_ids else s)
+        if isinstance(e, int):
+            token_logprobs.append(None)
+            top.append(None)
+        else:
+            token_logprobs.append(_finite(e["logprob"]))
+            top.append({(f"token_id:{t}" if as_ids else decode([t])): _finite(lp) for t, lp in e["top_logprobs"]})
         offsets.append(text_offset)
         text_offset += len(s)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}

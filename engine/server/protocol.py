@@ -26,7 +26,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 # fields the engine cannot honour: the request is refused unless the value is the neutral default
 _UNSUPPORTED_NEUTRAL = {
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+    "n": (None, 1), "best_of": (None, 1), "suffix": (None, ""),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
     "tools": (None, []), "functions": (None, []),
     "tool_choice": (None, "none"), "function_call": (None, "none"), "audio": (None,), "modalities": (None, ["text"]),
@@ -54,6 +54,9 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None    # None: off; N: the sampled token's logprob plus the N most likely alternatives
+    echo: bool = False             # completions: the prompt is part of the answer (and of logprobs: it is scored)
+    tokens_as_ids: bool = False    # return_tokens_as_token_ids (vLLM's extension): logprob tokens as "token_id:N"
+    return_token_ids: bool = False  # vLLM's extension: the choice carries prompt_token_ids and token_ids
 
     def __post_init__(self) -> None:
         if self.kind not in ("completion", "chat"):
@@ -199,13 +202,18 @@ def _common(body: dict, kind: str, prompt: str | list[int], messages: list[dict[
         param = "max_completion_tokens"
     else:
         param = "max_tokens"
-    if max_tokens is not None and max_tokens <= 0:
-        raise _bad(f"'{param}' must be a positive integer, got {max_tokens}", param)
+    echo = kind == "completion" and _bool(body, "echo")
+    if kind == "chat" and body.get("echo") not in (None, False):
+        raise _bad(f"'echo' = {json.dumps(body['echo'])} is not supported by this server", "echo")
+    if max_tokens is not None and (max_tokens < 0 or (max_tokens == 0 and not echo)):
+        raise _bad(f"'{param}' must be a positive integer (0 only with 'echo': true), got {max_tokens}", param)
     if max_tokens is None and kind == "completion":
         max_tokens = 16  # OpenAI's default for legacy completions
     top_k = _optional_int(body, "top_k", lo=-1)
     stop_token_ids = body.get("stop_token_ids")
     stream = _bool(body, "stream")
+    if stream and kind == "completion" and body.get("echo") is True:
+        raise _bad("'echo' is not supported with 'stream': true; score a text without streaming", "echo")
     opts = body.get("stream_options")
     if opts is not None and (not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool)):
         raise _bad("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
@@ -221,6 +229,9 @@ def _common(body: dict, kind: str, prompt: str | list[int], messages: list[dict[
         stream=stream,
         include_usage=bool(stream and opts and opts.get("include_usage")),
         logprobs=_logprobs(body, kind),
+        echo=echo,
+        tokens_as_ids=_bool(body, "return_tokens_as_token_ids"),
+        return_token_ids=_bool(body, "return_token_ids"),
     )
 
 

@@ -5,7 +5,7 @@ import math
 from statistics import NormalDist
 from typing import Sequence
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
+from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
 
 BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))   # 5 % buckets, 1 ms .. 17 s
 _Z = NormalDist()
@@ -30,3 +30,9 @@ def windows(start: float, end: float, scale: float = 1.0, rate: float = 100.0) -
         return {"canary": VariantData(), "baseline": VariantData()}
     return {"canary": VariantData({REQUEST_LATENCY: lat(n, scale)}, float(n), n * 0.005),
             "baseline": VariantData({REQUEST_LATENCY: lat(n)}, float(n), n * 0.005)}
+
+
+def latency_policy(**kw) -> Policy:
+    """A Policy without the correctness gate (on by default; it needs engines to replay prompts): for tests of the
+    latency analysis driven by canned windows. The gate's own tests: test_rollout_correctness.py and the worker's."""
+    return Policy(correctness={"enabled": False}, **kw)

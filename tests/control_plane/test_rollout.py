@@ -3,10 +3,10 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, Policy, VariantData
+from control_plane.analysis import REQUEST_LATENCY, VariantData
 from control_plane.rollout import (Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
                                    SetWeights, reconcile, weights_for)
-from tests.control_plane.helpers import lat
+from tests.control_plane.helpers import latency_policy as Policy, lat
 
 GOOD, BAD = lat(3000), lat(3000, 1.5)   # one 10 s window of traffic per variant
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, Policy
+from control_plane.analysis import REQUEST_LATENCY
 from control_plane.rollout import Command, Deploy, Observation, Phase, Rollout, SetWeights, reconcile
 from control_plane.store import RolloutNotFoundError, Store, StoreConflictError
 from control_plane.worker import Worker
-from tests.control_plane.helpers import windows as source
+from tests.control_plane.helpers import latency_policy as Policy, windows as source
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def test_create_get_list_and_conflicts(tmp_path):
 def test_full_evidence_and_outbox_round_trip(tmp_path):
     path = str(tmp_path / "s.db")
     s = Store(path)
-    r = s.create(Rollout("r1", "chat", "v2", "v1"))
+    r = s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
     t, kinds = 0.0, []
     r, a = reconcile(r, None, t)
     r = s.save(r, a)
@@ -100,7 +100,7 @@ CRASHER = textwrap.dedent("""
 def test_killed_inside_the_save_transaction(tmp_path):
     db = str(tmp_path / "s.db")
     s = Store(db)
-    r = s.create(Rollout("r1", "chat", "v2", "v1"))
+    r = s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
     r, a = reconcile(r, None, 0.0)
     r = s.save(r, a)
     r, a = reconcile(r, Observation(0, 1, source(0, 1)), 1.0)
@@ -128,7 +128,7 @@ def test_worker_crashes_lose_and_repeat_no_check(tmp_path, scale, final):
     crashes = ["executed:", "saved", "reconciled"]
     db = str(tmp_path / "w.db")
     with Store(db) as s:
-        s.create(Rollout("r1", "chat", "v2", "v1"))
+        s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
     deployer, source = InMemoryDeployer(), CannedSource(scale={"chat": scale})
     now, crashed = 0.0, set()
 
@@ -164,7 +164,7 @@ def test_worker_crashes_lose_and_repeat_no_check(tmp_path, scale, final):
 
 def test_commands_persist(tmp_path):
     with Store(str(tmp_path / "c.db")) as s:
-        r = s.create(Rollout("r1", "chat", "v2", "v1"))
+        r = s.create(Rollout("r1", "chat", "v2", "v1", Policy()))
         r = s.save(*reconcile(r, None, 0.0))
         r = s.save(*reconcile(r, Observation(0, 1, source(0, 1)), 1.0))
         r = s.save(*reconcile(r, Observation(1, 2, command=Command.PAUSE, command_by="alice"), 2.0))

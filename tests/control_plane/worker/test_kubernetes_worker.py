@@ -17,7 +17,8 @@ from control_plane.worker import Worker, WorkerConfig
 from .support import CannedSource
 
 SVC = "chat"
-FAST = Policy(steps=(25, 50), check_interval_s=0.3, warmup_s=0.0, ready_timeout_s=60)
+FAST = Policy(steps=(25, 50), check_interval_s=0.3, warmup_s=0.0, ready_timeout_s=60,
+              correctness={"enabled": False})   # canned metrics, no engines to replay prompts on
 
 
 @pytest.mark.parametrize("scale,final,kernels", [(1.0, Phase.SUCCEEDED, "triton-v1.1"),

@@ -4,7 +4,7 @@ takes over after the lease expires. First with an injected clock (deterministic)
 import threading
 import time
 
-from control_plane.analysis import Policy
+from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
 from control_plane.rollout import Phase
 from control_plane.service import start_rollout
 from control_plane.store import Store

@@ -7,11 +7,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.analysis import Policy
 from control_plane.rollout import Command, Phase, weights_for
 from control_plane.store import Store
 from control_plane.service import start_rollout
 from control_plane.spec import DeploySpec
+from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
 from control_plane.worker import Worker, WorkerConfig
 
 from .support import CannedSource, InMemoryDeployer

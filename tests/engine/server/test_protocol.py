@@ -53,7 +53,11 @@ BAD_COMPLETIONS = [
     ({"model": "m", "prompt": "x", "n": 2}, "n"),
     ({"model": "m", "prompt": "x", "n": True}, "n"),
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
-    ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+    ({"model": "m", "prompt": "x", "echo": True, "stream": True}, "echo"),   # echo is supported, not streamed
+    ({"model": "m", "prompt": "x", "echo": "yes"}, "echo"),
+    ({"model": "m", "prompt": "x", "echo": False, "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "prompt": "x", "echo": True, "max_tokens": -1}, "max_tokens"),
+    ({"model": "m", "prompt": "x", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
     ({"model": "m", "prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
     ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ({"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),

@@ -1,0 +1,168 @@
+"""The correctness gate's I/O: replay the prompt set against canary and baseline through their OpenAI API.
+
+Per prompt, three requests, all marked `X-SITS-Probe: 1` (the engine keeps them out of the latency histograms):
+  1. baseline: greedy completion with top-N logprobs (token ids via vLLM's return_tokens_as_token_ids and
+     return_token_ids extensions, so a token is never confused with another that prints the same);
+  2. canary: the same, with the baseline's prompt token ids as its prompt (exactly the same input);
+  3. canary: prompt + the baseline's continuation with `echo` and `max_tokens: 0` -- the canary scores the baseline's
+     tokens (teacher forcing).
+The pure core (analysis/correctness.py) decides; this module only fetches. A failed request marks that prompt's
+replay as failed (the verdict is inconclusive past policy.max_error_fraction), never as a pass.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
+                                    compare_replays)
+from control_plane.analysis.prompts import DEFAULT_PROMPTS
+
+PROBE_HEADER = {"X-SITS-Probe": "1"}
+MAX_PROMPTS = 1000
+MAX_PROMPT_CHARS = 100_000
+
+
+class PromptSetError(ValueError):
+    """The policy's prompt set cannot be read or is malformed."""
+
+
+def load_prompt_set(name: str) -> tuple[str, ...]:
+    """"default" (the shipped set) or a file: a JSON list of non-empty strings."""
+    if name == "default":
+        return DEFAULT_PROMPTS
+    try:
+        data = json.loads(Path(name).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PromptSetError(f"prompt set {name!r}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PromptSetError(f"prompt set {name!r} is not a JSON list of strings: {e}") from None
+    if not isinstance(data, list) or not data or not all(isinstance(p, str) and p for p in data):
+        raise PromptSetError(f"prompt set {name!r} must be a non-empty JSON list of non-empty strings")
+    if len(data) > MAX_PROMPTS or any(len(p) > MAX_PROMPT_CHARS for p in data):
+        raise PromptSetError(f"prompt set {name!r}: at most {MAX_PROMPTS} prompts of {MAX_PROMPT_CHARS} characters")
+    return tuple(data)
+
+
+@dataclass(slots=True, frozen=True)
+class GateRun:
+    """One replay: the verdict plus what it cost."""
+    verdict: CorrectnessVerdict
+    requests: int
+    tokens: int          # prompt + generated tokens sent through the engines, every request counted
+    seconds: float
+
+
+class ReplayError(Exception):
+    pass
+
+
+def _positions(lp: dict, start: int, count: int | None = None) -> tuple[TokenLogprob, ...]:
+    """OpenAI completion logprobs (tokens as "token_id:N") -> TokenLogprob per position from `start`."""
+    toks, lps, tops = lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
+    end = len(toks) if count is None else start + count
+    out = []
+    for i in range(start, end):
+        top = tuple(sorted(((_tid(k), v) for k, v in (tops[i] or {}).items()), key=lambda kv: -kv[1]))
+        out.append(TokenLogprob(_tid(toks[i]), lps[i], top))
+    return tuple(out)
+
+
+def _tid(token: str) -> int:
+    if not token.startswith("token_id:"):
+        raise ReplayError(f"the engine returned token {token!r}, not 'token_id:N' (return_tokens_as_token_ids)")
+    return int(token[len("token_id:"):])
+
+
+class CorrectnessProbe:
+    """`CorrectnessProbe().run(canary_url, baseline_url, policy, model)` -> GateRun. Thread-safe."""
+
+    def __init__(self, *, session_factory=requests.Session) -> None:
+        self._local = threading.local()
+        self._factory = session_factory
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = self._factory()
+        return s
+
+    def _post(self, url: str, body: dict, timeout: float) -> dict:
+        try:
+            r = self._session().post(url.rstrip("/") + "/v1/completions", json=body, headers=PROBE_HEADER,
+                                     timeout=timeout)
+        except requests.RequestException as e:
+            raise ReplayError(f"{type(e).__name__}: {e}") from None
+        if r.status_code != 200:
+            try:
+                msg = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                msg = r.text[:200]
+            raise ReplayError(f"HTTP {r.status_code}: {msg}")
+        return r.json()["choices"][0]
+
+    def _get(self, url: str, path: str, timeout: float) -> dict:
+        try:
+            r = self._session().get(url.rstrip("/") + path, timeout=timeout)
+            return r.json() if r.status_code == 200 else {}
+        except (requests.RequestException, ValueError):
+            return {}
+
+    def describe(self, url: str, timeout: float) -> tuple[str, str]:
+        """(model id, compute dtype) a variant serves; "" where it does not say."""
+        models = self._get(url, "/v1/models", timeout).get("data") or [{}]
+        return str(models[0].get("id", "")), str(self._get(url, "/version", timeout).get("dtype", ""))
+
+    def _one(self, canary: str, baseline: str, model: str, prompt: str,
+             p: CorrectnessPolicy) -> tuple[PromptReplay, int, int]:
+        """(replay, tokens, requests) of one prompt."""
+        t = p.request_timeout_s
+        greedy = {"model": model, "max_tokens": p.max_tokens, "temperature": 0, "logprobs": p.top_logprobs,
+                  "return_tokens_as_token_ids": True, "return_token_ids": True}
+        tokens = 0
+        try:
+            b = self._post(baseline, {**greedy, "prompt": prompt}, t)
+        except ReplayError as e:
+            return PromptReplay(prompt, Continuation(error=str(e)), Continuation()), tokens, 1
+        ids = b["prompt_token_ids"]
+        base = Continuation(tuple(b["token_ids"]), b["text"], _positions(b["logprobs"], 0))
+        tokens += len(ids) + len(base.token_ids)
+        sent = 1
+        try:
+            sent += 1
+            c = self._post(canary, {**greedy, "prompt": ids}, t)
+            can = Continuation(tuple(c["token_ids"]), c["text"], _positions(c["logprobs"], 0))
+            tokens += len(ids) + len(can.token_ids)
+            sent += 1
+            f = self._post(canary, {"model": model, "prompt": ids + list(base.token_ids), "max_tokens": 0,
+                                    "echo": True, "logprobs": p.top_logprobs, "return_tokens_as_token_ids": True}, t)
+            tokens += len(ids) + len(base.token_ids)
+            forced = Continuation(base.token_ids, base.text, _positions(f["logprobs"], len(ids)))
+        except (ReplayError, KeyError, TypeError, ValueError) as e:
+            return PromptReplay(prompt, base, Continuation(error=str(e))), tokens, sent
+        return PromptReplay(prompt, base, can, forced), tokens, sent
+
+    def replay(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy, model: str,
+               prompts: tuple[str, ...]) -> tuple[list[PromptReplay], int, int]:
+        """Every prompt, `policy.concurrency` at a time (so batches differ from a one-by-one run, as in serving);
+        returns (replays, tokens, requests)."""
+        with ThreadPoolExecutor(max_workers=policy.concurrency, thread_name_prefix="sits-correctness") as pool:
+            results = list(pool.map(lambda pr: self._one(canary_url, baseline_url, model, pr, policy), prompts))
+        return [r for r, _, _ in results], sum(n for _, n, _ in results), sum(k for _, _, k in results)
+
+    def run(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy) -> GateRun:
+        """One gate replay (PromptSetError if the prompt set cannot be read)."""
+        t0 = time.perf_counter()
+        prompts = load_prompt_set(policy.prompt_set)
+        model, dtype = self.describe(baseline_url, policy.request_timeout_s)
+        canary_model, canary_dtype = self.describe(canary_url, policy.request_timeout_s)
+        replays, tokens, sent = self.replay(canary_url, baseline_url, policy, model or canary_model, prompts)
+        # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances
+        verdict = compare_replays(replays, policy, canary_dtype or dtype or "unknown")
+        return GateRun(verdict, requests=sent, tokens=tokens, seconds=time.perf_counter() - t0)

@@ -1,0 +1,247 @@
+"""`compare_replays(replays, policy) -> CorrectnessVerdict`: does the canary still compute the baseline's model?
+
+Input per prompt (gathered by adapters/correctness.py): each variant's greedy continuation with the logprob of every
+chosen token and the top-N alternatives, and the canary's logprobs of the BASELINE's continuation (teacher forcing:
+the canary is fed the baseline's tokens, so positions after a divergence are still comparable).
+
+Per prompt: the first position where the greedy tokens differ; whether the first K tokens are identical; the drift
+|canary - baseline| of the chosen tokens' logprobs up to the first divergence (mean, max); under teacher forcing the
+fraction of positions where the baseline's token is also the canary's top-1, and the max drift; at a divergence the
+logprob margins (how much each side preferred its own token over the other's).
+
+Verdict, in order:
+  a replay error on either side for more than policy.max_error_fraction of the prompts -> INCONCLUSIVE;
+  FAIL when any holds: identical-over-K fraction < min_identical_fraction; teacher-forced top-1 agreement <
+      min_top1_agreement; mean drift > max_mean_logprob_drift; max drift > max_logprob_drift; a divergence the
+      baseline was sure about (its margin > max_flip_margin: not a near-tie, a different answer);
+  else PASS.
+bf16 kernels legitimately differ in the last bits, so late divergences on near-ties are normal: the margins separate
+them from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .policy import CorrectnessPolicy
+from .verdict import Outcome
+
+_MAX_EVIDENCE = 8          # diverged/failing prompts kept in full in a verdict
+_PREVIEW = 80              # characters of a prompt kept as its label
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """One position: the token (chosen, or fed under teacher forcing), its logprob and the top alternatives
+    (token id, logprob), best first."""
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def logprob_of(self, token_id: int) -> float | None:
+        if token_id == self.token_id:
+            return self.logprob
+        return next((lp for t, lp in self.top if t == token_id), None)
+
+    @property
+    def is_top1(self) -> bool:
+        """The token is the distribution's argmax (ties count as agreement)."""
+        return not self.top or self.logprob >= self.top[0][1]
+
+
+@dataclass(slots=True, frozen=True)
+class Continuation:
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    error: str = ""            # the request failed: nothing else is meaningful
+
+
+@dataclass(slots=True, frozen=True)
+class PromptReplay:
+    prompt: str
+    baseline: Continuation
+    canary: Continuation
+    forced: Continuation = field(default_factory=Continuation)   # canary scoring the baseline's tokens
+
+
+@dataclass(slots=True, frozen=True)
+class PromptComparison:
+    index: int
+    prompt: str                           # the first _PREVIEW characters
+    compared: int                         # positions both sides generated
+    first_divergence: int | None          # None: identical over `compared`
+    identical_k: bool                     # identical over the first K = policy.compare_tokens
+    drift_mean: float                     # |canary - baseline| of chosen-token logprobs before the divergence
+    drift_max: float
+    forced_top1: float                    # teacher forcing: fraction of positions where baseline's token is top-1
+    forced_drift_max: float               # teacher forcing: max |canary - baseline| over the whole continuation
+    forced_positions: int = 0             # positions scored under teacher forcing
+    baseline_margin: float | None = None  # at the divergence: baseline's lp(its token) - lp(canary's token)
+    canary_margin: float | None = None    # ... and the canary's lp(its token) - lp(baseline's token)
+    baseline_tokens: tuple[int, ...] = ()
+    canary_tokens: tuple[int, ...] = ()
+    baseline_text: str = ""
+    canary_text: str = ""
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["baseline_tokens"], d["canary_tokens"] = list(self.baseline_tokens), list(self.canary_tokens)
+        return {k: _clean(v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "PromptComparison":
+        d = dict(d)
+        for k in ("baseline_tokens", "canary_tokens"):
+            d[k] = tuple(d.get(k) or ())
+        for k in ("drift_mean", "drift_max", "forced_top1", "forced_drift_max"):
+            d[k] = math.nan if d.get(k) is None else d[k]
+        return cls(**d)
+
+
+@dataclass(slots=True, frozen=True)
+class CorrectnessVerdict:
+    outcome: Outcome
+    reason: str
+    prompts: int = 0                      # compared (answered by both sides)
+    errors: int = 0                       # prompts whose replay failed
+    identical_fraction: float = math.nan  # prompts identical over the first K tokens
+    top1_agreement: float = math.nan      # teacher forcing, over all positions of all prompts
+    drift_mean: float = math.nan
+    drift_max: float = math.nan
+    failed: tuple[str, ...] = ()          # the tolerances that failed, e.g. "identical_fraction"
+    dtype: str = ""                       # whose tolerances were applied
+    evidence: tuple[PromptComparison, ...] = ()   # diverged or failing prompts (at most _MAX_EVIDENCE)
+    diverged: int = 0                     # prompts with any divergence
+    tokens: int = 0                       # tokens compared, both sides
+    requests: int = 0                     # set by the worker: what the replay cost
+    seconds: float = math.nan
+
+    def to_dict(self) -> dict:
+        return {"outcome": self.outcome.value, "reason": self.reason, "prompts": self.prompts, "errors": self.errors,
+                "identical_fraction": _clean(self.identical_fraction), "top1_agreement": _clean(self.top1_agreement),
+                "drift_mean": _clean(self.drift_mean), "drift_max": _clean(self.drift_max),
+                "failed": list(self.failed), "dtype": self.dtype, "diverged": self.diverged, "tokens": self.tokens,
+                "requests": self.requests, "seconds": _clean(self.seconds),
+                "evidence": [e.to_dict() for e in self.evidence]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "CorrectnessVerdict":
+        nan = lambda k: math.nan if d.get(k) is None else d[k]  # noqa: E731
+        return cls(Outcome(d["outcome"]), d.get("reason", ""), d.get("prompts", 0), d.get("errors", 0),
+                   nan("identical_fraction"), nan("top1_agreement"), nan("drift_mean"), nan("drift_max"),
+                   tuple(d.get("failed", ())), d.get("dtype", ""),
+                   tuple(PromptComparison.from_dict(e) for e in d.get("evidence", ())), d.get("diverged", 0),
+                   d.get("tokens", 0), d.get("requests", 0), nan("seconds"))
+
+
+def _clean(v):
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def compare_prompt(index: int, replay: PromptReplay, compare_tokens: int) -> PromptComparison:
+    """One prompt's comparison (see the module docstring)."""
+    b, c = replay.baseline, replay.canary
+    label = replay.prompt[:_PREVIEW]
+    if b.error or c.error:
+        return PromptComparison(index, label, 0, None, False, math.nan, math.nan, math.nan, math.nan, 0,
+                                error=f"baseline: {b.error}" if b.error else f"canary: {c.error}")
+    n = min(len(b.token_ids), len(c.token_ids))
+    first = next((i for i in range(n) if b.token_ids[i] != c.token_ids[i]), None)
+    if first is None and len(b.token_ids) != len(c.token_ids):
+        first = n   # one side stopped (EOS) where the other went on
+    same = n if first is None else first
+    drifts = [abs(c.logprobs[i].logprob - b.logprobs[i].logprob)
+              for i in range(min(same, len(b.logprobs), len(c.logprobs)))]
+    forced = replay.forced.logprobs[:len(b.logprobs)]
+    forced_top1 = sum(f.is_top1 for f in forced) / len(forced) if forced else math.nan
+    forced_drift = max((abs(f.logprob - bl.logprob) for f, bl in zip(forced, b.logprobs)), default=math.nan)
+    margins: tuple[float | None, float | None] = (None, None)
+    if first is not None and first < n and first < len(b.logprobs) and first < len(c.logprobs):
+        margins = (_margin(b.logprobs[first], c.token_ids[first]), _margin(c.logprobs[first], b.token_ids[first]))
+    k = min(compare_tokens, max(len(b.token_ids), len(c.token_ids)))
+    identical_k = first is None or first >= k
+    return PromptComparison(
+        index, label, n, first, identical_k,
+        sum(drifts) / len(drifts) if drifts else 0.0, max(drifts, default=0.0), forced_top1, forced_drift,
+        len(forced), *margins, tuple(b.token_ids), tuple(c.token_ids), b.text, c.text)
+
+
+def _margin(pos: TokenLogprob, other: int) -> float | None:
+    """How much `pos` preferred its own token over `other`; a lower bound (vs the last top entry) when `other` is not
+    in its top list, None when the list is empty."""
+    lp = pos.logprob_of(other)
+    if lp is None:
+        if not pos.top:
+            return None
+        lp = pos.top[-1][1]
+    return pos.logprob - lp
+
+
+def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
+                    dtype: str = "float32") -> CorrectnessVerdict:
+    """The gate's verdict over one replay of the prompt set with the tolerances of `dtype` (the engines' compute
+    dtype; see the module docstring for the rules)."""
+    rows = [compare_prompt(i, r, policy.compare_tokens) for i, r in enumerate(replays)]
+    ok = [r for r in rows if not r.error]
+    errors = len(rows) - len(ok)
+    if not rows:
+        return CorrectnessVerdict(Outcome.INCONCLUSIVE, "no prompts were replayed")
+    if not ok or errors / len(rows) > policy.max_error_fraction:
+        first = next(r.error for r in rows if r.error)
+        return CorrectnessVerdict(Outcome.INCONCLUSIVE, f"{errors}/{len(rows)} prompts could not be replayed "
+                                  f"(first: {first})", prompts=len(ok), errors=errors,
+                                  evidence=tuple(r for r in rows if r.error)[:_MAX_EVIDENCE])
+    identical = sum(r.identical_k for r in ok) / len(ok)
+    forced_n = sum(r.forced_positions for r in ok)
+    top1 = sum(r.forced_top1 * r.forced_positions for r in ok if r.forced_positions) / forced_n if forced_n \
+        else math.nan
+    before = sum(r.first_divergence if r.first_divergence is not None else r.compared for r in ok)
+    drift_sum = sum(r.drift_mean * (r.first_divergence if r.first_divergence is not None else r.compared)
+                    for r in ok)
+    drift_mean = drift_sum / before if before else 0.0
+    drift_max = max([r.drift_max for r in ok] + [r.forced_drift_max for r in ok if not math.isnan(r.forced_drift_max)])
+    p = policy.tolerances_for(dtype)
+    flips = [r for r in ok if r.baseline_margin is not None and r.baseline_margin > p.max_flip_margin]
+    failed: list[str] = []
+    why: list[str] = []
+    if identical < p.min_identical_fraction:
+        failed.append("identical_fraction")
+        why.append(f"{identical:.0%} of prompts identical over the first {policy.compare_tokens} tokens "
+                   f"(< {p.min_identical_fraction:.0%})")
+    if not math.isnan(top1) and top1 < p.min_top1_agreement:
+        failed.append("top1_agreement")
+        why.append(f"top-1 agreement {top1:.1%} when fed the baseline's tokens (< {p.min_top1_agreement:.1%})")
+    if drift_mean > p.max_mean_logprob_drift:
+        failed.append("drift_mean")
+        why.append(f"mean logprob drift {drift_mean:.3g} (> {p.max_mean_logprob_drift:g})")
+    if drift_max > p.max_logprob_drift:
+        failed.append("drift_max")
+        why.append(f"max logprob drift {drift_max:.3g} (> {p.max_logprob_drift:g})")
+    if flips:
+        failed.append("flip_margin")
+        f = max(flips, key=lambda r: r.baseline_margin)
+        why.append(f"{len(flips)} prompt(s) diverged where the baseline was sure (prompt {f.index} at token "
+                   f"{f.first_divergence}: margin {f.baseline_margin:.3g} > {p.max_flip_margin:g})")
+    diverged = [r for r in ok if r.first_divergence is not None]
+    # evidence: failing prompts first (sure flips, then the earliest divergences, then the largest drifts)
+    ranked = sorted(ok, key=lambda r: (r not in flips, r.first_divergence is None,
+                                       r.first_divergence if r.first_divergence is not None else 0, -r.drift_max))
+    evidence = tuple(r for r in ranked if r.first_divergence is not None or r.drift_max > p.max_logprob_drift)
+    stats = dict(dtype=dtype, prompts=len(ok), errors=errors, identical_fraction=identical, top1_agreement=top1,
+                 drift_mean=drift_mean, drift_max=drift_max, diverged=len(diverged),
+                 tokens=sum(len(rp.baseline.token_ids) + len(rp.canary.token_ids) for rp in replays))
+    if failed:
+        return CorrectnessVerdict(Outcome.FAIL, f"{dtype} tolerances: " + "; ".join(why), failed=tuple(failed),
+                                  evidence=evidence[:_MAX_EVIDENCE], **stats)
+    near_ties = " (all near-ties)" if diverged else ""
+    return CorrectnessVerdict(Outcome.PASS, f"{len(ok)} prompts: {identical:.0%} identical over "
+                              f"{policy.compare_tokens} tokens, {len(diverged)} diverged{near_ties}, top-1 "
+                              f"agreement {_pct(top1)}, max logprob drift {drift_max:.2g}",
+                              evidence=evidence[:_MAX_EVIDENCE], **stats)
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.1%}"

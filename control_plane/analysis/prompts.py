@@ -1,0 +1,60 @@
+"""The prompt set the correctness gate replays by default (Policy.correctness.prompt_set = "default").
+
+32 prompts of mixed lengths: short questions, code, numbers, prose and a few past a 64-token KV block boundary
+(byte-level tokenizer: about one token per character), up to one past 1,000 tokens, so prefill chunks, several KV
+blocks and long-context RoPE positions are all exercised. Plain data; a user's set is a file (see docs).
+"""
+from __future__ import annotations
+
+_PARAGRAPHS = (
+    "The river rose for three days before the town council met. Nobody had expected the old levee to hold, and "
+    "yet it did, which left the engineers arguing about why rather than how to repair it.",
+    "A kernel that computes attention reads every key and value of the context once per query block. The faster "
+    "versions tile the work so that the tiles stay in on-chip memory, and they rescale partial sums as they go.",
+    "In the spring the market square filled with stalls again: bread, cheese, second-hand books, a man who "
+    "sharpened knives while he told long stories about the sea, and children chasing each other between them.",
+    "Numbers in a log line are easy to misread: 1,024 requests at 99.9 percent success still means one failure, "
+    "and a p99 of 250 ms over five minutes says nothing about the slowest second of the busiest hour.",
+    "She wrote the letter twice. The first version said everything; the second said only what needed saying, and "
+    "that was the one she sent, with a pressed flower from the garden folded into the last page.",
+    "def merge(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n"
+    "            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n"
+    "    return out + a[i:] + b[j:]\n",
+)
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "Hello",
+    "The capital of France is",
+    "1, 2, 3, 4, 5,",
+    "Once upon a time",
+    "Q: What is 17 times 3?\nA:",
+    "def fibonacci(n):",
+    "Translate to German: good morning",
+    "The opposite of hot is",
+    "SELECT name FROM users WHERE",
+    "Roses are red, violets are",
+    "A haiku about autumn rain:\n",
+    "The three primary colours are red,",
+    "In 1969 the first people to walk on the Moon were",
+    "import numpy as np\nx = np.arange(10)\nprint(",
+    "Dear team, the release planned for Friday",
+    "To make a cup of tea, first boil",
+    # just under, at and just past one 64-token block (the byte tokenizer adds a BOS token)
+    "The weather report for tomorrow says light rain in the morning",
+    "A canary release sends a small share of traffic to a new version",
+    "Write a short paragraph that explains why the sky looks blue during the day and red at sunset.",
+    _PARAGRAPHS[0],
+    _PARAGRAPHS[1],
+    _PARAGRAPHS[2] + " " + _PARAGRAPHS[3],
+    _PARAGRAPHS[5] + "\n# merge two sorted lists of numbers, then",
+    "Summarise the following in one sentence.\n\n" + _PARAGRAPHS[4],
+    "Question: " + _PARAGRAPHS[3] + "\nWhich of these numbers is the most misleading, and why?\nAnswer:",
+    "List five fruits, one per line:\n1.",
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Error: connection refused (os error 111) while connecting to 127.0.0.1:8080; retrying in",
+    "{\"name\": \"sits\", \"version\": \"1.0\", \"kernels\": [\"torch\", \"triton-v1\"], \"next\":",
+    " ".join(_PARAGRAPHS[:3]) + " Continue the story:",
+    # past 1,000 tokens: long-context positions (RoPE scaling, many KV blocks, chunked prefill)
+    "\n\n".join(_PARAGRAPHS + _PARAGRAPHS[:1]) + "\n\nThe end of the document. One line summary:",
+    "Ein kurzer Satz auf Deutsch, dann",
+)

@@ -1,0 +1,126 @@
+"""The correctness gate end to end: real engine processes (tiny model, CPU) through the LocalDeployer and its router,
+load through the router, the real worker with its HTTP correctness probe, store and analysis.
+
+- torch-wrong-rope (as fast as torch, different answers) is rolled back by the gate before any traffic -- and the
+  same canary without the gate is promoted: latency alone cannot see it;
+- torch-slow-attn (same answers, slower) passes the gate and is rolled back by the latency checks;
+- torch against itself passes both and is promoted."""
+import json
+import time
+
+import pytest
+
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.scrape import ScrapeSource
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.analysis.prompts import DEFAULT_PROMPTS
+from control_plane.cli import main as control_cli
+from control_plane.loadgen import LoadGenerator
+from control_plane.rollout import Phase
+from control_plane import service
+from control_plane.service import start_rollout
+from control_plane.store import Store
+from control_plane.worker import Worker, WorkerConfig
+
+SVC = "gate"
+LOAD_PROMPT = "Write a short paragraph that explains why the sky looks blue during the day and red at sunset."
+# one step at 50 %, a look every 3 s; the gate replays a user prompt set (a file: the 12 shortest default prompts
+# and one past a 64-token block), 8 tokens each -- the whole default set costs 11-16 s per replay on this loaded CPU
+GATE = {"max_tokens": 8, "compare_tokens": 8, "concurrency": 4, "request_timeout_s": 60.0}
+PROMPTS = sorted(DEFAULT_PROMPTS, key=len)[:12] + [LOAD_PROMPT]
+FAST = dict(steps=(50,), check_interval_s=3.0, warmup_s=1.0,
+            checks=(MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.35),
+                    MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
+            min_samples=60, min_tail_samples=2, failure_limit=1, inconclusive_limit=40, on_inconclusive="rollback",
+            max_duration_s=240.0, ready_timeout_s=240.0, min_error_samples=60)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = LocalDeployer(LocalConfig(workdir=str(tmp_path_factory.mktemp("variants")), cpu_threads=1,
+                                  ready_timeout_s=240))
+    d.deploy(VariantSpec(SVC, "production", "torch"))
+    # a ~95-token prompt: the slow set's row-at-a-time prefill makes it several times slower than torch's
+    load = LoadGenerator(d.router_url(SVC), rate=30, threads=12, max_tokens=2, prompt=LOAD_PROMPT).start()
+    yield d, load
+    load.stop()
+    d.set_weights(SVC, {"production": 100})
+    d.close()
+
+
+def run(world, tmp_path, canary, gate=True, timeout=120.0, **policy):
+    """One rollout to its end; with auto_promote=False, until it awaits promotion (then it is aborted: promoting
+    would make the canary the world's production)."""
+    deployer, _ = world
+    store = Store(str(tmp_path / f"{canary}-{gate}.db"))
+    prompt_file = tmp_path / "prompts.json"
+    prompt_file.write_text(json.dumps(PROMPTS))
+    r = start_rollout(store, SVC, canary, "torch", Policy(**{**FAST, **policy}, correctness={
+        **GATE, "enabled": gate, "prompt_set": str(prompt_file)}))
+    worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
+    try:
+        deadline, aborted = time.monotonic() + timeout, False
+        while time.monotonic() < deadline:
+            got = store.get(r.id)
+            if got.awaiting_promotion and not aborted:
+                aborted = service.send_command(store, r.id, "abort", "test") > 0
+            elif not got.active and not store.pending_actions(r.id):
+                return store, got, store.checks(r.id)
+            time.sleep(0.25)
+        raise AssertionError(f"rollout still {store.get(r.id).phase.value} after {timeout}s: "
+                             f"{[e['message'] for e in store.events(r.id)]}")
+    finally:
+        worker.stop()
+
+
+def latency_results(check):
+    return {x["check"]: x for x in check["verdict"]["results"]}
+
+
+def test_the_wrong_set_is_rolled_back_by_the_gate_and_promoted_without_it(world, tmp_path, capsys):
+    store, r, checks = run(world, tmp_path, "torch-wrong-rope")
+    assert r.phase is Phase.ROLLED_BACK and "(correctness gate (check 1): float32 tolerances" in r.reason, r.reason
+    assert r.step == -1   # no traffic ever reached the wrong canary
+    (gate,) = checks
+    cv = gate["verdict"]["correctness"]
+    assert gate["source"] == "correctness" and gate["decision"] == "rollback" and cv["outcome"] == "fail"
+    assert cv["dtype"] == "float32" and cv["prompts"] == len(PROMPTS) and cv["requests"] == 3 * len(PROMPTS)
+    assert {"drift_max", "top1_agreement"} <= set(cv["failed"])
+    diverged = [e for e in cv["evidence"] if e["first_divergence"] is not None]
+    assert diverged, cv
+    e = diverged[0]
+    assert e["baseline_tokens"][:e["first_divergence"]] == e["canary_tokens"][:e["first_divergence"]]
+    assert e["baseline_tokens"][e["first_divergence"]] != e["canary_tokens"][e["first_divergence"]]
+    assert e["baseline_text"] and e["canary_text"] and e["baseline_text"] != e["canary_text"]
+    assert control_cli(["rollout", "show", r.id, "--store", store.path]) == 0
+    out = capsys.readouterr().out
+    assert "correctness gate: FAIL" in out and f"first divergence at token {e['first_divergence']}" in out
+    assert f"baseline: {e['baseline_tokens'][:3]}"[:-1] in out and f"canary:   {e['canary_tokens'][:3]}"[:-1] in out
+    # the same canary without the gate: every latency check passes and it waits for promotion -- what the gate is for
+    _, r2, checks2 = run(world, tmp_path, "torch-wrong-rope", gate=False, auto_promote=False)
+    assert "aborted by test" in r2.reason, r2.reason
+    assert all(c["source"] == "scrape" for c in checks2) and checks2[-1]["decision"] == "gate"
+    assert latency_results(checks2[-1])["http_request_duration_seconds:p90"]["outcome"] == "pass"
+
+
+def test_the_slow_set_passes_the_gate_and_is_rolled_back_by_latency(world, tmp_path):
+    _, r, checks = run(world, tmp_path, "torch-slow-attn")
+    assert r.phase is Phase.ROLLED_BACK, r.reason
+    gate, last = checks[0], checks[-1]
+    assert gate["source"] == "correctness" and gate["decision"] == "pass"
+    assert gate["verdict"]["correctness"]["identical_fraction"] == 1.0
+    assert last["source"] == "scrape" and last["decision"] == "rollback"
+    p90 = latency_results(last)["http_request_duration_seconds:p90"]
+    assert p90["outcome"] == "fail" and p90["ci_low"] > 0.35
+
+
+def test_the_equivalent_set_passes_both_and_is_promoted(world, tmp_path):
+    _, r, checks = run(world, tmp_path, "torch")
+    assert r.phase is Phase.SUCCEEDED, r.reason
+    assert checks[0]["source"] == "correctness" and checks[0]["decision"] == "pass"
+    cv = checks[0]["verdict"]["correctness"]
+    assert cv["drift_max"] < 1e-5 and cv["diverged"] == 0
+    assert checks[-1]["decision"] == "promote"
+    _, load = world
+    assert load.summary(3.0)["errors"] == 0   # the probes disturbed nothing
