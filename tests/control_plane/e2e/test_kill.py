@@ -50,11 +50,13 @@ def test_sigkilled_control_plane_resumes_to_the_same_outcome(tmp_path, seed):
             wait_for(over, 240, f"the rollout to end or the control plane to die at {die_at}")
         finally:
             if proc.poll() is None:
-                url = (tmp_path / f"router-{proc.pid}").read_text()
-                with urllib.request.urlopen(url + "/_sits/weights", timeout=10) as resp:
-                    routed = json.load(resp)
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+                try:
+                    url = (tmp_path / f"router-{proc.pid}").read_text()
+                    with urllib.request.urlopen(url + "/_sits/weights", timeout=10) as resp:
+                        routed = json.load(resp)
+                finally:   # never leave the control plane (and its engines) running
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(60)
         if proc.returncode == -signal.SIGKILL:
             died.append(die_at)
             wait_for(lambda: not engine_pids(svc), 15, "the dead control plane's engines to exit")   # no orphans
