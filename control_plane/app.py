@@ -21,7 +21,7 @@ from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from control_plane.errors import ConflictError, NotFoundError, ValidationError
-from control_plane.store import Store
+from control_plane.store import Store, StoreWriteError
 from control_plane.web import api, auth, ops, ui
 from control_plane.web.common import error_response, wants_json
 from control_plane.web.present import HeadlineCache
@@ -98,6 +98,12 @@ def _register_errors(app: Flask) -> None:
     @app.errorhandler(ConflictError)
     def _conflict(e: ConflictError):
         return _typed(409, "conflict", str(e))
+
+    @app.errorhandler(StoreWriteError)
+    def _store_unwritable(e: StoreWriteError):   # disk full or read-only: nothing was stored, retry later
+        log.error("%s %s: %s", request.method, request.path, e)
+        return _typed(503, "store_unavailable", "the store cannot be written now (disk full or read-only); "
+                      "nothing was changed, try again later")
 
     @app.errorhandler(auth.AuthFailed)
     def _auth_failed(e: auth.AuthFailed):

@@ -33,7 +33,7 @@ from control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookN
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import Policy, PolicyError
-from control_plane.demo import DemoConfig, run_demo
+from control_plane.demo import SCENARIOS, DemoConfig, run_demo
 from control_plane.errors import SitsError
 from control_plane.lifecycle import shutdown
 from control_plane.rollout import Command
@@ -237,8 +237,11 @@ def cmd_serve(a) -> int:
 
 
 def cmd_demo(a) -> int:
+    keep = a.keep_running if a.keep_running is not None else (not a.exit_when_done and sys.stdin.isatty())
+    scenarios = tuple(SCENARIOS) if a.scenario == "all" else (a.scenario,)
     try:
-        cfg = DemoConfig(workdir=a.workdir, rate=a.rate, slow_ms=a.slow_ms, kernels=a.kernels, metrics=a.metrics)
+        cfg = DemoConfig(workdir=a.workdir, scenarios=scenarios, rate=a.rate, metrics=a.metrics, port=a.port,
+                         keep_running=keep)
     except ValueError as e:
         raise CLIError(str(e)) from None
     try:
@@ -286,11 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: info for `worker`, warning otherwise")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    d = sub.add_parser("demo", help="run two real rollouts locally (CPU, tiny model): one rolls back, one is promoted")
-    d.add_argument("--workdir", default=None, help="where the store and variant logs go (default: a new temp dir)")
-    d.add_argument("--rate", type=float, default=40.0, help="load through the router, requests/s")
-    d.add_argument("--slow-ms", type=float, default=250.0, help="latency injected into the bad canary (ms)")
-    d.add_argument("--kernels", default="torch", help="kernel set of every variant (a CPU-capable one)")
+    d = sub.add_parser("demo", help="the UI on live canaries of real kernel sets (CPU, tiny model): a slower set and "
+                                    "a wrong set rolled back, a good one promoted")
+    d.add_argument("--scenario", choices=["slow", "wrong", "good", "all"], default="all",
+                   help="which canaries to run (all: slow, wrong, good in turn)")
+    d.add_argument("--exit-when-done", action="store_true",
+                   help="stop after the summary; exit 0 only if every scenario ended as expected")
+    d.add_argument("--keep-running", action="store_true", default=None,
+                   help="leave the UI up after the summary until Ctrl-C (the default on a terminal)")
+    d.add_argument("--port", type=int, default=0, help="UI/API port on 127.0.0.1 (default: a free one)")
+    d.add_argument("--workdir", default=None, help="store, auth file and variant logs (default: a new temp dir)")
+    d.add_argument("--rate", type=float, default=25.0, help="Poisson load through the router, requests/s")
     d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
                    help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
     d.set_defaults(fn=cmd_demo)

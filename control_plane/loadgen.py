@@ -1,67 +1,281 @@
-"""Open-loop load through a router (the demo's traffic, and the end-to-end tests'): requests per variant and status,
-client-side latency summaries."""
+"""Open-loop load through a router (the demo's traffic, and the end-to-end tests'): Poisson arrivals, chat-like prompt
+and output lengths, streaming and non-streaming requests; every answer is verified token by token and counted per
+variant (the router's x-sits-variant header), request kind and outcome.
+
+Open loop: arrival times are drawn in advance (exponential gaps, seeded) and do not wait for answers; `threads`
+senders take them in order, and a request's latency counts from its scheduled arrival, so a sender that falls behind
+shows as latency instead of silently lowering the rate (no coordinated omission).
+
+Verification: every request asks for exactly `max_tokens` tokens (`ignore_eos`) with their logprobs. A plain answer
+is good when it has status 200, finish_reason "length", `usage.completion_tokens == max_tokens` and one logprob entry
+per token; a streamed one when, in addition, the logprob entries across its chunks add up to max_tokens, the usage
+chunk agrees, no in-band error arrives and the stream ends with [DONE]. Anything else is counted under its outcome.
+"""
 from __future__ import annotations
 
+import json
+import math
+import queue
+import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
+from dataclasses import dataclass, field
 
 import httpx
 
+OK = "ok"
+# outcomes other than OK: "http_<status>", "short" (a 200 with fewer/more tokens than asked), "stream_error" (an
+# in-band error event), "truncated" (the stream ended without [DONE]), "transport" (no answer at all)
+
+_WORDS = ("the", "a", "canary", "kernel", "latency", "request", "token", "model", "cache", "page", "block", "why",
+          "how", "does", "explain", "write", "summarise", "code", "please", "release", "faster", "about", "is", "of")
+
+
+@dataclass(slots=True, frozen=True)
+class LengthDist:
+    """Lognormal lengths (median, sigma of the log) clipped to [lo, hi]: the shape of chat traffic's prompt and
+    output lengths (ShareGPT-like: most short, a long tail)."""
+    median: float
+    sigma: float
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if not self.median > 0 or self.sigma < 0 or not 1 <= self.lo <= self.hi:
+            raise ValueError(f"length distribution needs median > 0, sigma >= 0 and 1 <= lo <= hi, got {self}")
+
+    def sample(self, rng: random.Random) -> int:
+        x = self.median if self.sigma == 0 else rng.lognormvariate(math.log(self.median), self.sigma)
+        return int(min(self.hi, max(self.lo, round(x))))
+
+
+@dataclass(slots=True, frozen=True)
+class TrafficMix:
+    """What the requests look like. Lengths are in tokens (the tiny model's tokenizer is byte-level: one prompt
+    character is one token). `stream_fraction` of requests stream (SSE); `chat_fraction` use /v1/chat/completions."""
+    prompt_tokens: LengthDist = LengthDist(48, 0.8, 4, 400)
+    output_tokens: LengthDist = LengthDist(6, 0.6, 1, 32)
+    stream_fraction: float = 0.5
+    chat_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.stream_fraction <= 1 and 0 <= self.chat_fraction <= 1):
+            raise ValueError("stream_fraction and chat_fraction must be in [0, 1]")
+
+    @classmethod
+    def fixed(cls, prompt_tokens: int, output_tokens: int, *, stream_fraction: float = 0.0) -> "TrafficMix":
+        return cls(LengthDist(prompt_tokens, 0, prompt_tokens, prompt_tokens),
+                   LengthDist(output_tokens, 0, output_tokens, output_tokens), stream_fraction, 0.0)
+
+
+@dataclass(slots=True, frozen=True)
+class Planned:
+    """One request of the schedule: when (seconds after start), where, what, how many tokens."""
+    at: float
+    route: str
+    stream: bool
+    body: dict
+    max_tokens: int
+
+    @property
+    def kind(self) -> str:
+        return ("chat" if self.route.endswith("chat/completions") else "completion") + \
+            ("+stream" if self.stream else "")
+
+
+def _prompt(rng: random.Random, n: int, fixed: str | None) -> str:
+    if fixed is not None:
+        return fixed
+    words: list[str] = []
+    size = 0
+    while size < n:
+        w = rng.choice(_WORDS)
+        words.append(w)
+        size += len(w) + 1
+    return " ".join(words)[:n]
+
+
+def plan(rate: float, mix: TrafficMix, seed: int, *, model: str = "tiny", prompt: str | None = None):
+    """The request schedule: an endless iterator of Planned, Poisson arrivals at `rate`/s. Deterministic in seed."""
+    rng = random.Random(seed)
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        n_out = mix.output_tokens.sample(rng)
+        text = _prompt(rng, mix.prompt_tokens.sample(rng), prompt)
+        stream = rng.random() < mix.stream_fraction
+        chat = rng.random() < mix.chat_fraction
+        body: dict = {"model": model, "max_tokens": n_out, "temperature": 0, "ignore_eos": True, "stream": stream}
+        if chat:
+            body |= {"messages": [{"role": "user", "content": text}], "logprobs": True}
+        else:
+            body |= {"prompt": text, "logprobs": 0}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        yield Planned(t, "/v1/chat/completions" if chat else "/v1/completions", stream, body, n_out)
+
+
+def _count_logprobs(choice: dict, chat: bool) -> int:
+    lp = choice.get("logprobs") or {}
+    return len(lp.get("content") or ()) if chat else len(lp.get("tokens") or ())
+
+
+def verify_plain(p: Planned, data: dict) -> tuple[str, int]:
+    """(outcome, tokens) of a non-streamed 200 answer."""
+    choice = (data.get("choices") or [{}])[0]
+    n = _count_logprobs(choice, p.route.endswith("chat/completions"))
+    used = (data.get("usage") or {}).get("completion_tokens")
+    good = n == used == p.max_tokens and choice.get("finish_reason") == "length"
+    return (OK if good else "short"), n
+
+
+def verify_stream(p: Planned, lines) -> tuple[str, int]:
+    """(outcome, tokens) of a streamed 200 answer, read from its SSE lines."""
+    chat = p.route.endswith("chat/completions")
+    tokens, usage, finish, done = 0, None, None, False
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            done = True
+            break
+        ev = json.loads(payload)
+        if "error" in ev:
+            return "stream_error", tokens
+        if ev.get("usage"):
+            usage = ev["usage"].get("completion_tokens")
+        for c in ev.get("choices") or ():
+            tokens += _count_logprobs(c, chat)
+            finish = c.get("finish_reason") or finish
+    if not done:
+        return "truncated", tokens
+    good = tokens == usage == p.max_tokens and finish == "length"
+    return (OK if good else "short"), tokens
+
+
+@dataclass(slots=True)
+class Tally:
+    """Counts of finished requests: (variant, kind, outcome) -> requests, plus verified tokens per variant."""
+    requests: Counter = field(default_factory=Counter)
+    tokens: Counter = field(default_factory=Counter)
+
+    def per_variant(self) -> dict[str, dict[str, int]]:
+        """variant -> {"answered": ok requests, "failed": the rest, "tokens": tokens of ok answers, <outcome>: n}."""
+        out: dict[str, dict[str, int]] = {}
+        for (variant, _kind, outcome), n in self.requests.items():
+            row = out.setdefault(variant, {"answered": 0, "failed": 0, "tokens": self.tokens[variant]})
+            row["answered" if outcome == OK else "failed"] += n
+            row[outcome] = row.get(outcome, 0) + n
+        return out
+
 
 class LoadGenerator:
-    """Open-loop load through the router: `rate` requests/s spread over `threads` senders (a sender that falls
-    behind sends at once). Counts answers per variant (the router's x-sits-variant header) and status."""
+    """`LoadGenerator(url, rate, threads, max_tokens, prompt)`: Poisson arrivals at `rate` requests/s through the
+    router, sent by `threads` senders. With no `mix`, every request is the same non-streamed completion of
+    `max_tokens` tokens for `prompt`; with a TrafficMix, lengths, streaming and route are drawn per request (seeded).
+    `sent`, `answered`, `tally` and `summary()` may be read while it runs; `stop()` waits for requests in flight."""
 
     def __init__(self, url: str, rate: float = 20.0, threads: int = 16, max_tokens: int = 4,
-                 prompt: str = "Once upon a time") -> None:
-        if not rate > 0 or threads < 1:
-            raise ValueError("load rate must be > 0 and threads >= 1")
-        self.url, self.rate, self.threads = url.rstrip("/"), rate, threads
-        self.body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        self.sent = 0
-        self.recent: deque[tuple[float, str, int, float]] = deque(maxlen=20000)   # (t, variant, status, seconds)
+                 prompt: str = "Once upon a time", *, mix: TrafficMix | None = None, seed: int = 0,
+                 model: str = "tiny", timeout_s: float = 60.0) -> None:
+        if not rate > 0 or threads < 1 or max_tokens < 1:
+            raise ValueError("load rate must be > 0, threads and max_tokens >= 1")
+        self.url, self.rate, self.threads, self.timeout_s = url.rstrip("/"), rate, threads, timeout_s
+        self.mix = mix or TrafficMix.fixed(len(prompt), max_tokens)
+        self._plan = plan(rate, self.mix, seed, model=model, prompt=None if mix else prompt)
+        self.sent = 0          # requests sent (answered or not)
+        self.tally = Tally()
+        self.recent: deque[tuple[float, str, int, float, str]] = deque(maxlen=20000)  # (t, variant, status, s, outcome)
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._workers: list[threading.Thread] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._t0 = 0.0
+
+    @property
+    def answered(self) -> int:
+        with self._lock:
+            return sum(n for (_, _, o), n in self.tally.requests.items() if o == OK)
+
+    @property
+    def finished(self) -> int:
+        with self._lock:
+            return sum(self.tally.requests.values())
 
     def start(self) -> "LoadGenerator":
-        t0 = time.monotonic()
-        for i in range(self.threads):
-            t = threading.Thread(target=self._run, args=(t0 + i / self.rate,), name=f"sits-load-{i}", daemon=True)
+        self._t0 = time.monotonic()
+        self._threads = [threading.Thread(target=self._arrivals, name="sits-load-arrivals", daemon=True)]
+        self._threads += [threading.Thread(target=self._sender, name=f"sits-load-{i}", daemon=True)
+                          for i in range(self.threads)]
+        for t in self._threads:
             t.start()
-            self._workers.append(t)
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 60.0) -> None:
+        """No new arrivals; requests already sent finish (up to `timeout`), so sent == finished afterwards."""
         self._stop.set()
-        for t in self._workers:
-            t.join(30)
+        for _ in range(self.threads):
+            self._queue.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self, next_at: float) -> None:
-        period = self.threads / self.rate
-        with httpx.Client(timeout=60, trust_env=False) as c:
-            while not self._stop.is_set():
-                delay = next_at - time.monotonic()
-                if delay > 0 and self._stop.wait(delay):
+    def _arrivals(self) -> None:
+        for p in self._plan:
+            delay = self._t0 + p.at - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                return
+            if self._stop.is_set():
+                return
+            self._queue.put(p)
+
+    def _sender(self) -> None:
+        with httpx.Client(timeout=self.timeout_s, trust_env=False) as c:
+            while True:
+                p = self._queue.get()
+                if p is None:
                     return
-                next_at = max(next_at + period, time.monotonic() - period)
-                start = time.monotonic()
-                try:
-                    r = c.post(self.url + "/v1/completions", json=self.body)
-                    variant, status = r.headers.get("x-sits-variant", "?"), r.status_code
-                except httpx.HTTPError:
-                    variant, status = "?", 0
                 with self._lock:
                     self.sent += 1
-                    self.recent.append((time.monotonic(), variant, status, time.monotonic() - start))
+                variant, status, outcome, tokens = self._send(c, p)
+                done = time.monotonic()
+                with self._lock:
+                    self.tally.requests[(variant, p.kind, outcome)] += 1
+                    if outcome == OK:
+                        self.tally.tokens[variant] += tokens
+                    self.recent.append((done, variant, status, done - (self._t0 + p.at), outcome))
+
+    def _send(self, c: httpx.Client, p: Planned) -> tuple[str, int, str, int]:
+        variant, status = "?", 0
+        try:
+            with c.stream("POST", self.url + p.route, json=p.body) as r:
+                variant, status = r.headers.get("x-sits-variant", "?"), r.status_code
+                if status != 200:
+                    r.read()
+                    return variant, status, f"http_{status}", 0
+                if p.stream:
+                    outcome, n = verify_stream(p, r.iter_lines())
+                else:
+                    outcome, n = verify_plain(p, json.loads(r.read()))
+                return variant, status, outcome, n
+        except httpx.HTTPError:
+            return variant, status, "truncated" if status == 200 else "transport", 0
+        except (ValueError, KeyError, IndexError, TypeError):   # a 200 whose body is not what the API promises
+            return variant, status, "short", 0
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per variant: answered (verified), failed, tokens, and each outcome's count."""
+        with self._lock:
+            return self.tally.per_variant()
 
     def summary(self, last_s: float = 10.0) -> dict:
-        """Requests/s, share and p90 client latency per variant over the last `last_s` seconds."""
+        """Requests/s, errors, share and p90 client latency per variant over the last `last_s` seconds."""
         cut = time.monotonic() - last_s
         with self._lock:
             rows = [x for x in self.recent if x[0] >= cut]
-        out = {"rate": len(rows) / last_s, "errors": sum(1 for r in rows if r[2] != 200), "variants": {}}
+        out = {"rate": len(rows) / last_s, "errors": sum(1 for r in rows if r[4] != OK), "variants": {}}
         for v in sorted({r[1] for r in rows}):
             lat = sorted(r[3] for r in rows if r[1] == v)
             out["variants"][v] = {"share": len(lat) / len(rows), "p90_ms": 1000 * lat[int(0.9 * (len(lat) - 1))]}

@@ -25,7 +25,8 @@ from control_plane.rollout_types import Action, Command, Rollout
 from control_plane.spec import DeploySpec
 from control_plane.store_codec import (check_to_dict, clean, rollout_from_dict,  # noqa: F401  (re-exported)
                                        rollout_to_dict, variant_from_dict, variant_to_dict)
-from control_plane.store_schema import SCHEMA_VERSION, StoreError, connect, migrate  # noqa: F401  (re-exported)
+from control_plane.store_schema import (SCHEMA_VERSION, StoreError, StoreWriteError, connect,  # noqa: F401
+                                        migrate)
 
 
 class RolloutNotFoundError(StoreError, NotFoundError):
@@ -70,13 +71,24 @@ class Store:
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._rollback()
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as e:   # disk full, read-only, I/O error, locked: nothing was stored
+                self._rollback()
+                raise StoreWriteError(f"store {self.path} cannot be written: {e}") from None
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            try:
                 self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            except sqlite3.Error:   # the file is gone bad: the connection drops the transaction itself
+                pass
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

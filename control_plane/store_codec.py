@@ -11,10 +11,17 @@ from control_plane.rollout_types import Check, Phase, Rollout
 
 def clean(x: Any) -> Any:
     """JSON-safe: non-finite floats become Prometheus' strings ("NaN", "+Inf", "-Inf"); enums their values."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("+Inf" if x > 0 else "-Inf")
-    if isinstance(x, Mapping):
+    t = type(x)   # exact types first: evidence is ~10^4 plain numbers per check, and ABC isinstance() is slow
+    if t is float:
+        return x if x - x == 0 else ("NaN" if x != x else ("+Inf" if x > 0 else "-Inf"))
+    if t is int or t is str or t is bool or x is None:
+        return x
+    if t is list or t is tuple:
+        return [clean(v) for v in x]
+    if t is dict or isinstance(x, Mapping):
         return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, float):
+        return clean(float(x))
     if isinstance(x, (list, tuple)):
         return [clean(v) for v in x]
     return x

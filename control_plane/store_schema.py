@@ -86,6 +86,11 @@ class StoreError(Exception):
     """A store operation failed."""
 
 
+class StoreWriteError(StoreError):
+    """The store's file cannot be written now (disk full, read-only, I/O error, locked past the timeout): the
+    transaction was rolled back and nothing of it is stored."""
+
+
 class SchemaError(StoreError):
     """The file's schema cannot be used by this code (it is newer)."""
 

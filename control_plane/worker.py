@@ -34,15 +34,19 @@ from control_plane.adapters.deploy import Deployer, DeployCancelled, DeployNotFo
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
 from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
-from control_plane.rollout import (Action, Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
-                                   SetWeights, correctness_due, reconcile)
+from control_plane.rollout import (Action, Command, Deploy, Event, EventKind, Notify, Observation, Phase, Promote,
+                                   Rollback, Rollout, SetWeights, correctness_due, reconcile, weights_for)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.redact import redact
-from control_plane.store import Store
+from control_plane.store import Store, StoreWriteError
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
+# the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
+_EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
+             Phase.PROGRESSING: ("production", "baseline", "canary"), Phase.PAUSED: ("production", "baseline", "canary"),
+             Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
 _STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -72,6 +76,8 @@ class WorkerMetrics:
                                registry=self.registry)
         self.errors = Counter("sits_control_pass_errors", "Rollout passes that raised.", ["service"],
                               registry=self.registry)
+        self.store_errors = Counter("sits_control_store_write_errors", "Passes stopped because the store could not "
+                                    "be written (disk full or read-only).", registry=self.registry)
         self.action_failures = Counter("sits_control_action_failures", "Actions that failed for good.",
                                        ["service", "kind"], registry=self.registry)
         self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
@@ -115,6 +121,8 @@ class Worker:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
+        self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
+        self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
@@ -174,6 +182,8 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.tick()
+            except StoreWriteError as e:
+                self._store_failed(e, "worker tick")
             except Exception:
                 log.exception("worker tick failed")
             self._stop.wait(self.config.interval_s)
@@ -181,6 +191,9 @@ class Worker:
     def _pass(self, rollout_id: str, service: str) -> None:
         try:
             self.reconcile_rollout(rollout_id)
+            self.store_error = None
+        except StoreWriteError as e:
+            self._store_failed(e, f"rollout {rollout_id} ({service})")
         except LeaseLostError as e:
             log.warning("%s; this pass stops here", e)
         except DeployCancelled as e:   # shutdown: the pass ends, its pending actions stay for the next worker
@@ -188,6 +201,14 @@ class Worker:
         except Exception:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
+
+    def _store_failed(self, e: StoreWriteError, where: str) -> None:
+        # nothing the pass decided was stored, so nothing was done: an action runs only once its outbox row exists,
+        # and one that ran but could not be marked done stays pending and is repeated (idempotently) later
+        self.store_error = str(e)
+        self.metrics.store_errors.inc()
+        log.error("%s: %s; this pass stopped without acting, retried every %g s until the store can be written",
+                  where, e, self.config.interval_s)
 
     def _recover(self) -> None:
         """Finished rollouts whose last actions (notifications) never ran because of a crash."""
@@ -217,6 +238,8 @@ class Worker:
         if not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
             return r
+        if r.id not in self._restored:
+            r = self._restore(r)
         pending = self.store.pending_actions(r.id)
         if pending:   # only after a crash or an interrupted pass: finish it, reconcile next interval
             self._at("recover")
@@ -254,6 +277,48 @@ class Worker:
             self.metrics.stage.labels(r.service, stage).observe(dt)
         self.metrics.reconcile.observe(t4 - t0)
         return saved
+
+    def _restore(self, r: Rollout) -> Rollout:
+        """First pass of this worker over the rollout: variants its phase has deployed but the deployer does not know
+        (local processes died with a previous worker) are deployed again, as they were, with the traffic split of the
+        current step; the event is stored before anything is deployed, and windows of the next warm-up are dropped.
+        Killed while restoring, the next worker restores again (every deploy is idempotent)."""
+        want = _EXPECTED.get(r.phase, ())
+        status = self.deployer.status(r.service) if want else {}
+        missing = [role for role in want if role not in status]
+        if missing:
+            now = self.clock()
+            msg = (f"restart: {', '.join(missing)} not deployed (gone with a previous control plane); deploying "
+                   f"{'them' if len(missing) > 1 else 'it'} again at weight {r.weight} %")
+            log.warning("rollout %s (%s): %s", r.id, r.service, msg)
+            r = self.store.save(dataclasses.replace(
+                r, warmup_until=max(r.warmup_until, now + r.policy.warmup_s) if r.step >= 0 else r.warmup_until,
+                new_events=(Event(now, EventKind.PHASE, msg, r.phase),)))
+            spec = self.store.spec(r.id)
+            kernels = {"production": r.production_kernels, "baseline": r.production_kernels,
+                       "canary": r.canary_kernels}
+            if "production" in missing:
+                self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
+            others = [role for role in missing if role != "production"]
+            raised: list[Exception] = []
+
+            def deploy(role: str) -> None:
+                try:
+                    self.deployer.deploy(spec.variant(r.service, role, kernels[role]))
+                except Exception as e:   # re-raised below: the pass fails and the next one restores again
+                    raised.append(e)
+            threads = [threading.Thread(target=deploy, args=(role,)) for role in others]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if raised:
+                raise raised[0]
+            if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
+                self.deployer.set_weights(r.service, weights_for(r.weight))
+            self._at("restored")
+        self._restored.add(r.id)
+        return r
 
     def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
         failed = tuple(a["kind"] for a in self.store.actions(r.id)
@@ -361,6 +426,8 @@ class Worker:
                 self._at(f"executed:{action.kind}")
                 self.store.mark_action(action_id, "done")
                 return
+            except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
+                raise
             except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
                 log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)
                 raise

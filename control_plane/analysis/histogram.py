@@ -137,7 +137,9 @@ class HistogramSnapshot:
                                    or math.isnan(self.count))
 
     def to_dict(self) -> dict:
-        return {"bounds": [_num(b) for b in self.bounds], "counts": [_num(c) for c in self.counts],
+        # x - x == 0 only for finite x: the common case skips _num
+        return {"bounds": [b if b - b == 0 else _num(b) for b in self.bounds],
+                "counts": [c if c - c == 0 else _num(c) for c in self.counts],
                 "sum": _num(self.sum), "count": _num(self.count)}
 
     @classmethod

@@ -37,6 +37,8 @@ def readyz():
     worker = current_app.config["WORKER"]
     if worker is not None and not worker.alive:
         problems.append("worker: its loop is not running")
+    if worker is not None and worker.store_error:   # reads may work while writes fail (disk full or read-only)
+        problems.append(f"store: {worker.store_error}")
     body = {"status": "ok" if not problems else "unavailable", "worker": worker is not None, "problems": problems}
     return jsonify(body), 200 if not problems else 503
 

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.rollout import Command, Phase
+from control_plane.rollout import Command, Phase, weights_for
 from control_plane.store import Store
 from control_plane.service import start_rollout
 from control_plane.spec import DeploySpec
@@ -260,9 +260,10 @@ def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
     store.close()
 
 
-def test_variants_lost_with_a_previous_worker_roll_back_cleanly(tmp_path):
-    """Local variants die with the worker process: after a restart the canary is gone, which the readiness guard
-    turns into a rollback; rolling back a service with nothing deployed is already done, not a failure."""
+def test_variants_lost_with_a_previous_worker_are_deployed_again(tmp_path):
+    """Local variants die with the worker process: its restart finds production, baseline and canary gone and deploys
+    them again as they were (same kernels, the current step's weights; an event says so, stored first), so the
+    rollout carries on instead of being rolled back onto a production that no longer runs."""
     db = str(tmp_path / "l.db")
     deployer, t = InMemoryDeployer(), [0.0]
     with Store(db) as s:
@@ -271,15 +272,23 @@ def test_variants_lost_with_a_previous_worker_roll_back_cleanly(tmp_path):
         for _ in range(2):
             t[0] += 5
             w.reconcile_rollout("r1")
-        assert s.get("r1").phase is Phase.PROGRESSING
+        before = s.get("r1")
+        assert before.phase is Phase.PROGRESSING and before.weight > 0
         deployer.services.clear()                         # the previous worker's processes are gone
         w2 = Worker(s, deployer, CannedSource(), clock=lambda: t[0], owner=w.owner)   # its restart
-        phases = []
-        for _ in range(2):
-            t[0] += 5
-            phases.append(w2.reconcile_rollout("r1").phase)
-        assert phases == [Phase.ROLLING_BACK, Phase.ROLLED_BACK]
-        assert "not ready" in s.get("r1").reason
+        t[0] += 5
+        after = w2.reconcile_rollout("r1")
+        assert after.phase is Phase.PROGRESSING and after.weight == before.weight
+        assert after.warmup_until == t[0] + POLICY.warmup_s
+        assert {r: v.kernels for r, v in deployer.services["chat"]["variants"].items()} == \
+            {"production": "torch", "baseline": "torch", "canary": "triton-v1"}
+        assert deployer.weights("chat") == weights_for(before.weight)
+        assert any(e["message"].startswith("restart: production, baseline, canary not deployed")
+                   for e in s.events("r1"))
+        n = len(deployer.calls)
+        t[0] += 5
+        w2.reconcile_rollout("r1")                        # restored once per worker: no second round of deploys
+        assert not [c for c in deployer.calls[n:] if c[0] == "deploy"]
         assert all(a["status"] == "done" for a in s.actions("r1"))
 
 

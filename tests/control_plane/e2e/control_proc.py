@@ -1,0 +1,67 @@
+"""A whole local control plane in one process, to be SIGKILLed by tests: the real worker, store, LocalDeployer (engine
+processes behind the weighted router), direct scrape and a load generator through the router.
+
+    python -m tests.control_plane.e2e.control_proc --store S --workdir W [--die-at STEP:N]
+
+`--die-at saved:3` SIGKILLs this process the 3rd time a pass reaches the step `saved` (Worker.step_hook names:
+loaded, observed, reconciled, saved, consumed, recover, executed:<action kind>). The router's URL is written to
+W/router-<pid> once production runs; SIGTERM stops everything cleanly.
+"""
+import argparse
+import os
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.scrape import ScrapeSource
+from control_plane.lifecycle import shutdown
+from control_plane.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.store import Store
+from control_plane.worker import Worker, WorkerConfig
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--store", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--service", required=True)
+    p.add_argument("--die-at", default=None)
+    p.add_argument("--rate", type=float, default=25.0)
+    a = p.parse_args()
+    deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=1, ready_timeout_s=120))
+    store = Store(a.store)
+    worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0, action_backoff_s=0.2))
+    if a.die_at:
+        step, n = a.die_at.rsplit(":", 1)
+        seen = Counter()
+
+        def hook(name: str) -> None:
+            seen[name] += 1
+            if name == step and seen[name] == int(n):
+                os.kill(os.getpid(), signal.SIGKILL)
+        worker.step_hook = hook
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    worker.start()
+    load = None
+    while not stop.wait(0.2):
+        if load is None:
+            try:
+                url = deployer.router_url(a.service)
+            except Exception:
+                continue
+            mix = TrafficMix(LengthDist(32, 0.6, 4, 120), LengthDist(2, 0.4, 1, 6), 0.3, 0.3)
+            load = LoadGenerator(url, rate=a.rate, threads=10, mix=mix, seed=os.getpid()).start()
+            out = Path(a.workdir) / f"router-{os.getpid()}"
+            out.with_suffix(".tmp").write_text(url)
+            out.with_suffix(".tmp").replace(out)
+    if load is not None:
+        load.stop(10)
+    shutdown(deployer, worker=worker, source=worker.source)
+    store.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Shared by the end-to-end fault tests: the engine processes of a service (from /proc), a short policy, waiting."""
+import os
+import time
+
+from control_plane.adapters.process import pid_alive
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+
+# one step at 50 %, a check every 3 s: P90 (a 300 ms injected delay is many times the noise) and the error rate;
+# latency only (the correctness gate has its own end-to-end tests, and the demo's test runs it)
+FAST = Policy(correctness={"enabled": False}, steps=(50,), check_interval_s=3.0, warmup_s=1.0,
+              checks=(MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.35),
+                      MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
+              min_samples=60, min_tail_samples=2, failure_limit=2, inconclusive_limit=40,
+              on_inconclusive="rollback", max_duration_s=240.0, ready_timeout_s=240.0, min_error_samples=60)
+SLOW = ("--fault-latency-ms", "300")
+
+
+def engine_pids(service: str, role: str | None = None) -> list[int]:
+    """Live `sits-engine serve` processes labelled with this service (and role)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "serve" in argv and "--service" in argv and argv[argv.index("--service") + 1] == service \
+                and (role is None or ("--env" in argv and argv[argv.index("--env") + 1] == role)) \
+                and pid_alive(int(d)):
+            out.append(int(d))
+    return out
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)

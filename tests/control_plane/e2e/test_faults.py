@@ -1,0 +1,162 @@
+"""Faults under steady mixed load (Poisson, streaming and plain, every token verified) with real engines behind the
+LocalDeployer's router and the real worker: a canary that crashes mid-rollout is rolled back within 30 s while
+production keeps serving; Prometheus stopped mid-rollout makes checks inconclusive (traffic held, never promoted
+blind) until it returns; and through weight changes, a rollback and a promotion no request is lost."""
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from control_plane.adapters.scrape import ScrapeSource
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.rollout import Phase
+from control_plane.service import start_rollout
+from control_plane.spec import DeploySpec
+from control_plane.store import Store
+from control_plane.worker import Worker, WorkerConfig
+
+from .support import FAST, SLOW, engine_pids, wait_for
+
+SVC = "faults"
+MIX = TrafficMix(LengthDist(32, 0.7, 4, 160), LengthDist(2, 0.5, 1, 8), stream_fraction=0.4, chat_fraction=0.3)
+
+@pytest.fixture(scope="module")
+def deployer(tmp_path_factory):
+    d = LocalDeployer(LocalConfig(workdir=str(tmp_path_factory.mktemp("variants")), cpu_threads=1,
+                                  ready_timeout_s=240))
+    d.deploy(VariantSpec(SVC, "production", "torch"))
+    yield d
+    d.close()
+    assert not engine_pids(SVC)
+
+def load(d, seed, rate=25.0):
+    return LoadGenerator(d.router_url(SVC), rate=rate, threads=10, mix=MIX, seed=seed).start()
+
+def finish(store, rid, timeout=180.0):
+    def done():
+        r = store.get(rid)
+        return r if not r.active and not store.pending_actions(rid) else None
+    return wait_for(done, timeout, f"rollout {rid} to end")
+
+@pytest.mark.slow
+def test_a_canary_that_crashes_is_rolled_back_within_30s_while_production_serves(deployer, tmp_path):
+    # many steps and many samples needed: the canary cannot pass before it is killed
+    policy = Policy.from_dict({**FAST.to_dict(), "steps": [10, 25, 50], "min_samples": 400})
+    store = Store(str(tmp_path / "c.db"))
+    worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
+    gen = load(deployer, seed=1)
+    try:
+        r = start_rollout(store, SVC, "torch", "torch", policy, DeploySpec())
+        wait_for(lambda: store.get(r.id).checks >= 1, 120, "the first check")
+        (pid,) = engine_pids(SVC, "canary")
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)                                   # the canary crashes
+        got = finish(store, r.id, 60)
+    finally:
+        gen.stop()
+        worker.stop()
+    assert got.phase is Phase.ROLLED_BACK and "canary" in got.reason, got.reason
+    rolled_back = next(e["at"] for e in store.events(r.id) if "-> rolled_back:" in e["message"])
+    assert rolled_back - killed_at < 30                               # the rollout's own record of it
+    counts = gen.counts()
+    assert counts["production"]["failed"] == 0 and counts["production"]["answered"] > 50   # production never stopped
+    assert counts["baseline"]["failed"] == 0
+    assert set(deployer.status(SVC)) == {"production"}
+    store.close()
+
+class Discovery:
+    """file_sd targets following the deployer's status (what Kubernetes SD does in a cluster)."""
+
+    def __init__(self, deployer, path: Path):
+        self.deployer, self.path, self._stop = deployer, path, threading.Event()
+        self.write()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def write(self):
+        targets = sorted(u.removeprefix("http://") for st in self.deployer.status(SVC).values() for u in st.endpoints)
+        text = json.dumps([{"targets": targets, "labels": {}}])
+        if not self.path.exists() or self.path.read_text() != text:
+            self.path.with_suffix(".tmp").write_text(text)
+            os.replace(self.path.with_suffix(".tmp"), self.path)
+
+    def _run(self):
+        while not self._stop.wait(0.3):
+            self.write()
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(5)
+
+@pytest.mark.slow
+def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path, prometheus_factory):
+    prom = prometheus_factory()
+    sd = tmp_path / "targets.json"
+    disco = Discovery(deployer, sd)
+    cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
+    Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
+                                     "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
+                                         {"files": [str(sd)], "refresh_interval": "1s"}]}]}))
+    urllib.request.urlopen(urllib.request.Request(prom.url + "/-/reload", method="POST"), timeout=10).close()
+    policy = Policy.from_dict({**FAST.to_dict(), "min_samples": 150, "on_inconclusive": "pause"})
+    store = Store(str(tmp_path / "p.db"))
+    source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0, timeout_s=1.0, retries=0))
+    worker = Worker(store, deployer, source, config=WorkerConfig(interval_s=1.0)).start()
+    gen = load(deployer, seed=2)
+    try:
+        r = start_rollout(store, SVC, "torch", "torch", policy, DeploySpec())
+        wait_for(lambda: store.get(r.id).phase is Phase.PROGRESSING, 120, "progressing")
+        os.kill(prom.proc.pid, signal.SIGSTOP)                         # Prometheus stops answering
+        stopped_at = store.get(r.id).checks
+        wait_for(lambda: store.get(r.id).checks >= stopped_at + 3, 60, "three checks without Prometheus")
+        during = store.check_summaries(r.id, since_seq=stopped_at)
+        held = store.get(r.id)
+        os.kill(prom.proc.pid, signal.SIGCONT)                         # ... and is back
+        got = finish(store, r.id, 120)
+    finally:
+        os.kill(prom.proc.pid, signal.SIGCONT)
+        gen.stop()
+        worker.stop()
+        disco.stop()
+        source.close()
+    assert all(c["outcome"] == "inconclusive" and c["decision"] == "hold" for c in during[1:]), \
+        [(c["seq"], c["outcome"], c["decision"]) for c in during]
+    assert held.phase is Phase.PROGRESSING and held.weight == 50                # traffic held where it was
+    assert any(e["kind"] == "metrics" and "prometheus" in e["message"] for e in store.events(r.id))
+    assert got.phase is Phase.SUCCEEDED, got.reason                            # resumed once it answered again
+    last = store.checks(r.id)[-1]
+    p90 = next(x for x in last["verdict"]["results"]
+               if x["check"].endswith(":p90") and 'route="/v1/completions"' in x["series"])
+    assert last["decision"] == "promote" and p90["outcome"] == "pass" and p90["n_canary"] >= policy.min_samples
+    assert gen.counts()["production"]["failed"] == 0
+    store.close()
+
+@pytest.mark.slow
+def test_no_request_lost_through_weight_changes_rollback_and_promotion(deployer, tmp_path):
+    store = Store(str(tmp_path / "n.db"))
+    worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
+    gen = load(deployer, seed=3)
+    try:
+        bad = finish(store, start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_args=SLOW)).id)
+        good = finish(store, start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec()).id)
+    finally:
+        gen.stop()
+        worker.stop()
+    assert bad.phase is Phase.ROLLED_BACK and good.phase is Phase.SUCCEEDED, (bad.reason, good.reason)
+    counts = gen.counts()
+    assert set(counts) == {"production", "baseline", "canary"}
+    for variant, c in counts.items():
+        assert c["failed"] == 0 and c["answered"] > 0, (variant, c)          # answered, every token verified
+    assert gen.sent == gen.finished == sum(c["answered"] for c in counts.values())
+    kinds = {k for (_, k, _) in gen.tally.requests}
+    assert {"completion", "completion+stream", "chat", "chat+stream"} <= kinds
+    store.close()

@@ -1,0 +1,94 @@
+"""The load generator's schedule (Poisson arrivals, chat-like lengths; seeded) and its answer verification; against a
+real engine behind the router, every request of a mixed load is answered and verified token by token."""
+import json
+import statistics
+import time
+
+import pytest
+
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.loadgen import OK, LengthDist, LoadGenerator, Planned, TrafficMix, plan, verify_plain, verify_stream
+
+
+def take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def test_schedule_is_poisson_chat_like_and_seeded():
+    mix = TrafficMix(LengthDist(48, 0.8, 4, 400), LengthDist(6, 0.6, 1, 32), 0.3, 0.5)
+    reqs = take(plan(50.0, mix, seed=7), 5000)
+    assert take(plan(50.0, mix, seed=7), 50) == reqs[:50]
+    assert take(plan(50.0, mix, seed=8), 50) != reqs[:50]
+    gaps = [b.at - a.at for a, b in zip(reqs, reqs[1:])]
+    mean = statistics.fmean(gaps)
+    assert abs(mean - 1 / 50) < 0.002                              # rate 50/s
+    assert abs(statistics.pstdev(gaps) / mean - 1) < 0.08           # exponential gaps: coefficient of variation 1
+    outs = [r.max_tokens for r in reqs]
+    assert min(outs) >= 1 and max(outs) <= 32 and statistics.median(outs) == 6
+    prompts = [len(r.body.get("prompt") or r.body["messages"][0]["content"]) for r in reqs]
+    assert min(prompts) >= 4 and max(prompts) <= 400 and 40 <= statistics.median(prompts) <= 56
+    assert max(prompts) > 4 * statistics.median(prompts)           # a long tail, not a constant
+    assert abs(sum(r.stream for r in reqs) / 5000 - 0.3) < 0.03
+    assert abs(sum(r.route == "/v1/chat/completions" for r in reqs) / 5000 - 0.5) < 0.03
+    for r in reqs[:200]:
+        assert r.body["ignore_eos"] and r.body["max_tokens"] == r.max_tokens
+        assert ("stream_options" in r.body) == r.stream
+
+
+def test_fixed_mix_keeps_the_legacy_request():
+    r = take(plan(10.0, TrafficMix.fixed(16, 4), seed=0, prompt="Once upon a time"), 3)
+    assert {x.body["prompt"] for x in r} == {"Once upon a time"} and {x.max_tokens for x in r} == {4}
+    assert not any(x.stream for x in r)
+    with pytest.raises(ValueError):
+        LengthDist(0, 1, 1, 2)
+    with pytest.raises(ValueError):
+        LoadGenerator("http://127.0.0.1:1", rate=0)
+
+
+def sse(*events, done=True):
+    lines = [f"data: {json.dumps(e)}" for e in events]
+    return lines + (["data: [DONE]"] if done else [])
+
+
+def chunk(n, finish=None):
+    return {"choices": [{"text": "x" * n, "logprobs": {"tokens": ["x"] * n}, "finish_reason": finish}]}
+
+
+@pytest.mark.parametrize("lines, outcome", [
+    (sse(chunk(2), chunk(1, "length"), {"choices": [], "usage": {"completion_tokens": 3}}), OK),
+    (sse(chunk(2), chunk(1, "length"), {"choices": [], "usage": {"completion_tokens": 3}}, done=False), "truncated"),
+    (sse(chunk(2), chunk(0, "length"), {"choices": [], "usage": {"completion_tokens": 2}}), "short"),
+    (sse(chunk(2), chunk(1, "stop"), {"choices": [], "usage": {"completion_tokens": 3}}), "short"),
+    (sse(chunk(2), {"error": {"message": "interrupted"}}), "stream_error"),
+])
+def test_stream_verification(lines, outcome):
+    p = Planned(0.0, "/v1/completions", True, {}, 3)
+    assert verify_stream(p, lines)[0] == outcome
+
+
+def test_plain_verification():
+    p = Planned(0.0, "/v1/chat/completions", False, {}, 2)
+    good = {"choices": [{"finish_reason": "length", "logprobs": {"content": [{}, {}]}}],
+            "usage": {"completion_tokens": 2}}
+    assert verify_plain(p, good) == (OK, 2)
+    assert verify_plain(p, {**good, "usage": {"completion_tokens": 1}})[0] == "short"
+
+
+@pytest.mark.slow
+def test_mixed_load_against_a_real_engine(tmp_path):
+    with LocalDeployer(LocalConfig(workdir=str(tmp_path), cpu_threads=1)) as d:
+        d.deploy(VariantSpec("lg", "production", "torch"))
+        mix = TrafficMix(LengthDist(40, 0.8, 4, 200), LengthDist(4, 0.6, 1, 12), 0.5, 0.5)
+        g = LoadGenerator(d.router_url("lg"), rate=15, threads=6, mix=mix, seed=3).start()
+        deadline = time.monotonic() + 60
+        while g.finished < 40 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        g.stop()
+    counts = g.counts()
+    assert g.sent == g.finished >= 40
+    assert counts == {"production": {"answered": g.sent, "failed": 0, "ok": g.sent,
+                                     "tokens": counts["production"]["tokens"]}}
+    kinds = {k for (_, k, _) in g.tally.requests}
+    assert kinds == {"completion", "completion+stream", "chat", "chat+stream"}
+    assert counts["production"]["tokens"] >= g.sent   # every answer's tokens counted (>= 1 each)
