@@ -25,7 +25,7 @@ const Correctness = (() => {
     const at = e.first_divergence;
     const head = at == null ? "no divergence" : `first divergence at token ${at}`;
     const side = (role, toks, txt, other, margin) => el("div", { class: `side ${role}` },
-      el("div", { class: "role" }, el("span", { class: `swatch ${role}`, "aria-hidden": "true" }), role,
+      el("div", { class: "who" }, el("span", { class: `swatch ${role}`, "aria-hidden": "true" }), role,
         at != null ? el("span", { class: "muted small" }, ` · margin ${num(margin)}`) : null),
       text(txt, other), ids(toks, at));
     return el("li", { class: "div" },
@@ -45,7 +45,7 @@ const Correctness = (() => {
     if (key === shown) return;
     shown = key;
     const steps = R.steps.length;
-    const stat = (label, value, bad) => [el("dt", {}, label), el("dd", { class: bad ? "bad" : null }, value)];
+    const stat = (label, value, bad) => el("div", {}, el("dt", {}, label), el("dd", { class: bad ? "bad" : null }, value));
     const failed = new Set(L.failed || []);
     const evidence = all || L.evidence;
     const more = !all && L.evidence_total > L.evidence.length
@@ -65,7 +65,7 @@ const Correctness = (() => {
           stat("Top-1 agreement (teacher forcing)", frac(L.top1_agreement, 1), failed.has("top1_agreement")),
           stat("Logprob drift mean / max", `${num(L.drift_mean)} / ${num(L.drift_max)}`, failed.has("drift_mean") || failed.has("drift_max")),
           stat("Failed tolerances", failed.size ? [...failed].map((f) => TOL[f] || f).join(", ") : "none", failed.size > 0),
-          L.seconds != null ? stat("Cost", `${L.requests} requests in ${L.seconds.toFixed(1)} s`) : []),
+          L.seconds != null ? stat("Cost", `${L.requests} requests in ${L.seconds.toFixed(1)} s`) : null),
         el("p", { class: "reason" }, L.reason)),
       evidence.length ? el("h3", {}, `First divergences`, el("span", { class: "muted" }, ` · ${evidence.length} of ${L.evidence_total} diverged prompts kept`)) : null,
       evidence.length ? el("ol", { class: "divergences" }, evidence.map(divergence)) : null,

@@ -121,7 +121,8 @@
   }
   function drawCharts() {
     if (!S || !S.t.length) return;
-    $("no-charts").hidden = true;
+    $("no-charts").hidden = METRICS.some((m) => S.metrics[m]);   // correctness checks alone draw nothing
+    $("no-charts").textContent = "No latency checks yet: charts appear with the first one.";
     const box = $("charts");
     for (const metric of METRICS) {
       if (!S.metrics[metric]) continue;
