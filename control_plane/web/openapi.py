@@ -49,10 +49,13 @@ def openapi_spec() -> dict:
                                            "headers": {"Location": {"schema": {"type": "string"}}}},
                                    **_errors(401, 403, 409, 413, 422)}}},
         "/rollouts/{rollout_id}": {"get": {"summary": "A rollout: phase, step, weights, variants, policy, last "
-                                           "verdict with its evidence", "parameters": [RID],
+                                           "verdict with its evidence, the correctness gate (field correctness: enabled, history "
+                                           "of correctness checks, latest verdict with its first 5 divergences)",
+                                           "parameters": [RID],
                                            "responses": {"200": _resp("the rollout", ro), **read}}},
         "/rollouts/{rollout_id}/checks": {"get": {
-            "summary": "Every check with its full evidence (view=compact: without bucket counts)",
+            "summary": "Every check with its full evidence (view=compact: without bucket counts; a correctness "
+                       "check carries source 'correctness' and its verdict's figures without per-prompt evidence)",
             "parameters": [RID, _param("since_seq", schema={"type": "integer"}),
                            _param("limit", schema={"type": "integer"}),
                            _param("view", schema={"enum": ["full", "compact"]})],

@@ -144,7 +144,42 @@ def check_compact(ev: Mapping) -> dict:
                   "window_start": ev.get("window_start"), "window_end": ev.get("window_end"),
                   "decision": ev["decision"], "outcome": v["outcome"], "reason": v["reason"], "guard": v.get("guard"),
                   "need_more": v.get("need_more"), "compare_to": v.get("compare_to"), "variants": variants,
+                  "source": ev.get("source"),
+                  "correctness": correctness_summary(v["correctness"]) if v.get("correctness") else None,
                   "results": [dict(r, label=check_label(r["check"])) for r in v.get("results", [])]})
+
+
+# ---- the correctness gate ----------------------------------------------------------------------------------------
+CORRECTNESS_PREFIX = "correctness: "   # the stored reason of every correctness check (rollout._correctness_check)
+MAX_DIVERGENCES = 5                    # the detail payload's first divergences; GET .../checks/<seq> has them all
+MAX_HISTORY = 100
+
+
+def correctness_summary(cv: Mapping) -> dict:
+    """A correctness verdict without its per-prompt evidence (a table row, a history line)."""
+    return {k: cv.get(k) for k in ("outcome", "reason", "dtype", "prompts", "errors", "diverged", "tokens",
+                                   "identical_fraction", "top1_agreement", "drift_mean", "drift_max", "failed",
+                                   "requests", "seconds")}
+
+
+def correctness_of(store, r: Rollout) -> dict:
+    """The detail page's Correctness section: is the gate on, every correctness check (one line each, newest last)
+    and the latest verdict with its first MAX_DIVERGENCES diverged prompts. Read from the checks' summary columns
+    (no evidence parsed) plus one check's evidence."""
+    rows = [c for c in store.check_summaries(r.id, limit=100000) if c["reason"].startswith(CORRECTNESS_PREFIX)]
+    latest = None
+    if rows:
+        ev = store.check(r.id, rows[-1]["seq"])
+        cv = ev["verdict"].get("correctness")
+        if ev.get("source") == "correctness" and cv is not None:
+            evidence = cv.get("evidence") or []
+            latest = dict(correctness_summary(cv), seq=ev["seq"], at=ev["at"], step=ev["step"],
+                          weight=ev["weight"], decision=ev["decision"], evidence=evidence[:MAX_DIVERGENCES],
+                          evidence_total=len(evidence))
+    history = [dict(c, reason=c["reason"][len(CORRECTNESS_PREFIX):]) for c in rows[-MAX_HISTORY:]]
+    c = r.policy.correctness
+    return {"enabled": c.enabled, "compare_tokens": c.compare_tokens, "runs": len(rows),
+            "history": history, "latest": latest}
 
 
 def action_row(a: Mapping) -> dict:

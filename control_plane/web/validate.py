@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Mapping
 
-from control_plane.analysis import ERROR_RATE, MetricCheck, Policy, PolicyError
+from control_plane.analysis import ERROR_RATE, CorrectnessPolicy, MetricCheck, Policy, PolicyError
 from control_plane.errors import ValidationError
 
 FIELDS = {"service": str, "kernels": str, "production_kernels": str, "model": str, "replicas": int,
@@ -64,6 +64,12 @@ def _policy_field(d: dict) -> str:
                 return f"policy.checks[{i}]"
             except PolicyError:
                 return f"policy.checks[{i}].{_check_key(c)}"
+    if isinstance(d.get("correctness"), Mapping):   # the gate's own keys: policy.correctness.enabled, ...
+        for key, value in d["correctness"].items():
+            try:
+                CorrectnessPolicy.from_dict({key: value})
+            except _BAD:
+                return f"policy.correctness.{key}"
     for key, value in d.items():   # each field alone: the one that fails on its own is the culprit
         if key == "checks":
             continue

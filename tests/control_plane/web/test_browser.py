@@ -102,7 +102,7 @@ def test_start_watch_and_abort_a_canary_in_a_real_browser(service, artifacts):
             page.click("#start")
             err = page.locator("#thr-0-err")
             err.wait_for(state="visible")
-            assert "max_rel_delta must be > 0" in err.inner_text()
+            assert "max_rel_delta must be in [0.0001, 100]" in err.inner_text()   # the message of analysis/policy.py
             assert page.get_attribute("#thr-0", "aria-invalid") == "true"
             shot(page, "new-canary-422-1440")
             page.fill("#thr-0", "50")
@@ -120,6 +120,9 @@ def test_start_watch_and_abort_a_canary_in_a_real_browser(service, artifacts):
             page.wait_for_function("() => Number(document.querySelector('.chart-row').dataset.points) >= 2",
                                    timeout=60_000)
             page.wait_for_function("() => document.querySelectorAll('#checks tbody tr').length >= 2", timeout=10_000)
+            # the correctness gate ran before traffic (torch against torch: identical) and its verdict is shown
+            assert page.locator("#correctness .verdict-head .badge").inner_text().strip() == "✓ pass"
+            assert page.locator("#correctness .history li").count() >= 1
             assert page.locator("#stepper li.current .w").inner_text() == "20 %"
             assert page.locator("#live").inner_text() == "live"
             shot(page, "detail-progressing-1440")

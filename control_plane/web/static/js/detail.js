@@ -1,5 +1,5 @@
-// Rollout detail: header and actions, stepper, variants, charts, checks (expandable evidence) and events, all
-// refreshed every 1.5 s; only new checks/events/points are fetched after the first load.
+// Rollout detail: header and actions, stepper, variants, charts, correctness (correctness.js), checks (expandable
+// evidence) and events, all refreshed every 1.5 s; only new checks/events/points are fetched after the first load.
 "use strict";
 (() => {
   const { api, el, badge, pct, pt, ms, dur, clock, poll, mark } = SITS;
@@ -121,7 +121,8 @@
   }
   function drawCharts() {
     if (!S || !S.t.length) return;
-    $("no-charts").hidden = true;
+    $("no-charts").hidden = METRICS.some((m) => S.metrics[m]);   // correctness checks alone draw nothing
+    $("no-charts").textContent = "No latency checks yet: charts appear with the first one.";
     const box = $("charts");
     for (const metric of METRICS) {
       if (!S.metrics[metric]) continue;
@@ -172,11 +173,13 @@
     const v = c.variants, target = c.compare_to;
     const req = (role) => v[role] && v[role].requests != null ? Math.round(v[role].requests) : "–";
     const btn = el("button", { type: "button", class: "secondary", "aria-expanded": "false" }, "Evidence");
-    const tr = el("tr", { "data-seq": c.seq },
+    const gate = c.correctness;   // a correctness-gate check: prompts replayed, no latency results
+    const tr = el("tr", { "data-seq": c.seq, class: gate ? "gate" : null },
       el("td", { class: "when" }, el("strong", {}, `#${c.seq}`), clock(c.at)),
-      el("td", { class: "when" }, `step ${c.step + 1}/${R.steps.length}`, el("br"), `${c.weight} %`),
-      el("td", { class: "when" }, `${req("canary")}`, el("br"), el("span", { class: "muted" }, `${req(target)}`)),
-      el("td", { class: "results-cell" }, resultGrid(c)),
+      el("td", { class: "when" }, c.step < 0 ? "before traffic" : `step ${c.step + 1}/${R.steps.length}`, el("br"), `${c.weight} %`),
+      gate ? el("td", { class: "when" }, `${gate.prompts} prompts`, el("br"), el("span", { class: "muted" }, "replayed on both"))
+        : el("td", { class: "when" }, `${req("canary")}`, el("br"), el("span", { class: "muted" }, `${req(target)}`)),
+      el("td", { class: "results-cell" }, gate ? Correctness.cell(c) : resultGrid(c)),
       el("td", { class: "verdict" }, el("strong", { class: `verdict-${c.outcome}` }, `${mark[c.outcome]} ${c.outcome}`), el("div", { class: "muted small" }, `→ ${c.decision}`),
         c.need_more ? el("span", { class: "need" }, `needs about ${c.need_more} more requests per variant`) : null, btn));
     btn.addEventListener("click", async () => {
@@ -238,6 +241,7 @@
     R = res.data;
     header();
     stepper();
+    Correctness.render($("correctness"), R);
     if (R.checks > lastSeq) {
       const s = await api(`/rollouts/${encodeURIComponent(id)}/series?since_seq=${lastSeq}`);
       if (s.ok && s.data.last_seq != null) { appendSeries(s.data); lastSeq = s.data.last_seq; drawCharts(); }
@@ -248,6 +252,7 @@
   }
   header();
   stepper();
+  Correctness.render($("correctness"), R);
   document.getElementById("checks").hidden = true;
   poll(refresh, 1500);
 })();

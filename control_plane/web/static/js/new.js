@@ -78,6 +78,7 @@
     if (m && checkRows[+m[1]]) {
       ({ input, err } = checkRows[+m[1]]);
     } else if (field) {
+      if (field.startsWith("policy.correctness")) field = "policy.correctness.enabled";   // the form's only gate field
       input = form.querySelector(`[data-field="${CSS.escape(field)}"]`);
       if (input) {
         err = input.parentElement.querySelector(`.field-error[data-for="${CSS.escape(field)}"]`);
@@ -108,6 +109,7 @@
     const policy = {
       steps, compare_to: form.querySelector('input[name="compare_to"]:checked').value,
       check_interval_s: num("check_interval_s"), warmup_s: num("warmup_s"), min_samples: num("min_samples"),
+      correctness: { enabled: $("correctness").checked },
       checks: checkRows.map((r) => r.metric === "error_rate"
         ? { metric: r.metric, max_abs_delta: Number(r.input.value) / 100 }
         : { metric: r.metric, quantile: r.q, max_rel_delta: Number(r.input.value) / 100 }),
