@@ -47,7 +47,7 @@ def _hist(n: int, median: float, sigma: float = 0.4) -> HistogramSnapshot:
 
 def template_checks(n_checks: int) -> tuple[Rollout, tuple]:
     """Drive reconcile until it has recorded n_checks checks; returns the final state and its checks."""
-    policy = Policy(steps=(5, 10, 25, 50, 100), check_interval_s=10, warmup_s=0, min_samples=10 ** 9,
+    policy = Policy(steps=(5, 10, 25, 50, 100), check_interval_s=10, warmup_s=0, min_samples=10 ** 9, correctness={"enabled": False},
                     inconclusive_limit=100_000, max_duration_s=30 * 86400)   # the policy bounds
     r = Rollout("template", "svc", "triton-v1.1", "triton-v1", policy, created_at=0.0, phase_since=0.0)
     checks, t, windows = [], 0.0, {}

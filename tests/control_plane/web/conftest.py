@@ -13,11 +13,13 @@ from control_plane.web.users import Users, token_sha256
 from control_plane.worker import Worker
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
+from tests.control_plane.helpers import latency_policy
 
 TOKENS = {"viewer": "viewer-token-0123456789", "operator": "operator-token-0123456789",
           "admin": "admin-token-0123456789"}
 NAMES = {"viewer": "vera", "operator": "otto", "admin": "ada"}
-POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)
+POLICY = latency_policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)   # canned windows: no engines for the gate
+GATED_POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)     # the correctness gate on (default)
 
 
 def auth(role: str) -> dict:

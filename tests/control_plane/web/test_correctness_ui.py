@@ -10,7 +10,7 @@ from control_plane.analysis import CorrectnessVerdict, Outcome, PromptComparison
 from control_plane.rollout import Observation, Phase, reconcile
 from tests.control_plane.test_rollout import window
 
-from .conftest import TOKENS, auth, new_rollout
+from .conftest import GATED_POLICY, TOKENS, auth, new_rollout
 from .test_auth import login
 
 
@@ -28,7 +28,7 @@ FAIL = CorrectnessVerdict(Outcome.FAIL, "float32 tolerances: 7 prompt(s) diverge
 
 def gated_rollout(store, verdict=FAIL):
     """A rollout whose pre-traffic correctness gate ran once and returned `verdict` (stored like the worker does)."""
-    r = new_rollout(store, canary="torch-wrong-rope", production="torch")
+    r = new_rollout(store, canary="torch-wrong-rope", production="torch", policy=GATED_POLICY)
     r, actions = reconcile(r, Observation(0.0, 10.0, {}, source="scrape"), 10.0)
     r = store.save(r, actions)
     assert r.phase is Phase.INITIALIZING
