@@ -300,20 +300,9 @@ class Worker:
             if "production" in missing:
                 self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
             others = [role for role in missing if role != "production"]
-            raised: list[Exception] = []
-
-            def deploy(role: str) -> None:
-                try:
-                    self.deployer.deploy(spec.variant(r.service, role, kernels[role]))
-                except Exception as e:   # re-raised below: the pass fails and the next one restores again
-                    raised.append(e)
-            threads = [threading.Thread(target=deploy, args=(role,)) for role in others]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if raised:
-                raise raised[0]
+            # re-raised: the pass fails and the next one restores again
+            _in_parallel(lambda role: self.deployer.deploy(spec.variant(r.service, role, kernels[role])),
+                         [(role,) for role in others])
             if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
                 self.deployer.set_weights(r.service, weights_for(r.weight))
             self._at("restored")
@@ -394,20 +383,8 @@ class Worker:
                                 "time", r.id, redact(f"{type(e).__name__}: {e}"))
                     parallel = False
             if parallel:
-                raised: list[BaseException] = []
-
-                def run(aid: int, a: Action) -> None:
-                    try:
-                        self._run_one(r, spec, aid, a)
-                    except BaseException as e:   # re-raised in this thread (a simulated crash must stop the pass)
-                        raised.append(e)
-                threads = [threading.Thread(target=run, args=g) for g in group]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                if raised:
-                    raise raised[0]
+                # re-raised in this thread (a simulated crash must stop the pass)
+                _in_parallel(lambda aid, a: self._run_one(r, spec, aid, a), group)
             else:
                 self._run_one(r, spec, *group[0])
             i += len(group)
@@ -467,3 +444,20 @@ class Worker:
         else:
             raise ValueError(f"unknown action {action!r}")
 
+
+def _in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
+    """fn(*args) for every args in its own thread; waits for all, then re-raises the first exception raised."""
+    raised: list[BaseException] = []
+
+    def run(*args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:
+            raised.append(e)
+    threads = [threading.Thread(target=run, args=args) for args in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if raised:
+        raise raised[0]
