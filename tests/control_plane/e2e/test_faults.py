@@ -5,7 +5,6 @@ blind) until it returns; and through weight changes, a rollback and a promotion 
 import json
 import os
 import signal
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +22,7 @@ from control_plane.service import start_rollout
 from control_plane.spec import DeploySpec
 from control_plane.store import Store
 from control_plane.worker import Worker, WorkerConfig
+from tests.fixtures.prometheus import DeployerDiscovery
 
 from .support import FAST, SLOW, engine_pids, wait_for
 
@@ -73,35 +73,12 @@ def test_a_canary_that_crashes_is_rolled_back_within_30s_while_production_serves
     assert set(deployer.status(SVC)) == {"production"}
     store.close()
 
-class Discovery:
-    """file_sd targets following the deployer's status (what Kubernetes SD does in a cluster)."""
-
-    def __init__(self, deployer, path: Path):
-        self.deployer, self.path, self._stop = deployer, path, threading.Event()
-        self.write()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def write(self):
-        targets = sorted(u.removeprefix("http://") for st in self.deployer.status(SVC).values() for u in st.endpoints)
-        text = json.dumps([{"targets": targets, "labels": {}}])
-        if not self.path.exists() or self.path.read_text() != text:
-            self.path.with_suffix(".tmp").write_text(text)
-            os.replace(self.path.with_suffix(".tmp"), self.path)
-
-    def _run(self):
-        while not self._stop.wait(0.3):
-            self.write()
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(5)
 
 @pytest.mark.slow
 def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path, prometheus_factory):
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
-    disco = Discovery(deployer, sd)
+    disco = DeployerDiscovery(deployer, SVC, sd)
     cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
     Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
                                      "scrape_configs": [{"job_name": "sits", "file_sd_configs": [

@@ -3,7 +3,6 @@ router, the real worker, store and analysis. A kernel version with injected late
 one is promoted: with direct scrape, and with the Prometheus source against a real Prometheus scraping the variants."""
 import json
 import os
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ from control_plane.loadgen import LoadGenerator
 from control_plane.rollout import Phase
 from control_plane.store import Store
 from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
+from tests.fixtures.prometheus import DeployerDiscovery
 
 from .test_notify import Receiver
 
@@ -109,38 +109,11 @@ def test_scrape_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path):
     store.close()
 
 
-class Discovery:
-    """Service discovery for the test Prometheus (what Kubernetes SD does in a cluster): the variants' endpoints,
-    written to a file_sd file whenever the deployer's status changes."""
-
-    def __init__(self, deployer, path: Path):
-        self.deployer, self.path, self._stop = deployer, path, threading.Event()
-        self.write()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def write(self):
-        targets = sorted(u.removeprefix("http://") for st in self.deployer.status(SVC).values() for u in st.endpoints)
-        text = json.dumps([{"targets": targets, "labels": {}}])
-        if not self.path.exists() or self.path.read_text() != text:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
-
-    def _run(self):
-        while not self._stop.wait(0.3):
-            self.write()
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(5)
-
-
 def test_prometheus_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path, prometheus_factory):
     deployer, _ = world
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
-    disco = Discovery(deployer, sd)
+    disco = DeployerDiscovery(deployer, SVC, sd)
     cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
     Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
                                      "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
