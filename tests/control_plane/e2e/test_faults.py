@@ -2,12 +2,9 @@
 LocalDeployer's router and the real worker: a canary that crashes mid-rollout is rolled back within 30 s while
 production keeps serving; Prometheus stopped mid-rollout makes checks inconclusive (traffic held, never promoted
 blind) until it returns; and through weight changes, a rollback and a promotion no request is lost."""
-import json
 import os
 import signal
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -79,11 +76,7 @@ def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
     disco = DeployerDiscovery(deployer, SVC, sd)
-    cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
-    Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
-                                     "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
-                                         {"files": [str(sd)], "refresh_interval": "1s"}]}]}))
-    urllib.request.urlopen(urllib.request.Request(prom.url + "/-/reload", method="POST"), timeout=10).close()
+    prom.scrape_file_sd(sd)
     policy = Policy.from_dict({**FAST.to_dict(), "min_samples": 150, "on_inconclusive": "pause"})
     store = Store(str(tmp_path / "p.db"))
     source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0, timeout_s=1.0, retries=0))

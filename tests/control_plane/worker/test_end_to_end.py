@@ -1,11 +1,7 @@
 """End to end on this machine: the real LocalDeployer (engine processes behind the weighted router), load through the
 router, the real worker, store and analysis. A kernel version with injected latency rolls back on its own and a good
 one is promoted: with direct scrape, and with the Prometheus source against a real Prometheus scraping the variants."""
-import json
-import os
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -114,11 +110,7 @@ def test_prometheus_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path, 
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
     disco = DeployerDiscovery(deployer, SVC, sd)
-    cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
-    Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
-                                     "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
-                                         {"files": [str(sd)], "refresh_interval": "1s"}]}]}))
-    urllib.request.urlopen(urllib.request.Request(prom.url + "/-/reload", method="POST"), timeout=10).close()
+    prom.scrape_file_sd(sd)
     prom.wait_for('up{job="sits"}', lambda r: len(r) == 1 and r[0]["value"][1] == "1", timeout=30)
     store = Store(str(tmp_path / "p.db"))
     source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0))
