@@ -255,7 +255,10 @@ def gpu(args) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu: no CUDA device (pass --device cpu to run the same path on the CPU)")
     policy = CorrectnessPolicy()
-    sets = ("torch", "triton-v1", "torch-wrong-rope") if args.device != "cpu" else ("torch", "torch-wrong-rope")
+    register_bench_sets()
+    # on the CPU (a dry run of this path) triton-v1 cannot run: the split-K set stands in for "another GEMM kernel"
+    sets = args.canary.split(",") if args.canary != "torch" else \
+        ["torch", "triton-v1" if args.device != "cpu" else "bench-split-k", "torch-wrong-rope"]
     out, rows = {}, []
     for model in _models(args):
         base = _llm(args, model, "torch")
@@ -268,15 +271,17 @@ def gpu(args) -> dict:
             out[key] = {**_summary(v), "seconds": round(time.perf_counter() - t0, 1),
                         "evidence": [e.to_dict() for e in v.evidence[:2]]}
             rows.append((key, v))
-            print(f"{key:44s} {_row(v)}  ({out[key]['seconds']} s)", flush=True)
+            print(f"{key:48s} {_row(v)}  ({out[key]['seconds']} s)", flush=True)
+            if args.json:   # after every row: a run cut short by its time limit keeps what it measured
+                args.json.write_text(json.dumps(out, indent=1, default=str))
             del canary
         del base
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    print(f"\n{'canary vs torch':44s} outcome      stats (all positions | confident positions)")
+    print(f"\n{'canary vs torch':48s} outcome      stats (all positions | confident positions)")
     for key, v in rows:
-        print(f"{key:44s} {_row(v)}")
-        print(f"{'':44s} reason: {v.reason[:300]}")
+        print(f"{key:48s} {_row(v)}")
+        print(f"{'':48s} reason: {v.reason[:300]}")
     return out
 
 
@@ -351,7 +356,8 @@ def main(argv=None) -> int:
                     "several; default tiny; gpu: .cache/tiny-trained,tiny,llama3-8b)")
     ap.add_argument("--dtype", default=None, help="engine dtype and tolerances (default float32; gpu: bfloat16)")
     ap.add_argument("--canary", default="torch", help="margins, equivalence: the equivalent canary set(s), e.g. "
-                    "torch,torch-slow-attn,bench-split-k")
+                    "torch,torch-slow-attn,bench-split-k; gpu: the canaries (default torch,triton-v1,torch-wrong-rope"
+                    "; on the CPU bench-split-k for triton-v1)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default cpu; gpu: cuda)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

@@ -105,9 +105,10 @@ class Tolerances:
 
 
 # Measured (docs/control-loop.md "Correctness gate", BENCHMARKS.md "Correctness gate"): fp32 is the torch set against
-# itself with other batch compositions on CPU (max drift 9.5e-7 over 100 replays); the half-precision ones are set
-# from torch vs triton-v1 in bf16 on an H200 where that was measured, else they are the loose estimate stated there.
-_HALF = Tolerances(min_identical_fraction=0.0, min_top1_agreement=0.8, max_mean_logprob_drift=0.05,
+# itself with other batch compositions on CPU (max drift 9.5e-7 over 100 replays); the half-precision ones are
+# margin-aware, from a trained tiny checkpoint in bf16 (equivalent sets flip only below a 0.06-nat margin, drift at
+# confident positions <= 0.048) and the H200's random-weight figures (flips below 0.31 nats, drift <= 0.22).
+_HALF = Tolerances(min_identical_fraction=0.0, min_top1_agreement=0.8, max_mean_logprob_drift=0.1,
                    max_logprob_drift=1.0, max_flip_margin=1.0, confident_margin=1.0, min_confident_positions=20,
                    min_confident_top1=0.98)
 DEFAULT_TOLERANCES: dict[str, Tolerances] = {
