@@ -15,13 +15,16 @@ cost: two `sits-engine serve` processes (torch, torch), one gate replay of the d
 equivalence: the torch set against itself in-process (offline engine), the baseline run one prompt at a time, the
     canary with the prompt set shuffled into random batches next to random filler requests (a different batch
     composition every replay); the false-fail rate of the default policy, plus the drift statistics.
-smallest-bug: torch with the attention softmax scale off by 10 %, 1 %, 0.1 %, 0.01 % (derived in-process) and the
-    two example sets, each against torch: which the default policy fails, and on what.
+smallest-bug: torch with the attention softmax scale off by 10 %, 1 %, 0.1 %, 0.01 % (--scale-errors; derived
+    in-process), the split-K set (equivalent) and the two example sets, each against torch: which the default policy
+    fails, and on what.
 margins: the baseline's runner-up margins (top-1 minus top-2 logprob) over the default set's continuations, and for
     torch against itself (other batches) the largest margin at which a token flipped and the drift at confident
     positions: what the half-precision confident_margin rests on.
-gpu: per model, torch against itself (other batches), triton-v1 (CUDA only) and torch-wrong-rope against torch in
-    --dtype with the default policy; a table last (bench/gpu_gate.sh runs it in one device call).
+gpu: per model, torch against itself (other batches), triton-v1 and torch-wrong-rope against torch in --dtype with
+    the default policy, a table last; one device call of a few minutes at most (a fixed KV cache and eager decode;
+    --json is rewritten after every row). `--device cpu` runs the same path on the CPU, with the split-K set
+    (bench-split-k, an equivalent GEMM) in place of triton-v1.
 """
 from __future__ import annotations
 

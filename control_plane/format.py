@@ -81,8 +81,8 @@ def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
                      f"{_fmt(cv['top1_agreement'], '.1%')} when fed the baseline's tokens, logprob drift mean "
                      f"{_fmt(cv['drift_mean'], '.2g')} max {_fmt(cv['drift_max'], '.2g')}{cost}")
     if cv.get("confident_positions"):
-        lines.append(f"    at the {cv['confident_positions']} of {cv['positions']} positions where the baseline was sure: "
-                     f"top-1 agreement {_fmt(cv['confident_top1'], '.1%')}, logprob drift mean "
+        lines.append(f"    at the {cv['confident_positions']} of {cv['positions']} positions where the baseline was "
+                     f"sure: top-1 agreement {_fmt(cv['confident_top1'], '.1%')}, logprob drift mean "
                      f"{_fmt(cv['confident_drift_mean'], '.2g')} max {_fmt(cv['confident_drift_max'], '.2g')}")
     if cv["errors"]:
         lines.append(f"    {cv['errors']} prompt(s) could not be replayed")
