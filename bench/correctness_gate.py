@@ -1,19 +1,30 @@
 """The kernel-correctness gate: what it costs, how often it fails equivalent sets, and the smallest bug it catches.
 
     .venv/bin/python bench/correctness_gate.py cost [--replays 3]        # real engines over HTTP (CPU, tiny)
-    .venv/bin/python bench/correctness_gate.py equivalence [--replays 100] [--budget-s 300]
-    .venv/bin/python bench/correctness_gate.py smallest-bug
+    .venv/bin/python bench/correctness_gate.py equivalence [--replays 100] [--budget-s 300] [--model M --dtype D]
+    .venv/bin/python bench/correctness_gate.py smallest-bug [--model M --dtype D]
+    .venv/bin/python bench/correctness_gate.py margins [--model tiny,.cache/tiny-trained --dtype bfloat16]
     .venv/bin/python bench/correctness_gate.py speed                     # the example sets' speed vs torch
-    python3 bench/correctness_gate.py gpu [--model tiny,llama3-8b]       # torch vs triton-v1 in bf16 on a GPU
+    python3 bench/correctness_gate.py gpu --model .cache/tiny-trained,tiny,llama3-8b --dtype bfloat16
+
+--model takes presets or checkpoint directories (bench/train_tiny.py builds the trained tiny one; a missing
+.cache/tiny-trained is trained first); --dtype is the engines' compute dtype and the tolerances applied.
 
 cost: two `sits-engine serve` processes (torch, torch), one gate replay of the default prompt set through
     adapters/correctness.py: requests, tokens, wall seconds.
 equivalence: the torch set against itself in-process (offline engine), the baseline run one prompt at a time, the
     canary with the prompt set shuffled into random batches next to random filler requests (a different batch
     composition every replay); the false-fail rate of the default policy, plus the drift statistics.
-smallest-bug: torch with the attention softmax scale off by 10 %, 1 %, 0.1 %, 0.01 % (derived in-process) and the
-    two example sets, each against torch: which the default policy fails, and on what.
-gpu: the same statistics for triton-v1 vs torch, bf16, on CUDA (the measurement the default tolerances rest on).
+smallest-bug: torch with the attention softmax scale off by 10 %, 1 %, 0.1 %, 0.01 % (--scale-errors; derived
+    in-process), the split-K set (equivalent) and the two example sets, each against torch: which the default policy
+    fails, and on what.
+margins: the baseline's runner-up margins (top-1 minus top-2 logprob) over the default set's continuations, and for
+    torch against itself (other batches) the largest margin at which a token flipped and the drift at confident
+    positions: what the half-precision confident_margin rests on.
+gpu: per model, torch against itself (other batches), triton-v1 and torch-wrong-rope against torch in --dtype with
+    the default policy, a table last; one device call of a few minutes at most (a fixed KV cache and eager decode;
+    --json is rewritten after every row). `--device cpu` runs the same path on the CPU, with the split-K set
+    (bench-split-k, an equivalent GEMM) in place of triton-v1.
 """
 from __future__ import annotations
 
@@ -25,10 +36,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+TRAINED = ROOT / ".cache" / "tiny-trained"   # bench/train_tiny.py's default output
 
 from control_plane.analysis import (Continuation, CorrectnessPolicy, PromptReplay, TokenLogprob,  # noqa: E402
                                     compare_replays)
+from control_plane.analysis.correctness import runner_up_margin  # noqa: E402
 from control_plane.analysis.prompts import DEFAULT_PROMPTS  # noqa: E402
 
 
@@ -77,83 +91,214 @@ def offline_replay(base_llm, canary_llm, prompts, policy: CorrectnessPolicy, *, 
 def _summary(v) -> dict:
     return {"outcome": v.outcome.value, "identical_fraction": v.identical_fraction,
             "top1_agreement": v.top1_agreement, "drift_mean": v.drift_mean, "drift_max": v.drift_max,
-            "diverged": v.diverged, "failed": list(v.failed), "reason": v.reason}
+            "diverged": v.diverged, "positions": v.positions, "confident_positions": v.confident_positions,
+            "confident_top1": v.confident_top1, "confident_drift_mean": v.confident_drift_mean,
+            "confident_drift_max": v.confident_drift_max, "failed": list(v.failed), "reason": v.reason}
+
+
+def _row(v) -> str:
+    return (f"{v.outcome.value:12s} identical {v.identical_fraction:4.0%} top1 {v.top1_agreement:6.1%} drift mean "
+            f"{v.drift_mean:.2e} max {v.drift_max:.2e} | confident {v.confident_positions:3d}/{v.positions:3d} "
+            f"top1 {v.confident_top1:6.1%} drift mean {v.confident_drift_mean:.2e} max {v.confident_drift_max:.2e}"
+            f" | failed {','.join(v.failed) or '-'}")
+
+
+def position_stats(replays: list[PromptReplay]) -> list[tuple[float | None, float, bool]]:
+    """Per teacher-forced position: (baseline runner-up margin, |canary - baseline| logprob, canary top-1 agrees)."""
+    out = []
+    for r in replays:
+        for f, b in zip(r.forced.logprobs, r.baseline.logprobs):
+            out.append((runner_up_margin(b), abs(f.logprob - b.logprob), f.is_top1))
+    return out
+
+
+def _quantiles(xs: list[float], qs=(0.1, 0.25, 0.5, 0.75, 0.9)) -> list[float]:
+    xs = sorted(xs)
+    return [round(xs[min(len(xs) - 1, int(q * len(xs)))], 4) for q in qs] if xs else []
+
+
+def margins(args) -> dict:
+    """The baseline's margins per model, and what equivalent canaries (--canary; other batches) do at each margin."""
+    policy = CorrectnessPolicy()
+    register_bench_sets()
+    out = {}
+    for model in _models(args):
+        base = _llm(args, model, "torch")
+        for name in args.canary.split(","):
+            canary = _llm(args, model, name)
+            rng = random.Random(args.seed)
+            stats, flips = [], []
+            for _ in range(args.replays):
+                reps = offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2)
+                stats += position_stats(reps)
+                v = compare_replays(reps, policy, args.dtype)
+                flips += [r.baseline_margin for r in v.evidence if r.baseline_margin is not None]
+                print(f"{model} {name} vs torch {args.dtype}: {_row(v)}", flush=True)
+            known = [m for m, _, _ in stats if m is not None]
+            disagree = [m for m, _, ok in stats if m is not None and not ok]
+            res = {"positions": len(stats), "margin_quantiles_10_25_50_75_90": _quantiles(known),
+                   "fraction_margin_gt": {t: round(sum(m > t for m in known) / max(1, len(known)), 3)
+                                          for t in (0.1, 0.5, 1.0, 2.0, 4.0)},
+                   "teacher_forced_flips": len(disagree),
+                   "largest_margin_of_a_teacher_forced_flip": max(disagree, default=None),
+                   "largest_margin_of_a_greedy_divergence": max(flips, default=None),
+                   "max_drift_at_margin_gt": {t: max((d for m, d, _ in stats if m is not None and m > t), default=None)
+                                              for t in (0.5, 1.0, 2.0)},
+                   "mean_drift_at_margin_gt_1": _mean([d for m, d, _ in stats if m is not None and m > 1.0]),
+                   "max_drift_all": max((d for _, d, _ in stats), default=None)}
+            out[f"{model} {name}"] = res
+            print(model, name, json.dumps(res), flush=True)
+            del canary
+    return out
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _llm(args, model: str, kernels: str, **kw):
+    from engine import LLM
+    return LLM(model=model, kernels=kernels, dtype=args.dtype, device=args.device, **kw)
+
+
+def _model(args) -> str:
+    return _models(args)[0]
+
+
+def _models(args) -> list[str]:
+    """--model entries; the trained tiny checkpoint is built first when it is named and missing."""
+    out = []
+    for m in args.model.split(","):
+        p = Path(m)
+        if p.resolve() == TRAINED.resolve() and not (p / "model.safetensors").is_file():
+            from bench.train_tiny import build
+            build(p, device=args.device if args.device != "auto" else "cpu")
+        out.append(m)
+    return out
 
 
 def equivalence(args) -> dict:
-    from engine import LLM
     policy = CorrectnessPolicy()
-    base = LLM(model="tiny", kernels="torch")
-    canary = LLM(model="tiny", kernels="torch")
+    model = _model(args)
+    register_bench_sets()
+    base = _llm(args, model, "torch")
+    canary = _llm(args, model, args.canary)
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
-    fails, drift_max, worst_identical, worst_top1, n = 0, 0.0, 1.0, 1.0, 0
+    fails, drift_max, worst_identical, worst_top1, n, sure_max, outcomes = 0, 0.0, 1.0, 1.0, 0, 0.0, {}
     while n < args.replays and time.perf_counter() - t0 < args.budget_s:
         v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2), policy,
-                               "bfloat16")
+                            args.dtype)
         n += 1
+        outcomes[v.outcome.value] = outcomes.get(v.outcome.value, 0) + 1
+        sure_max = max(sure_max, 0.0 if math.isnan(v.confident_drift_max) else v.confident_drift_max)
         fails += v.outcome.value == "fail"
         drift_max = max(drift_max, v.drift_max)
         worst_identical = min(worst_identical, v.identical_fraction)
         worst_top1 = min(worst_top1, v.top1_agreement)
     return {"replays": n, "false_fails": fails, "false_fail_rate": fails / n if n else math.nan,
             "max_drift": drift_max, "worst_identical_fraction": worst_identical, "worst_top1": worst_top1,
+            "max_confident_drift": sure_max, "outcomes": outcomes, "model": model, "dtype": args.dtype,
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def smallest_bug(args) -> dict:
+def register_bench_sets(scale_errors=()) -> list[tuple[str, str]]:
+    """Kernel sets derived in-process for the measurements: (label, name). The softmax scale of both attention ops
+    times 1 + e (a bug of size e), and a split-K linear (each matmul as two half-K products rounded to the
+    activation dtype, then added): equivalent to torch up to one extra rounding per output, which in bf16 is the
+    kind of difference another GEMM kernel makes, and on the CPU (where torch's bf16 results do not depend on the
+    batch) the only source of such noise."""
+    import torch
+
     import kernels
-    from engine import LLM
     from kernels.registry import register_kernel_set
     torch_set = kernels.get_kernel_set("torch")
-    policy = CorrectnessPolicy()
-    base = LLM(model="tiny", kernels="torch")
-    results = {}
 
     def scaled(op, f):
         return lambda *a: op(*a[:-1], a[-1] * f)
 
-    names = []
-    for err in args.scale_errors:
+    def split_k(x, weight, bias=None):
+        if not isinstance(weight, torch.Tensor) or bias is not None or x.shape[-1] < 2:
+            return torch_set.linear(x, weight, bias)
+        h = x.shape[-1] // 2
+        w = weight.to(x.dtype)
+        return x[..., :h] @ w[:, :h].T + x[..., h:] @ w[:, h:].T
+
+    out = []
+    for err in scale_errors:
         name = f"bench-scale-{err:g}"
         register_kernel_set(torch_set.derive(
             name, "0.0.1", prefill_attention=scaled(torch_set.prefill_attention, 1 + err),
             paged_decode_attention=scaled(torch_set.paged_decode_attention, 1 + err)), replace=True)
-        names.append((f"softmax scale +{err:.2%}", name))
+        out.append((f"softmax scale +{err:.2%}", name))
+    register_kernel_set(torch_set.derive("bench-split-k", "0.0.1", linear=split_k), replace=True)
+    return out + [("split-K linear (equivalent)", "bench-split-k")]
+
+
+def smallest_bug(args) -> dict:
+    policy = CorrectnessPolicy()
+    model = _model(args)
+    base = _llm(args, model, "torch")
+    results = {}
+    names = register_bench_sets(args.scale_errors)
     names += [("torch-wrong-rope", "torch-wrong-rope"), ("torch-slow-attn", "torch-slow-attn")]
     for label, name in names:
-        canary = LLM(model="tiny", kernels=name)
-        v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy), policy)
+        canary = _llm(args, model, name)
+        v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy), policy, args.dtype)
         results[label] = _summary(v)
-        print(f"{label:28s} {v.outcome.value:5s} identical {v.identical_fraction:.0%} top1 {v.top1_agreement:.1%} "
-              f"drift mean {v.drift_mean:.2e} max {v.drift_max:.2e} failed {','.join(v.failed) or '-'}", flush=True)
+        print(f"{label:28s} {_row(v)}", flush=True)
         del canary
     return results
 
 
 def gpu(args) -> dict:
+    """Per model: torch vs itself (other batches), triton-v1 (CUDA only) and torch-wrong-rope against torch in
+    --dtype with the default policy's tolerances; one replay each, a table printed last."""
     import torch
-    from engine import LLM
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu: no CUDA device")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu: no CUDA device (pass --device cpu to run the same path on the CPU)")
     policy = CorrectnessPolicy()
-    out = {}
-    for model in args.model.split(","):
-        base = LLM(model=model, kernels="torch", dtype="bfloat16")
-        for name in ("torch", "triton-v1"):
-            canary = base if name == "torch" else LLM(model=model, kernels=name, dtype="bfloat16")
-            rng = random.Random(0)
+    register_bench_sets()
+    # on the CPU (a dry run of this path) triton-v1 cannot run: the split-K set stands in for "another GEMM kernel"
+    sets = args.canary.split(",") if args.canary != "torch" else \
+        ["torch", "triton-v1" if args.device != "cpu" else "bench-split-k", "torch-wrong-rope"]
+    out, rows = {}, []
+    # a fixed, ample KV cache (the replay holds < 12k tokens at once) instead of 90 % of the GPU, so that several 8B
+    # engines fit side by side; eager decode: no graph capture per batch size (graphs do not change the numerics)
+    kw = {"num_kv_blocks": 512, "enforce_eager": True}
+    for model in _models(args):
+        base = _llm(args, model, "torch", **kw)
+        for name in sets:
+            # torch vs itself: the same engine, the baseline one prompt at a time, the canary in other batches
+            canary = base if name == "torch" else _llm(args, model, name, **kw)
             t0 = time.perf_counter()
-            v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2), policy,
-                               "bfloat16")
-            out[f"{model} {name} vs torch bf16"] = {**_summary(v), "seconds": round(time.perf_counter() - t0, 1),
-                                                     "evidence": [e.to_dict() for e in v.evidence[:3]]}
-            print(json.dumps(out[f"{model} {name} vs torch bf16"], default=str)[:2000], flush=True)
-            if canary is not base:
-                del canary
+            v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=random.Random(0),
+                                               filler=2), policy, args.dtype)
+            key = f"{Path(model).name or model} {name} vs torch {args.dtype}"
+            out[key] = {**_summary(v), "seconds": round(time.perf_counter() - t0, 1),
+                        "evidence": [e.to_dict() for e in v.evidence[:2]]}
+            rows.append((key, v))
+            print(f"{key:48s} {_row(v)}  ({out[key]['seconds']} s)", flush=True)
+            if args.json:   # after every row: a run cut short by its time limit keeps what it measured
+                args.json.write_text(json.dumps(out, indent=1, default=str))
+            del canary
+            _free()
         del base
-        torch.cuda.empty_cache()
+        _free()
+    print(f"\n{'canary vs torch':48s} outcome      stats (all positions | confident positions)")
+    for key, v in rows:
+        print(f"{key:48s} {_row(v)}")
+        print(f"{'':48s} reason: {v.reason[:300]}")
     return out
+
+
+def _free() -> None:
+    import gc
+
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def cost(args) -> dict:
@@ -217,20 +362,31 @@ def speed(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("cost", "equivalence", "smallest-bug", "gpu", "speed"))
+    ap.add_argument("mode", choices=("cost", "equivalence", "smallest-bug", "margins", "gpu", "speed"))
     ap.add_argument("--replays", type=int, default=None, help="equivalence: 100; cost: 3")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale-errors", type=lambda s: [float(x) for x in s.split(",")],
                     default=[0.1, 0.01, 0.001, 0.0001])
-    ap.add_argument("--model", default="tiny,llama3-8b")
+    ap.add_argument("--model", default=None, help="presets or checkpoint dirs, comma-separated (gpu, margins: "
+                    "several; default tiny; gpu: .cache/tiny-trained,tiny,llama3-8b)")
+    ap.add_argument("--dtype", default=None, help="engine dtype and tolerances (default float32; gpu: bfloat16)")
+    ap.add_argument("--canary", default="torch", help="margins, equivalence: the equivalent canary set(s), e.g. "
+                    "torch,torch-slow-attn,bench-split-k; gpu: the canaries (default torch,triton-v1,torch-wrong-rope"
+                    "; on the CPU bench-split-k for triton-v1)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default cpu; gpu: cuda)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.replays is None:
-        args.replays = 3 if args.mode == "cost" else 100
-    result = {"cost": cost, "equivalence": equivalence, "smallest-bug": smallest_bug, "gpu": gpu,
-              "speed": speed}[args.mode](args)
-    print(json.dumps(result, indent=1, default=str))
+        args.replays = {"cost": 3, "margins": 2}.get(args.mode, 100)
+    gpu_mode = args.mode == "gpu"
+    args.model = args.model or (f"{TRAINED},tiny,llama3-8b" if gpu_mode else "tiny")
+    args.dtype = args.dtype or ("bfloat16" if gpu_mode else "float32")
+    args.device = args.device or ("cuda" if gpu_mode else "cpu")
+    result = {"cost": cost, "equivalence": equivalence, "smallest-bug": smallest_bug, "margins": margins,
+              "gpu": gpu, "speed": speed}[args.mode](args)
+    if args.mode != "gpu":   # gpu: its table is the last thing printed (the JSON goes to --json)
+        print(json.dumps(result, indent=1, default=str))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0

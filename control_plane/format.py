@@ -80,6 +80,10 @@ def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
                      f"{_fmt(cv['identical_fraction'], '.0%')} identical, {cv['diverged']} diverged, top-1 agreement "
                      f"{_fmt(cv['top1_agreement'], '.1%')} when fed the baseline's tokens, logprob drift mean "
                      f"{_fmt(cv['drift_mean'], '.2g')} max {_fmt(cv['drift_max'], '.2g')}{cost}")
+    if cv.get("confident_positions"):
+        lines.append(f"    at the {cv['confident_positions']} of {cv['positions']} positions where the baseline was "
+                     f"sure: top-1 agreement {_fmt(cv['confident_top1'], '.1%')}, logprob drift mean "
+                     f"{_fmt(cv['confident_drift_mean'], '.2g')} max {_fmt(cv['confident_drift_max'], '.2g')}")
     if cv["errors"]:
         lines.append(f"    {cv['errors']} prompt(s) could not be replayed")
     if cv["failed"]:
@@ -93,8 +97,10 @@ def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
         head = f"first divergence at token {at}" if at is not None else "no divergence"
         margins = f" (baseline margin {_fmt(e['baseline_margin'], '.3g')}, canary margin " \
                   f"{_fmt(e['canary_margin'], '.3g')})" if at is not None else ""
+        sure = f"; the canary's top-1 differed at {e['confident_disagreements']} position(s) where the baseline was " \
+               f"sure" if e.get("confident_disagreements") else ""
         lines.append(f"    prompt {e['index']} {label!r}: {head}{margins}; max drift {_fmt(e['drift_max'], '.2g')} "
-                     f"before it, {_fmt(e['forced_drift_max'], '.2g')} fed the baseline's tokens")
+                     f"before it, {_fmt(e['forced_drift_max'], '.2g')} fed the baseline's tokens{sure}")
         lines.append(f"      baseline: {_ids(e['baseline_tokens'])} {e['baseline_text']!r}")
         lines.append(f"      canary:   {_ids(e['canary_tokens'])} {e['canary_text']!r}")
     lines.append(f"    reason: {cv['reason']}")

@@ -7,16 +7,24 @@ the canary is fed the baseline's tokens, so positions after a divergence are sti
 Per prompt: the first position where the greedy tokens differ; whether the first K tokens are identical; the drift
 |canary - baseline| of the chosen tokens' logprobs up to the first divergence (mean, max); under teacher forcing the
 fraction of positions where the baseline's token is also the canary's top-1, and the max drift; at a divergence the
-logprob margins (how much each side preferred its own token over the other's).
+logprob margins (how much each side preferred its own token over the other's). With margin-aware tolerances
+(confident_margin > 0, the half-precision defaults) also, under teacher forcing, the CONFIDENT positions -- where the
+baseline preferred its token over its runner-up by more than confident_margin nats, so rounding cannot flip it --
+with the canary's top-1 disagreements and logprob drift there.
 
 Verdict, in order:
   a replay error on either side for more than policy.max_error_fraction of the prompts -> INCONCLUSIVE;
-  FAIL when any holds: identical-over-K fraction < min_identical_fraction; teacher-forced top-1 agreement <
-      min_top1_agreement; mean drift > max_mean_logprob_drift; max drift > max_logprob_drift; a divergence the
-      baseline was sure about (its margin > max_flip_margin: not a near-tie, a different answer);
+  FAIL when any holds: a divergence the baseline was sure about (its margin > max_flip_margin: not a near-tie, a
+      different answer); with margin-aware tolerances: confident top-1 agreement < min_confident_top1, mean / max
+      drift at confident positions > max_mean_logprob_drift / max_logprob_drift; without them: mean / max drift
+      over all compared positions; and, for a model with enough confident positions to judge (always without
+      margin-aware tolerances), identical-over-K fraction < min_identical_fraction, teacher-forced top-1 agreement
+      over all positions < min_top1_agreement;
+  margin-aware, nothing failed, fewer than min_confident_positions confident positions -> INCONCLUSIVE: the model's
+      distributions are too flat for the dtype's rounding to be told from a bug (random weights); never a pass;
   else PASS.
-bf16 kernels legitimately differ in the last bits, so late divergences on near-ties are normal: the margins separate
-them from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
+bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
+from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
 """
 from __future__ import annotations
 
@@ -85,6 +93,10 @@ class PromptComparison:
     baseline_text: str = ""
     canary_text: str = ""
     error: str = ""
+    confident_positions: int = 0          # teacher forcing: positions where the baseline's margin > confident_margin
+    confident_disagreements: int = 0      # ... of which the canary's top-1 was another token
+    confident_drift_mean: float = 0.0     # |canary - baseline| logprob of the baseline's token there
+    confident_drift_max: float = 0.0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__}
@@ -118,13 +130,21 @@ class CorrectnessVerdict:
     tokens: int = 0                       # tokens compared, both sides
     requests: int = 0                     # set by the worker: what the replay cost
     seconds: float = math.nan
+    positions: int = 0                    # teacher-forced positions scored
+    confident_positions: int = 0          # margin-aware tolerances: those with baseline margin > confident_margin
+    confident_top1: float = math.nan      # ... where the canary's top-1 is the baseline's token
+    confident_drift_mean: float = math.nan
+    confident_drift_max: float = math.nan
 
     def to_dict(self) -> dict:
         return {"outcome": self.outcome.value, "reason": self.reason, "prompts": self.prompts, "errors": self.errors,
                 "identical_fraction": _clean(self.identical_fraction), "top1_agreement": _clean(self.top1_agreement),
                 "drift_mean": _clean(self.drift_mean), "drift_max": _clean(self.drift_max),
                 "failed": list(self.failed), "dtype": self.dtype, "diverged": self.diverged, "tokens": self.tokens,
-                "requests": self.requests, "seconds": _clean(self.seconds),
+                "requests": self.requests, "seconds": _clean(self.seconds), "positions": self.positions,
+                "confident_positions": self.confident_positions, "confident_top1": _clean(self.confident_top1),
+                "confident_drift_mean": _clean(self.confident_drift_mean),
+                "confident_drift_max": _clean(self.confident_drift_max),
                 "evidence": [e.to_dict() for e in self.evidence]}
 
     @classmethod
@@ -134,15 +154,19 @@ class CorrectnessVerdict:
                    nan("identical_fraction"), nan("top1_agreement"), nan("drift_mean"), nan("drift_max"),
                    tuple(d.get("failed", ())), d.get("dtype", ""),
                    tuple(PromptComparison.from_dict(e) for e in d.get("evidence", ())), d.get("diverged", 0),
-                   d.get("tokens", 0), d.get("requests", 0), nan("seconds"))
+                   d.get("tokens", 0), d.get("requests", 0), nan("seconds"), d.get("positions", 0),
+                   d.get("confident_positions", 0), nan("confident_top1"), nan("confident_drift_mean"),
+                   nan("confident_drift_max"))
 
 
 def _clean(v):
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
-def compare_prompt(index: int, replay: PromptReplay, compare_tokens: int) -> PromptComparison:
-    """One prompt's comparison (see the module docstring)."""
+def compare_prompt(index: int, replay: PromptReplay, compare_tokens: int,
+                   confident_margin: float = 0.0) -> PromptComparison:
+    """One prompt's comparison (see the module docstring); confident positions are counted when
+    confident_margin > 0."""
     b, c = replay.baseline, replay.canary
     label = replay.prompt[:_PREVIEW]
     if b.error or c.error:
@@ -163,10 +187,23 @@ def compare_prompt(index: int, replay: PromptReplay, compare_tokens: int) -> Pro
         margins = (_margin(b.logprobs[first], c.token_ids[first]), _margin(c.logprobs[first], b.token_ids[first]))
     k = min(compare_tokens, max(len(b.token_ids), len(c.token_ids)))
     identical_k = first is None or first >= k
+    sure = [(f, bl) for f, bl in zip(forced, b.logprobs)
+            if confident_margin > 0 and (m := runner_up_margin(bl)) is not None and m > confident_margin]
+    sure_drift = [abs(f.logprob - bl.logprob) for f, bl in sure]
     return PromptComparison(
         index, label, n, first, identical_k,
         sum(drifts) / len(drifts) if drifts else 0.0, max(drifts, default=0.0), forced_top1, forced_drift,
-        len(forced), *margins, tuple(b.token_ids), tuple(c.token_ids), b.text, c.text)
+        len(forced), *margins, tuple(b.token_ids), tuple(c.token_ids), b.text, c.text,
+        confident_positions=len(sure), confident_disagreements=sum(not f.is_top1 for f, _ in sure),
+        confident_drift_mean=sum(sure_drift) / len(sure_drift) if sure_drift else 0.0,
+        confident_drift_max=max(sure_drift, default=0.0))
+
+
+def runner_up_margin(pos: TokenLogprob) -> float | None:
+    """How much the distribution preferred `pos.token_id` over the best other token of its top list (negative when
+    it was not the top-1); None when the list names no other token (unknown: never counted as confident)."""
+    other = next((lp for t, lp in pos.top if t != pos.token_id), None)
+    return None if other is None else pos.logprob - other
 
 
 def _margin(pos: TokenLogprob, other: int) -> float | None:
@@ -184,7 +221,9 @@ def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
                     dtype: str = "float32") -> CorrectnessVerdict:
     """The gate's verdict over one replay of the prompt set with the tolerances of `dtype` (the engines' compute
     dtype; see the module docstring for the rules)."""
-    rows = [compare_prompt(i, r, policy.compare_tokens) for i, r in enumerate(replays)]
+    p = policy.tolerances_for(dtype)
+    aware = p.confident_margin > 0
+    rows = [compare_prompt(i, r, policy.compare_tokens, p.confident_margin) for i, r in enumerate(replays)]
     ok = [r for r in rows if not r.error]
     errors = len(rows) - len(ok)
     if not rows:
@@ -203,44 +242,75 @@ def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
                     for r in ok)
     drift_mean = drift_sum / before if before else 0.0
     drift_max = max([r.drift_max for r in ok] + [r.forced_drift_max for r in ok if not math.isnan(r.forced_drift_max)])
-    p = policy.tolerances_for(dtype)
+    sure_n = sum(r.confident_positions for r in ok)
+    sure_top1 = 1 - sum(r.confident_disagreements for r in ok) / sure_n if sure_n else math.nan
+    sure_mean = sum(r.confident_drift_mean * r.confident_positions for r in ok) / sure_n if sure_n else math.nan
+    sure_max = max(r.confident_drift_max for r in ok) if sure_n else math.nan
+    judgeable = not aware or sure_n >= p.min_confident_positions
     flips = [r for r in ok if r.baseline_margin is not None and r.baseline_margin > p.max_flip_margin]
     failed: list[str] = []
     why: list[str] = []
-    if identical < p.min_identical_fraction:
+    if judgeable and identical < p.min_identical_fraction:
         failed.append("identical_fraction")
         why.append(f"{identical:.0%} of prompts identical over the first {policy.compare_tokens} tokens "
                    f"(< {p.min_identical_fraction:.0%})")
-    if not math.isnan(top1) and top1 < p.min_top1_agreement:
+    if judgeable and not math.isnan(top1) and top1 < p.min_top1_agreement:
         failed.append("top1_agreement")
         why.append(f"top-1 agreement {top1:.1%} when fed the baseline's tokens (< {p.min_top1_agreement:.1%})")
-    if drift_mean > p.max_mean_logprob_drift:
-        failed.append("drift_mean")
-        why.append(f"mean logprob drift {drift_mean:.3g} (> {p.max_mean_logprob_drift:g})")
-    if drift_max > p.max_logprob_drift:
-        failed.append("drift_max")
-        why.append(f"max logprob drift {drift_max:.3g} (> {p.max_logprob_drift:g})")
+    if aware:
+        if sure_n and sure_top1 < p.min_confident_top1:
+            failed.append("confident_top1")
+            why.append(f"the canary's top-1 was another token at {sure_n - round(sure_top1 * sure_n)} of {sure_n} "
+                       f"positions where the baseline was sure (margin > {p.confident_margin:g}): top-1 agreement "
+                       f"{sure_top1:.1%} (< {p.min_confident_top1:.1%})")
+        if sure_n and sure_mean > p.max_mean_logprob_drift:
+            failed.append("confident_drift_mean")
+            why.append(f"mean logprob drift {sure_mean:.3g} at confident positions (> {p.max_mean_logprob_drift:g})")
+        if sure_n and sure_max > p.max_logprob_drift:
+            failed.append("confident_drift_max")
+            why.append(f"max logprob drift {sure_max:.3g} at confident positions (> {p.max_logprob_drift:g})")
+    else:
+        if drift_mean > p.max_mean_logprob_drift:
+            failed.append("drift_mean")
+            why.append(f"mean logprob drift {drift_mean:.3g} (> {p.max_mean_logprob_drift:g})")
+        if drift_max > p.max_logprob_drift:
+            failed.append("drift_max")
+            why.append(f"max logprob drift {drift_max:.3g} (> {p.max_logprob_drift:g})")
     if flips:
         failed.append("flip_margin")
         f = max(flips, key=lambda r: r.baseline_margin)
         why.append(f"{len(flips)} prompt(s) diverged where the baseline was sure (prompt {f.index} at token "
                    f"{f.first_divergence}: margin {f.baseline_margin:.3g} > {p.max_flip_margin:g})")
     diverged = [r for r in ok if r.first_divergence is not None]
-    # evidence: failing prompts first (sure flips, then the earliest divergences, then the largest drifts)
-    ranked = sorted(ok, key=lambda r: (r not in flips, r.first_divergence is None,
+    drift_limit = p.max_logprob_drift
+    # evidence: failing prompts first (sure flips, confident disagreements, then the earliest divergences, then the
+    # largest drifts)
+    ranked = sorted(ok, key=lambda r: (r not in flips, not r.confident_disagreements, r.first_divergence is None,
                                        r.first_divergence if r.first_divergence is not None else 0, -r.drift_max))
-    evidence = tuple(r for r in ranked if r.first_divergence is not None or r.drift_max > p.max_logprob_drift)
+    evidence = tuple(r for r in ranked if r.first_divergence is not None or r.confident_disagreements
+                     or (r.confident_drift_max if aware else r.drift_max) > drift_limit)
     stats = dict(dtype=dtype, prompts=len(ok), errors=errors, identical_fraction=identical, top1_agreement=top1,
                  drift_mean=drift_mean, drift_max=drift_max, diverged=len(diverged),
-                 tokens=sum(len(rp.baseline.token_ids) + len(rp.canary.token_ids) for rp in replays))
+                 tokens=sum(len(rp.baseline.token_ids) + len(rp.canary.token_ids) for rp in replays),
+                 positions=forced_n, confident_positions=sure_n, confident_top1=sure_top1,
+                 confident_drift_mean=sure_mean, confident_drift_max=sure_max)
     if failed:
         return CorrectnessVerdict(Outcome.FAIL, f"{dtype} tolerances: " + "; ".join(why), failed=tuple(failed),
                                   evidence=evidence[:_MAX_EVIDENCE], **stats)
-    near_ties = " (all near-ties)" if diverged else ""
-    return CorrectnessVerdict(Outcome.PASS, f"{len(ok)} prompts: {identical:.0%} identical over "
-                              f"{policy.compare_tokens} tokens, {len(diverged)} diverged{near_ties}, top-1 "
-                              f"agreement {_pct(top1)}, max logprob drift {drift_max:.2g}",
-                              evidence=evidence[:_MAX_EVIDENCE], **stats)
+    summary = (f"{len(ok)} prompts: {identical:.0%} identical over {policy.compare_tokens} tokens, {len(diverged)} "
+               f"diverged{' (all near-ties)' if diverged else ''}, top-1 agreement {_pct(top1)}")
+    if not judgeable:
+        return CorrectnessVerdict(
+            Outcome.INCONCLUSIVE, f"too few confident positions to judge: {sure_n} of {forced_n} had a baseline "
+            f"margin > {p.confident_margin:g} nats (the {dtype} tolerances need {p.min_confident_positions}); the "
+            f"model's distributions are too flat (random weights?) to tell {dtype} rounding from a bug. Nothing "
+            f"failed: {summary}, max logprob drift {drift_max:.2g}", evidence=evidence[:_MAX_EVIDENCE], **stats)
+    if aware:
+        summary += (f"; at {sure_n} confident positions top-1 agreement {_pct(sure_top1)}, logprob drift mean "
+                    f"{sure_mean:.2g} max {sure_max:.2g}")
+    else:
+        summary += f", max logprob drift {drift_max:.2g}"
+    return CorrectnessVerdict(Outcome.PASS, summary, evidence=evidence[:_MAX_EVIDENCE], **stats)
 
 
 def _pct(x: float) -> str:

@@ -159,7 +159,8 @@ def correctness_summary(cv: Mapping) -> dict:
     """A correctness verdict without its per-prompt evidence (a table row, a history line)."""
     return {k: cv.get(k) for k in ("outcome", "reason", "dtype", "prompts", "errors", "diverged", "tokens",
                                    "identical_fraction", "top1_agreement", "drift_mean", "drift_max", "failed",
-                                   "requests", "seconds")}
+                                   "requests", "seconds", "positions", "confident_positions", "confident_top1",
+                                   "confident_drift_mean", "confident_drift_max")}
 
 
 def correctness_of(store, r: Rollout) -> dict:

@@ -1,4 +1,5 @@
 """compare_replays: table tests over literal replays (no engine), and the correctness policy's validation."""
+import dataclasses
 import json
 import math
 
@@ -6,7 +7,8 @@ import pytest
 
 from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, Outcome, Policy,
                                     PolicyError, PromptReplay, TokenLogprob, compare_replays)
-from control_plane.analysis.correctness import compare_prompt
+from control_plane.analysis.correctness import compare_prompt, runner_up_margin
+from control_plane.analysis.policy import Tolerances
 from control_plane.analysis.prompts import DEFAULT_PROMPTS
 
 POLICY = CorrectnessPolicy(max_tokens=4, compare_tokens=4)
@@ -169,9 +171,154 @@ def test_tolerance_overrides_merge_over_the_dtype_defaults():
     ({"tolerances": {"float32": {"min_top1_agreement": 1.5}}}, "min_top1_agreement"),
     ({"tolerances": {"float32": {"typo": 1}}}, "typo"), ({"tolerances": []}, "tolerances"),
     ({"max_error_fraction": float("nan")}, "max_error_fraction"),
+    ({"tolerances": {"bfloat16": {"confident_margin": -1}}}, "confident_margin"),
+    ({"tolerances": {"bfloat16": {"min_confident_positions": 2.5}}}, "min_confident_positions"),
+    ({"tolerances": {"bfloat16": {"min_confident_positions": True}}}, "min_confident_positions"),
+    ({"tolerances": {"bfloat16": {"min_confident_top1": 2}}}, "min_confident_top1"),
 ])
 def test_invalid_correctness_policy(d, msg):
     with pytest.raises(PolicyError, match=msg):
         Policy.from_dict({"correctness": d})
     with pytest.raises(PolicyError, match="correctness"):
         Policy.from_dict({"correctness": "on"})
+
+
+# ---- margin-aware (half-precision) rules -------------------------------------------------------------------------
+AWARE = Tolerances(min_identical_fraction=0.0, min_top1_agreement=0.0, max_mean_logprob_drift=0.05,
+                   max_logprob_drift=0.5, max_flip_margin=1.0, confident_margin=1.0, min_confident_positions=8,
+                   min_confident_top1=0.95)
+AWARE_POLICY = CorrectnessPolicy(max_tokens=4, compare_tokens=4, tolerances={"bfloat16": AWARE})
+
+
+def peaked(ids, lps, margins):
+    """A continuation whose runner-up at position i is token+100 at lp - margins[i]."""
+    return cont(ids, lps, tops=[[(t, lp), (t + 100, lp - m)] for t, lp, m in zip(ids, lps, margins)])
+
+
+SURE = peaked([1, 2, 3, 4], [-0.01, -0.02, -0.01, -0.03], [4.0, 3.0, 5.0, 2.5])       # confident everywhere
+FLAT = peaked([1, 2, 3, 4], [-6.2, -6.2, -6.2, -6.2], [0.05, 0.3, 0.01, 0.2])         # a random-weight model
+
+
+def test_runner_up_margin_is_the_gap_to_the_best_other_token_or_unknown():
+    assert runner_up_margin(TokenLogprob(1, -0.1, ((1, -0.1), (2, -1.6)))) == pytest.approx(1.5)
+    assert runner_up_margin(TokenLogprob(1, -2.0, ((2, -0.5), (3, -1.0)))) == pytest.approx(-1.5)   # not the top-1
+    assert runner_up_margin(TokenLogprob(1, -0.1, ((1, -0.1),))) is None
+    assert runner_up_margin(TokenLogprob(1, -0.1)) is None
+
+
+def test_only_positions_where_the_baseline_was_sure_count_as_confident():
+    base = peaked([1, 2, 3, 4], [-0.1, -0.5, -0.1, -0.7], [1.5, 0.4, 1.01, 1.0])   # 1.0 is not > 1.0
+    row = compare_prompt(0, replay(baseline=base, canary=base, forced=base), 4, confident_margin=1.0)
+    assert row.confident_positions == 2
+    assert compare_prompt(0, replay(baseline=base, canary=base, forced=base), 4).confident_positions == 0   # off
+
+
+def test_a_teacher_forced_flip_fails_only_where_the_baseline_was_sure():
+    # the canary prefers token 9 at position 2; the baseline's margin there decides whether that is a bug
+    def forced_flip(base):
+        tops = [list(t.top) for t in base.logprobs]
+        tops[2] = [(9, base.logprobs[2].logprob + 0.1), (3, base.logprobs[2].logprob)]
+        return Continuation(base.token_ids, base.text, tuple(TokenLogprob(t.token_id, t.logprob, tuple(top))
+                                                              for t, top in zip(base.logprobs, tops)))
+    near_tie = peaked([1, 2, 3, 4], [-0.01, -0.02, -0.7, -0.03], [4.0, 3.0, 0.2, 2.5])
+    ok = compare_replays([replay(SURE, SURE)] * 6 + [replay(near_tie, near_tie, forced_flip(near_tie))] * 2,
+                         AWARE_POLICY, "bfloat16")
+    assert ok.outcome is Outcome.PASS, ok.reason
+    assert ok.top1_agreement < 1 and ok.confident_top1 == 1.0 and ok.confident_positions == 30
+    bad = compare_replays([replay(SURE, SURE)] * 6 + [replay(SURE, SURE, forced_flip(SURE))] * 2,
+                          AWARE_POLICY, "bfloat16")
+    assert bad.outcome is Outcome.FAIL and bad.failed == ("confident_top1",)
+    assert bad.confident_top1 == pytest.approx(30 / 32) and "2 of 32 positions" in bad.reason
+    assert [e.confident_disagreements for e in bad.evidence] == [1, 1]
+
+
+def test_drift_counts_only_at_confident_positions_in_half_precision():
+    # a large drift where the baseline was unsure is bf16 noise; the same drift where it was sure is a bug
+    unsure = peaked([1, 2, 3, 4], [-0.01, -0.02, -0.7, -0.03], [4.0, 3.0, 0.2, 2.5])
+    def drift_at(base, i, d):   # the canary's logprob of the baseline's token at position i is d lower
+        def moved(t, d):
+            return TokenLogprob(t.token_id, t.logprob - d, tuple((k, lp - d if k == t.token_id else lp)
+                                                                  for k, lp in t.top))
+        return Continuation(base.token_ids, base.text, tuple(moved(t, d if j == i else 0.0)
+                                                             for j, t in enumerate(base.logprobs)))
+    ok = compare_replays([replay(unsure, unsure, drift_at(unsure, 2, 0.6))] * 8, AWARE_POLICY, "bfloat16")
+    assert ok.outcome is Outcome.PASS, ok.reason
+    assert ok.drift_max == pytest.approx(0.6) and ok.confident_drift_max == 0.0
+    one = compare_replays([replay(SURE, SURE, drift_at(SURE, 0, 0.6))] + [replay(SURE, SURE)] * 7, AWARE_POLICY,
+                          "bfloat16")
+    assert one.outcome is Outcome.FAIL and one.failed == ("confident_drift_max",)
+    assert one.confident_drift_max == pytest.approx(0.6) and one.evidence[0].index == 0
+    every = compare_replays([replay(SURE, SURE, drift_at(SURE, i % 4, 0.3)) for i in range(8)], AWARE_POLICY,
+                            "bfloat16")
+    assert every.failed == ("confident_drift_mean",) and every.confident_drift_mean == pytest.approx(0.3 / 4)
+
+
+def test_a_flat_model_is_inconclusive_never_failed_nor_passed():
+    # random weights: every position is a near-tie, greedy tokens flip everywhere under other rounding; like
+    # llama3-8b on an H200 (47 % identical, top-1 93 %, flips at margins <= 0.31, drift max 0.22)
+    flipped = peaked([1, 9, 9, 9], [-6.2, -6.2, -6.2, -6.2], [0.05, 0.1, 0.01, 0.2])
+    forced = Continuation(FLAT.token_ids, FLAT.text, tuple(
+        TokenLogprob(t.token_id, t.logprob - 0.22, ((7, t.logprob),)) if i == 1 else t
+        for i, t in enumerate(FLAT.logprobs)))
+    rows = [replay(FLAT, FLAT)] * 4 + [replay(flipped, FLAT, forced)] * 4
+    v = compare_replays(rows, dataclasses.replace(AWARE_POLICY, tolerances={"bfloat16": dataclasses.replace(
+        AWARE, min_identical_fraction=0.75, min_top1_agreement=0.9)}), "bfloat16")
+    assert v.outcome is Outcome.INCONCLUSIVE and v.failed == ()
+    assert v.identical_fraction == 0.5 and v.top1_agreement == pytest.approx(28 / 32)   # below both minima
+    assert v.confident_positions == 0 and "too few confident positions" in v.reason and "0 of 32" in v.reason
+
+
+def test_a_sure_divergence_fails_even_on_a_mostly_flat_model():
+    wrong = peaked([7, 7, 7, 7], [-0.01, -0.02, -0.01, -0.03], [4.0, 3.0, 5.0, 2.5])
+    sure_then_flat = peaked([1, 2, 3, 4], [-0.01, -6.2, -6.2, -6.2], [3.0, 0.05, 0.1, 0.05])
+    v = compare_replays([replay(FLAT, FLAT)] * 7 + [replay(wrong, sure_then_flat)], AWARE_POLICY, "bfloat16")
+    assert v.confident_positions == 1 < AWARE.min_confident_positions
+    assert v.outcome is Outcome.FAIL and v.failed == ("flip_margin",)
+
+
+def test_enough_confident_positions_make_the_global_rules_apply_again():
+    # two prompts whose baseline margins are unknown (top lists without a runner-up), where the canary fed the
+    # baseline's tokens prefers token 8 everywhere: only the global top-1 rule sees them
+    unknown = cont(SURE.token_ids, [t.logprob for t in SURE.logprobs], tops=[[(t.token_id, t.logprob)]
+                                                                             for t in SURE.logprobs])
+    off = Continuation(SURE.token_ids, SURE.text, tuple(TokenLogprob(t.token_id, t.logprob, ((8, t.logprob + 0.01),))
+                                                        for t in SURE.logprobs))
+    rows = [replay(SURE, SURE)] * 6 + [replay(unknown, unknown, off)] * 2
+
+    def verdict(min_positions):
+        tol = dataclasses.replace(AWARE, min_top1_agreement=0.9, min_confident_positions=min_positions)
+        return compare_replays(rows, dataclasses.replace(AWARE_POLICY, tolerances={"bfloat16": tol}), "bfloat16")
+    v = verdict(24)
+    assert v.confident_positions == 24 and v.confident_top1 == 1.0
+    assert v.outcome is Outcome.FAIL and v.failed == ("top1_agreement",) and v.top1_agreement == 0.75
+    assert verdict(25).outcome is Outcome.INCONCLUSIVE   # too few to judge: the global rules are not applied
+
+
+def test_half_precision_defaults_are_margin_aware_and_float32_is_unchanged():
+    t = CorrectnessPolicy().tolerances
+    assert t["float32"] == Tolerances(min_identical_fraction=0.9, min_top1_agreement=0.98,
+                                      max_mean_logprob_drift=1e-5, max_logprob_drift=1e-4, max_flip_margin=1e-3)
+    assert t["float32"].confident_margin == 0
+    for dtype in ("bfloat16", "float16"):
+        assert t[dtype].confident_margin > 0 and t[dtype].min_confident_positions > 0
+        assert t[dtype].max_flip_margin >= t[dtype].confident_margin   # a flip below it is a near-tie
+    flat = compare_replays([replay(FLAT, FLAT)] * 32, CorrectnessPolicy(max_tokens=4, compare_tokens=4), "bfloat16")
+    assert flat.outcome is Outcome.INCONCLUSIVE
+
+
+def test_the_confident_statistics_round_trip_through_json():
+    v = compare_replays([replay(SURE, SURE)] * 8, AWARE_POLICY, "bfloat16")
+    assert v.outcome is Outcome.PASS and v.confident_positions == 32 and v.positions == 32
+    assert CorrectnessVerdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+
+
+def test_rollout_show_prints_the_confident_positions_and_where_the_canary_disagreed():
+    from control_plane.format import format_correctness
+    forced = Continuation(SURE.token_ids, SURE.text, tuple(
+        TokenLogprob(t.token_id, t.logprob, ((9, t.logprob + 0.1),) if i == 2 else t.top)
+        for i, t in enumerate(SURE.logprobs)))
+    v = compare_replays([replay(SURE, SURE)] * 6 + [replay(SURE, SURE, forced)] * 2, AWARE_POLICY, "bfloat16")
+    lines = format_correctness({"verdict": {"correctness": json.loads(json.dumps(v.to_dict()))}, "decision": "rollback",
+                                "step": -1, "seq": 1, "weight": 0})
+    assert "at the 32 of 32 positions where the baseline was sure: top-1 agreement 93.8%" in lines[2]
+    assert sum("top-1 differed at 1 position(s) where the baseline was sure" in line for line in lines) == 2

@@ -8,7 +8,9 @@ const Correctness = (() => {
   const where = (c, steps) => c.step < 0 ? "before traffic" : `step ${c.step + 1}/${steps} · ${c.weight} %`;
   const outcome = (o) => el("span", { class: `badge verdict-badge v-${o}` }, `${mark[o] || ""} ${o}`);
   const TOL = { identical_fraction: "identical fraction", top1_agreement: "top-1 agreement", drift_mean: "drift mean",
-    drift_max: "drift max", flip_margin: "flip margin", max_error_fraction: "replay errors" };
+    drift_max: "drift max", flip_margin: "flip margin", max_error_fraction: "replay errors",
+    confident_top1: "top-1 where the baseline was sure", confident_drift_mean: "drift mean where sure",
+    confident_drift_max: "drift max where sure" };
 
   // the token ids with the one at `at` marked, and the text with everything from the first differing character on
   function ids(tokens, at) {
@@ -64,6 +66,9 @@ const Correctness = (() => {
           stat(`Identical over ${c.compare_tokens} tokens`, `${frac(L.identical_fraction)} · ${L.diverged} diverged`, failed.has("identical_fraction")),
           stat("Top-1 agreement (teacher forcing)", frac(L.top1_agreement, 1), failed.has("top1_agreement")),
           stat("Logprob drift mean / max", `${num(L.drift_mean)} / ${num(L.drift_max)}`, failed.has("drift_mean") || failed.has("drift_max")),
+          L.confident_positions ? stat(`Where the baseline was sure (${L.confident_positions} of ${L.positions} positions): top-1 · drift mean / max`,
+            `${frac(L.confident_top1, 1)} · ${num(L.confident_drift_mean)} / ${num(L.confident_drift_max)}`,
+            failed.has("confident_top1") || failed.has("confident_drift_mean") || failed.has("confident_drift_max")) : null,
           stat("Failed tolerances", failed.size ? [...failed].map((f) => TOL[f] || f).join(", ") : "none", failed.size > 0),
           L.seconds != null ? stat("Cost", `${L.requests} requests in ${L.seconds.toFixed(1)} s`) : null),
         el("p", { class: "reason" }, L.reason)),
