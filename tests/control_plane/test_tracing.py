@@ -184,3 +184,15 @@ def test_bad_exporter_flags_are_refused(kwargs, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError):
         Tracing.from_flags(kwargs["exporter"], kwargs.get("otlp_endpoint"))
+
+
+@pytest.mark.parametrize("argv", [["worker"], ["serve", "--no-worker"], ["serve"]])
+def test_cli_refuses_an_otlp_exporter_without_endpoint_in_one_line(tmp_path, capsys, monkeypatch, argv):
+    from control_plane.cli import main
+
+    for var in ("SITS_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    rc = main([*argv, "--store", str(tmp_path / "s.db"), "--otel-exporter", "otlp"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "needs an endpoint" in err, err
