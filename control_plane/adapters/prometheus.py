@@ -130,8 +130,9 @@ class PrometheusSource:
         for role in roles:
             for metric in dict.fromkeys(metrics):
                 if metric == REQUEST_LATENCY:
+                    latency = match[role] + routes + promql.LATENCY_FILTER.get(metric, "")
                     jobs[role, metric] = promql.render("bucket_increase_by_route_match", metric=metric, window=window,
-                                                       match=match[role] + routes + promql.LATENCY_FILTER.get(metric, ""))
+                                                       match=latency)
                 else:
                     jobs[role, metric] = promql.render("bucket_increase_match", metric=metric, window=window,
                                                        match=match[role])

@@ -102,8 +102,8 @@ def test_flagger_webhook(client, prom, service):
 
 
 def test_auth(client, prom):
-    body = {"canary": {"selector": selector("equal", "canary")}, "baseline": {"selector": selector("equal", "baseline")},
-            "window": "5m"}
+    body = {"canary": {"selector": selector("equal", "canary")},
+            "baseline": {"selector": selector("equal", "baseline")}, "window": "5m"}
     assert client.post("/api/v1/judge", json=body).status_code == 401
     assert client.post("/api/v1/judge", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.post("/api/v1/judge", json=body, headers=auth("viewer")).status_code == 200
@@ -118,8 +118,8 @@ def test_auth(client, prom):
     assert client.post("/api/v1/judge", json=flagger).status_code == 401
 
 
-GOOD = {"canary": {"selector": 'service="equal",env="canary"'}, "baseline": {"selector": 'service="equal",env="baseline"'},
-        "window": "5m"}
+GOOD = {"canary": {"selector": 'service="equal",env="canary"'},
+        "baseline": {"selector": 'service="equal",env="baseline"'}, "window": "5m"}
 
 
 @pytest.mark.parametrize("change,field", [
