@@ -21,6 +21,7 @@ from control_plane.analysis import Outcome
 from control_plane.errors import ValidationError
 from control_plane.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
 from control_plane.redact import redact
+from control_plane.tracing import Tracing, set_attributes
 from control_plane.web.auth import require, use_token
 from control_plane.web.common import API_PREFIX, clean, error_response
 
@@ -46,14 +47,20 @@ def judge():
         if denied is not None:
             return denied
     prometheus, own = _prometheus(req)
-    try:
-        j = evaluate(req, current_app.config.get("CLOCK", time.time)(), prometheus=prometheus,
-                     scrape=_scrape_history() if req.source == "scrape" else None)
-    except MetricsError as e:
-        return error_response(502, "metrics_unavailable", redact(f"{req.source}: {e}")[:2000])
-    finally:
-        if own:
-            prometheus.close()
+    tracing = current_app.config["TRACING"] or Tracing()
+    with tracing.span("sits.judge", attributes={"sits.judge.source": req.source, "sits.judge.window_s": req.window_s,
+                                                "sits.judge.flagger": req.flagger, **{
+                                                    f"sits.judge.{k}": v for k, v in req.subject.items()}}) as span:
+        try:
+            j = evaluate(req, current_app.config.get("CLOCK", time.time)(), prometheus=prometheus,
+                         scrape=_scrape_history() if req.source == "scrape" else None)
+        except MetricsError as e:
+            return error_response(502, "metrics_unavailable", redact(f"{req.source}: {e}")[:2000])
+        finally:
+            if own:
+                prometheus.close()
+        set_attributes(span, {"sits.verdict": j.verdict.outcome, "sits.reason": j.verdict.reason[:500],
+                              "sits.need_more": j.verdict.need_more})
     return _answer(j)
 
 

@@ -9,6 +9,7 @@ from control_plane.analysis import REQUEST_LATENCY
 from control_plane.app import create_app
 from control_plane.adapters.prometheus import PrometheusConfig
 from tests.control_plane.helpers import lat
+from tests.control_plane.test_otel_spans import memory_tracing
 from tests.fixtures.prometheus import PrometheusServer, backfill, format_value
 
 from .conftest import TOKENS, auth
@@ -165,3 +166,16 @@ def test_unknown_selector_is_inconclusive_not_a_pass(client):
     body = {**GOOD, "canary": {"selector": 'service="nosuch",env="canary"'}}
     out = client.post("/api/v1/judge", json=body, headers=auth("viewer")).get_json()
     assert out["verdict"] == "inconclusive" and "no data" in out["reason"] and not out["pass"]
+
+
+def test_a_judgement_is_a_span_under_its_request(store, prom):
+    tracing, exporter = memory_tracing()
+    client = create_app({"TESTING": True, "STORE": store, "CLOCK": lambda: T_END, "TRACING": tracing,
+                         "JUDGE_PROMETHEUS": PrometheusConfig(prom.url)}).test_client()
+    body = {"canary": {"selector": selector("slow", "canary")}, "baseline": {"selector": selector("slow", "baseline")},
+            "window": "5m"}
+    assert client.post("/api/v1/judge", json=body).get_json()["verdict"] == "fail"
+    judged, request = exporter.get_finished_spans()
+    assert request.name == "POST /api/v1/judge" and request.attributes["http.response.status_code"] == 200
+    assert judged.name == "sits.judge" and judged.parent.span_id == request.context.span_id
+    assert judged.attributes["sits.verdict"] == "fail" and judged.attributes["sits.judge.source"] == "prometheus"

@@ -13,7 +13,7 @@ from control_plane.loadgen import LoadGenerator
 from control_plane.service import start_rollout
 from control_plane.store import Store
 from control_plane.worker import Worker
-from tests.control_plane.test_tracing import memory_tracing, named
+from tests.control_plane.test_otel_spans import memory_tracing, named
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from tests.engine.server.harness import BASE, RunningServer
 
