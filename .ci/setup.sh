@@ -21,7 +21,8 @@ stamp=.venv/.sits-installed-$MODE
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/cpu.txt -nt "$stamp" ]; then
   echo "[setup] pip install -e .$extra (CPU torch)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -c constraints/cpu.txt -e ".$extra"
+  # PYTHONWARNINGS: setuptools' editable-install notice (a boxed warning) is noise to a new user; errors still show
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c constraints/cpu.txt -e ".$extra"
   touch "$stamp"
 fi
 if [ "$MODE" = demo ]; then echo "[setup] ok (demo)"; exit 0; fi

@@ -43,3 +43,18 @@ def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> torc
     bs = cache.shape[1]
     nb = -(-length // bs)
     return cache[block_row[:nb].long()].reshape(nb * bs, *cache.shape[2:])[:length]
+
+
+def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> int:
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1 or cu_seqlens_q.is_floating_point():
+        raise PagedAttentionError(f"prefill_attention: cu_seqlens_q must be integer [B+1], got "
+                                  f"{tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
+    b = cu_seqlens_q.numel() - 1
+    check_paged_args("prefill_attention", q, k_cache, v_cache, block_tables, b)
+    check_lens("prefill_attention", context_lens, b)
+    return b
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The reference kernels' softmax dtype: fp32 statistics (fp64 for fp64 inputs)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -12,13 +12,10 @@ import math
 
 import torch
 
-from kernels.paged import check_lens, check_paged_args
+from kernels.paged import check_lens, check_paged_args, softmax_dtype
 from kernels.triton_env import check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl, triton
 
 
-
-def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 @triton.jit
 def _paged_decode_attention_kernel(
@@ -187,7 +184,7 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, 
     scores = torch.einsum("skgd,slkd->skgl", qg, k) * scale  # [S, Hkv, G, L]
     pad = torch.arange(nb * bs, device=q.device)[None, :] >= lens[:, None]  # [S, L]
     scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
+    p = torch.softmax(scores, dim=-1, dtype=softmax_dtype(q.dtype)).to(q.dtype)
     return torch.einsum("skgl,slkd->skgd", p, v).reshape(s, hq, d)
 
 
@@ -205,6 +202,6 @@ def paged_decode_attention_per_head_ref(q, k_cache, v_cache, block_tables, conte
         for h in range(hq):
             k = k_cache[blocks, :, h // g].reshape(-1, d)[:length].to(q.dtype)  # [L, D]
             v = v_cache[blocks, :, h // g].reshape(-1, d)[:length].to(q.dtype)
-            p = torch.softmax(torch.mv(k, q[i, h]) * scale, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
+            p = torch.softmax(torch.mv(k, q[i, h]) * scale, dim=-1, dtype=softmax_dtype(q.dtype)).to(q.dtype)
             out[i, h] = torch.mv(v.t(), p)
     return out

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from kernels.paged import PagedAttentionError, check_lens, check_paged_args, gather_kv
+from kernels.paged import PagedAttentionError, check_prefill_args
 from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
 
 try:  # Triton >= 3.4: host-side TMA descriptors
@@ -30,9 +30,6 @@ except ImportError:  # pragma: no cover - older Triton: the pointer kernel only
     TensorDescriptor = None
 
 
-
-def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 @triton.jit
 def _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_head, qpos, ctx, qk_scale,
@@ -273,16 +270,6 @@ def _page_descriptor(cache: torch.Tensor) -> "TensorDescriptor":
     return TensorDescriptor(cache.view(nb * page, hkv * d), [nb * page, hkv * d], [hkv * d, 1], [page, d])
 
 
-def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> int:
-    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 1 or cu_seqlens_q.is_floating_point():
-        raise PagedAttentionError(f"prefill_attention: cu_seqlens_q must be integer [B+1], got "
-                                  f"{tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
-    b = cu_seqlens_q.numel() - 1
-    check_paged_args("prefill_attention", q, k_cache, v_cache, block_tables, b)
-    check_lens("prefill_attention", context_lens, b)
-    return b
-
-
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
     """triton-v1: the pointer-gather kernel. q: [T, Hq, D] -> out [T, Hq, D]"""
     return _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, tma=False)
@@ -344,63 +331,3 @@ def _launch_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, o
     else:
         grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
         _prefill_attention_tma_tuned[grid](*args, **meta, DOT_F32=False)
-
-
-def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    # q: [T, Hq, D]; returns [T, Hq, D]. Matmuls in q.dtype, softmax in fp32 (HF eager attention).
-    b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    out = torch.zeros_like(q)
-    cu = cu_seqlens_q.tolist()
-    ctx = context_lens.tolist()
-    if cu[-1] != q.shape[0]:
-        raise PagedAttentionError(f"prefill_attention: cu_seqlens_q[-1]={cu[-1]} but q has {q.shape[0]} tokens")
-    hq, hkv = q.shape[1], k_cache.shape[2]
-    g = hq // hkv
-    for i in range(b):
-        s, e, length = cu[i], cu[i + 1], ctx[i]
-        n = e - s
-        if n == 0:
-            continue
-        if n < 0 or n > length:
-            raise PagedAttentionError(f"prefill_attention: sequence {i} has {n} new tokens but context length {length}")
-        k = gather_kv(k_cache, block_tables[i], length).to(q.dtype).repeat_interleave(g, dim=1).transpose(0, 1)
-        v = gather_kv(v_cache, block_tables[i], length).to(q.dtype).repeat_interleave(g, dim=1).transpose(0, 1)
-        qb = q[s:e].transpose(0, 1)  # [Hq, n, D]
-        scores = torch.matmul(qb, k.transpose(1, 2)) * scale  # [Hq, n, L]
-        qpos = torch.arange(length - n, length, device=q.device)
-        kpos = torch.arange(length, device=q.device)
-        scores = scores.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
-        p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
-        out[s:e] = torch.matmul(p, v).transpose(0, 1)
-    return out
-
-
-def prefill_attention_per_head_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    """prefill_attention_ref computed one query row at a time, per (sequence, head): the same math and dtypes, but
-    unfused -- the K/V of the head gathered again for every head, one vector-matrix product and one softmax per new
-    token instead of one batched matmul per sequence. Correct and slower (kernel set torch-slow-attn, the example
-    of a slow release)."""
-    b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    out = torch.zeros_like(q)
-    cu = cu_seqlens_q.tolist()
-    ctx = context_lens.tolist()
-    if cu[-1] != q.shape[0]:
-        raise PagedAttentionError(f"prefill_attention: cu_seqlens_q[-1]={cu[-1]} but q has {q.shape[0]} tokens")
-    hq, hkv = q.shape[1], k_cache.shape[2]
-    g = hq // hkv
-    for i in range(b):
-        s, e, length = cu[i], cu[i + 1], ctx[i]
-        n = e - s
-        if n == 0:
-            continue
-        if n < 0 or n > length:
-            raise PagedAttentionError(f"prefill_attention: sequence {i} has {n} new tokens but context length {length}")
-        for h in range(hq):
-            k = gather_kv(k_cache, block_tables[i], length)[:, h // g].to(q.dtype)  # [L, D]
-            v = gather_kv(v_cache, block_tables[i], length)[:, h // g].to(q.dtype)
-            for t in range(n):
-                visible = length - n + t + 1   # causal: keys up to this token's own position
-                scores = torch.mv(k[:visible], q[s + t, h]) * scale
-                p = torch.softmax(scores, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)
-                out[s + t, h] = torch.mv(v[:visible].t(), p)
-    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kernels import linear as _linear
 from kernels import paged_decode_attention as _decode
 from kernels import prefill_attention as _prefill
+from kernels import prefill_attention_ref as _prefill_ref
 from kernels import rms_norm as _rms
 from kernels import rope_and_cache as _rope
 from kernels import silu_and_mul as _silu
@@ -22,7 +23,7 @@ TORCH = register_kernel_set(KernelSet(
     fused_add_rms_norm=_rms.fused_add_rms_norm_ref,
     silu_and_mul=_silu.silu_and_mul_ref,
     rope_and_cache=_rope.rope_and_cache_ref,
-    prefill_attention=_prefill.prefill_attention_ref,
+    prefill_attention=_prefill_ref.prefill_attention_ref,
     paged_decode_attention=_decode.paged_decode_attention_ref,
     linear=_linear.linear_ref,
 ))
@@ -61,6 +62,6 @@ TORCH_SLOW_ATTN = register_kernel_set(TORCH.derive(
     "torch-slow-attn", "1.0.2",
     description="EXAMPLE OF A SLOW RELEASE: torch with unfused attention, one query row per (sequence, head) at a "
                 "time in prefill and one (sequence, head) at a time in decode; the same answers as torch, slower",
-    prefill_attention=_prefill.prefill_attention_per_head_ref,
+    prefill_attention=_prefill_ref.prefill_attention_per_head_ref,
     paged_decode_attention=_decode.paged_decode_attention_per_head_ref,
 ))

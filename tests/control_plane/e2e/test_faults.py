@@ -2,13 +2,9 @@
 LocalDeployer's router and the real worker: a canary that crashes mid-rollout is rolled back within 30 s while
 production keeps serving; Prometheus stopped mid-rollout makes checks inconclusive (traffic held, never promoted
 blind) until it returns; and through weight changes, a rollback and a promotion no request is lost."""
-import json
 import os
 import signal
-import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -23,6 +19,7 @@ from control_plane.service import start_rollout
 from control_plane.spec import DeploySpec
 from control_plane.store import Store
 from control_plane.worker import Worker, WorkerConfig
+from tests.fixtures.prometheus import DeployerDiscovery
 
 from .support import FAST, SLOW, engine_pids, wait_for
 
@@ -73,40 +70,13 @@ def test_a_canary_that_crashes_is_rolled_back_within_30s_while_production_serves
     assert set(deployer.status(SVC)) == {"production"}
     store.close()
 
-class Discovery:
-    """file_sd targets following the deployer's status (what Kubernetes SD does in a cluster)."""
-
-    def __init__(self, deployer, path: Path):
-        self.deployer, self.path, self._stop = deployer, path, threading.Event()
-        self.write()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def write(self):
-        targets = sorted(u.removeprefix("http://") for st in self.deployer.status(SVC).values() for u in st.endpoints)
-        text = json.dumps([{"targets": targets, "labels": {}}])
-        if not self.path.exists() or self.path.read_text() != text:
-            self.path.with_suffix(".tmp").write_text(text)
-            os.replace(self.path.with_suffix(".tmp"), self.path)
-
-    def _run(self):
-        while not self._stop.wait(0.3):
-            self.write()
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(5)
 
 @pytest.mark.slow
 def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path, prometheus_factory):
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
-    disco = Discovery(deployer, sd)
-    cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
-    Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
-                                     "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
-                                         {"files": [str(sd)], "refresh_interval": "1s"}]}]}))
-    urllib.request.urlopen(urllib.request.Request(prom.url + "/-/reload", method="POST"), timeout=10).close()
+    disco = DeployerDiscovery(deployer, SVC, sd)
+    prom.scrape_file_sd(sd)
     policy = Policy.from_dict({**FAST.to_dict(), "min_samples": 150, "on_inconclusive": "pause"})
     store = Store(str(tmp_path / "p.db"))
     source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0, timeout_s=1.0, retries=0))

@@ -1,12 +1,7 @@
 """End to end on this machine: the real LocalDeployer (engine processes behind the weighted router), load through the
 router, the real worker, store and analysis. A kernel version with injected latency rolls back on its own and a good
 one is promoted: with direct scrape, and with the Prometheus source against a real Prometheus scraping the variants."""
-import json
-import os
-import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +15,7 @@ from control_plane.loadgen import LoadGenerator
 from control_plane.rollout import Phase
 from control_plane.store import Store
 from control_plane.worker import DeploySpec, Worker, WorkerConfig, start_rollout
+from tests.fixtures.prometheus import DeployerDiscovery
 
 from .test_notify import Receiver
 
@@ -109,43 +105,12 @@ def test_scrape_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path):
     store.close()
 
 
-class Discovery:
-    """Service discovery for the test Prometheus (what Kubernetes SD does in a cluster): the variants' endpoints,
-    written to a file_sd file whenever the deployer's status changes."""
-
-    def __init__(self, deployer, path: Path):
-        self.deployer, self.path, self._stop = deployer, path, threading.Event()
-        self.write()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def write(self):
-        targets = sorted(u.removeprefix("http://") for st in self.deployer.status(SVC).values() for u in st.endpoints)
-        text = json.dumps([{"targets": targets, "labels": {}}])
-        if not self.path.exists() or self.path.read_text() != text:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
-
-    def _run(self):
-        while not self._stop.wait(0.3):
-            self.write()
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(5)
-
-
 def test_prometheus_bad_canary_rolls_back_good_one_is_promoted(world, tmp_path, prometheus_factory):
     deployer, _ = world
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
-    disco = Discovery(deployer, sd)
-    cfg = next(a.split("=", 1)[1] for a in prom.proc.args if a.startswith("--config.file="))
-    Path(cfg).write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
-                                     "scrape_configs": [{"job_name": "sits", "file_sd_configs": [
-                                         {"files": [str(sd)], "refresh_interval": "1s"}]}]}))
-    urllib.request.urlopen(urllib.request.Request(prom.url + "/-/reload", method="POST"), timeout=10).close()
+    disco = DeployerDiscovery(deployer, SVC, sd)
+    prom.scrape_file_sd(sd)
     prom.wait_for('up{job="sits"}', lambda r: len(r) == 1 and r[0]["value"][1] == "1", timeout=30)
     store = Store(str(tmp_path / "p.db"))
     source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0))

@@ -77,3 +77,17 @@ def sample(metrics: dict, family: str, name: str | None = None, **labels) -> flo
     name = name or family
     return sum(s.value for s in metrics.get(family, []) if s.name == name
                and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def wait_idle(server, timeout: float = 30) -> dict:
+    """Poll `server.metrics()` until nothing runs or waits and every KV block is free again; returns those metrics.
+    Fails (naming the counts) if that takes longer than `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = server.metrics()
+        state = (sample(m, "sits_num_requests_running"), sample(m, "sits_num_requests_waiting"),
+                 sample(m, "sits_kv_cache_free_blocks"), sample(m, "sits_kv_cache_total_blocks"))
+        if state[0] == 0 and state[1] == 0 and state[2] == state[3]:
+            return m
+        assert time.monotonic() < deadline, f"not idle: running, waiting, free, total = {state}"
+        time.sleep(0.05)

@@ -7,13 +7,12 @@ that the malformed ones reach the servers as they are.
 import json
 import random
 import socket
-import time
 from dataclasses import replace
 
 import pytest
 
 from control_plane.adapters.router import RouterConfig, WeightedRouter
-from tests.engine.server.harness import BASE, RunningServer, http, sample
+from tests.engine.server.harness import BASE, RunningServer, http, wait_idle
 
 SEED = 20261201
 N_REQUESTS = 250   # per target
@@ -182,18 +181,6 @@ def _send(url: str, data: bytes) -> int | None:
     return int(out[9:12])
 
 
-def _wait_idle(engine, timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        m = engine.metrics()
-        state = (sample(m, "sits_num_requests_running"), sample(m, "sits_num_requests_waiting"),
-                 sample(m, "sits_kv_cache_free_blocks"), sample(m, "sits_kv_cache_total_blocks"))
-        if state[0] == 0 and state[1] == 0 and state[2] == state[3]:
-            return m
-        assert time.monotonic() < deadline, f"not idle: running, waiting, free, total = {state}"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("via", ["engine", "router"])
 def test_fuzzed_requests_get_2xx_or_4xx_and_leak_nothing(targets, via):
     engine, router = targets
@@ -208,7 +195,7 @@ def test_fuzzed_requests_get_2xx_or_4xx_and_leak_nothing(targets, via):
         seen[status] = seen.get(status, 0) + 1
     assert sum(v for k, v in seen.items() if k < 300) >= N_REQUESTS // 10, seen   # the fuzz also reaches the engine
     assert {400, 404} <= set(seen), seen
-    m = _wait_idle(engine)
+    m = wait_idle(engine, timeout=60)
     engine_500s = sum(s.value for s in m["http_request_duration_seconds"]   # (/readyz was 503 while loading)
                       if s.name.endswith("_count") and s.labels["status"].startswith("5") and s.labels["route"]
                       != "/readyz")

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from tests.engine.server.harness import http, sample
+from tests.engine.server.harness import http, sample, wait_idle
 
 BAD = [
     ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400),
@@ -23,18 +23,6 @@ def _greedy(url, prompt, n):
                                                              "temperature": 0, "ignore_eos": True})
     assert status == 200
     return json.loads(body)["choices"][0]["text"]
-
-
-def _wait_idle(server, timeout=30):
-    deadline = time.monotonic() + timeout
-    while True:
-        m = server.metrics()
-        state = (sample(m, "sits_num_requests_running"), sample(m, "sits_num_requests_waiting"),
-                 sample(m, "sits_kv_cache_free_blocks"), sample(m, "sits_kv_cache_total_blocks"))
-        if state[0] == 0 and state[1] == 0 and state[2] == state[3]:
-            return m
-        assert time.monotonic() < deadline, f"not idle: running, waiting, free, total = {state}"
-        time.sleep(0.05)
 
 
 async def _storm(url: str, n: int) -> dict[str, int]:
@@ -86,7 +74,7 @@ def test_thousand_mixed_requests_leave_every_block_free(serve):
     before = s.metrics()
     counts = asyncio.run(_storm(s.url, 1000))
     assert counts == {"finished": 250, "streamed": 250, "aborted": 250, "errored": 250}
-    m = _wait_idle(s)
+    m = wait_idle(s)
     engine = s.state.runner.engine
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
     assert not engine.has_unfinished_requests() and not s.state.runner._queues
@@ -112,6 +100,6 @@ def test_non_streaming_client_that_disconnects_is_aborted(serve):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     sock.close()
-    m = _wait_idle(s, timeout=10)
+    m = wait_idle(s, timeout=10)
     assert sample(m, "sits_request_success", "sits_request_success_total", finished_reason="abort") == 1
     assert sample(m, "sits_generation_tokens", "sits_generation_tokens_total") < 3000
