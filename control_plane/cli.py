@@ -178,6 +178,17 @@ def cmd_rollout_command(a) -> int:
     return 0
 
 
+def prometheus_config(a) -> PrometheusConfig:
+    """`--prometheus-url` with its credentials (token file or $SITS_PROMETHEUS_TOKEN; basic auth)."""
+    if not a.prometheus_url:
+        raise CLIError("--metrics prometheus needs --prometheus-url")
+    token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
+    basic = None
+    if a.prometheus_user:
+        basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
+    return PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic)
+
+
 def build_worker(a) -> Worker:
     """The worker for `sits-control worker`: deployer, metrics source, notifiers and tracing from the flags."""
     try:
@@ -191,13 +202,7 @@ def build_worker(a) -> Worker:
                                              pin_token=_secret("SITS_PIN_TOKEN", a.pin_token_file),
                                              max_replicas=a.max_replicas))
     if a.metrics == "prometheus":
-        if not a.prometheus_url:
-            raise CLIError("--metrics prometheus needs --prometheus-url")
-        token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
-        basic = None
-        if a.prometheus_user:
-            basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
-        source = PrometheusSource(PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic))
+        source = PrometheusSource(prometheus_config(a))
     else:
         if a.deployer == "kubernetes":
             log.warning("direct scrape on Kubernetes reaches one pod per Service endpoint per scrape: use --metrics "
@@ -237,8 +242,10 @@ def cmd_serve(a) -> int:
         worker.tracing.shutdown()
         worker.store.close()
     defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
+    # without a worker, POST /api/v1/judge still queries the Prometheus the flags name
+    judge_prometheus = prometheus_config(a) if a.no_worker and a.metrics == "prometheus" else None
     try:
-        return serve(a, build_worker, stop_worker, defaults)
+        return serve(a, build_worker, stop_worker, defaults, judge_prometheus)
     except ServeError as e:
         raise CLIError(str(e)) from None
 

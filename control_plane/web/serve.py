@@ -43,9 +43,10 @@ def check_flags(host: str, auth_file: str | None) -> Users | None:
         raise ServeError(str(e)) from None
 
 
-def serve(a, build_worker, stop_worker, policy_defaults=None) -> int:
+def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=None) -> int:
     """`a`: the parsed flags (serve's own plus the worker's); build_worker(a) / stop_worker(worker) come from the CLI
-    so the worker is assembled in one place; `policy_defaults`: a Policy new rollouts start from."""
+    so the worker is assembled in one place; `policy_defaults`: a Policy new rollouts start from;
+    `judge_prometheus`: the PrometheusConfig `POST /api/v1/judge` queries (default: the worker's source)."""
     users = check_flags(a.host, a.auth_file)
     if users is None:
         log.warning("auth is OFF (no --auth-file): serving on loopback %s only; every request acts as an admin",
@@ -59,6 +60,7 @@ def serve(a, build_worker, stop_worker, policy_defaults=None) -> int:
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker,
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
                       "SESSION_COOKIE_SECURE": bool(a.secure_cookies), "TRACING": tracing,
+                      "JUDGE_PROMETHEUS": judge_prometheus,
                       "POLICY_DEFAULTS": policy_defaults.to_dict() if policy_defaults is not None else None})
     kw = {}
     if a.trusted_proxy:   # X-Forwarded-Proto from this proxy makes the request (and so the cookie) https
