@@ -8,6 +8,8 @@ Config keys (besides Flask's own):
     LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login rate limit (5 per 300 s per client address)
     SERIES_MAX_POINTS   points per chart series before thinning (300)
     POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
+    TRACING             a control_plane.tracing.Tracing: one span per request (default: the worker's, else off)
+    JUDGE_PROMETHEUS    a PrometheusConfig `POST /api/v1/judge` queries (default: the worker's Prometheus source)
 Views only read and write the store; the worker does everything else.
 """
 from __future__ import annotations
@@ -22,10 +24,11 @@ from werkzeug.exceptions import HTTPException
 
 from control_plane.errors import ConflictError, NotFoundError, ValidationError
 from control_plane.store import Store, StoreWriteError
-from control_plane.web import api, auth, ops, ui
+from control_plane.web import api, auth, judge, ops, ui
 from control_plane.web.common import error_response, wants_json
 from control_plane.web.present import HeadlineCache
 from control_plane.web.series import PointCache
+from control_plane.web.trace import instrument_flask
 from control_plane.web.users import LoginLimiter, Users
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ def create_app(config: dict | None = None) -> Flask:
     app.config.update(
         SECRET_KEY=secrets.token_hex(32), STORE="sits.db", AUTH_FILE=None, SITS_USERS=None, WORKER=None,
         LOGIN_LIMIT=5, LOGIN_WINDOW_S=300.0, LOGIN_CLOCK=time.monotonic, SERIES_MAX_POINTS=300, POLICY_DEFAULTS=None,
+        TRACING=None, JUDGE_PROMETHEUS=None,
         MAX_CONTENT_LENGTH=MAX_BODY, SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_NAME="sits_session", PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
         JSON_SORT_KEYS=False)
@@ -54,8 +58,14 @@ def create_app(config: dict | None = None) -> Flask:
     app.extensions["sits_login_limiter"] = LoginLimiter(app.config["LOGIN_LIMIT"], app.config["LOGIN_WINDOW_S"],
                                                         app.config["LOGIN_CLOCK"])
     app.session_interface = auth.SessionInterface()
+    worker = app.config["WORKER"]
+    if app.config["TRACING"] is None and worker is not None:
+        app.config["TRACING"] = worker.tracing
+    if app.config["TRACING"] is not None:
+        instrument_flask(app, app.config["TRACING"])
 
     app.register_blueprint(auth.bp)
+    app.register_blueprint(judge.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(ui.bp)
     app.register_blueprint(ops.bp)

@@ -40,6 +40,7 @@ from control_plane.rollout import Command
 from control_plane.spec import DeploySpec
 from control_plane.redact import redact
 from control_plane.store import Store, StoreError, rollout_to_dict
+from control_plane.tracing import EXPORTERS, Tracing
 from control_plane.web import present
 from control_plane.web.serve import ServeError, serve
 from control_plane.worker import Worker, WorkerConfig
@@ -177,8 +178,23 @@ def cmd_rollout_command(a) -> int:
     return 0
 
 
+def prometheus_config(a) -> PrometheusConfig:
+    """`--prometheus-url` with its credentials (token file or $SITS_PROMETHEUS_TOKEN; basic auth)."""
+    if not a.prometheus_url:
+        raise CLIError("--metrics prometheus needs --prometheus-url")
+    token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
+    basic = None
+    if a.prometheus_user:
+        basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
+    return PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic)
+
+
 def build_worker(a) -> Worker:
-    """The worker for `sits-control worker`: deployer, metrics source and notifiers from the flags."""
+    """The worker for `sits-control worker`: deployer, metrics source, notifiers and tracing from the flags."""
+    try:
+        tracing = Tracing.from_flags(a.otel_exporter, a.otlp_endpoint)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     if a.deployer == "kubernetes":
         deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig))
     else:
@@ -186,13 +202,7 @@ def build_worker(a) -> Worker:
                                              pin_token=_secret("SITS_PIN_TOKEN", a.pin_token_file),
                                              max_replicas=a.max_replicas))
     if a.metrics == "prometheus":
-        if not a.prometheus_url:
-            raise CLIError("--metrics prometheus needs --prometheus-url")
-        token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
-        basic = None
-        if a.prometheus_user:
-            basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
-        source = PrometheusSource(PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic))
+        source = PrometheusSource(prometheus_config(a))
     else:
         if a.deployer == "kubernetes":
             log.warning("direct scrape on Kubernetes reaches one pod per Service endpoint per scrape: use --metrics "
@@ -203,7 +213,7 @@ def build_worker(a) -> Worker:
     hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store) for u in a.webhook or ()]
     hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store) for u in a.slack_webhook or ()]
     config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
-    return Worker(store, deployer, source, MultiNotifier(hooks), config)
+    return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing)
 
 
 def cmd_worker(a) -> int:
@@ -221,6 +231,7 @@ def cmd_worker(a) -> int:
     worker.start()
     stop.wait()
     shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
+    worker.tracing.shutdown()
     worker.store.close()
     return 0
 
@@ -228,10 +239,13 @@ def cmd_worker(a) -> int:
 def cmd_serve(a) -> int:
     def stop_worker(worker: Worker) -> None:
         shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
+        worker.tracing.shutdown()
         worker.store.close()
     defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
+    # without a worker, POST /api/v1/judge still queries the Prometheus the flags name
+    judge_prometheus = prometheus_config(a) if a.no_worker and a.metrics == "prometheus" else None
     try:
-        return serve(a, build_worker, stop_worker, defaults)
+        return serve(a, build_worker, stop_worker, defaults, judge_prometheus)
     except ServeError as e:
         raise CLIError(str(e)) from None
 
@@ -279,6 +293,11 @@ def _worker_args(w: argparse.ArgumentParser) -> None:
                         "$SITS_PIN_TOKEN, else a random one per worker)")
     w.add_argument("--max-replicas", type=_count, default=None,
                    help="local deployer: engines on this machine at once (default: 2 per core, 1 per GiB free)")
+    w.add_argument("--otel-exporter", choices=EXPORTERS, default=None,
+                   help="OpenTelemetry traces: none (default), console or otlp (or $SITS_OTEL_EXPORTER / "
+                        "$OTEL_TRACES_EXPORTER); docs/observability.md")
+    w.add_argument("--otlp-endpoint", default=None,
+                   help="OTLP/HTTP collector base URL, e.g. http://collector:4318 (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
     w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
     w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
 

@@ -42,6 +42,7 @@ from control_plane.rollout import Command, Decision, EventKind, Phase
 from control_plane.service import start_rollout
 from control_plane.spec import DeploySpec
 from control_plane.store import Store
+from control_plane.tracing import Tracing
 from control_plane.web.users import Users, token_sha256
 from control_plane.worker import Worker, WorkerConfig
 
@@ -161,12 +162,15 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     store = Store(str(store_path))
     load = worker = prom = server = None
     source = ScrapeSource()
+    tracing = Tracing.from_flags()
     try:
         if cfg.metrics == "prometheus":
             prom = LocalPrometheus(workdir, deployer, cfg.service)
             source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0))
             out(f"      Prometheus at {prom.url} scrapes every variant")
-        worker = Worker(store, deployer, source, config=WorkerConfig(interval_s=cfg.interval_s))
+        # traces by the environment (OTEL_TRACES_EXPORTER=otlp, OTEL_EXPORTER_OTLP_ENDPOINT=...): the load
+        # generator's request spans are continued by the engines through the router (docs/observability.md)
+        worker = Worker(store, deployer, source, config=WorkerConfig(interval_s=cfg.interval_s), tracing=tracing)
         auth_path, token = _auth_file(workdir)
         app = create_app({"STORE": store, "SITS_USERS": Users.load(str(auth_path)), "WORKER": worker,
                           "SECRET_KEY": secrets.token_hex(32)})
@@ -190,7 +194,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         m = DEMO_MIX
         out(f"[3/4] load: Poisson {cfg.rate:g} req/s, prompts ~{m.prompt_tokens.median:g} tokens and answers "
             f"~{m.output_tokens.median:g} (lognormal), {m.stream_fraction:.0%} streamed, every token verified")
-        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=DEMO_MIX, seed=2026).start()
+        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=DEMO_MIX, seed=2026, tracing=tracing).start()
         worker.start()
         p = cfg.policy
         out(f"      worker every {cfg.interval_s:g} s; demo policy: steps {list(p.steps)} %, a check every "
@@ -219,6 +223,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             server.close()
         if prom is not None:
             prom.stop()
+        tracing.shutdown()
         store.close()
     return result
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from control_plane.tracing import SpanKind, Tracing, inject, set_attributes
+
 OK = "ok"
 # outcomes other than OK: "http_<status>", "short" (a 200 with fewer/more tokens than asked), "stream_error" (an
 # in-band error event), "truncated" (the stream ended without [DONE]), "transport" (no answer at all)
@@ -179,10 +181,11 @@ class LoadGenerator:
 
     def __init__(self, url: str, rate: float = 20.0, threads: int = 16, max_tokens: int = 4,
                  prompt: str = "Once upon a time", *, mix: TrafficMix | None = None, seed: int = 0,
-                 model: str = "tiny", timeout_s: float = 60.0) -> None:
+                 model: str = "tiny", timeout_s: float = 60.0, tracing: Tracing | None = None) -> None:
         if not rate > 0 or threads < 1 or max_tokens < 1:
             raise ValueError("load rate must be > 0, threads and max_tokens >= 1")
         self.url, self.rate, self.threads, self.timeout_s = url.rstrip("/"), rate, threads, timeout_s
+        self.tracing = tracing or Tracing()
         self.mix = mix or TrafficMix.fixed(len(prompt), max_tokens)
         self._plan = plan(rate, self.mix, seed, model=model, prompt=None if mix else prompt)
         self.sent = 0          # requests sent (answered or not)
@@ -248,9 +251,18 @@ class LoadGenerator:
                     self.recent.append((done, variant, status, done - (self._t0 + p.at), outcome))
 
     def _send(self, c: httpx.Client, p: Planned) -> tuple[str, int, str, int]:
+        # one CLIENT span per request; its traceparent is continued by the engine that answers (through the router)
+        with self.tracing.span(f"POST {p.route}", kind=SpanKind.CLIENT,
+                               attributes={"sits.load.kind": p.kind, "http.request.method": "POST"}) as span:
+            variant, status, outcome, n = self._exchange(c, p)
+            set_attributes(span, {"http.response.status_code": status, "sits.variant": variant,
+                                  "sits.load.outcome": outcome})
+            return variant, status, outcome, n
+
+    def _exchange(self, c: httpx.Client, p: Planned) -> tuple[str, int, str, int]:
         variant, status = "?", 0
         try:
-            with c.stream("POST", self.url + p.route, json=p.body) as r:
+            with c.stream("POST", self.url + p.route, json=p.body, headers=inject()) as r:
                 variant, status = r.headers.get("x-sits-variant", "?"), r.status_code
                 if status != 200:
                     r.read()

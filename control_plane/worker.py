@@ -17,6 +17,7 @@ store: a pass runs only under the rollout's lease (Store.acquire_lease), so one 
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import os
@@ -40,6 +41,7 @@ from control_plane.service import start_rollout  # noqa: F401  (re-exported for 
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.redact import redact
 from control_plane.store import Store, StoreWriteError
+from control_plane.tracing import Tracing, check_attributes, set_attributes
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
@@ -108,8 +110,10 @@ class Worker:
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
                  notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
                  clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
-                 owner: str | None = None, correctness: CorrectnessProbe | None = None) -> None:
+                 owner: str | None = None, correctness: CorrectnessProbe | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.store, self.deployer, self.source = store, deployer, metrics_source
+        self.tracing = tracing or Tracing()
         self.correctness = correctness or CorrectnessProbe()
         self.notifier = notifier or MultiNotifier()
         self.config = config or WorkerConfig()
@@ -233,8 +237,17 @@ class Worker:
             self.step_hook(step)
 
     def reconcile_rollout(self, rollout_id: str) -> Rollout:
-        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease)."""
+        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease). Traced
+        as one `sits.reconcile` span; its checks, the correctness replay and the deployer calls are its children."""
+        with self.tracing.span("sits.reconcile", attributes={"sits.rollout_id": rollout_id}) as span:
+            r = self._reconcile_rollout(rollout_id, span)
+            set_attributes(span, {"sits.service": r.service, "sits.phase": r.phase.value, "sits.step": r.step,
+                                  "sits.weight": r.weight, "sits.checks": r.checks})
+            return r
+
+    def _reconcile_rollout(self, rollout_id: str, span) -> Rollout:
         r = self.store.get(rollout_id)
+        set_attributes(span, {"sits.service": r.service, "sits.phase_before": r.phase.value})
         if not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
             return r
@@ -258,6 +271,9 @@ class Worker:
         t1 = time.perf_counter()
         self._at("observed")
         new, actions = reconcile(r, obs, now)
+        for check in new.new_checks:
+            with self.tracing.span("sits.check", attributes=check_attributes(check)):
+                pass
         t2 = time.perf_counter()
         self._at("reconciled")
         saved = r
@@ -298,13 +314,13 @@ class Worker:
             kernels = {"production": r.production_kernels, "baseline": r.production_kernels,
                        "canary": r.canary_kernels}
             if "production" in missing:
-                self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
+                self._deploy(spec.variant(r.service, "production", r.production_kernels))
             others = [role for role in missing if role != "production"]
             # re-raised: the pass fails and the next one restores again
-            _in_parallel(lambda role: self.deployer.deploy(spec.variant(r.service, role, kernels[role])),
+            _in_parallel(lambda role: self._deploy(spec.variant(r.service, role, kernels[role])),
                          [(role,) for role in others])
             if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
-                self.deployer.set_weights(r.service, weights_for(r.weight))
+                self._set_weights(r.service, weights_for(r.weight))
             self._at("restored")
         self._restored.add(r.id)
         return r
@@ -349,17 +365,23 @@ class Worker:
         if not correctness_due(r, now) or c is None or b is None or not (c.ready and b.ready):
             return obs
         policy = r.policy.correctness
-        try:
-            status = self.deployer.status(r.service)
-            urls = {role: (status[role].endpoints or (status[role].endpoint,))[0] for role in ("canary", "baseline")}
-            if not all(urls.values()):
-                raise KeyError("no endpoint")
-            run = self.correctness.run(urls["canary"], urls["baseline"], policy)
-        except PromptSetError as e:
-            run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, str(e)), 0, 0, 0.0)
-        except Exception as e:   # the deployer or the replay failed: no verdict is not a pass
-            run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, f"replay failed: {type(e).__name__}: {e}"),
-                          0, 0, 0.0)
+        with self.tracing.span("sits.correctness", attributes={"sits.service": r.service,
+                                                               "sits.prompt_set": policy.prompt_set}) as span:
+            try:
+                status = self.deployer.status(r.service)
+                urls = {role: (status[role].endpoints or (status[role].endpoint,))[0]
+                        for role in ("canary", "baseline")}
+                if not all(urls.values()):
+                    raise KeyError("no endpoint")
+                run = self.correctness.run(urls["canary"], urls["baseline"], policy)
+            except PromptSetError as e:
+                run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, str(e)), 0, 0, 0.0)
+            except Exception as e:   # the deployer or the replay failed: no verdict is not a pass
+                run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, f"replay failed: {type(e).__name__}: {e}"),
+                              0, 0, 0.0)
+            set_attributes(span, {"sits.correctness.verdict": run.verdict.outcome.value,
+                                  "sits.correctness.reason": run.verdict.reason[:500],
+                                  "sits.correctness.requests": run.requests})
         v = dataclasses.replace(run.verdict, requests=run.requests, seconds=round(run.seconds, 3))
         log.info("rollout %s (%s): correctness gate %s in %.1f s (%d requests): %s", r.id, r.service,
                  v.outcome.value, run.seconds, run.requests, v.reason)
@@ -416,7 +438,7 @@ class Worker:
 
     def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
         if "production" not in self.deployer.status(r.service):
-            self.deployer.deploy(spec.variant(r.service, "production", r.production_kernels))
+            self._deploy(spec.variant(r.service, "production", r.production_kernels))
             router = self.deployer.router_url(r.service)
             log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
                      f"; traffic enters at {router}" if router else "")
@@ -425,14 +447,14 @@ class Worker:
         if isinstance(action, Deploy):
             if action.role != "production":
                 self._ensure_production(r, spec)
-            self.deployer.deploy(spec.variant(r.service, action.role, action.kernels))
+            self._deploy(spec.variant(r.service, action.role, action.kernels))
         elif isinstance(action, SetWeights):
-            self.deployer.set_weights(r.service, dict(action.weights))
+            self._set_weights(r.service, dict(action.weights))
         elif isinstance(action, Promote):
-            self.deployer.promote(r.service)
+            self._deployer_call("promote", r.service, "canary", self.deployer.promote, r.service)
         elif isinstance(action, Rollback):
             try:
-                self.deployer.rollback(r.service)
+                self._deployer_call("rollback", r.service, "canary", self.deployer.rollback, r.service)
             except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
                 log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
         elif isinstance(action, Notify):
@@ -444,6 +466,26 @@ class Worker:
         else:
             raise ValueError(f"unknown action {action!r}")
 
+    # ---- deployer calls, one span each ---------------------------------------------------------------------------
+    def _deploy(self, spec) -> None:
+        self._deployer_call("deploy", spec.service, spec.role, self.deployer.deploy, spec,
+                            attributes={"sits.kernels": spec.kernels, "sits.replicas": spec.replicas})
+
+    def _set_weights(self, service: str, weights: dict) -> None:
+        self._deployer_call("set_weights", service, "canary", self.deployer.set_weights, service, weights,
+                            attributes={f"sits.weight.{role}": w for role, w in weights.items()})
+
+    def _deployer_call(self, kind: str, service: str, variant: str, fn: Callable[..., None], *args,
+                       attributes: dict | None = None) -> None:
+        with self.tracing.span(f"sits.deploy.{kind}", attributes={"sits.action": kind, "sits.service": service,
+                                                                   "sits.variant": variant, **(attributes or {})}) as s:
+            try:
+                fn(*args)
+            except Exception as e:
+                set_attributes(s, {"sits.result": type(e).__name__})
+                raise
+            set_attributes(s, {"sits.result": "ok"})
+
 
 def _in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
     """fn(*args) for every args in its own thread; waits for all, then re-raises the first exception raised."""
@@ -454,7 +496,8 @@ def _in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
             fn(*args)
         except BaseException as e:
             raised.append(e)
-    threads = [threading.Thread(target=run, args=args) for args in calls]
+    # each thread runs in a copy of the caller's context: the caller's span stays the parent of what they trace
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, *args)) for args in calls]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,11 +1,12 @@
-"""python -m dashboards generate --out DIR | rules --out FILE | chart [--check]"""
+"""python -m dashboards generate --out DIR | rules --out FILE | chart [--check] | push --url URL [--token-file F]"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from dashboards import generate, rules
+from dashboards import generate, push, rules
 
 CHART = Path(__file__).resolve().parents[1] / "helm" / "sits-control"
 
@@ -27,8 +28,16 @@ def main(argv=None) -> int:
     c = sub.add_parser("chart", help="refresh the copies in helm/sits-control (dashboards/*.json, files/rules.yaml)")
     c.add_argument("--check", action="store_true", help="only report stale copies (exit 1 if any)")
     c.add_argument("--chart", type=Path, default=CHART, help=argparse.SUPPRESS)
+    u = sub.add_parser("push", help="create or update every dashboard in a Grafana (POST /api/dashboards/db)")
+    u.add_argument("--url", default=os.environ.get("GRAFANA_URL"), help="Grafana's base URL (or $GRAFANA_URL)")
+    u.add_argument("--token-file", default=None, help="file holding a Grafana service-account token (or "
+                   "$GRAFANA_TOKEN)")
+    u.add_argument("--folder-uid", default=None, help="folder to put them in (default: Grafana's root)")
+    u.add_argument("--no-overwrite", action="store_true", help="refuse to replace dashboards changed in Grafana")
     a = p.parse_args(argv)
     try:
+        if a.cmd == "push":
+            return _push(a)
         if a.cmd == "generate":
             for path in generate.write_all(a.out):
                 print(path)
@@ -51,9 +60,23 @@ def main(argv=None) -> int:
                 else:
                     path.unlink()
                 print(path)
-    except (generate.DashboardDefinitionError, OSError) as e:
+    except (generate.DashboardDefinitionError, push.PushError, ValueError, OSError) as e:
         print(f"python -m dashboards: error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _push(a) -> int:
+    if not a.url:
+        raise ValueError("push needs --url (or $GRAFANA_URL)")
+    if a.token_file:
+        with open(a.token_file, encoding="utf-8") as f:
+            token = f.read()
+    else:
+        token = os.environ.get("GRAFANA_TOKEN", "")
+    config = push.GrafanaConfig(a.url, token, folder_uid=a.folder_uid, overwrite=not a.no_overwrite)
+    for r in push.push_all(config):
+        print(f"{r['name']}: {r['status']} uid {r['uid']} version {r['version']} {config.url}{r['url'] or ''}")
     return 0
 
 

@@ -17,12 +17,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import requests
 
 from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
                                     compare_replays)
 from control_plane.analysis.prompts import DEFAULT_PROMPTS
+from control_plane.tracing import inject
 
 PROBE_HEADER = {"X-SITS-Probe": "1"}
 MAX_PROMPTS = 1000
@@ -93,9 +95,9 @@ class CorrectnessProbe:
             s = self._local.session = self._factory()
         return s
 
-    def _post(self, url: str, body: dict, timeout: float) -> dict:
+    def _post(self, url: str, body: dict, timeout: float, headers: Mapping[str, str]) -> dict:
         try:
-            r = self._session().post(url.rstrip("/") + "/v1/completions", json=body, headers=PROBE_HEADER,
+            r = self._session().post(url.rstrip("/") + "/v1/completions", json=body, headers=headers,
                                      timeout=timeout)
         except requests.RequestException as e:
             raise ReplayError(f"{type(e).__name__}: {e}") from None
@@ -119,15 +121,15 @@ class CorrectnessProbe:
         models = self._get(url, "/v1/models", timeout).get("data") or [{}]
         return str(models[0].get("id", "")), str(self._get(url, "/version", timeout).get("dtype", ""))
 
-    def _one(self, canary: str, baseline: str, model: str, prompt: str,
-             p: CorrectnessPolicy) -> tuple[PromptReplay, int, int]:
+    def _one(self, canary: str, baseline: str, model: str, prompt: str, p: CorrectnessPolicy,
+             headers: Mapping[str, str]) -> tuple[PromptReplay, int, int]:
         """(replay, tokens, requests) of one prompt."""
         t = p.request_timeout_s
         greedy = {"model": model, "max_tokens": p.max_tokens, "temperature": 0, "logprobs": p.top_logprobs,
                   "return_tokens_as_token_ids": True, "return_token_ids": True}
         tokens = 0
         try:
-            b = self._post(baseline, {**greedy, "prompt": prompt}, t)
+            b = self._post(baseline, {**greedy, "prompt": prompt}, t, headers)
         except ReplayError as e:
             return PromptReplay(prompt, Continuation(error=str(e)), Continuation()), tokens, 1
         ids = b["prompt_token_ids"]
@@ -136,12 +138,12 @@ class CorrectnessProbe:
         sent = 1
         try:
             sent += 1
-            c = self._post(canary, {**greedy, "prompt": ids}, t)
+            c = self._post(canary, {**greedy, "prompt": ids}, t, headers)
             can = Continuation(tuple(c["token_ids"]), c["text"], _positions(c["logprobs"], 0))
             tokens += len(ids) + len(can.token_ids)
             sent += 1
             f = self._post(canary, {"model": model, "prompt": ids + list(base.token_ids), "max_tokens": 0,
-                                    "echo": True, "logprobs": p.top_logprobs, "return_tokens_as_token_ids": True}, t)
+                                    "echo": True, "logprobs": p.top_logprobs, "return_tokens_as_token_ids": True}, t, headers)
             tokens += len(ids) + len(base.token_ids)
             forced = Continuation(base.token_ids, base.text, _positions(f["logprobs"], len(ids)))
         except (ReplayError, KeyError, TypeError, ValueError) as e:
@@ -151,9 +153,12 @@ class CorrectnessProbe:
     def replay(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy, model: str,
                prompts: tuple[str, ...]) -> tuple[list[PromptReplay], int, int]:
         """Every prompt, `policy.concurrency` at a time (so batches differ from a one-by-one run, as in serving);
-        returns (replays, tokens, requests)."""
+        returns (replays, tokens, requests). Every request carries the caller's traceparent (read here: the pool's
+        threads do not inherit the caller's context)."""
+        headers = inject(PROBE_HEADER)
         with ThreadPoolExecutor(max_workers=policy.concurrency, thread_name_prefix="sits-correctness") as pool:
-            results = list(pool.map(lambda pr: self._one(canary_url, baseline_url, model, pr, policy), prompts))
+            results = list(pool.map(lambda pr: self._one(canary_url, baseline_url, model, pr, policy, headers),
+                                    prompts))
         return [r for r, _, _ in results], sum(n for _, n, _ in results), sum(k for _, _, k in results)
 
     def run(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy) -> GateRun:

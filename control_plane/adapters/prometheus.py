@@ -114,23 +114,33 @@ class PrometheusSource:
         roles = tuple(targets)
         if start is None or end - start < 1e-3 or not roles:
             return MetricsWindow(None, end, {}, self.name, {})
+        match = {role: promql.matchers(service=service, env=role) for role in roles}
+        return self.window_for(match, start, end, metrics, required, f"of service {service!r} ")
+
+    def window_for(self, match: Mapping[str, str], start: float, end: float,
+                   metrics: Sequence[str] = (REQUEST_LATENCY,), required: Sequence[str] = (),
+                   what: str = "") -> MetricsWindow:
+        """Window deltas per role whose series the matcher list `match[role]` selects (promql.matchers() or
+        promql.selector()): what window() asks for a rollout's variants, and `POST /api/v1/judge` for any two
+        label selectors."""
+        roles = tuple(match)
         c, at, window = self.config, end - self.config.lag_s, duration(end - start)
         routes = f',route=~"{alternation(c.routes)}"'
         jobs: dict[tuple[str, str], str] = {}   # (role, what) -> PromQL
         for role in roles:
             for metric in dict.fromkeys(metrics):
                 if metric == REQUEST_LATENCY:
-                    jobs[role, metric] = promql.render("bucket_increase_by_route", metric=metric, service=service,
-                                                       env=role, window=window,
-                                                       extra=routes + promql.LATENCY_FILTER.get(metric, ""))
+                    latency = match[role] + routes + promql.LATENCY_FILTER.get(metric, "")
+                    jobs[role, metric] = promql.render("bucket_increase_by_route_match", metric=metric, window=window,
+                                                       match=latency)
                 else:
-                    jobs[role, metric] = promql.render("bucket_increase", metric=metric, service=service, env=role,
-                                                       window=window)
+                    jobs[role, metric] = promql.render("bucket_increase_match", metric=metric, window=window,
+                                                       match=match[role])
             # every inference request (5xx included) and the 5xx among them
-            jobs[role, "requests"] = promql.render("count_increase", metric=REQUEST_LATENCY, service=service,
-                                                   env=role, window=window, extra=routes)
-            jobs[role, "errors"] = promql.render("count_increase", metric=REQUEST_LATENCY, service=service,
-                                                 env=role, window=window, extra=routes + ',status=~"5.."')
+            jobs[role, "requests"] = promql.render("count_increase_match", metric=REQUEST_LATENCY, window=window,
+                                                   match=match[role] + routes)
+            jobs[role, "errors"] = promql.render("count_increase_match", metric=REQUEST_LATENCY, window=window,
+                                                 match=match[role] + routes + ',status=~"5.."')
         futures = {k: self._pool.submit(self.query, q, at) for k, q in jobs.items()}
         results = {k: f.result() for k, f in futures.items()}   # a MetricsError propagates to the caller
         variants: dict[str, VariantData] = {}
@@ -150,7 +160,7 @@ class PrometheusSource:
                 variants[role] = VariantData(hists, reqs or 0.0, errs or 0.0)
         empty = [r for r in required if r in roles and r not in variants]
         if empty:
-            raise NoDataError(f"no series for {', '.join(empty)} of service {service!r} in the {window} window "
+            raise NoDataError(f"no series for {', '.join(empty)} {what}in the {window} window "
                               f"ending at {at:.3f} (e.g. {jobs[empty[0], 'requests']})")
         queries = {f"{role}:{what}": q for (role, what), q in jobs.items()}
         return MetricsWindow(start, end, variants, self.name, queries)

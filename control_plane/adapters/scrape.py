@@ -159,8 +159,12 @@ class ScrapeSource:
             raise MetricsQueryError(f"GET {url}/metrics answered {r.status_code}: {r.text[:200]}")
         return parse_exposition(r.text, service, metrics, self.config.routes)
 
-    def window(self, service: str, targets: Mapping[str, Target], start: float | None, end: float,
-               metrics: Sequence[str] = (REQUEST_LATENCY,), required: Sequence[str] = ()) -> MetricsWindow:
+    def window(self, service: str | None, targets: Mapping[str, Target], start: float | None, end: float,
+               metrics: Sequence[str] = (REQUEST_LATENCY,), required: Sequence[str] = (), *,
+               history_key: str | None = None) -> MetricsWindow:
+        """`service` None: every series counts (no `service` label filter); `history_key`: where the scrapes are
+        remembered (default: the service; the judge keys them by its URLs)."""
+        key = history_key if history_key is not None else service
         urls = {role: t.endpoints for role, t in targets.items() if t.ready and t.endpoints}
         missing = [r for r in required if r not in urls]
         if missing:
@@ -177,7 +181,7 @@ class ScrapeSource:
                 errors.append(f"{role}: {e}")
         if errors:  # nothing recorded: the next window diffs against the last complete scrape
             raise MetricsQueryError("; ".join(errors))
-        base = self._remember(service, start, end, now)
+        base = self._remember(key, start, end, now)
         if base is None:
             return MetricsWindow(None, end, {}, self.name, queries)
         t0, old = base

@@ -25,6 +25,10 @@ TEMPLATES: dict[str, str] = {
     "bucket_increase_by_route": 'sum by (le, route) (increase({metric}_bucket{{service="{service}",env="{env}"'
                                 '{extra}}}[{window}]))',
     "count_increase": 'sum(increase({metric}_count{{service="{service}",env="{env}"{extra}}}[{window}]))',
+    # the same three over any matcher list (`match`, built by matchers()/selector(): the judge's label selectors)
+    "bucket_increase_match": 'sum by (le) (increase({metric}_bucket{{{match}}}[{window}]))',
+    "bucket_increase_by_route_match": 'sum by (le, route) (increase({metric}_bucket{{{match}}}[{window}]))',
+    "count_increase_match": 'sum(increase({metric}_count{{{match}}}[{window}]))',
     "requests": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}"}}[{window}]))',
     "errors": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"5.."}}'
               '[{window}]))',
@@ -108,6 +112,35 @@ def matchers(metric: str = "", **labels: str | tuple[str, str]) -> str:
             raise TemplateError(f"unsafe matcher {k}{op}{val!r}")
         out.append(f'{k}{op}"{val}"')
     return (",".join(out) + LATENCY_FILTER.get(metric, "")).lstrip(",")
+
+
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"\\\n{}]*)"\s*(,|$)')
+MAX_SELECTOR = 1000
+
+
+def selector(text: str) -> str:
+    """A user's label selector (`{service="chat",env="canary"}`, braces optional) as a validated `match` list.
+    Values may not contain quotes, backslashes, braces or newlines; at least one matcher must select a non-empty
+    value (Prometheus refuses selectors that match everything)."""
+    if not isinstance(text, str) or len(text) > MAX_SELECTOR:
+        raise TemplateError(f"a label selector is a string of at most {MAX_SELECTOR} characters")
+    body = text.strip()
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    out, pos = [], 0
+    while pos < len(body):
+        m = _MATCHER.match(body, pos)
+        if m is None:
+            raise TemplateError(f'bad label selector {text[:200]!r}: expected name="value" matchers separated by '
+                                f'commas (operators =, !=, =~, !~) at character {pos}')
+        out.append((m[1], m[2], m[3]))
+        pos = m.end()
+        if m[4] == "," and pos >= len(body):
+            raise TemplateError(f"bad label selector {text[:200]!r}: trailing comma")
+    if not any(op in ("=", "=~") and val for _, op, val in out):
+        raise TemplateError(f"label selector {text[:200]!r} needs a matcher with a non-empty value, "
+                            'e.g. service="chat"')
+    return ",".join(f'{k}{op}"{v}"' for k, op, v in out)
 
 
 def route_filter(route: str) -> str:

@@ -64,14 +64,7 @@ def _resolve() -> tuple[User | None, str]:
         return LOCAL_USER, "none"
     if header is not None:
         scheme, _, token = header.partition(" ")
-        wait = limiter().retry_after(client_addr())
-        if wait > 0:
-            raise AuthFailed(429, "rate_limited", f"too many failed logins; try again in {wait:.0f} s", wait)
-        user = table.authenticate(token.strip()) if scheme.lower() == "bearer" else None
-        if user is None:
-            limiter().failed(client_addr())
-            raise AuthFailed(401, "unauthorized", "invalid token (send Authorization: Bearer TOKEN)")
-        return user, "bearer"
+        return authenticate_token(token.strip() if scheme.lower() == "bearer" else None), "bearer"
     name = session.get("user")
     if name:
         user = table.get(name)
@@ -79,6 +72,25 @@ def _resolve() -> tuple[User | None, str]:
             return user, "session"
         session.pop("user", None)   # removed from the auth file since login
     return None, ""
+
+
+def authenticate_token(token: str | None) -> User:
+    """The user of an API token (rate-limited per client address like the login page); AuthFailed otherwise.
+    Also for a token that cannot travel in a header (a Flagger webhook's metadata: Flagger sends no headers)."""
+    wait = limiter().retry_after(client_addr())
+    if wait > 0:
+        raise AuthFailed(429, "rate_limited", f"too many failed logins; try again in {wait:.0f} s", wait)
+    user = users().authenticate(token) if token else None
+    if user is None:
+        limiter().failed(client_addr())
+        raise AuthFailed(401, "unauthorized", "invalid token (send Authorization: Bearer TOKEN)")
+    return user
+
+
+def use_token(token: str) -> None:
+    """Authenticate this request by `token` (as if sent as a bearer token); a no-op with auth off."""
+    if users() is not None and "sits_user" not in g:
+        g.sits_user, g.sits_auth = authenticate_token(token), "bearer"
 
 
 def current_user() -> User | None:

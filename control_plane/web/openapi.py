@@ -17,7 +17,7 @@ def _errors(*codes: int) -> dict:
     words = {401: "no or invalid token", 403: "role too low, or CSRF token missing (cookie sessions)",
              404: "no such rollout", 409: "conflict: the service has an active rollout, or the action is not "
              "allowed in this phase", 413: "body too large", 422: "validation error; `field` names the input",
-             429: "too many failed logins"}
+             429: "too many failed logins", 502: "the metrics source failed (Prometheus unreachable, a scrape failed)"}
     return {str(c): _resp(words[c], _ERR) for c in codes}
 
 
@@ -84,6 +84,19 @@ def openapi_spec() -> dict:
                             "responses": {"200": _resp("config", {"type": "object"}), **_errors(401, 403)}}},
         "/me": {"get": {"summary": "The caller's name and role",
                         "responses": {"200": _resp("user", {"type": "object"}), **_errors(401)}}},
+        "/judge": {"post": {
+            "summary": "SITS as a judge (docs/judge.md): canary vs baseline over a window, verdict with evidence. "
+                       "An Argo Rollouts Web metric (always 200: jsonPath {$.verdict}, successCondition result == "
+                       "\"pass\", failureCondition result == \"fail\") or a Flagger webhook (its payload; 200 pass, "
+                       "412 fail or inconclusive; token in metadata.token). Viewer role; operator when the body "
+                       "names URLs (prometheus_url, scrape_urls)",
+            "security": [{"bearer": []}, {}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
+                {"$ref": "#/components/schemas/JudgeRequest"}, {"$ref": "#/components/schemas/FlaggerPayload"}]}}}},
+            "responses": {"200": _resp("the verdict (Flagger: pass)", {"$ref": "#/components/schemas/Judgement"}),
+                          "412": _resp("Flagger payloads: fail or inconclusive, the reason in the body",
+                                       {"$ref": "#/components/schemas/Judgement"}),
+                          **_errors(401, 403, 413, 422, 429, 502)}}},
         "/openapi.json": {"get": {"summary": "This document", "security": [],
                                   "responses": {"200": _resp("OpenAPI 3.1", {"type": "object"})}}},
     }
@@ -130,6 +143,33 @@ def openapi_spec() -> dict:
                     "weights": {"type": "object"}, "kernels": {"type": "string"},
                     "production_kernels": {"type": "string"}, "last_check": {"type": ["object", "null"]},
                     "allowed_actions": {"type": "array", "items": {"enum": [c.value for c in Command]}}}},
+                "JudgeVariant": {"type": "object", "additionalProperties": False, "properties": {
+                    "selector": {"type": "string", "maxLength": 1000,
+                                 "description": "Prometheus label selector, e.g. {service=\"chat\",env=\"canary\"}"},
+                    "scrape_urls": {"type": "array", "items": {"type": "string"}, "maxItems": 32,
+                                    "description": "the variant's base URLs (GET /metrics)"}}},
+                "JudgeRequest": {"type": "object", "required": ["canary", "baseline", "window"],
+                                 "additionalProperties": False, "properties": {
+                    "canary": {"$ref": "#/components/schemas/JudgeVariant"},
+                    "baseline": {"$ref": "#/components/schemas/JudgeVariant"},
+                    "window": {"type": ["string", "number"], "description": "\"5m\", \"30s\", \"1h\" or seconds "
+                               "(10 s .. 24 h)"},
+                    "policy": {"type": "object", "description": "fields of Policy (checks, z_fail, min_samples, ...)"},
+                    "prometheus_url": {"type": "string", "description": "default: the service's Prometheus"},
+                    "service": {"type": "string", "description": "scrape: keep only series with this service "
+                                "label"}}},
+                "FlaggerPayload": {"type": "object", "required": ["name", "namespace", "metadata"], "properties": {
+                    "name": {"type": "string"}, "namespace": {"type": "string"}, "phase": {"type": "string"},
+                    "checksum": {"type": "string"},
+                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description":
+                                 "canary_selector | canary_scrape_urls (comma-separated), baseline_selector | "
+                                 "baseline_scrape_urls, window, policy (JSON text), prometheus_url, service, token"}}},
+                "Judgement": {"type": "object", "properties": {
+                    "verdict": {"enum": ["pass", "fail", "inconclusive"]}, "reason": {"type": "string"},
+                    "need_more": {"type": ["integer", "null"]}, "window": {"type": "object"},
+                    "source": {"type": "string"}, "pass": {"type": "boolean"}, "fail": {"type": "boolean"},
+                    "inconclusive": {"type": "boolean"}, "variants": {"type": "object"},
+                    "queries": {"type": "object"}, "evidence": {"type": "object"}}},
                 "Event": {"type": "object", "properties": {
                     "id": {"type": "integer"}, "at": {"type": "number"}, "kind": {"type": "string"},
                     "phase": {"type": "string"}, "message": {"type": "string"}, "actor": {"type": "string"}}},

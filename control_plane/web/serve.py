@@ -11,6 +11,7 @@ import threading
 import waitress
 
 from control_plane.app import create_app
+from control_plane.tracing import Tracing
 from control_plane.web.users import AuthFileError, Users
 
 log = logging.getLogger(__name__)
@@ -42,18 +43,24 @@ def check_flags(host: str, auth_file: str | None) -> Users | None:
         raise ServeError(str(e)) from None
 
 
-def serve(a, build_worker, stop_worker, policy_defaults=None) -> int:
+def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=None) -> int:
     """`a`: the parsed flags (serve's own plus the worker's); build_worker(a) / stop_worker(worker) come from the CLI
-    so the worker is assembled in one place; `policy_defaults`: a Policy new rollouts start from."""
+    so the worker is assembled in one place; `policy_defaults`: a Policy new rollouts start from;
+    `judge_prometheus`: the PrometheusConfig `POST /api/v1/judge` queries (default: the worker's source)."""
     users = check_flags(a.host, a.auth_file)
     if users is None:
         log.warning("auth is OFF (no --auth-file): serving on loopback %s only; every request acts as an admin",
                     a.host)
     worker = None if a.no_worker else build_worker(a)
     store = worker.store if worker is not None else a.store
+    try:   # the worker's tracer, or (--no-worker) one for the API's spans alone
+        tracing = worker.tracing if worker is not None else Tracing.from_flags(a.otel_exporter, a.otlp_endpoint)
+    except ValueError as e:
+        raise ServeError(str(e)) from None
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker,
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
-                      "SESSION_COOKIE_SECURE": bool(a.secure_cookies),
+                      "SESSION_COOKIE_SECURE": bool(a.secure_cookies), "TRACING": tracing,
+                      "JUDGE_PROMETHEUS": judge_prometheus,
                       "POLICY_DEFAULTS": policy_defaults.to_dict() if policy_defaults is not None else None})
     kw = {}
     if a.trusted_proxy:   # X-Forwarded-Proto from this proxy makes the request (and so the cookie) https
@@ -83,5 +90,6 @@ def serve(a, build_worker, stop_worker, policy_defaults=None) -> int:
         if worker is not None:
             stop_worker(worker)
         else:
+            tracing.shutdown()
             app.config["STORE"].close()
     return 0

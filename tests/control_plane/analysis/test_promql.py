@@ -113,3 +113,20 @@ def test_matchers_and_by_are_validated():
         promql.render("rate_by", metric="m", by="env) or (up", match=m, window="1m")
     with pytest.raises(promql.TemplateError, match="'agg'"):
         promql.render("gauge_by", agg="sum) or (up", metric="m", by="env", match=m)
+
+
+@pytest.mark.parametrize("text,want", [
+    ('{service="chat",env="canary"}', 'service="chat",env="canary"'),
+    (' service = "chat" , pod=~"chat-[a-z0-9]+" ', 'service="chat",pod=~"chat-[a-z0-9]+"'),
+    ('{app="chat-primary",env!="test",x!~"y.*"}', 'app="chat-primary",env!="test",x!~"y.*"')])
+def test_selector_normalises_a_users_label_selector(text, want):
+    assert promql.selector(text) == want
+    assert promql.render("count_increase_match", metric="m", window="5m", match=promql.selector(text)) == \
+        f"sum(increase(m_count{{{want}}}[5m]))"
+
+
+@pytest.mark.parametrize("text", ['', '{}', 'chat', 'a="b",', 'a="b" b="c"', 'a="b"}', 'a="\\"', 'a="x{y}"',
+                                  '1a="b"', 'a=="b"', 'a!="b"', 'a=""', 'a="b"\n,c="d"' + "x" * 1000, 'a="b"} or up{'])
+def test_selector_refuses_anything_else(text):
+    with pytest.raises(promql.TemplateError):
+        promql.selector(text)
