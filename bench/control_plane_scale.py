@@ -12,8 +12,9 @@ checks at every pass (check_interval = the worker interval), the worst case for 
     .venv/bin/python bench/control_plane_scale.py --rollouts 1000 --passes 6 --interval 5
 
 Per pass: the wall time of the whole round (tick until every rollout's pass has finished: the shortest interval the
-worker can keep), the latency of each rollout's pass (P50/P99), process CPU seconds per round; and the store's growth
-per check, scaled to a day of checks.
+worker can keep), the latency of each rollout's pass (P50/P99), process CPU seconds per round (and per rollout pass:
+the figure other jobs on a shared machine disturb least); and the store's growth per check, scaled to a day of
+checks. The 1-minute load average is printed after each size.
 """
 from __future__ import annotations
 
@@ -160,10 +161,10 @@ def run(n: int, passes: int, interval: float, workdir: str) -> dict:
     lock = threading.Lock()
     inner = worker.reconcile_rollout
 
-    def timed(rid):
+    def timed(rid, **kw):
         t = time.perf_counter()
         try:
-            return inner(rid)
+            return inner(rid, **kw)
         finally:
             with lock:
                 lat.append(time.perf_counter() - t)
@@ -220,9 +221,10 @@ def main() -> None:
             r = run(n, a.passes, a.interval, d)
             print(f"{n:5d} rollouts, {a.interval:g} s interval: round p50 {r['round_p50_s']:.2f} s "
                   f"(max {r['round_max_s']:.2f}); pass p50 {r['pass_p50_ms']:.1f} ms p99 {r['pass_p99_ms']:.1f} ms; "
-                  f"CPU {r['cpu_per_round_s']:.2f} s/round; {r['checks']} checks, "
+                  f"CPU {r['cpu_per_round_s']:.2f} s/round ({1000 * r['cpu_per_round_s'] / n:.2f} ms/pass); "
+                  f"{r['checks']} checks, "
                   f"{r['bytes_per_check'] / 1024:.1f} KiB/check -> {r['store_gb_per_day']:.1f} GB/day; "
-                  f"phases {r['phases']}", flush=True)
+                  f"phases {r['phases']}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

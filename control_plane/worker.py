@@ -126,22 +126,26 @@ class Worker:
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
-        """Start a pass for every active rollout whose previous pass has finished; returns the started threads."""
+        """Start a pass for every active rollout whose previous pass has finished and whose lease this worker holds
+        (all renewed in one transaction); returns the started threads."""
         if not self._recovered:
             self._recover()
-        active = self.store.active()
+        active = self.store.active_ids()
         self.metrics.active.set(len(active))
+        # still busy (slow deployer or metrics source): only this rollout waits
+        due = [(rid, service) for rid, service in active
+               if (t := self._threads.get(rid)) is None or not t.is_alive()]
+        held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, self.clock())
         started = []
-        for r in active:
-            t = self._threads.get(r.id)
-            if t is not None and t.is_alive():
-                continue   # still busy (slow deployer or metrics source): only this rollout waits
-            t = threading.Thread(target=self._pass, args=(r.id, r.service), name=f"sits-rollout-{r.service}",
-                                 daemon=True)
-            self._threads[r.id] = t
+        for rid, service in due:
+            if rid not in held:
+                log.debug("rollout %s: leased by %s; skipped", rid, (self.store.lease(rid) or ("?",))[0])
+                continue
+            t = threading.Thread(target=self._pass, args=(rid, service), name=f"sits-rollout-{service}", daemon=True)
+            self._threads[rid] = t
             t.start()
             started.append(t)
-        ids = {r.id for r in active}
+        ids = {rid for rid, _ in active}
         for rid in [k for k, t in self._threads.items() if k not in ids and not t.is_alive()]:
             del self._threads[rid]
         self.metrics.busy.set(sum(t.is_alive() for t in self._threads.values()))
@@ -190,7 +194,7 @@ class Worker:
 
     def _pass(self, rollout_id: str, service: str) -> None:
         try:
-            self.reconcile_rollout(rollout_id)
+            self.reconcile_rollout(rollout_id, leased=True)
             self.store_error = None
         except StoreWriteError as e:
             self._store_failed(e, f"rollout {rollout_id} ({service})")
@@ -232,10 +236,11 @@ class Worker:
         if self.step_hook is not None:
             self.step_hook(step)
 
-    def reconcile_rollout(self, rollout_id: str) -> Rollout:
-        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease)."""
+    def reconcile_rollout(self, rollout_id: str, *, leased: bool = False) -> Rollout:
+        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease).
+        `leased`: the caller has just taken the lease (tick renews every due rollout's in one transaction)."""
         r = self.store.get(rollout_id)
-        if not self._lease(r.id):
+        if not leased and not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
             return r
         if r.id not in self._restored:
@@ -310,8 +315,7 @@ class Worker:
         return r
 
     def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
-        failed = tuple(a["kind"] for a in self.store.actions(r.id)
-                       if a["version"] == r.version and a["status"] == "failed")
+        failed = self.store.failed_actions(r.id, r.version)
         cmd = dict(command=command[1], command_by=command[2]) if command else {}
         errors: list[str] = []
         try:
