@@ -124,3 +124,25 @@ def test_two_real_workers_on_one_file_store(tmp_path):
     assert [c["seq"] for c in s2.checks("r1")] == list(range(1, s2.get("r1").checks + 1))
     s1.close()
     s2.close()
+
+
+def test_tick_renews_the_due_leases_at_once_and_skips_the_others(tmp_path):
+    """A round takes every due rollout's lease in one transaction and starts passes only for those it holds."""
+    db, t, log = str(tmp_path / "t.db"), [100.0], []
+    with Store(db) as s:
+        for svc in ("a", "b", "c"):
+            start_rollout(s, svc, "triton-v1", "torch", POLICY, now=0.0, rollout_id=f"r-{svc}")
+        assert s.acquire_lease("r-b", "w2", 30.0, now=100.0)
+        w1 = Worker(s, Recording(InMemoryDeployer(), "w1", log), CannedSource(), clock=lambda: t[0], owner="w1")
+        seen: list[str] = []
+        s._db.set_trace_callback(seen.append)
+        started = w1.tick()
+        for th in started:
+            th.join(30)
+        s._db.set_trace_callback(None)
+        assert sorted(th.name for th in started) == ["sits-rollout-a", "sits-rollout-c"]
+        tx = seen[:seen.index("COMMIT")]                              # the round's first transaction: every lease
+        assert sum(q.startswith("SELECT owner, expires_at FROM leases") for q in tx) == 3
+        assert sum(q.startswith("INSERT OR REPLACE INTO leases") for q in tx) == 2
+        assert s.lease("r-b") == ("w2", 130.0) and s.lease("r-a")[0] == s.lease("r-c")[0] == "w1"
+        assert s.get("r-b").version == 1 and s.get("r-a").version == s.get("r-c").version == 2
