@@ -34,7 +34,7 @@ from control_plane.store_codec import (check_to_dict, clean, data_from_dict, dat
                                        rollout_from_dict, rollout_to_dict, state_to_dict, variant_from_dict,
                                        variant_to_dict)
 from control_plane.store_schema import (SCHEMA_VERSION, StoreError, StoreWriteError, connect,  # noqa: F401
-                                        migrate)
+                                        migrate, write_problem)
 
 
 class RolloutNotFoundError(StoreError, NotFoundError):
@@ -90,7 +90,9 @@ class Store:
                 self._db.execute("COMMIT")
             except sqlite3.OperationalError as e:   # disk full, read-only, I/O error, locked: nothing was stored
                 self._rollback()
-                raise StoreWriteError(f"store {self.path} cannot be written: {e}") from None
+                why = write_problem(self.path) if "locked" not in str(e) else None
+                raise StoreWriteError(f"store {self.path} cannot be written: {e}"
+                                      + (f" ({why})" if why else "")) from None
 
     def _rollback(self) -> None:
         if self._db.in_transaction:

@@ -18,7 +18,9 @@ the row alone, and a load whose row version it has seen reuses the decoded data 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import tempfile
 from typing import Callable
 from urllib.parse import quote
 
@@ -125,6 +127,29 @@ def _why(e: sqlite3.Error, readonly: bool) -> str:
     if "not a database" in text or "malformed" in text:
         return f"{text} (not a SITS store, or a damaged one)"
     return text
+
+
+def write_problem(path: str) -> str | None:
+    """Why the store's directory takes no write now, in the OS's words ("Read-only file system", "No space left on
+    device"), or None: SQLite reports EROFS as "disk I/O error", which names no cause. Probes with a 1-byte file."""
+    if path == ":memory:":
+        return None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sits-store-probe-", dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        return e.strerror
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+        return None
+    except OSError as e:
+        return e.strerror
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
 
 
 def _migrate(db: sqlite3.Connection, name: str, readonly: bool) -> int:

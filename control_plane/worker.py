@@ -135,7 +135,12 @@ class Worker:
         # still busy (slow deployer or metrics source): only this rollout waits
         due = [(rid, service) for rid, service in active
                if (t := self._threads.get(rid)) is None or not t.is_alive()]
-        held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, self.clock())
+        try:
+            held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s,
+                                             self.clock())
+        except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
+            self._store_failed(e, f"round of {len(due)} rollout(s)")
+            return []
         started = []
         for rid, service in due:
             if rid not in held:
@@ -169,7 +174,8 @@ class Worker:
     def stop(self) -> None:
         """Stop the loop; wait (join_timeout_s in all) for passes in flight, then give up the leases of the rollouts
         whose pass ended (another worker takes them over at once). A pass still running after that (a hung deployer
-        call) is abandoned with its lease: its outbox rows stay pending and the next holder finishes them."""
+        call) is abandoned with its lease: its outbox rows stay pending and the next holder finishes them. A store
+        that cannot be written (disk full or read-only) keeps the leases until they expire."""
         self._stop.set()
         deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
@@ -177,7 +183,11 @@ class Worker:
         for rid, t in list(self._threads.items()):
             t.join(max(0.0, deadline - time.monotonic()))
             if not t.is_alive():
-                self.store.release_lease(rid, self.owner)
+                try:
+                    self.store.release_lease(rid, self.owner)
+                except StoreWriteError as e:
+                    log.warning("rollout %s: lease not released, it expires in %g s: %s", rid,
+                                self.config.lease_ttl_s, e)
 
     def close(self) -> None:
         self.stop()
