@@ -101,9 +101,9 @@ class Worker:
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
     `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
     `owner`: this worker's lease identity (default hostname:pid:random). A pass drives a rollout only while this
-    worker holds its lease (Store.acquire_lease, renewed every pass and before every action, lease_ttl_s long):
-    several workers on one store never drive one rollout at once, and one that stops renewing is replaced after
-    the lease expires."""
+    worker holds its lease (Store.acquire_lease, lease_ttl_s long; renewed every pass, all of a round in one
+    transaction, and before every action unless renewed less than lease_ttl_s / 10 ago): several workers on one
+    store never drive one rollout at once, and one that stops renewing is replaced after the lease expires."""
 
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
                  notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
@@ -122,6 +122,7 @@ class Worker:
         self._loop: threading.Thread | None = None
         self._recovered = False
         self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
+        self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
@@ -135,12 +136,13 @@ class Worker:
         # still busy (slow deployer or metrics source): only this rollout waits
         due = [(rid, service) for rid, service in active
                if (t := self._threads.get(rid)) is None or not t.is_alive()]
+        now = self.clock()
         try:
-            held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s,
-                                             self.clock())
+            held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, now)
         except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
             self._store_failed(e, f"round of {len(due)} rollout(s)")
             return []
+        self._renewed.update(dict.fromkeys(held, now))
         started = []
         for rid, service in due:
             if rid not in held:
@@ -184,7 +186,7 @@ class Worker:
             t.join(max(0.0, deadline - time.monotonic()))
             if not t.is_alive():
                 try:
-                    self.store.release_lease(rid, self.owner)
+                    self._release(rid)
                 except StoreWriteError as e:
                     log.warning("rollout %s: lease not released, it expires in %g s: %s", rid,
                                 self.config.lease_ttl_s, e)
@@ -230,11 +232,24 @@ class Worker:
             pending = self.store.pending_actions(r.id)
             if pending and self._lease(r.id):
                 self._run_actions(r, pending)
-                self.store.release_lease(r.id, self.owner)
+                self._release(r.id)
         self._recovered = True
 
-    def _lease(self, rollout_id: str) -> bool:
-        return self.store.acquire_lease(rollout_id, self.owner, self.config.lease_ttl_s, self.clock())
+    def _lease(self, rollout_id: str, fresh_s: float = 0.0) -> bool:
+        """Take or renew the lease. `fresh_s`: renewed by this worker less than that long ago, it is still held
+        (for lease_ttl_s - fresh_s at least) and the store is not asked: no commit per action."""
+        now = self.clock()
+        if fresh_s and now - self._renewed.get(rollout_id, float("-inf")) < fresh_s:
+            return True
+        if self.store.acquire_lease(rollout_id, self.owner, self.config.lease_ttl_s, now):
+            self._renewed[rollout_id] = now
+            return True
+        self._renewed.pop(rollout_id, None)
+        return False
+
+    def _release(self, rollout_id: str) -> None:
+        self._renewed.pop(rollout_id, None)
+        self.store.release_lease(rollout_id, self.owner)
 
     def holds(self, rollout_id: str) -> bool:
         """Whether this worker holds the rollout's lease now."""
@@ -261,7 +276,7 @@ class Worker:
             self._run_actions(r, pending)
             return r
         if not r.active:
-            self.store.release_lease(r.id, self.owner)
+            self._release(r.id)
             return r
         self._at("loaded")
         now = self.clock()
@@ -408,7 +423,8 @@ class Worker:
         for attempt in range(c.action_retries + 1):
             if attempt:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
-            if not self._lease(r.id):   # stalled past the TTL and replaced: the new holder runs this action
+            # stalled past the TTL and replaced: the new holder runs this action
+            if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
                 raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
             if attempt and self._stop.is_set():
                 raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")
