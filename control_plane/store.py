@@ -155,7 +155,9 @@ class Store:
         return rollout_from_dict(state, row["version"], data)
 
     def _remember(self, rollout_id: str, version: int, data: Mapping[str, VariantData]) -> None:
-        if len(self._data) >= 10_000 and rollout_id not in self._data:   # bounded: the oldest entry goes
+        # bounded (~55 KiB per rollout of 3 variants x 4 histograms): the oldest entry goes; beyond 2,048 active
+        # rollouts loads decode as they did before the cache
+        if len(self._data) >= 2048 and rollout_id not in self._data:
             self._data.pop(next(iter(self._data)), None)
         self._data[rollout_id] = (version, data)
 

@@ -146,7 +146,8 @@ class Worker:
         started = []
         for rid, service in due:
             if rid not in held:
-                log.debug("rollout %s: leased by %s; skipped", rid, (self.store.lease(rid) or ("?",))[0])
+                if log.isEnabledFor(logging.DEBUG):   # the holder's name costs a read per rollout
+                    log.debug("rollout %s: leased by %s; skipped", rid, (self.store.lease(rid) or ("?",))[0])
                 continue
             t = threading.Thread(target=self._pass, args=(rid, service), name=f"sits-rollout-{service}", daemon=True)
             self._threads[rid] = t
