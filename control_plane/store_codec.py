@@ -6,7 +6,6 @@ The store keeps a rollout's state (`state_to_dict`) and the step's accumulated d
 rows, so a save whose data did not change does not re-encode it; `rollout_to_dict` is both in one dict."""
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 from control_plane.analysis import HistogramSnapshot, Policy, VariantData
