@@ -8,6 +8,12 @@ rollout was loaded at), the rollout's `new_checks` (primary key (rollout_id, seq
 reconcile redoes the same check with the same seq; a crash after it leaves pending actions that the worker runs
 (idempotently) before reconciling again. At most one active rollout per service. `create_rollout` writes a rollout
 and its spec in one transaction. ":memory:" is a file like any other (one connection, the same schema).
+
+The step's accumulated data (`Rollout.data`, every variant's bucket counts) has a row of its own (rollout_data), with
+the rollout version that wrote it. The store remembers the data it last decoded or wrote per rollout and that
+version: a save of the same data object (reconcile passes it through unchanged) does not rewrite the row, and a load
+finding the remembered version reuses the decoded data instead of parsing it again. Both hold across processes: the
+version is read from the file in the same statement or transaction.
 """
 from __future__ import annotations
 
@@ -17,16 +23,18 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from control_plane.analysis import VariantData
 from control_plane.errors import ConflictError, NotFoundError
 from control_plane.redact import redact
 from control_plane.rollout_types import Action, Command, Rollout
 from control_plane.spec import DeploySpec
-from control_plane.store_codec import (check_to_dict, clean, rollout_from_dict,  # noqa: F401  (re-exported)
-                                       rollout_to_dict, variant_from_dict, variant_to_dict)
+from control_plane.store_codec import (check_to_dict, clean, data_from_dict, data_to_dict,  # noqa: F401
+                                       rollout_from_dict, rollout_to_dict, state_to_dict, variant_from_dict,
+                                       variant_to_dict)
 from control_plane.store_schema import (SCHEMA_VERSION, StoreError, StoreWriteError, connect,  # noqa: F401
-                                        migrate)
+                                        migrate, write_problem)
 
 
 class RolloutNotFoundError(StoreError, NotFoundError):
@@ -51,6 +59,7 @@ class Store:
         self.path = str(path)
         self.readonly = readonly   # readers of a store they may not write (rollout list/show): no migration, no WAL
         self._lock = threading.RLock()
+        self._data: dict[str, tuple[int, Mapping[str, VariantData]]] = {}   # id -> (row version, decoded data)
         self._db = connect(self.path, readonly)
         try:
             self.migrated_from = migrate(self._db, self.path, readonly)
@@ -81,7 +90,9 @@ class Store:
                 self._db.execute("COMMIT")
             except sqlite3.OperationalError as e:   # disk full, read-only, I/O error, locked: nothing was stored
                 self._rollback()
-                raise StoreWriteError(f"store {self.path} cannot be written: {e}") from None
+                why = write_problem(self.path) if "locked" not in str(e) else None
+                raise StoreWriteError(f"store {self.path} cannot be written: {e}"
+                                      + (f" ({why})" if why else "")) from None
 
     def _rollback(self) -> None:
         if self._db.in_transaction:
@@ -103,13 +114,15 @@ class Store:
                 db.execute("INSERT INTO rollouts (id, service, phase, active, version, state, created_at, updated_at)"
                            " VALUES (?, ?, ?, ?, 1, ?, ?, ?)",
                            (rollout.id, rollout.service, rollout.phase.value, int(rollout.active),
-                            json.dumps(rollout_to_dict(rollout)), now, now))
+                            json.dumps(state_to_dict(rollout)), now, now))
+                committed = self._write_data(db, rollout, 1, {})
                 db.execute("INSERT INTO rollout_specs (rollout_id, body) VALUES (?, ?)",
                            (rollout.id, json.dumps((spec or DeploySpec()).to_dict())))
                 self._insert_records(db, rollout, (), 1)
         except sqlite3.IntegrityError as e:
             raise StoreConflictError(f"rollout {rollout.id!r} exists or service {rollout.service!r} already has an "
                                      f"active rollout ({e})") from None
+        committed()
         return replace(rollout, version=1, new_checks=(), new_events=())
 
     def create(self, rollout: Rollout) -> Rollout:
@@ -120,11 +133,49 @@ class Store:
         rows = self._rows("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,))
         return DeploySpec.from_dict(json.loads(rows[0]["body"])) if rows else DeploySpec()
 
+    _SELECT = ("SELECT r.state, r.version, d.version AS data_version, d.body AS data FROM rollouts r "
+               "LEFT JOIN rollout_data d ON d.rollout_id = r.id")
+
     def get(self, rollout_id: str) -> Rollout:
-        rows = self._rows("SELECT state, version FROM rollouts WHERE id = ?", (rollout_id,))
+        rows = self._rows(f"{self._SELECT} WHERE r.id = ?", (rollout_id,))
         if not rows:
             raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
-        return rollout_from_dict(json.loads(rows[0]["state"]), rows[0]["version"])
+        return self._rollout(rows[0])
+
+    def _rollout(self, row: sqlite3.Row) -> Rollout:
+        state = json.loads(row["state"])
+        dv = row["data_version"]
+        if dv is None:
+            return rollout_from_dict(state, row["version"], {})
+        known = self._data.get(state["id"])
+        if known is not None and known[0] == dv:
+            return rollout_from_dict(state, row["version"], known[1])
+        data = data_from_dict(json.loads(row["data"]))
+        self._remember(state["id"], dv, data)
+        return rollout_from_dict(state, row["version"], data)
+
+    def _remember(self, rollout_id: str, version: int, data: Mapping[str, VariantData]) -> None:
+        # bounded (~55 KiB per rollout of 3 variants x 4 histograms): the oldest entry goes; beyond 2,048 active
+        # rollouts loads decode as they did before the cache
+        if len(self._data) >= 2048 and rollout_id not in self._data:
+            self._data.pop(next(iter(self._data)), None)
+        self._data[rollout_id] = (version, data)
+
+    def _write_data(self, db: sqlite3.Connection, r: Rollout, version: int, memo: dict) -> Callable[[], None]:
+        """Make the rollout's data row hold r.data (in the open transaction): unchanged when it holds that very
+        object already. Returns what to remember once the transaction committed."""
+        row = db.execute("SELECT version FROM rollout_data WHERE rollout_id = ?", (r.id,)).fetchone()
+        stored = None if row is None else row[0]
+        known = self._data.get(r.id)
+        if not r.data:
+            if stored is not None:
+                db.execute("DELETE FROM rollout_data WHERE rollout_id = ?", (r.id,))
+            return lambda: self._data.pop(r.id, None)
+        if known is not None and known[1] is r.data and known[0] == stored:
+            return lambda: None
+        db.execute("INSERT OR REPLACE INTO rollout_data (rollout_id, version, body) VALUES (?, ?, ?)",
+                   (r.id, version, json.dumps(data_to_dict(r.data, memo))))
+        return lambda: self._remember(r.id, version, r.data)
 
     @staticmethod
     def _where(active: bool | None, service: str | None, phase: str | None) -> tuple[str, list]:
@@ -140,9 +191,9 @@ class Store:
              limit: int = 1000, offset: int = 0) -> list[Rollout]:
         """Newest first."""
         where, args = self._where(active, service, phase)
-        rows = self._rows(f"SELECT state, version FROM rollouts{where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
-                          [*args, int(limit), int(offset)])
-        return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
+        rows = self._rows(f"{self._SELECT} WHERE r.id IN (SELECT id FROM rollouts{where} ORDER BY created_at DESC, "
+                          "id LIMIT ? OFFSET ?) ORDER BY r.created_at DESC, r.id", [*args, int(limit), int(offset)])
+        return [self._rollout(r) for r in rows]
 
     def count(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None) -> int:
         where, args = self._where(active, service, phase)
@@ -152,14 +203,20 @@ class Store:
         """Every rollout the worker must keep reconciling (not SUCCEEDED / ROLLED_BACK / FAILED)."""
         return self.list(active=True)
 
+    def active_ids(self) -> list[tuple[str, str]]:
+        """(id, service) of every active rollout, in active()'s order, without reading any state."""
+        return [(r["id"], r["service"]) for r in self._rows("SELECT id, service FROM rollouts WHERE active = 1 "
+                                                            "ORDER BY created_at DESC, id")]
+
     def save(self, rollout: Rollout, actions: Sequence[Action] = ()) -> Rollout:
         """Persist a reconcile result (state, new checks, new events, pending actions) in one transaction.
         Raises StoreConflictError if the stored version is not `rollout.version` (someone else saved first)."""
+        memo: dict[int, dict] = {}   # the checks' evidence and the step's data share their snapshots
         try:
             with self._tx() as db:
                 cur = db.execute("UPDATE rollouts SET phase = ?, active = ?, version = version + 1, state = ?, "
                                  "updated_at = ? WHERE id = ? AND version = ?",
-                                 (rollout.phase.value, int(rollout.active), json.dumps(rollout_to_dict(rollout)),
+                                 (rollout.phase.value, int(rollout.active), json.dumps(state_to_dict(rollout)),
                                   time.time(), rollout.id, rollout.version))
                 if cur.rowcount != 1:
                     exists = db.execute("SELECT version FROM rollouts WHERE id = ?", (rollout.id,)).fetchone()
@@ -167,17 +224,20 @@ class Store:
                         raise RolloutNotFoundError(f"no rollout {rollout.id!r}")
                     raise StoreConflictError(f"rollout {rollout.id!r} is at version {exists['version']}, "
                                              f"not {rollout.version}: reload and reconcile again")
-                self._insert_records(db, rollout, actions, rollout.version + 1)
+                committed = self._write_data(db, rollout, rollout.version + 1, memo)
+                self._insert_records(db, rollout, actions, rollout.version + 1, memo)
         except sqlite3.IntegrityError as e:
             raise StoreConflictError(f"rollout {rollout.id!r}: {e} (a check with that seq is already stored)") from None
+        committed()
         return replace(rollout, version=rollout.version + 1, new_checks=(), new_events=())
 
-    def _insert_records(self, db: sqlite3.Connection, r: Rollout, actions: Sequence[Action], version: int) -> None:
+    def _insert_records(self, db: sqlite3.Connection, r: Rollout, actions: Sequence[Action], version: int,
+                        memo: dict | None = None) -> None:
         for c in r.new_checks:
             db.execute("INSERT INTO checks (rollout_id, seq, at, step, weight, outcome, decision, reason, evidence) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (r.id, c.seq, c.at, c.step, c.weight, c.verdict.outcome.value, c.decision.value,
-                        c.verdict.reason, json.dumps(check_to_dict(r.id, c))))
+                        c.verdict.reason, json.dumps(check_to_dict(r.id, c, memo))))
         for e in r.new_events:
             db.execute("INSERT INTO events (rollout_id, at, kind, phase, message, actor) VALUES (?, ?, ?, ?, ?, ?)",
                        (r.id, e.at, e.kind.value, e.phase.value, redact(e.message), e.actor))
@@ -224,6 +284,12 @@ class Store:
             db.execute("UPDATE actions SET status = ?, error = ?, done_at = ? WHERE id = ?",
                        (status, None if error is None else redact(error), time.time(), action_id))
 
+    def failed_actions(self, rollout_id: str, version: int) -> tuple[str, ...]:
+        """Kinds of the actions saved at that rollout version that failed for good, oldest first (what the next
+        reconcile is told), without reading the rollout's whole outbox."""
+        return tuple(r["kind"] for r in self._rows("SELECT kind FROM actions WHERE rollout_id = ? AND version = ? AND "
+                                                   "status = 'failed' ORDER BY id", (rollout_id, version)))
+
     def actions(self, rollout_id: str) -> list[dict]:
         rows = self._rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
                           "WHERE rollout_id = ? ORDER BY id", (rollout_id,))
@@ -266,15 +332,27 @@ class Store:
         """Take (or renew) the rollout's lease until now + ttl_s: True if `owner` holds it afterwards, i.e. it was
         free, expired or already `owner`'s."""
         with self._tx() as db:
-            row = db.execute("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,)).fetchone()
-            if row is not None and row["owner"] != owner and row["expires_at"] > now:
-                return False
-            if row is not None and row["owner"] == owner:
-                db.execute("UPDATE leases SET expires_at = ? WHERE rollout_id = ?", (now + ttl_s, rollout_id))
-            else:
-                db.execute("INSERT OR REPLACE INTO leases (rollout_id, owner, expires_at, acquired_at) "
-                           "VALUES (?, ?, ?, ?)", (rollout_id, owner, now + ttl_s, now))
-            return True
+            return self._take_lease(db, rollout_id, owner, ttl_s, now)
+
+    def acquire_leases(self, rollout_ids: Sequence[str], owner: str, ttl_s: float, now: float) -> set[str]:
+        """acquire_lease for many rollouts in one transaction (one commit per worker round, not one per rollout):
+        the ids `owner` holds afterwards."""
+        if not rollout_ids:
+            return set()
+        with self._tx() as db:
+            return {rid for rid in rollout_ids if self._take_lease(db, rid, owner, ttl_s, now)}
+
+    @staticmethod
+    def _take_lease(db: sqlite3.Connection, rollout_id: str, owner: str, ttl_s: float, now: float) -> bool:
+        row = db.execute("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        if row is not None and row["owner"] != owner and row["expires_at"] > now:
+            return False
+        if row is not None and row["owner"] == owner:
+            db.execute("UPDATE leases SET expires_at = ? WHERE rollout_id = ?", (now + ttl_s, rollout_id))
+        else:
+            db.execute("INSERT OR REPLACE INTO leases (rollout_id, owner, expires_at, acquired_at) "
+                       "VALUES (?, ?, ?, ?)", (rollout_id, owner, now + ttl_s, now))
+        return True
 
     def release_lease(self, rollout_id: str, owner: str) -> None:
         """Give the lease up (if `owner` holds it) so another worker takes over without waiting for expiry."""
@@ -331,13 +409,13 @@ class Store:
     # ---- for listings and the control plane's /metrics (computed at scrape time) -------------------------------
     def list_summaries(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None,
                        limit: int = 1000, offset: int = 0) -> list[Rollout]:
-        """list() without each rollout's step data (`data` empty: SQLite drops it before Python parses the state),
-        for listings. The page is chosen on (created_at, id) alone, so only its rows' states are read."""
+        """list() without each rollout's step data (`data` empty: its rows are not read), for listings. The page is
+        chosen on (created_at, id) alone, so only its rows' states are read."""
         where, args = self._where(active, service, phase)
-        rows = self._rows("SELECT json_remove(state, '$.data') AS state, version FROM rollouts WHERE id IN "
+        rows = self._rows("SELECT state, version FROM rollouts WHERE id IN "
                           f"(SELECT id FROM rollouts{where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?) "
                           "ORDER BY created_at DESC, id", [*args, int(limit), int(offset)])
-        return [rollout_from_dict(json.loads(r["state"]), r["version"]) for r in rows]
+        return [rollout_from_dict(json.loads(r["state"]), r["version"], {}) for r in rows]
 
     def checks_without_buckets(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
         """checks() without the variants' bucket counts (SQLite drops them before Python parses the evidence): the

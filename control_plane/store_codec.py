@@ -1,8 +1,11 @@
 """The store's JSON codec: rollouts (state), variants' data and checks' evidence to and from JSON-safe dicts.
-Non-finite floats become Prometheus' strings ("NaN", "+Inf", "-Inf"). Pure."""
+Non-finite floats become Prometheus' strings ("NaN", "+Inf", "-Inf"). Pure, apart from two bounded caches of
+immutable values (decoded policies, encoded policies), because every save and load of a rollout repeats them.
+
+The store keeps a rollout's state (`state_to_dict`) and the step's accumulated data (`data_to_dict`) in separate
+rows, so a save whose data did not change does not re-encode it; `rollout_to_dict` is both in one dict."""
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 from control_plane.analysis import HistogramSnapshot, Policy, VariantData
@@ -31,9 +34,29 @@ def _f(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
-def variant_to_dict(v: VariantData) -> dict:
-    return {"histograms": {k: h.to_dict() for k, h in v.histograms.items()}, "requests": v.requests,
-            "errors": v.errors, "ready": v.ready, "crashing": v.crashing}
+def variant_to_dict(v: VariantData, memo: dict[int, dict] | None = None) -> dict:
+    """JSON-safe as it is (HistogramSnapshot.to_dict already is: no clean() pass over ~10^3 numbers per variant).
+    `memo`: id(snapshot) -> its dict, shared by the encodings of one save (a check's evidence and the step's data
+    hold the same snapshots); the caller keeps the snapshots alive while it is used."""
+    if memo is None:
+        hists = {str(k): h.to_dict() for k, h in v.histograms.items()}
+    else:
+        hists = {}
+        for k, h in v.histograms.items():
+            d = memo.get(id(h))
+            if d is None:
+                d = memo[id(h)] = h.to_dict()
+            hists[str(k)] = d
+    return {"histograms": hists, "requests": clean(v.requests), "errors": clean(v.errors), "ready": clean(v.ready),
+            "crashing": clean(v.crashing)}
+
+
+def data_to_dict(data: Mapping[str, VariantData], memo: dict[int, dict] | None = None) -> dict:
+    return {str(role): variant_to_dict(v, memo) for role, v in data.items()}
+
+
+def data_from_dict(d: Mapping) -> dict[str, VariantData]:
+    return {role: variant_from_dict(v) for role, v in d.items()}
 
 
 def variant_from_dict(d: Mapping) -> VariantData:
@@ -47,31 +70,76 @@ _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_to
                  "correctness_step", "correctness_at")
 
 
+_CACHE_SIZE = 256
+_POLICY_DICTS: dict[int, tuple[Policy, dict]] = {}   # id(policy) -> (policy, its clean dict); the policy kept alive
+_POLICIES: dict[str, Policy] = {}                    # repr(policy dict) -> Policy
+
+
+def _policy_dict(p: Policy) -> dict:
+    """clean(p.to_dict()), shared: only for encoders whose result goes straight to json.dumps (never mutated)."""
+    hit = _POLICY_DICTS.get(id(p))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    d = clean(p.to_dict())
+    if len(_POLICY_DICTS) >= _CACHE_SIZE:
+        _POLICY_DICTS.clear()
+    _POLICY_DICTS[id(p)] = (p, d)
+    return d
+
+
+def _policy(d: Mapping) -> Policy:
+    """Policy.from_dict, once per distinct stored policy (a Policy is frozen: one instance serves every load)."""
+    key = repr(d)
+    p = _POLICIES.get(key)
+    if p is None:
+        p = Policy.from_dict(d)
+        if len(_POLICIES) >= _CACHE_SIZE:
+            _POLICIES.clear()
+        _POLICIES[key] = p
+    return p
+
+
+def state_to_dict(r: Rollout) -> dict:
+    """The rollout without its step data (stored in a row of its own, see data_to_dict). For json.dumps only: the
+    policy's dict inside is shared with other encodings of the same policy."""
+    d = clean({"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
+               "production_kernels": r.production_kernels, "policy": None, "phase": r.phase.value,
+               "paused_from": r.paused_from.value if r.paused_from else None, "queries": dict(r.queries),
+               **{k: getattr(r, k) for k in _STATE_FIELDS}})
+    d["policy"] = _policy_dict(r.policy)
+    return d
+
+
 def rollout_to_dict(r: Rollout) -> dict:
     d = {"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
-         "production_kernels": r.production_kernels, "policy": r.policy.to_dict(), "phase": r.phase.value,
-         "paused_from": r.paused_from.value if r.paused_from else None, "queries": dict(r.queries),
-         "data": {role: variant_to_dict(v) for role, v in r.data.items()}}
-    d.update({k: getattr(r, k) for k in _STATE_FIELDS})
-    return clean(d)
+         "production_kernels": r.production_kernels, "policy": clean(r.policy.to_dict()), "phase": r.phase.value,
+         "paused_from": r.paused_from.value if r.paused_from else None, "queries": clean(dict(r.queries)),
+         "data": data_to_dict(r.data)}
+    d.update(clean({k: getattr(r, k) for k in _STATE_FIELDS}))
+    return d
 
 
-def rollout_from_dict(d: Mapping, version: int = 0) -> Rollout:
+def rollout_from_dict(d: Mapping, version: int = 0, data: Mapping[str, VariantData] | None = None) -> Rollout:
+    """`data`: the step's data when it was stored apart from the state (else the state's own "data", if any)."""
     kw = {k: d[k] for k in _STATE_FIELDS if k in d}
     for k in ("created_at", "phase_since", "paused_total_s", "warmup_until", "last_check_at", "excluded_requests"):
         kw[k] = float(kw[k])
     for k in ("started_at", "data_since", "observed_until", "correctness_at"):
         kw[k] = _f(kw.get(k))
+    if data is None:
+        data = data_from_dict(d.get("data", {}))
     return Rollout(id=d["id"], service=d["service"], canary_kernels=d["canary_kernels"],
-                   production_kernels=d["production_kernels"], policy=Policy.from_dict(d["policy"]),
+                   production_kernels=d["production_kernels"], policy=_policy(d["policy"]),
                    phase=Phase(d["phase"]), paused_from=Phase(d["paused_from"]) if d.get("paused_from") else None,
                    queries=dict(d.get("queries", {})),
-                   data={role: variant_from_dict(v) for role, v in d.get("data", {}).items()}, version=version, **kw)
+                   data=data, version=version, **kw)
 
 
-def check_to_dict(rollout_id: str, c: Check) -> dict:
-    """The evidence of one check: raw bucket counts per variant, the queries, estimates, bounds, verdict, decision."""
-    return clean({"rollout_id": rollout_id, "seq": c.seq, "at": c.at, "step": c.step, "weight": c.weight,
-                  "window_start": c.window_start, "window_end": c.window_end, "source": c.source,
-                  "queries": dict(c.queries), "decision": c.decision.value, "verdict": c.verdict.to_dict(),
-                  "variants": {role: variant_to_dict(v) for role, v in c.data.items()}})
+def check_to_dict(rollout_id: str, c: Check, memo: dict[int, dict] | None = None) -> dict:
+    """The evidence of one check: raw bucket counts per variant, the queries, estimates, bounds, verdict, decision.
+    `memo`: as in variant_to_dict."""
+    d = clean({"rollout_id": rollout_id, "seq": c.seq, "at": c.at, "step": c.step, "weight": c.weight,
+               "window_start": c.window_start, "window_end": c.window_end, "source": c.source,
+               "queries": dict(c.queries), "decision": c.decision.value, "verdict": c.verdict.to_dict()})
+    d["variants"] = data_to_dict(c.data, memo)
+    return d

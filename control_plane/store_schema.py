@@ -11,15 +11,20 @@ errors, "window" before); commands.actor (was `by`); deliveries.rollout_id (was 
 Version 3: indexes for listing rollouts newest first (all, per service, per phase): without them every listing
 reads each row's large state to reach created_at (51 ms for the 50 newest of 1,000 rollouts, bench/api_latency.py);
 checks(rollout_id, outcome), so counting checks by outcome does not read 100,000 evidence rows.
+Version 4: rollout_data, the step's accumulated data (every variant's bucket counts, ~20 KiB) in a row of its own
+instead of inside rollouts.state, with the rollout version that wrote it: a save whose data did not change leaves
+the row alone, and a load whose row version it has seen reuses the decoded data (bench/control_plane_scale.py).
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import tempfile
 from typing import Callable
 from urllib.parse import quote
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -78,8 +83,17 @@ def _v2_to_v3(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX checks_outcome ON checks(rollout_id, outcome)")   # /metrics counts without the evidence
 
 
+def _v3_to_v4(db: sqlite3.Connection) -> None:
+    db.execute("CREATE TABLE rollout_data (rollout_id TEXT PRIMARY KEY REFERENCES rollouts(id), "
+               "version INTEGER NOT NULL, body TEXT NOT NULL)")
+    # no row: no data yet in this step (the state's "data" was {})
+    db.execute("INSERT INTO rollout_data (rollout_id, version, body) SELECT id, version, json_extract(state, '$.data') "
+               "FROM rollouts WHERE json_type(state, '$.data') = 'object' AND json_extract(state, '$.data') != '{}'")
+    db.execute("UPDATE rollouts SET state = json_remove(state, '$.data') WHERE json_type(state, '$.data') IS NOT NULL")
+
+
 # MIGRATIONS[v] takes a file from version v to v + 1
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 class StoreError(Exception):
@@ -113,6 +127,29 @@ def _why(e: sqlite3.Error, readonly: bool) -> str:
     if "not a database" in text or "malformed" in text:
         return f"{text} (not a SITS store, or a damaged one)"
     return text
+
+
+def write_problem(path: str) -> str | None:
+    """Why the store's directory takes no write now, in the OS's words ("Read-only file system", "No space left on
+    device"), or None: SQLite reports EROFS as "disk I/O error", which names no cause. Probes with a 1-byte file."""
+    if path == ":memory:":
+        return None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sits-store-probe-", dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        return e.strerror
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+        return None
+    except OSError as e:
+        return e.strerror
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
 
 
 def _migrate(db: sqlite3.Connection, name: str, readonly: bool) -> int:

@@ -103,9 +103,9 @@ class Worker:
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
     `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
     `owner`: this worker's lease identity (default hostname:pid:random). A pass drives a rollout only while this
-    worker holds its lease (Store.acquire_lease, renewed every pass and before every action, lease_ttl_s long):
-    several workers on one store never drive one rollout at once, and one that stops renewing is replaced after
-    the lease expires."""
+    worker holds its lease (Store.acquire_lease, lease_ttl_s long; renewed every pass, all of a round in one
+    transaction, and before every action unless renewed less than lease_ttl_s / 10 ago): several workers on one
+    store never drive one rollout at once, and one that stops renewing is replaced after the lease expires."""
 
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
                  notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
@@ -126,26 +126,38 @@ class Worker:
         self._loop: threading.Thread | None = None
         self._recovered = False
         self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
+        self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
-        """Start a pass for every active rollout whose previous pass has finished; returns the started threads."""
+        """Start a pass for every active rollout whose previous pass has finished and whose lease this worker holds
+        (all renewed in one transaction); returns the started threads."""
         if not self._recovered:
             self._recover()
-        active = self.store.active()
+        active = self.store.active_ids()
         self.metrics.active.set(len(active))
+        # still busy (slow deployer or metrics source): only this rollout waits
+        due = [(rid, service) for rid, service in active
+               if (t := self._threads.get(rid)) is None or not t.is_alive()]
+        now = self.clock()
+        try:
+            held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, now)
+        except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
+            self._store_failed(e, f"round of {len(due)} rollout(s)")
+            return []
+        self._renewed.update(dict.fromkeys(held, now))
         started = []
-        for r in active:
-            t = self._threads.get(r.id)
-            if t is not None and t.is_alive():
-                continue   # still busy (slow deployer or metrics source): only this rollout waits
-            t = threading.Thread(target=self._pass, args=(r.id, r.service), name=f"sits-rollout-{r.service}",
-                                 daemon=True)
-            self._threads[r.id] = t
+        for rid, service in due:
+            if rid not in held:
+                if log.isEnabledFor(logging.DEBUG):   # the holder's name costs a read per rollout
+                    log.debug("rollout %s: leased by %s; skipped", rid, (self.store.lease(rid) or ("?",))[0])
+                continue
+            t = threading.Thread(target=self._pass, args=(rid, service), name=f"sits-rollout-{service}", daemon=True)
+            self._threads[rid] = t
             t.start()
             started.append(t)
-        ids = {r.id for r in active}
+        ids = {rid for rid, _ in active}
         for rid in [k for k, t in self._threads.items() if k not in ids and not t.is_alive()]:
             del self._threads[rid]
         self.metrics.busy.set(sum(t.is_alive() for t in self._threads.values()))
@@ -169,7 +181,8 @@ class Worker:
     def stop(self) -> None:
         """Stop the loop; wait (join_timeout_s in all) for passes in flight, then give up the leases of the rollouts
         whose pass ended (another worker takes them over at once). A pass still running after that (a hung deployer
-        call) is abandoned with its lease: its outbox rows stay pending and the next holder finishes them."""
+        call) is abandoned with its lease: its outbox rows stay pending and the next holder finishes them. A store
+        that cannot be written (disk full or read-only) keeps the leases until they expire."""
         self._stop.set()
         deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
@@ -177,7 +190,11 @@ class Worker:
         for rid, t in list(self._threads.items()):
             t.join(max(0.0, deadline - time.monotonic()))
             if not t.is_alive():
-                self.store.release_lease(rid, self.owner)
+                try:
+                    self._release(rid)
+                except StoreWriteError as e:
+                    log.warning("rollout %s: lease not released, it expires in %g s: %s", rid,
+                                self.config.lease_ttl_s, e)
 
     def close(self) -> None:
         self.stop()
@@ -194,7 +211,7 @@ class Worker:
 
     def _pass(self, rollout_id: str, service: str) -> None:
         try:
-            self.reconcile_rollout(rollout_id)
+            self.reconcile_rollout(rollout_id, leased=True)
             self.store_error = None
         except StoreWriteError as e:
             self._store_failed(e, f"rollout {rollout_id} ({service})")
@@ -220,11 +237,24 @@ class Worker:
             pending = self.store.pending_actions(r.id)
             if pending and self._lease(r.id):
                 self._run_actions(r, pending)
-                self.store.release_lease(r.id, self.owner)
+                self._release(r.id)
         self._recovered = True
 
-    def _lease(self, rollout_id: str) -> bool:
-        return self.store.acquire_lease(rollout_id, self.owner, self.config.lease_ttl_s, self.clock())
+    def _lease(self, rollout_id: str, fresh_s: float = 0.0) -> bool:
+        """Take or renew the lease. `fresh_s`: renewed by this worker less than that long ago, it is still held
+        (for lease_ttl_s - fresh_s at least) and the store is not asked: no commit per action."""
+        now = self.clock()
+        if fresh_s and now - self._renewed.get(rollout_id, float("-inf")) < fresh_s:
+            return True
+        if self.store.acquire_lease(rollout_id, self.owner, self.config.lease_ttl_s, now):
+            self._renewed[rollout_id] = now
+            return True
+        self._renewed.pop(rollout_id, None)
+        return False
+
+    def _release(self, rollout_id: str) -> None:
+        self._renewed.pop(rollout_id, None)
+        self.store.release_lease(rollout_id, self.owner)
 
     def holds(self, rollout_id: str) -> bool:
         """Whether this worker holds the rollout's lease now."""
@@ -236,19 +266,20 @@ class Worker:
         if self.step_hook is not None:
             self.step_hook(step)
 
-    def reconcile_rollout(self, rollout_id: str) -> Rollout:
-        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease). Traced
+    def reconcile_rollout(self, rollout_id: str, *, leased: bool = False) -> Rollout:
+        """One pass: returns the rollout as this pass left it (unchanged if another worker holds its lease).
+        `leased`: the caller has just taken the lease (tick renews every due rollout's in one transaction). Traced
         as one `sits.reconcile` span; its checks, the correctness replay and the deployer calls are its children."""
         with self.tracing.span("sits.reconcile", attributes={"sits.rollout_id": rollout_id}) as span:
-            r = self._reconcile_rollout(rollout_id, span)
+            r = self._reconcile_rollout(rollout_id, span, leased)
             set_attributes(span, {"sits.service": r.service, "sits.phase": r.phase.value, "sits.step": r.step,
                                   "sits.weight": r.weight, "sits.checks": r.checks})
             return r
 
-    def _reconcile_rollout(self, rollout_id: str, span) -> Rollout:
+    def _reconcile_rollout(self, rollout_id: str, span, leased: bool) -> Rollout:
         r = self.store.get(rollout_id)
         set_attributes(span, {"sits.service": r.service, "sits.phase_before": r.phase.value})
-        if not self._lease(r.id):
+        if not leased and not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
             return r
         if r.id not in self._restored:
@@ -259,7 +290,7 @@ class Worker:
             self._run_actions(r, pending)
             return r
         if not r.active:
-            self.store.release_lease(r.id, self.owner)
+            self._release(r.id)
             return r
         self._at("loaded")
         now = self.clock()
@@ -326,8 +357,7 @@ class Worker:
         return r
 
     def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
-        failed = tuple(a["kind"] for a in self.store.actions(r.id)
-                       if a["version"] == r.version and a["status"] == "failed")
+        failed = self.store.failed_actions(r.id, r.version)
         cmd = dict(command=command[1], command_by=command[2]) if command else {}
         errors: list[str] = []
         try:
@@ -416,7 +446,8 @@ class Worker:
         for attempt in range(c.action_retries + 1):
             if attempt:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
-            if not self._lease(r.id):   # stalled past the TTL and replaced: the new holder runs this action
+            # stalled past the TTL and replaced: the new holder runs this action
+            if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
                 raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
             if attempt and self._stop.is_set():
                 raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")

@@ -144,8 +144,13 @@ class HistogramSnapshot:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "HistogramSnapshot":
-        return cls(tuple(_unnum(b) for b in d["bounds"]), tuple(_unnum(c) for c in d["counts"]), _unnum(d["sum"]),
-                   _unnum(d["count"]))
+        # the checks of __post_init__, without its second float() pass over every count (stored states and evidence
+        # are decoded on every load)
+        bounds = _layout(tuple(map(float, d["bounds"])))
+        counts = tuple(map(float, d["counts"]))
+        if len(counts) != len(bounds):
+            raise HistogramError(f"{len(bounds)} bounds but {len(counts)} counts")
+        return cls._trusted(bounds, counts, _unnum(d["sum"]), _unnum(d["count"]))
 
 
 _LAYOUTS: dict[tuple[float, ...], tuple[float, ...]] = {}

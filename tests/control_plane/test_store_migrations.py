@@ -1,15 +1,16 @@
-"""Schema migrations: a file written by the previous schema (v1: the store, worker.SideTables and the webhook
-journal each creating their own tables; fixtures/store_v1.sql) opens with the current code, reaches the current
-version with every row intact, and keeps working; a v1 file that never had the side tables gets them; a newer file is
-refused."""
+"""Schema migrations: a file written by an older schema (v1: the store, worker.SideTables and the webhook journal
+each creating their own tables, fixtures/store_v1.sql; v3: the step data inside the state, fixtures/store_v3.sql)
+opens with the current code, reaches the current version with every row intact, and keeps working; a v1 file that
+never had the side tables gets them; a newer file is refused."""
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from control_plane.rollout import Command, Phase, reconcile
+from control_plane.rollout import Command, Observation, Phase, reconcile
 from control_plane.spec import DeploySpec
-from control_plane.store import SCHEMA_VERSION, Store, StoreError
+from control_plane.store import SCHEMA_VERSION, Store, StoreError, rollout_from_dict
 from control_plane.store_schema import MIGRATIONS
 
 V1_SQL = (Path(__file__).parent / "fixtures" / "store_v1.sql").read_text()
@@ -34,7 +35,7 @@ def version(path: str) -> int:
 
 def test_the_fixture_is_a_v1_file(tmp_path):
     path = v1_file(tmp_path / "v1.db")
-    assert version(path) == 1 and SCHEMA_VERSION == 3 and sorted(MIGRATIONS) == [1, 2]
+    assert version(path) == 1 and SCHEMA_VERSION == 4 and sorted(MIGRATIONS) == [1, 2, 3]
     db = sqlite3.connect(path)
     assert "by" in {r[1] for r in db.execute("PRAGMA table_info(commands)")}
     assert "actor" not in {r[1] for r in db.execute("PRAGMA table_info(events)")}
@@ -137,3 +138,34 @@ def test_listings_newest_first_use_an_index(tmp_path):
         assert "COVERING INDEX checks_outcome" in plan, plan
     finally:
         db.close()
+
+
+V3_SQL = (Path(__file__).parent / "fixtures" / "store_v3.sql").read_text()
+
+
+def test_a_v3_file_moves_the_step_data_out_of_the_state(tmp_path):
+    """Version 4: the step data written inside the state by the v3 code (fixtures/store_v3.sql) moves to its own
+    row, with the version of the state it came from; the rollout loads exactly as the v3 code stored it."""
+    path = str(tmp_path / "v3.db")
+    raw = sqlite3.connect(path)
+    raw.executescript(V3_SQL)
+    states = {rid: (json.loads(state), v) for rid, state, v in raw.execute("SELECT id, state, version FROM rollouts")}
+    evidence = raw.execute("SELECT evidence FROM checks").fetchall()
+    raw.close()
+    assert version(path) == 3 and states["chat-1"][0]["data"] and states["search-1"][0]["data"] == {}
+    with Store(path) as s:
+        assert s.migrated_from == 3 and version(path) == SCHEMA_VERSION
+        for rid, (state, v) in states.items():
+            assert s.get(rid) == rollout_from_dict(state, v)       # the v3 codec's reading of the v3 row
+        chat = s.get("chat-1")
+        assert chat.phase is Phase.PROGRESSING and chat.checks == 1 and chat.data["canary"].requests == 600.0
+        db = sqlite3.connect(path)
+        assert all("data" not in json.loads(st) for st, in db.execute("SELECT state FROM rollouts"))
+        assert db.execute("SELECT rollout_id, version FROM rollout_data").fetchall() == [("chat-1", chat.version)]
+        assert db.execute("SELECT evidence FROM checks").fetchall() == evidence
+        db.close()
+        # the migrated file keeps working: a window more is added to the step's data
+        v = chat.data["canary"]
+        window = Observation(1035.0, 1040.0, {"canary": v, "baseline": chat.data["baseline"]}, "scrape")
+        saved = s.save(*reconcile(chat, window, 1040.0))
+        assert s.get("chat-1") == saved and saved.data["canary"].requests == 1200.0

@@ -124,3 +124,54 @@ def test_two_real_workers_on_one_file_store(tmp_path):
     assert [c["seq"] for c in s2.checks("r1")] == list(range(1, s2.get("r1").checks + 1))
     s1.close()
     s2.close()
+
+
+def test_tick_renews_the_due_leases_at_once_and_skips_the_others(tmp_path):
+    """A round takes every due rollout's lease in one transaction and starts passes only for those it holds."""
+    db, t, log = str(tmp_path / "t.db"), [100.0], []
+    with Store(db) as s:
+        for svc in ("a", "b", "c"):
+            start_rollout(s, svc, "triton-v1", "torch", POLICY, now=0.0, rollout_id=f"r-{svc}")
+        assert s.acquire_lease("r-b", "w2", 30.0, now=100.0)
+        w1 = Worker(s, Recording(InMemoryDeployer(), "w1", log), CannedSource(), clock=lambda: t[0], owner="w1")
+        seen: list[str] = []
+        s._db.set_trace_callback(seen.append)
+        started = w1.tick()
+        for th in started:
+            th.join(30)
+        s._db.set_trace_callback(None)
+        assert sorted(th.name for th in started) == ["sits-rollout-a", "sits-rollout-c"]
+        tx = seen[:seen.index("COMMIT")]                              # the round's first transaction: every lease
+        assert sum(q.startswith("SELECT owner, expires_at FROM leases") for q in tx) == 3
+        assert sum(q.startswith("INSERT OR REPLACE INTO leases") for q in tx) == 2
+        assert s.lease("r-b") == ("w2", 130.0) and s.lease("r-a")[0] == s.lease("r-c")[0] == "w1"
+        assert s.get("r-b").version == 1 and s.get("r-a").version == s.get("r-c").version == 2
+
+
+def test_actions_reuse_a_lease_renewed_moments_ago_and_renew_an_older_one(tmp_path):
+    """Before each action the lease is renewed, unless this worker renewed it less than lease_ttl_s / 10 ago (then
+    it holds it for 0.9 lease_ttl_s at least and the store is not written)."""
+    t, log = [100.0], []
+
+    class SlowDeploys(InMemoryDeployer):
+        def deploy(self, spec):                                # each deploy takes 2 s of the injected clock
+            t[0] += 2
+            super().deploy(spec)
+
+    with Store(str(tmp_path / "f.db")) as s:
+        w = Worker(s, Recording(InMemoryDeployer(), "w", log), CannedSource(), clock=lambda: t[0], owner="w",
+                   config=WorkerConfig(interval_s=5, lease_ttl_s=30))
+        seen: list[str] = []
+        s._db.set_trace_callback(seen.append)
+        start_rollout(s, "a", "triton-v1", "torch", POLICY, now=0.0, rollout_id="ra")
+        w.reconcile_rollout("ra")                              # deploys baseline, canary (+ production), notifies
+        writes = [q for q in seen if q.startswith(("INSERT OR REPLACE INTO leases", "UPDATE leases"))]
+        assert [what for _, what in log].count("deploy") == 3 and len(writes) == 1 and s.lease("ra") == ("w", 130.0)
+        slow = Worker(s, SlowDeploys(), CannedSource(), clock=lambda: t[0], owner="w2",
+                      config=WorkerConfig(interval_s=5, lease_ttl_s=30))
+        start_rollout(s, "b", "triton-v1", "torch", POLICY, now=0.0, rollout_id="rb")
+        seen.clear()
+        slow.reconcile_rollout("rb")                           # its actions take 6 s of the clock
+        writes = [q for q in seen if q.startswith(("INSERT OR REPLACE INTO leases", "UPDATE leases"))]
+        # renewed again once 3 s had passed (which parallel deploy sees that first depends on the threads)
+        assert len(writes) >= 2 and s.lease("rb")[0] == "w2" and s.lease("rb")[1] >= t[0] + 27
