@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.adapters import local, process
+from control_plane.adapters import local_config, process
 from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
-from control_plane.adapters.local import (ENGINE_MEMORY_BYTES as ENGINE, LocalConfig, LocalDeployer,
-                                          default_max_replicas, engine_environment)
+from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.local_config import ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas, engine_environment
 
 GB = 1 << 30
 
@@ -40,10 +40,10 @@ def test_default_max_replicas_by_cores_and_memory(cpus, memory, want):
 def test_default_bound_on_this_machine_is_the_formula_of_its_cores_and_memory(monkeypatch):
     """The deployer's default is default_max_replicas of this machine's usable cores and the memory available now
     (read once here and held, as MemAvailable moves between two reads)."""
-    cpus, memory = len(os.sched_getaffinity(0)), local._available_memory()
+    cpus, memory = len(os.sched_getaffinity(0)), local_config._available_memory()
     with open("/proc/meminfo") as f:
         assert "MemAvailable:" in f.read() and memory > 0
-    monkeypatch.setattr(local, "_available_memory", lambda: memory)
+    monkeypatch.setattr(local_config, "_available_memory", lambda: memory)
     d = LocalDeployer(LocalConfig())
     try:
         assert d.max_replicas == default_max_replicas(cpus, memory) == max(1, min(2 * cpus, memory // ENGINE))
