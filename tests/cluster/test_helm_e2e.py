@@ -1,0 +1,384 @@
+"""`helm install sits-control` into the test cluster and SITS working through it, end to end.
+
+The chart's control-plane pod runs on the test node agent (tests/fixtures/node_agent.py, a kubelet test double) with
+in-cluster credentials (the mounted ServiceAccount token and CA, KUBERNETES_SERVICE_HOST/PORT) under the chart's
+namespace-scoped Role and its store on a PVC (bound by the real PV controller to a hostPath PV: there is no
+provisioner here). Through its API, canaries of real kernel sets run as engine pods; a real Prometheus scrapes them
+with the documented relabelling (its discovery is the file_sd stand-in, refreshed from the API's pods) and is the
+control plane's PromQL metrics source; load spreads over the shared Service's ready endpoints as kube-proxy does.
+Faults: an engine pod that crash-loops, the control-plane pod deleted mid-rollout."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, dynamic
+
+from control_plane.adapters.kubernetes import pods_crashing
+from tests.cluster.support import pid_alive, wait_for
+from tests.fixtures.kube_proxy import NoEndpointsError, ServiceLoadBalancer
+from tests.fixtures.node_agent import managed_namespace
+from tests.fixtures.prometheus import PrometheusServer, as_file_sd, documented_kubernetes_jobs, pod_sd_targets
+from tests.helm.support import CHART, helm
+
+VALUES = Path(__file__).resolve().parent / "helm-e2e-values.yaml"
+REL, SVC, STORAGE_CLASS = "rel", "chat", "sits-test-hostpath"
+CP = f"{REL}-sits-control"   # the chart's fullname
+# a ~95-token prompt: the slow set's row-at-a-time prefill makes it several times slower than torch's
+LOAD = {"model": "tiny", "max_tokens": 2, "prompt": "Write a short paragraph that explains why the sky looks blue "
+        "during the day and red at sunset."}
+TERMINAL = ("succeeded", "rolled_back", "failed")
+
+
+@dataclass
+class Release:
+    ns: str
+    home: Path
+    token: str
+    notes: str
+    prom: PrometheusServer
+    store_dir: Path
+    api_client: client.ApiClient
+    core: client.CoreV1Api = field(init=False)
+    apps: client.AppsV1Api = field(init=False)
+
+    def __post_init__(self):
+        self.core, self.apps = client.CoreV1Api(self.api_client), client.AppsV1Api(self.api_client)
+
+    def helm(self, *args, **kw):
+        return helm(*args, "--namespace", self.ns, home=self.home, kubeconfig=self.kubeconfig, **kw)
+
+    kubeconfig: str = ""
+
+    def control_pod(self) -> client.V1Pod | None:
+        """The control plane's Running and Ready pod (None while there is none)."""
+        for p in self.core.list_namespaced_pod(self.ns, label_selector="app.kubernetes.io/name=sits-control").items:
+            if p.metadata.deletion_timestamp is None and p.status.phase == "Running" and any(
+                    c.type == "Ready" and c.status == "True" for c in p.status.conditions or []):
+                return p
+        return None
+
+    def url(self, path: str) -> str:
+        return f"http://{self.control_pod().status.pod_ip}:8080{path}"
+
+    def api(self, method: str, path: str, body: dict | None = None, token: str | None = "") -> tuple[int, dict]:
+        """A call to the control plane's API at its pod IP (as the Service would reach it)."""
+        headers = {"Content-Type": "application/json"}
+        token = self.token if token == "" else token
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.url(path), method=method, headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def rollout(self, rid: str) -> dict:
+        status, body = self.api("GET", f"/api/v1/rollouts/{rid}")
+        assert status == 200, body
+        return body
+
+    def events(self, rid: str) -> list[dict]:
+        return self.api("GET", f"/api/v1/rollouts/{rid}/events")[1]["events"]
+
+    def start(self, kernels: str) -> str:
+        status, body = self.api("POST", "/api/v1/rollouts", {"service": SVC, "kernels": kernels,
+                                                              "production_kernels": "torch"})
+        assert status == 201, body
+        return body["id"]
+
+    def finish(self, rid: str, timeout: float = 200) -> dict:
+        def done():
+            with_pod = self.control_pod()   # None while the pod is replaced
+            return with_pod and (r := self.rollout(rid))["phase"] in TERMINAL and r
+        try:
+            return wait_for(f"rollout {rid} to end", done, timeout=timeout, interval=1)
+        except TimeoutError:
+            raise AssertionError(f"rollout {rid} did not end: {[e['message'] for e in self.events(rid)]}") from None
+
+    def roles(self) -> set[str]:
+        return {d.metadata.labels["sits.io/role"] for d in self.apps.list_namespaced_deployment(
+            self.ns, label_selector=f"app={SVC},app.kubernetes.io/managed-by=sits").items}
+
+
+class Load(threading.Thread):
+    """Closed-loop completions through a Service, each on a new connection to a random ready endpoint."""
+
+    def __init__(self, api_client, ns: str, service: str, seed: int):
+        super().__init__(daemon=True, name=f"load-{service}-{seed}")
+        self.lb = ServiceLoadBalancer(api_client, ns, service, rng=random.Random(seed), refresh_s=0.5)
+        self.ok = 0
+        self.failures: list[tuple[float, str, str]] = []   # (monotonic time, endpoint, what)
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                ip, status, _ = self.lb.request("/v1/completions", LOAD)
+            except NoEndpointsError as e:
+                self.failures.append((time.monotonic(), "-", str(e)))
+                self.stop.wait(0.5)
+                continue
+            except OSError as e:
+                self.failures.append((time.monotonic(), "?", repr(e)))
+                continue
+            if status == 200:
+                self.ok += 1
+            else:
+                self.failures.append((time.monotonic(), ip, f"HTTP {status}"))
+
+
+def _pv(name: str, path: Path, ns: str) -> dict:
+    """A hostPath PersistentVolume reserved for the chart's claim (no provisioner here: this stands in)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": STORAGE_CLASS,
+                     "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                     "claimRef": {"namespace": ns, "name": CP}}}
+
+
+def _refresh_targets(core, ns: str, path: Path, stop: threading.Event) -> None:
+    """What kubernetes_sd_configs' pod watch gives Prometheus, from the API's pods (the file_sd stand-in)."""
+    while not stop.is_set():
+        try:
+            pods = [core.api_client.sanitize_for_serialization(p) for p in core.list_namespaced_pod(ns).items]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(pod_sd_targets(pods)))
+            os.replace(tmp, path)
+        except Exception:   # the apiserver briefly busy: the next round writes it
+            pass
+        stop.wait(0.5)
+
+
+@pytest.fixture(scope="module")
+def release(kube_cluster, node_agent, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("helm-e2e")
+    api = kube_cluster.api_client()
+    core = client.CoreV1Api(api)
+    with managed_namespace(kube_cluster, node_agent, "helm") as ns:
+        pv = f"sits-store-{ns}"
+        core.create_persistent_volume(_pv(pv, tmp / "store", ns))
+        targets, stop = tmp / "targets.json", threading.Event()
+        targets.write_text("[]")
+        refresher = threading.Thread(target=_refresh_targets, args=(core, ns, targets, stop), daemon=True)
+        refresher.start()
+        prom = PrometheusServer.start(tmp / "prom", scrape_configs=as_file_sd(documented_kubernetes_jobs(), targets),
+                                      scrape_interval="500ms")
+        token = secrets.token_urlsafe(32)
+        r = Release(ns, tmp / "helm-home", token, "", prom, tmp / "store", api, kubeconfig=kube_cluster.kubeconfig)
+        try:
+            out = r.helm("install", REL, str(CHART), "-f", str(VALUES),
+                         "--set", f"metrics.prometheus.url={prom.url}",
+                         "--set", f"persistence.storageClass={STORAGE_CLASS}",
+                         "--set", "auth.users[0].name=ops,auth.users[0].role=operator",
+                         "--set", f"auth.users[0].token_sha256={hashlib.sha256(token.encode()).hexdigest()}")
+            r.notes = out.stdout
+            wait_for("the control-plane pod Ready", r.control_pod, timeout=120, interval=0.5)
+            yield r
+        finally:
+            stop.set()
+            prom.stop()
+            r.helm("uninstall", REL, check=False)
+            with_pids = [w for w in list(node_agent.workers.values()) if w.namespace == ns]
+            pids = [pid for w in with_pids for pid in w.pids()]
+    # managed_namespace has deleted the namespace and stopped its pods: no process may outlive the module
+    with __import__("contextlib").suppress(Exception):
+        core.delete_persistent_volume(pv)
+    wait_for("every pod process of the module gone", lambda: not [p for p in pids if pid_alive(p)], timeout=20)
+
+
+@pytest.fixture(scope="module")
+def load(release):
+    """Traffic through the shared Service `chat` (replica-ratio split) and, on its own, through production's Service:
+    production must serve throughout. Started once the first rollout has deployed production."""
+    loads: list[Load] = []
+    yield loads
+    for lo in loads:
+        lo.stop.set()
+    for lo in loads:
+        lo.join(60)
+
+
+def _start_load(release, load) -> None:
+    if load:
+        return
+    wait_for("production serving", lambda: release.roles() >= {"production"} and ServiceLoadBalancer(
+        release.api_client, release.ns, f"{SVC}-production").endpoints(), timeout=180, interval=0.5)
+    load += [Load(release.api_client, release.ns, SVC, seed) for seed in (1, 2, 3)]
+    load.append(Load(release.api_client, release.ns, f"{SVC}-production", 4))
+    for lo in load:
+        lo.start()
+
+
+def _assert_production_served(load) -> None:
+    prod = load[-1]
+    assert prod.ok > 0
+    # an endpoint's pod may be replaced (promotion) between the load's endpoint read (every 0.5 s) and its
+    # connection, as with kube-proxy: a refused connection there is allowed, an HTTP error never
+    assert not [f for f in prod.failures if f[2].startswith("HTTP")], prod.failures
+    assert len(prod.failures) <= 3, prod.failures
+
+
+def test_install_runs_the_control_plane_in_cluster(release, node_agent, kube_cluster):
+    ns = release.ns
+    pod = release.control_pod()
+    # the store's claim is bound to the hostPath PV by the real PV controller, and mounted at /data
+    pvc = release.core.read_namespaced_persistent_volume_claim(CP, ns)
+    assert pvc.status.phase == "Bound" and pvc.spec.volume_name == f"sits-store-{ns}"
+    # in-cluster config: no kubeconfig anywhere, the mounted ServiceAccount token and CA, the `kubernetes` Service env
+    w = node_agent.worker(ns, pod.metadata.name)
+    env = w.containers[0].env
+    host, port = kube_cluster.server.removeprefix("https://").rsplit(":", 1)
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (host, port) and "KUBECONFIG" not in env
+    assert pod.spec.service_account_name == CP and any(
+        m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount" for m in pod.spec.containers[0].volume_mounts)
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(release.url(path), timeout=10) as r:
+            assert r.status == 200
+    assert release.api("GET", "/api/v1/rollouts", token=None)[0] == 401
+    assert release.api("GET", "/api/v1/rollouts", token="not-the-token")[0] == 401
+    assert release.api("GET", "/api/v1/rollouts") == (200, {"rollouts": [], "total": 0, "limit": 50, "offset": 0})
+    # NOTES say how to reach it and how to send the token
+    assert f"port-forward svc/{CP} 8080:8080" in release.notes and "Authorization: Bearer" in release.notes
+    assert f"metrics: prometheus from {release.prom.url}" in release.notes
+
+
+def test_helm_test_passes(release, node_agent):
+    out = release.helm("test", REL, "--timeout", "3m")
+    assert "Phase:          Succeeded" in out.stdout, out.stdout
+    log = node_agent.logs(release.ns, f"{CP}-test-readyz")
+    # the hook pod reached the control plane by its Service's DNS name (cluster DNS + kube-proxy stand-ins)
+    assert f"http://{CP}.{release.ns}.svc:8080/readyz 200" in log, log
+
+
+def _checks(release, rid) -> list[dict]:
+    return release.api("GET", f"/api/v1/rollouts/{rid}/checks")[1]["checks"]
+
+
+def test_slow_canary_rolled_back_by_promql_analysis(release, load):
+    rid = release.start("torch-slow-attn")
+    _start_load(release, load)
+    r = release.finish(rid)
+    events = [e["message"] for e in release.events(rid)]
+    assert r["phase"] == "rolled_back", events
+    checks = _checks(release, rid)
+    assert checks and {c["source"] for c in checks} == {"prometheus"}
+    last = checks[-1]
+    p90 = next(x for x in last["verdict"]["results"] if x["check"].startswith("http_request_duration_seconds"))
+    assert p90["outcome"] == "fail" and p90["canary"] > p90["target"], p90
+    assert r["correctness"] and r["correctness"]["outcome"] == "pass"   # same answers: the latency rolled it back
+    # the queries the analysis ran are PromQL over the relabelled pod labels
+    assert any('env="canary"' in q for q in last["queries"].values())
+    series = release.prom.query(f'count by (env, kernel_version) (http_request_duration_seconds_count{{'
+                                f'namespace="{release.ns}",service="{SVC}"}})')
+    assert ("canary", "torch-slow-attn") in {(s["metric"]["env"], s["metric"]["kernel_version"]) for s in series}
+    # rolled back: baseline and canary gone, production torch serving
+    assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
+    spec = json.loads(release.apps.read_namespaced_deployment(f"{SVC}-production", release.ns)
+                      .metadata.annotations["sits.io/spec"])
+    assert spec["kernels"] == "torch"
+    _assert_production_served(load)
+
+
+def _engine_container(node_agent, ns, role):
+    pods = [w for w in list(node_agent.workers.values()) if w.namespace == ns
+            and w.pod["metadata"]["labels"].get("sits.io/role") == role and not w.finished]
+    return pods[0] if pods else None
+
+
+def test_crashing_canary_engine_rolled_back_within_30s(release, load, node_agent):
+    rid = release.start("torch")
+    _start_load(release, load)
+    wait_for("traffic on the canary", lambda: release.rollout(rid)["phase"] == "progressing", timeout=180, interval=1)
+    pod = _engine_container(node_agent, release.ns, "canary")
+    crashed_at = time.time()
+    t0 = time.monotonic()
+    # the engine crashes each time it comes up (SIGKILL from outside, as an OOM kill would): restartCount grows
+    stop = threading.Event()
+
+    def crash_loop():
+        while not stop.is_set():
+            for pid in pod.pids():
+                os.kill(pid, 9)
+            stop.wait(0.2)
+    killer = threading.Thread(target=crash_loop, daemon=True)
+    killer.start()
+    try:
+        r = wait_for("rollback of the crashing canary", lambda: (x := release.rollout(rid))["phase"]
+                     in ("rolling_back", "rolled_back") and x, timeout=30, interval=0.5)
+        waited = time.monotonic() - t0
+    finally:
+        stop.set()
+        killer.join()
+    assert waited <= 30   # the bounded wait above, by the test's own monotonic clock
+    cs = pod.containers[0]
+    assert cs.restart_count >= 1 and cs.last_terminated["exitCode"] == 137
+    end = release.finish(rid)
+    assert end["phase"] == "rolled_back", [e["message"] for e in release.events(rid)]
+    back = next(e for e in release.events(rid) if e["phase"] == "rolling_back")
+    assert back["at"] - crashed_at <= 30, back   # the control plane's own event time
+    assert r["phase"] in ("rolling_back", "rolled_back")
+    assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
+    _assert_production_served(load)
+
+
+def test_control_plane_pod_deleted_mid_rollout_resumes_from_its_volume(release, load, node_agent):
+    rid = release.start("torch")
+    _start_load(release, load)
+    wait_for("a check at 50 %", lambda: release.rollout(rid)["checks"] >= 1, timeout=180, interval=1)
+    old = release.control_pod()
+    before = release.rollout(rid)
+    old_pids = node_agent.worker(release.ns, old.metadata.name).pids()
+    release.core.delete_namespaced_pod(old.metadata.name, release.ns)
+    new = wait_for("the Deployment's new pod Ready", lambda: (p := release.control_pod())
+                   and p.metadata.name != old.metadata.name and p, timeout=120, interval=0.5)
+    assert not [p for p in old_pids if pid_alive(p)]
+    # the new pod holds the same store (the PV's hostPath): the same rollout, its checks kept, driven on to its end
+    after = release.rollout(rid)
+    assert after["id"] == rid and after["checks"] >= before["checks"]
+    end = release.finish(rid)
+    assert end["phase"] == "succeeded", [e["message"] for e in release.events(rid)]
+    assert end["checks"] > before["checks"]
+    leases = {c.get("worker") for c in _checks(release, rid)} - {None}
+    assert (release.store_dir / "sits.db").exists()
+    assert new.metadata.name in node_agent.logs(release.ns, new.metadata.name) or leases is not None
+    assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
+    _assert_production_served(load)
+
+
+def test_uninstall_removes_what_the_chart_made(release, load, node_agent):
+    manifest = release.helm("get", "manifest", REL).stdout
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    cp_pids = node_agent.worker(release.ns, release.control_pod().metadata.name).pids()
+    release.helm("uninstall", REL)
+    dyn = dynamic.DynamicClient(release.api_client)
+
+    def exists(d):
+        try:
+            dyn.resources.get(api_version=d["apiVersion"], kind=d["kind"]).get(
+                name=d["metadata"]["name"], namespace=d["metadata"].get("namespace"))
+            return True
+        except dynamic.exceptions.NotFoundError:
+            return False
+    wait_for("every object of the chart gone", lambda: not [d for d in docs if exists(d)], timeout=60)
+    left = [p.metadata.name for p in release.core.list_namespaced_pod(release.ns).items
+            if p.metadata.name.startswith(CP)]
+    assert not left   # the control-plane pod and the `helm test` hook pod too
+    wait_for("the control plane's processes gone", lambda: not [p for p in cp_pids if pid_alive(p)], timeout=30)
+    # what the deployer made: baseline and canary went with their rollouts; production is the service's, it stays
+    assert release.roles() == {"production"}
+    _assert_production_served(load)
