@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -61,6 +62,7 @@ class Release:
         return helm(*args, "--namespace", self.ns, home=self.home, kubeconfig=self.kubeconfig, **kw)
 
     kubeconfig: str = ""
+    agent: object = None
 
     def control_pod(self) -> client.V1Pod | None:
         """The control plane's Running and Ready pod (None while there is none)."""
@@ -116,30 +118,50 @@ class Release:
 
 
 class Load(threading.Thread):
-    """Closed-loop completions through a Service, each on a new connection to a random ready endpoint."""
+    """Completions through a Service at `rate` per second (or as fast as answered, if slower), each on a new
+    connection to a random ready endpoint. Paced: a closed loop as fast as possible starves 2 cores, and engines
+    whose readiness probes time out leave the Service (realistic, but not what these tests are about)."""
 
-    def __init__(self, api_client, ns: str, service: str, seed: int):
+    def __init__(self, api_client, ns: str, service: str, seed: int, rate: float):
         super().__init__(daemon=True, name=f"load-{service}-{seed}")
         self.lb = ServiceLoadBalancer(api_client, ns, service, rng=random.Random(seed), refresh_s=0.5)
         self.ok = 0
         self.failures: list[tuple[float, str, str]] = []   # (monotonic time, endpoint, what)
         self.stop = threading.Event()
+        self.started = time.monotonic()
+        self.period = 1.0 / rate
 
     def run(self):
+        due = time.monotonic()
         while not self.stop.is_set():
+            due = max(due + self.period, time.monotonic() - 1.0)
+            self.stop.wait(max(0.0, due - time.monotonic()))
+            ip = "?"
             try:
-                ip, status, _ = self.lb.request("/v1/completions", LOAD)
+                ip, port = self.lb.pick()
+                status, _ = _post(ip, port)
             except NoEndpointsError as e:
                 self.failures.append((time.monotonic(), "-", str(e)))
                 self.stop.wait(0.5)
                 continue
             except OSError as e:
-                self.failures.append((time.monotonic(), "?", repr(e)))
+                self.failures.append((time.monotonic(), ip, repr(e)))
                 continue
             if status == 200:
                 self.ok += 1
             else:
                 self.failures.append((time.monotonic(), ip, f"HTTP {status}"))
+
+
+def _post(ip: str, port: int) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(ip, port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps(LOAD).encode(),
+                     headers={"Content-Type": "application/json", "Connection": "close"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
 
 
 def _pv(name: str, path: Path, ns: str) -> dict:
@@ -164,6 +186,16 @@ def _refresh_targets(core, ns: str, path: Path, stop: threading.Event) -> None:
         stop.wait(0.5)
 
 
+def _diagnose(core, node_agent, ns: str) -> str:
+    out = []
+    for p in core.list_namespaced_pod(ns).items:
+        cs = [(c.name, c.ready, c.restart_count, c.state.to_dict()) for c in p.status.container_statuses or []]
+        out.append(f"pod {p.metadata.name}: {p.status.phase} {p.spec.node_name} {cs} "
+                   f"{[(c.type, c.status, c.message) for c in p.status.conditions or []]}\n"
+                   f"{node_agent.logs(ns, p.metadata.name)[-3000:]}")
+    return "\n".join(out) or "no pods"
+
+
 @pytest.fixture(scope="module")
 def release(kube_cluster, node_agent, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("helm-e2e")
@@ -179,7 +211,8 @@ def release(kube_cluster, node_agent, tmp_path_factory):
         prom = PrometheusServer.start(tmp / "prom", scrape_configs=as_file_sd(documented_kubernetes_jobs(), targets),
                                       scrape_interval="500ms")
         token = secrets.token_urlsafe(32)
-        r = Release(ns, tmp / "helm-home", token, "", prom, tmp / "store", api, kubeconfig=kube_cluster.kubeconfig)
+        r = Release(ns, tmp / "helm-home", token, "", prom, tmp / "store", api, kubeconfig=kube_cluster.kubeconfig,
+                    agent=node_agent)
         try:
             out = r.helm("install", REL, str(CHART), "-f", str(VALUES),
                          "--set", f"metrics.prometheus.url={prom.url}",
@@ -187,7 +220,10 @@ def release(kube_cluster, node_agent, tmp_path_factory):
                          "--set", "auth.users[0].name=ops,auth.users[0].role=operator",
                          "--set", f"auth.users[0].token_sha256={hashlib.sha256(token.encode()).hexdigest()}")
             r.notes = out.stdout
-            wait_for("the control-plane pod Ready", r.control_pod, timeout=120, interval=0.5)
+            try:
+                wait_for("the control-plane pod Ready", r.control_pod, timeout=120, interval=0.5)
+            except TimeoutError as e:
+                raise AssertionError(f"{e}\n{_diagnose(core, node_agent, ns)}") from None
             yield r
         finally:
             stop.set()
@@ -218,19 +254,21 @@ def _start_load(release, load) -> None:
         return
     wait_for("production serving", lambda: release.roles() >= {"production"} and ServiceLoadBalancer(
         release.api_client, release.ns, f"{SVC}-production").endpoints(), timeout=180, interval=0.5)
-    load += [Load(release.api_client, release.ns, SVC, seed) for seed in (1, 2, 3)]
-    load.append(Load(release.api_client, release.ns, f"{SVC}-production", 4))
+    load += [Load(release.api_client, release.ns, SVC, seed, rate=10) for seed in (1, 2, 3)]
+    load.append(Load(release.api_client, release.ns, f"{SVC}-production", 4, rate=2))
     for lo in load:
         lo.start()
 
 
-def _assert_production_served(load) -> None:
+def _assert_production_served(release, load) -> None:
     prod = load[-1]
+    Path("/tmp/s18-diag.txt").write_text(repr(prod.failures) + "\n" + _diagnose(release.core, release.agent, release.ns))
     assert prod.ok > 0
     # an endpoint's pod may be replaced (promotion) between the load's endpoint read (every 0.5 s) and its
     # connection, as with kube-proxy: a refused connection there is allowed, an HTTP error never
     assert not [f for f in prod.failures if f[2].startswith("HTTP")], prod.failures
-    assert len(prod.failures) <= 3, prod.failures
+    assert len(prod.failures) <= 3, (prod.failures[:3], prod.failures[-3:], len(prod.failures), prod.started,
+                                     time.monotonic(), _diagnose(release.core, release.agent, release.ns))
 
 
 def test_install_runs_the_control_plane_in_cluster(release, node_agent, kube_cluster):
@@ -273,25 +311,29 @@ def test_slow_canary_rolled_back_by_promql_analysis(release, load):
     rid = release.start("torch-slow-attn")
     _start_load(release, load)
     r = release.finish(rid)
-    events = [e["message"] for e in release.events(rid)]
-    assert r["phase"] == "rolled_back", events
+    events = [e["message"][:300] for e in release.events(rid)]
+    assert r["phase"] == "rolled_back", "\n".join(events)
     checks = _checks(release, rid)
-    assert checks and {c["source"] for c in checks} == {"prometheus"}
+    # the gate first (same answers: it passes), then the latency checks on Prometheus' data roll it back
+    gate = checks[0]
+    assert gate["source"] == "correctness" and gate["verdict"]["correctness"]["outcome"] == "pass", gate["verdict"]
+    assert {c["source"] for c in checks[1:]} == {"prometheus"}
     last = checks[-1]
-    p90 = next(x for x in last["verdict"]["results"] if x["check"].startswith("http_request_duration_seconds"))
-    assert p90["outcome"] == "fail" and p90["canary"] > p90["target"], p90
-    assert r["correctness"] and r["correctness"]["outcome"] == "pass"   # same answers: the latency rolled it back
+    assert last["decision"] == "rollback"
+    p90 = next(x for x in last["verdict"]["results"] if x["check"] == "http_request_duration_seconds:p90")
+    assert p90["outcome"] == "fail" and p90["ci_low"] > 0.35 and p90["canary"] > p90["target"], p90
     # the queries the analysis ran are PromQL over the relabelled pod labels
     assert any('env="canary"' in q for q in last["queries"].values())
-    series = release.prom.query(f'count by (env, kernel_version) (http_request_duration_seconds_count{{'
-                                f'namespace="{release.ns}",service="{SVC}"}})')
+    # the canary pod is gone (its series are stale now): what Prometheus scraped over the last minutes
+    series = release.prom.query(f'count by (env, kernel_version) (count_over_time(http_request_duration_seconds_count'
+                                f'{{namespace="{release.ns}",service="{SVC}"}}[5m]))')
     assert ("canary", "torch-slow-attn") in {(s["metric"]["env"], s["metric"]["kernel_version"]) for s in series}
     # rolled back: baseline and canary gone, production torch serving
     assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
     spec = json.loads(release.apps.read_namespaced_deployment(f"{SVC}-production", release.ns)
                       .metadata.annotations["sits.io/spec"])
     assert spec["kernels"] == "torch"
-    _assert_production_served(load)
+    _assert_production_served(release, load)
 
 
 def _engine_container(node_agent, ns, role):
@@ -333,7 +375,7 @@ def test_crashing_canary_engine_rolled_back_within_30s(release, load, node_agent
     assert back["at"] - crashed_at <= 30, back   # the control plane's own event time
     assert r["phase"] in ("rolling_back", "rolled_back")
     assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
-    _assert_production_served(load)
+    _assert_production_served(release, load)
 
 
 def test_control_plane_pod_deleted_mid_rollout_resumes_from_its_volume(release, load, node_agent):
@@ -357,7 +399,7 @@ def test_control_plane_pod_deleted_mid_rollout_resumes_from_its_volume(release, 
     assert (release.store_dir / "sits.db").exists()
     assert new.metadata.name in node_agent.logs(release.ns, new.metadata.name) or leases is not None
     assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
-    _assert_production_served(load)
+    _assert_production_served(release, load)
 
 
 def test_uninstall_removes_what_the_chart_made(release, load, node_agent):
@@ -381,4 +423,4 @@ def test_uninstall_removes_what_the_chart_made(release, load, node_agent):
     wait_for("the control plane's processes gone", lambda: not [p for p in cp_pids if pid_alive(p)], timeout=30)
     # what the deployer made: baseline and canary went with their rollouts; production is the service's, it stays
     assert release.roles() == {"production"}
-    _assert_production_served(load)
+    _assert_production_served(release, load)
