@@ -262,13 +262,11 @@ def _start_load(release, load) -> None:
 
 def _assert_production_served(release, load) -> None:
     prod = load[-1]
-    Path("/tmp/s18-diag.txt").write_text(repr(prod.failures) + "\n" + _diagnose(release.core, release.agent, release.ns))
     assert prod.ok > 0
     # an endpoint's pod may be replaced (promotion) between the load's endpoint read (every 0.5 s) and its
     # connection, as with kube-proxy: a refused connection there is allowed, an HTTP error never
     assert not [f for f in prod.failures if f[2].startswith("HTTP")], prod.failures
-    assert len(prod.failures) <= 3, (prod.failures[:3], prod.failures[-3:], len(prod.failures), prod.started,
-                                     time.monotonic(), _diagnose(release.core, release.agent, release.ns))
+    assert len(prod.failures) <= 3, (prod.failures, _diagnose(release.core, release.agent, release.ns))
 
 
 def test_install_runs_the_control_plane_in_cluster(release, node_agent, kube_cluster):
@@ -360,44 +358,50 @@ def test_crashing_canary_engine_rolled_back_within_30s(release, load, node_agent
     killer = threading.Thread(target=crash_loop, daemon=True)
     killer.start()
     try:
-        r = wait_for("rollback of the crashing canary", lambda: (x := release.rollout(rid))["phase"]
-                     in ("rolling_back", "rolled_back") and x, timeout=30, interval=0.5)
-        waited = time.monotonic() - t0
+        # the bound: 30 s from the first crash by the test's monotonic clock (wait_for), or this fails
+        wait_for("rollback of the crashing canary", lambda: release.rollout(rid)["phase"]
+                 in ("rolling_back", "rolled_back"), timeout=30 - (time.monotonic() - t0), interval=0.5)
     finally:
         stop.set()
         killer.join()
-    assert waited <= 30   # the bounded wait above, by the test's own monotonic clock
     cs = pod.containers[0]
-    assert cs.restart_count >= 1 and cs.last_terminated["exitCode"] == 137
+    assert cs.restart_count >= 1 and cs.last_terminated["exitCode"] == 137   # SIGKILLed, restarted by the agent
     end = release.finish(rid)
     assert end["phase"] == "rolled_back", [e["message"] for e in release.events(rid)]
+    # why, in the control plane's evidence: the crash guard (Kubernetes pod status read through the Role)
+    decisive = next(c for c in _checks(release, rid) if c["decision"] == "rollback")
+    assert decisive["verdict"]["guard"] == "crashing", decisive["verdict"]["reason"]
     back = next(e for e in release.events(rid) if e["phase"] == "rolling_back")
-    assert back["at"] - crashed_at <= 30, back   # the control plane's own event time
-    assert r["phase"] in ("rolling_back", "rolled_back")
+    assert 0 <= back["at"] - crashed_at <= 30, back   # the control plane's own event time agrees
     assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
     _assert_production_served(release, load)
 
 
-def test_control_plane_pod_deleted_mid_rollout_resumes_from_its_volume(release, load, node_agent):
+def test_good_canary_promoted_across_a_control_plane_pod_deleted_mid_rollout(release, load, node_agent):
+    """The good set (production's own kernels): promoted, although the control-plane pod is deleted after its first
+    check; the Deployment's new pod opens the same store on the PV and drives the rollout on from there."""
     rid = release.start("torch")
     _start_load(release, load)
-    wait_for("a check at 50 %", lambda: release.rollout(rid)["checks"] >= 1, timeout=180, interval=1)
+    before = wait_for("a check at 25 %", lambda: (r := release.rollout(rid))["checks"] >= 2 and r, timeout=180,
+                      interval=1)   # the gate's check, then a first latency check
+    assert before["phase"] == "progressing" and before["weight"] == 25
     old = release.control_pod()
-    before = release.rollout(rid)
     old_pids = node_agent.worker(release.ns, old.metadata.name).pids()
+    deleted_at = time.time()
     release.core.delete_namespaced_pod(old.metadata.name, release.ns)
     new = wait_for("the Deployment's new pod Ready", lambda: (p := release.control_pod())
                    and p.metadata.name != old.metadata.name and p, timeout=120, interval=0.5)
     assert not [p for p in old_pids if pid_alive(p)]
-    # the new pod holds the same store (the PV's hostPath): the same rollout, its checks kept, driven on to its end
-    after = release.rollout(rid)
-    assert after["id"] == rid and after["checks"] >= before["checks"]
     end = release.finish(rid)
     assert end["phase"] == "succeeded", [e["message"] for e in release.events(rid)]
-    assert end["checks"] > before["checks"]
-    leases = {c.get("worker") for c in _checks(release, rid)} - {None}
-    assert (release.store_dir / "sits.db").exists()
-    assert new.metadata.name in node_agent.logs(release.ns, new.metadata.name) or leases is not None
+    # the same rollout, its checks numbered on: the old pod's kept, the new pod's from the stored state onwards
+    checks = _checks(release, rid)
+    assert [c["seq"] for c in checks] == list(range(1, len(checks) + 1))
+    assert [c["seq"] for c in checks if c["at"] < deleted_at] == list(range(1, before["checks"] + 1))
+    assert any(c["at"] > deleted_at for c in checks) and checks[-1]["decision"] == "promote"
+    assert "store /data/sits.db" in node_agent.logs(release.ns, new.metadata.name)
+    assert (release.store_dir / "sits.db").exists()   # on the PV's hostPath, outside either pod
+    # promoted: production runs the canary's spec, baseline and canary are gone
     assert wait_for("canary and baseline removed", lambda: release.roles() == {"production"}, timeout=30)
     _assert_production_served(release, load)
 
