@@ -308,6 +308,8 @@ def _checks(release, rid) -> list[dict]:
 def test_slow_canary_rolled_back_by_promql_analysis(release, load):
     rid = release.start("torch-slow-attn")
     _start_load(release, load)
+    # the control plane (in-cluster, the chart's Role) made production, baseline and canary Deployments
+    wait_for("three variants", lambda: release.roles() == {"production", "baseline", "canary"}, timeout=120)
     r = release.finish(rid)
     events = [e["message"][:300] for e in release.events(rid)]
     assert r["phase"] == "rolled_back", "\n".join(events)
