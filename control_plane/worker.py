@@ -17,7 +17,6 @@ store: a pass runs only under the rollout's lease (Store.acquire_lease), so one 
 """
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import logging
 import os
@@ -31,17 +30,18 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError
-from control_plane.adapters.deploy import Deployer, DeployCancelled, DeployNotFoundError
+from control_plane.adapters.deploy import Deployer, DeployCancelled
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
-from control_plane.adapters.notify import MultiNotifier, Notification, Notifier
+from control_plane.adapters.notify import MultiNotifier, Notifier
 from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
-from control_plane.rollout import (Action, Command, Deploy, Event, EventKind, Notify, Observation, Phase, Promote,
-                                   Rollback, Rollout, SetWeights, correctness_due, reconcile, weights_for)
+from control_plane.rollout import (Command, Event, EventKind, Observation, Phase, Rollout, correctness_due, reconcile,
+                                   weights_for)
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.redact import redact
 from control_plane.store import Store, StoreWriteError
 from control_plane.tracing import Tracing, check_attributes, set_attributes
+from control_plane.worker_actions import ActionRunner, LeaseLostError, in_parallel
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
@@ -90,15 +90,11 @@ class WorkerMetrics:
                                    registry=self.registry)
 
 
-class LeaseLostError(Exception):
-    """Another worker took the rollout's lease during this pass (this one stalled past lease_ttl_s)."""
-
-
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Worker:
+class Worker(ActionRunner):
     """`Worker(store, deployer, metrics_source, notifier)`; `start()`/`stop()` run the loop in threads,
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
     `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
@@ -348,7 +344,7 @@ class Worker:
                 self._deploy(spec.variant(r.service, "production", r.production_kernels))
             others = [role for role in missing if role != "production"]
             # re-raised: the pass fails and the next one restores again
-            _in_parallel(lambda role: self._deploy(spec.variant(r.service, role, kernels[role])),
+            in_parallel(lambda role: self._deploy(spec.variant(r.service, role, kernels[role])),
                          [(role,) for role in others])
             if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
                 self._set_weights(r.service, weights_for(r.weight))
@@ -416,122 +412,3 @@ class Worker:
         log.info("rollout %s (%s): correctness gate %s in %.1f s (%d requests): %s", r.id, r.service,
                  v.outcome.value, run.seconds, run.requests, v.reason)
         return dataclasses.replace(obs, correctness=v)
-
-    # ---- actions -------------------------------------------------------------------------------------------------
-    def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
-        spec = self.store.spec(r.id)
-        i = 0
-        while i < len(pending):
-            group = [pending[i]]
-            while isinstance(group[0][1], Deploy) and i + len(group) < len(pending) \
-                    and isinstance(pending[i + len(group)][1], Deploy):
-                group.append(pending[i + len(group)])
-            parallel = len(group) > 1
-            if parallel:   # variants start in parallel (production first if the service has none)
-                try:
-                    self._ensure_production(r, spec)
-                except Exception as e:   # e.g. RBAC forbids it: one at a time, so each action retries and records it
-                    log.warning("rollout %s: production could not be deployed (%s): the deploy actions run one at a "
-                                "time", r.id, redact(f"{type(e).__name__}: {e}"))
-                    parallel = False
-            if parallel:
-                # re-raised in this thread (a simulated crash must stop the pass)
-                _in_parallel(lambda aid, a: self._run_one(r, spec, aid, a), group)
-            else:
-                self._run_one(r, spec, *group[0])
-            i += len(group)
-
-    def _run_one(self, r: Rollout, spec: DeploySpec, action_id: int, action: Action) -> None:
-        c, last = self.config, ""
-        for attempt in range(c.action_retries + 1):
-            if attempt:
-                time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
-            # stalled past the TTL and replaced: the new holder runs this action
-            if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
-                raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
-            if attempt and self._stop.is_set():
-                raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")
-            try:
-                self._execute(r, spec, action, action_id)
-                self._at(f"executed:{action.kind}")
-                self.store.mark_action(action_id, "done")
-                return
-            except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
-                raise
-            except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
-                log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)
-                raise
-            except Exception as e:
-                last = redact(f"{type(e).__name__}: {e}")
-                log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
-        self.metrics.action_failures.labels(r.service, action.kind).inc()
-        self.store.mark_action(action_id, "failed", last[:4000])
-
-    def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
-        if "production" not in self.deployer.status(r.service):
-            self._deploy(spec.variant(r.service, "production", r.production_kernels))
-            router = self.deployer.router_url(r.service)
-            log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
-                     f"; traffic enters at {router}" if router else "")
-
-    def _execute(self, r: Rollout, spec: DeploySpec, action: Action, action_id: int = 0) -> None:
-        if isinstance(action, Deploy):
-            if action.role != "production":
-                self._ensure_production(r, spec)
-            self._deploy(spec.variant(r.service, action.role, action.kernels))
-        elif isinstance(action, SetWeights):
-            self._set_weights(r.service, dict(action.weights))
-        elif isinstance(action, Promote):
-            self._deployer_call("promote", r.service, "canary", self.deployer.promote, r.service)
-        elif isinstance(action, Rollback):
-            try:
-                self._deployer_call("rollback", r.service, "canary", self.deployer.rollback, r.service)
-            except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
-                log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
-        elif isinstance(action, Notify):
-            # the key makes a replayed Notify action (crash before it was marked done) a no-op in a journal
-            self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,
-                                              details={"canary_kernels": r.canary_kernels, "step": r.step + 1,
-                                                       "weight": r.weight, "reason": r.reason},
-                                              key=f"{r.id}:{action_id}"))
-        else:
-            raise ValueError(f"unknown action {action!r}")
-
-    # ---- deployer calls, one span each ---------------------------------------------------------------------------
-    def _deploy(self, spec) -> None:
-        self._deployer_call("deploy", spec.service, spec.role, self.deployer.deploy, spec,
-                            attributes={"sits.kernels": spec.kernels, "sits.replicas": spec.replicas})
-
-    def _set_weights(self, service: str, weights: dict) -> None:
-        self._deployer_call("set_weights", service, "canary", self.deployer.set_weights, service, weights,
-                            attributes={f"sits.weight.{role}": w for role, w in weights.items()})
-
-    def _deployer_call(self, kind: str, service: str, variant: str, fn: Callable[..., None], *args,
-                       attributes: dict | None = None) -> None:
-        with self.tracing.span(f"sits.deploy.{kind}", attributes={"sits.action": kind, "sits.service": service,
-                                                                   "sits.variant": variant, **(attributes or {})}) as s:
-            try:
-                fn(*args)
-            except Exception as e:
-                set_attributes(s, {"sits.result": type(e).__name__})
-                raise
-            set_attributes(s, {"sits.result": "ok"})
-
-
-def _in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
-    """fn(*args) for every args in its own thread; waits for all, then re-raises the first exception raised."""
-    raised: list[BaseException] = []
-
-    def run(*args) -> None:
-        try:
-            fn(*args)
-        except BaseException as e:
-            raised.append(e)
-    # each thread runs in a copy of the caller's context: the caller's span stays the parent of what they trace
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, *args)) for args in calls]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if raised:
-        raise raised[0]

@@ -1,0 +1,146 @@
+"""The worker's outbox side: the actions a pass stored (Store.save) run through the deployer and the notifier, each
+retried with backoff under the rollout's lease and then marked done or failed; every deployer call is one span.
+`ActionRunner` is mixed into `Worker` (control_plane/worker.py), whose store, deployer, notifier, tracing, metrics,
+config, lease and step hook it uses."""
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from typing import Callable
+
+from control_plane.adapters.deploy import DeployCancelled, DeployNotFoundError
+from control_plane.adapters.notify import Notification
+from control_plane.redact import redact
+from control_plane.rollout import Action, Deploy, Notify, Promote, Rollback, Rollout, SetWeights
+from control_plane.spec import DeploySpec
+from control_plane.store import StoreWriteError
+from control_plane.tracing import set_attributes
+
+log = logging.getLogger("control_plane.worker")
+
+
+class LeaseLostError(Exception):
+    """Another worker took the rollout's lease during this pass (this one stalled past lease_ttl_s)."""
+
+
+class ActionRunner:
+    # ---- actions -------------------------------------------------------------------------------------------------
+    def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
+        spec = self.store.spec(r.id)
+        i = 0
+        while i < len(pending):
+            group = [pending[i]]
+            while isinstance(group[0][1], Deploy) and i + len(group) < len(pending) \
+                    and isinstance(pending[i + len(group)][1], Deploy):
+                group.append(pending[i + len(group)])
+            parallel = len(group) > 1
+            if parallel:   # variants start in parallel (production first if the service has none)
+                try:
+                    self._ensure_production(r, spec)
+                except Exception as e:   # e.g. RBAC forbids it: one at a time, so each action retries and records it
+                    log.warning("rollout %s: production could not be deployed (%s): the deploy actions run one at a "
+                                "time", r.id, redact(f"{type(e).__name__}: {e}"))
+                    parallel = False
+            if parallel:
+                # re-raised in this thread (a simulated crash must stop the pass)
+                in_parallel(lambda aid, a: self._run_one(r, spec, aid, a), group)
+            else:
+                self._run_one(r, spec, *group[0])
+            i += len(group)
+
+    def _run_one(self, r: Rollout, spec: DeploySpec, action_id: int, action: Action) -> None:
+        c, last = self.config, ""
+        for attempt in range(c.action_retries + 1):
+            if attempt:
+                time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
+            # stalled past the TTL and replaced: the new holder runs this action
+            if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
+                raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
+            if attempt and self._stop.is_set():
+                raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")
+            try:
+                self._execute(r, spec, action, action_id)
+                self._at(f"executed:{action.kind}")
+                self.store.mark_action(action_id, "done")
+                return
+            except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
+                raise
+            except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
+                log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)
+                raise
+            except Exception as e:
+                last = redact(f"{type(e).__name__}: {e}")
+                log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
+        self.metrics.action_failures.labels(r.service, action.kind).inc()
+        self.store.mark_action(action_id, "failed", last[:4000])
+
+    def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
+        if "production" not in self.deployer.status(r.service):
+            self._deploy(spec.variant(r.service, "production", r.production_kernels))
+            router = self.deployer.router_url(r.service)
+            log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
+                     f"; traffic enters at {router}" if router else "")
+
+    def _execute(self, r: Rollout, spec: DeploySpec, action: Action, action_id: int = 0) -> None:
+        if isinstance(action, Deploy):
+            if action.role != "production":
+                self._ensure_production(r, spec)
+            self._deploy(spec.variant(r.service, action.role, action.kernels))
+        elif isinstance(action, SetWeights):
+            self._set_weights(r.service, dict(action.weights))
+        elif isinstance(action, Promote):
+            self._deployer_call("promote", r.service, "canary", self.deployer.promote, r.service)
+        elif isinstance(action, Rollback):
+            try:
+                self._deployer_call("rollback", r.service, "canary", self.deployer.rollback, r.service)
+            except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
+                log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
+        elif isinstance(action, Notify):
+            # the key makes a replayed Notify action (crash before it was marked done) a no-op in a journal
+            self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,
+                                              details={"canary_kernels": r.canary_kernels, "step": r.step + 1,
+                                                       "weight": r.weight, "reason": r.reason},
+                                              key=f"{r.id}:{action_id}"))
+        else:
+            raise ValueError(f"unknown action {action!r}")
+
+    # ---- deployer calls, one span each ---------------------------------------------------------------------------
+    def _deploy(self, spec) -> None:
+        self._deployer_call("deploy", spec.service, spec.role, self.deployer.deploy, spec,
+                            attributes={"sits.kernels": spec.kernels, "sits.replicas": spec.replicas})
+
+    def _set_weights(self, service: str, weights: dict) -> None:
+        self._deployer_call("set_weights", service, "canary", self.deployer.set_weights, service, weights,
+                            attributes={f"sits.weight.{role}": w for role, w in weights.items()})
+
+    def _deployer_call(self, kind: str, service: str, variant: str, fn: Callable[..., None], *args,
+                       attributes: dict | None = None) -> None:
+        with self.tracing.span(f"sits.deploy.{kind}", attributes={"sits.action": kind, "sits.service": service,
+                                                                   "sits.variant": variant, **(attributes or {})}) as s:
+            try:
+                fn(*args)
+            except Exception as e:
+                set_attributes(s, {"sits.result": type(e).__name__})
+                raise
+            set_attributes(s, {"sits.result": "ok"})
+
+
+def in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
+    """fn(*args) for every args in its own thread; waits for all, then re-raises the first exception raised."""
+    raised: list[BaseException] = []
+
+    def run(*args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:
+            raised.append(e)
+    # each thread runs in a copy of the caller's context: the caller's span stays the parent of what they trace
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, *args)) for args in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if raised:
+        raise raised[0]
