@@ -126,20 +126,34 @@ def test_agrees_with_direct_scrape_on_the_same_traffic(engines, prometheus_facto
         def ok(r):
             got = {x["metric"]["env"]: float(x["value"][1]) for x in r}
             return got == requests
+        # timestamp() of a plain selector: of `up == 1` this Prometheus (2.42) returns the evaluation time, which
+        # made this wait pass on a scrape from before `after`
         prom.wait_for(f'sum by (env) (http_request_duration_seconds_count{{route="/v1/completions"}} '
-                      f'and on (instance) (timestamp(up == 1) > {after:.3f}))', ok, timeout=30, interval=0.1)
+                      f'and on (instance) (timestamp(up) > {after:.3f}) and on (instance) (up == 1))', ok,
+                      timeout=30, interval=0.1)
 
     def counts():
-        return {r: scrape.scrape(u, SERVICE, [REQUEST_LATENCY]).requests for r, u in engines.items()}
+        """The engines' request counts once they stop moving: an engine observes a request's duration after its
+        response went out, so a count read right after the last answer can still grow."""
+        last = None
+        while True:
+            now = {r: scrape.scrape(u, SERVICE, [REQUEST_LATENCY]).requests for r, u in engines.items()}
+            if now == last:
+                return now
+            last = now
+            time.sleep(0.3)
 
+    before = counts()
     t0 = time.time()
     scrape.window(SERVICE, targets, None, t0)
-    scraped_by_prometheus(t0, counts())
+    scraped_by_prometheus(t0, before)
     send(engines["baseline"], 60)
     send(engines["canary"], 60)
     time.sleep(2.0)   # a longer window holds more scrapes, which bounds increase()'s extrapolation tighter (tol)
+    final = counts()
+    assert final == {r: before[r] + 60 for r in before}, (before, final)
     after = time.time()
-    scraped_by_prometheus(after, counts())
+    scraped_by_prometheus(after, final)
     t1 = time.time()
     a = scrape.window(SERVICE, targets, t0, t1)
     b = promsrc.window(SERVICE, targets, t0, t1, required=("canary", "baseline"))
