@@ -51,7 +51,7 @@ const Correctness = (() => {
     const failed = new Set(L.failed || []);
     const evidence = all || L.evidence;
     const more = !all && L.evidence_total > L.evidence.length
-      ? el("button", { type: "button", class: "secondary", id: "more-divergences" }, `Show all ${L.evidence_total} diverged prompts`) : null;
+      ? el("button", { type: "button", class: "secondary", id: "more-divergences" }, `Show all ${L.evidence_total} kept`) : null;
     if (more) more.addEventListener("click", async () => {
       const res = await api(`/rollouts/${encodeURIComponent(R.id)}/checks/${L.seq}`);
       if (res.ok) { all = res.data.verdict.correctness.evidence; render(box, R); }
@@ -72,7 +72,7 @@ const Correctness = (() => {
           stat("Failed tolerances", failed.size ? [...failed].map((f) => TOL[f] || f).join(", ") : "none", failed.size > 0),
           L.seconds != null ? stat("Cost", `${L.requests} requests in ${L.seconds.toFixed(1)} s`) : null),
         el("p", { class: "reason" }, L.reason)),
-      evidence.length ? el("h3", {}, `First divergences`, el("span", { class: "muted" }, ` · ${evidence.length} of ${L.evidence_total} diverged prompts kept`)) : null,
+      evidence.length ? el("h3", {}, `First divergences`, el("span", { class: "muted" }, ` · ${evidence.length} shown of the ${L.evidence_total} kept as evidence` + (L.diverged > L.evidence_total ? ` (${L.diverged} prompts diverged)` : ""))) : null,
       evidence.length ? el("ol", { class: "divergences" }, evidence.map(divergence)) : null,
       more ? el("p", { class: "center" }, more) : null,
       el("h3", {}, "History", el("span", { class: "muted" }, ` · ${c.runs} run${c.runs === 1 ? "" : "s"}`)),
