@@ -1,6 +1,7 @@
 """SQLite store, the only module that opens the file: rollouts (state as JSON) with their deploy specs, every check
 with its full evidence, events, an outbox of actions, the queue of manual commands, the worker leases and the webhook
-delivery journal. Schema and migrations: control_plane/store_schema.py; JSON codec: control_plane/store_codec.py.
+delivery journal. Schema and migrations: control_plane/store_schema.py; JSON codec: control_plane/store_codec.py;
+commands, leases and deliveries: control_plane/store_queues.py (mixed in).
 
 `save(rollout, actions)` writes, in ONE transaction: the new state (only if the stored version is still the one the
 rollout was loaded at), the rollout's `new_checks` (primary key (rollout_id, seq): a check is never stored twice),
@@ -26,33 +27,18 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from control_plane.analysis import VariantData
-from control_plane.errors import ConflictError, NotFoundError
 from control_plane.redact import redact
-from control_plane.rollout_types import Action, Command, Rollout
+from control_plane.rollout_types import Action, Rollout
 from control_plane.spec import DeploySpec
 from control_plane.store_codec import (check_to_dict, clean, data_from_dict, data_to_dict,  # noqa: F401
                                        rollout_from_dict, rollout_to_dict, state_to_dict, variant_from_dict,
                                        variant_to_dict)
+from control_plane.store_queues import QueueTables, RolloutNotFoundError, StoreConflictError  # noqa: F401
 from control_plane.store_schema import (SCHEMA_VERSION, StoreError, StoreWriteError, connect,  # noqa: F401
                                         migrate, write_problem)
 
 
-class RolloutNotFoundError(StoreError, NotFoundError):
-    """No rollout with that id."""
-
-
-class StoreConflictError(StoreError, ConflictError):
-    """The rollout changed since it was loaded, or the service already has an active rollout, or the id exists."""
-
-
-def _command(command: Command | str) -> Command:
-    try:
-        return Command(command)
-    except ValueError:
-        raise StoreError(f"unknown command {command!r}; use one of {', '.join(c.value for c in Command)}") from None
-
-
-class Store:
+class Store(QueueTables):
     """`Store(path)`. Thread-safe: one connection behind a lock; other processes may open the same file."""
 
     def __init__(self, path: str, *, readonly: bool = False):
@@ -294,117 +280,6 @@ class Store:
         rows = self._rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
                           "WHERE rollout_id = ? ORDER BY id", (rollout_id,))
         return [dict(r, body=json.loads(r["body"])) for r in rows]
-
-    # ---- manual commands: left by the CLI / API, consumed by the worker after the state they produced is saved ----
-    def add_command(self, rollout_id: str, command: Command | str, actor: str, *, reuse_pending: bool = False) -> int:
-        """Queue a command; its id. With reuse_pending, the same command already queued (not yet consumed) is
-        returned instead of a second one. RolloutNotFoundError if there is no such rollout."""
-        command = _command(command)
-        with self._tx() as db:
-            if db.execute("SELECT 1 FROM rollouts WHERE id = ?", (rollout_id,)).fetchone() is None:
-                raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
-            if reuse_pending:
-                row = db.execute("SELECT id FROM commands WHERE rollout_id = ? AND command = ? AND consumed_at IS NULL"
-                                 " ORDER BY id LIMIT 1", (rollout_id, command.value)).fetchone()
-                if row is not None:
-                    return row["id"]
-            return db.execute("INSERT INTO commands (rollout_id, command, actor, created_at) VALUES (?, ?, ?, ?)",
-                              (rollout_id, command.value, actor, time.time())).lastrowid
-
-    def next_command(self, rollout_id: str) -> tuple[int, Command, str] | None:
-        """The oldest unconsumed command: (command_id, command, actor)."""
-        rows = self._rows("SELECT id, command, actor FROM commands WHERE rollout_id = ? AND consumed_at IS NULL "
-                          "ORDER BY id LIMIT 1", (rollout_id,))
-        return (rows[0]["id"], Command(rows[0]["command"]), rows[0]["actor"]) if rows else None
-
-    def consume_command(self, command_id: int) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE commands SET consumed_at = ? WHERE id = ?", (time.time(), command_id))
-
-    def pending_commands(self, rollout_id: str) -> list[dict]:
-        """Queued, not yet consumed commands, oldest first: id, command, actor, created_at."""
-        rows = self._rows("SELECT id, command, actor, created_at FROM commands WHERE rollout_id = ? AND consumed_at "
-                          "IS NULL ORDER BY id", (rollout_id,))
-        return [dict(r) for r in rows]
-
-    # ---- leases: which worker drives a rollout -------------------------------------------------------------------
-    def acquire_lease(self, rollout_id: str, owner: str, ttl_s: float, now: float) -> bool:
-        """Take (or renew) the rollout's lease until now + ttl_s: True if `owner` holds it afterwards, i.e. it was
-        free, expired or already `owner`'s."""
-        with self._tx() as db:
-            return self._take_lease(db, rollout_id, owner, ttl_s, now)
-
-    def acquire_leases(self, rollout_ids: Sequence[str], owner: str, ttl_s: float, now: float) -> set[str]:
-        """acquire_lease for many rollouts in one transaction (one commit per worker round, not one per rollout):
-        the ids `owner` holds afterwards."""
-        if not rollout_ids:
-            return set()
-        with self._tx() as db:
-            return {rid for rid in rollout_ids if self._take_lease(db, rid, owner, ttl_s, now)}
-
-    @staticmethod
-    def _take_lease(db: sqlite3.Connection, rollout_id: str, owner: str, ttl_s: float, now: float) -> bool:
-        row = db.execute("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,)).fetchone()
-        if row is not None and row["owner"] != owner and row["expires_at"] > now:
-            return False
-        if row is not None and row["owner"] == owner:
-            db.execute("UPDATE leases SET expires_at = ? WHERE rollout_id = ?", (now + ttl_s, rollout_id))
-        else:
-            db.execute("INSERT OR REPLACE INTO leases (rollout_id, owner, expires_at, acquired_at) "
-                       "VALUES (?, ?, ?, ?)", (rollout_id, owner, now + ttl_s, now))
-        return True
-
-    def release_lease(self, rollout_id: str, owner: str) -> None:
-        """Give the lease up (if `owner` holds it) so another worker takes over without waiting for expiry."""
-        with self._tx() as db:
-            db.execute("DELETE FROM leases WHERE rollout_id = ? AND owner = ?", (rollout_id, owner))
-
-    def lease(self, rollout_id: str) -> tuple[str, float] | None:
-        """(owner, expires_at), or None if no worker holds it."""
-        rows = self._rows("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,))
-        return (rows[0]["owner"], rows[0]["expires_at"]) if rows else None
-
-    # ---- webhook delivery journal (adapters/notify.py): one durable queue per webhook `target` -------------------
-    def record_delivery(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
-                        limit: int) -> bool | None:
-        """Queue a delivery: True; None if (target, key) is already queued or done (a replay); False if `limit`
-        deliveries to target are pending."""
-        with self._tx() as db:
-            pending = db.execute("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'",
-                                 (target,)).fetchone()[0]
-            if pending >= limit:
-                return False
-            cur = db.execute("INSERT OR IGNORE INTO deliveries (target, key, rollout_id, body, created_at) "
-                             "VALUES (?, ?, ?, ?, ?)", (target, key, rollout_id, json.dumps(body), time.time()))
-            return True if cur.rowcount else None
-
-    def next_delivery(self, target: str) -> tuple[int, dict] | None:
-        """The oldest pending delivery to target: (delivery id, body)."""
-        rows = self._rows("SELECT id, body FROM deliveries WHERE target = ? AND status = 'pending' ORDER BY id "
-                          "LIMIT 1", (target,))
-        return (rows[0]["id"], json.loads(rows[0]["body"])) if rows else None
-
-    def finish_delivery(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None:
-        """status: "sent" or "failed"; attempts made by this try (added to the row's)."""
-        with self._tx() as db:
-            db.execute("UPDATE deliveries SET status = ?, attempts = attempts + ?, error = ?, done_at = ? WHERE id = ?",
-                       (status, attempts, error, time.time(), delivery_id))
-
-    def pending_deliveries(self, target: str) -> int:
-        return self._rows("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'", (target,))[0][0]
-
-    def deliveries(self, rollout_id: str) -> list[dict]:
-        """The rollout's journaled notifications, oldest first: event, at, key, webhook (the target: a hash of the
-        URL), status, attempts, error, done_at."""
-        rows = self._rows("SELECT target, body, status, attempts, error, done_at FROM deliveries WHERE rollout_id = ? "
-                          "ORDER BY id", (rollout_id,))
-        out = []
-        for r in rows:
-            n = json.loads(r["body"])
-            out.append({"event": n["event"], "at": n["at"], "key": n["key"], "webhook": r["target"],
-                        "status": r["status"], "attempts": r["attempts"], "error": r["error"],
-                        "done_at": r["done_at"]})
-        return out
 
     # ---- for listings and the control plane's /metrics (computed at scrape time) -------------------------------
     def list_summaries(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None,
