@@ -17,7 +17,6 @@ import signal
 import sqlite3
 import sys
 import threading
-from pathlib import Path
 from typing import Sequence
 
 import yaml
@@ -27,12 +26,8 @@ from control_plane import client
 from control_plane import format as fmt
 from control_plane import service
 from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from control_plane.adapters.local import LocalConfig, LocalDeployer
-from control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookNotifier
-from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import Policy, PolicyError
+from control_plane.cli_build import CLIError, build_worker, open_store, prometheus_config
 from control_plane.demo import SCENARIOS, DemoConfig, run_demo
 from control_plane.errors import SitsError
 from control_plane.lifecycle import shutdown
@@ -40,32 +35,16 @@ from control_plane.rollout import Command
 from control_plane.spec import DeploySpec
 from control_plane.redact import redact
 from control_plane.store import Store, StoreError, rollout_to_dict
-from control_plane.tracing import EXPORTERS, Tracing
+from control_plane.tracing import EXPORTERS
 from control_plane.web import present
 from control_plane.web.serve import ServeError, serve
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.worker import Worker
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 log = logging.getLogger(__name__)
 
 
-class CLIError(Exception):
-    """Bad user input: printed as one line, exit code 2."""
-
-
 MAX_POLICY_BYTES = 1 << 20   # a policy is a few hundred bytes; a 35 MB one is a mistake or an attack
-
-
-def _open_store(path: str, must_exist: bool = True, readonly: bool = False) -> Store:
-    try:
-        exists, is_dir = Path(path).exists(), Path(path).is_dir()
-    except OSError as e:   # e.g. a directory on the way we may not enter
-        raise CLIError(f"store {path}: {e.strerror}") from None
-    if must_exist and path != ":memory:" and not exists:
-        raise CLIError(f"no store at {path} (give --store PATH or set SITS_STORE)")
-    if is_dir:
-        raise CLIError(f"store {path} is a directory; give the store's file")
-    return Store(path, readonly=readonly)
 
 
 def _load_policy(path: str | None) -> Policy:
@@ -103,20 +82,6 @@ def _first_line(e: Exception) -> str:
     return (" ".join(lines[:3]) or type(e).__name__)[:300]
 
 
-def _secret(env: str, file: str | None) -> str | None:
-    """A secret from a file (first line) or an environment variable; never from a flag (visible in `ps`)."""
-    if file:
-        try:
-            with open(file) as f:
-                value = f.readline().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"cannot read secret file {file}: {getattr(e, 'strerror', None) or e}") from None
-        if not value:
-            raise CLIError(f"secret file {file} is empty")
-        return value
-    return os.environ.get(env) or None
-
-
 # ---- commands ---------------------------------------------------------------------------------------------------
 def cmd_rollout_start(a) -> int:
     policy = _load_policy(a.policy)
@@ -128,7 +93,7 @@ def cmd_rollout_start(a) -> int:
     spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
                       canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
                       gpus=a.gpus)
-    with _open_store(a.store, must_exist=False) as store:
+    with open_store(a.store, must_exist=False) as store:
         production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
         r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by)
         print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
@@ -149,7 +114,7 @@ def _summary(store: Store, rollout_id: str) -> dict:
 def cmd_rollout_list(a) -> int:
     if a.url:
         return client.remote_list(a)
-    with _open_store(a.store, readonly=True) as store:
+    with open_store(a.store, readonly=True) as store:
         print("\n".join(fmt.rollout_table(store.list(active=True if a.active else None))))
     return 0
 
@@ -157,7 +122,7 @@ def cmd_rollout_list(a) -> int:
 def cmd_rollout_show(a) -> int:
     if a.url:
         return client.remote_show(a)
-    with _open_store(a.store, readonly=True) as store:   # what was stored before redaction existed is masked here
+    with open_store(a.store, readonly=True) as store:   # what was stored before redaction existed is masked here
         if a.json:
             r = store.get(a.id)
             print(redact(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
@@ -171,49 +136,11 @@ def cmd_rollout_show(a) -> int:
 def cmd_rollout_command(a) -> int:
     if a.url:
         return client.remote_command(a)
-    with _open_store(a.store) as store:
+    with open_store(a.store) as store:
         service.send_command(store, a.id, a.command, a.by)
         r = store.get(a.id)
     print(f"{a.command} queued for rollout {a.id} (phase {r.phase.value}); the worker applies it at its next pass")
     return 0
-
-
-def prometheus_config(a) -> PrometheusConfig:
-    """`--prometheus-url` with its credentials (token file or $SITS_PROMETHEUS_TOKEN; basic auth)."""
-    if not a.prometheus_url:
-        raise CLIError("--metrics prometheus needs --prometheus-url")
-    token = _secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
-    basic = None
-    if a.prometheus_user:
-        basic = (a.prometheus_user, _secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
-    return PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic)
-
-
-def build_worker(a) -> Worker:
-    """The worker for `sits-control worker`: deployer, metrics source, notifiers and tracing from the flags."""
-    try:
-        tracing = Tracing.from_flags(a.otel_exporter, a.otlp_endpoint)
-    except ValueError as e:
-        raise CLIError(str(e)) from None
-    if a.deployer == "kubernetes":
-        deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig))
-    else:
-        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
-                                             pin_token=_secret("SITS_PIN_TOKEN", a.pin_token_file),
-                                             max_replicas=a.max_replicas))
-    if a.metrics == "prometheus":
-        source = PrometheusSource(prometheus_config(a))
-    else:
-        if a.deployer == "kubernetes":
-            log.warning("direct scrape on Kubernetes reaches one pod per Service endpoint per scrape: use --metrics "
-                        "prometheus there")
-        source = ScrapeSource()
-    store = _open_store(a.store, must_exist=False)
-    # the webhook queues live in the store: notifications outlive a worker restart
-    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store) for u in a.webhook or ()]
-    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store) for u in a.slack_webhook or ()]
-    config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
-    return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing)
 
 
 def cmd_worker(a) -> int:
