@@ -16,7 +16,6 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Mapping
 
 import httpx
@@ -26,46 +25,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from control_plane.adapters import router_http as rh
 from control_plane.adapters.deploy import ROLES, DeployError, normalize_weights
-from engine.server.limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES, timeout_protocol
+from control_plane.adapters.router_config import RouterConfig
+from engine.server.limits import timeout_protocol
 
 log = logging.getLogger(__name__)
 PIN_HEADER = "x-sits-variant"
 PIN_TOKEN_HEADER = "x-sits-pin-token"
-
-
-@dataclass(slots=True)
-class RouterConfig:
-    service: str
-    host: str = "127.0.0.1"
-    port: int = 0
-    connect_timeout: float = 5.0
-    read_timeout: float = 600.0
-    max_connections: int = 1000
-    shutdown_timeout: float = 5.0
-    pin_token: str | None = field(default=None, repr=False)   # a secret: X-SITS-Pin-Token must equal it to pin
-    pin_sources: tuple[str, ...] = ()       # networks whose requests may pin without the token (e.g. "127.0.0.1/32")
-    trusted_proxies: tuple[str, ...] = ()   # networks whose X-Forwarded-For chain is kept (and extended)
-    max_body_bytes: int = MAX_BODY_BYTES    # the engine's limit: larger request bodies are a 413 here already
-    header_timeout_s: float = HEADER_TIMEOUT_S
-    body_timeout_s: float = BODY_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if not self.service:
-            raise DeployError("router needs a service name")
-        if not 0 <= self.port <= 65535:
-            raise DeployError(f"router port {self.port} out of range")
-        if self.connect_timeout <= 0 or self.read_timeout <= 0 or self.max_connections < 1:
-            raise DeployError("router timeouts and max_connections must be positive")
-        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0 or self.max_body_bytes < 1:
-            raise DeployError("router header/body timeouts and max_body_bytes must be positive")
-        if self.pin_token is not None and len(self.pin_token) < 16:
-            raise DeployError("the router's pin token must be at least 16 characters")
-        try:
-            self.pin_sources = tuple(self.pin_sources)
-            self.trusted_proxies = tuple(self.trusted_proxies)
-            rh.parse_networks(self.pin_sources + self.trusted_proxies)
-        except ValueError as e:
-            raise DeployError(f"router pin_sources / trusted_proxies: {e}") from None
 
 
 class WeightedRouter:
