@@ -19,79 +19,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError
 from control_plane.adapters.deploy import Deployer, DeployCancelled
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notifier
 from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
-from control_plane.rollout import (Command, Event, EventKind, Observation, Phase, Rollout, correctness_due, reconcile,
-                                   weights_for)
+from control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due, reconcile
 from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
 from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.redact import redact
 from control_plane.store import Store, StoreWriteError
 from control_plane.tracing import Tracing, check_attributes, set_attributes
-from control_plane.worker_actions import ActionRunner, LeaseLostError, in_parallel
+from control_plane.worker_actions import ActionRunner, LeaseLostError
+from control_plane.worker_config import WorkerConfig, WorkerMetrics, default_owner
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
-# the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
-_EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
-             Phase.PROGRESSING: ("production", "baseline", "canary"), Phase.PAUSED: ("production", "baseline", "canary"),
-             Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
-_STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-
-
-@dataclass(slots=True)
-class WorkerConfig:
-    interval_s: float = 5.0          # how often every active rollout is reconciled
-    action_retries: int = 2          # deployer action attempts after the first
-    action_backoff_s: float = 1.0    # doubled per attempt
-    join_timeout_s: float = 30.0     # stop(): how long to wait for rollout threads
-    lease_ttl_s: float = 30.0        # a rollout's lease lasts this long after each renewal (every pass, every action)
-
-    def __post_init__(self) -> None:
-        if not self.interval_s > 0 or self.action_backoff_s < 0 or self.join_timeout_s < 0:
-            raise ValueError("interval_s must be > 0; action_backoff_s and join_timeout_s >= 0")
-        if not self.lease_ttl_s > self.interval_s:
-            raise ValueError(f"lease_ttl_s ({self.lease_ttl_s}) must exceed interval_s ({self.interval_s}): the "
-                             "holder renews once per pass")
-        if isinstance(self.action_retries, bool) or not isinstance(self.action_retries, int) or self.action_retries < 0:
-            raise ValueError("action_retries must be an integer >= 0")
-
-
-class WorkerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
-        self.stage = Histogram("sits_control_reconcile_seconds", "Time per stage of one rollout pass (observe, "
-                               "reconcile, persist, actions).", ["service", "stage"], buckets=_STAGE_BUCKETS,
-                               registry=self.registry)
-        self.errors = Counter("sits_control_pass_errors", "Rollout passes that raised.", ["service"],
-                              registry=self.registry)
-        self.store_errors = Counter("sits_control_store_write_errors", "Passes stopped because the store could not "
-                                    "be written (disk full or read-only).", registry=self.registry)
-        self.action_failures = Counter("sits_control_action_failures", "Actions that failed for good.",
-                                       ["service", "kind"], registry=self.registry)
-        self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
-        self.busy = Gauge("sits_control_busy_rollouts", "Rollouts whose pass is still running.",
-                          registry=self.registry)
-        self.reconcile = Histogram("sits_reconcile_duration_seconds", "Time of one rollout pass that reconciled "
-                                   "(observe + reconcile + persist + actions).", buckets=_STAGE_BUCKETS,
-                                   registry=self.registry)
-
-
-def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Worker(ActionRunner):
@@ -320,37 +269,6 @@ class Worker(ActionRunner):
             self.metrics.stage.labels(r.service, stage).observe(dt)
         self.metrics.reconcile.observe(t4 - t0)
         return saved
-
-    def _restore(self, r: Rollout) -> Rollout:
-        """First pass of this worker over the rollout: variants its phase has deployed but the deployer does not know
-        (local processes died with a previous worker) are deployed again, as they were, with the traffic split of the
-        current step; the event is stored before anything is deployed, and windows of the next warm-up are dropped.
-        Killed while restoring, the next worker restores again (every deploy is idempotent)."""
-        want = _EXPECTED.get(r.phase, ())
-        status = self.deployer.status(r.service) if want else {}
-        missing = [role for role in want if role not in status]
-        if missing:
-            now = self.clock()
-            msg = (f"restart: {', '.join(missing)} not deployed (gone with a previous control plane); deploying "
-                   f"{'them' if len(missing) > 1 else 'it'} again at weight {r.weight} %")
-            log.warning("rollout %s (%s): %s", r.id, r.service, msg)
-            r = self.store.save(dataclasses.replace(
-                r, warmup_until=max(r.warmup_until, now + r.policy.warmup_s) if r.step >= 0 else r.warmup_until,
-                new_events=(Event(now, EventKind.PHASE, msg, r.phase),)))
-            spec = self.store.spec(r.id)
-            kernels = {"production": r.production_kernels, "baseline": r.production_kernels,
-                       "canary": r.canary_kernels}
-            if "production" in missing:
-                self._deploy(spec.variant(r.service, "production", r.production_kernels))
-            others = [role for role in missing if role != "production"]
-            # re-raised: the pass fails and the next one restores again
-            in_parallel(lambda role: self._deploy(spec.variant(r.service, role, kernels[role])),
-                         [(role,) for role in others])
-            if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
-                self._set_weights(r.service, weights_for(r.weight))
-            self._at("restored")
-        self._restored.add(r.id)
-        return r
 
     def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
         failed = self.store.failed_actions(r.id, r.version)

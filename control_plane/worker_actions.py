@@ -1,10 +1,12 @@
 """The worker's outbox side: the actions a pass stored (Store.save) run through the deployer and the notifier, each
-retried with backoff under the rollout's lease and then marked done or failed; every deployer call is one span.
+retried with backoff under the rollout's lease and then marked done or failed; every deployer call is one span; and
+the restore of variants a previous control plane deployed and took with it.
 `ActionRunner` is mixed into `Worker` (control_plane/worker.py), whose store, deployer, notifier, tracing, metrics,
 config, lease and step hook it uses."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import threading
 import time
@@ -13,12 +15,17 @@ from typing import Callable
 from control_plane.adapters.deploy import DeployCancelled, DeployNotFoundError
 from control_plane.adapters.notify import Notification
 from control_plane.redact import redact
-from control_plane.rollout import Action, Deploy, Notify, Promote, Rollback, Rollout, SetWeights
+from control_plane.rollout import (Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
+                                   SetWeights, weights_for)
 from control_plane.spec import DeploySpec
 from control_plane.store import StoreWriteError
 from control_plane.tracing import set_attributes
 
 log = logging.getLogger("control_plane.worker")
+# the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
+_EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
+             Phase.PROGRESSING: ("production", "baseline", "canary"), Phase.PAUSED: ("production", "baseline", "canary"),
+             Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
 
 
 class LeaseLostError(Exception):
@@ -27,6 +34,37 @@ class LeaseLostError(Exception):
 
 class ActionRunner:
     # ---- actions -------------------------------------------------------------------------------------------------
+    def _restore(self, r: Rollout) -> Rollout:
+        """First pass of this worker over the rollout: variants its phase has deployed but the deployer does not know
+        (local processes died with a previous worker) are deployed again, as they were, with the traffic split of the
+        current step; the event is stored before anything is deployed, and windows of the next warm-up are dropped.
+        Killed while restoring, the next worker restores again (every deploy is idempotent)."""
+        want = _EXPECTED.get(r.phase, ())
+        status = self.deployer.status(r.service) if want else {}
+        missing = [role for role in want if role not in status]
+        if missing:
+            now = self.clock()
+            msg = (f"restart: {', '.join(missing)} not deployed (gone with a previous control plane); deploying "
+                   f"{'them' if len(missing) > 1 else 'it'} again at weight {r.weight} %")
+            log.warning("rollout %s (%s): %s", r.id, r.service, msg)
+            r = self.store.save(dataclasses.replace(
+                r, warmup_until=max(r.warmup_until, now + r.policy.warmup_s) if r.step >= 0 else r.warmup_until,
+                new_events=(Event(now, EventKind.PHASE, msg, r.phase),)))
+            spec = self.store.spec(r.id)
+            kernels = {"production": r.production_kernels, "baseline": r.production_kernels,
+                       "canary": r.canary_kernels}
+            if "production" in missing:
+                self._deploy(spec.variant(r.service, "production", r.production_kernels))
+            others = [role for role in missing if role != "production"]
+            # re-raised: the pass fails and the next one restores again
+            in_parallel(lambda role: self._deploy(spec.variant(r.service, role, kernels[role])),
+                         [(role,) for role in others])
+            if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
+                self._set_weights(r.service, weights_for(r.weight))
+            self._at("restored")
+        self._restored.add(r.id)
+        return r
+
     def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
         spec = self.store.spec(r.id)
         i = 0
