@@ -1,7 +1,6 @@
 """One trace across the control plane and a real engine: the correctness gate's replay requests and the load
 generator's requests (through the weighted router) carry the control plane's traceparent, and the engine's request
 spans continue it."""
-import dataclasses
 import json
 import threading
 
@@ -14,7 +13,7 @@ from control_plane.service import start_rollout
 from control_plane.store import Store
 from control_plane.worker import Worker
 from tests.control_plane.test_otel_spans import memory_tracing, named
-from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
+from tests.control_plane.worker.support import CannedSource, FixedEndpointDeployer
 from tests.engine.server.harness import BASE, RunningServer
 
 
@@ -23,18 +22,6 @@ def engine():
     s = RunningServer(BASE).wait_ready()
     yield s
     s.stop()
-
-
-class EngineDeployer(InMemoryDeployer):
-    """Every variant is the one real engine (canary and baseline compute the same: the gate passes)."""
-
-    def __init__(self, url):
-        super().__init__()
-        self.url = url
-
-    def status(self, service):
-        return {role: dataclasses.replace(st, endpoint=self.url, endpoints=(self.url,))
-                for role, st in super().status(service).items()}
 
 
 def test_correctness_replay_spans_join_the_reconcile_trace(tmp_path, engine):
@@ -48,7 +35,7 @@ def test_correctness_replay_spans_join_the_reconcile_trace(tmp_path, engine):
     engine.exporter.clear()
     with Store(str(tmp_path / "s.db")) as s:
         start_rollout(s, "chat", "triton-v1", "torch", policy, now=0.0, rollout_id="r1")
-        w = Worker(s, EngineDeployer(engine.url), CannedSource(), clock=lambda: t[0], tracing=tracing)
+        w = Worker(s, FixedEndpointDeployer(engine.url), CannedSource(), clock=lambda: t[0], tracing=tracing)
         for _ in range(6):
             t[0] += 5
             w.reconcile_rollout("r1")

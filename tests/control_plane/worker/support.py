@@ -2,6 +2,7 @@
 those: in-memory deployer, canned observations, frozen clock). End-to-end tests use the real LocalDeployer."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -152,3 +153,16 @@ class CannedSource:
 
     def close(self) -> None:
         pass
+
+
+class FixedEndpointDeployer(InMemoryDeployer):
+    """InMemoryDeployer whose every variant reports one endpoint `url` (a real engine for both, or an address where
+    nothing listens)."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url
+
+    def status(self, service):
+        return {role: dataclasses.replace(st, endpoint=self.url, endpoints=(self.url,))
+                for role, st in super().status(service).items()}

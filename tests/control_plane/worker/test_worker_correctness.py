@@ -1,7 +1,6 @@
 """The worker's side of the correctness gate without engines: a gate that cannot replay (an address that is not
 HTTP, nothing listening, an unreadable prompt set) holds traffic back as INCONCLUSIVE -- never a pass -- until
 ready_timeout_s."""
-import dataclasses
 import json
 import socket
 
@@ -13,20 +12,7 @@ from control_plane.service import start_rollout
 from control_plane.store import Store
 from control_plane.worker import Worker
 
-from .support import CannedSource, InMemoryDeployer
-
-
-class ClosedPortDeployer(InMemoryDeployer):
-    """Variants that say they are ready at an address where nothing listens (the engine died after its readiness
-    probe)."""
-
-    def __init__(self, url):
-        super().__init__()
-        self.url = url
-
-    def status(self, service):
-        return {role: dataclasses.replace(st, endpoint=self.url, endpoints=(self.url,))
-                for role, st in super().status(service).items()}
+from .support import CannedSource, FixedEndpointDeployer, InMemoryDeployer
 
 
 def closed_port_url():
@@ -39,7 +25,7 @@ def closed_port_url():
 def test_a_gate_that_cannot_replay_holds_traffic_and_times_out(tmp_path, case):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"not": "a list"}) if case == "bad prompt set" else json.dumps(["a", "b"]))
-    deployer = InMemoryDeployer() if case == "not http" else ClosedPortDeployer(closed_port_url())   # mem:// URLs
+    deployer = InMemoryDeployer() if case == "not http" else FixedEndpointDeployer(closed_port_url())   # mem:// URLs
     t = [0.0]
     policy = Policy(steps=(10, 100), check_interval_s=10, warmup_s=0, ready_timeout_s=25,
                     correctness={"prompt_set": str(prompts), "request_timeout_s": 2})
