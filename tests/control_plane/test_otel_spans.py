@@ -1,10 +1,7 @@
 """OpenTelemetry in the control plane: the worker's span tree (reconcile pass > checks, correctness replay, deployer
 calls) and their attributes, one span per API request, and the real OTLP/HTTP exporter against a local receiver."""
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -16,6 +13,7 @@ from control_plane.tracing import Tracing, TracingConfig
 from control_plane.worker import Worker
 from tests.control_plane.helpers import latency_policy
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
+from tests.fixtures.otlp import OTLPReceiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -125,26 +123,10 @@ def test_tracing_off_by_default_records_nothing(tmp_path):
         w.reconcile_rollout("r1")
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):  # noqa: N802
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(self.rfile.read(int(self.headers["content-length"])))
-        _Receiver.received.append((self.path, self.headers.get("content-type"), req))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_otlp_http_exporter_sends_the_worker_spans(tmp_path, monkeypatch):
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    receiver = OTLPReceiver()
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")   # chosen by the standard variables, as in a Deployment
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.server_address[1]}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
     tracing = Tracing.from_flags()
     t = [0.0]
     try:
@@ -157,9 +139,9 @@ def test_otlp_http_exporter_sends_the_worker_spans(tmp_path, monkeypatch):
                 w.reconcile_rollout("r1")
                 passes += 1
         assert tracing.provider.force_flush(10_000)
-        assert {p for p, _, _ in _Receiver.received} == {"/v1/traces"}
-        assert {c for _, c, _ in _Receiver.received} == {"application/x-protobuf"}
-        resources = [rs for _, _, req in _Receiver.received for rs in req.resource_spans]
+        assert {p for p, _, _ in receiver.received} == {"/v1/traces"}
+        assert {c for _, c, _ in receiver.received} == {"application/x-protobuf"}
+        resources = [rs for _, _, req in receiver.received for rs in req.resource_spans]
         names = {a.value.string_value for rs in resources for a in rs.resource.attributes if a.key == "service.name"}
         assert names == {"sits-control"}
         spans = [sp for rs in resources for ss in rs.scope_spans for sp in ss.spans]
@@ -173,7 +155,7 @@ def test_otlp_http_exporter_sends_the_worker_spans(tmp_path, monkeypatch):
         assert check_attrs["sits.verdict"].string_value in ("pass", "inconclusive", "fail")
     finally:
         tracing.shutdown()
-        receiver.shutdown()
+        receiver.close()
 
 
 @pytest.mark.parametrize("kwargs", [{"exporter": "otlp"}, {"exporter": "zipkin"},

@@ -1,15 +1,13 @@
 """One span per request, continuing an incoming traceparent; the OTLP/HTTP exporter on the wire."""
 
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from engine.tracing import TracingConfig
 from tests.engine.server.harness import BASE, RunningServer, http
+from tests.fixtures.otlp import OTLPReceiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -48,40 +46,23 @@ def test_span_without_traceparent_starts_a_new_trace_and_marks_aborts(server):
     assert span.status.status_code is not StatusCode.ERROR
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = self.rfile.read(int(self.headers["content-length"]))
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        _Receiver.received.append((self.path, self.headers.get("content-type"), req))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_otlp_exporter_sends_spans_over_http():
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}"  # a base URL: /v1/traces is appended
+    receiver = OTLPReceiver()
+    endpoint = receiver.endpoint  # a base URL: /v1/traces is appended
     s = RunningServer(replace(BASE, otel_exporter="otlp", otlp_endpoint=endpoint), memory_exporter=False)
     try:
         s.wait_ready()
         assert http("POST", s.url + "/v1/completions", {"model": "tiny", "prompt": "wire", "max_tokens": 2},
                     headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})[0] == 200
         s.state.tracer.provider.force_flush()
-        path, ctype, req = _Receiver.received[-1]
+        path, ctype, req = receiver.received[-1]
         assert path == "/v1/traces" and ctype == "application/x-protobuf"
         spans = [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
         assert [sp.trace_id.hex() for sp in spans] == [TRACE_ID]
         assert spans[0].parent_span_id.hex() == PARENT_ID
     finally:
         s.stop()
-        receiver.shutdown()
+        receiver.close()
 
 
 @pytest.mark.parametrize("kwargs,ok", [({"exporter": "none"}, True), ({"exporter": "console"}, True),
