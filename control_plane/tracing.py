@@ -55,13 +55,16 @@ class Tracing:
              attributes: Mapping[str, object] | None = None) -> Iterator[trace.Span]:
         """A span that is current inside the block (children and `inject()` see it); an exception marks it ERROR
         and is re-raised."""
-        with self._tracer.start_as_current_span(name, kind=kind, attributes=_clean(attributes or {}),
+        # no provider (exporter "none"): non-recording spans, so the attributes are not even cleaned
+        attrs = _clean(attributes) if attributes and self.provider is not None else None
+        with self._tracer.start_as_current_span(name, kind=kind, attributes=attrs,
                                                 record_exception=True, set_status_on_exception=True) as s:
             yield s
 
     def start_span(self, name: str, *, kind: SpanKind, context=None,
                    attributes: Mapping[str, object] | None = None) -> trace.Span:
-        return self._tracer.start_span(name, context=context, kind=kind, attributes=_clean(attributes or {}))
+        attrs = _clean(attributes) if attributes and self.provider is not None else None
+        return self._tracer.start_span(name, context=context, kind=kind, attributes=attrs)
 
     def shutdown(self) -> None:
         if self.provider is not None:

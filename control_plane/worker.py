@@ -247,7 +247,7 @@ class Worker(ActionRunner):
         t1 = time.perf_counter()
         self._at("observed")
         new, actions = reconcile(r, obs, now)
-        for check in new.new_checks:
+        for check in new.new_checks if self.tracing.enabled else ():   # traced off (the default): no attributes built
             with self.tracing.span("sits.check", attributes=check_attributes(check)):
                 pass
         t2 = time.perf_counter()
