@@ -5,8 +5,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 CP = ROOT / "control_plane"
-PURE = sorted((CP / "analysis").glob("*.py")) + [CP / f for f in ("rollout.py", "rollout_types.py", "errors.py",
-                                                                   "validation.py", "store_codec.py")]
+PURE = sorted((CP / "analysis").glob("*.py")) + [CP / f for f in ("rollout.py", "rollout_types.py", "rollout_builder.py",
+                                                                   "errors.py", "validation.py", "store_codec.py")]
 FORBIDDEN = {"flask", "kubernetes", "requests", "torch", "engine", "urllib", "http", "socket", "sqlite3",
              "subprocess", "threading", "numpy", "time"}
 
