@@ -16,7 +16,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   python3 -m venv .venv
 fi
-extra=""; [ "$MODE" = test ] && extra="[test]"
+extra="[engine]"; [ "$MODE" = test ] && extra="[engine,test]"
 stamp=.venv/.sits-installed-$MODE
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/cpu.txt -nt "$stamp" ]; then
   echo "[setup] pip install -e .$extra (CPU torch)"
