@@ -27,10 +27,10 @@ import waitress
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData  # noqa: E402
-from control_plane.app import create_app  # noqa: E402
+from control_plane.web import create_app  # noqa: E402
 from control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
-from control_plane.spec import DeploySpec  # noqa: E402
-from control_plane.store import Store  # noqa: E402
+from control_plane.adapters.spec import DeploySpec  # noqa: E402
+from control_plane.store.db import Store  # noqa: E402
 from control_plane.web.users import Users, token_sha256  # noqa: E402
 from engine.buckets import LATENCY_BUCKETS  # noqa: E402
 

@@ -36,12 +36,12 @@ import numpy as np  # noqa: E402
 
 from control_plane.adapters.deploy import VariantStatus, normalize_weights  # noqa: E402
 from control_plane.adapters.metrics import MetricsWindow, NoDataError  # noqa: E402
-from control_plane.analysis import (E2E, ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy,  # noqa: E402
-                                    VariantData)
+from control_plane.analysis import E2E, ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData
 from control_plane.analysis.promql import series_key  # noqa: E402
-from control_plane.service import start_rollout  # noqa: E402
-from control_plane.store import Store  # noqa: E402
-from control_plane.worker import Worker, WorkerConfig  # noqa: E402
+from control_plane.service.rollouts import start_rollout  # noqa: E402
+from control_plane.store.db import Store  # noqa: E402
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 from engine.buckets import LATENCY_BUCKETS  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)

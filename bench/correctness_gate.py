@@ -40,8 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TRAINED = ROOT / ".cache" / "tiny-trained"   # bench/train_tiny.py's default output
 
-from control_plane.analysis import (Continuation, CorrectnessPolicy, PromptReplay, TokenLogprob,  # noqa: E402
-                                    compare_replays)
+from control_plane.analysis import Continuation, CorrectnessPolicy, PromptReplay, TokenLogprob, compare_replays
 from control_plane.analysis.correctness import runner_up_margin  # noqa: E402
 from control_plane.analysis.prompts import DEFAULT_PROMPTS  # noqa: E402
 
@@ -308,7 +307,8 @@ def cost(args) -> dict:
 
     from control_plane.adapters.correctness import CorrectnessProbe
     from control_plane.adapters.deploy import VariantSpec
-    from control_plane.adapters.local import LocalConfig, LocalDeployer
+    from control_plane.adapters.local_config import LocalConfig
+    from control_plane.adapters.local import LocalDeployer
     policy = CorrectnessPolicy()
     d = LocalDeployer(LocalConfig(workdir=tempfile.mkdtemp(prefix="sits-gate-"), cpu_threads=1, ready_timeout_s=240))
     out = {}

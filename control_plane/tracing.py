@@ -2,8 +2,8 @@
 W3C `traceparent` on the requests the control plane sends (correctness replays, the demo's load generator), so the
 engine's request spans (engine/tracing.py) continue the same trace; the router forwards the header untouched.
 
-Exporter selection is the engine's (`TracingConfig`, `build_tracer_provider`): "none" (default: non-recording spans,
-nothing exported, no traceparent sent), "console" or "otlp" (OTLP/HTTP protobuf). `sits-control worker|serve
+Exporter selection (`TracingConfig`, `build_tracer_provider`, shared with the engine): "none" (default:
+non-recording spans, nothing exported, no traceparent sent), "console" or "otlp" (OTLP/HTTP protobuf). `sits-control worker|serve
 --otel-exporter/--otlp-endpoint`, else SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP_ENDPOINT.
 No global provider is installed: several workers or apps in one process (tests) keep their spans apart.
 """
@@ -11,22 +11,76 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Mapping
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from engine.tracing import EXPORTERS, TracingConfig, build_tracer_provider
-
 if TYPE_CHECKING:
-    from control_plane.rollout_types import Check
+    from control_plane.rollout import Check
 
 __all__ = ["EXPORTERS", "PROPAGATOR", "SpanKind", "Tracing", "TracingConfig", "check_attributes", "inject",
            "set_attributes"]
 PROPAGATOR = TraceContextTextMapPropagator()
+EXPORTERS = ("none", "console", "otlp")
+
+
+@dataclass(slots=True)
+class TracingConfig:
+    exporter: str = "none"
+    otlp_endpoint: str | None = None
+    service_name: str = "sits-engine"
+
+    def __post_init__(self) -> None:
+        if self.exporter not in EXPORTERS:
+            raise ValueError(f"unknown OpenTelemetry exporter {self.exporter!r}; choose one of {', '.join(EXPORTERS)}")
+        if self.exporter == "otlp":
+            if not self.otlp_endpoint:
+                raise ValueError("the otlp exporter needs an endpoint (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT)")
+            if urlsplit(self.otlp_endpoint).scheme not in ("http", "https"):
+                raise ValueError(f"OTLP endpoint must be an http(s) URL, got {self.otlp_endpoint!r}")
+
+    @classmethod
+    def from_env(cls, exporter: str | None = None, otlp_endpoint: str | None = None,
+                 service_name: str = "sits-engine") -> "TracingConfig":
+        """Flags win over SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT."""
+        exporter = exporter or os.environ.get("SITS_OTEL_EXPORTER") or os.environ.get("OTEL_TRACES_EXPORTER") or "none"
+        otlp_endpoint = (otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                         or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        return cls(exporter=exporter, otlp_endpoint=otlp_endpoint, service_name=service_name)
+
+
+def _otlp_traces_url(endpoint: str) -> str:
+    # OTEL_EXPORTER_OTLP_ENDPOINT is a base URL; the signal path is appended when none is given.
+    parts = urlsplit(endpoint)
+    return endpoint if parts.path not in ("", "/") else endpoint.rstrip("/") + "/v1/traces"
+
+
+def build_tracer_provider(config: TracingConfig, *, resource_attrs: Mapping[str, str] | None = None,
+                          exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """A provider for `config`, or None for exporter "none". `exporter` (e.g. an in-memory one) overrides config."""
+    if exporter is None and config.exporter == "none":
+        return None
+    resource = Resource.create({"service.name": config.service_name, **(resource_attrs or {})})
+    provider = TracerProvider(resource=resource)
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif config.exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=_otlp_traces_url(config.otlp_endpoint))))
+    return provider
+
+
 
 
 class Tracing:

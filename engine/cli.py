@@ -22,6 +22,12 @@ def _generate(args) -> int:
 def _kernels(args) -> int:
     import kernels
 
+    if args.json:   # what the control plane reads (kernels/catalog.py)
+        from kernels.catalog import catalogue, dumps
+
+        sys.stdout.write(dumps(catalogue()))
+        return 0
+
     rows = [("name", "version", "devices", "cuda-graphs", "description")]
     for name in kernels.list_kernel_sets():
         ks = kernels.get_kernel_set(name)
@@ -58,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.set_defaults(func=_generate)
     k = sub.add_parser("kernels", help="list the registered kernel sets")
+    k.add_argument("--json", action="store_true", help="the catalogue the control plane reads: name, version, "
+                   "devices, parent, ops overridden, regression")
     k.set_defaults(func=_kernels)
     w = sub.add_parser("write-tiny", help="write the tiny preset as a Hugging Face style checkpoint directory")
     w.add_argument("dir")

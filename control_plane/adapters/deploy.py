@@ -11,7 +11,7 @@ from typing import Mapping, Protocol, runtime_checkable
 
 from control_plane import validation as v
 from control_plane.errors import ValidationError
-from control_plane.rollout_types import ROLES  # noqa: F401  (re-exported: the adapters' import of it)
+from control_plane.rollout import ROLES
 
 
 class DeployError(Exception):

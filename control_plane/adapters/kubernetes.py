@@ -18,8 +18,9 @@ from typing import Mapping
 from kubernetes import client
 
 from control_plane.adapters import k8s_manifests as m
-from control_plane.adapters.deploy import (ROLES, DeployError, DeployNotFoundError, VariantSpec, VariantStatus,
-                                           check_role, normalize_weights)
+from control_plane.rollout import ROLES
+from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, VariantSpec, VariantStatus, check_role,
+                                           normalize_weights)
 from control_plane.adapters.k8s_api import KubeApi, load_client, merged
 
 log = logging.getLogger(__name__)

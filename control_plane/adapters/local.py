@@ -25,10 +25,12 @@ from typing import Mapping
 import httpx
 
 from control_plane.adapters import process
-from control_plane.adapters.deploy import (ROLES, DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
+from control_plane.rollout import ROLES
+from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
                                            VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.local_config import LocalConfig, default_max_replicas, engine_environment
-from control_plane.adapters.router import RouterConfig, WeightedRouter
+from control_plane.adapters.router_config import RouterConfig
+from control_plane.adapters.router import WeightedRouter
 
 log = logging.getLogger(__name__)
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])

@@ -24,9 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from control_plane.adapters import router_http as rh
-from control_plane.adapters.deploy import ROLES, DeployError, normalize_weights
+from control_plane.rollout import ROLES
+from control_plane.adapters.deploy import DeployError, normalize_weights
 from control_plane.adapters.router_config import RouterConfig
-from engine.server.limits import timeout_protocol
+from control_plane.http_limits import timeout_protocol
 
 log = logging.getLogger(__name__)
 PIN_HEADER = "x-sits-variant"

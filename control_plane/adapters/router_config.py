@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from control_plane.adapters import router_http as rh
 from control_plane.adapters.deploy import DeployError
-from engine.server.limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
+from control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import time
 from flask import Blueprint, current_app, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest
 
-from control_plane import service
+from control_plane.service import rollouts as service
 from control_plane.analysis import Policy
 from control_plane.errors import ValidationError
 from control_plane.rollout import Command, Phase
@@ -88,7 +88,7 @@ def create_rollout():
             "production_args": body.get("production_args") or []}
     spec.update({k: body[k] for k in ("replicas", "gpus") if body.get(k) is not None})
     r = service.start_rollout(store(), body["service"], body["kernels"], production, policy, spec,
-                              actor=current_user().name)
+                              actor=current_user().name, kernel_sets=current_app.config["KERNEL_CATALOG"])
     resp = jsonify(detail(r))
     resp.status_code = 201
     resp.headers["Location"] = url_for("api.get_rollout", rollout_id=r.id)

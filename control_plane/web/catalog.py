@@ -1,38 +1,17 @@
 """The kernel-set catalogue and the services' productions, as the API and the UI show them."""
 from __future__ import annotations
 
-import kernels
+from flask import current_app
+
 from control_plane.adapters.deploy import DeployNotFoundError
 from control_plane.rollout import Phase
-
 from control_plane.web.present import weights_of
 
 
-def _impl(fn) -> str:
-    """Which implementation an op is: module.qualname (two sets share an op exactly when they share this)."""
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
 def kernel_catalog() -> list[dict]:
-    """Every registered set in registration order, with its parent (the earlier set it shares the most ops with:
-    `derive` copies every op it does not replace) and the ops it overrides relative to that parent."""
-    sets = [kernels.get_kernel_set(n) for n in kernels.list_kernel_sets()]
-    impls = {ks.name: {op: _impl(fn) for op, fn in ks.ops().items()} for ks in sets}
-    out = []
-    for i, ks in enumerate(sets):
-        mine = impls[ks.name]
-        parent, shared = None, 0
-        for other in sets[:i]:
-            n = sum(1 for op, f in impls[other.name].items() if mine[op] == f)
-            if n > shared:   # ties go to the later (the more derived) set
-                parent, shared = other.name, n
-            elif n == shared and n > 0:
-                parent = other.name
-        overrides = [op for op in kernels.OP_NAMES if parent is None or impls[parent][op] != mine[op]]
-        out.append({"name": ks.name, "version": ks.version, "devices": list(ks.devices),
-                    "cuda_graphs": ks.graph_safe, "description": ks.description, "parent": parent,
-                    "overrides": overrides if parent is not None else [], "ops": mine})
-    return out
+    """Every kernel set the engines have (the app's KernelCatalog) in registration order, with its parent and the
+    ops it overrides."""
+    return [e.to_dict() for e in current_app.config["KERNEL_CATALOG"].entries()]
 
 
 def services(store, spec_of, router_of=None) -> list[dict]:

@@ -19,7 +19,7 @@ from control_plane.adapters.metrics import MetricsError
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.analysis import Outcome
 from control_plane.errors import ValidationError
-from control_plane.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
+from control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
 from control_plane.redact import redact
 from control_plane.tracing import Tracing, set_attributes
 from control_plane.web.auth import require, use_token

@@ -10,7 +10,8 @@ import threading
 
 import waitress
 
-from control_plane.app import create_app
+from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
+from control_plane.web import create_app
 from control_plane.tracing import Tracing
 from control_plane.web.users import AuthFileError, Users
 
@@ -57,7 +58,11 @@ def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=N
         tracing = worker.tracing if worker is not None else Tracing.from_flags(a.otel_exporter, a.otlp_endpoint)
     except ValueError as e:
         raise ServeError(str(e)) from None
-    app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker,
+    try:
+        catalog = KernelCatalog.discover(a.kernel_catalog)
+    except CatalogError as e:
+        raise ServeError(str(e)) from None
+    app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker, "KERNEL_CATALOG": catalog,
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
                       "SESSION_COOKIE_SECURE": bool(a.secure_cookies), "TRACING": tracing,
                       "JUDGE_PROMETHEUS": judge_prometheus,

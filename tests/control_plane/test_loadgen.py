@@ -7,8 +7,10 @@ import time
 import pytest
 
 from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.local import LocalConfig, LocalDeployer
-from control_plane.loadgen import OK, LengthDist, LoadGenerator, Planned, TrafficMix, plan, verify_plain, verify_stream
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
+from control_plane.demo.loadgen import (OK, LengthDist, LoadGenerator, Planned, TrafficMix, plan, verify_plain,
+                                        verify_stream)
 
 
 def take(it, n):

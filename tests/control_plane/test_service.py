@@ -6,9 +6,10 @@ import pytest
 
 from control_plane.errors import ConflictError, NotFoundError, ValidationError
 from control_plane.rollout import Command, EventKind, Observation, Phase, Rollout, reconcile
-from control_plane.service import allowed_commands, send_command, start_rollout
-from control_plane.spec import DeploySpec
-from control_plane.store import Store
+from control_plane.rollout import allowed_commands
+from control_plane.service.rollouts import send_command, start_rollout
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.db import Store
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ import pytest
 
 from control_plane.analysis import REQUEST_LATENCY
 from control_plane.rollout import Command, Deploy, Observation, Phase, Rollout, SetWeights, reconcile
-from control_plane.store import RolloutNotFoundError, Store, StoreConflictError
-from control_plane.worker import Worker
+from control_plane.store.queues import RolloutNotFoundError, StoreConflictError
+from control_plane.store.db import Store
+from control_plane.worker.loop import Worker
 from tests.control_plane.helpers import latency_policy as Policy, windows as source
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 

@@ -8,8 +8,10 @@ import pytest
 
 from control_plane.analysis import VariantData
 from control_plane.rollout import Observation, Phase, Rollout, reconcile
-from control_plane.rollout_types import Notify, SetWeights
-from control_plane.store import Store, StoreConflictError, rollout_to_dict
+from control_plane.rollout import Notify, SetWeights
+from control_plane.store.db import Store
+from control_plane.store.queues import StoreConflictError
+from control_plane.store.codec import rollout_to_dict
 from tests.control_plane.helpers import latency_policy as Policy, windows
 
 POLICY = Policy(steps=(10, 50, 100), check_interval_s=30, warmup_s=0)

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from control_plane.rollout import Command, Observation, Phase, reconcile
-from control_plane.spec import DeploySpec
-from control_plane.store import SCHEMA_VERSION, Store, StoreError, rollout_from_dict
-from control_plane.store_schema import MIGRATIONS
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.schema import SCHEMA_VERSION, StoreError
+from control_plane.store.db import Store
+from control_plane.store.codec import rollout_from_dict
+from control_plane.store.schema import MIGRATIONS
 
 V1_SQL = (Path(__file__).parent / "fixtures" / "store_v1.sql").read_text()
 

@@ -5,8 +5,10 @@ import pytest
 
 from control_plane.analysis import Policy
 from control_plane.rollout import Command, Event, EventKind, Phase, Rollout, reconcile
-from control_plane.spec import DeploySpec
-from control_plane.store import RolloutNotFoundError, Store, StoreConflictError, StoreError
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.queues import RolloutNotFoundError, StoreConflictError
+from control_plane.store.db import Store
+from control_plane.store.schema import StoreError
 
 
 @pytest.fixture(params=["file", "memory"])

@@ -94,7 +94,7 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
 def test_container_flags_are_the_clis(home, scenario):
     """After the kubelet's $(VAR) expansion from the ConfigMap, every deployer/metrics flag parses with today's
     `sits-control worker` (serve's own --host/--port/--auth-file aside) and no secret value is on the command line."""
-    from control_plane.cli import build_parser
+    from control_plane.cli.main import build_parser
     docs = render(home, scenario)
     cm = next(d for d in by_kind(docs, "ConfigMap") if "SITS_DEPLOYER" in d["data"])
     c = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]

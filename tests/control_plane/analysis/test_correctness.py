@@ -313,7 +313,7 @@ def test_the_confident_statistics_round_trip_through_json():
 
 
 def test_rollout_show_prints_the_confident_positions_and_where_the_canary_disagreed():
-    from control_plane.format import format_correctness
+    from control_plane.service.format import format_correctness
     forced = Continuation(SURE.token_ids, SURE.text, tuple(
         TokenLogprob(t.token_id, t.logprob, ((9, t.logprob + 0.1),) if i == 2 else t.top)
         for i, t in enumerate(SURE.logprobs)))

@@ -5,8 +5,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 CP = ROOT / "control_plane"
-PURE = sorted((CP / "analysis").glob("*.py")) + [CP / f for f in ("rollout.py", "rollout_types.py", "rollout_builder.py",
-                                                                   "errors.py", "validation.py", "store_codec.py")]
+# the pure packages, whatever modules they grow, and the two vocabularies every layer shares
+PURE = sorted((CP / "analysis").glob("*.py")) + sorted((CP / "rollout").glob("*.py")) + [CP / "errors.py",
+                                                                                          CP / "validation.py"]
 FORBIDDEN = {"flask", "kubernetes", "requests", "torch", "engine", "urllib", "http", "socket", "sqlite3",
              "subprocess", "threading", "numpy", "time"}
 
@@ -34,6 +35,7 @@ def test_pure_modules_import_nothing_forbidden():
 
 def test_pure_modules_import_only_pure_control_plane_modules():
     pure = {_module(p) for p in PURE} | {"control_plane"}
+    assert {"control_plane.rollout", "control_plane.rollout.machine", "control_plane.analysis"} <= pure
     impure = {p.name: sorted(m for m in _imports(p) if m.startswith("control_plane") and m not in pure)
               for p in PURE}
     assert {k: v for k, v in impure.items() if v} == {}

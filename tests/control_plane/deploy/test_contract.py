@@ -7,7 +7,8 @@ import signal
 import pytest
 
 from control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec
-from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
 from tests.control_plane.worker.support import InMemoryDeployer
 
 SVC = "contract"

@@ -5,8 +5,7 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from control_plane.adapters.deploy import (DeployConflictError, DeployError, DeployNotFoundError, Deployer,
-                                           VariantSpec)
+from control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer, pods_crashing
 
 SVC = "chat"

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.adapters import process
 from control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec
-from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
 
 SVC = "chat"
 BODY = {"model": "tiny", "prompt": "hi", "max_tokens": 1, "temperature": 0}

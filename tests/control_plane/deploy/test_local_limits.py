@@ -9,8 +9,10 @@ import pytest
 
 from control_plane.adapters import local_config, process
 from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
-from control_plane.adapters.local import LocalConfig, LocalDeployer
-from control_plane.adapters.local_config import ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas, engine_environment
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
+from control_plane.adapters.local_config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
+                                                 engine_environment)
 
 GB = 1 << 30
 

@@ -9,7 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.adapters import process
 from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.router import RouterConfig, WeightedRouter
+from control_plane.adapters.router_config import RouterConfig
+from control_plane.adapters.router import WeightedRouter
 
 
 PIN_TOKEN = "test-pin-token-0123456789"

@@ -6,7 +6,8 @@ import httpx
 import pytest
 
 from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.router import RouterConfig, WeightedRouter
+from control_plane.adapters.router_config import RouterConfig
+from control_plane.adapters.router import WeightedRouter
 from engine.server.limits import MAX_BODY_BYTES
 from tests.control_plane.deploy.test_router import router_counts
 

@@ -14,12 +14,14 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.lifecycle import shutdown
-from control_plane.loadgen import LengthDist, LoadGenerator, TrafficMix
-from control_plane.store import Store
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.worker.lifecycle import shutdown
+from control_plane.demo.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.store.db import Store
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 
 def main() -> None:

@@ -11,12 +11,13 @@ import subprocess
 
 import pytest
 
-from control_plane.app import create_app
+from control_plane.web import create_app
 from control_plane.rollout import Phase
-from control_plane.service import start_rollout
-from control_plane.store import Store, StoreWriteError
+from control_plane.service.rollouts import start_rollout
+from control_plane.store.db import Store
+from control_plane.store.schema import StoreWriteError
 from control_plane.web.users import Users, token_sha256
-from control_plane.worker import Worker
+from control_plane.worker.loop import Worker
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from .support import FAST

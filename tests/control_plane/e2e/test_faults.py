@@ -9,16 +9,18 @@ import time
 import pytest
 
 from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.demo.loadgen import LengthDist, LoadGenerator, TrafficMix
 from control_plane.rollout import Phase
-from control_plane.service import start_rollout
-from control_plane.spec import DeploySpec
-from control_plane.store import Store
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.service.rollouts import start_rollout
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.db import Store
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 from tests.fixtures.prometheus import DeployerDiscovery
 
 from .support import FAST, SLOW, engine_pids, wait_for

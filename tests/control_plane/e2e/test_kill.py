@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from control_plane.rollout import Phase
-from control_plane.service import start_rollout
-from control_plane.spec import DeploySpec
-from control_plane.store import Store
+from control_plane.service.rollouts import start_rollout
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.db import Store
 
 from .support import FAST, SLOW, engine_pids, wait_for
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.app import create_app
+from control_plane.web import create_app
 from control_plane.rollout import Phase
 
 from .conftest import NAMES, auth, drive, new_rollout, snapshot

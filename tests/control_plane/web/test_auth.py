@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from control_plane.app import create_app
+from control_plane.web import create_app
 from control_plane.web.users import AuthFileError, Users, token_sha256
 
 from .conftest import TOKENS, auth, drive, new_rollout, snapshot

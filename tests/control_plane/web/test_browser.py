@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from control_plane.loadgen import LoadGenerator
+from control_plane.demo.loadgen import LoadGenerator
 from control_plane.web.users import token_sha256
 
 sync_api = pytest.importorskip("playwright.sync_api")

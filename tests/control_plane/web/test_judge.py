@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from control_plane.analysis import REQUEST_LATENCY
-from control_plane.app import create_app
+from control_plane.web import create_app
 from control_plane.web.users import token_sha256
 from control_plane.adapters.prometheus import PrometheusConfig
 from tests.control_plane.helpers import lat

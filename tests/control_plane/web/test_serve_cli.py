@@ -15,12 +15,13 @@ import pytest
 import waitress
 
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.app import create_app
-from control_plane.cli import main
-from control_plane.client import progress_line
-from control_plane.store import Store
+from control_plane.web import create_app
+from control_plane.cli.main import main
+from control_plane.cli.client import progress_line
+from control_plane.store.db import Store
 from control_plane.web.serve import is_loopback
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 

@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from control_plane.cli import main
+from control_plane.cli.main import main
 from control_plane.rollout import Phase
-from control_plane.store import Store
-from control_plane.worker import Worker
+from control_plane.store.db import Store
+from control_plane.worker.loop import Worker
 
 from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.cli import build_parser, build_worker, main
-from control_plane.store import Store
+from control_plane.cli.main import build_parser, main
+from control_plane.cli.build import build_worker
+from control_plane.store.db import Store
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -9,10 +9,11 @@ from kubernetes import client
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 from control_plane.analysis import Policy
 from control_plane.rollout import Phase
-from control_plane.store import Store
-from control_plane.service import start_rollout
-from control_plane.spec import DeploySpec
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.store.db import Store
+from control_plane.service.rollouts import start_rollout
+from control_plane.adapters.spec import DeploySpec
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 from .support import CannedSource
 

@@ -6,9 +6,10 @@ import time
 
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
 from control_plane.rollout import Phase
-from control_plane.service import start_rollout
-from control_plane.store import Store
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.service.rollouts import start_rollout
+from control_plane.store.db import Store
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 from .support import CannedSource, InMemoryDeployer
 

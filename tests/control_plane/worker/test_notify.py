@@ -8,7 +8,7 @@ import pytest
 
 from control_plane.adapters.notify import (MultiNotifier, Notification, WebhookConfig, WebhookNotifier, json_body,
                                            slack_body)
-from control_plane.store import Store
+from control_plane.store.db import Store
 
 
 class Receiver:

@@ -8,11 +8,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane.rollout import Command, Phase, weights_for
-from control_plane.store import Store
-from control_plane.service import start_rollout
-from control_plane.spec import DeploySpec
+from control_plane.store.db import Store
+from control_plane.service.rollouts import start_rollout
+from control_plane.adapters.spec import DeploySpec
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 from .support import CannedSource, InMemoryDeployer
 

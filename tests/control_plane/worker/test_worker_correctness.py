@@ -8,9 +8,9 @@ import pytest
 
 from control_plane.analysis import Policy
 from control_plane.rollout import Phase
-from control_plane.service import start_rollout
-from control_plane.store import Store
-from control_plane.worker import Worker
+from control_plane.service.rollouts import start_rollout
+from control_plane.store.db import Store
+from control_plane.worker.loop import Worker
 
 from .support import CannedSource, FixedEndpointDeployer, InMemoryDeployer
 

@@ -13,7 +13,7 @@ import pytest
 
 from control_plane.adapters import process
 from control_plane.rollout import Phase
-from control_plane.store import Store
+from control_plane.store.db import Store
 from tests.control_plane.deploy.test_local_limits import _engines
 
 REPO = Path(__file__).resolve().parents[3]

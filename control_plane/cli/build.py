@@ -1,4 +1,4 @@
-"""What `sits-control worker` and `serve` build from their flags (control_plane/cli.py parses them): the store, the
+"""What `sits-control worker` and `serve` build from their flags (control_plane/cli/main.py parses them): the store, the
 secrets (from files or the environment, never from flags), the Prometheus source's config and the worker with its
 deployer, metrics source, notifiers and tracing. Bad input is a CLIError: one line, exit code 2."""
 from __future__ import annotations
@@ -8,13 +8,15 @@ import os
 from pathlib import Path
 
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookNotifier
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.store import Store
+from control_plane.store.db import Store
 from control_plane.tracing import Tracing
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 log = logging.getLogger("control_plane.cli")
 

@@ -1,7 +1,7 @@
 """The worker's outbox side: the actions a pass stored (Store.save) run through the deployer and the notifier, each
 retried with backoff under the rollout's lease and then marked done or failed; every deployer call is one span; and
 the restore of variants a previous control plane deployed and took with it.
-`ActionRunner` is mixed into `Worker` (control_plane/worker.py), whose store, deployer, notifier, tracing, metrics,
+`ActionRunner` is mixed into `Worker` (control_plane/worker/loop.py), whose store, deployer, notifier, tracing, metrics,
 config, lease and step hook it uses."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from control_plane.adapters.notify import Notification
 from control_plane.redact import redact
 from control_plane.rollout import (Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                    SetWeights, weights_for)
-from control_plane.spec import DeploySpec
-from control_plane.store import StoreWriteError
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.schema import StoreWriteError
 from control_plane.tracing import set_attributes
 
 log = logging.getLogger("control_plane.worker")

@@ -1,4 +1,4 @@
-"""The store's queues and small tables (mixed into `Store`, control_plane/store.py, whose connection and
+"""The store's queues and small tables (mixed into `Store`, control_plane/store/db.py, whose connection and
 transactions they use): manual commands left by the CLI / API for the worker, the worker leases, and the webhook
 delivery journal of adapters/notify.py."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from control_plane.errors import ConflictError, NotFoundError
-from control_plane.rollout_types import Command
-from control_plane.store_schema import StoreError
+from control_plane.rollout import Command
+from control_plane.store.schema import StoreError
 
 
 class RolloutNotFoundError(StoreError, NotFoundError):

@@ -1,4 +1,4 @@
-"""What one `reconcile` call (control_plane/rollout.py) builds up: a mutable shadow of the rollout with the actions,
+"""What one `reconcile` call (control_plane/rollout/machine.py) builds up: a mutable shadow of the rollout with the actions,
 checks and events it causes (`Builder`), and the step's accumulated data (`accumulate`)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Mapping
 
 from control_plane.analysis import VariantData
-from control_plane.rollout_types import (Action, Check, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
+from control_plane.rollout.state import (Action, Check, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                          SetWeights, weights_for)
 
 

@@ -1,7 +1,7 @@
 """SQLite store, the only module that opens the file: rollouts (state as JSON) with their deploy specs, every check
 with its full evidence, events, an outbox of actions, the queue of manual commands, the worker leases and the webhook
-delivery journal. Schema and migrations: control_plane/store_schema.py; JSON codec: control_plane/store_codec.py;
-commands, leases and deliveries: control_plane/store_queues.py (mixed in).
+delivery journal. Schema and migrations: control_plane/store/schema.py; JSON codec: control_plane/store/codec.py;
+commands, leases and deliveries: control_plane/store/queues.py (mixed in).
 
 `save(rollout, actions)` writes, in ONE transaction: the new state (only if the stored version is still the one the
 rollout was loaded at), the rollout's `new_checks` (primary key (rollout_id, seq): a check is never stored twice),
@@ -28,14 +28,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from control_plane.analysis import VariantData
 from control_plane.redact import redact
-from control_plane.rollout_types import Action, Rollout
-from control_plane.spec import DeploySpec
-from control_plane.store_codec import (check_to_dict, clean, data_from_dict, data_to_dict,  # noqa: F401
-                                       rollout_from_dict, rollout_to_dict, state_to_dict, variant_from_dict,
-                                       variant_to_dict)
-from control_plane.store_queues import QueueTables, RolloutNotFoundError, StoreConflictError  # noqa: F401
-from control_plane.store_schema import (SCHEMA_VERSION, StoreError, StoreWriteError, connect,  # noqa: F401
-                                        migrate, write_problem)
+from control_plane.rollout import Action, Rollout
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
+                                       state_to_dict)
+from control_plane.store.queues import QueueTables, RolloutNotFoundError, StoreConflictError
+from control_plane.store.schema import StoreError, StoreWriteError, connect, migrate, write_problem
 
 
 class Store(QueueTables):

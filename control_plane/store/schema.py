@@ -6,7 +6,7 @@ at the version before. A file newer than this code is refused (downgrades would 
 
 Version 1 (until 2026-12-01): rollouts, checks, events, actions; the worker and the webhook notifier added their own
 tables in the same file when they ran (rollout_specs, commands with a `by` column, deliveries keyed by a JSON body).
-Version 2: one owner (control_plane/store.py) for every table; events.actor (and kind "metrics" for metrics-source
+Version 2: one owner (control_plane/store/db.py) for every table; events.actor (and kind "metrics" for metrics-source
 errors, "window" before); commands.actor (was `by`); deliveries.rollout_id (was only inside the body); leases.
 Version 3: indexes for listing rollouts newest first (all, per service, per phase): without them every listing
 reads each row's large state to reach created_at (51 ms for the 50 newest of 1,000 rollouts, bench/api_latency.py);

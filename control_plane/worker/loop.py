@@ -31,13 +31,12 @@ from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notifier
 from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
 from control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due, reconcile
-from control_plane.service import start_rollout  # noqa: F401  (re-exported for older imports)
-from control_plane.spec import DeploySpec  # noqa: F401  (re-exported for older imports)
 from control_plane.redact import redact
-from control_plane.store import Store, StoreWriteError
+from control_plane.store.db import Store
+from control_plane.store.schema import StoreWriteError
 from control_plane.tracing import Tracing, check_attributes, set_attributes
-from control_plane.worker_actions import ActionRunner, LeaseLostError
-from control_plane.worker_config import WorkerConfig, WorkerMetrics, default_owner
+from control_plane.worker.actions import ActionRunner, LeaseLostError
+from control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
 
 log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)

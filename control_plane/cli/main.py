@@ -22,23 +22,26 @@ from typing import Sequence
 import yaml
 from prometheus_client import start_http_server
 
-from control_plane import client
-from control_plane import format as fmt
-from control_plane import service
+from control_plane.cli import client
+from control_plane.service import format as fmt
+from control_plane.service import rollouts as service
 from control_plane.adapters.deploy import DeployError
+from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
 from control_plane.analysis import Policy, PolicyError
-from control_plane.cli_build import CLIError, build_worker, open_store, prometheus_config
-from control_plane.demo import SCENARIOS, DemoConfig, run_demo
+from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config
+from control_plane.demo.runner import SCENARIOS, DemoConfig, run_demo
 from control_plane.errors import SitsError
-from control_plane.lifecycle import shutdown
+from control_plane.worker.lifecycle import shutdown
 from control_plane.rollout import Command
-from control_plane.spec import DeploySpec
+from control_plane.adapters.spec import DeploySpec
 from control_plane.redact import redact
-from control_plane.store import Store, StoreError, rollout_to_dict
+from control_plane.store.db import Store
+from control_plane.store.schema import StoreError
+from control_plane.store.codec import rollout_to_dict
 from control_plane.tracing import EXPORTERS
 from control_plane.web import present
 from control_plane.web.serve import ServeError, serve
-from control_plane.worker import Worker
+from control_plane.worker.loop import Worker
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 log = logging.getLogger(__name__)
@@ -95,7 +98,8 @@ def cmd_rollout_start(a) -> int:
                       gpus=a.gpus)
     with open_store(a.store, must_exist=False) as store:
         production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
-        r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by)
+        r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,
+                                  kernel_sets=KernelCatalog.discover(a.kernel_catalog))
         print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
               f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
               "from here", flush=True)
@@ -271,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--secure-cookies", action="store_true", help="mark the session cookie Secure (served over TLS)")
     v.add_argument("--policy-defaults", default=os.environ.get("SITS_POLICY_DEFAULTS") or None,
                    help="policy file (JSON/YAML, fields of Policy) new rollouts start from (or $SITS_POLICY_DEFAULTS)")
+    v.add_argument("--kernel-catalog", default=os.environ.get("SITS_KERNEL_CATALOG") or None,
+                   help="the kernel sets the engines have (JSON, `sits-engine kernels --json`); default: ask the "
+                        "installed engine, else the built-in sets")
     _worker_args(v)
     v.set_defaults(fn=cmd_serve)
 
@@ -294,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
     s.add_argument("--store", default=DEFAULT_STORE)
     s.add_argument("--wait", action="store_true", help="follow the rollout until it ends (exit 0 succeeded, 1 not)")
+    s.add_argument("--kernel-catalog", default=os.environ.get("SITS_KERNEL_CATALOG") or None,
+                   help="the kernel sets the engines have (JSON, `sits-engine kernels --json`); default: ask the "
+                        "installed engine, else the built-in sets")
     s.set_defaults(fn=cmd_rollout_start)
     ls = r.add_parser("list", help="list rollouts")
     ls.add_argument("--active", action="store_true")
@@ -324,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return a.fn(a)
-    except (CLIError, SitsError, StoreError, DeployError) as e:
+    except (CLIError, SitsError, StoreError, DeployError, CatalogError) as e:
         print(f"sits-control: error: {redact(str(e))}", file=sys.stderr)
         return 2
     except sqlite3.Error as e:   # the store file changed under us (damaged, locked past the timeout)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from control_plane.analysis import HistogramSnapshot, Policy, VariantData
-from control_plane.rollout_types import Check, Phase, Rollout
+from control_plane.rollout import Check, Phase, Rollout
 
 
 def clean(x: Any) -> Any:

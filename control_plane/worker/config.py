@@ -1,5 +1,5 @@
 """The worker's settings (`WorkerConfig`, validated when made), its Prometheus metrics (`WorkerMetrics`) and its
-default lease identity; control_plane/worker.py uses them."""
+default lease identity; control_plane/worker/loop.py uses them."""
 from __future__ import annotations
 
 import os

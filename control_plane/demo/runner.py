@@ -1,6 +1,6 @@
 """`sits-control demo`: the whole product on one machine. The control-plane service (web UI + JSON API with a fresh
 login token, the worker beside it), a production engine behind the weighted router, chat-like Poisson load through it
-(control_plane/loadgen.py), then real canaries of real kernel sets, one after the other:
+(control_plane/demo/loadgen.py), then real canaries of real kernel sets, one after the other:
 
     slow   torch-slow-attn   correct but genuinely slower (unfused per-head attention): rolled back by P90/P99 deltas
     wrong  torch-wrong-rope  as fast, numerically wrong (RoPE without the llama3 scaling): rolled back by the
@@ -27,24 +27,26 @@ from typing import Callable
 import httpx
 import waitress
 
-import kernels
 from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.local import LocalConfig, LocalDeployer
+from control_plane.adapters.kernel_catalog import KernelCatalog
+from control_plane.adapters.local_config import LocalConfig
+from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.app import create_app
-from control_plane.demo_prometheus import LocalPrometheus
-from control_plane.format import format_check
-from control_plane.lifecycle import shutdown
-from control_plane.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.web import create_app
+from control_plane.demo.prometheus import LocalPrometheus
+from control_plane.service.format import format_check
+from control_plane.worker.lifecycle import shutdown
+from control_plane.demo.loadgen import LengthDist, LoadGenerator, TrafficMix
 from control_plane.rollout import Command, Decision, EventKind, Phase
-from control_plane.service import start_rollout
-from control_plane.spec import DeploySpec
-from control_plane.store import Store
+from control_plane.service.rollouts import start_rollout
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.db import Store
 from control_plane.tracing import Tracing
 from control_plane.web.users import Users, token_sha256
-from control_plane.worker import Worker, WorkerConfig
+from control_plane.worker.loop import Worker
+from control_plane.worker.config import WorkerConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,11 +110,14 @@ class DemoConfig:
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
             raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all")
-        known = set(kernels.list_kernel_sets())
+
+    def check_kernels(self, catalog: KernelCatalog) -> None:
+        """ValueError unless every kernel set the demo runs is one the engine here has, and runs on CPU."""
         for name in {self.production_kernels, *(SCENARIOS[s].kernels for s in self.scenarios)}:
-            if name not in known:
-                raise ValueError(f"kernel set {name} is not registered here (known: {', '.join(sorted(known))})")
-            if "cpu" not in kernels.get_kernel_set(name).devices:
+            info = catalog.get(name)
+            if info is None:
+                raise ValueError(f"kernel set {name} is not registered here (known: {', '.join(catalog.names())})")
+            if "cpu" not in info.devices:
                 raise ValueError(f"kernel set {name} does not run on CPU")
 
 
@@ -149,6 +154,8 @@ def _auth_file(workdir: Path) -> tuple[Path, str]:
 
 def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     cfg = cfg or DemoConfig()
+    catalog = KernelCatalog.discover()
+    cfg.check_kernels(catalog)
     t0 = time.monotonic()
     out = _printer(t0)
     workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="sits-demo-"))
@@ -173,14 +180,14 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         worker = Worker(store, deployer, source, config=WorkerConfig(interval_s=cfg.interval_s), tracing=tracing)
         auth_path, token = _auth_file(workdir)
         app = create_app({"STORE": store, "SITS_USERS": Users.load(str(auth_path)), "WORKER": worker,
-                          "SECRET_KEY": secrets.token_hex(32)})
+                          "SECRET_KEY": secrets.token_hex(32), "KERNEL_CATALOG": catalog})
         server = waitress.create_server(app, host=cfg.host, port=cfg.port, threads=8, ident="sits")
         threading.Thread(target=server.run, name="sits-demo-ui", daemon=True).start()
         result.url = f"http://{cfg.host}:{server.effective_port}/"
         out(f"[1/4] control plane up: UI {result.url}  (log in with token {token})")
         out(f"      API {result.url}api/v1/ (Authorization: Bearer <token>); auth file {auth_path} keeps only its "
             "SHA-256")
-        ks = kernels.get_kernel_set(cfg.production_kernels)
+        ks = catalog.require(cfg.production_kernels, "production_kernels")
         out(f"[2/4] production: `sits-engine serve --model tiny --kernels {ks.name}` ({ks.version}) behind the "
             "weighted router ...")
         deployer.deploy(VariantSpec(cfg.service, "production", cfg.production_kernels))
@@ -204,7 +211,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             sc = SCENARIOS[name]
             out("")
             out(f"[4/4] canary {i + 1}/{len(cfg.scenarios)} ({name}): {sc.kernels} - {sc.what}")
-            ro = start_rollout(store, cfg.service, sc.kernels, cfg.production_kernels, p, DeploySpec(), actor="demo")
+            ro = start_rollout(store, cfg.service, sc.kernels, cfg.production_kernels, p, DeploySpec(), actor="demo",
+                               kernel_sets=catalog)
             out(f"      rollout {ro.id}: {result.url}rollouts/{ro.id}")
             phase = _follow(store, ro.id, load, cfg, out)
             result.rollouts.append((ro.id, sc, phase))

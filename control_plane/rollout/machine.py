@@ -27,10 +27,9 @@ from __future__ import annotations
 from typing import Mapping
 
 from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData, Verdict, assess
-from control_plane.rollout_types import (  # noqa: F401  (re-exported: the rollout API lives here)
-    ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify, Observation, Phase, Promote, Rollback,
-    Rollout, SetWeights, weights_for)
-from control_plane.rollout_builder import Builder as _Builder, accumulate as _accumulate
+from control_plane.rollout.state import (ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify,
+                                         Observation, Phase, Promote, Rollback, Rollout, SetWeights, weights_for)
+from control_plane.rollout.builder import Builder as _Builder, accumulate as _accumulate
 
 __all__ = ["ROLES", "Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify", "Observation",
            "Phase", "Promote", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due", "reconcile",

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 from control_plane.analysis import E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT
 from control_plane.rollout import EventKind, Rollout
-from control_plane.store import Store
+from control_plane.store.db import Store
 
 SHORT_NAMES = {REQUEST_LATENCY: "request latency", TTFT: "TTFT", ITL: "inter-token", E2E: "e2e"}
 

@@ -1,5 +1,5 @@
 """The rollout's records: phases, commands, the actions the worker carries out, what it observed, and the rollout
-with its checks and events. Plain frozen dataclasses; the state machine that moves them is control_plane/rollout.py."""
+with its checks and events. Plain frozen dataclasses; the state machine that moves them is control_plane/rollout/machine.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

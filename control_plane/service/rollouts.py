@@ -7,13 +7,13 @@ import time
 import uuid
 from typing import Any, Collection, Mapping
 
-import kernels
 from control_plane import validation
+from control_plane.adapters.kernel_catalog import KernelCatalog
 from control_plane.analysis import Policy, PolicyError
 from control_plane.errors import ConflictError, ValidationError
 from control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
-from control_plane.spec import DeploySpec
-from control_plane.store import Store
+from control_plane.adapters.spec import DeploySpec
+from control_plane.store.db import Store
 
 __all__ = ["allowed_commands", "send_command", "start_rollout"]
 
@@ -51,9 +51,9 @@ def start_rollout(store: Store, service: str, canary_kernels: str, production_ke
     """Create a PENDING rollout with its spec (the worker takes it from there). `policy` and `spec` may be objects
     or dicts of their fields (API bodies). ValidationError (field "service", "kernels", "production_kernels",
     "policy", or the spec's own: "model", "replicas", "args", ...) for bad input; ConflictError (StoreConflictError)
-    if the service already has an active rollout. `kernel_sets`: the names that exist (default
-    kernels.list_kernel_sets())."""
-    known = kernels.list_kernel_sets() if kernel_sets is None else kernel_sets
+    if the service already has an active rollout. `kernel_sets`: the names that exist (a KernelCatalog;
+    default: the built-in sets)."""
+    known = KernelCatalog.shipped() if kernel_sets is None else kernel_sets
     validation.service_name(service)
     _kernel_set(canary_kernels, "kernels", known)
     _kernel_set(production_kernels, "production_kernels", known)

@@ -10,6 +10,7 @@ Config keys (besides Flask's own):
     POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
     TRACING             a control_plane.tracing.Tracing: one span per request (default: the worker's, else off)
     JUDGE_PROMETHEUS    a PrometheusConfig `POST /api/v1/judge` queries (default: the worker's Prometheus source)
+    KERNEL_CATALOG      the KernelCatalog shown and validated against (default: KernelCatalog.discover())
 Views only read and write the store; the worker does everything else.
 """
 from __future__ import annotations
@@ -22,8 +23,10 @@ from datetime import timedelta
 from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from control_plane.adapters.kernel_catalog import KernelCatalog
 from control_plane.errors import ConflictError, NotFoundError, ValidationError
-from control_plane.store import Store, StoreWriteError
+from control_plane.store.db import Store
+from control_plane.store.schema import StoreWriteError
 from control_plane.web import api, auth, judge, ops, ui
 from control_plane.web.common import error_response, wants_json
 from control_plane.web.present import HeadlineCache
@@ -36,11 +39,11 @@ MAX_BODY = 64 * 1024
 
 
 def create_app(config: dict | None = None) -> Flask:
-    app = Flask(__name__, template_folder="web/templates", static_folder="web/static")
+    app = Flask(__name__, template_folder="templates", static_folder="static")
     app.config.update(
         SECRET_KEY=secrets.token_hex(32), STORE="sits.db", AUTH_FILE=None, SITS_USERS=None, WORKER=None,
         LOGIN_LIMIT=5, LOGIN_WINDOW_S=300.0, LOGIN_CLOCK=time.monotonic, SERIES_MAX_POINTS=300, POLICY_DEFAULTS=None,
-        TRACING=None, JUDGE_PROMETHEUS=None,
+        TRACING=None, JUDGE_PROMETHEUS=None, KERNEL_CATALOG=None,
         MAX_CONTENT_LENGTH=MAX_BODY, SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_NAME="sits_session", PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
         JSON_SORT_KEYS=False)
@@ -53,6 +56,8 @@ def create_app(config: dict | None = None) -> Flask:
     if not isinstance(store, Store):
         store = app.config["STORE"] = Store(str(store))
     app.extensions["sits_store"] = store
+    if app.config["KERNEL_CATALOG"] is None:
+        app.config["KERNEL_CATALOG"] = KernelCatalog.discover()
     app.extensions["sits_headlines"] = HeadlineCache()
     app.extensions["sits_points"] = PointCache()
     app.extensions["sits_login_limiter"] = LoginLimiter(app.config["LOGIN_LIMIT"], app.config["LOGIN_WINDOW_S"],

@@ -10,7 +10,7 @@ import logging
 from control_plane.adapters.deploy import Deployer
 from control_plane.adapters.metrics import MetricsSource
 from control_plane.adapters.notify import Notifier
-from control_plane.worker import Worker
+from control_plane.worker.loop import Worker
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import httpx
 
-from control_plane import format as fmt
+from control_plane.service import format as fmt
 from control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 
 

@@ -1,0 +1,49 @@
+"""The control plane's kernel catalogue is the registry as data: the committed copy equals what the registry says,
+and the installed engine's answer (`sits-engine kernels --json`) lists plugin sets too."""
+import json
+import os
+import sys
+
+import pytest
+
+from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
+from control_plane.errors import ValidationError
+from kernels.catalog import SHIPPED, catalogue
+
+
+def test_the_committed_catalogue_equals_the_registry():
+    shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
+    assert shipped == catalogue(), "regenerate it: python -m kernels.catalog --write"
+
+
+def test_parents_and_overrides_follow_derive():
+    by = {e["name"]: e for e in catalogue()}
+    assert by["torch"]["parent"] is None and by["torch"]["overrides"] == []
+    assert by["triton-v1.1"]["parent"] == "triton-v1" and by["triton-v1.1"]["overrides"] == ["prefill_attention"]
+    assert by["torch-wrong-rope"]["parent"] == "torch" and by["torch-wrong-rope"]["overrides"] == ["rope_and_cache"]
+
+
+def test_the_installed_engine_lists_a_plugin_set(tmp_path, monkeypatch):
+    (tmp_path / "catalog_plugin.py").write_text(
+        "import kernels\n"
+        "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('plugin-cat', '0.2.0'))\n")
+    monkeypatch.setenv("SITS_KERNEL_PLUGINS", "catalog_plugin")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    cat = KernelCatalog.from_engine((sys.executable, "-m", "engine.cli", "kernels", "--json"))
+    info = cat.require("plugin-cat", "kernels")
+    assert (info.version, info.parent, info.overrides) == ("0.2.0", "torch", ())
+    assert "plugin-cat" not in KernelCatalog.shipped()
+    with pytest.raises(ValidationError) as e:
+        cat.require("no-such-set", "production_kernels")
+    assert e.value.field == "production_kernels" and "plugin-cat" in str(e.value)
+
+
+def test_a_broken_catalogue_is_a_clear_error(tmp_path):
+    bad = tmp_path / "cat.json"
+    bad.write_text('{"kernel_sets": [{"name": "x"}]}')
+    with pytest.raises(CatalogError, match="lacks 'version'"):
+        KernelCatalog.from_file(bad)
+    with pytest.raises(CatalogError, match="cannot read"):
+        KernelCatalog.from_file(tmp_path / "missing.json")
+    with pytest.raises(CatalogError, match="exited with 2"):
+        KernelCatalog.from_engine((sys.executable, "-m", "engine.cli", "kernels", "--no-such-flag"))
