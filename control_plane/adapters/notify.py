@@ -6,8 +6,8 @@ rolled_back, failed.
 ever blocks or fails the rollout. Bodies: Slack-compatible (`{"text": ...}`, incoming-webhook format) or a generic
 JSON document with every field.
 
-With `journal=store` (the control plane's Store; `sits-control worker` passes its own) the queue is the store's
-delivery journal (Store.record_delivery ...; read back with Store.deliveries(rollout_id)), so a notification outlives
+With `journal=store.deliveries` (the control plane's Store; `sits-control worker` passes its own) the queue is the store's
+delivery journal (store.deliveries: record ...; read back with deliveries.of_rollout(rollout_id)), so a notification outlives
 a crash or restart of the worker: a new notifier for the same webhook delivers what the old one left pending. Each
 notification has an idempotency `key` (the worker's is "<rollout id>:<outbox action id>"); the journal holds a key
 once per webhook, so the worker re-running a Notify action after a crash queues nothing twice. Delivery is at least
@@ -103,16 +103,16 @@ def json_body(n: Notification) -> dict:
 
 
 class DeliveryJournal(Protocol):
-    """Where journaled notifications wait: the store's delivery journal (control_plane.store.Store)."""
+    """Where journaled notifications wait: the store's delivery journal (Store.deliveries, store/queues.py)."""
 
-    def record_delivery(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
+    def record(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
                         limit: int) -> bool | None: ...
 
-    def next_delivery(self, target: str) -> tuple[int, dict] | None: ...
+    def next(self, target: str) -> tuple[int, dict] | None: ...
 
-    def finish_delivery(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None: ...
+    def finish(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None: ...
 
-    def pending_deliveries(self, target: str) -> int: ...
+    def pending(self, target: str) -> int: ...
 
 
 class _Journal:
@@ -125,18 +125,18 @@ class _Journal:
 
     def add(self, n: Notification, limit: int) -> bool | None:
         """Queue n; None if its key is already queued or done (a replay), False if `limit` are pending."""
-        return self.journal.record_delivery(self.target, n.key or uuid.uuid4().hex, n.rollout_id, n.to_dict(),
+        return self.journal.record(self.target, n.key or uuid.uuid4().hex, n.rollout_id, n.to_dict(),
                                             limit=limit)
 
     def next(self) -> tuple[int, Notification] | None:
-        item = self.journal.next_delivery(self.target)
+        item = self.journal.next(self.target)
         return (item[0], Notification(**item[1])) if item else None
 
     def finish(self, row_id: int, status: str, attempts: int, error: str | None) -> None:
-        self.journal.finish_delivery(row_id, status, attempts, error)
+        self.journal.finish(row_id, status, attempts, error)
 
     def pending(self) -> int:
-        return self.journal.pending_deliveries(self.target)
+        return self.journal.pending(self.target)
 
 
 class WebhookNotifier:

@@ -83,7 +83,7 @@ def build_worker(a) -> Worker:
         source = ScrapeSource()
     store = open_store(a.store, must_exist=False)
     # the webhook queues live in the store: notifications outlive a worker restart
-    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store) for u in a.webhook or ()]
-    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store) for u in a.slack_webhook or ()]
+    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store.deliveries) for u in a.webhook or ()]
+    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store.deliveries) for u in a.slack_webhook or ()]
     config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
     return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing)

@@ -131,7 +131,7 @@ def cmd_rollout_show(a) -> int:
             r = store.get(a.id)
             print(redact(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
                                      "events": store.events(a.id), "actions": store.actions(a.id),
-                                     "notifications": store.deliveries(a.id)}, indent=1)))
+                                     "notifications": store.deliveries.of_rollout(a.id)}, indent=1)))
         else:
             print("\n".join(redact(line) for line in fmt.rollout_report(store, a.id)))
     return 0

@@ -295,7 +295,7 @@ def _follow(store: Store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig,
             out(f"      load {s['rate']:.1f} req/s, {s['errors']} failed: " + ", ".join(parts) + " (client side)")
         if time.monotonic() > deadline and not aborted:
             out(f"      rollout did not finish within {cfg.rollout_timeout_s:g} s: aborting it")
-            store.add_command(rollout_id, Command.ABORT, "demo timeout")
+            store.commands.add(rollout_id, Command.ABORT, "demo timeout")
             aborted, deadline = True, time.monotonic() + 120
         elif time.monotonic() > deadline:
             return r.phase.value

@@ -183,7 +183,7 @@ def rollout_report(store: Store, rollout_id: str) -> list[str]:
     if r.queries:
         out.append("queries of the last window:")
         out += [f"  {k}: {q}" for k, q in r.queries.items()]
-    notes = store.deliveries(r.id)
+    notes = store.deliveries.of_rollout(r.id)
     if notes:
         out.append("notifications (webhook deliveries):")
         for d in notes:

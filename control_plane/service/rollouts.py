@@ -81,4 +81,4 @@ def send_command(store: Store, rollout_id: str, command: Command | str, actor: s
         allowed = ", ".join(sorted(c.value for c in allowed_commands(r))) or "none"
         raise ConflictError(f"{cmd.value} is not allowed while rollout {rollout_id} is {r.phase.value}"
                             + (" (awaiting promotion)" if r.awaiting_promotion else "") + f"; allowed: {allowed}")
-    return store.add_command(rollout_id, cmd, actor, reuse_pending=True)
+    return store.commands.add(rollout_id, cmd, actor, reuse_pending=True)

@@ -1,7 +1,7 @@
 """SQLite store, the only module that opens the file: rollouts (state as JSON) with their deploy specs, every check
 with its full evidence, events, an outbox of actions, the queue of manual commands, the worker leases and the webhook
 delivery journal. Schema and migrations: control_plane/store/schema.py; JSON codec: control_plane/store/codec.py;
-commands, leases and deliveries: control_plane/store/queues.py (mixed in).
+commands, leases and deliveries: control_plane/store/queues.py (objects over the same Database).
 
 `save(rollout, actions)` writes, in ONE transaction: the new state (only if the stored version is still the one the
 rollout was loaded at), the rollout's `new_checks` (primary key (rollout_id, seq): a check is never stored twice),
@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from control_plane.analysis import VariantData
 from control_plane.redact import redact
@@ -32,28 +30,27 @@ from control_plane.rollout import Action, Rollout
 from control_plane.adapters.spec import DeploySpec
 from control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
                                        state_to_dict)
-from control_plane.store.queues import QueueTables, RolloutNotFoundError, StoreConflictError
-from control_plane.store.schema import StoreError, StoreWriteError, connect, migrate, write_problem
+from control_plane.store.database import Database
+from control_plane.store.queues import Commands, Deliveries, Leases, RolloutNotFoundError, StoreConflictError
+from control_plane.store.schema import StoreError
 
 
-class Store(QueueTables):
-    """`Store(path)`. Thread-safe: one connection behind a lock; other processes may open the same file."""
+class Store:
+    """`Store(path)`. Thread-safe: one connection behind a lock (Database); other processes may open the same file.
+    Its queues are objects over the same connection: `commands`, `leases`, `deliveries` (queues.py)."""
 
     def __init__(self, path: str, *, readonly: bool = False):
-        self.path = str(path)
-        self.readonly = readonly   # readers of a store they may not write (rollout list/show): no migration, no WAL
-        self._lock = threading.RLock()
+        self._db = Database(path, readonly=readonly)
+        self.path, self.readonly = self._db.path, readonly   # readonly: no migration, no WAL (rollout list/show)
+        self.migrated_from = self._db.migrated_from
+        self._lock = self._db.lock
         self._data: dict[str, tuple[int, Mapping[str, VariantData]]] = {}   # id -> (row version, decoded data)
-        self._db = connect(self.path, readonly)
-        try:
-            self.migrated_from = migrate(self._db, self.path, readonly)
-        except BaseException:
-            self._db.close()
-            raise
+        self.commands = Commands(self._db)
+        self.leases = Leases(self._db)
+        self.deliveries = Deliveries(self._db)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._db.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -61,40 +58,12 @@ class Store(QueueTables):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._rollback()
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.OperationalError as e:   # disk full, read-only, I/O error, locked: nothing was stored
-                self._rollback()
-                why = write_problem(self.path) if "locked" not in str(e) else None
-                raise StoreWriteError(f"store {self.path} cannot be written: {e}"
-                                      + (f" ({why})" if why else "")) from None
-
-    def _rollback(self) -> None:
-        if self._db.in_transaction:
-            try:
-                self._db.execute("ROLLBACK")
-            except sqlite3.Error:   # the file is gone bad: the connection drops the transaction itself
-                pass
-
-    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
-
     # ---- rollouts ---------------------------------------------------------------------------------------------
     def create_rollout(self, rollout: Rollout, spec: DeploySpec | None = None) -> Rollout:
         """The rollout (with its `new_events`) and its deploy spec, in one transaction."""
         now = time.time()
         try:
-            with self._tx() as db:
+            with self._db.tx() as db:
                 db.execute("INSERT INTO rollouts (id, service, phase, active, version, state, created_at, updated_at)"
                            " VALUES (?, ?, ?, ?, 1, ?, ?, ?)",
                            (rollout.id, rollout.service, rollout.phase.value, int(rollout.active),
@@ -114,14 +83,14 @@ class Store(QueueTables):
         return self.create_rollout(rollout)
 
     def spec(self, rollout_id: str) -> DeploySpec:
-        rows = self._rows("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,))
+        rows = self._db.rows("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,))
         return DeploySpec.from_dict(json.loads(rows[0]["body"])) if rows else DeploySpec()
 
     _SELECT = ("SELECT r.state, r.version, d.version AS data_version, d.body AS data FROM rollouts r "
                "LEFT JOIN rollout_data d ON d.rollout_id = r.id")
 
     def get(self, rollout_id: str) -> Rollout:
-        rows = self._rows(f"{self._SELECT} WHERE r.id = ?", (rollout_id,))
+        rows = self._db.rows(f"{self._SELECT} WHERE r.id = ?", (rollout_id,))
         if not rows:
             raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
         return self._rollout(rows[0])
@@ -175,13 +144,13 @@ class Store(QueueTables):
              limit: int = 1000, offset: int = 0) -> list[Rollout]:
         """Newest first."""
         where, args = self._where(active, service, phase)
-        rows = self._rows(f"{self._SELECT} WHERE r.id IN (SELECT id FROM rollouts{where} ORDER BY created_at DESC, "
+        rows = self._db.rows(f"{self._SELECT} WHERE r.id IN (SELECT id FROM rollouts{where} ORDER BY created_at DESC, "
                           "id LIMIT ? OFFSET ?) ORDER BY r.created_at DESC, r.id", [*args, int(limit), int(offset)])
         return [self._rollout(r) for r in rows]
 
     def count(self, *, active: bool | None = None, service: str | None = None, phase: str | None = None) -> int:
         where, args = self._where(active, service, phase)
-        return self._rows(f"SELECT COUNT(*) FROM rollouts{where}", args)[0][0]
+        return self._db.rows(f"SELECT COUNT(*) FROM rollouts{where}", args)[0][0]
 
     def active(self) -> list[Rollout]:
         """Every rollout the worker must keep reconciling (not SUCCEEDED / ROLLED_BACK / FAILED)."""
@@ -189,7 +158,7 @@ class Store(QueueTables):
 
     def active_ids(self) -> list[tuple[str, str]]:
         """(id, service) of every active rollout, in active()'s order, without reading any state."""
-        return [(r["id"], r["service"]) for r in self._rows("SELECT id, service FROM rollouts WHERE active = 1 "
+        return [(r["id"], r["service"]) for r in self._db.rows("SELECT id, service FROM rollouts WHERE active = 1 "
                                                             "ORDER BY created_at DESC, id")]
 
     def save(self, rollout: Rollout, actions: Sequence[Action] = ()) -> Rollout:
@@ -197,7 +166,7 @@ class Store(QueueTables):
         Raises StoreConflictError if the stored version is not `rollout.version` (someone else saved first)."""
         memo: dict[int, dict] = {}   # the checks' evidence and the step's data share their snapshots
         try:
-            with self._tx() as db:
+            with self._db.tx() as db:
                 cur = db.execute("UPDATE rollouts SET phase = ?, active = ?, version = version + 1, state = ?, "
                                  "updated_at = ? WHERE id = ? AND version = ?",
                                  (rollout.phase.value, int(rollout.active), json.dumps(state_to_dict(rollout)),
@@ -232,50 +201,50 @@ class Store(QueueTables):
 
     # ---- records ----------------------------------------------------------------------------------------------
     def checks(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
-        rows = self._rows("SELECT evidence FROM checks WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        rows = self._db.rows("SELECT evidence FROM checks WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                           (rollout_id, since_seq, limit))
         return [json.loads(r["evidence"]) for r in rows]
 
     def check_summaries(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
         """seq, at, step, weight, outcome, decision, reason of each check, without the (large) evidence."""
-        rows = self._rows("SELECT seq, at, step, weight, outcome, decision, reason FROM checks "
+        rows = self._db.rows("SELECT seq, at, step, weight, outcome, decision, reason FROM checks "
                           "WHERE rollout_id = ? AND seq > ? ORDER BY seq LIMIT ?", (rollout_id, since_seq, limit))
         return [dict(r) for r in rows]
 
     def check(self, rollout_id: str, seq: int) -> dict:
-        rows = self._rows("SELECT evidence FROM checks WHERE rollout_id = ? AND seq = ?", (rollout_id, seq))
+        rows = self._db.rows("SELECT evidence FROM checks WHERE rollout_id = ? AND seq = ?", (rollout_id, seq))
         if not rows:
             raise RolloutNotFoundError(f"no check {seq} for rollout {rollout_id!r}")
         return json.loads(rows[0]["evidence"])
 
     def events(self, rollout_id: str, *, limit: int = 1000, since_id: int = 0) -> list[dict]:
         """id, at, kind, phase, message, actor of each event, oldest first."""
-        rows = self._rows("SELECT id, at, kind, phase, message, actor FROM events WHERE rollout_id = ? AND id > ? "
+        rows = self._db.rows("SELECT id, at, kind, phase, message, actor FROM events WHERE rollout_id = ? AND id > ? "
                           "ORDER BY id LIMIT ?", (rollout_id, since_id, limit))
         return [dict(r) for r in rows]
 
     # ---- action outbox ----------------------------------------------------------------------------------------
     def pending_actions(self, rollout_id: str) -> list[tuple[int, Action]]:
         """Actions saved but not yet marked done, oldest first: run them before reconciling this rollout again."""
-        rows = self._rows("SELECT id, body FROM actions WHERE rollout_id = ? AND status = 'pending' ORDER BY id",
+        rows = self._db.rows("SELECT id, body FROM actions WHERE rollout_id = ? AND status = 'pending' ORDER BY id",
                           (rollout_id,))
         return [(r["id"], Action.from_dict(json.loads(r["body"]))) for r in rows]
 
     def mark_action(self, action_id: int, status: str = "done", error: str | None = None) -> None:
         if status not in ("done", "failed"):
             raise StoreError("action status must be 'done' or 'failed'")
-        with self._tx() as db:
+        with self._db.tx() as db:
             db.execute("UPDATE actions SET status = ?, error = ?, done_at = ? WHERE id = ?",
                        (status, None if error is None else redact(error), time.time(), action_id))
 
     def failed_actions(self, rollout_id: str, version: int) -> tuple[str, ...]:
         """Kinds of the actions saved at that rollout version that failed for good, oldest first (what the next
         reconcile is told), without reading the rollout's whole outbox."""
-        return tuple(r["kind"] for r in self._rows("SELECT kind FROM actions WHERE rollout_id = ? AND version = ? AND "
+        return tuple(r["kind"] for r in self._db.rows("SELECT kind FROM actions WHERE rollout_id = ? AND version = ? AND "
                                                    "status = 'failed' ORDER BY id", (rollout_id, version)))
 
     def actions(self, rollout_id: str) -> list[dict]:
-        rows = self._rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
+        rows = self._db.rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "
                           "WHERE rollout_id = ? ORDER BY id", (rollout_id,))
         return [dict(r, body=json.loads(r["body"])) for r in rows]
 
@@ -285,7 +254,7 @@ class Store(QueueTables):
         """list() without each rollout's step data (`data` empty: its rows are not read), for listings. The page is
         chosen on (created_at, id) alone, so only its rows' states are read."""
         where, args = self._where(active, service, phase)
-        rows = self._rows("SELECT state, version FROM rollouts WHERE id IN "
+        rows = self._db.rows("SELECT state, version FROM rollouts WHERE id IN "
                           f"(SELECT id FROM rollouts{where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?) "
                           "ORDER BY created_at DESC, id", [*args, int(limit), int(offset)])
         return [rollout_from_dict(json.loads(r["state"]), r["version"], {}) for r in rows]
@@ -294,13 +263,13 @@ class Store(QueueTables):
         """checks() without the variants' bucket counts (SQLite drops them before Python parses the evidence): the
         verdict with every result, requests/errors/readiness per variant."""
         drop = ", ".join(f"'$.variants.{role}.histograms'" for role in ("production", "baseline", "canary"))
-        rows = self._rows(f"SELECT json_remove(evidence, {drop}) AS evidence FROM checks WHERE rollout_id = ? "
+        rows = self._db.rows(f"SELECT json_remove(evidence, {drop}) AS evidence FROM checks WHERE rollout_id = ? "
                           "AND seq > ? ORDER BY seq LIMIT ?", (rollout_id, since_seq, limit))
         return [json.loads(r["evidence"]) for r in rows]
 
     def rollout_index(self) -> list[dict]:
         """id, service, phase, active, created_at of every rollout, newest first (no state read: for /metrics)."""
-        return [dict(r) for r in self._rows("SELECT id, service, phase, active, created_at FROM rollouts "
+        return [dict(r) for r in self._db.rows("SELECT id, service, phase, active, created_at FROM rollouts "
                                             "ORDER BY created_at DESC, id")]
 
     def progress(self, ids: Sequence[str]) -> dict[str, tuple[int, float]]:
@@ -309,7 +278,7 @@ class Store(QueueTables):
         ids = list(ids)
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            rows = self._rows("SELECT id, json_extract(state, '$.weight') AS weight, json_extract(state, "
+            rows = self._db.rows("SELECT id, json_extract(state, '$.weight') AS weight, json_extract(state, "
                               f"'$.phase_since') AS since FROM rollouts WHERE id IN ({', '.join('?' * len(chunk))})",
                               chunk)
             out.update({r["id"]: (int(r["weight"] or 0), float(r["since"] or 0.0)) for r in rows})
@@ -317,7 +286,7 @@ class Store(QueueTables):
 
     def check_outcome_counts(self) -> dict[tuple[str, str], int]:
         """(service, outcome) -> checks stored."""
-        rows = self._rows("SELECT r.service, c.outcome, SUM(c.n) AS n FROM (SELECT rollout_id, outcome, COUNT(*) AS n "
+        rows = self._db.rows("SELECT r.service, c.outcome, SUM(c.n) AS n FROM (SELECT rollout_id, outcome, COUNT(*) AS n "
                           "FROM checks GROUP BY rollout_id, outcome) c JOIN rollouts r ON r.id = c.rollout_id "
                           "GROUP BY r.service, c.outcome")
         return {(r["service"], r["outcome"]): r["n"] for r in rows}
@@ -326,7 +295,7 @@ class Store(QueueTables):
         """(service, reason) -> rolled-back rollouts. reason: the deciding check's guard (crashing, not_ready, nan,
         error_rate), "checks_failed" or "inconclusive" when the last check decided the rollback, "aborted" when a
         manual abort was consumed, else "other" (deadline, readiness timeout, a failed action)."""
-        rows = self._rows(
+        rows = self._db.rows(
             "SELECT r.service, c.decision, c.outcome, json_extract(c.evidence, '$.verdict.guard') AS guard, "
             "EXISTS (SELECT 1 FROM commands m WHERE m.rollout_id = r.id AND m.command = 'abort' AND m.consumed_at "
             "IS NOT NULL) AS aborted FROM rollouts r LEFT JOIN checks c ON c.rollout_id = r.id AND c.seq = "

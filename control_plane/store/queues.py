@@ -1,6 +1,6 @@
-"""The store's queues and small tables (mixed into `Store`, control_plane/store/db.py, whose connection and
-transactions they use): manual commands left by the CLI / API for the worker, the worker leases, and the webhook
-delivery journal of adapters/notify.py."""
+"""The store's queues and small tables, each an object over the store's Database (`store.commands`,
+`store.leases`, `store.deliveries`): manual commands left by the CLI / API for the worker, the worker leases, and
+the webhook delivery journal of adapters/notify.py."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from control_plane.errors import ConflictError, NotFoundError
 from control_plane.rollout import Command
+from control_plane.store.database import Database
 from control_plane.store.schema import StoreError
 
 
@@ -28,14 +29,17 @@ def _command(command: Command | str) -> Command:
         raise StoreError(f"unknown command {command!r}; use one of {', '.join(c.value for c in Command)}") from None
 
 
-class QueueTables:
-    """Commands, leases and deliveries; needs the host's `_tx()` (a write transaction) and `_rows(sql, args)`."""
-    # ---- manual commands: left by the CLI / API, consumed by the worker after the state they produced is saved ----
-    def add_command(self, rollout_id: str, command: Command | str, actor: str, *, reuse_pending: bool = False) -> int:
+class Commands:
+    """Manual commands: left by the CLI / API, consumed by the worker after the state they produced is saved."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def add(self, rollout_id: str, command: Command | str, actor: str, *, reuse_pending: bool = False) -> int:
         """Queue a command; its id. With reuse_pending, the same command already queued (not yet consumed) is
         returned instead of a second one. RolloutNotFoundError if there is no such rollout."""
         command = _command(command)
-        with self._tx() as db:
+        with self._db.tx() as db:
             if db.execute("SELECT 1 FROM rollouts WHERE id = ?", (rollout_id,)).fetchone() is None:
                 raise RolloutNotFoundError(f"no rollout {rollout_id!r}")
             if reuse_pending:
@@ -46,35 +50,40 @@ class QueueTables:
             return db.execute("INSERT INTO commands (rollout_id, command, actor, created_at) VALUES (?, ?, ?, ?)",
                               (rollout_id, command.value, actor, time.time())).lastrowid
 
-    def next_command(self, rollout_id: str) -> tuple[int, Command, str] | None:
+    def next(self, rollout_id: str) -> tuple[int, Command, str] | None:
         """The oldest unconsumed command: (command_id, command, actor)."""
-        rows = self._rows("SELECT id, command, actor FROM commands WHERE rollout_id = ? AND consumed_at IS NULL "
+        rows = self._db.rows("SELECT id, command, actor FROM commands WHERE rollout_id = ? AND consumed_at IS NULL "
                           "ORDER BY id LIMIT 1", (rollout_id,))
         return (rows[0]["id"], Command(rows[0]["command"]), rows[0]["actor"]) if rows else None
 
-    def consume_command(self, command_id: int) -> None:
-        with self._tx() as db:
+    def consume(self, command_id: int) -> None:
+        with self._db.tx() as db:
             db.execute("UPDATE commands SET consumed_at = ? WHERE id = ?", (time.time(), command_id))
 
-    def pending_commands(self, rollout_id: str) -> list[dict]:
+    def pending(self, rollout_id: str) -> list[dict]:
         """Queued, not yet consumed commands, oldest first: id, command, actor, created_at."""
-        rows = self._rows("SELECT id, command, actor, created_at FROM commands WHERE rollout_id = ? AND consumed_at "
+        rows = self._db.rows("SELECT id, command, actor, created_at FROM commands WHERE rollout_id = ? AND consumed_at "
                           "IS NULL ORDER BY id", (rollout_id,))
         return [dict(r) for r in rows]
 
-    # ---- leases: which worker drives a rollout -------------------------------------------------------------------
-    def acquire_lease(self, rollout_id: str, owner: str, ttl_s: float, now: float) -> bool:
+class Leases:
+    """Which worker drives a rollout: a lease per rollout, taken and renewed with an expiry."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def acquire(self, rollout_id: str, owner: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) the rollout's lease until now + ttl_s: True if `owner` holds it afterwards, i.e. it was
         free, expired or already `owner`'s."""
-        with self._tx() as db:
+        with self._db.tx() as db:
             return self._take_lease(db, rollout_id, owner, ttl_s, now)
 
-    def acquire_leases(self, rollout_ids: Sequence[str], owner: str, ttl_s: float, now: float) -> set[str]:
-        """acquire_lease for many rollouts in one transaction (one commit per worker round, not one per rollout):
+    def acquire_many(self, rollout_ids: Sequence[str], owner: str, ttl_s: float, now: float) -> set[str]:
+        """acquire for many rollouts in one transaction (one commit per worker round, not one per rollout):
         the ids `owner` holds afterwards."""
         if not rollout_ids:
             return set()
-        with self._tx() as db:
+        with self._db.tx() as db:
             return {rid for rid in rollout_ids if self._take_lease(db, rid, owner, ttl_s, now)}
 
     @staticmethod
@@ -89,22 +98,27 @@ class QueueTables:
                        "VALUES (?, ?, ?, ?)", (rollout_id, owner, now + ttl_s, now))
         return True
 
-    def release_lease(self, rollout_id: str, owner: str) -> None:
+    def release(self, rollout_id: str, owner: str) -> None:
         """Give the lease up (if `owner` holds it) so another worker takes over without waiting for expiry."""
-        with self._tx() as db:
+        with self._db.tx() as db:
             db.execute("DELETE FROM leases WHERE rollout_id = ? AND owner = ?", (rollout_id, owner))
 
-    def lease(self, rollout_id: str) -> tuple[str, float] | None:
+    def get(self, rollout_id: str) -> tuple[str, float] | None:
         """(owner, expires_at), or None if no worker holds it."""
-        rows = self._rows("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,))
+        rows = self._db.rows("SELECT owner, expires_at FROM leases WHERE rollout_id = ?", (rollout_id,))
         return (rows[0]["owner"], rows[0]["expires_at"]) if rows else None
 
-    # ---- webhook delivery journal (adapters/notify.py): one durable queue per webhook `target` -------------------
-    def record_delivery(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
+class Deliveries:
+    """The webhook delivery journal (adapters/notify.py DeliveryJournal): one durable queue per webhook `target`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def record(self, target: str, key: str, rollout_id: str, body: Mapping[str, Any], *,
                         limit: int) -> bool | None:
         """Queue a delivery: True; None if (target, key) is already queued or done (a replay); False if `limit`
         deliveries to target are pending."""
-        with self._tx() as db:
+        with self._db.tx() as db:
             pending = db.execute("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'",
                                  (target,)).fetchone()[0]
             if pending >= limit:
@@ -113,25 +127,25 @@ class QueueTables:
                              "VALUES (?, ?, ?, ?, ?)", (target, key, rollout_id, json.dumps(body), time.time()))
             return True if cur.rowcount else None
 
-    def next_delivery(self, target: str) -> tuple[int, dict] | None:
+    def next(self, target: str) -> tuple[int, dict] | None:
         """The oldest pending delivery to target: (delivery id, body)."""
-        rows = self._rows("SELECT id, body FROM deliveries WHERE target = ? AND status = 'pending' ORDER BY id "
+        rows = self._db.rows("SELECT id, body FROM deliveries WHERE target = ? AND status = 'pending' ORDER BY id "
                           "LIMIT 1", (target,))
         return (rows[0]["id"], json.loads(rows[0]["body"])) if rows else None
 
-    def finish_delivery(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None:
+    def finish(self, delivery_id: int, status: str, attempts: int, error: str | None) -> None:
         """status: "sent" or "failed"; attempts made by this try (added to the row's)."""
-        with self._tx() as db:
+        with self._db.tx() as db:
             db.execute("UPDATE deliveries SET status = ?, attempts = attempts + ?, error = ?, done_at = ? WHERE id = ?",
                        (status, attempts, error, time.time(), delivery_id))
 
-    def pending_deliveries(self, target: str) -> int:
-        return self._rows("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'", (target,))[0][0]
+    def pending(self, target: str) -> int:
+        return self._db.rows("SELECT COUNT(*) FROM deliveries WHERE target = ? AND status = 'pending'", (target,))[0][0]
 
-    def deliveries(self, rollout_id: str) -> list[dict]:
+    def of_rollout(self, rollout_id: str) -> list[dict]:
         """The rollout's journaled notifications, oldest first: event, at, key, webhook (the target: a hash of the
         URL), status, attempts, error, done_at."""
-        rows = self._rows("SELECT target, body, status, attempts, error, done_at FROM deliveries WHERE rollout_id = ? "
+        rows = self._db.rows("SELECT target, body, status, attempts, error, done_at FROM deliveries WHERE rollout_id = ? "
                           "ORDER BY id", (rollout_id,))
         out = []
         for r in rows:

@@ -42,7 +42,7 @@ def detail(r) -> dict:
     spec = spec_or_none(r.id)
     out = _summary(r)
     last = s.checks(r.id, since_seq=r.checks - 1, limit=1) if r.checks else []
-    lease = s.lease(r.id)
+    lease = s.leases.get(r.id)
     out.update(
         policy=r.policy.to_dict(), paused_from=r.paused_from.value if r.paused_from else None,
         variants=present.variants_of(r, spec.replicas if spec else None),
@@ -50,7 +50,7 @@ def detail(r) -> dict:
         steps_timeline=present.step_timeline(r, s.actions(r.id), current_app.config.get("CLOCK", time.time)()),
         last_verdict=present.check_compact(last[0]) if last else None,
         correctness=present.correctness_of(s, r),
-        pending_commands=s.pending_commands(r.id),
+        pending_commands=s.commands.pending(r.id),
         lease=None if lease is None else {"owner": lease[0], "expires_at": lease[1]},
         source=r.source, warmup_until=r.warmup_until, observed_until=r.observed_until)
     return out
@@ -146,7 +146,7 @@ def rollout_events(rollout_id: str):
     since = int_arg("since_id", 0)
     events = store().events(rollout_id, since_id=since, limit=int_arg("limit", 5000, 1, 20000))
     return jsonify({"events": events, "actions": [present.action_row(a) for a in store().actions(rollout_id)],
-                    "notifications": store().deliveries(rollout_id)})
+                    "notifications": store().deliveries.of_rollout(rollout_id)})
 
 
 @bp.get("/rollouts/<rollout_id>/series")

@@ -95,7 +95,7 @@ class ActionRunner:
                 time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
             # stalled past the TTL and replaced: the new holder runs this action
             if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
-                raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
+                raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.leases.get(r.id) or ('?',))[0]}")
             if attempt and self._stop.is_set():
                 raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")
             try:

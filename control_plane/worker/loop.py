@@ -86,7 +86,7 @@ class Worker(ActionRunner):
                if (t := self._threads.get(rid)) is None or not t.is_alive()]
         now = self.clock()
         try:
-            held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, now)
+            held = self.store.leases.acquire_many([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, now)
         except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
             self._store_failed(e, f"round of {len(due)} rollout(s)")
             return []
@@ -95,7 +95,7 @@ class Worker(ActionRunner):
         for rid, service in due:
             if rid not in held:
                 if log.isEnabledFor(logging.DEBUG):   # the holder's name costs a read per rollout
-                    log.debug("rollout %s: leased by %s; skipped", rid, (self.store.lease(rid) or ("?",))[0])
+                    log.debug("rollout %s: leased by %s; skipped", rid, (self.store.leases.get(rid) or ("?",))[0])
                 continue
             t = threading.Thread(target=self._pass, args=(rid, service), name=f"sits-rollout-{service}", daemon=True)
             self._threads[rid] = t
@@ -190,7 +190,7 @@ class Worker(ActionRunner):
         now = self.clock()
         if fresh_s and now - self._renewed.get(rollout_id, float("-inf")) < fresh_s:
             return True
-        if self.store.acquire_lease(rollout_id, self.owner, self.config.lease_ttl_s, now):
+        if self.store.leases.acquire(rollout_id, self.owner, self.config.lease_ttl_s, now):
             self._renewed[rollout_id] = now
             return True
         self._renewed.pop(rollout_id, None)
@@ -198,11 +198,11 @@ class Worker(ActionRunner):
 
     def _release(self, rollout_id: str) -> None:
         self._renewed.pop(rollout_id, None)
-        self.store.release_lease(rollout_id, self.owner)
+        self.store.leases.release(rollout_id, self.owner)
 
     def holds(self, rollout_id: str) -> bool:
         """Whether this worker holds the rollout's lease now."""
-        held = self.store.lease(rollout_id)
+        held = self.store.leases.get(rollout_id)
         return held is not None and held[0] == self.owner and held[1] > self.clock()
 
     # ---- one pass ------------------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Worker(ActionRunner):
         r = self.store.get(rollout_id)
         set_attributes(span, {"sits.service": r.service, "sits.phase_before": r.phase.value})
         if not leased and not self._lease(r.id):
-            log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
+            log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.leases.get(r.id) or ("?",))[0])
             return r
         if r.id not in self._restored:
             r = self._restore(r)
@@ -239,7 +239,7 @@ class Worker(ActionRunner):
         self._at("loaded")
         now = self.clock()
         t0 = time.perf_counter()
-        command = self.store.next_command(r.id)
+        command = self.store.commands.next(r.id)
         obs = self._observe(r, now, command)
         tc = time.perf_counter()
         obs = self._correctness(r, obs, now)
@@ -259,7 +259,7 @@ class Worker(ActionRunner):
         t3 = time.perf_counter()
         self._at("saved")
         if command is not None:
-            self.store.consume_command(command[0])
+            self.store.commands.consume(command[0])
             self._at("consumed")
         self._run_actions(saved, self.store.pending_actions(r.id))
         t4 = time.perf_counter()

@@ -73,9 +73,9 @@ def test_send_command_checks_the_phase_and_is_idempotent(store):
         send_command(store, r.id, Command.RESUME, "alice")
     first = send_command(store, r.id, "pause", "alice")
     assert send_command(store, r.id, Command.PAUSE, "bob") == first           # queued already: the same one
-    assert [c["actor"] for c in store.pending_commands(r.id)] == ["alice"]
+    assert [c["actor"] for c in store.commands.pending(r.id)] == ["alice"]
     other = send_command(store, r.id, "abort", "bob")
-    assert other != first and store.next_command(r.id) == (first, Command.PAUSE, "alice")
+    assert other != first and store.commands.next(r.id) == (first, Command.PAUSE, "alice")
     done = at_phase(store, Phase.SUCCEEDED)
     with pytest.raises(ConflictError, match="already succeeded"):
         send_command(store, done.id, "abort", "alice")

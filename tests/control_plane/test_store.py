@@ -83,7 +83,7 @@ CRASHER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.control_plane.helpers import windows as source
     from control_plane.rollout import Observation, reconcile
-    from control_plane.store import Store
+    from control_plane.store.db import Store
     s = Store({db!r})
     r = s.get("r1")
     now = r.last_check_at + r.policy.check_interval_s
@@ -92,7 +92,7 @@ CRASHER = textwrap.dedent("""
     def trace(sql):
         if sql.startswith("INSERT INTO checks"):
             os._exit(9)        # the process dies inside the transaction, after the check row was written
-    s._db.set_trace_callback(trace)
+    s._db.conn.set_trace_callback(trace)
     s.save(r2, actions)
     os._exit(0)
 """)

@@ -27,7 +27,7 @@ def store(request, tmp_path):
 def statements(store):
     """Every SQL statement the store's connection runs from now on."""
     seen: list[str] = []
-    store._db.set_trace_callback(seen.append)
+    store._db.conn.set_trace_callback(seen.append)
     return seen
 
 
@@ -43,13 +43,13 @@ def progressing(store, rid="r1", service="chat"):
 
 
 def data_row(store, rid="r1"):
-    rows = store._rows("SELECT version, body FROM rollout_data WHERE rollout_id = ?", (rid,))
+    rows = store._db.rows("SELECT version, body FROM rollout_data WHERE rollout_id = ?", (rid,))
     return (rows[0]["version"], json.loads(rows[0]["body"])) if rows else None
 
 
 def test_the_step_data_has_its_own_row_and_the_state_none(store):
     r = progressing(store)
-    state = json.loads(store._rows("SELECT state FROM rollouts WHERE id = 'r1'")[0][0])
+    state = json.loads(store._db.rows("SELECT state FROM rollouts WHERE id = 'r1'")[0][0])
     assert "data" not in state
     version, body = data_row(store)
     assert version == r.version and body == rollout_to_dict(r)["data"]
@@ -95,14 +95,14 @@ def test_another_connection_never_sees_or_leaves_stale_data(tmp_path):
 def test_leases_of_a_round_are_one_transaction(store):
     for i in range(4):
         store.create(Rollout(f"r{i}", f"s{i}", "triton-v1", "torch"))
-    assert store.acquire_lease("r1", "w2", 30.0, now=100.0)            # held by another worker
-    assert store.acquire_lease("r2", "w2", 30.0, now=50.0)             # another's, expired at 80
-    assert store.acquire_lease("r3", "w1", 30.0, now=90.0)             # w1's own: renewed
+    assert store.leases.acquire("r1", "w2", 30.0, now=100.0)            # held by another worker
+    assert store.leases.acquire("r2", "w2", 30.0, now=50.0)             # another's, expired at 80
+    assert store.leases.acquire("r3", "w1", 30.0, now=90.0)             # w1's own: renewed
     seen = statements(store)
-    assert store.acquire_leases(["r0", "r1", "r2", "r3"], "w1", 30.0, now=101.0) == {"r0", "r2", "r3"}
+    assert store.leases.acquire_many(["r0", "r1", "r2", "r3"], "w1", 30.0, now=101.0) == {"r0", "r2", "r3"}
     assert seen.count("COMMIT") == 1
-    assert [store.lease(f"r{i}") for i in range(4)] == [("w1", 131.0), ("w2", 130.0), ("w1", 131.0), ("w1", 131.0)]
-    assert store.acquire_leases([], "w1", 30.0, now=101.0) == set() and seen.count("COMMIT") == 1
+    assert [store.leases.get(f"r{i}") for i in range(4)] == [("w1", 131.0), ("w2", 130.0), ("w1", 131.0), ("w1", 131.0)]
+    assert store.leases.acquire_many([], "w1", 30.0, now=101.0) == set() and seen.count("COMMIT") == 1
 
 
 def test_active_ids_and_failed_actions(store):

@@ -69,20 +69,20 @@ def test_a_v1_file_migrates_with_its_data_intact(tmp_path):
         # events gained an empty actor; commands kept theirs (the `by` column is now `actor`)
         events = s.events("chat-1")
         assert events and all(e["actor"] == "" for e in events) and events[0]["kind"] == "phase"
-        assert s.next_command("chat-1")[1:] == (Command.PAUSE, "alice")
-        assert [c["command"] for c in s.pending_commands("chat-1")] == ["pause"]   # the consumed resume is not
+        assert s.commands.next("chat-1")[1:] == (Command.PAUSE, "alice")
+        assert [c["command"] for c in s.commands.pending("chat-1")] == ["pause"]   # the consumed resume is not
         # deliveries: found by rollout without reading JSON in SQL; one sent, one pending
-        log = s.deliveries("chat-1")
+        log = s.deliveries.of_rollout("chat-1")
         assert [(d["event"], d["status"], d["key"]) for d in log] == [("started", "sent", "chat-1:3"),
                                                                     ("step", "pending", "chat-1:6")]
-        assert s.deliveries("search-1") == []
+        assert s.deliveries.of_rollout("search-1") == []
         pending = [a for _, a in s.pending_actions("chat-1")]
         assert len(pending) == before["actions"] - 3          # three were marked done by the v1 code
         # and the migrated file keeps working: reconcile, save, commands, leases
         r, actions = reconcile(chat, None, 2000.0)
         saved = s.save(r, actions)
         assert s.get("chat-1") == saved and saved.phase is Phase.SUCCEEDED
-        assert s.acquire_lease("search-1", "w1", 30.0, now=0.0) and s.lease("search-1") == ("w1", 30.0)
+        assert s.leases.acquire("search-1", "w1", 30.0, now=0.0) and s.leases.get("search-1") == ("w1", 30.0)
     with Store(path) as s:                                    # opening it again migrates nothing
         assert s.migrated_from == SCHEMA_VERSION and s.get("chat-1").phase is Phase.SUCCEEDED
 
@@ -91,11 +91,11 @@ def test_a_v1_file_without_the_side_tables_gets_them(tmp_path):
     path = v1_file(tmp_path / "bare.db", side_tables=False)
     with Store(path) as s:
         assert s.spec("chat-1") == DeploySpec()               # no spec was ever written: the default
-        assert s.add_command("chat-1", "abort", "carol") == 1 and s.next_command("chat-1") == (1, Command.ABORT,
+        assert s.commands.add("chat-1", "abort", "carol") == 1 and s.commands.next("chat-1") == (1, Command.ABORT,
                                                                                                "carol")
-        assert s.deliveries("chat-1") == []
-        assert s.record_delivery("t", "k", "chat-1", {"event": "step", "at": 1.0, "key": "k"}, limit=10) is True
-        assert [d["key"] for d in s.deliveries("chat-1")] == ["k"]
+        assert s.deliveries.of_rollout("chat-1") == []
+        assert s.deliveries.record("t", "k", "chat-1", {"event": "step", "at": 1.0, "key": "k"}, limit=10) is True
+        assert [d["key"] for d in s.deliveries.of_rollout("chat-1")] == ["k"]
 
 
 def test_a_new_file_and_memory_reach_the_same_schema(tmp_path):
@@ -104,14 +104,14 @@ def test_a_new_file_and_memory_reach_the_same_schema(tmp_path):
                                                    "WHERE name NOT LIKE 'sqlite_%'"))
     with Store(str(tmp_path / "new.db")) as f, Store(":memory:") as m:
         assert f.migrated_from == 0 == m.migrated_from
-        assert schema(f._db) == schema(m._db)
+        assert schema(f._db.conn) == schema(m._db.conn)
     migrated = v1_file(tmp_path / "v1.db", side_tables=False)
     Store(migrated).close()
     db = sqlite3.connect(migrated)
     got = {name: sql for _, name, sql in schema(db)}
     db.close()
     with Store(":memory:") as m:
-        want = {name: sql for _, name, sql in schema(m._db)}
+        want = {name: sql for _, name, sql in schema(m._db.conn)}
     assert got == want and "leases" in got                    # the same statements whichever way it came
 
 

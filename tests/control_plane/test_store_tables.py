@@ -29,7 +29,7 @@ def test_a_rollout_and_its_spec_are_one_transaction(store):
     with pytest.raises(StoreConflictError, match="active rollout"):
         store.create_rollout(Rollout("r2", "chat", "triton-v1.1", "torch"), DeploySpec(replicas=5))
     assert store.count() == 1 and store.spec("r2") == DeploySpec()
-    assert store._rows("SELECT COUNT(*) FROM rollout_specs")[0][0] == 1
+    assert store._db.rows("SELECT COUNT(*) FROM rollout_specs")[0][0] == 1
     with pytest.raises(StoreConflictError):   # the same id again: its spec is not replaced either
         store.create_rollout(Rollout("r1", "other", "torch", "torch"), DeploySpec(replicas=9))
     assert store.spec("r1") == spec
@@ -50,54 +50,54 @@ def test_list_filters_pages_and_counts(store):
 
 def test_command_queue(store):
     store.create(Rollout("r1", "chat", "v2", "v1"))
-    assert store.next_command("r1") is None and store.pending_commands("r1") == []
-    a = store.add_command("r1", Command.PAUSE, "alice")
-    b = store.add_command("r1", "resume", "bob")
-    assert store.add_command("r1", "pause", "carol", reuse_pending=True) == a      # already queued: the same one
-    assert store.add_command("r1", "pause", "dave") not in (a, b)                  # without reuse: a second one
-    assert store.next_command("r1") == (a, Command.PAUSE, "alice")
-    store.consume_command(a)
-    assert store.next_command("r1") == (b, Command.RESUME, "bob")
-    assert [(c["command"], c["actor"]) for c in store.pending_commands("r1")] == [("resume", "bob"),
+    assert store.commands.next("r1") is None and store.commands.pending("r1") == []
+    a = store.commands.add("r1", Command.PAUSE, "alice")
+    b = store.commands.add("r1", "resume", "bob")
+    assert store.commands.add("r1", "pause", "carol", reuse_pending=True) == a      # already queued: the same one
+    assert store.commands.add("r1", "pause", "dave") not in (a, b)                  # without reuse: a second one
+    assert store.commands.next("r1") == (a, Command.PAUSE, "alice")
+    store.commands.consume(a)
+    assert store.commands.next("r1") == (b, Command.RESUME, "bob")
+    assert [(c["command"], c["actor"]) for c in store.commands.pending("r1")] == [("resume", "bob"),
                                                                                   ("pause", "dave")]
-    assert store.add_command("r1", "pause", "erin", reuse_pending=True) != a       # a was consumed
+    assert store.commands.add("r1", "pause", "erin", reuse_pending=True) != a       # a was consumed
     with pytest.raises(RolloutNotFoundError, match="no rollout 'nope'"):
-        store.add_command("nope", "abort", "x")
+        store.commands.add("nope", "abort", "x")
     with pytest.raises(StoreError, match="unknown command"):
-        store.add_command("r1", "explode", "x")
+        store.commands.add("r1", "explode", "x")
 
 
 def test_leases_with_an_injected_clock(store):
-    assert store.lease("r1") is None
-    assert store.acquire_lease("r1", "w1", 30.0, now=100.0) and store.lease("r1") == ("w1", 130.0)
-    assert not store.acquire_lease("r1", "w2", 30.0, now=129.9)          # held: the other waits
-    assert store.acquire_lease("r1", "w1", 30.0, now=120.0) and store.lease("r1") == ("w1", 150.0)   # renewed
-    assert not store.acquire_lease("r1", "w2", 30.0, now=149.0)
-    assert store.acquire_lease("r1", "w2", 30.0, now=150.0) and store.lease("r1") == ("w2", 180.0)   # expired
-    assert not store.acquire_lease("r1", "w1", 30.0, now=151.0)          # the old holder lost it
-    store.release_lease("r1", "w1")                                      # not its lease: nothing happens
-    assert store.lease("r1") == ("w2", 180.0)
-    store.release_lease("r1", "w2")
-    assert store.lease("r1") is None and store.acquire_lease("r1", "w1", 30.0, now=151.0)
-    assert store.acquire_lease("r2", "w2", 5.0, now=151.0)              # one lease per rollout
+    assert store.leases.get("r1") is None
+    assert store.leases.acquire("r1", "w1", 30.0, now=100.0) and store.leases.get("r1") == ("w1", 130.0)
+    assert not store.leases.acquire("r1", "w2", 30.0, now=129.9)          # held: the other waits
+    assert store.leases.acquire("r1", "w1", 30.0, now=120.0) and store.leases.get("r1") == ("w1", 150.0)   # renewed
+    assert not store.leases.acquire("r1", "w2", 30.0, now=149.0)
+    assert store.leases.acquire("r1", "w2", 30.0, now=150.0) and store.leases.get("r1") == ("w2", 180.0)   # expired
+    assert not store.leases.acquire("r1", "w1", 30.0, now=151.0)          # the old holder lost it
+    store.leases.release("r1", "w1")                                      # not its lease: nothing happens
+    assert store.leases.get("r1") == ("w2", 180.0)
+    store.leases.release("r1", "w2")
+    assert store.leases.get("r1") is None and store.leases.acquire("r1", "w1", 30.0, now=151.0)
+    assert store.leases.acquire("r2", "w2", 5.0, now=151.0)              # one lease per rollout
 
 
 def test_delivery_journal(store):
     body = {"event": "step", "at": 1.0, "key": "r1:4", "rollout_id": "r1"}
-    assert store.record_delivery("hookA", "r1:4", "r1", body, limit=2) is True
-    assert store.record_delivery("hookA", "r1:4", "r1", body, limit=2) is None         # a replay: nothing queued
-    assert store.record_delivery("hookB", "r1:4", "r1", body, limit=2) is True         # another webhook
-    assert store.record_delivery("hookA", "r1:5", "r1", dict(body, key="r1:5"), limit=2) is True
-    assert store.record_delivery("hookA", "r1:6", "r1", dict(body, key="r1:6"), limit=2) is False   # full
-    assert store.pending_deliveries("hookA") == 2
-    first, got = store.next_delivery("hookA")
+    assert store.deliveries.record("hookA", "r1:4", "r1", body, limit=2) is True
+    assert store.deliveries.record("hookA", "r1:4", "r1", body, limit=2) is None         # a replay: nothing queued
+    assert store.deliveries.record("hookB", "r1:4", "r1", body, limit=2) is True         # another webhook
+    assert store.deliveries.record("hookA", "r1:5", "r1", dict(body, key="r1:5"), limit=2) is True
+    assert store.deliveries.record("hookA", "r1:6", "r1", dict(body, key="r1:6"), limit=2) is False   # full
+    assert store.deliveries.pending("hookA") == 2
+    first, got = store.deliveries.next("hookA")
     assert got == body
-    store.finish_delivery(first, "sent", 3, None)
-    assert store.pending_deliveries("hookA") == 1 and store.next_delivery("hookA")[1]["key"] == "r1:5"
-    log = store.deliveries("r1")
+    store.deliveries.finish(first, "sent", 3, None)
+    assert store.deliveries.pending("hookA") == 1 and store.deliveries.next("hookA")[1]["key"] == "r1:5"
+    log = store.deliveries.of_rollout("r1")
     assert [(d["webhook"], d["key"], d["status"], d["attempts"]) for d in log] == [
         ("hookA", "r1:4", "sent", 3), ("hookB", "r1:4", "pending", 0), ("hookA", "r1:5", "pending", 0)]
-    assert store.deliveries("r2") == []
+    assert store.deliveries.of_rollout("r2") == []
 
 
 def test_two_stores_on_one_file_see_each_other(tmp_path):
@@ -105,6 +105,6 @@ def test_two_stores_on_one_file_see_each_other(tmp_path):
     with Store(path) as a, Store(path) as b:
         a.create_rollout(Rollout("r1", "chat", "v2", "v1", Policy(steps=(50,))), DeploySpec(replicas=2))
         assert b.get("r1").policy.steps == (50,) and b.spec("r1").replicas == 2
-        assert a.acquire_lease("r1", "w1", 30.0, now=0.0) and not b.acquire_lease("r1", "w2", 30.0, now=1.0)
-        b.add_command("r1", "abort", "bob")
-        assert a.next_command("r1")[1:] == (Command.ABORT, "bob")
+        assert a.leases.acquire("r1", "w1", 30.0, now=0.0) and not b.leases.acquire("r1", "w2", 30.0, now=1.0)
+        b.commands.add("r1", "abort", "bob")
+        assert a.commands.next("r1")[1:] == (Command.ABORT, "bob")

@@ -72,8 +72,8 @@ def test_full_disk_stops_the_worker_cleanly_and_it_recovers(small_disk, caplog):
     lines = [rec.getMessage() for rec in caplog.records if "cannot be written" in rec.getMessage()]
     assert len(lines) == 3 and "this pass stopped without acting" in lines[0] and not caplog.records[0].exc_info
     with pytest.raises(StoreWriteError):   # a command from the CLI/API is refused the same way, nothing queued
-        store.add_command(r.id, "pause", "alice")
-    assert store.pending_commands(r.id) == []
+        store.commands.add(r.id, "pause", "alice")
+    assert store.commands.pending(r.id) == []
     assert client.get("/readyz").status_code == 503 and "cannot be written" in store_problems()[0]
     resp = client.post("/api/v1/rollouts", json={"service": "other", "kernels": "torch"}, headers=bearer)
     assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "store_unavailable"
@@ -174,7 +174,7 @@ def test_read_only_disk_stops_the_worker_cleanly_and_it_recovers(ext4_disk, capl
     assert ready.status_code == 503
     assert any(p.startswith("store:") and "Read-only file system" in p for p in ready.get_json()["problems"])
     with pytest.raises(StoreWriteError, match="Read-only file system"):   # a command is refused, nothing queued
-        store.add_command(r.id, "pause", "alice")
+        store.commands.add(r.id, "pause", "alice")
     resp = client.post("/api/v1/rollouts", json={"service": "other", "kernels": "torch"}, headers=bearer)
     assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "store_unavailable"
     got = client.get(f"/api/v1/rollouts/{r.id}", headers=bearer)

@@ -87,5 +87,5 @@ def snapshot(store: Store) -> dict:
     rs = store.list(limit=100000)
     return {"rollouts": [(r.id, r.phase, r.version) for r in rs], "count": store.count(),
             "events": {r.id: store.events(r.id) for r in rs},
-            "commands": {r.id: store.pending_commands(r.id) for r in rs},
+            "commands": {r.id: store.commands.pending(r.id) for r in rs},
             "checks": {r.id: store.check_summaries(r.id) for r in rs}}

@@ -191,14 +191,14 @@ def test_actions_are_202_idempotent_409_when_not_allowed_and_recorded_with_the_a
     r2 = client.post(url + "/pause", headers=auth("operator"))
     assert r1.status_code == r2.status_code == 202
     assert r1.get_json()["command_id"] == r2.get_json()["command_id"]
-    assert [c["command"] for c in store.pending_commands(ro.id)] == ["pause"]
+    assert [c["command"] for c in store.commands.pending(ro.id)] == ["pause"]
     assert client.get(url, headers=auth("viewer")).get_json()["pending_commands"][0]["actor"] == NAMES["operator"]
     before = snapshot(store)
     r = client.post(url + "/resume", headers=auth("operator"))   # not paused yet
     assert r.status_code == 409 and "resume" in r.get_json()["error"]["message"]
     assert snapshot(store) == before
     t = drive(store, ro.id, 1, t0=t)
-    assert store.get(ro.id).phase is Phase.PAUSED and not store.pending_commands(ro.id)
+    assert store.get(ro.id).phase is Phase.PAUSED and not store.commands.pending(ro.id)
     assert client.post(url + "/resume", headers=auth("operator")).status_code == 202
     t = drive(store, ro.id, 1, t0=t)
     assert store.get(ro.id).phase is Phase.PROGRESSING

@@ -137,7 +137,7 @@ def test_session_actions_need_the_csrf_token(client, store):
     assert r.status_code == 403
     assert snapshot(store) == before
     r = client.post(f"/api/v1/rollouts/{ro.id}/pause", json={}, headers={"X-CSRF-Token": csrf_of(client)})
-    assert r.status_code == 202 and store.pending_commands(ro.id)[0]["actor"] == "otto"
+    assert r.status_code == 202 and store.commands.pending(ro.id)[0]["actor"] == "otto"
 
 
 def test_logout_needs_the_csrf_token(client):
@@ -168,7 +168,7 @@ def test_auth_off_acts_as_local_admin_but_still_blocks_cross_site_posts(store):
     assert r.status_code == 403
     assert snapshot(store) == before
     r = c.post(f"/api/v1/rollouts/{ro.id}/abort", json={})   # the CLI
-    assert r.status_code == 202 and store.pending_commands(ro.id)[0]["actor"] == "local"
+    assert r.status_code == 202 and store.commands.pending(ro.id)[0]["actor"] == "local"
 
 
 def test_tokens_never_reach_the_logs(client, store, caplog):

@@ -40,7 +40,7 @@ def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
     deployer, t = InMemoryDeployer(), [0.0]
     store = Store(db)
     rx = Receiver()
-    hook = WebhookNotifier(WebhookConfig(rx.url), journal=store)
+    hook = WebhookNotifier(WebhookConfig(rx.url), journal=store.deliveries)
     w = Worker(store, deployer, CannedSource(), hook, clock=lambda: t[0])
 
     def tick():

@@ -48,7 +48,7 @@ def test_only_the_lease_holder_drives_and_the_other_takes_over_after_expiry(tmp_
             t[0] += 5
             versions.append(w1.reconcile_rollout("r1").version)
             assert w2.reconcile_rollout("r1").version == versions[-1]      # skipped: nothing saved by w2
-        assert s1.lease("r1") == ("w1", t[0] + 30) and w1.holds("r1") and not w2.holds("r1")
+        assert s1.leases.get("r1") == ("w1", t[0] + 30) and w1.holds("r1") and not w2.holds("r1")
         assert versions == sorted(set(versions)) and {who for who, _ in log} == {"w1"}
         # w1 stops renewing (hung or dead): w2 is refused until the lease expires, then drives to the end
         renewed = t[0]
@@ -60,13 +60,13 @@ def test_only_the_lease_holder_drives_and_the_other_takes_over_after_expiry(tmp_
             phases.append(w2.reconcile_rollout("r1").phase)
             t[0] += 5
             assert len(phases) < 50
-        assert phases[-1] is Phase.SUCCEEDED and s2.lease("r1") is not None and s2.lease("r1")[0] == "w2"
+        assert phases[-1] is Phase.SUCCEEDED and s2.leases.get("r1") is not None and s2.leases.get("r1")[0] == "w2"
         before = len(log)
         t[0] += 5
         assert w1.reconcile_rollout("r1").phase is Phase.SUCCEEDED and len(log) == before   # w1 came back: refused
         # the holder gives the lease up once the rollout is over and its outbox empty
         w2.reconcile_rollout("r1")
-        assert s2.lease("r1") is None
+        assert s2.leases.get("r1") is None
         assert [c["seq"] for c in s2.checks("r1")] == list(range(1, s2.get("r1").checks + 1))
         assert [who for who, what in log if what == "promote"] == ["w2"]
 
@@ -77,12 +77,12 @@ def test_a_stopped_worker_hands_its_leases_over_at_once(tmp_path):
         start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
         w1 = Worker(s, deployer, CannedSource(), clock=lambda: t[0], owner="w1")
         w1.run_once()
-        assert s.lease("r1")[0] == "w1"
+        assert s.leases.get("r1")[0] == "w1"
         w1.stop()
-        assert s.lease("r1") is None
+        assert s.leases.get("r1") is None
         w2 = Worker(s, deployer, CannedSource(), clock=lambda: t[0], owner="w2")
         t[0] += 1                                              # long before w1's lease would have expired
-        assert w2.reconcile_rollout("r1").phase is Phase.PROGRESSING and s.lease("r1")[0] == "w2"
+        assert w2.reconcile_rollout("r1").phase is Phase.PROGRESSING and s.leases.get("r1")[0] == "w2"
 
 
 def wait_for(cond, timeout=30.0):
@@ -106,7 +106,7 @@ def test_two_real_workers_on_one_file_store(tmp_path):
     w2 = Worker(s2, Recording(deployer, "w2", log), CannedSource(rate=20000), config=cfg, owner="w2")
     try:
         w1.start()
-        wait_for(lambda: s1.lease("r1") is not None)           # w1 holds it, stuck in its first deploy
+        wait_for(lambda: s1.leases.get("r1") is not None)           # w1 holds it, stuck in its first deploy
         w2.start()
         wait_for(lambda: s2.get("r1").phase is Phase.SUCCEEDED and not s2.pending_actions("r1"))
         assert {who for who, _ in log} == {"w2"}               # w1 never got a call through
@@ -133,19 +133,19 @@ def test_tick_renews_the_due_leases_at_once_and_skips_the_others(tmp_path):
     with Store(db) as s:
         for svc in ("a", "b", "c"):
             start_rollout(s, svc, "triton-v1", "torch", POLICY, now=0.0, rollout_id=f"r-{svc}")
-        assert s.acquire_lease("r-b", "w2", 30.0, now=100.0)
+        assert s.leases.acquire("r-b", "w2", 30.0, now=100.0)
         w1 = Worker(s, Recording(InMemoryDeployer(), "w1", log), CannedSource(), clock=lambda: t[0], owner="w1")
         seen: list[str] = []
-        s._db.set_trace_callback(seen.append)
+        s._db.conn.set_trace_callback(seen.append)
         started = w1.tick()
         for th in started:
             th.join(30)
-        s._db.set_trace_callback(None)
+        s._db.conn.set_trace_callback(None)
         assert sorted(th.name for th in started) == ["sits-rollout-a", "sits-rollout-c"]
         tx = seen[:seen.index("COMMIT")]                              # the round's first transaction: every lease
         assert sum(q.startswith("SELECT owner, expires_at FROM leases") for q in tx) == 3
         assert sum(q.startswith("INSERT OR REPLACE INTO leases") for q in tx) == 2
-        assert s.lease("r-b") == ("w2", 130.0) and s.lease("r-a")[0] == s.lease("r-c")[0] == "w1"
+        assert s.leases.get("r-b") == ("w2", 130.0) and s.leases.get("r-a")[0] == s.leases.get("r-c")[0] == "w1"
         assert s.get("r-b").version == 1 and s.get("r-a").version == s.get("r-c").version == 2
 
 
@@ -163,11 +163,11 @@ def test_actions_reuse_a_lease_renewed_moments_ago_and_renew_an_older_one(tmp_pa
         w = Worker(s, Recording(InMemoryDeployer(), "w", log), CannedSource(), clock=lambda: t[0], owner="w",
                    config=WorkerConfig(interval_s=5, lease_ttl_s=30))
         seen: list[str] = []
-        s._db.set_trace_callback(seen.append)
+        s._db.conn.set_trace_callback(seen.append)
         start_rollout(s, "a", "triton-v1", "torch", POLICY, now=0.0, rollout_id="ra")
         w.reconcile_rollout("ra")                              # deploys baseline, canary (+ production), notifies
         writes = [q for q in seen if q.startswith(("INSERT OR REPLACE INTO leases", "UPDATE leases"))]
-        assert [what for _, what in log].count("deploy") == 3 and len(writes) == 1 and s.lease("ra") == ("w", 130.0)
+        assert [what for _, what in log].count("deploy") == 3 and len(writes) == 1 and s.leases.get("ra") == ("w", 130.0)
         slow = Worker(s, SlowDeploys(), CannedSource(), clock=lambda: t[0], owner="w2",
                       config=WorkerConfig(interval_s=5, lease_ttl_s=30))
         start_rollout(s, "b", "triton-v1", "torch", POLICY, now=0.0, rollout_id="rb")
@@ -175,4 +175,4 @@ def test_actions_reuse_a_lease_renewed_moments_ago_and_renew_an_older_one(tmp_pa
         slow.reconcile_rollout("rb")                           # its actions take 6 s of the clock
         writes = [q for q in seen if q.startswith(("INSERT OR REPLACE INTO leases", "UPDATE leases"))]
         # renewed again once 3 s had passed (which parallel deploy sees that first depends on the threads)
-        assert len(writes) >= 2 and s.lease("rb")[0] == "w2" and s.lease("rb")[1] >= t[0] + 27
+        assert len(writes) >= 2 and s.leases.get("rb")[0] == "w2" and s.leases.get("rb")[1] >= t[0] + 27

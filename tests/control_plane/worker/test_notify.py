@@ -155,7 +155,7 @@ def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path
     # crash) queues nothing. An in-memory store journals the same way.
     db = Store(str(tmp_path / "sits.db") if where == "file" else ":memory:")
     rx = receiver(script=[503] * 1000)
-    first = WebhookNotifier(WebhookConfig(rx.url, retries=1000, backoff_s=0.02, max_backoff_s=0.02), journal=db)
+    first = WebhookNotifier(WebhookConfig(rx.url, retries=1000, backoff_s=0.02, max_backoff_s=0.02), journal=db.deliveries)
     keyed = Notification("rolled_back", "chat", "chat-1", "restored", key="chat-1:7")
     first.notify(keyed)
     deadline = time.monotonic() + 5
@@ -164,7 +164,7 @@ def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path
     first.close(timeout=0.1)   # stops mid-retry: the row stays pending
     assert len(rx.hits) >= 2 and rx.bodies == [] and first.sent == 0
     rx.script.clear()
-    second = WebhookNotifier(WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=db)
+    second = WebhookNotifier(WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=db.deliveries)
     assert second.flush(5)
     assert [b["key"] for b in rx.bodies] == ["chat-1:7"] and rx.bodies[0]["event"] == "rolled_back"
     second.notify(keyed)                                              # the same key again: already delivered
@@ -172,12 +172,12 @@ def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path
     assert second.flush(5)
     assert [b["key"] for b in rx.bodies] == ["chat-1:7", "chat-2:9"]
     other = receiver()                                                # another webhook: its own queue in the file
-    third = WebhookNotifier(WebhookConfig(other.url), journal=db)
+    third = WebhookNotifier(WebhookConfig(other.url), journal=db.deliveries)
     third.notify(keyed)
     assert third.flush(5) and [b["key"] for b in other.bodies] == ["chat-1:7"]
     second.close()
     third.close()
-    log = db.deliveries("chat-1")                     # one row per webhook, read back by rollout
+    log = db.deliveries.of_rollout("chat-1")                     # one row per webhook, read back by rollout
     assert [(d["key"], d["status"]) for d in log] == [("chat-1:7", "sent"), ("chat-1:7", "sent")]
     assert len({d["webhook"] for d in log}) == 2 and all(rx.url not in d["webhook"] for d in log)
     db.close()

@@ -144,10 +144,10 @@ def test_journaled_webhook_sends_every_notification_once_across_crashes(tmp_path
             db = str(tmp_path / f"{'-'.join(steps).replace(':', '_')}.db")
             rx.bodies.clear()
             got = drive(db, 1.6, crash_at=steps, make_notifier=lambda store: WebhookNotifier(
-                WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=store))
+                WebhookConfig(rx.url, retries=2, backoff_s=0.01), journal=store.deliveries))
             assert got[6] > 0 and got[0].phase is Phase.ROLLED_BACK
             with Store(db) as store:
-                last = WebhookNotifier(WebhookConfig(rx.url), journal=store)
+                last = WebhookNotifier(WebhookConfig(rx.url), journal=store.deliveries)
                 assert last.flush(10)
                 last.close()
             assert [b["event"] for b in rx.bodies] == want, steps
@@ -174,7 +174,7 @@ def test_commands_are_inputs_and_survive_a_crash_before_consumption(tmp_path):
         t += 1
         tick()
     queue = Store(db)
-    queue.add_command("r1", Command.PAUSE, "alice")
+    queue.commands.add("r1", Command.PAUSE, "alice")
     t += 1
 
     def crash_after_save(step):
@@ -185,8 +185,8 @@ def test_commands_are_inputs_and_survive_a_crash_before_consumption(tmp_path):
     assert tick() is Phase.PAUSED                       # recovered the outbox (notify "paused")
     t += 1
     assert tick() is Phase.PAUSED                       # the replayed PAUSE is ignored, then consumed
-    assert queue.next_command("r1") is None
-    queue.add_command("r1", "promote", "bob")
+    assert queue.commands.next("r1") is None
+    queue.commands.add("r1", "promote", "bob")
     t += 1
     assert tick() is Phase.PROMOTING
     t += 1

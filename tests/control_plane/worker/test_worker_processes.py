@@ -92,10 +92,10 @@ def test_two_workers_on_one_store_deploy_once(tmp_path, policy):
         assert sorted(logs.values(), key=len) == [[], ["baseline", "canary", "production"]], logs
         assert len(_engines("twoworkers")) == 3
         with Store(db, readonly=True) as s:
-            owner = s.lease(rid)[0]
+            owner = s.leases.get(rid)[0]
         time.sleep(1.0)   # several passes of both workers at 0.2 s
         with Store(db, readonly=True) as s:
-            assert s.lease(rid)[0] == owner
+            assert s.leases.get(rid)[0] == owner
         assert {n: len(list((tmp_path / n).glob("twoworkers-*.log"))) for n in "ab"} == \
             {n: len(v) for n, v in logs.items()}
     finally:
