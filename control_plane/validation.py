@@ -1,10 +1,11 @@
-"""Field checks shared by every spec that carries them (DeploySpec, VariantSpec, the API): each raises
-ValidationError naming its field. Pure."""
+"""Field checks shared by every spec that carries them (DeploySpec, VariantSpec, the API) and the one policy
+parser: each raises ValidationError naming its field. Pure."""
 from __future__ import annotations
 
 import re
 from typing import Any, Mapping
 
+from control_plane.analysis.policy import Policy, PolicyError
 from control_plane.errors import ValidationError
 
 # DNS-1035 label: the service name becomes part of Kubernetes object names (`<service>-<role>`) and of label values
@@ -64,3 +65,18 @@ def optional_string(v: Any, field: str) -> str | None:
     if v is not None and (not isinstance(v, str) or not v):
         raise ValidationError(f"{field} must be a non-empty string or null", field)
     return v
+
+
+def policy(v: Any, field: str = "policy", defaults: Mapping | None = None) -> Policy:
+    """The one way a policy from outside (an API body, a judge request, the service layer) becomes a Policy: its
+    fields over `defaults`; ValidationError whose field is the exact path (`policy.checks[1].max_rel_delta`) and
+    whose message gives the value and what is allowed, in the units the UI uses."""
+    if isinstance(v, Policy):
+        return v
+    if v is not None and not isinstance(v, Mapping):
+        raise ValidationError(f"{field} must be an object of Policy fields", field)
+    try:
+        return Policy.from_dict({**(defaults or {}), **(v or {})})
+    except PolicyError as e:
+        where = f"{field}.{e.field}" if e.field else field
+        raise ValidationError(f"{where} {e.problem}" if e.field else f"{field}: {e.problem}", where) from None

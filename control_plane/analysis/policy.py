@@ -25,7 +25,17 @@ LIMITS: dict[str, tuple[float, float]] = {
 
 
 class PolicyError(ValueError):
-    """An invalid policy value; the message names the field."""
+    """An invalid policy value. `field` is its path in the policy ("checks[1].max_rel_delta",
+    "correctness.max_tokens"; "" for the policy as a whole), `problem` what is wrong with it: the value it had and
+    what is allowed, in the units the UI asks for (percent for thresholds, seconds for times)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}" if field else problem)
+        self.field, self.problem = field, problem
+
+    def under(self, prefix: str) -> "PolicyError":
+        """The same error one level down: `checks[1]` + `max_rel_delta`."""
+        return PolicyError(f"{prefix}.{self.field}" if self.field else prefix, self.problem)
 
 
 def _num(x) -> bool:
@@ -43,27 +53,40 @@ class MetricCheck:
 
     def __post_init__(self) -> None:
         if not isinstance(self.metric, str) or not (self.metric == ERROR_RATE or _METRIC_RE.match(self.metric)):
-            raise PolicyError(f"check.metric must be a Prometheus metric name or {ERROR_RATE!r}, got "
+            raise PolicyError("metric", f"must be a Prometheus metric name or {ERROR_RATE!r}, got "
                               f"{_short(self.metric)}")
         if self.metric == ERROR_RATE:
-            if self.quantile is not None or self.max_rel_delta is not None:
-                raise PolicyError("error_rate checks take max_abs_delta only")
+            if self.quantile is not None:
+                raise PolicyError("quantile", "does not apply to an error_rate check (it takes max_abs_delta)")
+            if self.max_rel_delta is not None:
+                raise PolicyError("max_rel_delta", "does not apply to an error_rate check (it takes max_abs_delta)")
             if not _num(self.max_abs_delta) or not 0 <= self.max_abs_delta < 1:
-                raise PolicyError("error_rate check needs max_abs_delta in [0, 1) (0.01 = 1 point)")
+                raise PolicyError("max_abs_delta", "(the error-rate increase allowed) must be from 0 up to 100 "
+                                  f"percentage points (0.01 = +1 pt), got {_points(self.max_abs_delta)}")
         else:
             if not _num(self.quantile) or not 0 < self.quantile < 1:
-                raise PolicyError(f"{self.metric}: quantile must be in (0, 1), got {self.quantile!r}")
+                raise PolicyError("quantile", f"must be between 0 and 1 (0.99 = P99), got {_short(self.quantile)}")
             if not _num(self.max_rel_delta) or not _within("max_rel_delta", self.max_rel_delta):
-                raise PolicyError(f"{self.metric}: max_rel_delta must be in {_range('max_rel_delta')} "
-                                  "(0.10 = +10 %)")
+                lo, hi = LIMITS["max_rel_delta"]
+                raise PolicyError("max_rel_delta", f"(the {self.name.split(':')[-1].upper()} increase allowed) must "
+                                  f"be between +{lo * 100:g} % and +{hi * 100:g} % (0.10 = +10 %), got "
+                                  f"{_percent(self.max_rel_delta)}")
             if self.max_abs_delta is not None:
-                raise PolicyError(f"{self.metric}: latency checks take max_rel_delta, not max_abs_delta")
+                raise PolicyError("max_abs_delta", "does not apply to a latency check (it takes max_rel_delta)")
 
     @property
     def name(self) -> str:
         if self.metric == ERROR_RATE:
             return ERROR_RATE
         return f"{self.metric}:p{_pct(self.quantile)}"
+
+
+def _percent(v) -> str:
+    return f"{v * 100:+g} %" if _num(v) else _short(v)
+
+
+def _points(v) -> str:
+    return f"{v * 100:+g} pt" if _num(v) else _short(v)
 
 
 def default_checks() -> tuple[MetricCheck, ...]:
@@ -92,16 +115,16 @@ class Tolerances:
     def __post_init__(self) -> None:
         if isinstance(self.min_confident_positions, bool) or not isinstance(self.min_confident_positions, int) \
                 or not 0 <= self.min_confident_positions <= 100_000:
-            raise PolicyError("correctness tolerance min_confident_positions must be an integer in [0, 100000], got "
-                              f"{self.min_confident_positions!r}")
+            raise PolicyError("min_confident_positions", "must be an integer from 0 to 100000, got "
+                              f"{_short(self.min_confident_positions)}")
         for name in ("min_identical_fraction", "min_top1_agreement", "min_confident_top1"):
             v = getattr(self, name)
             if not _num(v) or not 0 <= v <= 1:
-                raise PolicyError(f"correctness tolerance {name} must be a fraction in [0, 1], got {v!r}")
+                raise PolicyError(name, f"must be a fraction from 0 to 1, got {_short(v)}")
         for name in ("max_mean_logprob_drift", "max_logprob_drift", "max_flip_margin", "confident_margin"):
             v = getattr(self, name)
             if not _num(v) or not 0 <= v <= 100:
-                raise PolicyError(f"correctness tolerance {name} must be a number of nats in [0, 100], got {v!r}")
+                raise PolicyError(name, f"must be a number of nats from 0 to 100, got {_short(v)}")
 
 
 # Measured (docs/control-loop.md "Correctness gate", BENCHMARKS.md "Correctness gate"): fp32 is the torch set against
@@ -142,28 +165,31 @@ class CorrectnessPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
-            raise PolicyError("correctness.enabled must be true or false")
+            raise PolicyError("enabled", f"must be true or false, got {_short(self.enabled)}")
         if not isinstance(self.prompt_set, str) or not self.prompt_set or len(self.prompt_set) > 4096:
-            raise PolicyError("correctness.prompt_set must be 'default' or a file path")
+            raise PolicyError("prompt_set", "must be 'default' or a file path")
         for name, lo, hi in (("max_tokens", 1, 256), ("compare_tokens", 1, 256), ("top_logprobs", 1, 20),
                              ("concurrency", 1, 64)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise PolicyError(f"correctness.{name} must be an integer in [{lo}, {hi}], got {v!r}")
+                raise PolicyError(name, f"must be an integer from {lo} to {hi}, got {_short(v)}")
         if self.compare_tokens > self.max_tokens:
-            raise PolicyError("correctness.compare_tokens must be <= correctness.max_tokens")
+            raise PolicyError("compare_tokens", f"({self.compare_tokens}) must be at most max_tokens "
+                              f"({self.max_tokens})")
         if not _num(self.max_error_fraction) or not 0 <= self.max_error_fraction <= 1:
-            raise PolicyError("correctness.max_error_fraction must be a fraction in [0, 1]")
+            raise PolicyError("max_error_fraction", f"must be a fraction from 0 to 1, got "
+                              f"{_short(self.max_error_fraction)}")
         if not _num(self.interval_s) or self.interval_s < 0:
-            raise PolicyError("correctness.interval_s must be >= 0 seconds (0 = once per step)")
+            raise PolicyError("interval_s", f"must be >= 0 seconds (0 = once per step), got {_short(self.interval_s)}")
         if not _num(self.request_timeout_s) or not 0 < self.request_timeout_s <= 3600:
-            raise PolicyError("correctness.request_timeout_s must be in (0, 3600] seconds")
+            raise PolicyError("request_timeout_s", "must be more than 0 and at most 3600 seconds, got "
+                              f"{_short(self.request_timeout_s)}")
         if not isinstance(self.tolerances, Mapping) or not self.tolerances:
-            raise PolicyError("correctness.tolerances must map dtypes (float32, bfloat16, ...) to tolerances")
+            raise PolicyError("tolerances", "must map dtypes (float32, bfloat16, ...) to tolerances")
         tol = {}
         for dtype, t in self.tolerances.items():
             if not isinstance(dtype, str) or not dtype:
-                raise PolicyError("correctness.tolerances keys must be dtype names such as 'bfloat16'")
+                raise PolicyError("tolerances", "keys must be dtype names such as 'bfloat16'")
             tol[dtype] = t if isinstance(t, Tolerances) else _tolerances(dtype, t)
         object.__setattr__(self, "tolerances", tol)
 
@@ -181,14 +207,15 @@ class CorrectnessPolicy:
         if isinstance(d, CorrectnessPolicy):
             return d
         if not isinstance(d, Mapping):
-            raise PolicyError("correctness must be an object, e.g. {\"enabled\": false}")
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+            raise PolicyError("", "must be an object, e.g. {\"enabled\": false}")
+        unknown = sorted(str(k) for k in set(d) - {f.name for f in fields(cls)})
         if unknown:
-            raise PolicyError(f"unknown correctness field(s): {', '.join(unknown)}")
+            raise PolicyError(_name(unknown[0]), f"is not a correctness field; fields are "
+                              f"{', '.join(f.name for f in fields(cls))}")
         d = dict(d)
         if "tolerances" in d:
             if not isinstance(d["tolerances"], Mapping):
-                raise PolicyError("correctness.tolerances must map dtypes (float32, bfloat16, ...) to tolerances")
+                raise PolicyError("tolerances", "must map dtypes (float32, bfloat16, ...) to tolerances")
             d["tolerances"] = {**DEFAULT_TOLERANCES, **{k: _tolerances(k, v) for k, v in d["tolerances"].items()}}
         return cls(**d)
 
@@ -197,12 +224,15 @@ def _tolerances(dtype: str, t) -> Tolerances:
     if isinstance(t, Tolerances):
         return t
     if not isinstance(t, Mapping):
-        raise PolicyError(f"correctness.tolerances.{dtype} must be an object")
+        raise PolicyError(f"tolerances.{dtype}", "must be an object")
     base = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[LOOSEST_DTYPE])
-    unknown = sorted(set(t) - {f.name for f in fields(Tolerances)})
+    unknown = sorted(str(k) for k in set(t) - {f.name for f in fields(Tolerances)})
     if unknown:
-        raise PolicyError(f"unknown correctness.tolerances.{dtype} field(s): {', '.join(unknown)}")
-    return Tolerances(**{**asdict(base), **t})
+        raise PolicyError(f"tolerances.{_name(dtype)}.{_name(unknown[0])}", "is not a tolerance field")
+    try:
+        return Tolerances(**{**asdict(base), **t})
+    except PolicyError as e:
+        raise e.under(f"tolerances.{dtype}") from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -230,46 +260,56 @@ class Policy:
     def __post_init__(self) -> None:
         steps = tuple(self.steps)
         if not steps or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= 100 for s in steps):
-            raise PolicyError("steps must be integer percents in (0, 100], e.g. (5, 10, 25, 50, 100)")
+            raise PolicyError("steps", f"must be integer percents of traffic from 1 to 100, e.g. [5, 10, 25, 50, "
+                              f"100], got {_short(list(steps))}")
         if any(a >= b for a, b in zip(steps, steps[1:])):
-            raise PolicyError("steps must be strictly increasing")
+            raise PolicyError("steps", f"must be strictly increasing, got {_short(list(steps))}")
         if steps[0] >= 100:
-            raise PolicyError("steps need at least one step below 100 % (the canary is analysed next to a baseline "
-                              "before promotion)")
+            raise PolicyError("steps", "need at least one step below 100 % (the canary is analysed next to a "
+                              "baseline before promotion)")
         object.__setattr__(self, "steps", steps)
         if isinstance(self.checks, (str, bytes, Mapping)) or not isinstance(self.checks, (list, tuple)):
-            raise PolicyError("checks must be a list of check objects")
+            raise PolicyError("checks", "must be a list of check objects")
         if not 1 <= len(self.checks) <= MAX_CHECKS:
-            raise PolicyError(f"a policy needs at least one check and at most {MAX_CHECKS}, got {len(self.checks)}")
+            raise PolicyError("checks", f"must hold at least one check and at most {MAX_CHECKS}, got "
+                              f"{len(self.checks)}")
         checks = tuple(_check(c, i) for i, c in enumerate(self.checks))
         object.__setattr__(self, "checks", checks)
         for name in ("check_interval_s", "max_duration_s", "ready_timeout_s", "warmup_s"):
             if not _num(getattr(self, name)) or not _within(name, getattr(self, name)):
-                raise PolicyError(f"{name} must be a number of seconds in {_range(name)}, got "
-                                  f"{_short(getattr(self, name))}")
+                lo, hi = LIMITS[name]
+                raise PolicyError(name, f"must be from {lo:g} to {hi:g} seconds, got {_short(getattr(self, name))}")
         for name in ("min_samples", "failure_limit", "inconclusive_limit", "min_error_samples", "min_tail_samples"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not _within(name, v):
-                raise PolicyError(f"{name} must be an integer in {_range(name)}, got {_short(v)}")
+                lo, hi = LIMITS[name]
+                raise PolicyError(name, f"must be an integer from {lo:g} to {hi:g}, got {_short(v)}")
         if self.on_inconclusive not in ("pause", "rollback"):
-            raise PolicyError("on_inconclusive must be 'pause' or 'rollback'")
+            raise PolicyError("on_inconclusive", f"must be 'pause' or 'rollback', got {_short(self.on_inconclusive)}")
         if self.compare_to not in TARGETS:
-            raise PolicyError("compare_to must be 'baseline' or 'production'")
+            raise PolicyError("compare_to", f"must be 'baseline' or 'production', got {_short(self.compare_to)}")
         if not isinstance(self.auto_promote, bool):
-            raise PolicyError("auto_promote must be true or false")
-        for name in ("z_fail", "z_pass", "max_error_rate"):
+            raise PolicyError("auto_promote", f"must be true or false, got {_short(self.auto_promote)}")
+        for name in ("z_fail", "z_pass"):
             if not _num(getattr(self, name)) or not _within(name, getattr(self, name)):
-                raise PolicyError(f"{name} must be in {_range(name)}, got {_short(getattr(self, name))}")
+                lo, hi = LIMITS[name]
+                raise PolicyError(name, f"must be from {lo:g} to {hi:g} (standard deviations), got "
+                                  f"{_short(getattr(self, name))}")
+        if not _num(self.max_error_rate) or not _within("max_error_rate", self.max_error_rate):
+            lo, hi = LIMITS["max_error_rate"]
+            raise PolicyError("max_error_rate", f"(the canary error rate that fails at once) must be from "
+                              f"{lo * 100:g} % to {hi * 100:g} % (0.05 = 5 %), got {_short(self.max_error_rate)}")
         if isinstance(self.report_metrics, (str, bytes, Mapping)) or not isinstance(self.report_metrics, (list, tuple)):
-            raise PolicyError("report_metrics must be a list of metric names")
+            raise PolicyError("report_metrics", "must be a list of metric names")
         if len(self.report_metrics) > MAX_REPORT_METRICS:
-            raise PolicyError(f"report_metrics has {len(self.report_metrics)} names; at most {MAX_REPORT_METRICS}")
+            raise PolicyError("report_metrics", f"has {len(self.report_metrics)} names; at most {MAX_REPORT_METRICS}")
         report = tuple(self.report_metrics)
-        if not all(isinstance(m, str) and _METRIC_RE.match(m) for m in report):
-            raise PolicyError("report_metrics must be a list of Prometheus metric names")
+        for i, m in enumerate(report):
+            if not (isinstance(m, str) and _METRIC_RE.match(m)):
+                raise PolicyError(f"report_metrics[{i}]", f"must be a Prometheus metric name, got {_short(m)}")
         object.__setattr__(self, "report_metrics", report)
         if not isinstance(self.correctness, CorrectnessPolicy):
-            object.__setattr__(self, "correctness", CorrectnessPolicy.from_dict(self.correctness))
+            object.__setattr__(self, "correctness", _correctness(self.correctness))
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -288,19 +328,20 @@ class Policy:
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "Policy":
         if d is not None and not isinstance(d, Mapping):
-            raise PolicyError(f"a policy must be an object of fields, got {type(d).__name__}")
+            raise PolicyError("", f"a policy must be an object of fields, got {type(d).__name__}")
         d = dict(d or {})
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in set(d) - known)
         if unknown:
-            raise PolicyError(f"unknown policy field(s): {_short(', '.join(unknown))}")
+            raise PolicyError(_name(unknown[0]), "is not a policy field; fields are "
+                              f"{', '.join(f.name for f in fields(cls))}")
         for key in ("steps", "report_metrics"):
             if key in d and not isinstance(d[key], (list, tuple)):
-                raise PolicyError(f"{key} must be a list, got {type(d[key]).__name__}")
+                raise PolicyError(key, f"must be a list, got {type(d[key]).__name__}")
             if key in d:
                 d[key] = tuple(d[key])
         if "correctness" in d:
-            d["correctness"] = CorrectnessPolicy.from_dict(d["correctness"])
+            d["correctness"] = _correctness(d["correctness"])
         return cls(**d)
 
 
@@ -308,12 +349,23 @@ def _check(c, i: int) -> MetricCheck:
     if isinstance(c, MetricCheck):
         return c
     if not isinstance(c, Mapping):
-        raise PolicyError(f"bad check: checks[{i}] must be an object like {{\"metric\": ..., \"quantile\": 0.99, "
+        raise PolicyError(f"checks[{i}]", "must be an object like {\"metric\": ..., \"quantile\": 0.99, "
                           f"\"max_rel_delta\": 0.1}}, got {_short(c)}")
     unknown = sorted(str(k) for k in set(c) - {f.name for f in fields(MetricCheck)})
     if unknown:
-        raise PolicyError(f"bad check: checks[{i}] has unknown field(s): {_short(', '.join(unknown))}")
-    return MetricCheck(**c)
+        raise PolicyError(f"checks[{i}].{_name(unknown[0])}", "is not a check field; fields are metric, quantile, "
+                          "max_rel_delta, max_abs_delta")
+    try:
+        return MetricCheck(**c)
+    except PolicyError as e:
+        raise e.under(f"checks[{i}]") from None
+
+
+def _correctness(d) -> CorrectnessPolicy:
+    try:
+        return CorrectnessPolicy.from_dict(d)
+    except PolicyError as e:
+        raise e.under("correctness") from None
 
 
 def _within(name: str, v: float) -> bool:
@@ -321,18 +373,14 @@ def _within(name: str, v: float) -> bool:
     return lo <= v <= hi
 
 
-def _range(name: str) -> str:
-    lo, hi = LIMITS[name]
-    return f"[{lo:g}, {hi:g}]"
+def _name(key: str) -> str:
+    """An unknown key as it goes into a field path: at most 24 characters."""
+    return key if len(key) <= 24 else key[:24] + "..."
 
 
 def _short(v) -> str:
     text = repr(v)
     return text if len(text) <= 80 else text[:80] + "..."
-
-
-def _num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _pct(q: float) -> str:

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 from control_plane.adapters.metrics import MetricsWindow, NoDataError, Target
 from control_plane.adapters.prometheus import PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import Outcome, Policy, PolicyError, Verdict, assess, promql
+from control_plane import validation
+from control_plane.analysis import Outcome, Policy, Verdict, assess, promql
 from control_plane.errors import ValidationError
 
 ROLES = ("canary", "baseline")
@@ -135,10 +136,7 @@ def _policy(d: Any, field_name: str) -> Policy:
     if not isinstance(d, Mapping):
         raise ValidationError(f"{field_name} must be an object (fields of Policy)", field_name)
     # one look, no rollout: the steps and the correctness gate (which replays prompts) do not apply
-    try:
-        policy = Policy.from_dict({**d, "correctness": {"enabled": False}})
-    except (PolicyError, TypeError, ValueError) as e:
-        raise ValidationError(f"{field_name}: {e}", field_name) from None
+    policy = validation.policy({**d, "correctness": {"enabled": False}}, field_name)
     if policy.compare_to != "baseline":
         raise ValidationError(f"{field_name}.compare_to: the judge compares the canary with the baseline you give",
                               f"{field_name}.compare_to")

@@ -9,7 +9,7 @@ from typing import Any, Collection, Mapping
 
 from control_plane import validation
 from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.analysis import Policy, PolicyError
+from control_plane.analysis import Policy
 from control_plane.errors import ConflictError, ValidationError
 from control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
 from control_plane.adapters.spec import DeploySpec
@@ -27,14 +27,7 @@ def _kernel_set(name: object, field: str, known: Collection[str]) -> str:
 
 
 def _policy(policy: Policy | Mapping[str, Any] | None) -> Policy:
-    if policy is None or isinstance(policy, Policy):
-        return policy or Policy()
-    if not isinstance(policy, Mapping):
-        raise ValidationError("policy must be an object of Policy fields", "policy")
-    try:
-        return Policy.from_dict(policy)
-    except (PolicyError, TypeError) as e:
-        raise ValidationError(f"policy: {e}", "policy") from None
+    return validation.policy(policy)
 
 
 def _spec(spec: DeploySpec | Mapping[str, Any] | None) -> DeploySpec:

@@ -2,16 +2,15 @@
 `field` names the offending key (`policy.checks[1].max_rel_delta`, `replicas`, ...)."""
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any, Mapping
 
-from control_plane.analysis import ERROR_RATE, CorrectnessPolicy, MetricCheck, Policy, PolicyError
+from control_plane import validation
+from control_plane.analysis import Policy
 from control_plane.errors import ValidationError
 
 FIELDS = {"service": str, "kernels": str, "production_kernels": str, "model": str, "replicas": int,
           "policy": dict, "args": list, "production_args": list, "gpus": int}
 REQUIRED = ("service", "kernels")
-_BAD = (PolicyError, TypeError, ValueError)
 
 
 def create_body(body: Any) -> dict:
@@ -40,57 +39,4 @@ def create_body(body: Any) -> dict:
 
 def policy(d: Mapping | None, defaults: Mapping | None = None) -> Policy:
     """The body's policy fields over the service's defaults (`serve --policy-defaults`; Policy() without)."""
-    try:
-        return Policy.from_dict({**(defaults or {}), **(d or {})})
-    except _BAD as e:
-        raise ValidationError(f"policy: {e}", field=_policy_field(dict(d or {}))) from None
-
-
-def _policy_field(d: dict) -> str:
-    known = {f.name for f in fields(Policy)}
-    for key in d:
-        if key not in known:
-            return f"policy.{key}"
-    if "checks" in d:
-        checks = d["checks"]
-        if not isinstance(checks, list) or not checks:
-            return "policy.checks"
-        for i, c in enumerate(checks):
-            if not isinstance(c, Mapping):
-                return f"policy.checks[{i}]"
-            try:
-                MetricCheck(**c)
-            except TypeError:
-                return f"policy.checks[{i}]"
-            except PolicyError:
-                return f"policy.checks[{i}].{_check_key(c)}"
-    if isinstance(d.get("correctness"), Mapping):   # the gate's own keys: policy.correctness.enabled, ...
-        for key, value in d["correctness"].items():
-            try:
-                CorrectnessPolicy.from_dict({key: value})
-            except _BAD:
-                return f"policy.correctness.{key}"
-    for key, value in d.items():   # each field alone: the one that fails on its own is the culprit
-        if key == "checks":
-            continue
-        try:
-            Policy.from_dict({key: value})
-        except _BAD:
-            return f"policy.{key}"
-    return "policy"
-
-
-def _check_key(c: Mapping) -> str:
-    """Which key of a MetricCheck is wrong, probed in the order MetricCheck validates them."""
-    metric = c.get("metric")
-    if not isinstance(metric, str) or not metric:
-        return "metric"
-    if metric == ERROR_RATE:
-        if c.get("quantile") is not None:
-            return "quantile"
-        return "max_rel_delta" if c.get("max_rel_delta") is not None else "max_abs_delta"
-    try:
-        MetricCheck(metric, quantile=c.get("quantile"), max_rel_delta=0.1)
-    except PolicyError:
-        return "quantile"
-    return "max_abs_delta" if c.get("max_abs_delta") is not None else "max_rel_delta"
+    return validation.policy(d, "policy", defaults)

@@ -29,13 +29,35 @@ def test_invalid_policy(kwargs, field):
 @pytest.mark.parametrize("kwargs,msg", [
     (dict(metric=""), "metric"), (dict(metric="m", quantile=1.0, max_rel_delta=0.1), "quantile"),
     (dict(metric="m", quantile=0.9, max_rel_delta=0), "max_rel_delta"),
-    (dict(metric="m", quantile=0.9, max_rel_delta=0.1, max_abs_delta=0.1), "max_rel_delta, not"),
+    (dict(metric="m", quantile=0.9, max_rel_delta=0.1, max_abs_delta=0.1), "max_abs_delta does not apply"),
     (dict(metric=ERROR_RATE, max_abs_delta=1.5), "max_abs_delta"),
-    (dict(metric=ERROR_RATE, quantile=0.9, max_abs_delta=0.01), "max_abs_delta only"),
+    (dict(metric=ERROR_RATE, quantile=0.9, max_abs_delta=0.01), "quantile does not apply"),
 ])
 def test_invalid_check(kwargs, msg):
-    with pytest.raises(PolicyError, match=msg):
+    with pytest.raises(PolicyError, match=msg) as e:
         MetricCheck(**kwargs)
+    assert str(e.value).startswith(e.value.field + " ")   # the message opens with the field it names
+
+
+@pytest.mark.parametrize("d,field,words", [
+    ({"checks": [{"metric": REQUEST_LATENCY, "quantile": 0.9, "max_rel_delta": 0.1},
+                 {"metric": REQUEST_LATENCY, "quantile": 0.99, "max_rel_delta": -0.05}]},
+     "checks[1].max_rel_delta", ["P99 increase allowed", "+0.01 %", "+10000 %", "got -5 %"]),
+    ({"checks": [{"metric": ERROR_RATE, "max_abs_delta": 2}]}, "checks[0].max_abs_delta", ["points", "got +200 pt"]),
+    ({"correctness": {"max_tokens": 0}}, "correctness.max_tokens", ["from 1 to 256", "got 0"]),
+    ({"correctness": {"tolerances": {"bfloat16": {"max_logprob_drift": -1}}}},
+     "correctness.tolerances.bfloat16.max_logprob_drift", ["nats from 0 to 100"]),
+    ({"check_interval_s": 0}, "check_interval_s", ["from 0.1 to 86400 seconds", "got 0"]),
+    ({"report_metrics": ["ok_metric", "a b"]}, "report_metrics[1]", ["Prometheus metric name"]),
+    ({"max_error_rate": 2}, "max_error_rate", ["0.01 % to 100 %"]),
+    ({"stepz": [1]}, "stepz", ["not a policy field", "steps, check_interval_s"]),
+])
+def test_errors_name_the_exact_field_the_value_and_the_range_in_user_units(d, field, words):
+    with pytest.raises(PolicyError) as e:
+        Policy.from_dict(d)
+    assert e.value.field == field and str(e.value).startswith(field + " ")
+    for w in words:
+        assert w in str(e.value)
 
 
 def test_round_trip_and_unknown_fields():
@@ -43,9 +65,9 @@ def test_round_trip_and_unknown_fields():
                checks=(MetricCheck("sits_time_to_first_token_seconds", quantile=0.99, max_rel_delta=0.2),))
     assert Policy.from_dict(p.to_dict()) == p
     assert Policy.from_dict(None) == Policy()
-    with pytest.raises(PolicyError, match="unknown policy field"):
+    with pytest.raises(PolicyError, match="stepz is not a policy field"):
         Policy.from_dict({"stepz": [1]})
-    with pytest.raises(PolicyError, match="bad check"):
+    with pytest.raises(PolicyError, match="checks\\[0\\].metrik is not a check field"):
         Policy.from_dict({"checks": [{"metrik": "x"}]})
 
 
@@ -63,19 +85,19 @@ HUGE = 10 ** 25
     ({"steps": 5}, "steps must be a list"), ({"steps": {"a": 1}}, "steps must be a list"),
     ({"report_metrics": ["m"] * 3_000_000}, "at most 32"),
     ({"report_metrics": "sits_ttft"}, "report_metrics must be a list"),
-    ({"report_metrics": ["a b"]}, "Prometheus metric names"), ({"report_metrics": [1]}, "Prometheus metric names"),
+    ({"report_metrics": ["a b"]}, "Prometheus metric name"), ({"report_metrics": [1]}, "Prometheus metric name"),
     ({"check_interval_s": 1e-300}, "check_interval_s"), ({"check_interval_s": 1e300}, "check_interval_s"),
     ({"warmup_s": 1e9}, "warmup_s"), ({"max_duration_s": 1e12}, "max_duration_s"),
     ({"ready_timeout_s": 1e-9}, "ready_timeout_s"), ({"failure_limit": HUGE}, "failure_limit"),
     ({"failure_limit": 1e25}, "failure_limit"), ({"inconclusive_limit": HUGE}, "inconclusive_limit"),
     ({"min_samples": HUGE}, "min_samples"), ({"min_tail_samples": HUGE}, "min_tail_samples"),
     ({"min_error_samples": HUGE}, "min_error_samples"), ({"z_fail": 1e300}, "z_fail"), ({"z_pass": 1e-300}, "z_pass"),
-    ({"max_error_rate": 1e-300}, "max_error_rate"), ({"x" * 10_000: 1}, "unknown policy field"),
+    ({"max_error_rate": 1e-300}, "max_error_rate"), ({"x" * 10_000: 1}, "is not a policy field"),
 ])
 def test_hostile_policy_dicts_are_policy_errors(d, msg):
     with pytest.raises(PolicyError, match=msg) as e:
         Policy.from_dict(d)
-    assert len(str(e.value)) < 300   # a one-line message, not the input echoed back
+    assert len(str(e.value)) < 400   # a one-line message (the field list at most), not the input echoed back
 
 
 @pytest.mark.parametrize("doc", [[], [1, 2], "policy", 5, True])

@@ -140,7 +140,7 @@ GOOD = {"canary": {"selector": 'service="equal",env="canary"'},
     ({"baseline": {"scrape_urls": ["file:///etc/passwd"]}, "canary": {"scrape_urls": ["http://a"]}},
      "baseline.scrape_urls"),
     ({"policy": {"compare_to": "production"}}, "policy.compare_to"),
-    ({"policy": {"checks": []}}, "policy"), ({"prometheus_url": "ftp://x"}, "prometheus_url"),
+    ({"policy": {"checks": []}}, "policy.checks"), ({"prometheus_url": "ftp://x"}, "prometheus_url"),
     ({"extra": 1}, "extra")])
 def test_bad_input_is_a_422_naming_the_field(client, change, field):
     body = {**GOOD, **change}

@@ -96,6 +96,6 @@ def test_bad_policy_file_and_missing_store(tmp_path, capsys):
     pol.write_text("stepz: [10]\n")
     rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--policy", str(pol),
                   "--store", str(tmp_path / "s.db"))
-    assert rc == 2 and "unknown policy field" in out
+    assert rc == 2 and "stepz is not a policy field" in out
     rc, out = cli(capsys, "rollout", "list", "--store", str(tmp_path / "missing.db"))
     assert rc == 2 and "no store at" in out
