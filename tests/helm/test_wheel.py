@@ -1,0 +1,21 @@
+"""What the images install (`pip install .`, not editable) holds every file the packages read at run time: the UI's
+templates and static files, the kernel catalogue, the CRDs. A missing one only shows in a pod, so build the wheel."""
+import subprocess
+import sys
+import zipfile
+
+from tests.helm.support import ROOT
+
+PACKAGES = ("engine", "kernels", "control_plane", "dashboards")
+
+
+def test_the_wheel_holds_every_tracked_file_of_the_packages(tmp_path):
+    tracked = subprocess.run(["git", "ls-files", *PACKAGES], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    wanted = {p for p in tracked if not p.endswith(".py")}
+    assert "control_plane/web/templates/base.html" in wanted and "control_plane/adapters/kernel_catalog.json" in wanted
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("sits-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert sorted(wanted - names) == []
