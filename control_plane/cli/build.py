@@ -69,7 +69,8 @@ def build_worker(a) -> Worker:
     except ValueError as e:
         raise CLIError(str(e)) from None
     if a.deployer == "kubernetes":
-        deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig))
+        kw = {"image": a.engine_image} if a.engine_image else {}
+        deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig, **kw))
     else:
         deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
                                              pin_token=secret("SITS_PIN_TOKEN", a.pin_token_file),

@@ -210,6 +210,8 @@ def _worker_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--workdir", default=None, help="local deployer: variant logs")
     w.add_argument("--cpu-threads", type=_count, default=None, help="local deployer: threads per engine process")
     w.add_argument("--namespace", default="default")
+    w.add_argument("--engine-image", default=os.environ.get("SITS_ENGINE_IMAGE") or None,
+                   help="Kubernetes: the engines' image when a rollout names none (default: sits-engine:latest)")
     w.add_argument("--kubeconfig", default=None)
     w.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape")
     w.add_argument("--prometheus-url", default=os.environ.get("SITS_PROMETHEUS_URL"),

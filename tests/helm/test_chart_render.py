@@ -252,3 +252,28 @@ def test_prompt_sets_are_files_the_gate_can_name(home, tmp_path):
                          ("promptSets.ok=notalist", "promptSets/ok")):
         r = helm("template", "rel", str(CHART), "--set", bad, home=home, check=False)
         assert r.returncode != 0 and message in r.stderr, (bad, r.stderr)
+
+
+def test_the_control_plane_runs_the_slim_image_and_the_engines_theirs(home, tmp_path):
+    from control_plane.adapters.kernel_catalog import SHIPPED, KernelCatalog
+
+    docs = render(home, "kubernetes-prometheus-values.yaml")
+    (dep,) = [d for d in by_kind(docs, "Deployment")]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert c["image"] == f"ghcr.io/sits/sits-control:{version}" and "--engine-image=$(SITS_ENGINE_IMAGE)" in c["args"]
+    cm = next(d for d in by_kind(docs, "ConfigMap") if "kernel-catalog.json" in d["data"])
+    assert cm["data"]["SITS_ENGINE_IMAGE"] == f"ghcr.io/sits/sits:{version}"
+    assert cm["data"]["SITS_KERNEL_CATALOG"] == "/etc/sits/config/kernel-catalog.json"
+    # the chart's copy is the control plane's (python -m kernels.catalog --write; then copy it to files/)
+    assert cm["data"]["kernel-catalog.json"] == SHIPPED.read_text()
+    (tmp_path / "c.json").write_text(cm["data"]["kernel-catalog.json"])
+    assert "triton-v1.1" in KernelCatalog.from_file(tmp_path / "c.json")
+    # a catalogue of the operator's own engine image, and the local deployer (engines inside the pod) on the engines'
+    (tmp_path / "own.json").write_text('{"kernel_sets": [{"name": "mine", "version": "1.0.0", "devices": ["cuda"]}]}')
+    docs = render(home, None, "--set", "deployer.type=local", "--set-file", f"engines.kernelCatalog={tmp_path}/own.json",
+                  "--set-string", "engines.image.tag=7")
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/sits/sits:7"
+    cm = next(d for d in by_kind(docs, "ConfigMap") if "kernel-catalog.json" in d["data"])
+    assert json.loads(cm["data"]["kernel-catalog.json"])["kernel_sets"][0]["name"] == "mine"

@@ -41,8 +41,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The control-plane pod's image: the slim control image, or the engines' with the local deployer. */}}
 {{- define "sits-control.image" -}}
+{{- if eq .Values.deployer.type "local" }}
+{{- include "sits-control.engineImage" . }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "sits-control.engineImage" -}}
+{{- printf "%s:%s" .Values.engines.image.repository (default .Chart.AppVersion .Values.engines.image.tag) }}
 {{- end }}
 
 {{/* The namespace the Kubernetes deployer manages variants in (default: the release's). */}}
