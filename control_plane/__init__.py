@@ -1,7 +1,15 @@
-"""SITS control plane: the pure analysis core (`analysis/`, `rollout.py`), its SQLite `store` (the only module that
-opens the file), the application layer shared by the CLI, the web API and the demo (`service.py`, `spec.py`,
-`format.py`, `errors.py`), adapters (deployers, metrics sources, notifiers), the `worker` loop and the `sits-control`
-CLI (`cli.py`, `demo.py`).
+"""SITS control plane, one package per layer (imports run one way, top to bottom):
 
-Importing the package imports nothing heavy; pick the module you need (e.g. `from control_plane.worker import Worker`).
+    cli/       `sits-control` (main.py), what its flags build (build.py), the API client (client.py)
+    demo/      the one-command demo, its local Prometheus and load generator
+    web/       the Flask app factory (`create_app` in web/__init__.py), API, UI, auth; worker/: the control loop
+    service/   what the CLI, the demo and the web share: start rollouts, send commands, the judge, text views
+    store/     the SQLite store (the only code that opens the file)
+    adapters/  deployers, metrics sources, notifiers, the correctness replay, the kernel catalogue, DeploySpec
+    rollout/   the pure state machine `reconcile(rollout, observation, now)` and its types
+    analysis/  the pure analysis core: quantiles, confidence bounds, verdicts, policies
+
+It never imports `engine` or `kernels`: kernel sets reach it as a catalogue (adapters/kernel_catalog.py), engines as
+processes or pods, so `pip install .` runs it without torch. Importing the package imports nothing heavy; pick the
+module you need (e.g. `from control_plane.worker.loop import Worker`).
 """

@@ -1,5 +1,6 @@
 """What the images install (`pip install .`, not editable) holds every file the packages read at run time: the UI's
 templates and static files, the kernel catalogue, the CRDs. A missing one only shows in a pod, so build the wheel."""
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,7 +15,11 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages(tmp_path):
                              check=True).stdout.split()
     wanted = {p for p in tracked if not p.endswith(".py")}
     assert "control_plane/web/templates/base.html" in wanted and "control_plane/adapters/kernel_catalog.json" in wanted
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+    src = tmp_path / "src"   # setuptools writes build/ into the tree it builds: build a copy of the tracked files
+    for p in tracked + ["pyproject.toml", "README.md"]:
+        (src / p).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / p, src / p)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=600)
     (wheel,) = tmp_path.glob("sits-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
