@@ -31,13 +31,14 @@ from control_plane.adapters.spec import DeploySpec
 from control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
                                        state_to_dict)
 from control_plane.store.database import Database
-from control_plane.store.queues import Commands, Deliveries, Leases, RolloutNotFoundError, StoreConflictError
+from control_plane.store.queues import (Commands, Deliveries, Leases, RolloutNotFoundError, Services,
+                                        StoreConflictError)
 from control_plane.store.schema import StoreError
 
 
 class Store:
     """`Store(path)`. Thread-safe: one connection behind a lock (Database); other processes may open the same file.
-    Its queues are objects over the same connection: `commands`, `leases`, `deliveries` (queues.py)."""
+    Its queues are objects over the same connection: `commands`, `leases`, `deliveries`, `services` (queues.py)."""
 
     def __init__(self, path: str, *, readonly: bool = False):
         self._db = Database(path, readonly=readonly)
@@ -48,6 +49,7 @@ class Store:
         self.commands = Commands(self._db)
         self.leases = Leases(self._db)
         self.deliveries = Deliveries(self._db)
+        self.services = Services(self._db)
 
     def close(self) -> None:
         self._db.close()

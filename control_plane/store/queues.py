@@ -1,6 +1,6 @@
 """The store's queues and small tables, each an object over the store's Database (`store.commands`,
-`store.leases`, `store.deliveries`): manual commands left by the CLI / API for the worker, the worker leases, and
-the webhook delivery journal of adapters/notify.py."""
+`store.leases`, `store.deliveries`, `store.services`): manual commands left by the CLI / API for the worker, the
+worker leases, the webhook delivery journal of adapters/notify.py, and where each service's traffic enters."""
 from __future__ import annotations
 
 import json
@@ -154,3 +154,20 @@ class Deliveries:
                         "status": r["status"], "attempts": r["attempts"], "error": r["error"],
                         "done_at": r["done_at"]})
         return out
+
+
+class Services:
+    """Where each service's traffic enters (its router's URL), as the worker last deployed it: the views show it
+    without asking the deployer."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def set_router(self, service: str, url: str, now: float | None = None) -> None:
+        with self._db.tx() as db:
+            db.execute("INSERT INTO services (service, router_url, updated_at) VALUES (?, ?, ?) ON CONFLICT(service) "
+                       "DO UPDATE SET router_url = excluded.router_url, updated_at = excluded.updated_at",
+                       (service, url, time.time() if now is None else now))
+
+    def routers(self) -> dict[str, str]:
+        return {r["service"]: r["router_url"] for r in self._db.rows("SELECT service, router_url FROM services")}

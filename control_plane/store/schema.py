@@ -24,7 +24,7 @@ import tempfile
 from typing import Callable
 from urllib.parse import quote
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -92,8 +92,14 @@ def _v3_to_v4(db: sqlite3.Connection) -> None:
     db.execute("UPDATE rollouts SET state = json_remove(state, '$.data') WHERE json_type(state, '$.data') IS NOT NULL")
 
 
+def _v4_to_v5(db: sqlite3.Connection) -> None:
+    # where each service's traffic enters (the worker writes it after a deploy; views read it, never the deployer)
+    db.execute("CREATE TABLE services (service TEXT PRIMARY KEY, router_url TEXT NOT NULL, updated_at REAL NOT NULL)")
+
+
 # MIGRATIONS[v] takes a file from version v to v + 1
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                                               4: _v4_to_v5}
 
 
 class StoreError(Exception):

@@ -100,11 +100,6 @@ def policy_defaults() -> Policy:
     return Policy.from_dict(current_app.config["POLICY_DEFAULTS"] or {})
 
 
-def router_of():
-    worker = current_app.config["WORKER"]
-    return worker.deployer.router_url if worker is not None else None
-
-
 def _current_production(name: str) -> str:
     for s in catalog.services(store(), spec_or_none):
         if s["service"] == name:
@@ -175,7 +170,7 @@ def kernels():
 @bp.get("/services")
 @require("viewer")
 def services():
-    return jsonify({"services": catalog.services(store(), spec_or_none, router_of())})
+    return jsonify({"services": catalog.services(store(), spec_or_none)})
 
 
 @bp.get("/config")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from flask import current_app
 
-from control_plane.adapters.deploy import DeployNotFoundError
 from control_plane.rollout import Phase
 from control_plane.web.present import weights_of
 
@@ -14,11 +13,12 @@ def kernel_catalog() -> list[dict]:
     return [e.to_dict() for e in current_app.config["KERNEL_CATALOG"].entries()]
 
 
-def services(store, spec_of, router_of=None) -> list[dict]:
+def services(store, spec_of) -> list[dict]:
     """Each service seen in the store with what production runs now, from its latest rollout: the canary's kernel
     set if that rollout succeeded, else the production it was compared with. Readiness is the production variant's
-    as the worker last observed it (views never ask the deployer for status). `router_of(service)`: where its traffic
-goes, from the deployer in this process (a lookup, no I/O), or None."""
+    as the worker last observed it, and where its traffic enters as the worker last deployed it (views never ask the
+deployer)."""
+    routers = store.services.routers()
     latest: dict[str, object] = {}
     for r in store.list_summaries(limit=10000):   # newest first
         latest.setdefault(r.service, r)
@@ -34,17 +34,8 @@ goes, from the deployer in this process (a lookup, no I/O), or None."""
                     "latest_rollout": {"id": r.id, "phase": r.phase.value, "kernels": r.canary_kernels,
                                        "created_at": r.created_at},
                     "active_rollout": r.id if r.active else None, "production_weight": weights_of(r)["production"],
-                    "router_url": _router(router_of, name)})
+                    "router_url": routers.get(name)})
     return out
-
-
-def _router(router_of, service: str) -> str | None:
-    if router_of is None:
-        return None
-    try:
-        return router_of(service)
-    except DeployNotFoundError:   # nothing deployed for it by this process's worker (yet)
-        return None
 
 
 def _production_ready(store, r) -> bool | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, render_template
 
 from control_plane.web import catalog
-from control_plane.web.api import detail, policy_defaults, router_of, spec_or_none, store
+from control_plane.web.api import detail, policy_defaults, spec_or_none, store
 from control_plane.web.auth import current_user, require
 
 bp = Blueprint("ui", __name__)
@@ -45,4 +45,4 @@ def services():
 
 
 def _services() -> list[dict]:
-    return catalog.services(current_app.extensions["sits_store"], spec_or_none, router_of())
+    return catalog.services(current_app.extensions["sits_store"], spec_or_none)

@@ -118,6 +118,8 @@ class ActionRunner:
         if "production" not in self.deployer.status(r.service):
             self._deploy(spec.variant(r.service, "production", r.production_kernels))
             router = self.deployer.router_url(r.service)
+            if router:
+                self.store.services.set_router(r.service, router)
             log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
                      f"; traffic enters at {router}" if router else "")
 

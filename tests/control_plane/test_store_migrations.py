@@ -37,7 +37,7 @@ def version(path: str) -> int:
 
 def test_the_fixture_is_a_v1_file(tmp_path):
     path = v1_file(tmp_path / "v1.db")
-    assert version(path) == 1 and SCHEMA_VERSION == 4 and sorted(MIGRATIONS) == [1, 2, 3]
+    assert version(path) == 1 and SCHEMA_VERSION == 5 and sorted(MIGRATIONS) == [1, 2, 3, 4]
     db = sqlite3.connect(path)
     assert "by" in {r[1] for r in db.execute("PRAGMA table_info(commands)")}
     assert "actor" not in {r[1] for r in db.execute("PRAGMA table_info(events)")}
@@ -171,3 +171,18 @@ def test_a_v3_file_moves_the_step_data_out_of_the_state(tmp_path):
         window = Observation(1035.0, 1040.0, {"canary": v, "baseline": chat.data["baseline"]}, "scrape")
         saved = s.save(*reconcile(chat, window, 1040.0))
         assert s.get("chat-1") == saved and saved.data["canary"].requests == 1200.0
+
+
+def test_version_5_keeps_where_each_service_enters(tmp_path):
+    """Version 5: a services table (router URL per service) that the worker writes and the views read; a v4 file
+    gains it empty, and the URL survives a reopen."""
+    path = str(tmp_path / "v3.db")
+    raw = sqlite3.connect(path)
+    raw.executescript(V3_SQL)
+    raw.close()
+    with Store(path) as s:
+        assert s.migrated_from == 3 and version(path) == 5 and s.services.routers() == {}
+        s.services.set_router("chat", "http://127.0.0.1:1234", now=1.0)
+        s.services.set_router("chat", "http://127.0.0.1:5678", now=2.0)   # a restarted router: the new URL wins
+    with Store(path) as s:
+        assert s.services.routers() == {"chat": "http://127.0.0.1:5678"}

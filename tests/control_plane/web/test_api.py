@@ -336,3 +336,15 @@ def test_checks_without_buckets_are_checks_minus_the_histograms(store):
         for v in c["variants"].values():
             del v["histograms"]
     assert full == light and light
+
+
+def test_services_show_the_router_the_worker_deployed_from_the_store_alone(client, store):
+    """The view reads the store, never a deployer: the app here has no worker at all, and the URL is what the
+    worker wrote after deploying production (here the real worker, on the in-memory deployer)."""
+    r = new_rollout(store, "chat")
+    drive(store, r.id, passes=1)
+    (svc,) = client.get("/api/v1/services", headers=auth("viewer")).get_json()["services"]
+    assert svc["service"] == "chat" and svc["router_url"] == "mem://chat"
+    store.services.set_router("chat", "http://127.0.0.1:9")   # a restarted router on another port: the store says
+    assert client.get("/api/v1/services", headers=auth("viewer")).get_json()["services"][0]["router_url"] == \
+        "http://127.0.0.1:9"
