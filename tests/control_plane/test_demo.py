@@ -28,7 +28,10 @@ def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
     log = tmp_path / "demo.log"
     proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "demo", "--scenario", "all",
                              "--keep-running", "--workdir", str(tmp_path / "w")], cwd=REPO,
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            # a suite run as a background job starts with SIGINT ignored, and the demo (like any
+                            # Python program) keeps it so; Ctrl-C is what a user sends, so give the demo its default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         text = wait_for(lambda: "UI still up" in log.read_text() and log.read_text(), 420, "the demo's summary")
         assert "demo passed" in text and text.count("(as expected)") == 3, text[-3000:]

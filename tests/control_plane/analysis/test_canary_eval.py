@@ -28,6 +28,12 @@ def test_tail_only_distribution_moves_only_the_tail():
     assert abs(d.bucket_probs().sum() - 1.0) < 1e-9 and len(d.bucket_probs()) == len(ce.BOUNDS)
 
 
-def test_analysis_cost_runs_checks():
-    wall, cpu = ce.analysis_cost(n_rollouts=5, repeats=1)
-    assert wall > 0 and cpu >= 0
+def test_the_timed_pass_is_a_real_check_of_every_rollout():
+    rollouts, observations = ce.analysis_inputs(5)
+    out = [ce.reconcile(r, o, 41.0) for r, o in zip(rollouts, observations)]
+    assert [len(r.new_checks) for r, _ in out] == [1] * 5
+    for r, _ in out:
+        (check,) = r.new_checks
+        assert check.source != "correctness" and check.verdict.results   # the latency tests ran on the step data
+        assert {t.n_canary for t in check.verdict.results if t.n_canary} and all(
+            t.n_canary >= 2000 for t in check.verdict.results if t.n_canary)
