@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from control_plane.analysis.policy import Policy, PolicyError
+from control_plane.analysis.policy import Policy
+from control_plane.analysis.policy_error import PolicyError
 from control_plane.errors import ValidationError
 
 # DNS-1035 label: the service name becomes part of Kubernetes object names (`<service>-<role>`) and of label values

@@ -15,7 +15,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import requests
 
@@ -64,7 +64,8 @@ class PrometheusConfig:
 class PrometheusSource:
     name = "prometheus"
 
-    def __init__(self, config: PrometheusConfig) -> None:
+    def __init__(self, config: PrometheusConfig, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._sleep = sleep   # between retries (tests pass a recorder)
         self.config = config
         self._session = requests.Session()
         self._session.trust_env = False
@@ -84,7 +85,7 @@ class PrometheusSource:
         url, last = f"{self.config.url}/api/v1/query", ""
         for attempt in range(self.config.retries + 1):
             if attempt:
-                time.sleep(min(self.config.max_backoff_s, self.config.backoff_s * 2 ** (attempt - 1)))
+                self._sleep(min(self.config.max_backoff_s, self.config.backoff_s * 2 ** (attempt - 1)))
             try:
                 r = self._session.post(url, data=data, timeout=self.config.timeout_s, verify=self.config.verify_tls)
             except requests.RequestException as e:

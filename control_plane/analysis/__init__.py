@@ -6,8 +6,9 @@ from .correctness import (CorrectnessVerdict, Continuation, PromptComparison, Pr
                           compare_replays)
 from .deltas import Delta, compute_deltas
 from .histogram import HistogramError, HistogramSnapshot, increase, merge_all
-from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, CorrectnessPolicy, MetricCheck, Policy,
-                     PolicyError, default_checks)
+from .gate_policy import CorrectnessPolicy
+from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy, default_checks)
+from .policy_error import PolicyError
 from .quantile import histogram_quantile
 from .stats import DeltaEstimate, QuantileBounds, proportion_diff, quantile_bounds, quantile_delta
 from .verdict import Outcome, TestResult, VariantData, Verdict, assess

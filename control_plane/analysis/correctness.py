@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .policy import CorrectnessPolicy
+from .gate_policy import CorrectnessPolicy
 from .verdict import Outcome
 
 _MAX_EVIDENCE = 8          # diverged/failing prompts kept in full in a verdict

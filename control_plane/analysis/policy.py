@@ -1,10 +1,12 @@
 """`Policy`: traffic steps, checks and limits of a rollout. Validated once, serialisable to/from plain dicts."""
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
+
+from .gate_policy import CorrectnessPolicy
+from .policy_error import PolicyError, _name, _num, _short
 
 REQUEST_LATENCY = "http_request_duration_seconds"
 TTFT = "sits_time_to_first_token_seconds"
@@ -22,24 +24,6 @@ LIMITS: dict[str, tuple[float, float]] = {
     "failure_limit": (1, 1000), "inconclusive_limit": (1, 100_000), "min_error_samples": (1, 10 ** 9),
     "z_fail": (0.01, 10.0), "z_pass": (0.01, 10.0), "max_error_rate": (0.0001, 1.0), "max_rel_delta": (0.0001, 100.0),
 }
-
-
-class PolicyError(ValueError):
-    """An invalid policy value. `field` is its path in the policy ("checks[1].max_rel_delta",
-    "correctness.max_tokens"; "" for the policy as a whole), `problem` what is wrong with it: the value it had and
-    what is allowed, in the units the UI asks for (percent for thresholds, seconds for times)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field} {problem}" if field else problem)
-        self.field, self.problem = field, problem
-
-    def under(self, prefix: str) -> "PolicyError":
-        """The same error one level down: `checks[1]` + `max_rel_delta`."""
-        return PolicyError(f"{prefix}.{self.field}" if self.field else prefix, self.problem)
-
-
-def _num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,146 +77,6 @@ def default_checks() -> tuple[MetricCheck, ...]:
     return (MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.10),
             MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.05),
             MetricCheck(ERROR_RATE, max_abs_delta=0.01))
-
-
-@dataclass(slots=True, frozen=True)
-class Tolerances:
-    """How far a canary may be from the baseline and still compute the same model (analysis/correctness.py).
-    Drifts and margins are in nats (natural-log probability)."""
-    min_identical_fraction: float   # prompts whose first K greedy tokens are identical
-    min_top1_agreement: float       # teacher forcing: positions where the baseline's token is the canary's top-1
-    max_mean_logprob_drift: float   # mean |canary - baseline| of the chosen tokens' logprobs
-    max_logprob_drift: float        # max of the same (greedy prefix and teacher forcing)
-    max_flip_margin: float          # a divergence where the baseline preferred its token by more is a real change
-    # Margin-aware rules (half precision): > 0 turns them on. A position is "confident" when the baseline preferred
-    # its token over the runner-up by more than confident_margin nats: rounding cannot flip it there, so the drift
-    # rules and min_confident_top1 count only such positions, and with fewer than min_confident_positions of them
-    # (a flat, e.g. random-weight, model) a replay that found nothing wrong is INCONCLUSIVE, never a pass.
-    confident_margin: float = 0.0
-    min_confident_positions: int = 0
-    min_confident_top1: float = 0.0   # teacher forcing, confident positions: the canary's top-1 is the baseline's
-
-    def __post_init__(self) -> None:
-        if isinstance(self.min_confident_positions, bool) or not isinstance(self.min_confident_positions, int) \
-                or not 0 <= self.min_confident_positions <= 100_000:
-            raise PolicyError("min_confident_positions", "must be an integer from 0 to 100000, got "
-                              f"{_short(self.min_confident_positions)}")
-        for name in ("min_identical_fraction", "min_top1_agreement", "min_confident_top1"):
-            v = getattr(self, name)
-            if not _num(v) or not 0 <= v <= 1:
-                raise PolicyError(name, f"must be a fraction from 0 to 1, got {_short(v)}")
-        for name in ("max_mean_logprob_drift", "max_logprob_drift", "max_flip_margin", "confident_margin"):
-            v = getattr(self, name)
-            if not _num(v) or not 0 <= v <= 100:
-                raise PolicyError(name, f"must be a number of nats from 0 to 100, got {_short(v)}")
-
-
-# Measured (docs/control-loop.md "Correctness gate", BENCHMARKS.md "Correctness gate"): fp32 is the torch set against
-# itself with other batch compositions on CPU (max drift 9.5e-7 over 100 replays); the half-precision ones are
-# margin-aware, from a trained tiny checkpoint in bf16 (equivalent sets flip only below a 0.06-nat margin, drift at
-# confident positions <= 0.048) and the H200's random-weight figures (flips below 0.31 nats, drift <= 0.22).
-_HALF = Tolerances(min_identical_fraction=0.0, min_top1_agreement=0.8, max_mean_logprob_drift=0.1,
-                   max_logprob_drift=1.0, max_flip_margin=1.0, confident_margin=1.0, min_confident_positions=20,
-                   min_confident_top1=0.98)
-DEFAULT_TOLERANCES: dict[str, Tolerances] = {
-    "float32": Tolerances(min_identical_fraction=0.9, min_top1_agreement=0.98, max_mean_logprob_drift=1e-5,
-                          max_logprob_drift=1e-4, max_flip_margin=1e-3),
-    "bfloat16": _HALF,
-    "float16": _HALF,
-}
-LOOSEST_DTYPE = "bfloat16"   # used for a dtype the policy has no tolerances for
-
-
-def _default_tolerances() -> dict[str, Tolerances]:
-    return dict(DEFAULT_TOLERANCES)
-
-
-@dataclass(slots=True, frozen=True)
-class CorrectnessPolicy:
-    """The kernel-correctness gate (analysis/correctness.py): before the first traffic step and at every step (plus
-    every interval_s when > 0) the prompt set is replayed greedily against canary and baseline, and compared with
-    the tolerances of the engines' dtype."""
-    enabled: bool = True
-    prompt_set: str = "default"          # "default" (analysis/prompts.py) or a file: a JSON list of strings
-    max_tokens: int = 16                 # greedy tokens generated per prompt
-    compare_tokens: int = 8              # K: "identical" means identical over the first K tokens
-    top_logprobs: int = 5                # alternatives per position (for the margins at a divergence)
-    interval_s: float = 0.0              # 0: once per step; > 0: also every interval_s within a step
-    max_error_fraction: float = 0.25     # more prompts failing to replay: inconclusive
-    request_timeout_s: float = 60.0
-    concurrency: int = 4                 # replay requests in flight per variant
-    tolerances: Mapping[str, Tolerances] = field(default_factory=_default_tolerances)   # dtype -> tolerances
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise PolicyError("enabled", f"must be true or false, got {_short(self.enabled)}")
-        if not isinstance(self.prompt_set, str) or not self.prompt_set or len(self.prompt_set) > 4096:
-            raise PolicyError("prompt_set", "must be 'default' or a file path")
-        for name, lo, hi in (("max_tokens", 1, 256), ("compare_tokens", 1, 256), ("top_logprobs", 1, 20),
-                             ("concurrency", 1, 64)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise PolicyError(name, f"must be an integer from {lo} to {hi}, got {_short(v)}")
-        if self.compare_tokens > self.max_tokens:
-            raise PolicyError("compare_tokens", f"({self.compare_tokens}) must be at most max_tokens "
-                              f"({self.max_tokens})")
-        if not _num(self.max_error_fraction) or not 0 <= self.max_error_fraction <= 1:
-            raise PolicyError("max_error_fraction", f"must be a fraction from 0 to 1, got "
-                              f"{_short(self.max_error_fraction)}")
-        if not _num(self.interval_s) or self.interval_s < 0:
-            raise PolicyError("interval_s", f"must be >= 0 seconds (0 = once per step), got {_short(self.interval_s)}")
-        if not _num(self.request_timeout_s) or not 0 < self.request_timeout_s <= 3600:
-            raise PolicyError("request_timeout_s", "must be more than 0 and at most 3600 seconds, got "
-                              f"{_short(self.request_timeout_s)}")
-        if not isinstance(self.tolerances, Mapping) or not self.tolerances:
-            raise PolicyError("tolerances", "must map dtypes (float32, bfloat16, ...) to tolerances")
-        tol = {}
-        for dtype, t in self.tolerances.items():
-            if not isinstance(dtype, str) or not dtype:
-                raise PolicyError("tolerances", "keys must be dtype names such as 'bfloat16'")
-            tol[dtype] = t if isinstance(t, Tolerances) else _tolerances(dtype, t)
-        object.__setattr__(self, "tolerances", tol)
-
-    def tolerances_for(self, dtype: str) -> Tolerances:
-        return self.tolerances.get(dtype) or self.tolerances.get(LOOSEST_DTYPE) or next(iter(self.tolerances.values()))
-
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tolerances"}
-        d["tolerances"] = {k: asdict(t) for k, t in self.tolerances.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d) -> "CorrectnessPolicy":
-        """Plain dict -> policy; `tolerances` entries are merged field by field over the defaults of that dtype."""
-        if isinstance(d, CorrectnessPolicy):
-            return d
-        if not isinstance(d, Mapping):
-            raise PolicyError("", "must be an object, e.g. {\"enabled\": false}")
-        unknown = sorted(str(k) for k in set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise PolicyError(_name(unknown[0]), f"is not a correctness field; fields are "
-                              f"{', '.join(f.name for f in fields(cls))}")
-        d = dict(d)
-        if "tolerances" in d:
-            if not isinstance(d["tolerances"], Mapping):
-                raise PolicyError("tolerances", "must map dtypes (float32, bfloat16, ...) to tolerances")
-            d["tolerances"] = {**DEFAULT_TOLERANCES, **{k: _tolerances(k, v) for k, v in d["tolerances"].items()}}
-        return cls(**d)
-
-
-def _tolerances(dtype: str, t) -> Tolerances:
-    if isinstance(t, Tolerances):
-        return t
-    if not isinstance(t, Mapping):
-        raise PolicyError(f"tolerances.{dtype}", "must be an object")
-    base = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[LOOSEST_DTYPE])
-    unknown = sorted(str(k) for k in set(t) - {f.name for f in fields(Tolerances)})
-    if unknown:
-        raise PolicyError(f"tolerances.{_name(dtype)}.{_name(unknown[0])}", "is not a tolerance field")
-    try:
-        return Tolerances(**{**asdict(base), **t})
-    except PolicyError as e:
-        raise e.under(f"tolerances.{dtype}") from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -371,16 +215,6 @@ def _correctness(d) -> CorrectnessPolicy:
 def _within(name: str, v: float) -> bool:
     lo, hi = LIMITS[name]
     return lo <= v <= hi
-
-
-def _name(key: str) -> str:
-    """An unknown key as it goes into a field path: at most 24 characters."""
-    return key if len(key) <= 24 else key[:24] + "..."
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _pct(q: float) -> str:

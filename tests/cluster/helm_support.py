@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.cluster.support import wait_for
+from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import NoEndpointsError, ServiceLoadBalancer
 from tests.fixtures.prometheus import PrometheusServer, pod_sd_targets
 from tests.helm.support import helm

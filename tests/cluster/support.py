@@ -1,23 +1,6 @@
-"""Helpers for the cluster tests: waiting on API state, pod manifests."""
+"""Helpers for the cluster tests: pod manifests (waiting: tests/waiting.py)."""
 from __future__ import annotations
 
-import time
-
-
-def wait_for(what: str, fn, timeout: float = 45.0, interval: float = 0.2):
-    """Poll fn() until it returns something truthy; returns it, or raises TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # e.g. 404 until the object exists
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: not after {timeout}s (last: {last!r})")
 
 
 def pod(name: str, command: list[str], *, volumes=(), mounts=(), env=(), grace: int = 30, **container) -> dict:

@@ -24,7 +24,8 @@ from kubernetes import client, dynamic
 
 from tests.cluster.helm_support import (CP, REL, STORAGE_CLASS, SVC, VALUES, Load, Release, diagnose, pv_for,
                                         refresh_targets)
-from tests.cluster.support import pid_alive, wait_for
+from tests.cluster.support import pid_alive
+from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import ServiceLoadBalancer
 from tests.fixtures.node_agent import managed_namespace
 from tests.fixtures.prometheus import PrometheusServer, as_file_sd, documented_kubernetes_jobs

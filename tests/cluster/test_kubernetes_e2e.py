@@ -15,7 +15,7 @@ from kubernetes import client
 from control_plane.adapters import process
 from control_plane.adapters.deploy import VariantSpec
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from tests.cluster.support import wait_for
+from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import ServiceLoadBalancer
 from tests.fixtures.node_agent import managed_namespace
 from tests.fixtures.prometheus import PrometheusServer, as_file_sd, documented_kubernetes_jobs, pod_sd_targets

@@ -9,7 +9,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from control_plane.adapters import process
-from tests.cluster.support import container_status, pid_alive, pod, wait_for
+from tests.cluster.support import container_status, pid_alive, pod
+from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import ServiceLoadBalancer
 
 

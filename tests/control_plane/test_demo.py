@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.control_plane.e2e.support import engine_pids, wait_for
+from tests.control_plane.e2e.support import engine_pids
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
                             # Python program) keeps it so; Ctrl-C is what a user sends, so give the demo its default
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        text = wait_for(lambda: "UI still up" in log.read_text() and log.read_text(), 420, "the demo's summary")
+        text = wait_for("the demo's summary", lambda: "UI still up" in log.read_text() and log.read_text(), 420)
         assert "demo passed" in text and text.count("(as expected)") == 3, text[-3000:]
         url, token = re.search(r"UI (http://127\.0\.0\.1:\d+/)  \(log in with token (\S+)\)", text).groups()
         auth = json.loads((tmp_path / "w" / "auth.json").read_text())
@@ -58,4 +59,4 @@ def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
-    wait_for(lambda: not engine_pids("demo"), 15, "the demo's engines to stop")
+    wait_for("the demo's engines to stop", lambda: not engine_pids("demo"), 15)

@@ -18,6 +18,7 @@ from dashboards import generate
 from tests.dashboards.support import (CONTROL_METRICS, control_plane_timeline, exprs, finite_points, query_range,
                                       substitute)
 from tests.fixtures.prometheus import PrometheusServer, backfill
+from tests.waiting import wait_http_ok
 
 NAMESPACE, SERVICE = "sits-test", "chat"
 BODY = {"model": "tiny", "prompt": "hello dashboards", "max_tokens": 4, "temperature": 0}
@@ -29,19 +30,6 @@ def _start_engine(workdir, role: str, *extra: str):
     argv = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
             "--service", SERVICE, "--port", str(port), "--no-access-log", "--log-level", "warning", *extra]
     return process.spawn(argv, log_path=workdir / f"{role}.log", env=env), f"127.0.0.1:{port}"
-
-
-def _wait_ready(addr: str, proc, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"engine {addr} exited with {proc.returncode}"
-        try:
-            if httpx.get(f"http://{addr}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"engine {addr} not ready after {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +53,7 @@ def prom(tmp_path_factory):
     loader = threading.Thread(target=load, daemon=True)
     try:
         for proc, addr in engines.values():
-            _wait_ready(addr, proc)
+            wait_http_ok(f"http://{addr}/readyz", 240, proc)
         loader.start()
         server = PrometheusServer.start(d, data_dir=d / "data", scrape_interval="250ms", scrape_targets=[
             {"targets": [addr for _, addr in engines.values()], "labels": {"namespace": NAMESPACE}}])

@@ -8,7 +8,7 @@ import pytest
 from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, Outcome, Policy,
                                     PolicyError, PromptReplay, TokenLogprob, compare_replays)
 from control_plane.analysis.correctness import compare_prompt, runner_up_margin
-from control_plane.analysis.policy import Tolerances
+from control_plane.analysis.gate_policy import Tolerances
 from control_plane.analysis.prompts import DEFAULT_PROMPTS
 
 POLICY = CorrectnessPolicy(max_tokens=4, compare_tokens=4)

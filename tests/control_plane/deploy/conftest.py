@@ -1,27 +1,12 @@
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from control_plane.adapters import process
+from tests.waiting import wait_http_ok
 
 HERE = Path(__file__).resolve().parent
-
-
-def wait_http_ok(url: str, timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} not ready after {timeout}s")
 
 
 @pytest.fixture(scope="module")

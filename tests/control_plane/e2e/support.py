@@ -1,6 +1,5 @@
 """Shared by the end-to-end fault tests: the engine processes of a service (from /proc), a short policy, waiting."""
 import os
-import time
 
 from control_plane.adapters.process import pid_alive
 from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
@@ -31,14 +30,3 @@ def engine_pids(service: str, role: str | None = None) -> list[int]:
                 and pid_alive(int(d)):
             out.append(int(d))
     return out
-
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)

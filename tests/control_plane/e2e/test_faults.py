@@ -23,7 +23,9 @@ from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
 from tests.fixtures.prometheus import DeployerDiscovery
 
-from .support import FAST, SLOW, engine_pids, wait_for
+from tests.waiting import wait_for
+
+from .support import FAST, SLOW, engine_pids
 
 SVC = "faults"
 MIX = TrafficMix(LengthDist(32, 0.7, 4, 160), LengthDist(2, 0.5, 1, 8), stream_fraction=0.4, chat_fraction=0.3)
@@ -44,7 +46,7 @@ def finish(store, rid, timeout=180.0):
     def done():
         r = store.get(rid)
         return r if not r.active and not store.pending_actions(rid) else None
-    return wait_for(done, timeout, f"rollout {rid} to end")
+    return wait_for(f"rollout {rid} to end", done, timeout)
 
 @pytest.mark.slow
 def test_a_canary_that_crashes_is_rolled_back_within_30s_while_production_serves(deployer, tmp_path):
@@ -55,7 +57,7 @@ def test_a_canary_that_crashes_is_rolled_back_within_30s_while_production_serves
     gen = load(deployer, seed=1)
     try:
         r = start_rollout(store, SVC, "torch", "torch", policy, DeploySpec())
-        wait_for(lambda: store.get(r.id).checks >= 1, 120, "the first check")
+        wait_for("the first check", lambda: store.get(r.id).checks >= 1, 120)
         (pid,) = engine_pids(SVC, "canary")
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)                                   # the canary crashes
@@ -86,10 +88,10 @@ def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path
     gen = load(deployer, seed=2)
     try:
         r = start_rollout(store, SVC, "torch", "torch", policy, DeploySpec())
-        wait_for(lambda: store.get(r.id).phase is Phase.PROGRESSING, 120, "progressing")
+        wait_for("progressing", lambda: store.get(r.id).phase is Phase.PROGRESSING, 120)
         os.kill(prom.proc.pid, signal.SIGSTOP)                         # Prometheus stops answering
         stopped_at = store.get(r.id).checks
-        wait_for(lambda: store.get(r.id).checks >= stopped_at + 3, 60, "three checks without Prometheus")
+        wait_for("three checks without Prometheus", lambda: store.get(r.id).checks >= stopped_at + 3, 60)
         during = store.check_summaries(r.id, since_seq=stopped_at)
         held = store.get(r.id)
         os.kill(prom.proc.pid, signal.SIGCONT)                         # ... and is back

@@ -16,7 +16,9 @@ from control_plane.service.rollouts import start_rollout
 from control_plane.adapters.spec import DeploySpec
 from control_plane.store.db import Store
 
-from .support import FAST, SLOW, engine_pids, wait_for
+from tests.waiting import wait_for
+
+from .support import FAST, SLOW, engine_pids
 
 REPO = Path(__file__).resolve().parents[3]
 # where the first control plane dies (between the steps of a pass, after deploying, after moving traffic), and where
@@ -47,7 +49,7 @@ def test_sigkilled_control_plane_resumes_to_the_same_outcome(tmp_path, seed):
                 with Store(str(db)) as s:
                     got = s.get(r.id)
                     return proc.poll() is not None or (not got.active and not s.pending_actions(r.id))
-            wait_for(over, 240, f"the rollout to end or the control plane to die at {die_at}")
+            wait_for(f"the rollout to end or the control plane to die at {die_at}", over, 240)
         finally:
             if proc.poll() is None:
                 try:
@@ -59,7 +61,7 @@ def test_sigkilled_control_plane_resumes_to_the_same_outcome(tmp_path, seed):
                     proc.wait(60)
         if proc.returncode == -signal.SIGKILL:
             died.append(die_at)
-            wait_for(lambda: not engine_pids(svc), 15, "the dead control plane's engines to exit")   # no orphans
+            wait_for("the dead control plane's engines to exit", lambda: not engine_pids(svc), 15)   # no orphans
     assert died == kills, f"the control plane did not die at every chosen point: {died} of {kills}"
     assert proc.returncode == 0 and not engine_pids(svc)
     with Store(str(db)) as s:

@@ -1,29 +1,15 @@
 import asyncio
 import os
 import sys
-import time
 
 import httpx
 import pytest
 
 from control_plane.adapters import process
+from tests.waiting import wait_http_ok
 
 SERVICE = "chat"
 BODY = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0}
-
-
-def wait_ready(url: str, proc, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine at {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"engine at {url} not ready after {timeout}s")
 
 
 def start_engine(workdir, role: str, *extra: str):
@@ -43,7 +29,7 @@ def engines(tmp_path_factory):
     procs = {"baseline": start_engine(d, "baseline"), "canary": start_engine(d, "canary", "--fault-error-rate", "0.1")}
     try:
         for proc, url in procs.values():
-            wait_ready(url, proc)
+            wait_http_ok(url + "/readyz", 240, proc)
         yield {role: url for role, (_, url) in procs.items()}
     finally:
         for proc, _ in procs.values():

@@ -2,7 +2,6 @@
 takes over after the lease expires. First with an injected clock (deterministic), then with two real Worker loops
 (threads) on one file store, the holder hung in a deploy."""
 import threading
-import time
 
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
 from control_plane.rollout import Phase
@@ -10,6 +9,8 @@ from control_plane.service.rollouts import start_rollout
 from control_plane.store.db import Store
 from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
+
+from tests.waiting import wait_for
 
 from .support import CannedSource, InMemoryDeployer
 
@@ -85,13 +86,6 @@ def test_a_stopped_worker_hands_its_leases_over_at_once(tmp_path):
         assert w2.reconcile_rollout("r1").phase is Phase.PROGRESSING and s.leases.get("r1")[0] == "w2"
 
 
-def wait_for(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def test_two_real_workers_on_one_file_store(tmp_path):
     """Both loops run; w1 takes the rollout and hangs in its deploy (never renewing); w2 waits out the lease and
     finishes the rollout; w1's late pass then finds the lease gone and stops without acting again."""
@@ -106,12 +100,14 @@ def test_two_real_workers_on_one_file_store(tmp_path):
     w2 = Worker(s2, Recording(deployer, "w2", log), CannedSource(rate=20000), config=cfg, owner="w2")
     try:
         w1.start()
-        wait_for(lambda: s1.leases.get("r1") is not None)           # w1 holds it, stuck in its first deploy
+        # w1 holds it, stuck in its first deploy
+        wait_for("w1 to hold the lease", lambda: s1.leases.get("r1") is not None, 30)
         w2.start()
-        wait_for(lambda: s2.get("r1").phase is Phase.SUCCEEDED and not s2.pending_actions("r1"))
+        wait_for("w2 to finish the rollout",
+                 lambda: s2.get("r1").phase is Phase.SUCCEEDED and not s2.pending_actions("r1"), 30)
         assert {who for who, _ in log} == {"w2"}               # w1 never got a call through
         gate.set()                                             # w1's hung deploy returns ...
-        wait_for(lambda: not any(t.is_alive() for t in w1._threads.values()))
+        wait_for("w1's passes to end", lambda: not any(t.is_alive() for t in w1._threads.values()), 30)
     finally:
         gate.set()
         w1.stop()

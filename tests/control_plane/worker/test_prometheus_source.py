@@ -214,10 +214,11 @@ def test_bearer_token_retries_and_timeouts():
         assert len(_Recorder.seen) == 3 and all(a == "Bearer s3cret" for a, _ in _Recorder.seen)
         assert _Recorder.seen[-1][1] == {"query": ["up"], "time": [f"{T0:.3f}"]}
         _Recorder.script[:] = []
-        t = time.monotonic()
+        slept = []
         with pytest.raises(MetricsQueryError, match="3 attempts failed; last: HTTP 503"):
-            PrometheusSource(PrometheusConfig(url, retries=2, backoff_s=0.1)).query("up")
-        assert time.monotonic() - t >= 0.3                             # backoff 0.1 + 0.2
+            PrometheusSource(PrometheusConfig(url, retries=2, backoff_s=0.1, max_backoff_s=0.15),
+                             sleep=slept.append).query("up")
+        assert slept == [0.1, 0.15]                                    # doubled after each failure, capped
     finally:
         srv.shutdown()
         srv.server_close()

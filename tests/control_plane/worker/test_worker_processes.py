@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from control_plane.adapters import process
 from control_plane.rollout import Phase
 from control_plane.store.db import Store
 from tests.control_plane.deploy.test_local_limits import _engines
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 POLICY = {"steps": [50], "check_interval_s": 1, "warmup_s": 0, "min_samples": 1000000}   # never decides: stays up
@@ -92,10 +92,14 @@ def test_two_workers_on_one_store_deploy_once(tmp_path, policy):
         assert sorted(logs.values(), key=len) == [[], ["baseline", "canary", "production"]], logs
         assert len(_engines("twoworkers")) == 3
         with Store(db, readonly=True) as s:
-            owner = s.leases.get(rid)[0]
-        time.sleep(1.0)   # several passes of both workers at 0.2 s
-        with Store(db, readonly=True) as s:
-            assert s.leases.get(rid)[0] == owner
+            owner, expires = s.leases.get(rid)
+
+        def renewed_five_times():   # the owner renews its lease every pass (0.2 s): both workers made passes
+            with Store(db, readonly=True) as s:
+                held = s.leases.get(rid)
+            assert held[0] == owner, f"the lease moved from {owner} to {held[0]}"
+            return held[1] >= expires + 1.0
+        wait_for("five more passes of the lease's owner", renewed_five_times, 60)
         assert {n: len(list((tmp_path / n).glob("twoworkers-*.log"))) for n in "ab"} == \
             {n: len(v) for n, v in logs.items()}
     finally:
