@@ -216,8 +216,14 @@ class LoadGenerator:
             t.start()
         return self
 
+    @property
+    def backlog(self) -> int:
+        """Arrivals waiting for a free sender (grows while the service answers slower than the rate)."""
+        return self._queue.qsize()
+
     def stop(self, timeout: float = 60.0) -> None:
-        """No new arrivals; requests already sent finish (up to `timeout`), so sent == finished afterwards."""
+        """No new requests: arrivals stop, and those still queued behind busy senders (an overloaded service) are
+        dropped unsent; requests already sent finish (up to `timeout`), so sent == finished afterwards."""
         self._stop.set()
         for _ in range(self.threads):
             self._queue.put(None)
@@ -238,7 +244,7 @@ class LoadGenerator:
         with httpx.Client(timeout=self.timeout_s, trust_env=False) as c:
             while True:
                 p = self._queue.get()
-                if p is None:
+                if p is None or self._stop.is_set():
                     return
                 with self._lock:
                     self.sent += 1

@@ -2,7 +2,9 @@
 real engine behind the router, every request of a mixed load is answered and verified token by token."""
 import json
 import statistics
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -11,6 +13,7 @@ from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
 from control_plane.demo.loadgen import (OK, LengthDist, LoadGenerator, Planned, TrafficMix, plan, verify_plain,
                                         verify_stream)
+from tests.waiting import wait_for
 
 
 def take(it, n):
@@ -94,3 +97,36 @@ def test_mixed_load_against_a_real_engine(tmp_path):
     kinds = {k for (_, k, _) in g.tally.requests}
     assert kinds == {"completion", "completion+stream", "chat", "chat+stream"}
     assert counts["production"]["tokens"] >= g.sent   # every answer's tokens counted (>= 1 each)
+
+
+def test_stop_sends_nothing_more_when_the_service_is_overloaded():
+    """Arrivals queued behind busy senders are dropped at stop, not sent afterwards: only the requests in flight
+    finish, so stopping an overloaded load ends at once and sent == finished."""
+    release = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            release.wait(30)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        g = LoadGenerator(f"http://127.0.0.1:{srv.server_port}", rate=200, threads=2, seed=1).start()
+        wait_for("both senders busy and arrivals queued", lambda: g.sent == 2 and g.backlog >= 5, 30)
+        stopper = threading.Thread(target=g.stop)
+        stopper.start()
+        wait_for("stop to be under way", lambda: g._stop.is_set(), 10)
+        release.set()
+        stopper.join(30)
+        assert not stopper.is_alive() and g.sent == g.finished == 2
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()

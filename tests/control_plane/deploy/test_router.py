@@ -117,11 +117,18 @@ def test_weight_change_under_load_loses_no_request(router):
     router.set_weights({"production": 100})
 
     async def scenario():
+        async def until(what, cond):   # polled on this loop, so the clients keep sending meanwhile
+            for _ in range(3000):
+                if cond():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"not within 30 s: {what}")
+
         async def switch():
-            await asyncio.sleep(0.3)
-            assert router.in_flight("production") > 0  # the switch happens with requests in flight
+            # each switch happens with requests in flight, whatever the machine's speed
+            await until("production busy", lambda: router.in_flight("production") > 0)
             router.set_weights({"production": 50, "canary": 50})
-            await asyncio.sleep(0.3)
+            await until("canary busy", lambda: router.in_flight("canary") > 0)
             router.set_weights({"canary": 100})
         t = asyncio.create_task(switch())  # the router runs on its own thread and loop
         resps = await fire(router.url, 300, concurrency=32, path="/echo?delay=0.05")
