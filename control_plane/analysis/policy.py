@@ -6,6 +6,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
+from control_plane.analysis.prompts import prompt_set_problem
+
 REQUEST_LATENCY = "http_request_duration_seconds"
 TTFT = "sits_time_to_first_token_seconds"
 ITL = "sits_inter_token_latency_seconds"
@@ -130,7 +132,7 @@ class CorrectnessPolicy:
     every interval_s when > 0) the prompt set is replayed greedily against canary and baseline, and compared with
     the tolerances of the engines' dtype."""
     enabled: bool = True
-    prompt_set: str = "default"          # "default" (analysis/prompts.py) or a file: a JSON list of strings
+    prompt_set: str | tuple[str, ...] = "default"   # "default", a set name or the prompts (analysis/prompts.py)
     max_tokens: int = 16                 # greedy tokens generated per prompt
     compare_tokens: int = 8              # K: "identical" means identical over the first K tokens
     top_logprobs: int = 5                # alternatives per position (for the margins at a divergence)
@@ -143,8 +145,9 @@ class CorrectnessPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise PolicyError("correctness.enabled must be true or false")
-        if not isinstance(self.prompt_set, str) or not self.prompt_set or len(self.prompt_set) > 4096:
-            raise PolicyError("correctness.prompt_set must be 'default' or a file path")
+        if why := prompt_set_problem(self.prompt_set):
+            raise PolicyError(why)
+        object.__setattr__(self, "prompt_set", p if isinstance(p := self.prompt_set, str) else tuple(p))
         for name, lo, hi in (("max_tokens", 1, 256), ("compare_tokens", 1, 256), ("top_logprobs", 1, 20),
                              ("concurrency", 1, 64)):
             v = getattr(self, name)

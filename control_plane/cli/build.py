@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+from control_plane.adapters.correctness import CorrectnessProbe
+from control_plane.adapters.deploy import DeployError
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
@@ -71,9 +73,12 @@ def build_worker(a) -> Worker:
     if a.deployer == "kubernetes":
         deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig))
     else:
-        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
-                                             pin_token=secret("SITS_PIN_TOKEN", a.pin_token_file),
-                                             max_replicas=a.max_replicas))
+        try:   # a bad pin token stops the start with one line, not a traceback per pass
+            deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
+                                                 pin_token=secret("SITS_PIN_TOKEN", a.pin_token_file),
+                                                 max_replicas=a.max_replicas))
+        except DeployError as e:
+            raise CLIError(str(e)) from None
     if a.metrics == "prometheus":
         source = PrometheusSource(prometheus_config(a))
     else:
@@ -86,4 +91,5 @@ def build_worker(a) -> Worker:
     hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store) for u in a.webhook or ()]
     hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store) for u in a.slack_webhook or ()]
     config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
-    return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing)
+    return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing,
+                  correctness=CorrectnessProbe(prompt_dir=a.prompt_set_dir))

@@ -309,7 +309,7 @@ class Worker(ActionRunner):
             return obs
         policy = r.policy.correctness
         with self.tracing.span("sits.correctness", attributes={"sits.service": r.service,
-                                                               "sits.prompt_set": policy.prompt_set}) as span:
+                                                               "sits.prompt_set": policy.prompt_set if isinstance(policy.prompt_set, str) else "inline"}) as span:
             try:
                 status = self.deployer.status(r.service)
                 urls = {role: (status[role].endpoints or (status[role].endpoint,))[0]
