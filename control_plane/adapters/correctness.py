@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import requests
 
@@ -104,6 +104,10 @@ class GateRun:
 
 class ReplayError(Exception):
     pass
+
+
+class ReplayInterrupted(Exception):
+    """The replay stopped between prompts because `interrupted()` said so (an abort is pending)."""
 
 
 def _positions(lp: dict, start: int, count: int | None = None) -> tuple[TokenLogprob, ...]:
@@ -194,23 +198,38 @@ class CorrectnessProbe:
         return PromptReplay(prompt, base, can, forced), tokens, sent
 
     def replay(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy, model: str,
-               prompts: tuple[str, ...]) -> tuple[list[PromptReplay], int, int]:
+               prompts: tuple[str, ...], interrupted: Callable[[], bool] | None = None
+               ) -> tuple[list[PromptReplay], int, int]:
         """Every prompt, `policy.concurrency` at a time (so batches differ from a one-by-one run, as in serving);
         returns (replays, tokens, requests). Every request carries the caller's traceparent (read here: the pool's
-        threads do not inherit the caller's context)."""
+        threads do not inherit the caller's context). `interrupted()` is asked before each prompt: once it says
+        True no further prompt starts, and ReplayInterrupted is raised when those in flight are done."""
         headers = inject(PROBE_HEADER)
+        stop = threading.Event()
+
+        def one(prompt: str):
+            if stop.is_set() or (interrupted is not None and interrupted()):
+                stop.set()
+                return None
+            return self._one(canary_url, baseline_url, model, prompt, policy, headers)
         with ThreadPoolExecutor(max_workers=policy.concurrency, thread_name_prefix="sits-correctness") as pool:
-            results = list(pool.map(lambda pr: self._one(canary_url, baseline_url, model, pr, policy, headers),
-                                    prompts))
+            results = list(pool.map(one, prompts))
+        if stop.is_set():
+            done = sum(r is not None for r in results)
+            raise ReplayInterrupted(f"correctness replay stopped after {done} of {len(prompts)} prompts: an abort "
+                                    "is pending")
         return [r for r, _, _ in results], sum(n for _, n, _ in results), sum(k for _, _, k in results)
 
-    def run(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy) -> GateRun:
-        """One gate replay (PromptSetError if the prompt set cannot be read)."""
+    def run(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy,
+            interrupted: Callable[[], bool] | None = None) -> GateRun:
+        """One gate replay (PromptSetError if the prompt set cannot be read; ReplayInterrupted once
+        `interrupted()` is True, asked before every prompt)."""
         t0 = time.perf_counter()
         prompts = load_prompt_set(policy.prompt_set, self.prompt_dir)
         model, dtype = self.describe(baseline_url, policy.request_timeout_s)
         canary_model, canary_dtype = self.describe(canary_url, policy.request_timeout_s)
-        replays, tokens, sent = self.replay(canary_url, baseline_url, policy, model or canary_model, prompts)
+        replays, tokens, sent = self.replay(canary_url, baseline_url, policy, model or canary_model, prompts,
+                                            interrupted)
         # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances
         verdict = compare_replays(replays, policy, canary_dtype or dtype or "unknown")
         return GateRun(verdict, requests=sent, tokens=tokens, seconds=time.perf_counter() - t0)

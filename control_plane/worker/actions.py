@@ -9,7 +9,6 @@ import contextvars
 import dataclasses
 import logging
 import threading
-import time
 from typing import Callable
 
 from control_plane.adapters.deploy import DeployCancelled, DeployNotFoundError
@@ -28,6 +27,9 @@ _EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
              Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
 
 
+_ABORTABLE = (Deploy, SetWeights)   # what a pending abort supersedes (a rollback, a promote or a notification runs)
+
+
 class LeaseLostError(Exception):
     """Another worker took the rollout's lease during this pass (this one stalled past lease_ttl_s)."""
 
@@ -42,6 +44,11 @@ class ActionRunner:
         want = _EXPECTED.get(r.phase, ())
         status = self.deployer.status(r.service) if want else {}
         missing = [role for role in want if role not in status]
+        if missing and r.active and self.abort_pending(r.id):
+            # the abort applies in this pass: no restore first (it may take ready_timeout_s, or never succeed)
+            log.warning("rollout %s (%s): %s not deployed; not restored, an abort is pending", r.id, r.service,
+                        ", ".join(missing))
+            missing = []
         if missing:
             now = self.clock()
             msg = (f"restart: {', '.join(missing)} not deployed (gone with a previous control plane); deploying "
@@ -91,8 +98,14 @@ class ActionRunner:
     def _run_one(self, r: Rollout, spec: DeploySpec, action_id: int, action: Action) -> None:
         c, last = self.config, ""
         for attempt in range(c.action_retries + 1):
+            if isinstance(action, _ABORTABLE) and self.abort_pending(r.id):
+                # traffic moves and deploys wait for no retry with an abort queued: the action fails for good now,
+                # and the next pass applies the abort (rolls back)
+                last = (f"{last}; " if last else "") + f"{'not retried' if attempt else 'not run'}: an abort is pending"
+                log.warning("rollout %s: %s %s", r.id, action.kind, last)
+                break
             if attempt:
-                time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
+                self._stop.wait(c.action_backoff_s * 2 ** (attempt - 1))
             # stalled past the TTL and replaced: the new holder runs this action
             if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
                 raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")

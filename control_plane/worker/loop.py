@@ -25,7 +25,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError
+from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError, ReplayInterrupted
 from control_plane.adapters.deploy import Deployer, DeployCancelled
 from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from control_plane.adapters.notify import MultiNotifier, Notifier
@@ -47,8 +47,9 @@ class Worker(ActionRunner):
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
     `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
     `owner`: this worker's lease identity (default hostname:pid:random). A pass drives a rollout only while this
-    worker holds its lease (Store.acquire_lease, lease_ttl_s long; renewed every pass, all of a round in one
-    transaction, and before every action unless renewed less than lease_ttl_s / 10 ago): several workers on one
+    worker holds its lease (Store.acquire_lease, lease_ttl_s long; renewed every round, all of a round in one
+    transaction, also while a pass still runs (for at most max_pass_s), and before saving and before every action
+    unless renewed less than lease_ttl_s / 10 ago): several workers on one
     store never drive one rollout at once, and one that stops renewing is replaced after the lease expires."""
 
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
@@ -66,6 +67,7 @@ class Worker(ActionRunner):
         self.metrics = WorkerMetrics(registry)
         self.step_hook: Callable[[str], None] | None = None
         self._threads: dict[str, threading.Thread] = {}
+        self._pass_started: dict[str, float] = {}   # rollout id -> when (self.clock) its running pass started
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
@@ -81,16 +83,27 @@ class Worker(ActionRunner):
             self._recover()
         active = self.store.active_ids()
         self.metrics.active.set(len(active))
-        # still busy (slow deployer or metrics source): only this rollout waits
-        due = [(rid, service) for rid, service in active
-               if (t := self._threads.get(rid)) is None or not t.is_alive()]
+        # still busy (slow deployer, metrics source or correctness gate): only this rollout waits, and its pass keeps
+        # the lease (renewed here every round, for at most max_pass_s: a pass hung longer is given up, and another
+        # worker takes the rollout once the lease expires)
+        due, busy = [], []
+        for rid, service in active:
+            (busy if (t := self._threads.get(rid)) is not None and t.is_alive() else due).append((rid, service))
         now = self.clock()
+        keep = [rid for rid, _ in busy if now - self._pass_started.get(rid, now) < self.config.max_pass_s]
         try:
-            held = self.store.acquire_leases([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, now)
+            held = self.store.acquire_leases([rid for rid, _ in due] + keep, self.owner, self.config.lease_ttl_s,
+                                             now)
         except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
             self._store_failed(e, f"round of {len(due)} rollout(s)")
             return []
         self._renewed.update(dict.fromkeys(held, now))
+        for rid, service in busy:
+            if rid not in held:   # its pass finds out at its next lease check (before saving, before each action)
+                self._renewed.pop(rid, None)
+                log.warning("rollout %s (%s): pass running for %.0f s%s; its lease is no longer renewed", rid,
+                            service, now - self._pass_started.get(rid, now),
+                            "" if rid in keep else f" (> max_pass_s {self.config.max_pass_s:g})")
         started = []
         for rid, service in due:
             if rid not in held:
@@ -99,11 +112,13 @@ class Worker(ActionRunner):
                 continue
             t = threading.Thread(target=self._pass, args=(rid, service), name=f"sits-rollout-{service}", daemon=True)
             self._threads[rid] = t
+            self._pass_started[rid] = now
             t.start()
             started.append(t)
         ids = {rid for rid, _ in active}
         for rid in [k for k, t in self._threads.items() if k not in ids and not t.is_alive()]:
             del self._threads[rid]
+            self._pass_started.pop(rid, None)
         self.metrics.busy.set(sum(t.is_alive() for t in self._threads.values()))
         return started
 
@@ -200,6 +215,10 @@ class Worker(ActionRunner):
         self._renewed.pop(rollout_id, None)
         self.store.release_lease(rollout_id, self.owner)
 
+    def abort_pending(self, rollout_id: str) -> bool:
+        """An abort is queued for the rollout (long steps stop for it: gate replays, deploy retries, restores)."""
+        return any(c["command"] == Command.ABORT.value for c in self.store.pending_commands(rollout_id))
+
     def holds(self, rollout_id: str) -> bool:
         """Whether this worker holds the rollout's lease now."""
         held = self.store.lease(rollout_id)
@@ -242,7 +261,11 @@ class Worker(ActionRunner):
         command = self.store.next_command(r.id)
         obs = self._observe(r, now, command)
         tc = time.perf_counter()
-        obs = self._correctness(r, obs, now)
+        obs, interrupted = self._correctness(r, obs, now)
+        if interrupted:   # an abort arrived during the replay: it applies in this pass
+            command = self.store.next_command(r.id)
+            obs = dataclasses.replace(obs, command=command[1] if command else None,
+                                      command_by=command[2] if command else "")
         t1 = time.perf_counter()
         self._at("observed")
         new, actions = reconcile(r, obs, now)
@@ -252,6 +275,8 @@ class Worker(ActionRunner):
         t2 = time.perf_counter()
         self._at("reconciled")
         saved = r
+        if not self._lease(r.id, fresh_s=self.config.lease_ttl_s / 10):   # replaced during a long pass: save nothing
+            raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.lease(r.id) or ('?',))[0]}")
         if actions or new.new_checks or new.new_events or dataclasses.replace(new, new_checks=(), new_events=()) != r:
             saved = self.store.save(new, actions)
             for e in new.new_events:
@@ -301,12 +326,15 @@ class Worker(ActionRunner):
         return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), failed_actions=failed,
                            **cmd)
 
-    def _correctness(self, r: Rollout, obs: Observation, now: float) -> Observation:
+    def _correctness(self, r: Rollout, obs: Observation, now: float) -> tuple[Observation, bool]:
         """The gate's replay when it is due and canary and baseline are both ready; its verdict joins the
-        observation. A replay that cannot run (no endpoint, unreadable prompt set) is INCONCLUSIVE, never a pass."""
+        observation. A replay that cannot run (no endpoint, unreadable prompt set) is INCONCLUSIVE, never a pass.
+        Not run when the pass carries an abort; stopped between prompts when an abort is queued meanwhile (then
+        (obs without a verdict, True))."""
         c, b = obs.variants.get("canary"), obs.variants.get("baseline")
-        if not correctness_due(r, now) or c is None or b is None or not (c.ready and b.ready):
-            return obs
+        if not correctness_due(r, now) or c is None or b is None or not (c.ready and b.ready) \
+                or obs.command is Command.ABORT:
+            return obs, False
         policy = r.policy.correctness
         with self.tracing.span("sits.correctness", attributes={"sits.service": r.service,
                                                                "sits.prompt_set": policy.prompt_set if isinstance(policy.prompt_set, str) else "inline"}) as span:
@@ -316,7 +344,12 @@ class Worker(ActionRunner):
                         for role in ("canary", "baseline")}
                 if not all(urls.values()):
                     raise KeyError("no endpoint")
-                run = self.correctness.run(urls["canary"], urls["baseline"], policy)
+                run = self.correctness.run(urls["canary"], urls["baseline"], policy,
+                                           interrupted=lambda: self.abort_pending(r.id))
+            except ReplayInterrupted as e:
+                log.info("rollout %s (%s): %s", r.id, r.service, e)
+                set_attributes(span, {"sits.correctness.verdict": "interrupted"})
+                return obs, True
             except PromptSetError as e:
                 run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, str(e)), 0, 0, 0.0)
             except Exception as e:   # the deployer or the replay failed: no verdict is not a pass
@@ -328,4 +361,4 @@ class Worker(ActionRunner):
         v = dataclasses.replace(run.verdict, requests=run.requests, seconds=round(run.seconds, 3))
         log.info("rollout %s (%s): correctness gate %s in %.1f s (%d requests): %s", r.id, r.service,
                  v.outcome.value, run.seconds, run.requests, v.reason)
-        return dataclasses.replace(obs, correctness=v)
+        return dataclasses.replace(obs, correctness=v), False
