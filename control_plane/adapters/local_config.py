@@ -62,6 +62,7 @@ class LocalConfig:
     pin_sources: tuple[str, ...] = ()
     max_replicas: int | None = None             # engines of all services at once; None: default_max_replicas()
     start_batch: int | None = None              # replicas started together, then waited for; None: one per core
+    router_state: str | None = None             # file remembering each service's router port (router_ports.py)
 
     def __post_init__(self) -> None:
         if not self.engine_command:

@@ -297,8 +297,12 @@ class WeightedRouter:
         if self._thread is not None:
             return self.url
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.host, self.config.port))
+        try:   # SO_REUSEADDR: a restarted control plane binds its router's old port despite TIME_WAIT connections
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.config.host, self.config.port))
+        except OSError:
+            sock.close()
+            raise
         host, port = sock.getsockname()[:2]
         c = self.config
         # proxy_headers off: the client address is the peer's, never what its X-Forwarded-For claims

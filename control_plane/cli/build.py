@@ -53,6 +53,11 @@ def secret(env: str, file: str | None) -> str | None:
     return os.environ.get(env) or None
 
 
+def _beside(store: str) -> str | None:
+    """Where the local deployer remembers its routers' ports: next to the store, so a restart serves on them."""
+    return None if store == ":memory:" else f"{store}.routers.json"
+
+
 def prometheus_config(a) -> PrometheusConfig:
     """`--prometheus-url` with its credentials (token file or $SITS_PROMETHEUS_TOKEN; basic auth)."""
     if not a.prometheus_url:
@@ -76,7 +81,7 @@ def build_worker(a) -> Worker:
         try:   # a bad pin token stops the start with one line, not a traceback per pass
             deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
                                                  pin_token=secret("SITS_PIN_TOKEN", a.pin_token_file),
-                                                 max_replicas=a.max_replicas))
+                                                 max_replicas=a.max_replicas, router_state=_beside(a.store)))
         except DeployError as e:
             raise CLIError(str(e)) from None
     if a.metrics == "prometheus":
