@@ -42,7 +42,8 @@ class DeploySpec:
         canary = role == "canary"
         return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
                            image=self.canary_image if canary else self.production_image,
-                           args=self.canary_args + self.canary_faults if canary else self.production_args, env=self.env, gpus=self.gpus)
+                           args=self.canary_args + self.canary_faults if canary else self.production_args,
+                           env=self.env, gpus=self.gpus)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "replicas": self.replicas, "production_args": list(self.production_args),

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
 
 
-class Worker(ActionRunner):
+class Worker:
     """`Worker(store, deployer, metrics_source, notifier)`; `start()`/`stop()` run the loop in threads,
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
     `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
@@ -71,9 +71,11 @@ class Worker(ActionRunner):
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
-        self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
         self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
+        self.actions = ActionRunner(store, deployer, self.notifier, tracing=self.tracing, metrics=self.metrics,
+                                    config=self.config, clock=clock, lease=self._lease, step=self._at,
+                                    abort_pending=self.abort_pending, stopping=self._stop)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
@@ -195,7 +197,7 @@ class Worker(ActionRunner):
         for r in self.store.list(active=False, limit=50):
             pending = self.store.pending_actions(r.id)
             if pending and self._lease(r.id):
-                self._run_actions(r, pending)
+                self.actions.run(r, pending)
                 self._release(r.id)
         self._recovered = True
 
@@ -245,12 +247,12 @@ class Worker(ActionRunner):
         if not leased and not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.lease(r.id) or ("?",))[0])
             return r
-        if r.id not in self._restored:
-            r = self._restore(r)
+        if r.id not in self.actions.restored:
+            r = self.actions.restore(r)
         pending = self.store.pending_actions(r.id)
         if pending:   # only after a crash or an interrupted pass: finish it, reconcile next interval
             self._at("recover")
-            self._run_actions(r, pending)
+            self.actions.run(r, pending)
             return r
         if not r.active:
             self._release(r.id)
@@ -286,7 +288,7 @@ class Worker(ActionRunner):
         if command is not None:
             self.store.consume_command(command[0])
             self._at("consumed")
-        self._run_actions(saved, self.store.pending_actions(r.id))
+        self.actions.run(saved, self.store.pending_actions(r.id))
         t4 = time.perf_counter()
         for stage, dt in (("observe", tc - t0), ("correctness", t1 - tc), ("reconcile", t2 - t1), ("persist", t3 - t2),
                           ("actions", t4 - t3)):
@@ -336,8 +338,9 @@ class Worker(ActionRunner):
                 or obs.command is Command.ABORT:
             return obs, False
         policy = r.policy.correctness
+        named = policy.prompt_set if isinstance(policy.prompt_set, str) else "inline"
         with self.tracing.span("sits.correctness", attributes={"sits.service": r.service,
-                                                               "sits.prompt_set": policy.prompt_set if isinstance(policy.prompt_set, str) else "inline"}) as span:
+                                                               "sits.prompt_set": named}) as span:
             try:
                 status = self.deployer.status(r.service)
                 urls = {role: (status[role].endpoints or (status[role].endpoint,))[0]

@@ -1,5 +1,6 @@
-"""Issue 26 row 4: operator engine flags pass an allow-list where DeploySpec is built (the API, the CLI and the service
-share it); the flags the deployer owns (listen address, labels, tracing, fault injection) are refused naming the flag."""
+"""Issue 26 row 4: operator engine flags pass an allow-list where DeploySpec is built (the API, the CLI and the
+service share it); the flags the deployer owns (listen address, labels, tracing, fault injection) are refused naming
+the flag."""
 import pytest
 
 from control_plane.adapters.deploy import VariantSpec
