@@ -2,10 +2,11 @@
 source delays only its own rollout):
 
     1. finish the outbox: pending actions of the last pass (after a crash or failure) run, idempotently; done for now
-    2. load the rollout, gather an Observation: readiness from the deployer, the window since `observed_until` from
-       the metrics source (a MetricsError makes the window "no data": inconclusive, never a pass), a queued manual
-       command, and the actions of the last pass that failed for good; when `correctness_due` and both variants
-       are ready, the correctness gate's replay of the prompt set against canary and baseline (adapters/correctness)
+    2. load the rollout, gather an Observation (worker/observe.py): readiness from the deployer, the window since
+       `observed_until` from the metrics source (a MetricsError makes the window "no data": inconclusive, never a
+       pass), a queued manual command, and the actions of the last pass that failed for good; when
+       `correctness_due` and both variants are ready, the correctness gate's replay of the prompt set against canary
+       and baseline (adapters/correctness), stopped between prompts by a queued abort
     3. reconcile(rollout, observation, now)                                   (pure)
     4. persist the new state + its checks + events + actions in ONE transaction (Store.save)
     5. run the actions through the deployer (each retried, then marked done/failed in the outbox) and the notifier
@@ -25,21 +26,20 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError, ReplayInterrupted
+from control_plane.adapters.correctness import CorrectnessProbe
 from control_plane.adapters.deploy import Deployer, DeployCancelled
-from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
+from control_plane.adapters.metrics import MetricsSource
 from control_plane.adapters.notify import MultiNotifier, Notifier
-from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
-from control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due, reconcile
+from control_plane.rollout import Command, Rollout, reconcile
 from control_plane.redact import redact
 from control_plane.store.db import Store
 from control_plane.store.schema import StoreWriteError
 from control_plane.tracing import Tracing, check_attributes, set_attributes
 from control_plane.worker.actions import ActionRunner, LeaseLostError
 from control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
+from control_plane.worker.observe import Observer
 
 log = logging.getLogger(__name__)
-_OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
 
 
 class Worker:
@@ -73,6 +73,8 @@ class Worker:
         self._recovered = False
         self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
+        self.observer = Observer(store, deployer, metrics_source, self.correctness, self.tracing,
+                                 abort_pending=self.abort_pending)
         self.actions = ActionRunner(store, deployer, self.notifier, tracing=self.tracing, metrics=self.metrics,
                                     config=self.config, clock=clock, lease=self._lease, step=self._at,
                                     abort_pending=self.abort_pending, stopping=self._stop)
@@ -261,9 +263,9 @@ class Worker:
         now = self.clock()
         t0 = time.perf_counter()
         command = self.store.next_command(r.id)
-        obs = self._observe(r, now, command)
+        obs = self.observer.observe(r, now, command)
         tc = time.perf_counter()
-        obs, interrupted = self._correctness(r, obs, now)
+        obs, interrupted = self.observer.correctness(r, obs, now)
         if interrupted:   # an abort arrived during the replay: it applies in this pass
             command = self.store.next_command(r.id)
             obs = dataclasses.replace(obs, command=command[1] if command else None,
@@ -295,73 +297,3 @@ class Worker:
             self.metrics.stage.labels(r.service, stage).observe(dt)
         self.metrics.reconcile.observe(t4 - t0)
         return saved
-
-    def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
-        failed = self.store.failed_actions(r.id, r.version)
-        cmd = dict(command=command[1], command_by=command[2]) if command else {}
-        errors: list[str] = []
-        try:
-            status = self.deployer.status(r.service) if r.phase in _OBSERVED else {}
-        except Exception as e:
-            status, errors = {}, [f"deployer status: {type(e).__name__}: {e}"]
-        # ready: every replica up before traffic starts (INITIALIZING); afterwards "serving" (a replica count that is
-        # catching up with a weight change, e.g. Kubernetes replica-ratio traffic, is not a canary failure)
-        variants = {role: VariantData(ready=st.ready or (r.phase is not Phase.INITIALIZING and st.ready_replicas > 0),
-                                      crashing=st.crashing and not st.ready) for role, st in status.items()}
-        if not errors and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
-            for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
-                variants.setdefault(role, VariantData(ready=False))
-        if not status:
-            return Observation(variants=variants, errors=tuple(errors), failed_actions=failed, **cmd)
-        targets = {role: Target(role, st.endpoints or ((st.endpoint,) if st.endpoint else ()), st.ready)
-                   for role, st in status.items()}
-        required = ("canary", r.policy.compare_to) if r.phase is Phase.PROGRESSING else ()
-        try:
-            w = self.source.window(r.service, targets, r.observed_until, now, r.policy.metrics, required)
-        except MetricsError as e:
-            errors.append(f"{self.source.name}: {e}")
-            return Observation(variants=variants, source=self.source.name, errors=tuple(errors),
-                               failed_actions=failed, **cmd)
-        for role, v in w.variants.items():
-            if role in variants:
-                variants[role] = dataclasses.replace(v, ready=variants[role].ready, crashing=variants[role].crashing)
-        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), failed_actions=failed,
-                           **cmd)
-
-    def _correctness(self, r: Rollout, obs: Observation, now: float) -> tuple[Observation, bool]:
-        """The gate's replay when it is due and canary and baseline are both ready; its verdict joins the
-        observation. A replay that cannot run (no endpoint, unreadable prompt set) is INCONCLUSIVE, never a pass.
-        Not run when the pass carries an abort; stopped between prompts when an abort is queued meanwhile (then
-        (obs without a verdict, True))."""
-        c, b = obs.variants.get("canary"), obs.variants.get("baseline")
-        if not correctness_due(r, now) or c is None or b is None or not (c.ready and b.ready) \
-                or obs.command is Command.ABORT:
-            return obs, False
-        policy = r.policy.correctness
-        named = policy.prompt_set if isinstance(policy.prompt_set, str) else "inline"
-        with self.tracing.span("sits.correctness", attributes={"sits.service": r.service,
-                                                               "sits.prompt_set": named}) as span:
-            try:
-                status = self.deployer.status(r.service)
-                urls = {role: (status[role].endpoints or (status[role].endpoint,))[0]
-                        for role in ("canary", "baseline")}
-                if not all(urls.values()):
-                    raise KeyError("no endpoint")
-                run = self.correctness.run(urls["canary"], urls["baseline"], policy,
-                                           interrupted=lambda: self.abort_pending(r.id))
-            except ReplayInterrupted as e:
-                log.info("rollout %s (%s): %s", r.id, r.service, e)
-                set_attributes(span, {"sits.correctness.verdict": "interrupted"})
-                return obs, True
-            except PromptSetError as e:
-                run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, str(e)), 0, 0, 0.0)
-            except Exception as e:   # the deployer or the replay failed: no verdict is not a pass
-                run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, f"replay failed: {type(e).__name__}: {e}"),
-                              0, 0, 0.0)
-            set_attributes(span, {"sits.correctness.verdict": run.verdict.outcome.value,
-                                  "sits.correctness.reason": run.verdict.reason[:500],
-                                  "sits.correctness.requests": run.requests})
-        v = dataclasses.replace(run.verdict, requests=run.requests, seconds=round(run.seconds, 3))
-        log.info("rollout %s (%s): correctness gate %s in %.1f s (%d requests): %s", r.id, r.service,
-                 v.outcome.value, run.seconds, run.requests, v.reason)
-        return dataclasses.replace(obs, correctness=v), False
