@@ -264,3 +264,18 @@ def test_a_short_pin_token_refuses_to_start(tmp_path, capsys, monkeypatch, comma
     rc, _, err = cli(capsys, *argv)
     one_line_error(rc, err)
     assert "at least 16 characters, got 15" in err and short not in err
+
+
+# ---- issue 26 row 4 through the CLI: the same allow-list as the API ----
+
+@pytest.mark.parametrize("flag,args", [("--args", ["--host", "0.0.0.0"]),
+                                       ("--production-args", ["--fault-error-rate", "0.5"])])
+def test_deployer_owned_engine_flags_are_refused_by_the_cli(tmp_path, capsys, flag, args):
+    db = str(tmp_path / "s.db")
+    rc, _, err = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--store", db,
+                     flag, *args)   # REMAINDER: the flag comes last
+    one_line_error(rc, err)
+    assert f"{args[0]} is set by the deployer" in err
+    if os.path.exists(db):                                     # nothing was started
+        with Store(db) as s:
+            assert s.list() == []
