@@ -76,6 +76,33 @@ def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERA
     return out
 
 
+def split_stored(args, faults: list[str] | None) -> tuple[list[str], list[str]]:
+    """A stored args list (from before the allow-list) as (allowed, dropped): allowed flags with their values are
+    kept; fault flags with their values go to `faults` when it is given (the canary's), else are dropped; every other
+    argument is dropped."""
+    args = [a for a in args if isinstance(a, str)]
+    kept, dropped, i = [], [], 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        known = {**OPERATOR_FLAGS, **FAULT_FLAGS}
+        takes = known.get(name, False)
+        n = 2 if takes and not eq and i + 1 < len(args) else 1
+        group = args[i:i + n]
+        if name in OPERATOR_FLAGS:
+            target = kept
+        elif name in FAULT_FLAGS and faults is not None:
+            target = faults
+        else:
+            target = dropped
+        target.extend(group)
+        i += n
+    try:   # what the allow-list still refuses (a bad value, a control character) is dropped as a whole
+        check_args(kept, "args")
+    except ValidationError:
+        dropped, kept = dropped + kept, []
+    return kept, dropped
+
+
 def check_env(env: dict[str, str], field: str = "env") -> dict[str, str]:
     """`env` unless it sets a variable the deployer owns or one that changes what code runs (ValidationError)."""
     if len(env) > MAX_ENV:

@@ -5,6 +5,7 @@ the allow-list of adapters/engine_args.py (the deployer's own flags, tracing and
 `canary_faults` (fault-injection flags for the canary) is for tests and benchmarks: no API or CLI field sets it."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -12,6 +13,9 @@ from control_plane import validation as v
 from control_plane.adapters import engine_args
 from control_plane.adapters.deploy import VariantSpec
 from control_plane.errors import ValidationError
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,6 +54,22 @@ class DeploySpec:
                 "canary_args": list(self.canary_args), "env": dict(self.env),
                 "production_image": self.production_image, "canary_image": self.canary_image, "gpus": self.gpus,
                 "canary_faults": list(self.canary_faults)}
+
+    @classmethod
+    def from_stored(cls, d: Mapping[str, Any]) -> "DeploySpec":
+        """A spec as the store holds it, including one stored before engine flags were allow-listed: fault flags
+        of the canary move to canary_faults (the behaviour it was started with); any other flag the allow-list
+        refuses now is dropped, with a warning (it never reaches an engine)."""
+        d = dict(d)
+        faults = list(d.get("canary_faults") or ())
+        for key, field_name in (("canary_args", "args"), ("production_args", "production_args")):
+            kept, dropped = engine_args.split_stored(d.get(key) or (), faults if key == "canary_args" else None)
+            if dropped and (why := f"{field_name} {' '.join(dropped)[:300]}") not in _WARNED:
+                _WARNED.add(why)   # once per process, not once per pass
+                log.warning("stored spec: %s dropped (not allowed since issue 26)", why)
+            d[key] = kept
+        d["canary_faults"] = faults
+        return cls.from_dict(d)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DeploySpec":

@@ -17,6 +17,18 @@ MAX_INLINE_PROMPTS = 256
 MAX_INLINE_CHARS = 64 * 1024       # all inline prompts together (the policy is stored with the rollout)
 
 
+def stored_prompt_set(value: object) -> object:
+    """A prompt_set as stored by a version that took file paths, as a name: `.../prompts-<name>.json` (the chart's
+    ConfigMap layout) is `<name>`; any other path becomes a name made of its file's stem, which the worker looks up in
+    its prompt-set directory like any other (a set it does not find makes the gate INCONCLUSIVE, never a pass, and
+    no path is ever read). Valid values are returned as they are."""
+    if not isinstance(value, str) or prompt_set_problem(value) is None:
+        return value
+    stem = value.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".json").removeprefix("prompts-")
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-_")[:64]
+    return name if name and PROMPT_SET_NAME_RE.match(name) else "legacy-path"
+
+
 def prompt_set_problem(value: object) -> str | None:
     """Why `value` is not a prompt set a policy may give ("default", a set name, or a non-empty list of non-empty
     strings within the inline bounds), or None when it is."""
