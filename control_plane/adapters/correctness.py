@@ -12,12 +12,14 @@ replay as failed (the verdict is inconclusive past policy.max_error_fraction), n
 from __future__ import annotations
 
 import json
+import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import requests
 
@@ -35,21 +37,60 @@ class PromptSetError(ValueError):
     """The policy's prompt set cannot be read or is malformed."""
 
 
-def load_prompt_set(name: str) -> tuple[str, ...]:
-    """"default" (the shipped set) or a file: a JSON list of non-empty strings."""
-    if name == "default":
+MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024
+
+
+def load_prompt_set(prompt_set: str | tuple[str, ...], directory: str | os.PathLike | None) -> tuple[str, ...]:
+    """The policy's prompts: "default" (the shipped set), inline prompts (validated with the policy), or a set by
+    name (Policy has checked it: no paths): `<directory>/prompts-<name>.json`, a JSON list of non-empty strings, read
+    only when it is a regular file inside `directory` and at most MAX_PROMPT_FILE_BYTES long. PromptSetError
+    otherwise."""
+    if not isinstance(prompt_set, str):
+        return tuple(prompt_set)
+    if prompt_set == "default":
         return DEFAULT_PROMPTS
+    if directory is None:
+        raise PromptSetError(f"prompt set {prompt_set!r}: this worker has no prompt-set directory "
+                             "(sits-control worker|serve --prompt-set-dir DIR)")
     try:
-        data = json.loads(Path(name).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise PromptSetError(f"prompt set {name!r}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PromptSetError(f"prompt set {name!r} is not a JSON list of strings: {e}") from None
+        data = json.loads(_read_bounded(prompt_set, Path(directory)))
+    except json.JSONDecodeError as e:
+        raise PromptSetError(f"prompt set {prompt_set!r} is not a JSON list of strings: {e}") from None
     if not isinstance(data, list) or not data or not all(isinstance(p, str) and p for p in data):
-        raise PromptSetError(f"prompt set {name!r} must be a non-empty JSON list of non-empty strings")
+        raise PromptSetError(f"prompt set {prompt_set!r} must be a non-empty JSON list of non-empty strings")
     if len(data) > MAX_PROMPTS or any(len(p) > MAX_PROMPT_CHARS for p in data):
-        raise PromptSetError(f"prompt set {name!r}: at most {MAX_PROMPTS} prompts of {MAX_PROMPT_CHARS} characters")
+        raise PromptSetError(f"prompt set {prompt_set!r}: at most {MAX_PROMPTS} prompts of {MAX_PROMPT_CHARS} "
+                             "characters")
     return tuple(data)
+
+
+def _read_bounded(name: str, directory: Path) -> str:
+    """The text of prompts-<name>.json in `directory` (symlinks that stay inside it are followed: a ConfigMap
+    volume's files are links into its ..data folder)."""
+    unreadable = PromptSetError(f"prompt set {name!r}: no readable prompts-{name}.json in the prompt-set directory")
+    try:
+        root = directory.resolve(strict=True)
+        path = (root / f"prompts-{name}.json").resolve(strict=True)
+        if not path.is_relative_to(root):
+            raise unreadable
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        raise unreadable from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):   # a device, FIFO or folder is no prompt set
+            raise unreadable
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_PROMPT_FILE_BYTES + 1)
+    except OSError:
+        raise unreadable from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_PROMPT_FILE_BYTES:
+        raise PromptSetError(f"prompt set {name!r}: larger than {MAX_PROMPT_FILE_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PromptSetError(f"prompt set {name!r} is not a JSON list of strings (not UTF-8)") from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,6 +104,10 @@ class GateRun:
 
 class ReplayError(Exception):
     pass
+
+
+class ReplayInterrupted(Exception):
+    """The replay stopped between prompts because `interrupted()` said so (an abort is pending)."""
 
 
 def _positions(lp: dict, start: int, count: int | None = None) -> tuple[TokenLogprob, ...]:
@@ -83,11 +128,13 @@ def _tid(token: str) -> int:
 
 
 class CorrectnessProbe:
-    """`CorrectnessProbe().run(canary_url, baseline_url, policy, model)` -> GateRun. Thread-safe."""
+    """`CorrectnessProbe(prompt_dir=DIR).run(canary_url, baseline_url, policy)` -> GateRun. Thread-safe.
+    `prompt_dir`: where named prompt sets are (prompts-<name>.json); None: only "default" and inline sets."""
 
-    def __init__(self, *, session_factory=requests.Session) -> None:
+    def __init__(self, *, session_factory=requests.Session, prompt_dir: str | os.PathLike | None = None) -> None:
         self._local = threading.local()
         self._factory = session_factory
+        self.prompt_dir = prompt_dir
 
     def _session(self) -> requests.Session:
         s = getattr(self._local, "session", None)
@@ -151,23 +198,38 @@ class CorrectnessProbe:
         return PromptReplay(prompt, base, can, forced), tokens, sent
 
     def replay(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy, model: str,
-               prompts: tuple[str, ...]) -> tuple[list[PromptReplay], int, int]:
+               prompts: tuple[str, ...], interrupted: Callable[[], bool] | None = None
+               ) -> tuple[list[PromptReplay], int, int]:
         """Every prompt, `policy.concurrency` at a time (so batches differ from a one-by-one run, as in serving);
         returns (replays, tokens, requests). Every request carries the caller's traceparent (read here: the pool's
-        threads do not inherit the caller's context)."""
+        threads do not inherit the caller's context). `interrupted()` is asked before each prompt: once it says
+        True no further prompt starts, and ReplayInterrupted is raised when those in flight are done."""
         headers = inject(PROBE_HEADER)
+        stop = threading.Event()
+
+        def one(prompt: str):
+            if stop.is_set() or (interrupted is not None and interrupted()):
+                stop.set()
+                return None
+            return self._one(canary_url, baseline_url, model, prompt, policy, headers)
         with ThreadPoolExecutor(max_workers=policy.concurrency, thread_name_prefix="sits-correctness") as pool:
-            results = list(pool.map(lambda pr: self._one(canary_url, baseline_url, model, pr, policy, headers),
-                                    prompts))
+            results = list(pool.map(one, prompts))
+        if stop.is_set():
+            done = sum(r is not None for r in results)
+            raise ReplayInterrupted(f"correctness replay stopped after {done} of {len(prompts)} prompts: an abort "
+                                    "is pending")
         return [r for r, _, _ in results], sum(n for _, n, _ in results), sum(k for _, _, k in results)
 
-    def run(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy) -> GateRun:
-        """One gate replay (PromptSetError if the prompt set cannot be read)."""
+    def run(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy,
+            interrupted: Callable[[], bool] | None = None) -> GateRun:
+        """One gate replay (PromptSetError if the prompt set cannot be read; ReplayInterrupted once
+        `interrupted()` is True, asked before every prompt)."""
         t0 = time.perf_counter()
-        prompts = load_prompt_set(policy.prompt_set)
+        prompts = load_prompt_set(policy.prompt_set, self.prompt_dir)
         model, dtype = self.describe(baseline_url, policy.request_timeout_s)
         canary_model, canary_dtype = self.describe(canary_url, policy.request_timeout_s)
-        replays, tokens, sent = self.replay(canary_url, baseline_url, policy, model or canary_model, prompts)
+        replays, tokens, sent = self.replay(canary_url, baseline_url, policy, model or canary_model, prompts,
+                                            interrupted)
         # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances
         verdict = compare_replays(replays, policy, canary_dtype or dtype or "unknown")
         return GateRun(verdict, requests=sent, tokens=tokens, seconds=time.perf_counter() - t0)

@@ -62,12 +62,11 @@ class VariantSpec:
             raise InvalidVariantError(str(e), e.field) from None
 
     def engine_args(self, *, port: int, host: str | None = None) -> list[str]:
-        """`sits-engine serve ...` arguments (without the program) for this variant; env label = role."""
-        argv = ["serve", "--model", self.model, "--kernels", self.kernels,
+        """`sits-engine serve ...` arguments (without the program) for this variant; env label = role. The
+        deployer's flags come last, so they win even over an args list that was never validated."""
+        argv = ["serve", *self.args, "--model", self.model, "--kernels", self.kernels,
                 "--env", self.role, "--service", self.service, "--port", str(port)]
-        if host is not None:
-            argv += ["--host", host]
-        return argv + list(self.args)
+        return argv + (["--host", host] if host is not None else [])
 
     def to_dict(self) -> dict:
         return {"service": self.service, "role": self.role, "kernels": self.kernels, "model": self.model,

@@ -31,6 +31,7 @@ from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployN
 from control_plane.adapters.local_config import LocalConfig, default_max_replicas, engine_environment
 from control_plane.adapters.router_config import RouterConfig
 from control_plane.adapters.router import WeightedRouter
+from control_plane.adapters.router_ports import RouterPorts
 
 log = logging.getLogger(__name__)
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -74,6 +75,7 @@ class LocalDeployer:
         self.workdir = Path(self.config.workdir or self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._services: dict[str, _Service] = {}
+        self._ports = RouterPorts(self.config.router_state)
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
         self.pin_token = self.config.pin_token or secrets.token_urlsafe(24)
@@ -213,11 +215,23 @@ class LocalDeployer:
             if svc is None:
                 if not create:
                     raise DeployNotFoundError(f"service {name!r} is not deployed")
-                router = WeightedRouter(RouterConfig(service=name, host=self.config.host, pin_token=self.pin_token,
-                                                     pin_sources=tuple(self.config.pin_sources)))
-                router.start()
-                svc = self._services[name] = _Service(router)
+                svc = self._services[name] = _Service(self._start_router(name))
             return svc
+
+    def _start_router(self, name: str) -> WeightedRouter:
+        """The service's router, on the port it had before a restart where one is remembered (else a free one)."""
+        port = self._ports.get(name)
+        for attempt in (port, 0) if port else (0,):
+            router = WeightedRouter(RouterConfig(service=name, host=self.config.host, port=attempt,
+                                                 pin_token=self.pin_token, pin_sources=tuple(self.config.pin_sources)))
+            try:
+                router.start()
+            except OSError as e:   # taken by another process meanwhile: a new port (and URL) beats no service
+                log.warning("service %s: router port %d unavailable (%s); taking a free one", name, attempt, e)
+                continue
+            self._ports.remember(name, int(router.url.rsplit(":", 1)[1]))
+            return router
+        raise DeployError(f"service {name}: no port for its router")
 
     def _reserve(self, spec: VariantSpec) -> None:
         """Count spec's replicas against max_replicas (engines running plus being started) or refuse the deploy."""

@@ -15,6 +15,7 @@ ENV_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHON
               "XDG_CACHE_HOME", "SITS_BUILD", "SITS_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME",
               "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 ENV_PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_", "TORCHINDUCTOR_", "OMP_", "MKL_")
+MIN_PIN_TOKEN_CHARS = 16       # RouterConfig's bound too
 ENGINE_MEMORY_BYTES = 1 << 30   # what one local engine replica is budgeted (the tiny model needs ~0.4 GB RSS)
 
 
@@ -61,6 +62,7 @@ class LocalConfig:
     pin_sources: tuple[str, ...] = ()
     max_replicas: int | None = None             # engines of all services at once; None: default_max_replicas()
     start_batch: int | None = None              # replicas started together, then waited for; None: one per core
+    router_state: str | None = None             # file remembering each service's router port (router_ports.py)
 
     def __post_init__(self) -> None:
         if not self.engine_command:
@@ -69,6 +71,9 @@ class LocalConfig:
         if self.ready_timeout_s <= 0 or self.stop_timeout_s <= 0 or self.drain_timeout_s < 0 \
                 or self.probe_timeout_s <= 0:
             raise DeployError("timeouts must be positive")
+        if self.pin_token is not None and len(self.pin_token) < MIN_PIN_TOKEN_CHARS:   # checked once, at start
+            raise DeployError(f"the pin token ($SITS_PIN_TOKEN or --pin-token-file) must be at least "
+                              f"{MIN_PIN_TOKEN_CHARS} characters, got {len(self.pin_token)}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise DeployError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         for name in ("max_replicas", "start_batch"):

@@ -135,7 +135,8 @@ class WeightedRouter:
         raw = scope["headers"]
         client = (scope.get("client") or (None, 0))[0]
         pin = next((v.decode("latin-1").strip() for k, v in raw if k.lower() == rh.PIN_HEADER), None)
-        if pin is not None and not rh.pin_allowed(raw, client, self._pin_token, self._pin_sources):
+        trusted = rh.pin_allowed(raw, client, self._pin_token, self._pin_sources)
+        if pin is not None and not trusted:
             return await self._reject(scope, send, 403, f"{PIN_HEADER} is honoured only with a valid "
                                       f"{PIN_TOKEN_HEADER} or from an allow-listed source")
         if pin is not None and pin not in ROLES:
@@ -146,6 +147,9 @@ class WeightedRouter:
             rh.check_target(*target)
         except rh.BadTarget as e:
             return await self._reject(scope, send, 400, str(e))
+        if rh.ambiguous_framing(raw):
+            return await self._reject(scope, send, 400, "a request must not carry both Content-Length and "
+                                      "Transfer-Encoding")
         declared = rh.declared_length(raw)
         if declared is not None and declared > self.config.max_body_bytes:
             return await self._reject(scope, send, 413, f"request body of {declared} bytes exceeds the limit of "
@@ -163,7 +167,7 @@ class WeightedRouter:
             except rh.BadTarget as e:
                 self._requests.labels(self.config.service, role, routing, "400").inc()
                 return await self._reject(scope, send, 400, str(e))
-            headers = rh.request_headers(raw, client, self._trusted_proxies)
+            headers = rh.request_headers(raw, client, self._trusted_proxies, trusted)
             await self._forward(scope, receive, send, role, routing, url, headers)
         finally:
             self._done(role)
@@ -293,8 +297,12 @@ class WeightedRouter:
         if self._thread is not None:
             return self.url
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.host, self.config.port))
+        try:   # SO_REUSEADDR: a restarted control plane binds its router's old port despite TIME_WAIT connections
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.config.host, self.config.port))
+        except OSError:
+            sock.close()
+            raise
         host, port = sock.getsockname()[:2]
         c = self.config
         # proxy_headers off: the client address is the peer's, never what its X-Forwarded-For claims

@@ -8,7 +8,9 @@ Pure functions over ASGI-style byte pairs; the router (router.py) calls them for
   the upstream's `Date`/`Server` are replaced by the router's own; `X-Forwarded-For` carries the client's address,
   extending a client-sent chain only when the client is a trusted proxy.
 - Pins: `X-SITS-Variant` is honoured only with the shared pin token (`X-SITS-Pin-Token`) or from an allow-listed
-  source network, so an arbitrary client cannot steer (bad) requests onto the canary and fail a good release.
+  source network, so an arbitrary client cannot steer (bad) requests onto the canary and fail a good release. The
+  same callers alone may send the other internal `X-SITS-*` headers (probe, priority, tenant): stripped otherwise.
+- Framing: a request with both Content-Length and Transfer-Encoding (request smuggling) is a 400 (`ambiguous_framing`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import httpx
 
 PIN_HEADER = b"x-sits-variant"
 PIN_TOKEN_HEADER = b"x-sits-pin-token"
+INTERNAL_PREFIX = b"x-sits-"   # headers the engines act on for the control plane's own callers
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
                   b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
 _FORWARDING = frozenset({b"x-forwarded-for", b"forwarded", b"x-real-ip"})
@@ -80,11 +83,14 @@ def _connection_tokens(headers: Sequence[tuple[bytes, bytes]]) -> set[bytes]:
 
 
 def request_headers(headers: Sequence[tuple[bytes, bytes]], client_host: str | None,
-                    trusted_proxies: Networks) -> list[tuple[bytes, bytes]]:
+                    trusted_proxies: Networks, trusted: bool = False) -> list[tuple[bytes, bytes]]:
     """The end-to-end headers to send upstream, with one X-Forwarded-For. The pin headers are the router's, not the
-    variant's, and are dropped (the token is a secret)."""
+    variant's, and are dropped (the token is a secret). The other internal headers (`X-SITS-*`: probe, priority,
+    tenant, ...) pass only from a `trusted` caller (pin_allowed): from anyone else they are dropped, so a client
+    can neither hide its requests from the judged metrics nor claim another tenant or priority."""
     drop = _HOP | _connection_tokens(headers) | {PIN_HEADER, PIN_TOKEN_HEADER}
-    out = [(k, v) for k, v in headers if k.lower() not in drop and k.lower() not in _FORWARDING]
+    out = [(k, v) for k, v in headers if k.lower() not in drop and k.lower() not in _FORWARDING
+           and (trusted or not k.lower().startswith(INTERNAL_PREFIX))]
     chain = [v.strip() for k, v in headers if k.lower() == b"x-forwarded-for" and v.strip()]
     me = (client_host or "").encode()
     if chain and in_networks(client_host, trusted_proxies):   # a proxy we trust: keep its chain, append it
@@ -120,6 +126,12 @@ def declared_length(headers: Sequence[tuple[bytes, bytes]]) -> int | None:
             v = v.strip()
             return int(v) if len(v) <= 18 else 10 ** 18
     return None
+
+
+def ambiguous_framing(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Both Content-Length and Transfer-Encoding (RFC 9112 6.3: a proxy must not forward such a message)."""
+    names = {k.lower() for k, _ in headers}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def has_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:

@@ -152,11 +152,11 @@ class ScrapeSource:
 
     def scrape(self, url: str, service: str | None, metrics: Sequence[str]) -> Cumulative:
         try:
-            r = self._session().get(url.rstrip("/") + "/metrics", timeout=self.config.timeout_s)
+            r = self._session().get(url.rstrip("/") + "/metrics", timeout=self.config.timeout_s, allow_redirects=False)
         except requests.RequestException as e:
             raise MetricsQueryError(f"GET {url}/metrics failed: {type(e).__name__}: {e}") from None
         if r.status_code != 200:
-            raise MetricsQueryError(f"GET {url}/metrics answered {r.status_code}: {r.text[:200]}")
+            raise MetricsQueryError(f"GET {url}/metrics answered {r.status_code}")   # no body: no echo, no redirect
         return parse_exposition(r.text, service, metrics, self.config.routes)
 
     def window(self, service: str | None, targets: Mapping[str, Target], start: float | None, end: float,

@@ -1,14 +1,21 @@
 """`DeploySpec`: how a rollout's variants run besides their kernel sets (model, replicas, args, env, images, GPUs).
 The baseline is a fresh copy of production. Validated once, here and in `VariantSpec`, by the shared field checks of
-control_plane/validation.py; bad input raises ValidationError naming the field."""
+control_plane/validation.py; bad input raises ValidationError naming the field. Engine flags and environment pass
+the allow-list of adapters/engine_args.py (the deployer's own flags, tracing and fault injection are refused);
+`canary_faults` (fault-injection flags for the canary) is for tests and benchmarks: no API or CLI field sets it."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from control_plane import validation as v
+from control_plane.adapters import engine_args
 from control_plane.adapters.deploy import VariantSpec
 from control_plane.errors import ValidationError
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 
 
 @dataclass(slots=True, frozen=True)
@@ -21,13 +28,16 @@ class DeploySpec:
     production_image: str | None = None      # Kubernetes: None = the deployer's default image
     canary_image: str | None = None
     gpus: int = 0
+    canary_faults: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         v.model(self.model)
         v.integer(self.replicas, "replicas", 1, v.MAX_REPLICAS)
-        object.__setattr__(self, "production_args", v.strings(self.production_args, "production_args"))
-        object.__setattr__(self, "canary_args", v.strings(self.canary_args, "args"))
-        object.__setattr__(self, "env", v.string_map(self.env, "env"))
+        object.__setattr__(self, "production_args", engine_args.check_args(self.production_args, "production_args"))
+        object.__setattr__(self, "canary_args", engine_args.check_args(self.canary_args, "args"))
+        object.__setattr__(self, "canary_faults", engine_args.check_args(self.canary_faults, "canary_faults",
+                                                                         engine_args.FAULT_FLAGS))
+        object.__setattr__(self, "env", engine_args.check_env(v.string_map(self.env, "env")))
         v.optional_string(self.production_image, "production_image")
         v.optional_string(self.canary_image, "image")
         v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
@@ -36,12 +46,30 @@ class DeploySpec:
         canary = role == "canary"
         return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
                            image=self.canary_image if canary else self.production_image,
-                           args=self.canary_args if canary else self.production_args, env=self.env, gpus=self.gpus)
+                           args=self.canary_args + self.canary_faults if canary else self.production_args,
+                           env=self.env, gpus=self.gpus)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "replicas": self.replicas, "production_args": list(self.production_args),
                 "canary_args": list(self.canary_args), "env": dict(self.env),
-                "production_image": self.production_image, "canary_image": self.canary_image, "gpus": self.gpus}
+                "production_image": self.production_image, "canary_image": self.canary_image, "gpus": self.gpus,
+                "canary_faults": list(self.canary_faults)}
+
+    @classmethod
+    def from_stored(cls, d: Mapping[str, Any]) -> "DeploySpec":
+        """A spec as the store holds it, including one stored before engine flags were allow-listed: fault flags
+        of the canary move to canary_faults (the behaviour it was started with); any other flag the allow-list
+        refuses now is dropped, with a warning (it never reaches an engine)."""
+        d = dict(d)
+        faults = list(d.get("canary_faults") or ())
+        for key, field_name in (("canary_args", "args"), ("production_args", "production_args")):
+            kept, dropped = engine_args.split_stored(d.get(key) or (), faults if key == "canary_args" else None)
+            if dropped and (why := f"{field_name} {' '.join(dropped)[:300]}") not in _WARNED:
+                _WARNED.add(why)   # once per process, not once per pass
+                log.warning("stored spec: %s dropped (not allowed since issue 26)", why)
+            d[key] = kept
+        d["canary_faults"] = faults
+        return cls.from_dict(d)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DeploySpec":

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
 from .policy_error import PolicyError, _name, _num, _short
+from .prompts import prompt_set_problem
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,7 +67,7 @@ class CorrectnessPolicy:
     every interval_s when > 0) the prompt set is replayed greedily against canary and baseline, and compared with
     the tolerances of the engines' dtype."""
     enabled: bool = True
-    prompt_set: str = "default"          # "default" (analysis/prompts.py) or a file: a JSON list of strings
+    prompt_set: str | tuple[str, ...] = "default"   # "default", a set name or the prompts (analysis/prompts.py)
     max_tokens: int = 16                 # greedy tokens generated per prompt
     compare_tokens: int = 8              # K: "identical" means identical over the first K tokens
     top_logprobs: int = 5                # alternatives per position (for the margins at a divergence)
@@ -79,8 +80,9 @@ class CorrectnessPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise PolicyError("enabled", f"must be true or false, got {_short(self.enabled)}")
-        if not isinstance(self.prompt_set, str) or not self.prompt_set or len(self.prompt_set) > 4096:
-            raise PolicyError("prompt_set", "must be 'default' or a file path")
+        if why := prompt_set_problem(self.prompt_set):
+            raise PolicyError("prompt_set", why)
+        object.__setattr__(self, "prompt_set", p if isinstance(p := self.prompt_set, str) else tuple(p))
         for name, lo, hi in (("max_tokens", 1, 256), ("compare_tokens", 1, 256), ("top_logprobs", 1, 20),
                              ("concurrency", 1, 64)):
             v = getattr(self, name)

@@ -1,10 +1,51 @@
-"""The prompt set the correctness gate replays by default (Policy.correctness.prompt_set = "default").
+"""The prompt set the correctness gate replays by default (Policy.correctness.prompt_set = "default"), and what a
+policy may name instead (`prompt_set_problem`): a set by name (`prompts-<name>.json` in the worker's configured
+prompt-set directory, `--prompt-set-dir`: the chart's ConfigMap mount) or the prompts themselves, inline and bounded.
+Never a path: a policy comes from API users, and the worker must not read files they choose.
 
 32 prompts of mixed lengths: short questions, code, numbers, prose and a few past a 64-token KV block boundary
 (byte-level tokenizer: about one token per character), up to one past 1,000 tokens, so prefill chunks, several KV
-blocks and long-context RoPE positions are all exercised. Plain data; a user's set is a file (see docs).
+blocks and long-context RoPE positions are all exercised. Plain data.
 """
 from __future__ import annotations
+
+import re
+
+# a set's name: letters, digits, '_' and '-' (so no '/', no '..', nothing absolute); the file is prompts-<name>.json
+PROMPT_SET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MAX_INLINE_PROMPTS = 256
+MAX_INLINE_CHARS = 64 * 1024       # all inline prompts together (the policy is stored with the rollout)
+
+
+def stored_prompt_set(value: object) -> object:
+    """A prompt_set as stored by a version that took file paths, as a name: `.../prompts-<name>.json` (the chart's
+    ConfigMap layout) is `<name>`; any other path becomes a name made of its file's stem, which the worker looks up in
+    its prompt-set directory like any other (a set it does not find makes the gate INCONCLUSIVE, never a pass, and
+    no path is ever read). Valid values are returned as they are."""
+    if not isinstance(value, str) or prompt_set_problem(value) is None:
+        return value
+    stem = value.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".json").removeprefix("prompts-")
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-_")[:64]
+    return name if name and PROMPT_SET_NAME_RE.match(name) else "legacy-path"
+
+
+def prompt_set_problem(value: object) -> str | None:
+    """Why `value` is not a prompt set a policy may give ("default", a set name, or a non-empty list of non-empty
+    strings within the inline bounds), or None when it is: the problem, after the field's name
+    (`correctness.prompt_set ...`)."""
+    if isinstance(value, str):
+        if PROMPT_SET_NAME_RE.match(value):
+            return None
+        return (f"{value[:80]!r} must be 'default', the name of a set in the worker's prompt-set directory "
+                "(letters, digits, '_' and '-'; no paths) or a list of prompts")
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(p, str) and p for p in value):
+        return "must be a set name or a non-empty list of non-empty strings"
+    if len(value) > MAX_INLINE_PROMPTS or sum(map(len, value)) > MAX_INLINE_CHARS:
+        return (f"holds at most {MAX_INLINE_PROMPTS} inline prompts of {MAX_INLINE_CHARS} characters in all (a larger "
+                "set goes in the prompt-set directory)")
+    if not all(c.isprintable() or c in "\n\t\r" for p in value for c in p):
+        return "prompts must be text (no control characters but newlines and tabs)"
+    return None
 
 _PARAGRAPHS = (
     "The river rose for three days before the town council met. Nobody had expected the old levee to hold, and "

@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+from control_plane.adapters.correctness import CorrectnessProbe
+from control_plane.adapters.deploy import DeployError
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
@@ -51,6 +53,11 @@ def secret(env: str, file: str | None) -> str | None:
     return os.environ.get(env) or None
 
 
+def _beside(store: str) -> str | None:
+    """Where the local deployer remembers its routers' ports: next to the store, so a restart serves on them."""
+    return None if store == ":memory:" else f"{store}.routers.json"
+
+
 def prometheus_config(a) -> PrometheusConfig:
     """`--prometheus-url` with its credentials (token file or $SITS_PROMETHEUS_TOKEN; basic auth)."""
     if not a.prometheus_url:
@@ -72,9 +79,12 @@ def build_worker(a) -> Worker:
         kw = {"image": a.engine_image} if a.engine_image else {}
         deployer = KubernetesDeployer(KubernetesConfig(namespace=a.namespace, kubeconfig=a.kubeconfig, **kw))
     else:
-        deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
-                                             pin_token=secret("SITS_PIN_TOKEN", a.pin_token_file),
-                                             max_replicas=a.max_replicas))
+        try:   # a bad pin token stops the start with one line, not a traceback per pass
+            deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=a.cpu_threads,
+                                                 pin_token=secret("SITS_PIN_TOKEN", a.pin_token_file),
+                                                 max_replicas=a.max_replicas, router_state=_beside(a.store)))
+        except DeployError as e:
+            raise CLIError(str(e)) from None
     if a.metrics == "prometheus":
         source = PrometheusSource(prometheus_config(a))
     else:
@@ -87,4 +97,5 @@ def build_worker(a) -> Worker:
     hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store.deliveries) for u in a.webhook or ()]
     hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store.deliveries) for u in a.slack_webhook or ()]
     config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
-    return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing)
+    return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing,
+                  correctness=CorrectnessProbe(prompt_dir=a.prompt_set_dir))

@@ -224,6 +224,9 @@ def _worker_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--pin-token-file", default=None,
                    help="local deployer: file holding the X-SITS-Pin-Token that may pin a variant (default: "
                         "$SITS_PIN_TOKEN, else a random one per worker)")
+    w.add_argument("--prompt-set-dir", default=os.environ.get("SITS_PROMPT_SET_DIR") or None,
+                   help="folder of the correctness gate's named prompt sets, prompts-<name>.json "
+                        "($SITS_PROMPT_SET_DIR)")
     w.add_argument("--max-replicas", type=_count, default=None,
                    help="local deployer: engines on this machine at once (default: 2 per core, 1 per GiB free)")
     w.add_argument("--otel-exporter", choices=EXPORTERS, default=None,

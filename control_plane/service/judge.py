@@ -19,8 +19,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
-from control_plane.adapters.metrics import MetricsWindow, NoDataError, Target
+from control_plane.adapters.metrics import MetricsQueryError, MetricsWindow, NoDataError, Target
 from control_plane.adapters.prometheus import PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane import validation
@@ -31,6 +32,7 @@ ROLES = ("canary", "baseline")
 MIN_WINDOW_S, MAX_WINDOW_S = 10.0, 86400.0
 MAX_URLS = 32
 MAX_URL = 2048
+SCRAPE_FAILED = "scrape_urls: a target's /metrics could not be read"
 FIELDS = ("canary", "baseline", "window", "policy", "prometheus_url", "service")
 FLAGGER_FIELDS = ("name", "namespace", "phase", "checksum", "metadata")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -93,10 +95,21 @@ def parse_duration(v: Any, field_name: str) -> float:
 
 
 def _url(v: Any, field_name: str) -> str:
+    """A scrape target: `http(s)://host[:port]` (a trailing `/` or `/metrics` is allowed); `/metrics` of it is
+    fetched and nothing else, so no path, query, fragment, credentials or backslash. Returns scheme://host:port."""
     if not isinstance(v, str) or not v.startswith(("http://", "https://")) or len(v) > MAX_URL or any(
-            c.isspace() for c in v):
+            c.isspace() or not c.isprintable() for c in v):
         raise ValidationError(f"{field_name} must be an http(s) URL of at most {MAX_URL} characters", field_name)
-    return v.rstrip("/")
+    try:
+        u = urlsplit(v)
+        u.port   # noqa: B018 -- raises ValueError for a port out of range
+    except ValueError:
+        u = None
+    if u is None or not u.hostname or "@" in u.netloc or any(c in v for c in "?#\\") \
+            or u.path not in ("", "/", "/metrics"):
+        raise ValidationError(f"{field_name}: {v[:100]!r} must be http(s)://host[:port] -- its /metrics is scraped: "
+                              "no other path, no query, fragment or credentials", field_name)
+    return f"{u.scheme}://{u.netloc}"
 
 
 def _variant(d: Any, name: str, flagger: bool = False) -> VariantSource:
@@ -217,8 +230,11 @@ class ScrapeHistory:
             while len(self._keys) > self.max_keys:
                 self.source.forget(self._keys.popitem(last=False)[0])
         targets = {role: Target(role, getattr(req, role).scrape_urls) for role in ROLES}
-        return self.source.window(req.service, targets, now - req.window_s, now, req.policy.metrics, ROLES,
-                                  history_key=key)
+        try:
+            return self.source.window(req.service, targets, now - req.window_s, now, req.policy.metrics, ROLES,
+                                      history_key=key)
+        except MetricsQueryError:   # one answer for refused, unreachable, timed out, not 200 or not metrics: the
+            raise MetricsQueryError(SCRAPE_FAILED) from None   # judge is no port scanner and echoes no body
 
     def close(self) -> None:
         self.source.close()

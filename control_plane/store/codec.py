@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from control_plane.analysis import HistogramSnapshot, Policy, VariantData
+from control_plane.analysis.prompts import stored_prompt_set
 from control_plane.rollout import Check, Phase, Rollout
 
 
@@ -92,7 +93,9 @@ def _policy(d: Mapping) -> Policy:
     key = repr(d)
     p = _POLICIES.get(key)
     if p is None:
-        p = Policy.from_dict(d)
+        c = d.get("correctness")   # stored before prompt sets were names: a path becomes a name, never read
+        p = Policy.from_dict({**d, "correctness": {**c, "prompt_set": stored_prompt_set(c.get("prompt_set"))}}
+                             if isinstance(c, Mapping) and "prompt_set" in c else d)
         if len(_POLICIES) >= _CACHE_SIZE:
             _POLICIES.clear()
         _POLICIES[key] = p

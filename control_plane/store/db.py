@@ -86,7 +86,7 @@ class Store:
 
     def spec(self, rollout_id: str) -> DeploySpec:
         rows = self._db.rows("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,))
-        return DeploySpec.from_dict(json.loads(rows[0]["body"])) if rows else DeploySpec()
+        return DeploySpec.from_stored(json.loads(rows[0]["body"])) if rows else DeploySpec()
 
     _SELECT = ("SELECT r.state, r.version, d.version AS data_version, d.body AS data FROM rollouts r "
                "LEFT JOIN rollout_data d ON d.rollout_id = r.id")

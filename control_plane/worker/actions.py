@@ -1,25 +1,27 @@
 """The worker's outbox side: the actions a pass stored (Store.save) run through the deployer and the notifier, each
 retried with backoff under the rollout's lease and then marked done or failed; every deployer call is one span; and
 the restore of variants a previous control plane deployed and took with it.
-`ActionRunner` is mixed into `Worker` (control_plane/worker/loop.py), whose store, deployer, notifier, tracing, metrics,
-config, lease and step hook it uses."""
+`ActionRunner` is composed into `Worker` (control_plane/worker/loop.py): it gets everything it uses in __init__ (the
+store, deployer, notifier, tracing, metrics, config and clock, and three callables of the worker's: take or renew a
+lease, report a step to the step hook, tell whether an abort is queued) plus the worker's stop event."""
 from __future__ import annotations
 
 import contextvars
 import dataclasses
 import logging
 import threading
-import time
 from typing import Callable
 
-from control_plane.adapters.deploy import DeployCancelled, DeployNotFoundError
-from control_plane.adapters.notify import Notification
+from control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError
+from control_plane.adapters.notify import Notification, Notifier
 from control_plane.redact import redact
 from control_plane.rollout import (Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                    SetWeights, weights_for)
 from control_plane.adapters.spec import DeploySpec
+from control_plane.store.db import Store
 from control_plane.store.schema import StoreWriteError
-from control_plane.tracing import set_attributes
+from control_plane.tracing import Tracing, set_attributes
+from control_plane.worker.config import WorkerConfig, WorkerMetrics
 
 log = logging.getLogger("control_plane.worker")
 # the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
@@ -28,13 +30,28 @@ _EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
              Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
 
 
+_ABORTABLE = (Deploy, SetWeights)   # what a pending abort supersedes (a rollback, a promote or a notification runs)
+
+
 class LeaseLostError(Exception):
     """Another worker took the rollout's lease during this pass (this one stalled past lease_ttl_s)."""
 
 
 class ActionRunner:
+    """`run(rollout, pending)` executes a pass's outbox; `restore(rollout)` once per rollout and worker start
+    (`restored`: the ids done)."""
+
+    def __init__(self, store: Store, deployer: Deployer, notifier: Notifier, *, tracing: Tracing,
+                 metrics: WorkerMetrics, config: WorkerConfig, clock: Callable[[], float],
+                 lease: Callable[[str, float], bool], step: Callable[[str], None],
+                 abort_pending: Callable[[str], bool], stopping: threading.Event) -> None:
+        self.store, self.deployer, self.notifier = store, deployer, notifier
+        self.tracing, self.metrics, self.config, self.clock = tracing, metrics, config, clock
+        self._lease, self._at, self.abort_pending, self._stop = lease, step, abort_pending, stopping
+        self.restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
+
     # ---- actions -------------------------------------------------------------------------------------------------
-    def _restore(self, r: Rollout) -> Rollout:
+    def restore(self, r: Rollout) -> Rollout:
         """First pass of this worker over the rollout: variants its phase has deployed but the deployer does not know
         (local processes died with a previous worker) are deployed again, as they were, with the traffic split of the
         current step; the event is stored before anything is deployed, and windows of the next warm-up are dropped.
@@ -42,6 +59,11 @@ class ActionRunner:
         want = _EXPECTED.get(r.phase, ())
         status = self.deployer.status(r.service) if want else {}
         missing = [role for role in want if role not in status]
+        if missing and r.active and self.abort_pending(r.id):
+            # the abort applies in this pass: no restore first (it may take ready_timeout_s, or never succeed)
+            log.warning("rollout %s (%s): %s not deployed; not restored, an abort is pending", r.id, r.service,
+                        ", ".join(missing))
+            missing = []
         if missing:
             now = self.clock()
             msg = (f"restart: {', '.join(missing)} not deployed (gone with a previous control plane); deploying "
@@ -62,10 +84,10 @@ class ActionRunner:
             if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
                 self._set_weights(r.service, weights_for(r.weight))
             self._at("restored")
-        self._restored.add(r.id)
+        self.restored.add(r.id)
         return r
 
-    def _run_actions(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
+    def run(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
         spec = self.store.spec(r.id)
         i = 0
         while i < len(pending):
@@ -91,10 +113,16 @@ class ActionRunner:
     def _run_one(self, r: Rollout, spec: DeploySpec, action_id: int, action: Action) -> None:
         c, last = self.config, ""
         for attempt in range(c.action_retries + 1):
+            if isinstance(action, _ABORTABLE) and self.abort_pending(r.id):
+                # traffic moves and deploys wait for no retry with an abort queued: the action fails for good now,
+                # and the next pass applies the abort (rolls back)
+                last = (f"{last}; " if last else "") + f"{'not retried' if attempt else 'not run'}: an abort is pending"
+                log.warning("rollout %s: %s %s", r.id, action.kind, last)
+                break
             if attempt:
-                time.sleep(c.action_backoff_s * 2 ** (attempt - 1))
+                self._stop.wait(c.action_backoff_s * 2 ** (attempt - 1))
             # stalled past the TTL and replaced: the new holder runs this action
-            if not self._lease(r.id, fresh_s=c.lease_ttl_s / 10):
+            if not self._lease(r.id, c.lease_ttl_s / 10):
                 raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.leases.get(r.id) or ('?',))[0]}")
             if attempt and self._stop.is_set():
                 raise DeployCancelled(f"rollout {r.id}: {action.kind} not retried, the worker is stopping")

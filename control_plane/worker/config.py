@@ -18,14 +18,17 @@ class WorkerConfig:
     action_retries: int = 2          # deployer action attempts after the first
     action_backoff_s: float = 1.0    # doubled per attempt
     join_timeout_s: float = 30.0     # stop(): how long to wait for rollout threads
-    lease_ttl_s: float = 30.0        # a rollout's lease lasts this long after each renewal (every pass, every action)
+    lease_ttl_s: float = 30.0        # a rollout's lease lasts this long after each renewal (every round, every action)
+    max_pass_s: float = 3600.0       # a pass still running this long is given up: its lease is no longer renewed
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0 or self.action_backoff_s < 0 or self.join_timeout_s < 0:
             raise ValueError("interval_s must be > 0; action_backoff_s and join_timeout_s >= 0")
         if not self.lease_ttl_s > self.interval_s:
             raise ValueError(f"lease_ttl_s ({self.lease_ttl_s}) must exceed interval_s ({self.interval_s}): the "
-                             "holder renews once per pass")
+                             "holder renews once per round")
+        if not self.max_pass_s > 0:
+            raise ValueError(f"max_pass_s must be > 0, got {self.max_pass_s}")
         if isinstance(self.action_retries, bool) or not isinstance(self.action_retries, int) or self.action_retries < 0:
             raise ValueError("action_retries must be an integer >= 0")
 

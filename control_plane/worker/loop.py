@@ -2,10 +2,11 @@
 source delays only its own rollout):
 
     1. finish the outbox: pending actions of the last pass (after a crash or failure) run, idempotently; done for now
-    2. load the rollout, gather an Observation: readiness from the deployer, the window since `observed_until` from
-       the metrics source (a MetricsError makes the window "no data": inconclusive, never a pass), a queued manual
-       command, and the actions of the last pass that failed for good; when `correctness_due` and both variants
-       are ready, the correctness gate's replay of the prompt set against canary and baseline (adapters/correctness)
+    2. load the rollout, gather an Observation (worker/observe.py): readiness from the deployer, the window since
+       `observed_until` from the metrics source (a MetricsError makes the window "no data": inconclusive, never a
+       pass), a queued manual command, and the actions of the last pass that failed for good; when
+       `correctness_due` and both variants are ready, the correctness gate's replay of the prompt set against canary
+       and baseline (adapters/correctness), stopped between prompts by a queued abort
     3. reconcile(rollout, observation, now)                                   (pure)
     4. persist the new state + its checks + events + actions in ONE transaction (Store.save)
     5. run the actions through the deployer (each retried, then marked done/failed in the outbox) and the notifier
@@ -25,30 +26,30 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError
+from control_plane.adapters.correctness import CorrectnessProbe
 from control_plane.adapters.deploy import Deployer, DeployCancelled
-from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
+from control_plane.adapters.metrics import MetricsSource
 from control_plane.adapters.notify import MultiNotifier, Notifier
-from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
-from control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due, reconcile
+from control_plane.rollout import Command, Rollout, reconcile
 from control_plane.redact import redact
 from control_plane.store.db import Store
 from control_plane.store.schema import StoreWriteError
 from control_plane.tracing import Tracing, check_attributes, set_attributes
 from control_plane.worker.actions import ActionRunner, LeaseLostError
 from control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
+from control_plane.worker.observe import Observer
 
 log = logging.getLogger(__name__)
-_OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
 
 
-class Worker(ActionRunner):
+class Worker:
     """`Worker(store, deployer, metrics_source, notifier)`; `start()`/`stop()` run the loop in threads,
     `run_once()` does one synchronous round, `reconcile_rollout(id)` one pass of one rollout.
     `step_hook(name)` (tests) is called between the steps of a pass: raising there simulates a crash.
     `owner`: this worker's lease identity (default hostname:pid:random). A pass drives a rollout only while this
-    worker holds its lease (Store.acquire_lease, lease_ttl_s long; renewed every pass, all of a round in one
-    transaction, and before every action unless renewed less than lease_ttl_s / 10 ago): several workers on one
+    worker holds its lease (Store.acquire_lease, lease_ttl_s long; renewed every round, all of a round in one
+    transaction, also while a pass still runs (for at most max_pass_s), and before saving and before every action
+    unless renewed less than lease_ttl_s / 10 ago): several workers on one
     store never drive one rollout at once, and one that stops renewing is replaced after the lease expires."""
 
     def __init__(self, store: Store, deployer: Deployer, metrics_source: MetricsSource,
@@ -66,12 +67,17 @@ class Worker(ActionRunner):
         self.metrics = WorkerMetrics(registry)
         self.step_hook: Callable[[str], None] | None = None
         self._threads: dict[str, threading.Thread] = {}
+        self._pass_started: dict[str, float] = {}   # rollout id -> when (self.clock) its running pass started
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
-        self._restored: set[str] = set()   # rollouts whose variants this worker has checked since it started
         self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
+        self.observer = Observer(store, deployer, metrics_source, self.correctness, self.tracing,
+                                 abort_pending=self.abort_pending)
+        self.actions = ActionRunner(store, deployer, self.notifier, tracing=self.tracing, metrics=self.metrics,
+                                    config=self.config, clock=clock, lease=self._lease, step=self._at,
+                                    abort_pending=self.abort_pending, stopping=self._stop)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def tick(self) -> list[threading.Thread]:
@@ -81,16 +87,27 @@ class Worker(ActionRunner):
             self._recover()
         active = self.store.active_ids()
         self.metrics.active.set(len(active))
-        # still busy (slow deployer or metrics source): only this rollout waits
-        due = [(rid, service) for rid, service in active
-               if (t := self._threads.get(rid)) is None or not t.is_alive()]
+        # still busy (slow deployer, metrics source or correctness gate): only this rollout waits, and its pass keeps
+        # the lease (renewed here every round, for at most max_pass_s: a pass hung longer is given up, and another
+        # worker takes the rollout once the lease expires)
+        due, busy = [], []
+        for rid, service in active:
+            (busy if (t := self._threads.get(rid)) is not None and t.is_alive() else due).append((rid, service))
         now = self.clock()
+        keep = [rid for rid, _ in busy if now - self._pass_started.get(rid, now) < self.config.max_pass_s]
         try:
-            held = self.store.leases.acquire_many([rid for rid, _ in due], self.owner, self.config.lease_ttl_s, now)
+            held = self.store.leases.acquire_many([rid for rid, _ in due] + keep, self.owner, self.config.lease_ttl_s,
+                                             now)
         except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
             self._store_failed(e, f"round of {len(due)} rollout(s)")
             return []
         self._renewed.update(dict.fromkeys(held, now))
+        for rid, service in busy:
+            if rid not in held:   # its pass finds out at its next lease check (before saving, before each action)
+                self._renewed.pop(rid, None)
+                log.warning("rollout %s (%s): pass running for %.0f s%s; its lease is no longer renewed", rid,
+                            service, now - self._pass_started.get(rid, now),
+                            "" if rid in keep else f" (> max_pass_s {self.config.max_pass_s:g})")
         started = []
         for rid, service in due:
             if rid not in held:
@@ -99,11 +116,13 @@ class Worker(ActionRunner):
                 continue
             t = threading.Thread(target=self._pass, args=(rid, service), name=f"sits-rollout-{service}", daemon=True)
             self._threads[rid] = t
+            self._pass_started[rid] = now
             t.start()
             started.append(t)
         ids = {rid for rid, _ in active}
         for rid in [k for k, t in self._threads.items() if k not in ids and not t.is_alive()]:
             del self._threads[rid]
+            self._pass_started.pop(rid, None)
         self.metrics.busy.set(sum(t.is_alive() for t in self._threads.values()))
         return started
 
@@ -180,7 +199,7 @@ class Worker(ActionRunner):
         for r in self.store.list(active=False, limit=50):
             pending = self.store.pending_actions(r.id)
             if pending and self._lease(r.id):
-                self._run_actions(r, pending)
+                self.actions.run(r, pending)
                 self._release(r.id)
         self._recovered = True
 
@@ -199,6 +218,10 @@ class Worker(ActionRunner):
     def _release(self, rollout_id: str) -> None:
         self._renewed.pop(rollout_id, None)
         self.store.leases.release(rollout_id, self.owner)
+
+    def abort_pending(self, rollout_id: str) -> bool:
+        """An abort is queued for the rollout (long steps stop for it: gate replays, deploy retries, restores)."""
+        return any(c["command"] == Command.ABORT.value for c in self.store.commands.pending(rollout_id))
 
     def holds(self, rollout_id: str) -> bool:
         """Whether this worker holds the rollout's lease now."""
@@ -226,12 +249,12 @@ class Worker(ActionRunner):
         if not leased and not self._lease(r.id):
             log.debug("rollout %s: leased by %s; skipped", r.id, (self.store.leases.get(r.id) or ("?",))[0])
             return r
-        if r.id not in self._restored:
-            r = self._restore(r)
+        if r.id not in self.actions.restored:
+            r = self.actions.restore(r)
         pending = self.store.pending_actions(r.id)
         if pending:   # only after a crash or an interrupted pass: finish it, reconcile next interval
             self._at("recover")
-            self._run_actions(r, pending)
+            self.actions.run(r, pending)
             return r
         if not r.active:
             self._release(r.id)
@@ -240,9 +263,13 @@ class Worker(ActionRunner):
         now = self.clock()
         t0 = time.perf_counter()
         command = self.store.commands.next(r.id)
-        obs = self._observe(r, now, command)
+        obs = self.observer.observe(r, now, command)
         tc = time.perf_counter()
-        obs = self._correctness(r, obs, now)
+        obs, interrupted = self.observer.correctness(r, obs, now)
+        if interrupted:   # an abort arrived during the replay: it applies in this pass
+            command = self.store.commands.next(r.id)
+            obs = dataclasses.replace(obs, command=command[1] if command else None,
+                                      command_by=command[2] if command else "")
         t1 = time.perf_counter()
         self._at("observed")
         new, actions = reconcile(r, obs, now)
@@ -252,6 +279,8 @@ class Worker(ActionRunner):
         t2 = time.perf_counter()
         self._at("reconciled")
         saved = r
+        if not self._lease(r.id, fresh_s=self.config.lease_ttl_s / 10):   # replaced during a long pass: save nothing
+            raise LeaseLostError(f"rollout {r.id}: lease lost to {(self.store.leases.get(r.id) or ('?',))[0]}")
         if actions or new.new_checks or new.new_events or dataclasses.replace(new, new_checks=(), new_events=()) != r:
             saved = self.store.save(new, actions)
             for e in new.new_events:
@@ -261,71 +290,10 @@ class Worker(ActionRunner):
         if command is not None:
             self.store.commands.consume(command[0])
             self._at("consumed")
-        self._run_actions(saved, self.store.pending_actions(r.id))
+        self.actions.run(saved, self.store.pending_actions(r.id))
         t4 = time.perf_counter()
         for stage, dt in (("observe", tc - t0), ("correctness", t1 - tc), ("reconcile", t2 - t1), ("persist", t3 - t2),
                           ("actions", t4 - t3)):
             self.metrics.stage.labels(r.service, stage).observe(dt)
         self.metrics.reconcile.observe(t4 - t0)
         return saved
-
-    def _observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
-        failed = self.store.failed_actions(r.id, r.version)
-        cmd = dict(command=command[1], command_by=command[2]) if command else {}
-        errors: list[str] = []
-        try:
-            status = self.deployer.status(r.service) if r.phase in _OBSERVED else {}
-        except Exception as e:
-            status, errors = {}, [f"deployer status: {type(e).__name__}: {e}"]
-        # ready: every replica up before traffic starts (INITIALIZING); afterwards "serving" (a replica count that is
-        # catching up with a weight change, e.g. Kubernetes replica-ratio traffic, is not a canary failure)
-        variants = {role: VariantData(ready=st.ready or (r.phase is not Phase.INITIALIZING and st.ready_replicas > 0),
-                                      crashing=st.crashing and not st.ready) for role, st in status.items()}
-        if not errors and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
-            for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
-                variants.setdefault(role, VariantData(ready=False))
-        if not status:
-            return Observation(variants=variants, errors=tuple(errors), failed_actions=failed, **cmd)
-        targets = {role: Target(role, st.endpoints or ((st.endpoint,) if st.endpoint else ()), st.ready)
-                   for role, st in status.items()}
-        required = ("canary", r.policy.compare_to) if r.phase is Phase.PROGRESSING else ()
-        try:
-            w = self.source.window(r.service, targets, r.observed_until, now, r.policy.metrics, required)
-        except MetricsError as e:
-            errors.append(f"{self.source.name}: {e}")
-            return Observation(variants=variants, source=self.source.name, errors=tuple(errors),
-                               failed_actions=failed, **cmd)
-        for role, v in w.variants.items():
-            if role in variants:
-                variants[role] = dataclasses.replace(v, ready=variants[role].ready, crashing=variants[role].crashing)
-        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), failed_actions=failed,
-                           **cmd)
-
-    def _correctness(self, r: Rollout, obs: Observation, now: float) -> Observation:
-        """The gate's replay when it is due and canary and baseline are both ready; its verdict joins the
-        observation. A replay that cannot run (no endpoint, unreadable prompt set) is INCONCLUSIVE, never a pass."""
-        c, b = obs.variants.get("canary"), obs.variants.get("baseline")
-        if not correctness_due(r, now) or c is None or b is None or not (c.ready and b.ready):
-            return obs
-        policy = r.policy.correctness
-        with self.tracing.span("sits.correctness", attributes={"sits.service": r.service,
-                                                               "sits.prompt_set": policy.prompt_set}) as span:
-            try:
-                status = self.deployer.status(r.service)
-                urls = {role: (status[role].endpoints or (status[role].endpoint,))[0]
-                        for role in ("canary", "baseline")}
-                if not all(urls.values()):
-                    raise KeyError("no endpoint")
-                run = self.correctness.run(urls["canary"], urls["baseline"], policy)
-            except PromptSetError as e:
-                run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, str(e)), 0, 0, 0.0)
-            except Exception as e:   # the deployer or the replay failed: no verdict is not a pass
-                run = GateRun(CorrectnessVerdict(Outcome.INCONCLUSIVE, f"replay failed: {type(e).__name__}: {e}"),
-                              0, 0, 0.0)
-            set_attributes(span, {"sits.correctness.verdict": run.verdict.outcome.value,
-                                  "sits.correctness.reason": run.verdict.reason[:500],
-                                  "sits.correctness.requests": run.requests})
-        v = dataclasses.replace(run.verdict, requests=run.requests, seconds=round(run.seconds, 3))
-        log.info("rollout %s (%s): correctness gate %s in %.1f s (%d requests): %s", r.id, r.service,
-                 v.outcome.value, run.seconds, run.requests, v.reason)
-        return dataclasses.replace(obs, correctness=v)

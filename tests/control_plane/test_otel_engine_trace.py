@@ -1,7 +1,6 @@
 """One trace across the control plane and a real engine: the correctness gate's replay requests and the load
 generator's requests (through the weighted router) carry the control plane's traceparent, and the engine's request
 spans continue it."""
-import json
 import threading
 
 import pytest
@@ -26,11 +25,9 @@ def engine():
 
 
 def test_correctness_replay_spans_join_the_reconcile_trace(tmp_path, engine):
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps(["The canary", "A kernel"]))
     tracing, exporter = memory_tracing()
     policy = Policy(steps=(10, 100), check_interval_s=10, warmup_s=0,
-                    correctness={"prompt_set": str(prompts), "max_tokens": 3, "compare_tokens": 2,
+                    correctness={"prompt_set": ["The canary", "A kernel"], "max_tokens": 3, "compare_tokens": 2,
                                  "concurrency": 2})
     t = [0.0]
     engine.exporter.clear()

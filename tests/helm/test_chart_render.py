@@ -239,15 +239,15 @@ def test_test_hook_calls_readyz(home):
 def test_prompt_sets_are_files_the_gate_can_name(home, tmp_path):
     values = tmp_path / "prompts.yaml"
     values.write_text(yaml.safe_dump({"promptSets": {"smoke": ["The capital of France is", 'a "quoted"\nline']},
-                                      "policy": {"correctness": {"prompt_set": "/etc/sits/config/prompts-smoke.json"}}}))
+                                      "policy": {"correctness": {"prompt_set": "smoke"}}}))
     docs = render(home, None, "-f", str(values))
     cm = next(d for d in by_kind(docs, "ConfigMap") if "policy.yaml" in d["data"])
     assert json.loads(cm["data"]["prompts-smoke.json"]) == ["The capital of France is", 'a "quoted"\nline']
     dep = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
     config = next(v for v in dep["volumes"] if v["name"] == "config")
     assert {"key": "prompts-smoke.json", "path": "prompts-smoke.json"} in config["configMap"]["items"]
-    assert Policy.from_dict(yaml.safe_load(cm["data"]["policy.yaml"])).correctness.prompt_set == \
-        "/etc/sits/config/prompts-smoke.json"
+    assert Policy.from_dict(yaml.safe_load(cm["data"]["policy.yaml"])).correctness.prompt_set == "smoke"
+    assert cm["data"]["SITS_PROMPT_SET_DIR"] == "/etc/sits/config"   # where the worker finds prompts-smoke.json
     for bad, message in (("promptSets.Bad_Name[0]=x", "'Bad_Name' does not match pattern"),
                          ("promptSets.ok=notalist", "promptSets/ok")):
         r = helm("template", "rel", str(CHART), "--set", bad, home=home, check=False)

@@ -63,5 +63,5 @@ def test_variant_spec_validation():
         VariantSpec(service="chat", role="canary", kernels="torch", args="--seed 1")
     s = VariantSpec(service="chat", role="canary", kernels="torch", args=["--seed", "1"], env={"A": "b"})
     assert s.args == ("--seed", "1") and s.engine_args(port=9) == [
-        "serve", "--model", "tiny", "--kernels", "torch", "--env", "canary", "--service", "chat", "--port", "9",
-        "--seed", "1"]
+        "serve", "--seed", "1", "--model", "tiny", "--kernels", "torch", "--env", "canary", "--service", "chat",
+        "--port", "9"]   # the deployer's flags last: they win over anything in args

@@ -67,8 +67,8 @@ def test_deploy_creates_labelled_deployment_and_services(kd, kube_namespace, app
     assert t.metadata.annotations["prometheus.io/scrape"] == "true" and t.metadata.annotations["prometheus.io/port"] == "8000"
     c = t.spec.containers[0]
     assert c.image == "registry.local/sits-engine:1" and c.command == ["sits-engine"]
-    assert c.args == ["serve", "--model", "tiny", "--kernels", "torch", "--env", "production", "--service", SVC,
-                      "--port", "8000", "--host", "0.0.0.0", "--max-num-seqs", "64"]
+    assert c.args == ["serve", "--max-num-seqs", "64", "--model", "tiny", "--kernels", "torch", "--env", "production",
+                      "--service", SVC, "--port", "8000", "--host", "0.0.0.0"]
     assert c.readiness_probe.http_get.path == "/readyz" and c.liveness_probe.http_get.path == "/healthz"
     assert c.resources.limits == {"nvidia.com/gpu": "1"}
     assert {e.name: e.value for e in c.env} == {"HF_HOME": "/cache"}

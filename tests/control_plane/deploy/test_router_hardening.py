@@ -237,3 +237,38 @@ def test_slow_clients_are_disconnected(router, sent):
                 out += chunk
             assert out.startswith(b"HTTP/1.1 408 "), out[:100]
     assert httpx.get(router.url + "/echo").status_code == 200
+
+
+# ---- issue 26 row 8: internal headers pass only from trusted callers ----
+
+INTERNAL = {"X-SITS-Probe": "1", "X-SITS-Priority": "3", "X-SITS-Tenant": "someone-else", "X-SITS-Future": "x"}
+
+
+def test_internal_headers_from_untrusted_clients_are_stripped(router, make_router):
+    echo = httpx.get(router.url + "/echo", headers=INTERNAL).json()
+    assert not [k for k, _ in echo["headers"] if k.lower().startswith("x-sits-")], echo["headers"]
+    # with the pin token (load generators, the correctness probe) they pass; the token itself never does
+    echo = httpx.get(router.url + "/echo", headers={**INTERNAL, **PIN}).json()
+    got = {k.lower(): v for k, v in echo["headers"] if k.lower().startswith("x-sits-")}
+    assert got == {k.lower(): v for k, v in INTERNAL.items()}
+    # and from an allow-listed source network
+    by_source = make_router(pin_token=None, pin_sources=("127.0.0.0/8",))
+    echo = httpx.get(by_source.url + "/echo", headers=INTERNAL).json()
+    assert {k.lower() for k, _ in echo["headers"]} >= {k.lower() for k in INTERNAL}
+    # a wrong token is no token
+    echo = httpx.get(router.url + "/echo", headers={**INTERNAL, "X-SITS-Pin-Token": "wrong-token-0123456789"})
+    assert not [k for k, _ in echo.json()["headers"] if k.lower().startswith("x-sits-")]
+
+
+# ---- issue 26 row 11: Content-Length with Transfer-Encoding is a 400, never a 500 ----
+
+@pytest.mark.parametrize("order,length", [("cl-te", 5), ("te-cl", 5), ("cl-te", 100), ("te-cl", 1)])
+def test_content_length_with_transfer_encoding_is_400(router, order, length):
+    before = router_counts(router)
+    cl, te = f"Content-Length: {length}\r\n", "Transfer-Encoding: chunked\r\n"
+    head = (cl + te) if order == "cl-te" else (te + cl)
+    status, _, body = raw_request(router.url, (f"POST /echo HTTP/1.1\r\nHost: router\r\n{head}Connection: close\r\n"
+                                               "\r\n5\r\nhello\r\n0\r\n\r\n").encode())
+    assert status == 400, body
+    assert router_counts(router) == before                     # nothing reached a variant
+    assert httpx.get(router.url + "/echo").status_code == 200   # and the router still serves

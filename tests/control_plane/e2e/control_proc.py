@@ -32,7 +32,8 @@ def main() -> None:
     p.add_argument("--die-at", default=None)
     p.add_argument("--rate", type=float, default=25.0)
     a = p.parse_args()
-    deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=1, ready_timeout_s=120))
+    deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=1, ready_timeout_s=120,
+                                         router_state=f"{a.store}.routers.json"))   # as sits-control does
     store = Store(a.store)
     worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0, action_backoff_s=0.2))
     if a.die_at:

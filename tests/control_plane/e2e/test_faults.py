@@ -120,7 +120,7 @@ def test_no_request_lost_through_weight_changes_rollback_and_promotion(deployer,
     worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
     gen = load(deployer, seed=3)
     try:
-        bad = finish(store, start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_args=SLOW)).id)
+        bad = finish(store, start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_faults=SLOW)).id)
         good = finish(store, start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec()).id)
     finally:
         gen.stop()

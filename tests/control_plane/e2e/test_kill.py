@@ -40,7 +40,7 @@ def test_sigkilled_control_plane_resumes_to_the_same_outcome(tmp_path, seed):
     kills = [rng.choice(FIRST), rng.choice(SECOND)]
     svc, db = f"kill{seed}", tmp_path / "s.db"
     with Store(str(db)) as s:
-        r = start_rollout(s, svc, "torch", "torch", FAST, DeploySpec(canary_args=SLOW), actor="test")
+        r = start_rollout(s, svc, "torch", "torch", FAST, DeploySpec(canary_faults=SLOW), actor="test")
     died = []
     for die_at in kills + [None]:
         proc = start(db, tmp_path, svc, die_at)

@@ -247,3 +247,35 @@ def test_absurd_replica_and_gpu_counts_are_refused_at_creation(tmp_path, capsys,
     assert flag.lstrip("-") in err and len(err) < 1000
     with Store(db) as store:
         assert store.list() == []
+
+
+# ---- issue 26 row 16: a short pin token stops the start, in one line ----
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_a_short_pin_token_refuses_to_start(tmp_path, capsys, monkeypatch, command, source):
+    short = "x" * 15
+    argv = [command, "--store", str(tmp_path / "s.db")] + (["--port", "0"] if command == "serve" else [])
+    if source == "env":
+        monkeypatch.setenv("SITS_PIN_TOKEN", short)
+    else:
+        (tmp_path / "pin").write_text(short + "\n")
+        argv += ["--pin-token-file", str(tmp_path / "pin")]
+    rc, _, err = cli(capsys, *argv)
+    one_line_error(rc, err)
+    assert "at least 16 characters, got 15" in err and short not in err
+
+
+# ---- issue 26 row 4 through the CLI: the same allow-list as the API ----
+
+@pytest.mark.parametrize("flag,args", [("--args", ["--host", "0.0.0.0"]),
+                                       ("--production-args", ["--fault-error-rate", "0.5"])])
+def test_deployer_owned_engine_flags_are_refused_by_the_cli(tmp_path, capsys, flag, args):
+    db = str(tmp_path / "s.db")
+    rc, _, err = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--store", db,
+                     flag, *args)   # REMAINDER: the flag comes last
+    one_line_error(rc, err)
+    assert f"{args[0]} is set by the deployer" in err
+    if os.path.exists(db):                                     # nothing was started
+        with Store(db) as s:
+            assert s.list() == []

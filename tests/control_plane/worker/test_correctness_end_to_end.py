@@ -5,7 +5,6 @@ load through the router, the real worker with its HTTP correctness probe, store 
   same canary without the gate is promoted: latency alone cannot see it;
 - torch-slow-attn (same answers, slower) passes the gate and is rolled back by the latency checks;
 - torch against itself passes both and is promoted."""
-import json
 import time
 
 import pytest
@@ -56,10 +55,8 @@ def run(world, tmp_path, canary, gate=True, timeout=120.0, **policy):
     would make the canary the world's production)."""
     deployer, _ = world
     store = Store(str(tmp_path / f"{canary}-{gate}.db"))
-    prompt_file = tmp_path / "prompts.json"
-    prompt_file.write_text(json.dumps(PROMPTS))
     r = start_rollout(store, SVC, canary, "torch", Policy(**{**FAST, **policy}, correctness={
-        **GATE, "enabled": gate, "prompt_set": str(prompt_file)}))
+        **GATE, "enabled": gate, "prompt_set": list(PROMPTS)}))
     worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
     try:
         deadline, aborted = time.monotonic() + timeout, False

@@ -47,7 +47,7 @@ def world(tmp_path_factory):
 
 
 def run(store, worker, args, timeout=180.0):
-    r = start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_args=args))
+    r = start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_faults=args))
     worker.start()
     try:
         deadline = time.monotonic() + timeout

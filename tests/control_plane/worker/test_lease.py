@@ -87,12 +87,13 @@ def test_a_stopped_worker_hands_its_leases_over_at_once(tmp_path):
 
 
 def test_two_real_workers_on_one_file_store(tmp_path):
-    """Both loops run; w1 takes the rollout and hangs in its deploy (never renewing); w2 waits out the lease and
-    finishes the rollout; w1's late pass then finds the lease gone and stops without acting again."""
+    """Both loops run; w1 takes the rollout and hangs in its deploy (its loop renews the lease of the running pass,
+    but for max_pass_s only); w2 waits out the lease and finishes the rollout; w1's late pass then finds the lease
+    gone and stops without acting again."""
     db, log, gate = str(tmp_path / "two.db"), [], threading.Event()
     deployer = InMemoryDeployer()
     fast = Policy(steps=(50, 100), check_interval_s=0.1, warmup_s=0.0)
-    cfg = WorkerConfig(interval_s=0.02, lease_ttl_s=0.5, action_retries=0, join_timeout_s=10)
+    cfg = WorkerConfig(interval_s=0.02, lease_ttl_s=0.5, action_retries=0, join_timeout_s=10, max_pass_s=0.5)
     with Store(db) as s0:
         start_rollout(s0, "chat", "triton-v1", "torch", fast, rollout_id="r1")
     s1, s2 = Store(db), Store(db)

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from control_plane.adapters.correctness import CorrectnessProbe
 from control_plane.analysis import Policy
 from control_plane.rollout import Phase
 from control_plane.service.rollouts import start_rollout
@@ -23,15 +24,15 @@ def closed_port_url():
 
 @pytest.mark.parametrize("case", ["not http", "nothing listening", "bad prompt set"])
 def test_a_gate_that_cannot_replay_holds_traffic_and_times_out(tmp_path, case):
-    prompts = tmp_path / "prompts.json"
+    prompts = tmp_path / "prompts-t.json"
     prompts.write_text(json.dumps({"not": "a list"}) if case == "bad prompt set" else json.dumps(["a", "b"]))
     deployer = InMemoryDeployer() if case == "not http" else FixedEndpointDeployer(closed_port_url())   # mem:// URLs
     t = [0.0]
     policy = Policy(steps=(10, 100), check_interval_s=10, warmup_s=0, ready_timeout_s=25,
-                    correctness={"prompt_set": str(prompts), "request_timeout_s": 2})
+                    correctness={"prompt_set": "t", "request_timeout_s": 2})
     with Store(str(tmp_path / "s.db")) as s:
         start_rollout(s, "chat", "triton-v1", "torch", policy, now=0.0, rollout_id="r1")
-        w = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
+        w = Worker(s, deployer, CannedSource(), clock=lambda: t[0], correctness=CorrectnessProbe(prompt_dir=tmp_path))
         phases = []
         for dt in (1, 10, 10, 10):   # deploy at 1; ready (and the first replay) at 11, retried at 21 and 31
             t[0] += dt

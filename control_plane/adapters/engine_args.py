@@ -1,0 +1,125 @@
+"""Which `sits-engine serve` flags an operator may add to a variant (DeploySpec.production_args / canary_args), and
+which environment variables (DeploySpec.env). Pure.
+
+The deployer owns everything that says where an engine listens, what it is called, where its telemetry goes and
+whether it misbehaves on purpose: `--host`, `--port`, `--env`, `--service`, `--model`, `--kernels` (spec fields),
+`--otel-exporter`, `--otlp-endpoint` and the `--fault-*` flags. An operator's flag is accepted only if it is on the
+allow-list below, spelled out in full (argparse would take `--ho` for `--host`), with a value where it takes one;
+anything else is a ValidationError naming the flag. Fault injection is for tests and benchmarks: DeploySpec's
+`canary_faults`, which no API or CLI field sets.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from control_plane.errors import ValidationError
+
+# flag -> takes a value
+OPERATOR_FLAGS: dict[str, bool] = {
+    "--device": True, "--dtype": True, "--max-num-seqs": True, "--max-waiting": True,
+    "--max-num-batched-tokens": True, "--max-model-len": True, "--num-kv-blocks": True,
+    "--max-blocks-per-tenant": True, "--quantization": True, "--seed": True, "--enforce-eager": False,
+    "--served-model-name": True, "--no-warmup": False, "--log-level": True, "--no-access-log": False,
+    "--header-timeout-s": True, "--body-timeout-s": True,
+}
+FAULT_FLAGS: dict[str, bool] = {"--fault-latency-ms": True, "--fault-token-latency-ms": True,
+                                "--fault-error-rate": True}
+# what the deployer sets itself (named in the error, so the operator learns why rather than "unknown")
+DEPLOYER_FLAGS = frozenset({"--host", "--port", "--env", "--service", "--model", "--kernels", "--otel-exporter",
+                            "--otlp-endpoint", *FAULT_FLAGS})
+MAX_ARGS = 64
+MAX_ARG_CHARS = 256
+# environment the deployer owns or that changes what code runs: SITS_* (env/service labels, build), OTEL_* (where
+# traces go), the loader's and the interpreter's
+_ENV_REFUSED_PREFIXES = ("SITS_", "OTEL_", "LD_", "PYTHON", "DYLD_")
+_ENV_REFUSED = frozenset({"PATH"})
+MAX_ENV = 64
+
+
+def _printable(s: str) -> bool:
+    return s.isprintable()   # False for NUL and other control characters, and for lone surrogates
+
+
+def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERATOR_FLAGS) -> tuple[str, ...]:
+    """`args` as a tuple if every flag is in `allowed` (with its value where it takes one), else ValidationError
+    naming the field and the flag."""
+    if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
+        raise ValidationError(f"{field} must be a list of strings", field)
+    out = tuple(args)
+    if len(out) > MAX_ARGS:
+        raise ValidationError(f"{field}: at most {MAX_ARGS} arguments, got {len(out)}", field)
+    i = 0
+    while i < len(out):
+        a = out[i]
+        if len(a) > MAX_ARG_CHARS or not _printable(a):
+            raise ValidationError(f"{field}: argument {i} must be at most {MAX_ARG_CHARS} printable characters",
+                                  field)
+        name, eq, value = a.partition("=")
+        if name in DEPLOYER_FLAGS and name not in allowed:
+            raise ValidationError(f"{field}: {name} is set by the deployer and cannot be given", field)
+        if name not in allowed:
+            raise ValidationError(f"{field}: {name[:60]!r} is not an engine flag a rollout may set; allowed: "
+                                  f"{', '.join(sorted(allowed))}", field)
+        takes = allowed[name]
+        if not takes and eq:
+            raise ValidationError(f"{field}: {name} takes no value", field)
+        if takes and not eq:
+            if i + 1 >= len(out) or (out[i + 1].startswith("-") and not _number(out[i + 1])):
+                raise ValidationError(f"{field}: {name} needs a value", field)
+            value, i = out[i + 1], i + 1
+            if len(value) > MAX_ARG_CHARS or not _printable(value):
+                raise ValidationError(f"{field}: the value of {name} must be at most {MAX_ARG_CHARS} printable "
+                                      "characters", field)
+        if takes and not value:
+            raise ValidationError(f"{field}: {name} needs a value", field)
+        i += 1
+    return out
+
+
+def split_stored(args, faults: list[str] | None) -> tuple[list[str], list[str]]:
+    """A stored args list (from before the allow-list) as (allowed, dropped): allowed flags with their values are
+    kept; fault flags with their values go to `faults` when it is given (the canary's), else are dropped; every other
+    argument is dropped."""
+    args = [a for a in args if isinstance(a, str)]
+    kept, dropped, i = [], [], 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        known = {**OPERATOR_FLAGS, **FAULT_FLAGS}
+        takes = known.get(name, False)
+        n = 2 if takes and not eq and i + 1 < len(args) else 1
+        group = args[i:i + n]
+        if name in OPERATOR_FLAGS:
+            target = kept
+        elif name in FAULT_FLAGS and faults is not None:
+            target = faults
+        else:
+            target = dropped
+        target.extend(group)
+        i += n
+    try:   # what the allow-list still refuses (a bad value, a control character) is dropped as a whole
+        check_args(kept, "args")
+    except ValidationError:
+        dropped, kept = dropped + kept, []
+    return kept, dropped
+
+
+def check_env(env: dict[str, str], field: str = "env") -> dict[str, str]:
+    """`env` unless it sets a variable the deployer owns or one that changes what code runs (ValidationError)."""
+    if len(env) > MAX_ENV:
+        raise ValidationError(f"{field}: at most {MAX_ENV} variables", field)
+    for k, val in env.items():
+        if not k or not (k.replace("_", "a").isalnum() and k.isascii()) or k[0].isdigit():
+            raise ValidationError(f"{field}: {k[:60]!r} is not a variable name (letters, digits, '_')", field)
+        if k.upper() in _ENV_REFUSED or k.upper().startswith(_ENV_REFUSED_PREFIXES):
+            raise ValidationError(f"{field}: {k} is set by the deployer and cannot be given", field)
+        if len(val) > 4096 or not _printable(val):
+            raise ValidationError(f"{field}: the value of {k} must be at most 4096 printable characters", field)
+    return env
+
+
+def _number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True

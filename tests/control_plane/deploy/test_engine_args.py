@@ -1,0 +1,100 @@
+"""Issue 26 row 4: operator engine flags pass an allow-list where DeploySpec is built (the API, the CLI and the
+service share it); the flags the deployer owns (listen address, labels, tracing, fault injection) are refused naming
+the flag."""
+import pytest
+
+from control_plane.adapters.deploy import VariantSpec
+from control_plane.adapters.spec import DeploySpec
+from control_plane.errors import ValidationError
+from control_plane.service.rollouts import start_rollout
+from control_plane.store.db import Store
+from control_plane.web import create_app
+from control_plane.web.users import Users, token_sha256
+
+OWNED = [["--host", "0.0.0.0"], ["--port", "18799"], ["--env", "production"], ["--service", "other"],
+         ["--otel-exporter", "otlp"], ["--otlp-endpoint", "http://attacker.example:4318"],
+         ["--fault-error-rate", "0.5"], ["--fault-latency-ms", "50"], ["--fault-token-latency-ms", "5"],
+         ["--model", "/etc"], ["--kernels", "torch"], ["--host=0.0.0.0"], ["--port=1"]]
+
+
+@pytest.mark.parametrize("field,key", [("args", "canary_args"), ("production_args", "production_args")])
+@pytest.mark.parametrize("args", OWNED, ids=lambda a: a[0])
+def test_deployer_owned_flags_are_refused_naming_the_flag(field, key, args):
+    with pytest.raises(ValidationError) as e:
+        DeploySpec(**{key: ("--seed", "7", *args)})
+    assert e.value.field == field
+    assert args[0].partition("=")[0] in str(e.value) and "deployer" in str(e.value)
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--ho", "0.0.0.0"], "'--ho' is not an engine flag"),       # argparse would take it for --host
+    (["--po", "1"], "'--po' is not an engine flag"),
+    (["-h"], "'-h' is not an engine flag"),
+    (["0.0.0.0"], "'0.0.0.0' is not an engine flag"),           # a stray value
+    (["--seed"], "--seed needs a value"),
+    (["--seed", "--host", "0.0.0.0"], "--seed needs a value"),  # the next flag is no value
+    (["--enforce-eager=1"], "--enforce-eager takes no value"),
+    (["--seed", "7\x00"], "printable"),
+    (["--served-model-name", "\ud800"], "printable"),
+    (["--seed", "1"] * 33, "at most 64 arguments"),
+])
+def test_malformed_args_are_refused(args, why):
+    with pytest.raises(ValidationError, match=why.replace("(", r"\(")) as e:
+        DeploySpec(canary_args=tuple(args))
+    assert e.value.field == "args"
+
+
+def test_allowed_flags_pass_and_the_deployer_flags_come_last():
+    args = ("--seed", "7", "--max-num-seqs=8", "--enforce-eager", "--dtype", "float32", "--fault-latency-ms", "1")
+    with pytest.raises(ValidationError, match="--fault-latency-ms is set by the deployer"):
+        DeploySpec(canary_args=args)
+    s = DeploySpec(canary_args=args[:-2], production_args=("--no-warmup",), canary_faults=("--fault-latency-ms", "1"))
+    v = s.variant("chat", "canary", "torch")
+    assert v.args == ("--seed", "7", "--max-num-seqs=8", "--enforce-eager", "--dtype", "float32",
+                      "--fault-latency-ms", "1")
+    assert s.variant("chat", "baseline", "torch").args == ("--no-warmup",)   # faults are the canary's only
+    assert DeploySpec.from_dict(s.to_dict()) == s
+    # an unvalidated VariantSpec cannot rebind either: argparse keeps the last value, the deployer's
+    argv = VariantSpec("chat", "canary", "torch", args=("--port", "1", "--host", "0.0.0.0")).engine_args(
+        port=9, host="127.0.0.1")
+    assert argv[-4:] == ["--port", "9", "--host", "127.0.0.1"]
+
+
+def test_canary_faults_take_fault_flags_only():
+    with pytest.raises(ValidationError, match="--host is set by the deployer") as e:
+        DeploySpec(canary_faults=("--host", "0.0.0.0"))
+    assert e.value.field == "canary_faults"
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "SITS_OTEL_EXPORTER",
+                                  "SITS_ENV", "LD_PRELOAD", "PYTHONPATH", "PATH", "otel_traces_exporter"])
+def test_env_the_deployer_owns_is_refused(name):
+    with pytest.raises(ValidationError, match=f"{name} is set by the deployer") as e:
+        DeploySpec(env={name: "x"})
+    assert e.value.field == "env"
+    assert DeploySpec(env={"HF_HOME": "/cache"}).env == {"HF_HOME": "/cache"}
+
+
+def test_the_service_refuses_them_from_a_dict(tmp_path):
+    store = Store(str(tmp_path / "s.db"))
+    with pytest.raises(ValidationError) as e:
+        start_rollout(store, "chat", "torch", "torch", None, {"production_args": ["--fault-error-rate", "0.5"]})
+    assert e.value.field == "production_args" and store.list() == []
+    store.close()
+
+
+def test_the_api_answers_422_naming_the_field_and_flag(tmp_path):
+    store = Store(str(tmp_path / "s.db"))
+    token = "operator-token-0123456789"
+    users = Users.from_dict({"users": [{"name": "otto", "role": "operator", "token_sha256": token_sha256(token)}]})
+    app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "test-secret"})
+    body = {"service": "chat", "kernels": "torch", "production_kernels": "torch",
+            "args": ["--host", "0.0.0.0", "--port", "18799", "--otel-exporter", "otlp", "--otlp-endpoint", "http://x"],
+            "production_args": ["--fault-error-rate", "0.5"]}
+    for sent, field, flag in ((body, "production_args", "--fault-error-rate"),
+                              ({**body, "production_args": ["--seed", "1"]}, "args", "--host")):
+        r = app.test_client().post("/api/v1/rollouts", json=sent, headers={"Authorization": f"Bearer {token}"})
+        err = r.get_json()["error"]
+        assert r.status_code == 422 and err["field"] == field and flag in err["message"], err
+    assert store.list() == []
+    store.close()
