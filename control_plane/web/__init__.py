@@ -32,7 +32,7 @@ from control_plane.web.common import error_response, wants_json
 from control_plane.web.present import HeadlineCache
 from control_plane.web.series import PointCache
 from control_plane.web.trace import instrument_flask
-from control_plane.web.users import LoginLimiter, Users
+from control_plane.web.users import LoginLimiter, SessionRevocations, Users
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
@@ -62,6 +62,8 @@ def create_app(config: dict | None = None) -> Flask:
     app.extensions["sits_points"] = PointCache()
     app.extensions["sits_login_limiter"] = LoginLimiter(app.config["LOGIN_LIMIT"], app.config["LOGIN_WINDOW_S"],
                                                         app.config["LOGIN_CLOCK"])
+    app.extensions["sits_revoked_sessions"] = SessionRevocations(
+        app.config["PERMANENT_SESSION_LIFETIME"].total_seconds(), app.config["LOGIN_CLOCK"])
     app.session_interface = auth.SessionInterface()
     worker = app.config["WORKER"]
     if app.config["TRACING"] is None and worker is not None:
@@ -69,6 +71,7 @@ def create_app(config: dict | None = None) -> Flask:
     if app.config["TRACING"] is not None:
         instrument_flask(app, app.config["TRACING"])
 
+    app.before_request(auth.loopback_only)
     app.register_blueprint(auth.bp)
     app.register_blueprint(judge.bp)
     app.register_blueprint(api.bp)

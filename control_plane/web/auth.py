@@ -17,8 +17,8 @@ from flask import (Blueprint, abort, current_app, flash, g, redirect, render_tem
                    url_for)
 from flask.sessions import SecureCookieSessionInterface
 
-from control_plane.web.common import error_response, wants_json
-from control_plane.web.users import LOCAL_USER, LoginLimiter, User, Users
+from control_plane.web.common import error_response, host_of, is_loopback, wants_json
+from control_plane.web.users import LOCAL_USER, LoginLimiter, SessionRevocations, User, Users
 
 bp = Blueprint("auth", __name__)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -37,12 +37,37 @@ class AuthFailed(Exception):
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
+def loopback_only() -> None:
+    """Auth off (every request is the local admin, the service listens on loopback): a request must also *say* it is
+    for a loopback host, or a DNS-rebinding page (attacker.example resolving to 127.0.0.1) would act as admin from
+    the operator's browser. Host not loopback: 421; Origin present and not loopback: 403. A before_request hook."""
+    if users() is not None:
+        return
+    host = host_of(request.host)
+    if not is_loopback(host):
+        raise AuthFailed(421, "misdirected", f"auth is off: this service answers only for a loopback Host "
+                         f"(localhost, 127.0.0.1, [::1]), not {host[:100]!r}")
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not is_loopback(parts.hostname or ""):
+            raise AuthFailed(403, "cross_origin", f"auth is off: requests from the page {origin[:100]!r} are "
+                             "refused (only loopback origins)")
+
+
 def users() -> Users | None:
     return current_app.config["SITS_USERS"]
 
 
 def limiter() -> LoginLimiter:
     return current_app.extensions["sits_login_limiter"]
+
+
+def revocations() -> SessionRevocations:
+    return current_app.extensions["sits_revoked_sessions"]
 
 
 def client_addr() -> str:
@@ -67,10 +92,11 @@ def _resolve() -> tuple[User | None, str]:
         return authenticate_token(token.strip() if scheme.lower() == "bearer" else None), "bearer"
     name = session.get("user")
     if name:
+        sid = session.get("sid")
         user = table.get(name)
-        if user is not None:
+        if user is not None and isinstance(sid, str) and not revocations().revoked(sid):
             return user, "session"
-        session.pop("user", None)   # removed from the auth file since login
+        session.pop("user", None)   # removed from the auth file since login, logged out, or a cookie without a sid
     return None, ""
 
 
@@ -167,6 +193,7 @@ def login():
                 session.clear()
                 session.permanent = True
                 session["user"] = user.name
+                session["sid"] = secrets.token_urlsafe(16)   # what logout revokes server-side
                 session["csrf"] = secrets.token_urlsafe(32)
                 flash(f"Signed in as {user.name} ({user.role}).")
                 return redirect(_safe_next(request.form.get("next")))
@@ -181,5 +208,7 @@ def login():
 def logout():
     sent = request.form.get("csrf_token", "")
     if session.get("csrf") and hmac.compare_digest(sent, session["csrf"]):
+        if isinstance(session.get("sid"), str):
+            revocations().revoke(session["sid"])   # a copy of this cookie replayed later is refused
         session.clear()
     return redirect(url_for("auth.login") if users() is not None else url_for("ui.rollouts"))

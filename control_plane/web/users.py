@@ -1,4 +1,4 @@
-"""Users and roles from the auth file, token checks, and the failed-login limiter. No Flask here.
+"""Users and roles from the auth file, token checks, the failed-login limiter and revoked sessions. No Flask here.
 
 Auth file (JSON or YAML): {"users": [{"name": "alice", "role": "operator", "token_sha256": "<hex sha256>"}]}.
 Only hashes are stored; a token is checked by hashing it and comparing in constant time against every user.
@@ -147,3 +147,26 @@ class LoginLimiter:
     def succeeded(self, addr: str) -> None:
         with self._lock:
             self._fails.pop(addr, None)
+
+
+class SessionRevocations:
+    """Session ids ended by logout, each kept until its cookie would have expired anyway (`max_age_s`), so a copy of
+    the cookie replayed later is refused. Per process and in memory: another replica, or this one after a restart,
+    does not know them (rotate SITS_SECRET_KEY to end every session everywhere; docs/security.md)."""
+
+    def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic, limit: int = 100000) -> None:
+        self.max_age_s, self.clock, self.limit = max_age_s, clock, limit
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def revoke(self, sid: str) -> None:
+        now = self.clock()
+        with self._lock:
+            if len(self._until) >= self.limit:   # bounded: forget the ones whose cookies have expired
+                self._until = {k: t for k, t in self._until.items() if t > now}
+            self._until[sid] = now + self.max_age_s
+
+    def revoked(self, sid: str) -> bool:
+        with self._lock:
+            until = self._until.get(sid)
+        return until is not None and until > self.clock()

@@ -19,7 +19,7 @@ from control_plane.web import create_app
 from control_plane.cli.main import main
 from control_plane.cli.client import progress_line
 from control_plane.store.db import Store
-from control_plane.web.serve import is_loopback
+from control_plane.web.common import is_loopback
 from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
 
