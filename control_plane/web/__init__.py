@@ -5,7 +5,7 @@ Config keys (besides Flask's own):
     AUTH_FILE      path of the auth file (JSON/YAML); or SITS_USERS, a web.users.Users; neither: auth off
     WORKER         the Worker running beside the app (its registry is served on /metrics, /readyz checks it is
                    alive); None with --no-worker
-    LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login rate limit (5 per 300 s per client address)
+    LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login limit (5 per 300 s per address, backoff; web.users)
     SERIES_MAX_POINTS   points per chart series before thinning (300)
     POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
     TRACING             a control_plane.tracing.Tracing: one span per request (default: the worker's, else off)

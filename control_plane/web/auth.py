@@ -101,15 +101,18 @@ def _resolve() -> tuple[User | None, str]:
 
 
 def authenticate_token(token: str | None) -> User:
-    """The user of an API token (rate-limited per client address like the login page); AuthFailed otherwise.
-    Also for a token that cannot travel in a header (a Flagger webhook's metadata: Flagger sends no headers)."""
-    wait = limiter().retry_after(client_addr())
-    if wait > 0:
-        raise AuthFailed(429, "rate_limited", f"too many failed logins; try again in {wait:.0f} s", wait)
+    """The user of an API token, limited like the login page (LoginLimiter: per address with backoff, a user's
+    known address passes a lock-out); AuthFailed otherwise. Also for a token that cannot travel in a header (a
+    Flagger webhook's metadata: Flagger sends no headers)."""
     user = users().authenticate(token) if token else None
+    addr = client_addr()
+    wait = limiter().retry_after(addr, user.name if user else None)
+    if wait > 0:
+        raise AuthFailed(429, "rate_limited", f"too many failed logins from {addr}; try again in {wait:.0f} s", wait)
     if user is None:
-        limiter().failed(client_addr())
+        limiter().failed(addr)
         raise AuthFailed(401, "unauthorized", "invalid token (send Authorization: Bearer TOKEN)")
+    limiter().succeeded(addr, user.name)
     return user
 
 
@@ -177,30 +180,29 @@ def login():
     error, status = None, 200
     if request.method == "POST":
         addr = client_addr()
-        wait = limiter().retry_after(addr)
         sent = request.form.get("csrf_token", "")
+        user = users().authenticate(request.form.get("token", "").strip())
+        wait = limiter().retry_after(addr, user.name if user else None)
         if not session.get("csrf") or not hmac.compare_digest(sent, session.get("csrf", "")):
             error, status = "Your session expired. Please try again.", 400
         elif wait > 0:
             error, status = f"Too many failed attempts. Try again in {wait:.0f} s.", 429
+        elif user is None:
+            limiter().failed(addr)
+            error, status = "That token is not valid.", 401
         else:
-            user = users().authenticate(request.form.get("token", "").strip())
-            if user is None:
-                limiter().failed(addr)
-                error, status = "That token is not valid.", 401
-            else:
-                limiter().succeeded(addr)
-                session.clear()
-                session.permanent = True
-                session["user"] = user.name
-                session["sid"] = secrets.token_urlsafe(16)   # what logout revokes server-side
-                session["csrf"] = secrets.token_urlsafe(32)
-                flash(f"Signed in as {user.name} ({user.role}).")
-                return redirect(_safe_next(request.form.get("next")))
+            limiter().succeeded(addr, user.name)
+            session.clear()
+            session.permanent = True
+            session["user"] = user.name
+            session["sid"] = secrets.token_urlsafe(16)   # what logout revokes server-side
+            session["csrf"] = secrets.token_urlsafe(32)
+            flash(f"Signed in as {user.name} ({user.role}).")
+            return redirect(_safe_next(request.form.get("next")))
     resp = current_app.make_response((render_template("login.html", error=error,
                                                       next=_safe_next(request.values.get("next"))), status))
     if status == 429:
-        resp.headers["Retry-After"] = str(int(limiter().retry_after(client_addr())) + 1)
+        resp.headers["Retry-After"] = str(int(wait) + 1)
     return resp
 
 

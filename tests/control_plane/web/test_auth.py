@@ -9,7 +9,7 @@ import re
 import pytest
 
 from control_plane.web import create_app
-from control_plane.web.users import AuthFileError, Users, token_sha256
+from control_plane.web.users import AuthFileError, LoginLimiter, Users, token_sha256
 
 from .conftest import TOKENS, auth, drive, new_rollout, snapshot
 
@@ -245,3 +245,42 @@ def test_a_session_without_a_server_side_id_is_refused(app):
     with c.session_transaction() as s:
         s["user"] = "ada"
     assert c.get("/api/v1/me").status_code == 401
+
+
+def test_one_anonymous_caller_cannot_lock_out_the_regular_users_of_its_address(client, login_clock):
+    """Issue 26 row 7: 5 wrong tokens from one address (behind an Ingress: everyone's) made the right token 429 for
+    300 s. Now the lock-out is per (user, address): a user known at that address keeps working; one who never
+    logged in from there waits; the lock-out doubles each time."""
+    assert client.get("/api/v1/me", headers=auth("admin")).status_code == 200   # ada uses this address
+    for _ in range(5):
+        assert client.get("/api/v1/me", headers={"Authorization": "Bearer guess"}).status_code == 401
+    r = client.get("/api/v1/me", headers={"Authorization": "Bearer guess"})
+    assert r.status_code == 429 and r.get_json()["error"]["code"] == "rate_limited"
+    assert client.get("/api/v1/me", headers=auth("admin")).get_json()["name"] == "ada"   # known here: not locked
+    assert login(client, TOKENS["admin"]).status_code == 302
+    r = client.get("/api/v1/me", headers=auth("viewer"))   # never came from here: waits like the guesser
+    assert r.status_code == 429 and 0 < int(r.headers["Retry-After"]) <= 301
+    login_clock.t += 301
+    assert client.get("/api/v1/me", headers=auth("viewer")).status_code == 200
+    for _ in range(5):   # the second lock-out lasts twice as long
+        client.get("/api/v1/me", headers={"Authorization": "Bearer guess"})
+    login_clock.t += 301
+    assert client.get("/api/v1/me", headers={"Authorization": "Bearer guess"}).status_code == 429
+    assert client.get("/api/v1/me", headers=auth("viewer")).status_code == 200   # known since it succeeded
+    login_clock.t += 300
+    assert client.get("/api/v1/me", headers={"Authorization": "Bearer guess"}).status_code == 401
+
+
+def test_login_limiter_backoff_is_capped_and_forgotten(login_clock):
+    lim = LoginLimiter(limit=2, window_s=10, clock=login_clock, max_lock_s=40)
+    waits = []
+    for _ in range(5):
+        lim.failed("a")
+        lim.failed("a")
+        waits.append(lim.retry_after("a"))
+        login_clock.t += waits[-1]
+    assert waits == [10, 20, 40, 40, 40]
+    login_clock.t += 51   # max_lock_s + window without a failure: back to the first step
+    lim.failed("a")
+    lim.failed("a")
+    assert lim.retry_after("a") == 10 and lim.retry_after("b") == 0
