@@ -62,9 +62,9 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
         "command": ["sits-engine"],
         "args": spec.engine_args(port=port, host="0.0.0.0"),
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "env": [{"name": k, "value": v} for k, v in sorted({"HOME": "/tmp", **spec.env}.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
         "securityContext": CONTAINER_SECURITY,
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],   # HOME, Triton's cache: the only writable path
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],   # the image's HOME and Triton cache: the one writable path
         # /readyz is 200 only once the model is loaded and warmed up; /healthz only says the process serves HTTP
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "failureThreshold": 3},
