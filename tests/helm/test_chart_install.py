@@ -57,7 +57,7 @@ def test_install_creates_every_object_and_uninstall_removes_them(home, kube_clus
     docs, notes = _install(home, kube_cluster, ns, "default-values.yaml")
     dyn = dynamic.DynamicClient(kube_cluster.api_client())
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "Role", "RoleBinding"] + ["Secret"] * 2 + \
+    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "NetworkPolicy", "Role", "RoleBinding"] + ["Secret"] * 2 + \
         ["Service", "ServiceAccount"]
     assert all(_exists(dyn, d) for d in docs)
     # the session key is made once and kept by upgrades (logins survive a restart)
