@@ -141,6 +141,28 @@ def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, ca
         assert proc.wait(timeout=20) == 0
 
 
+def test_behind_a_trusted_proxy_each_client_has_its_own_lock_out(tmp_path):
+    """Issue 26 row 7 as the chart runs it (`serve --trusted-proxy '*'` behind its Ingress): 5 wrong tokens from one
+    client (X-Forwarded-For 10.0.0.1) lock out that client only, not another one behind the same proxy."""
+    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+                             _auth_file(tmp_path), "--store", str(tmp_path / "s.db"), "--no-worker",
+                             "--trusted-proxy", "*"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)/", proc.stdout.readline()).group(1)
+
+        def me(token: str, client: str) -> int:
+            return httpx.get(url + "/api/v1/me", headers={"Authorization": f"Bearer {token}",
+                                                          "X-Forwarded-For": client}).status_code
+        assert [me("guess", "10.0.0.1") for _ in range(6)] == [401] * 5 + [429]
+        assert me(TOKENS["viewer"], "10.0.0.1") == 429   # never logged in from there
+        assert me(TOKENS["viewer"], "10.0.0.2") == 200   # another client behind the same proxy
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
 @pytest.fixture
 def live(tmp_path, users):
     """A waitress server on a free port with a started worker (fast passes, canned metrics at 1000 req/s)."""
