@@ -64,7 +64,7 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
         "securityContext": CONTAINER_SECURITY,
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],   # the image's HOME and Triton cache: the one writable path
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],   # the image's HOME and Triton cache: all it writes
         # /readyz is 200 only once the model is loaded and warmed up; /healthz only says the process serves HTTP
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "failureThreshold": 3},

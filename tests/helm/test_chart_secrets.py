@@ -115,8 +115,8 @@ def test_network_policy_admits_the_namespace_ingress_and_prometheus(home):
     assert "http" in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
     assert rule["from"] == [{"podSelector": {}}]   # without an Ingress: this namespace only (helm test)
     (np,) = by_kind(render(home, None, "--set", "ingress.enabled=true,serviceMonitor.enabled=true,"
-                           "networkPolicy.ingressNamespaces={traefik},networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/8"),
-                    "NetworkPolicy")
+                           "networkPolicy.ingressNamespaces={traefik},"
+                           "networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/8"), "NetworkPolicy")
     assert np["spec"]["ingress"][0]["from"] == [
         {"podSelector": {}}, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "traefik"}}},
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},

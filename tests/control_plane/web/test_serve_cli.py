@@ -75,9 +75,10 @@ def test_webhook_and_prometheus_urls_from_files_and_env(tmp_path, monkeypatch):
     monkeypatch.setenv("SITS_WEBHOOK_URLS", "https://hooks.example/c?sig=t2,https://hooks.example/d")
     monkeypatch.setenv("SITS_SLACK_WEBHOOK_URLS", "https://hooks.slack.com/services/T0/B0/s2")
     monkeypatch.setenv("SITS_PROMETHEUS_URL", "http://sits:pw-from-env@127.0.0.1:9")
-    a = build_parser().parse_args(["worker", "--store", str(tmp_path / "s.db"), "--webhook-file", str(tmp_path / "hooks"),
-                                   "--slack-webhook-file", str(tmp_path / "slack"), "--webhook", "https://plain.example/",
-                                   "--metrics", "prometheus"])
+    a = build_parser().parse_args(["worker", "--store", str(tmp_path / "s.db"),
+                                   "--webhook-file", str(tmp_path / "hooks"),
+                                   "--slack-webhook-file", str(tmp_path / "slack"),
+                                   "--webhook", "https://plain.example/", "--metrics", "prometheus"])
     w = build_worker(a)
     try:
         got = [(n.config.format, n.config.url) for n in w.notifier.notifiers]
