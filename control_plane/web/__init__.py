@@ -16,11 +16,13 @@ Views only read and write the store; the worker does everything else.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from datetime import timedelta
 
 from flask import Flask, render_template, request
+from markupsafe import Markup
 from werkzeug.exceptions import HTTPException
 
 from control_plane.adapters.kernel_catalog import KernelCatalog
@@ -36,6 +38,7 @@ from control_plane.web.users import LoginLimiter, SessionRevocations, Users
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def create_app(config: dict | None = None) -> Flask:
@@ -49,7 +52,8 @@ def create_app(config: dict | None = None) -> Flask:
         JSON_SORT_KEYS=False)
     app.config.update(config or {})
     app.json.sort_keys = False
-    app.json.compact = True
+    app.json.compact = True   # JSON escapes lone surrogates (ensure_ascii); pages show them escaped too:
+    app.jinja_env.finalize = _printable   # a stored "\ud800" must not make every page that shows it a 500
     if app.config["SITS_USERS"] is None and app.config["AUTH_FILE"]:
         app.config["SITS_USERS"] = Users.load(app.config["AUTH_FILE"])
     store = app.config["STORE"]
@@ -96,6 +100,15 @@ def create_app(config: dict | None = None) -> Flask:
                                     "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'")
         return resp
     return app
+
+
+def _printable(value):
+    """What a template prints: strings with lone surrogates (not encodable as UTF-8) shown as \\udXXX escapes;
+    Markup stays Markup (tojson output is not escaped twice)."""
+    if isinstance(value, str) and _SURROGATE.search(value):
+        fixed = value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return Markup(fixed) if isinstance(value, Markup) else fixed
+    return value
 
 
 def _register_errors(app: Flask) -> None:

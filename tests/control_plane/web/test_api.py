@@ -205,6 +205,8 @@ def test_services_never_500_on_odd_stored_data(client, store, caplog):
     (svc,) = r.get_json()["services"]
     assert svc["service"] == "odd" and svc["model"] == "\ud800x\x00"   # as stored, escaped on the wire
     assert client.get("/api/v1/rollouts", headers=auth("viewer")).status_code == 200
+    page = client.get("/services", headers=auth("viewer"))   # the UI page was the 500: UTF-8 cannot encode it
+    assert page.status_code == 200 and "\\ud800x" in page.get_data(as_text=True)
     assert "Traceback" not in caplog.text
 
 
