@@ -21,6 +21,11 @@ HASH_ANNOTATION = "sits.io/applied-hash"
 WEIGHT_ANNOTATION = "sits.io/weight"
 PIN_HEADER = "X-SITS-Variant"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
+# engine pods run restricted (Pod Security "restricted"): the image's non-root uid, nothing writable but /tmp
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                      "privileged": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def variant_name(service: str, role: str) -> str:
@@ -58,6 +63,8 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
         "args": spec.engine_args(port=port, host="0.0.0.0"),
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],   # the image's HOME and Triton cache: all it writes
         # /readyz is 200 only once the model is loaded and warmed up; /healthz only says the process serves HTTP
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "failureThreshold": 3},
@@ -75,7 +82,9 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
     template_spec = {"metadata": {"labels": lab, "annotations": {
                          "prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                          "prometheus.io/path": "/metrics"}},
-                     "spec": {"containers": [container], "terminationGracePeriodSeconds": 30}}
+                     "spec": {"containers": [container], "terminationGracePeriodSeconds": 30,
+                              "securityContext": POD_SECURITY, "automountServiceAccountToken": False,
+                              "volumes": [{"name": "tmp", "emptyDir": {}}]}}
     body_spec = {"replicas": replicas, "selector": {"matchLabels": selector(spec.service, spec.role)},
                  "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
                  "template": template_spec}

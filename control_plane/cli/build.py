@@ -15,6 +15,7 @@ from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookNotifier
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
+from control_plane.redact import redact_url
 from control_plane.store.db import Store
 from control_plane.tracing import Tracing
 from control_plane.worker.loop import Worker
@@ -58,15 +59,61 @@ def _beside(store: str) -> str | None:
     return None if store == ":memory:" else f"{store}.routers.json"
 
 
+def argv_url(flag: str, url: str, instead: str) -> str:
+    """A URL given on the command line, refused when it carries a credential (user:password@, a token-like query
+    parameter): every user of the machine reads a command line in `ps` and /proc/PID/cmdline."""
+    if redact_url(url) != url:
+        raise CLIError(f"{flag} {redact_url(url)}: a URL with credentials on the command line is visible to every "
+                       f"user (ps); {instead}")
+    return url
+
+
+def url_list(env: str, files: list[str] | None) -> list[str]:
+    """URLs from files (one a line; blank lines and # comments skipped) and from $env (separated by spaces, commas
+    or newlines): where secret-bearing URLs come from (a Kubernetes Secret as a file or an env var)."""
+    urls = []
+    for file in files or ():
+        try:
+            with open(file) as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"cannot read URL file {file}: {getattr(e, 'strerror', None) or e}") from None
+        urls += [(x.strip(), f"{file} line {i}") for i, x in enumerate(lines, 1)
+                 if x.strip() and not x.strip().startswith("#")]
+    urls += [(x, f"${env} entry {i}") for i, x in enumerate(os.environ.get(env, "").replace(",", " ").split(), 1)]
+    for url, where in urls:   # never echoed: the URL may be the secret (a Slack webhook's path is)
+        if not url.startswith(("http://", "https://")):
+            raise CLIError(f"{where}: a webhook URL must start with http:// or https://")
+    return [url for url, _ in urls]
+
+
+def webhooks(a) -> tuple[list[str], list[str]]:
+    """(generic JSON webhook URLs, Slack webhook URLs): argv only for generic URLs without credentials."""
+    if a.slack_webhook:
+        raise CLIError("--slack-webhook is no longer accepted: a Slack webhook URL is itself the secret and a "
+                       "command line is visible to every user (ps); use --slack-webhook-file FILE or "
+                       "$SITS_SLACK_WEBHOOK_URLS")
+    generic = [argv_url("--webhook", u, "use --webhook-file FILE or $SITS_WEBHOOK_URLS") for u in a.webhook or ()]
+    return (generic + url_list("SITS_WEBHOOK_URLS", a.webhook_file),
+            url_list("SITS_SLACK_WEBHOOK_URLS", a.slack_webhook_file))
+
+
 def prometheus_config(a) -> PrometheusConfig:
-    """`--prometheus-url` with its credentials (token file or $SITS_PROMETHEUS_TOKEN; basic auth)."""
-    if not a.prometheus_url:
-        raise CLIError("--metrics prometheus needs --prometheus-url")
+    """`--prometheus-url` (no credentials on argv) or $SITS_PROMETHEUS_URL, with its credentials (token file or
+    $SITS_PROMETHEUS_TOKEN; basic auth)."""
+    if a.prometheus_url:
+        url = argv_url("--prometheus-url", a.prometheus_url, "give --prometheus-user and the password in "
+                       "--prometheus-password-file or $SITS_PROMETHEUS_PASSWORD (or the whole URL in "
+                       "$SITS_PROMETHEUS_URL)")
+    else:
+        url = os.environ.get("SITS_PROMETHEUS_URL") or ""
+    if not url:
+        raise CLIError("--metrics prometheus needs --prometheus-url (or $SITS_PROMETHEUS_URL)")
     token = secret("SITS_PROMETHEUS_TOKEN", a.prometheus_token_file)
     basic = None
     if a.prometheus_user:
         basic = (a.prometheus_user, secret("SITS_PROMETHEUS_PASSWORD", a.prometheus_password_file) or "")
-    return PrometheusConfig(a.prometheus_url, bearer_token=token, basic_auth=basic)
+    return PrometheusConfig(url, bearer_token=token, basic_auth=basic)
 
 
 def build_worker(a) -> Worker:
@@ -94,8 +141,9 @@ def build_worker(a) -> Worker:
         source = ScrapeSource()
     store = open_store(a.store, must_exist=False)
     # the webhook queues live in the store: notifications outlive a worker restart
-    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store.deliveries) for u in a.webhook or ()]
-    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store.deliveries) for u in a.slack_webhook or ()]
+    generic, slack = webhooks(a)
+    hooks = [WebhookNotifier(WebhookConfig(u, format="json"), journal=store.deliveries) for u in generic]
+    hooks += [WebhookNotifier(WebhookConfig(u, format="slack"), journal=store.deliveries) for u in slack]
     config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
     return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing,
                   correctness=CorrectnessProbe(prompt_dir=a.prompt_set_dir))

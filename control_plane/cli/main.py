@@ -214,8 +214,9 @@ def _worker_args(w: argparse.ArgumentParser) -> None:
                    help="Kubernetes: the engines' image when a rollout names none (default: sits-engine:latest)")
     w.add_argument("--kubeconfig", default=None)
     w.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape")
-    w.add_argument("--prometheus-url", default=os.environ.get("SITS_PROMETHEUS_URL"),
-                   help="user:password@ in it becomes basic auth (and is never printed)")
+    w.add_argument("--prometheus-url", default=None,
+                   help="default: $SITS_PROMETHEUS_URL (where user:password@ becomes basic auth); on the command "
+                        "line a URL with credentials is refused (ps shows it): --prometheus-user + a password file")
     w.add_argument("--prometheus-token-file", default=None,
                    help="file holding the bearer token (default: $SITS_PROMETHEUS_TOKEN); secrets never go in flags")
     w.add_argument("--prometheus-user", default=None, help="basic auth user")
@@ -234,8 +235,12 @@ def _worker_args(w: argparse.ArgumentParser) -> None:
                         "$OTEL_TRACES_EXPORTER); docs/observability.md")
     w.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP collector base URL, e.g. http://collector:4318 (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
-    w.add_argument("--webhook", action="append", help="generic JSON webhook URL (repeatable)")
-    w.add_argument("--slack-webhook", action="append", help="Slack incoming-webhook URL (repeatable)")
+    w.add_argument("--webhook", action="append", help="generic JSON webhook URL without credentials (repeatable)")
+    w.add_argument("--webhook-file", action="append",
+                   help="file of generic JSON webhook URLs, one a line (repeatable; or $SITS_WEBHOOK_URLS)")
+    w.add_argument("--slack-webhook", action="append", help=argparse.SUPPRESS)   # refused: its URL is a secret
+    w.add_argument("--slack-webhook-file", action="append",
+                   help="file of Slack incoming-webhook URLs, one a line (repeatable; or $SITS_SLACK_WEBHOOK_URLS)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ Config keys (besides Flask's own):
     AUTH_FILE      path of the auth file (JSON/YAML); or SITS_USERS, a web.users.Users; neither: auth off
     WORKER         the Worker running beside the app (its registry is served on /metrics, /readyz checks it is
                    alive); None with --no-worker
-    LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login rate limit (5 per 300 s per client address)
+    LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login limit (5 per 300 s per address, backoff; web.users)
     SERIES_MAX_POINTS   points per chart series before thinning (300)
     POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
     TRACING             a control_plane.tracing.Tracing: one span per request (default: the worker's, else off)
@@ -16,11 +16,13 @@ Views only read and write the store; the worker does everything else.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from datetime import timedelta
 
 from flask import Flask, render_template, request
+from markupsafe import Markup
 from werkzeug.exceptions import HTTPException
 
 from control_plane.adapters.kernel_catalog import KernelCatalog
@@ -32,10 +34,11 @@ from control_plane.web.common import error_response, wants_json
 from control_plane.web.present import HeadlineCache
 from control_plane.web.series import PointCache
 from control_plane.web.trace import instrument_flask
-from control_plane.web.users import LoginLimiter, Users
+from control_plane.web.users import LoginLimiter, SessionRevocations, Users
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def create_app(config: dict | None = None) -> Flask:
@@ -49,7 +52,8 @@ def create_app(config: dict | None = None) -> Flask:
         JSON_SORT_KEYS=False)
     app.config.update(config or {})
     app.json.sort_keys = False
-    app.json.compact = True
+    app.json.compact = True   # JSON escapes lone surrogates (ensure_ascii); pages show them escaped too:
+    app.jinja_env.finalize = _printable   # a stored "\ud800" must not make every page that shows it a 500
     if app.config["SITS_USERS"] is None and app.config["AUTH_FILE"]:
         app.config["SITS_USERS"] = Users.load(app.config["AUTH_FILE"])
     store = app.config["STORE"]
@@ -62,6 +66,8 @@ def create_app(config: dict | None = None) -> Flask:
     app.extensions["sits_points"] = PointCache()
     app.extensions["sits_login_limiter"] = LoginLimiter(app.config["LOGIN_LIMIT"], app.config["LOGIN_WINDOW_S"],
                                                         app.config["LOGIN_CLOCK"])
+    app.extensions["sits_revoked_sessions"] = SessionRevocations(
+        app.config["PERMANENT_SESSION_LIFETIME"].total_seconds(), app.config["LOGIN_CLOCK"])
     app.session_interface = auth.SessionInterface()
     worker = app.config["WORKER"]
     if app.config["TRACING"] is None and worker is not None:
@@ -69,6 +75,7 @@ def create_app(config: dict | None = None) -> Flask:
     if app.config["TRACING"] is not None:
         instrument_flask(app, app.config["TRACING"])
 
+    app.before_request(auth.loopback_only)
     app.register_blueprint(auth.bp)
     app.register_blueprint(judge.bp)
     app.register_blueprint(api.bp)
@@ -93,6 +100,15 @@ def create_app(config: dict | None = None) -> Flask:
                                     "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'")
         return resp
     return app
+
+
+def _printable(value):
+    """What a template prints: strings with lone surrogates (not encodable as UTF-8) shown as \\udXXX escapes;
+    Markup stays Markup (tojson output is not escaped twice)."""
+    if isinstance(value, str) and _SURROGATE.search(value):
+        fixed = value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return Markup(fixed) if isinstance(value, Markup) else fixed
+    return value
 
 
 def _register_errors(app: Flask) -> None:

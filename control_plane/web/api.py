@@ -6,7 +6,6 @@ import dataclasses
 import time
 
 from flask import Blueprint, current_app, jsonify, request, url_for
-from werkzeug.exceptions import BadRequest
 
 from control_plane.service import rollouts as service
 from control_plane.analysis import Policy
@@ -14,7 +13,7 @@ from control_plane.errors import ValidationError
 from control_plane.rollout import Command, Phase
 from control_plane.web import catalog, present, validate
 from control_plane.web.auth import current_user, require
-from control_plane.web.common import API_PREFIX, clean, error_response, int_arg
+from control_plane.web.common import API_PREFIX, clean, error_response, int_arg, json_body
 from control_plane.web.openapi import openapi_spec
 from control_plane.web.series import series_of
 
@@ -77,11 +76,7 @@ def list_rollouts():
 @bp.post("/rollouts")
 @require("operator")
 def create_rollout():
-    try:
-        body = request.get_json(force=True, silent=False)
-    except BadRequest:
-        raise ValidationError("the body is not valid JSON", field=None) from None
-    body = validate.create_body(body)
+    body = validate.create_body(json_body())
     policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
     production = body.get("production_kernels") or _current_production(body["service"])
     spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],

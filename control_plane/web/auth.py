@@ -17,8 +17,8 @@ from flask import (Blueprint, abort, current_app, flash, g, redirect, render_tem
                    url_for)
 from flask.sessions import SecureCookieSessionInterface
 
-from control_plane.web.common import error_response, wants_json
-from control_plane.web.users import LOCAL_USER, LoginLimiter, User, Users
+from control_plane.web.common import error_response, host_of, is_loopback, wants_json
+from control_plane.web.users import LOCAL_USER, LoginLimiter, SessionRevocations, User, Users
 
 bp = Blueprint("auth", __name__)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -37,12 +37,37 @@ class AuthFailed(Exception):
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
+def loopback_only() -> None:
+    """Auth off (every request is the local admin, the service listens on loopback): a request must also *say* it is
+    for a loopback host, or a DNS-rebinding page (attacker.example resolving to 127.0.0.1) would act as admin from
+    the operator's browser. Host not loopback: 421; Origin present and not loopback: 403. A before_request hook."""
+    if users() is not None:
+        return
+    host = host_of(request.host)
+    if not is_loopback(host):
+        raise AuthFailed(421, "misdirected", f"auth is off: this service answers only for a loopback Host "
+                         f"(localhost, 127.0.0.1, [::1]), not {host[:100]!r}")
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not is_loopback(parts.hostname or ""):
+            raise AuthFailed(403, "cross_origin", f"auth is off: requests from the page {origin[:100]!r} are "
+                             "refused (only loopback origins)")
+
+
 def users() -> Users | None:
     return current_app.config["SITS_USERS"]
 
 
 def limiter() -> LoginLimiter:
     return current_app.extensions["sits_login_limiter"]
+
+
+def revocations() -> SessionRevocations:
+    return current_app.extensions["sits_revoked_sessions"]
 
 
 def client_addr() -> str:
@@ -67,23 +92,27 @@ def _resolve() -> tuple[User | None, str]:
         return authenticate_token(token.strip() if scheme.lower() == "bearer" else None), "bearer"
     name = session.get("user")
     if name:
+        sid = session.get("sid")
         user = table.get(name)
-        if user is not None:
+        if user is not None and isinstance(sid, str) and not revocations().revoked(sid):
             return user, "session"
-        session.pop("user", None)   # removed from the auth file since login
+        session.pop("user", None)   # removed from the auth file since login, logged out, or a cookie without a sid
     return None, ""
 
 
 def authenticate_token(token: str | None) -> User:
-    """The user of an API token (rate-limited per client address like the login page); AuthFailed otherwise.
-    Also for a token that cannot travel in a header (a Flagger webhook's metadata: Flagger sends no headers)."""
-    wait = limiter().retry_after(client_addr())
-    if wait > 0:
-        raise AuthFailed(429, "rate_limited", f"too many failed logins; try again in {wait:.0f} s", wait)
+    """The user of an API token, limited like the login page (LoginLimiter: per address with backoff, a user's
+    known address passes a lock-out); AuthFailed otherwise. Also for a token that cannot travel in a header (a
+    Flagger webhook's metadata: Flagger sends no headers)."""
     user = users().authenticate(token) if token else None
+    addr = client_addr()
+    wait = limiter().retry_after(addr, user.name if user else None)
+    if wait > 0:
+        raise AuthFailed(429, "rate_limited", f"too many failed logins from {addr}; try again in {wait:.0f} s", wait)
     if user is None:
-        limiter().failed(client_addr())
+        limiter().failed(addr)
         raise AuthFailed(401, "unauthorized", "invalid token (send Authorization: Bearer TOKEN)")
+    limiter().succeeded(addr, user.name)
     return user
 
 
@@ -151,29 +180,29 @@ def login():
     error, status = None, 200
     if request.method == "POST":
         addr = client_addr()
-        wait = limiter().retry_after(addr)
         sent = request.form.get("csrf_token", "")
+        user = users().authenticate(request.form.get("token", "").strip())
+        wait = limiter().retry_after(addr, user.name if user else None)
         if not session.get("csrf") or not hmac.compare_digest(sent, session.get("csrf", "")):
             error, status = "Your session expired. Please try again.", 400
         elif wait > 0:
             error, status = f"Too many failed attempts. Try again in {wait:.0f} s.", 429
+        elif user is None:
+            limiter().failed(addr)
+            error, status = "That token is not valid.", 401
         else:
-            user = users().authenticate(request.form.get("token", "").strip())
-            if user is None:
-                limiter().failed(addr)
-                error, status = "That token is not valid.", 401
-            else:
-                limiter().succeeded(addr)
-                session.clear()
-                session.permanent = True
-                session["user"] = user.name
-                session["csrf"] = secrets.token_urlsafe(32)
-                flash(f"Signed in as {user.name} ({user.role}).")
-                return redirect(_safe_next(request.form.get("next")))
+            limiter().succeeded(addr, user.name)
+            session.clear()
+            session.permanent = True
+            session["user"] = user.name
+            session["sid"] = secrets.token_urlsafe(16)   # what logout revokes server-side
+            session["csrf"] = secrets.token_urlsafe(32)
+            flash(f"Signed in as {user.name} ({user.role}).")
+            return redirect(_safe_next(request.form.get("next")))
     resp = current_app.make_response((render_template("login.html", error=error,
                                                       next=_safe_next(request.values.get("next"))), status))
     if status == 429:
-        resp.headers["Retry-After"] = str(int(limiter().retry_after(client_addr())) + 1)
+        resp.headers["Retry-After"] = str(int(wait) + 1)
     return resp
 
 
@@ -181,5 +210,7 @@ def login():
 def logout():
     sent = request.form.get("csrf_token", "")
     if session.get("csrf") and hmac.compare_digest(sent, session["csrf"]):
+        if isinstance(session.get("sid"), str):
+            revocations().revoke(session["sid"])   # a copy of this cookie replayed later is refused
         session.clear()
     return redirect(url_for("auth.login") if users() is not None else url_for("ui.rollouts"))

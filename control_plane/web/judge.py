@@ -13,7 +13,6 @@ import threading
 import time
 
 from flask import Blueprint, current_app, jsonify, request
-from werkzeug.exceptions import BadRequest
 
 from control_plane.adapters.metrics import MetricsError
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
@@ -22,25 +21,33 @@ from control_plane.errors import ValidationError
 from control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
 from control_plane.redact import redact
 from control_plane.tracing import Tracing, set_attributes
-from control_plane.web.auth import require, use_token
-from control_plane.web.common import API_PREFIX, clean, error_response
+from control_plane.web.auth import require, use_token, users
+from control_plane.web.common import API_PREFIX, clean, error_response, json_body
 
 bp = Blueprint("judge", __name__, url_prefix=API_PREFIX)
 _LOCK = threading.Lock()
+_UNPARSED = object()
 
 
 @bp.post("/judge")
 def judge():
-    try:
-        body = request.get_json(force=True, silent=False)
-    except BadRequest:
-        raise ValidationError("the body is not valid JSON", field=None) from None
-    token = _flagger_token(body)
-    if token is not None and "Authorization" not in request.headers:
-        use_token(token)
+    """Authenticate first (a bearer token, a session, or a Flagger body's metadata.token), then parse: an anonymous
+    caller gets 401 whatever its body; only a body without an Authorization header is read for a Flagger token,
+    through the bounded parser (never a traceback)."""
+    body = _UNPARSED
+    if "Authorization" not in request.headers and users() is not None:
+        try:
+            body = json_body()
+        except ValidationError:
+            body = None   # no token to be found in it: anonymous (401), unless a session authenticates
+        token = _flagger_token(body)
+        if token is not None:
+            use_token(token)
     denied = require("viewer")(lambda: None)()
     if denied is not None:
         return denied
+    if body is _UNPARSED or body is None:
+        body = json_body()   # an authenticated caller learns what is wrong with its body (422)
     req = parse_request(body)
     if req.urls_given:
         denied = require("operator")(lambda: None)()

@@ -2,7 +2,6 @@
 builds it) running beside it in the same process; `--no-worker` serves the API and UI alone."""
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -13,6 +12,7 @@ import waitress
 from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
 from control_plane.web import create_app
 from control_plane.tracing import Tracing
+from control_plane.web.common import is_loopback
 from control_plane.web.users import AuthFileError, Users
 
 log = logging.getLogger(__name__)
@@ -20,15 +20,6 @@ log = logging.getLogger(__name__)
 
 class ServeError(ValueError):
     """The service cannot start with these flags (one line for the CLI)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_flags(host: str, auth_file: str | None) -> Users | None:

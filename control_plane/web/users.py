@@ -1,4 +1,4 @@
-"""Users and roles from the auth file, token checks, and the failed-login limiter. No Flask here.
+"""Users and roles from the auth file, token checks, the failed-login limiter and revoked sessions. No Flask here.
 
 Auth file (JSON or YAML): {"users": [{"name": "alice", "role": "operator", "token_sha256": "<hex sha256>"}]}.
 Only hashes are stored; a token is checked by hashing it and comparing in constant time against every user.
@@ -117,11 +117,22 @@ class Users:
 
 
 class LoginLimiter:
-    """At most `limit` failed logins per client address in `window_s`; `retry_after(addr)` > 0 while blocked."""
+    """Failed logins, per client address, with exponential backoff; known (user, address) pairs pass a lock-out.
 
-    def __init__(self, limit: int = 5, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+    A wrong token names no user, so failures count against the address: `limit` of them within `window_s` lock the
+    address for `window_s`, the next lock-out twice as long, and so on up to `max_lock_s` (the count of lock-outs is
+    forgotten after `max_lock_s` without a failure). While an address is locked, a right token is accepted only for
+    a user who has logged in from that address before (`succeeded`, remembered `remember_s`): one anonymous caller
+    sharing an address (a NAT, a proxy) cannot lock out its regular users, and a guess made during the lock-out
+    cannot succeed for a user who never came from there. `retry_after(addr, user)` > 0 while that caller waits."""
+
+    def __init__(self, limit: int = 5, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic,
+                 max_lock_s: float = 3600.0, remember_s: float = 30 * 86400.0, max_entries: int = 10000) -> None:
         self.limit, self.window_s, self.clock = limit, window_s, clock
+        self.max_lock_s, self.remember_s, self.max_entries = max_lock_s, remember_s, max_entries
         self._fails: dict[str, deque[float]] = {}
+        self._locked: dict[str, tuple[float, int, float]] = {}   # addr -> (locked until, lock-outs, last failure)
+        self._known: dict[tuple[str, str], float] = {}           # (user, addr) -> remembered until
         self._lock = threading.Lock()
 
     def _recent(self, addr: str, now: float) -> deque[float]:
@@ -130,20 +141,71 @@ class LoginLimiter:
             q.popleft()
         return q
 
-    def retry_after(self, addr: str) -> float:
+    def retry_after(self, addr: str, user: str | None = None) -> float:
         now = self.clock()
         with self._lock:
-            q = self._recent(addr, now)
-            return 0.0 if len(q) < self.limit else q[0] + self.window_s - now
+            until = self._locked.get(addr, (0.0, 0, 0.0))[0]
+            if until <= now:
+                return 0.0
+            if user is not None and self._known.get((user, addr), 0.0) > now:
+                return 0.0
+            return until - now
 
     def failed(self, addr: str) -> None:
         now = self.clock()
         with self._lock:
-            self._recent(addr, now).append(now)
-            if len(self._fails) > 10000:   # bounded memory under a spray of addresses
-                for a in [a for a, q in self._fails.items() if not q][:5000]:
-                    del self._fails[a]
+            q = self._recent(addr, now)
+            q.append(now)
+            until, strikes, last = self._locked.get(addr, (0.0, 0, 0.0))
+            if now - last > self.max_lock_s + self.window_s:
+                strikes = 0
+            if len(q) >= self.limit:
+                until = now + min(self.window_s * 2 ** strikes, self.max_lock_s)
+                strikes += 1
+                q.clear()
+            self._locked[addr] = (until, strikes, now)
+            if len(self._fails) > self.max_entries or len(self._locked) > self.max_entries:
+                self._prune(now)
 
-    def succeeded(self, addr: str) -> None:
+    def succeeded(self, addr: str, user: str | None = None) -> None:
+        now = self.clock()
         with self._lock:
-            self._fails.pop(addr, None)
+            if user is not None:
+                self._known[(user, addr)] = now + self.remember_s
+                if len(self._known) > self.max_entries:
+                    self._prune(now)
+            if self._locked.get(addr, (0.0, 0, 0.0))[0] <= now:   # a success does not lift a running lock-out
+                self._fails.pop(addr, None)
+
+    def _prune(self, now: float) -> None:
+        """Bounded memory under a spray of addresses: drop what no longer matters, then the oldest."""
+        self._fails = {a: q for a, q in self._fails.items() if q and q[-1] > now - self.window_s}
+        self._locked = {a: v for a, v in self._locked.items()
+                        if v[0] > now or now - v[2] <= self.max_lock_s + self.window_s}
+        self._known = {k: t for k, t in self._known.items() if t > now}
+        for table in (self._fails, self._locked, self._known):
+            while len(table) > self.max_entries:
+                del table[next(iter(table))]
+
+
+class SessionRevocations:
+    """Session ids ended by logout, each kept until its cookie would have expired anyway (`max_age_s`), so a copy of
+    the cookie replayed later is refused. Per process and in memory: another replica, or this one after a restart,
+    does not know them (rotate SITS_SECRET_KEY to end every session everywhere; docs/security.md)."""
+
+    def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic, limit: int = 100000) -> None:
+        self.max_age_s, self.clock, self.limit = max_age_s, clock, limit
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def revoke(self, sid: str) -> None:
+        now = self.clock()
+        with self._lock:
+            if len(self._until) >= self.limit:   # bounded: forget the ones whose cookies have expired
+                self._until = {k: t for k, t in self._until.items() if t > now}
+            self._until[sid] = now + self.max_age_s
+
+    def revoked(self, sid: str) -> bool:
+        with self._lock:
+            until = self._until.get(sid)
+        return until is not None and until > self.clock()

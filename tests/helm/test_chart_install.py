@@ -4,6 +4,7 @@ do everything the Kubernetes deployer does and nothing else; `helm uninstall` re
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
 from pathlib import Path
@@ -57,7 +58,7 @@ def test_install_creates_every_object_and_uninstall_removes_them(home, kube_clus
     docs, notes = _install(home, kube_cluster, ns, "default-values.yaml")
     dyn = dynamic.DynamicClient(kube_cluster.api_client())
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "Role", "RoleBinding"] + ["Secret"] * 2 + \
+    assert kinds == ["ConfigMap"] * 4 + ["Deployment", "NetworkPolicy", "Role", "RoleBinding"] + ["Secret"] * 2 + \
         ["Service", "ServiceAccount"]
     assert all(_exists(dyn, d) for d in docs)
     # the session key is made once and kept by upgrades (logins survive a restart)
@@ -88,6 +89,22 @@ def test_existing_secret_scenario_installs(home, kube_cluster):
     dep = client.AppsV1Api(kube_cluster.api_client()).read_namespaced_deployment("rel-sits-control", ns)
     vols = {v.name: v for v in dep.spec.template.spec.volumes}
     assert vols["auth"].secret.secret_name == "sits-auth" and vols["auth"].secret.items[0].key == "users.yaml"
+
+
+def test_prometheus_credentials_install_into_the_secret_and_stay_out_of_the_notes(home, kube_cluster):
+    """Issue 26 row 13: a Prometheus URL with user:password@ was in the ConfigMap, the command line and the notes."""
+    ns = _namespace(kube_cluster)
+    url = "http://sits:hunter-notes@prometheus.monitoring.svc:9090"
+    docs, notes = _install(home, kube_cluster, ns, "default-values.yaml", "--set",
+                           f"metrics.source=prometheus,metrics.prometheus.url={url}")
+    core = client.CoreV1Api(kube_cluster.api_client())
+    assert base64.b64decode(core.read_namespaced_secret("rel-sits-control-prometheus", ns).data["url"]).decode() == url
+    assert "SITS_PROMETHEUS_URL" not in core.read_namespaced_config_map("rel-sits-control", ns).data
+    dep = client.AppsV1Api(kube_cluster.api_client()).read_namespaced_deployment("rel-sits-control", ns)
+    assert "hunter-notes" not in json.dumps(dep.to_dict(), default=str)
+    assert "hunter-notes" not in notes and "http://prometheus.monitoring.svc:9090 (credentials in the Secret)" in notes
+    assert "NetworkPolicy: only pods of namespace" in notes
+    helm("uninstall", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig)
 
 
 def test_monitoring_objects_left_out_without_crds(home, kube_cluster):

@@ -56,6 +56,7 @@ def test_template_is_valid_kubernetes(home, scenario):
     assert ("rel-sits-control-auth" in secrets) == (scenario != "existing-secret-values.yaml")
     assert ("rel-sits-control-prometheus" in secrets) == (scenario == "kubernetes-prometheus-values.yaml")
     assert "rel-sits-control-session" in secrets
+    assert [d["metadata"]["name"] for d in by_kind(docs, "NetworkPolicy")] == ["rel-sits-control"]   # on by default
 
 
 def test_monitoring_needs_the_crds(home):
@@ -112,8 +113,8 @@ def test_container_flags_are_the_clis(home, scenario):
     assert a.deployer == values.get("deployer", {}).get("type", "kubernetes")
     assert a.metrics == m.get("source", "scrape")
     assert a.namespace == (values.get("deployer", {}).get("namespace") or "sits")
-    if a.metrics == "prometheus":
-        assert a.prometheus_url == m["prometheus"]["url"]
+    if a.metrics == "prometheus":   # the URL is read from the environment, never put on the command line
+        assert a.prometheus_url is None and cm["data"]["SITS_PROMETHEUS_URL"] == m["prometheus"]["url"]
         assert a.prometheus_token_file is None and a.prometheus_password_file is None   # from env (Secret) only
         secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
         assert set(secret_env) == {"SITS_PROMETHEUS_TOKEN", "SITS_PROMETHEUS_PASSWORD", "SITS_SECRET_KEY"}

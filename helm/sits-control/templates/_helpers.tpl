@@ -68,7 +68,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "sits-control.prometheusCredentials" -}}
-{{- if or .Values.metrics.prometheus.existingSecret .Values.metrics.prometheus.token .Values.metrics.prometheus.password }}true{{ end }}
+{{- if or .Values.metrics.prometheus.existingSecret .Values.metrics.prometheus.token .Values.metrics.prometheus.password (include "sits-control.prometheusUrlInSecret" .) }}true{{ end }}
+{{- end }}
+
+{{/* The Prometheus URL carries a credential (user:password@, a token-like query parameter): it goes into the Secret. */}}
+{{- define "sits-control.prometheusUrlInSecret" -}}
+{{- with .Values.metrics.prometheus.url }}
+{{- $u := urlParse . }}
+{{- if or $u.userinfo (regexMatch "(?i)(token|secret|passw|pwd|key|sig|auth|credential)" $u.query) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "sits-control.notificationsSecretName" -}}
+{{- default (printf "%s-notifications" (include "sits-control.fullname" .)) .Values.notifications.existingSecret }}
+{{- end }}
+
+{{- define "sits-control.notifications" -}}
+{{- if or .Values.notifications.existingSecret .Values.notifications.webhooks .Values.notifications.slackWebhooks }}true{{ end }}
+{{- end }}
+
+{{/* --trusted-proxy: the value, "*" by default behind the chart's Ingress, nothing for "-" or without an Ingress. */}}
+{{- define "sits-control.trustedProxy" -}}
+{{- $p := .Values.controlPlane.trustedProxy }}
+{{- if eq $p "-" }}{{ else if $p }}{{ $p }}{{ else if .Values.ingress.enabled }}*{{ end }}
 {{- end }}
 
 {{/* A monitoring.coreos.com kind is rendered only where the cluster serves it (a chart must install without the CRDs). */}}

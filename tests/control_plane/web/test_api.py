@@ -174,6 +174,58 @@ def test_malformed_json_is_422_and_changes_nothing(client, store, data, ctype):
     assert snapshot(store) == before
 
 
+@pytest.mark.parametrize("data,field", [
+    (r'{"service": "chat", "kernels": "torch", "model": "\ud800"}', "model"),
+    (r'{"service": "chat", "kernels": "torch", "model": "ti\u0000ny"}', "model"),
+    (r'{"service": "chat", "kernels": "torch", "args": ["--max-num-seqs", "4\u0000"]}', "args[1]"),
+    (r'{"service": "chat", "kernels": "torch", "production_args": ["\udc00"]}', "production_args[0]"),
+    (r'{"service": "chat", "kernels": "torch", "policy": {"correctness": {"prompt_set": "a\ud800"}}}',
+     "policy.correctness.prompt_set"),
+    (r'{"service": "ch\u0000at", "kernels": "torch"}', "service"),
+])
+def test_nul_and_lone_surrogates_are_422_naming_the_field(client, store, caplog, data, field):
+    """Issue 26 row 9: such a string was stored (201) and then broke GET /services for everyone."""
+    before = snapshot(store)
+    r = client.post("/api/v1/rollouts", data=data.encode(),
+                    headers={**auth("operator"), "Content-Type": "application/json"})
+    assert r.status_code == 422, r.get_json()
+    err = r.get_json()["error"]
+    assert err["code"] == "invalid" and err["field"] == field and field in err["message"]
+    assert snapshot(store) == before
+    assert client.get("/api/v1/services", headers=auth("viewer")).status_code == 200
+    assert "Traceback" not in caplog.text
+
+
+def test_services_never_500_on_odd_stored_data(client, store, caplog):
+    """Issue 26 row 9: a model with a lone surrogate or NUL that reached the store another way (an older version,
+    the operator's CLI) is shown escaped, never a 500 for every user."""
+    new_rollout(store, "odd", spec={"model": "\ud800x\x00"})
+    r = client.get("/api/v1/services", headers=auth("viewer"))
+    assert r.status_code == 200, r.get_data(as_text=True)[:300]
+    (svc,) = r.get_json()["services"]
+    assert svc["service"] == "odd" and svc["model"] == "\ud800x\x00"   # as stored, escaped on the wire
+    assert client.get("/api/v1/rollouts", headers=auth("viewer")).status_code == 200
+    page = client.get("/services", headers=auth("viewer"))   # the UI page was the 500: UTF-8 cannot encode it
+    assert page.status_code == 200 and "\\ud800x" in page.get_data(as_text=True)
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("data", [b"[" * 30000, b"{\"a\":" * 10000, b'{"service": ' + b"[" * 40 + b"]" * 40 + b"}"])
+def test_deep_json_is_422_without_a_traceback(client, store, caplog, data):
+    """Issue 26 row 10: `[` x 30000 was a RecursionError, a 500 and a traceback in the log."""
+    before = snapshot(store)
+    r = client.post("/api/v1/rollouts", data=data, headers={**auth("operator"), "Content-Type": "application/json"})
+    assert r.status_code == 422, r.get_data(as_text=True)[:300]
+    assert "deeper than 32" in r.get_json()["error"]["message"]
+    assert snapshot(store) == before and "Traceback" not in caplog.text and "RecursionError" not in caplog.text
+
+
+def test_json_nesting_inside_strings_does_not_count(client):
+    body = {"service": "[" * 100 + '"{\\', "kernels": "triton-v1.1"}   # brackets and an escaped quote in a string
+    r = client.post("/api/v1/rollouts", json=body, headers=auth("operator"))
+    assert r.status_code == 422 and r.get_json()["error"]["field"] == "service", r.get_json()
+
+
 def test_oversized_body_is_413_and_changes_nothing(client, store):
     before = snapshot(store)
     body = {"service": "chat", "kernels": "triton-v1.1", "args": ["x" * 100] * 1000}

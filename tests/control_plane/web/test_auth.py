@@ -9,7 +9,7 @@ import re
 import pytest
 
 from control_plane.web import create_app
-from control_plane.web.users import AuthFileError, Users, token_sha256
+from control_plane.web.users import AuthFileError, LoginLimiter, Users, token_sha256
 
 from .conftest import TOKENS, auth, drive, new_rollout, snapshot
 
@@ -183,3 +183,104 @@ def test_tokens_never_reach_the_logs(client, store, caplog):
     for secret in (*TOKENS.values(), "wrong-secret-token-xyz", "another-wrong-token-abc"):
         assert secret not in text
     assert not re.search(r"sits_session=", text)
+
+
+@pytest.mark.parametrize("headers,status,code", [
+    ({"Host": "attacker.example"}, 421, "misdirected"),
+    ({"Host": "attacker.example:8080", "Origin": "http://attacker.example:8080"}, 421, "misdirected"),
+    ({"Host": "127.0.0.1:8080", "Origin": "http://attacker.example"}, 403, "cross_origin"),
+    ({"Host": "localhost", "Origin": "null"}, 403, "cross_origin"),
+    ({"Host": "[::1]:8080", "Origin": "http://127.0.0.1.attacker.example"}, 403, "cross_origin"),
+])
+def test_auth_off_refuses_non_loopback_host_and_origin(store, headers, status, code):
+    """Issue 26 row 6: with auth off, a DNS-rebinding page (Host/Origin attacker.example) created a rollout (201)."""
+    app = create_app({"TESTING": True, "STORE": store})
+    c = app.test_client()
+    before = snapshot(store)
+    r = c.post("/api/v1/rollouts", json={"service": "chat", "kernels": "torch"}, headers=headers)
+    assert r.status_code == status, r.get_json()
+    err = r.get_json()["error"]
+    assert err["code"] == code and "loopback" in err["message"]
+    assert c.get("/api/v1/config", headers=headers).status_code == status   # reads too: a rebound page reads
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("host,origin", [("127.0.0.1:8080", None), ("localhost", "http://localhost:8080"),
+                                         ("[::1]:9", "http://[::1]:9"), ("127.0.0.1", "https://127.0.0.1")])
+def test_auth_off_serves_loopback_hosts_and_origins(store, host, origin):
+    app = create_app({"TESTING": True, "STORE": store})
+    headers = {"Host": host, **({"Origin": origin} if origin else {})}
+    r = app.test_client().post("/api/v1/rollouts", json={"service": "chat", "kernels": "torch"}, headers=headers)
+    assert r.status_code == 201, r.get_json()
+
+
+def test_auth_on_does_not_restrict_the_host(client):
+    r = client.get("/api/v1/me", headers={**auth("viewer"), "Host": "sits.example.com",
+                                          "Origin": "https://sits.example.com"})
+    assert r.status_code == 200
+
+
+def test_logout_revokes_the_session_server_side(app, login_clock):
+    """Issue 26 row 12: a copy of the session cookie replayed after POST /logout stayed valid for up to 12 h."""
+    c = app.test_client()
+    login(c, TOKENS["operator"])
+    stolen = c.get_cookie("sits_session").value
+    assert c.get("/api/v1/me").status_code == 200
+    assert c.post("/logout", data={"csrf_token": csrf_of(c)}).status_code == 302
+    replay = app.test_client()
+    replay.set_cookie("sits_session", stolen)
+    assert replay.get("/api/v1/me").status_code == 401
+    login_clock.t += 11 * 3600   # still refused until the cookie itself would have expired
+    assert replay.get("/api/v1/me").status_code == 401
+    # other sessions of the same user are not affected, and logging in again works
+    other = app.test_client()
+    login(other, TOKENS["operator"])
+    login(c, TOKENS["operator"])
+    assert other.get("/api/v1/me").status_code == 200 and c.get("/api/v1/me").status_code == 200
+
+
+def test_a_session_without_a_server_side_id_is_refused(app):
+    """A cookie signed with the key but never issued by login (no sid) is no session."""
+    c = app.test_client()
+    with c.session_transaction() as s:
+        s["user"] = "ada"
+    assert c.get("/api/v1/me").status_code == 401
+
+
+def test_one_anonymous_caller_cannot_lock_out_the_regular_users_of_its_address(client, login_clock):
+    """Issue 26 row 7: 5 wrong tokens from one address (behind an Ingress: everyone's) made the right token 429 for
+    300 s. Now the lock-out is per (user, address): a user known at that address keeps working; one who never
+    logged in from there waits; the lock-out doubles each time."""
+    assert client.get("/api/v1/me", headers=auth("admin")).status_code == 200   # ada uses this address
+    for _ in range(5):
+        assert client.get("/api/v1/me", headers={"Authorization": "Bearer guess"}).status_code == 401
+    r = client.get("/api/v1/me", headers={"Authorization": "Bearer guess"})
+    assert r.status_code == 429 and r.get_json()["error"]["code"] == "rate_limited"
+    assert client.get("/api/v1/me", headers=auth("admin")).get_json()["name"] == "ada"   # known here: not locked
+    assert login(client, TOKENS["admin"]).status_code == 302
+    r = client.get("/api/v1/me", headers=auth("viewer"))   # never came from here: waits like the guesser
+    assert r.status_code == 429 and 0 < int(r.headers["Retry-After"]) <= 301
+    login_clock.t += 301
+    assert client.get("/api/v1/me", headers=auth("viewer")).status_code == 200
+    for _ in range(5):   # the second lock-out lasts twice as long
+        client.get("/api/v1/me", headers={"Authorization": "Bearer guess"})
+    login_clock.t += 301
+    assert client.get("/api/v1/me", headers={"Authorization": "Bearer guess"}).status_code == 429
+    assert client.get("/api/v1/me", headers=auth("viewer")).status_code == 200   # known since it succeeded
+    login_clock.t += 300
+    assert client.get("/api/v1/me", headers={"Authorization": "Bearer guess"}).status_code == 401
+
+
+def test_login_limiter_backoff_is_capped_and_forgotten(login_clock):
+    lim = LoginLimiter(limit=2, window_s=10, clock=login_clock, max_lock_s=40)
+    waits = []
+    for _ in range(5):
+        lim.failed("a")
+        lim.failed("a")
+        waits.append(lim.retry_after("a"))
+        login_clock.t += waits[-1]
+    assert waits == [10, 20, 40, 40, 40]
+    login_clock.t += 51   # max_lock_s + window without a failure: back to the first step
+    lim.failed("a")
+    lim.failed("a")
+    assert lim.retry_after("a") == 10 and lim.retry_after("b") == 0

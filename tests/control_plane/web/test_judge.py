@@ -207,3 +207,16 @@ def test_serve_without_worker_judges_with_the_prometheus_its_flags_name(tmp_path
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+
+
+@pytest.mark.parametrize("data", [b"[" * 30000, b"{not json", b'{"metadata": ' * 5000])
+def test_judge_authenticates_before_it_reads_a_bad_body(app, caplog, data):
+    """Issue 26 row 10: the judge parsed before auth, so an anonymous `[` x 30000 was a 500 with a traceback; now
+    anonymous callers get 401 whatever the body, authenticated ones a 422 that says what is wrong."""
+    c = app.test_client()
+    r = c.post("/api/v1/judge", data=data, headers={"Content-Type": "application/json"})
+    assert r.status_code == 401 and r.get_json()["error"]["code"] == "unauthorized"
+    r = c.post("/api/v1/judge", data=data, headers={**auth("viewer"), "Content-Type": "application/json"})
+    assert r.status_code == 422 and r.get_json()["error"]["code"] == "invalid"
+    assert "JSON" in r.get_json()["error"]["message"] or "deeper" in r.get_json()["error"]["message"]
+    assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text

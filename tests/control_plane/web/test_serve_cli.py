@@ -19,7 +19,7 @@ from control_plane.web import create_app
 from control_plane.cli.main import main
 from control_plane.cli.client import progress_line
 from control_plane.store.db import Store
-from control_plane.web.serve import is_loopback
+from control_plane.web.common import is_loopback
 from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
 
@@ -47,6 +47,56 @@ def test_serve_refuses_a_non_loopback_host_without_auth(host, capsys):
 def test_loopback_hosts():
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.1.5", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "192.168.1.1", "::", "sits.example"))
+
+
+@pytest.mark.parametrize("argv,secret,points_to", [
+    (["--webhook", "https://hooks.example/x?token=tok-hunter1"], "tok-hunter1", "--webhook-file"),
+    (["--webhook", "https://ops:hunter2@hooks.example/x"], "hunter2", "$SITS_WEBHOOK_URLS"),
+    (["--slack-webhook", "https://hooks.slack.com/services/T0/B0/hunter3"], "hunter3", "--slack-webhook-file"),
+    (["--metrics", "prometheus", "--prometheus-url", "http://sits:hunter4@prom:9090"], "hunter4",
+     "--prometheus-password-file"),
+    (["--metrics", "prometheus", "--prometheus-url", "http://prom:9090/?access_token=hunter5"], "hunter5",
+     "$SITS_PROMETHEUS_URL"),
+])
+@pytest.mark.parametrize("cmd", ["worker", "serve"])
+def test_secret_bearing_urls_on_the_command_line_are_refused(tmp_path, capsys, cmd, argv, secret, points_to):
+    """Issue 26 row 13: `--slack-webhook URL`, `--webhook URL?token=` and `--prometheus-url user:pass@` put secrets
+    on argv (/proc/PID/cmdline); now each is a one-line error naming where the secret belongs, without echoing it."""
+    assert main([cmd, "--store", str(tmp_path / "s.db"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert points_to in err and secret not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_webhook_and_prometheus_urls_from_files_and_env(tmp_path, monkeypatch):
+    from control_plane.cli.build import build_worker
+    from control_plane.cli.main import build_parser
+    (tmp_path / "hooks").write_text("# ops\nhttps://hooks.example/a?token=t1\n\nhttps://hooks.example/b\n")
+    (tmp_path / "slack").write_text("https://hooks.slack.com/services/T0/B0/s1\n")
+    monkeypatch.setenv("SITS_WEBHOOK_URLS", "https://hooks.example/c?sig=t2,https://hooks.example/d")
+    monkeypatch.setenv("SITS_SLACK_WEBHOOK_URLS", "https://hooks.slack.com/services/T0/B0/s2")
+    monkeypatch.setenv("SITS_PROMETHEUS_URL", "http://sits:pw-from-env@127.0.0.1:9")
+    a = build_parser().parse_args(["worker", "--store", str(tmp_path / "s.db"),
+                                   "--webhook-file", str(tmp_path / "hooks"),
+                                   "--slack-webhook-file", str(tmp_path / "slack"),
+                                   "--webhook", "https://plain.example/", "--metrics", "prometheus"])
+    w = build_worker(a)
+    try:
+        got = [(n.config.format, n.config.url) for n in w.notifier.notifiers]
+        assert got == [("json", "https://plain.example/"), ("json", "https://hooks.example/a?token=t1"),
+                       ("json", "https://hooks.example/b"), ("json", "https://hooks.example/c?sig=t2"),
+                       ("json", "https://hooks.example/d"), ("slack", "https://hooks.slack.com/services/T0/B0/s1"),
+                       ("slack", "https://hooks.slack.com/services/T0/B0/s2")]
+        assert w.source.config.url == "http://127.0.0.1:9" and w.source.config.basic_auth == ("sits", "pw-from-env")
+    finally:
+        w.deployer.close()
+        w.store.close()
+
+
+def test_a_malformed_url_in_a_webhook_file_is_named_by_line_not_echoed(tmp_path, capsys):
+    (tmp_path / "slack").write_text("https://hooks.slack.com/services/T0/B0/ok\nhooks.slack.com/services/T/B/hunter6\n")
+    assert main(["worker", "--store", str(tmp_path / "s.db"), "--slack-webhook-file", str(tmp_path / "slack")]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "hunter6" not in err
 
 
 def test_serve_refuses_a_bad_auth_file(tmp_path, capsys):
@@ -87,6 +137,28 @@ def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, ca
         assert ok.returncode == 0 and "queued" in ok.stdout and NAMES["operator"] in ok.stdout
         shown = run(["show", rid], "viewer")
         assert f"created by {NAMES['operator']}" in shown.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
+def test_behind_a_trusted_proxy_each_client_has_its_own_lock_out(tmp_path):
+    """Issue 26 row 7 as the chart runs it (`serve --trusted-proxy '*'` behind its Ingress): 5 wrong tokens from one
+    client (X-Forwarded-For 10.0.0.1) lock out that client only, not another one behind the same proxy."""
+    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+                             _auth_file(tmp_path), "--store", str(tmp_path / "s.db"), "--no-worker",
+                             "--trusted-proxy", "*"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)/", proc.stdout.readline()).group(1)
+
+        def me(token: str, client: str) -> int:
+            return httpx.get(url + "/api/v1/me", headers={"Authorization": f"Bearer {token}",
+                                                          "X-Forwarded-For": client}).status_code
+        assert [me("guess", "10.0.0.1") for _ in range(6)] == [401] * 5 + [429]
+        assert me(TOKENS["viewer"], "10.0.0.1") == 429   # never logged in from there
+        assert me(TOKENS["viewer"], "10.0.0.2") == 200   # another client behind the same proxy
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
