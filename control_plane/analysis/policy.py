@@ -54,8 +54,11 @@ class MetricCheck:
             if not _num(self.quantile) or not 0 < self.quantile < 1:
                 raise PolicyError(f"{self.metric}: quantile must be in (0, 1), got {self.quantile!r}")
             if not _num(self.max_rel_delta) or not _within("max_rel_delta", self.max_rel_delta):
-                raise PolicyError(f"{self.metric}: max_rel_delta must be in {_range('max_rel_delta')} "
-                                  "(0.10 = +10 %)")
+                lo, hi = LIMITS["max_rel_delta"]
+                raise PolicyError(f"{self.metric}: the threshold must be between +{lo * 100:g} % and +{hi * 100:g} %"
+                                  f" (max_rel_delta in {_range('max_rel_delta')}, 0.10 = +10 %), got "
+                                  + (f"{self.max_rel_delta * 100:+g} %" if _num(self.max_rel_delta)
+                                     else _short(self.max_rel_delta)))
             if self.max_abs_delta is not None:
                 raise PolicyError(f"{self.metric}: latency checks take max_rel_delta, not max_abs_delta")
 

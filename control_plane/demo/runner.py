@@ -185,8 +185,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         threading.Thread(target=server.run, name="sits-demo-ui", daemon=True).start()
         result.url = f"http://{cfg.host}:{server.effective_port}/"
         out(f"[1/4] control plane up: UI {result.url}  (log in with token {token})")
-        out(f"      API {result.url}api/v1/ (Authorization: Bearer <token>); auth file {auth_path} keeps only its "
-            "SHA-256")
+        out(f"      API reference {result.url}api (OpenAPI {result.url}api/v1/openapi.json; calls send "
+            f"Authorization: Bearer <token>), metrics {result.url}metrics; auth file {auth_path} keeps only its SHA-256")
         ks = catalog.require(cfg.production_kernels, "production_kernels")
         out(f"[2/4] production: `sits-engine serve --model tiny --kernels {ks.name}` ({ks.version}) behind the "
             "weighted router ...")

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template
 
+from control_plane.errors import NotFoundError
 from control_plane.web import catalog
 from control_plane.web.api import detail, policy_defaults, router_of, spec_or_none, store
 from control_plane.web.auth import current_user, require
 
 bp = Blueprint("ui", __name__)
+
+
+@bp.app_context_processor
+def _ui_globals() -> dict:
+    return {"worker_here": current_app.config["WORKER"] is not None}
 
 
 @bp.get("/")
@@ -21,7 +27,8 @@ def rollouts():
 @require("viewer")
 def new_rollout():
     return render_template("new.html", kernels=catalog.kernel_catalog(), services=_services(),
-                           defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"))
+                           defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"),
+                           replica_limit=catalog.replica_limit(current_app.config))
 
 
 @bp.get("/rollouts/<rollout_id>")
@@ -42,6 +49,23 @@ def kernels():
 @require("viewer")
 def services():
     return render_template("services.html", services=_services())
+
+
+@bp.get("/services/<name>")
+@require("viewer")
+def service_history(name: str):
+    rows = catalog.history(store(), name)
+    if not rows:
+        raise NotFoundError(f"no rollouts of service {name!r}")
+    current = next((s for s in _services() if s["service"] == name), None)
+    return render_template("history.html", name=name, rows=rows, versions=catalog.versions(rows), current=current,
+                           can_start=current_user().can("operator"))
+
+
+@bp.get("/api")
+@require("viewer")
+def api_reference():
+    return render_template("api.html")
 
 
 def _services() -> list[dict]:
