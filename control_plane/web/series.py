@@ -173,7 +173,7 @@ def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHAR
     n = len(pts)
     out = {"compare_to": compare_to, "points": n, "t": [p["t"] for p in pts], "seq": [p["seq"] for p in pts],
            "weight": [p["weight"] for p in pts], "outcome": [p["outcome"] for p in pts],
-           "decision": [p.get("decision") for p in pts], "metrics": {}, "checks": _gated_columns(pts)}
+           "decision": [p.get("decision") for p in pts], "metrics": {}, "gated": _gated_columns(pts)}
     for metric in metrics:
         if not any(metric in p["metrics"] for p in pts):
             continue

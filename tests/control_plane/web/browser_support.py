@@ -50,13 +50,20 @@ class Browser:
         self._sessions: dict[str, list] = {}   # role -> storage state (cookies) after one login
 
     @contextmanager
-    def page(self, role: str = "operator", width: int = 1440):
-        """A page signed in as `role` at `width` px; fails the test on a console error or an uncaught exception."""
+    def page(self, role: str = "operator", width: int = 1440, allow_status: tuple[int, ...] = ()):
+        """A page signed in as `role` at `width` px; fails the test on a console error or an uncaught exception
+        (Chromium logs every 4xx fetch as one: the statuses in `allow_status` are the test's expected answers)."""
         ctx = self.browser.new_context(viewport={"width": width, "height": WIDTHS.get(width, 900)},
                                        storage_state=self._sessions.get(role))
         page = ctx.new_page()
         errors: list[str] = []
-        page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        expected = tuple(f"status of {code} " for code in allow_status)
+
+        def console(m):
+            if m.type == "error" and not (m.text.startswith("Failed to load resource") and any(
+                    e in m.text for e in expected)):
+                errors.append(f"console {m.type}: {m.text}")
+        page.on("console", console)
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
         if role not in self._sessions:
             page.goto(self.url + "/login")
@@ -69,6 +76,10 @@ class Browser:
             assert not errors, errors
         finally:
             ctx.close()
+
+    def forget(self, role: str) -> None:
+        """The next page of `role` signs in afresh (after a test logged that session out)."""
+        self._sessions.pop(role, None)
 
     def close(self) -> None:
         self.browser.close()

@@ -139,9 +139,9 @@ const Charts = (() => {
     return new uPlot(opts, series.map(() => []), node);
   }
 
-  // S.checks[name] -> checkChart's data; `decided`: the index of the check that ended the rollout (or -1)
+  // S.gated[name] -> checkChart's data; `decided`: the index of the check that ended the rollout (or -1)
   function checkData(s, name, decided = -1) {
-    const c = s.checks[name];
+    const c = s.gated[name];
     const none = s.t.map(() => null);
     if (!c) return [s.t, none, none, none, none, none, none, none, none];
     // a check without a delta (too few requests) has no dot: the table shows "–" for it too

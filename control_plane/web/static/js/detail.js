@@ -107,12 +107,12 @@
     const len = S.t.length, add = n.t.length;
     for (const k of ["t", "seq", "weight", "outcome", "decision"]) S[k].push(...n[k]);
     const pad = (arr, to) => { while (arr.length < to) arr.push(null); return arr; };
-    for (const [name, c] of Object.entries(n.checks)) {
-      const h = S.checks[name] || (S.checks[name] = { ...c, delta: [], low: [], high: [], outcome: [] });
+    for (const [name, c] of Object.entries(n.gated)) {
+      const h = S.gated[name] || (S.gated[name] = { ...c, delta: [], low: [], high: [], outcome: [] });
       for (const k of ["delta", "low", "high", "outcome"]) h[k] = pad(h[k], len).concat(c[k]);
       h.threshold = c.threshold;
     }
-    for (const c of Object.values(S.checks)) for (const k of ["delta", "low", "high", "outcome"]) pad(c[k], len + add);
+    for (const c of Object.values(S.gated)) for (const k of ["delta", "low", "high", "outcome"]) pad(c[k], len + add);
     for (const [metric, m] of Object.entries(n.metrics)) {
       const have = S.metrics[metric] || (S.metrics[metric] = { label: m.label, quantiles: {}, deltas: {} });
       for (const [role, qs] of Object.entries(m.quantiles)) {
@@ -131,15 +131,24 @@
     }
   }
   // the gated checks of a metric, highest quantile first ("error_rate" is its own row)
-  const gatedOf = (metric) => Object.keys(S.checks).filter((n) => S.checks[n].metric === metric)
-    .sort((x, y) => parseFloat((S.checks[y].quantile || "p0").slice(1)) - parseFloat((S.checks[x].quantile || "p0").slice(1)));
+  const gatedOf = (metric) => Object.keys(S.gated).filter((n) => S.gated[n].metric === metric)
+    .sort((x, y) => parseFloat((S.gated[y].quantile || "p0").slice(1)) - parseFloat((S.gated[x].quantile || "p0").slice(1)));
   // the check that ended the rollout (its last, when that one rolled back or promoted): ringed on the charts
   function decidedIndex() {
     const i = S.t.length - 1;
     return !R.active && i >= 0 && ["rollback", "promote", "gate"].includes(S.decision[i]) ? i : -1;
   }
+  // did gated check `name` decide the check at index i? A rollback: the failing checks (the inconclusive ones when
+  // none failed); a promotion: every check that passed
+  function decides(name, i) {
+    const c = S.gated[name];
+    if (i < 0 || !c || c.outcome[i] == null) return false;
+    if (S.decision[i] !== "rollback") return c.outcome[i] === "pass";
+    const anyFail = Object.values(S.gated).some((g) => g.outcome[i] === "fail");
+    return c.outcome[i] === (anyFail ? "fail" : "inconclusive");
+  }
   function checkFigure(name) {
-    const c = S.checks[name], node = el("div", { class: "plot" });
+    const c = S.gated[name], node = el("div", { class: "plot" });
     const title = c.kind === "abs" ? "Error rate" : `${LABEL[c.metric] || c.metric} ${c.quantile.toUpperCase()}`;
     const fig = el("figure", { class: "chart delta", "data-check": name, style: "margin:0" },
       el("h3", {}, `${title}: canary vs ${S.compare_to}`, el("span", { class: "muted" }, ` · gated, threshold ${SITS.threshold(c.kind, c.threshold)}`)),
@@ -147,11 +156,11 @@
     return { fig, node };
   }
   function caption(fig, name, decided) {
-    const c = S.checks[name];
+    const c = S.gated[name];
     let i = c.outcome.length - 1;
     while (i >= 0 && c.outcome[i] == null) i--;
     if (i < 0) { fig.querySelector(".cap").textContent = ""; return; }
-    const o = c.outcome[i], ring = decided >= 0 && c.outcome[decided] != null && (S.decision[decided] !== "rollback" || c.outcome[decided] !== "pass");
+    const o = c.outcome[i], ring = decides(name, decided);
     fig.querySelector(".cap").replaceChildren(el("span", { class: "muted" }, `Check #${S.seq[i]}: `),
       el("span", { class: "val" }, SITS.resultText(c.kind, c.delta[i], c.low[i], c.high[i], c.threshold)), " ",
       el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`), c.delta[i] == null ? el("span", { class: "muted" }, " (no delta yet: too few requests)") : null,
@@ -170,21 +179,21 @@
     const decided = S ? decidedIndex() : -1, rows = [];
     let decider = null;
     for (const pc of R.policy.checks) {
-      const name = checkName(pc), c = S && S.checks[name];
+      const name = checkName(pc), c = S && S.gated[name];
       const kind = pc.metric === "error_rate" ? "abs" : "rel";
       const label = kind === "abs" ? "Error rate" : `${LABEL[pc.metric] || pc.metric} P${+(pc.quantile * 100).toFixed(3)}`;
       let i = c ? c.outcome.length - 1 : -1;
       while (i >= 0 && c.outcome[i] == null) i--;
       const o = i >= 0 ? c.outcome[i] : null;
-      const deciding = decided >= 0 && c && c.outcome[decided] != null && (S.decision[decided] !== "rollback" || c.outcome[decided] !== "pass");
+      const deciding = decides(name, decided);
       if (deciding && S.decision[decided] === "rollback" && !decider) decider = label;
       const f = kind === "abs" ? pt : pct;
       rows.push(el("tr", { "data-check": name, class: deciding ? "decided" : null },
         el("th", { scope: "row" }, label, deciding ? el("span", { class: "decided-mark" }, " ◀ decided") : null),
-        el("td", { class: "num" }, i < 0 ? el("span", { class: "muted" }, "no check yet") : c.delta[i] == null ? el("span", { class: "muted" }, "– (too few requests)")
+        el("td", { class: "num", "data-label": "Last check" }, i < 0 ? el("span", { class: "muted" }, "no check yet") : c.delta[i] == null ? el("span", { class: "muted" }, "– (too few requests)")
           : `${f(c.delta[i])}` + (c.low[i] != null ? ` [${f(c.low[i])}, ${f(c.high[i])}]` : "")),
-        el("td", { class: "num" }, `≤ ${SITS.threshold(kind, kind === "abs" ? pc.max_abs_delta : pc.max_rel_delta)}`),
-        el("td", {}, o ? el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`) : el("span", { class: "muted" }, "–"))));
+        el("td", { class: "num", "data-label": "Threshold" }, `≤ ${SITS.threshold(kind, kind === "abs" ? pc.max_abs_delta : pc.max_rel_delta)}`),
+        el("td", { "data-label": "Verdict" }, o ? el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`) : el("span", { class: "muted" }, "–"))));
     }
     $("summary-rows").replaceChildren(...rows);
     const e = R.ended, lc = R.last_check;
@@ -198,7 +207,7 @@
 
   function drawCharts() {
     if (!S || !S.t.length) return;
-    const rows = [...METRICS.filter((m) => S.metrics[m] || gatedOf(m).length), ...(S.checks.error_rate ? ["error_rate"] : [])];
+    const rows = [...METRICS.filter((m) => S.metrics[m] || gatedOf(m).length), ...(S.gated.error_rate ? ["error_rate"] : [])];
     $("no-charts").hidden = rows.length > 0;   // correctness checks alone draw nothing
     $("no-charts").textContent = "No latency checks yet: charts appear with the first one.";
     const box = $("charts"), decided = decidedIndex();
@@ -230,7 +239,7 @@
           const { fig, node } = checkFigure(name);
           row.append(fig);
           const w = Math.max(260, node.clientWidth || (box.clientWidth / 2 - 30));
-          c.checks[name] = { u: Charts.checkChart(node, w, markers, S.checks[name].kind), fig };
+          c.checks[name] = { u: Charts.checkChart(node, w, markers, S.gated[name].kind), fig };
           c.plots.push([c.checks[name].u, node]);
           const lat = row.querySelector(".chart.latency");
           if (lat) lat.style.gridRow = `span ${Object.keys(c.checks).length}`;
@@ -243,7 +252,7 @@
         // how many points each chart holds (x values with a canary P99), for people reading the DOM and the UI test
         row.dataset.points = Charts.latencyData(S, metric)[6].filter((v) => v != null).length;
       } else {
-        row.dataset.points = S.checks.error_rate.outcome.filter((v) => v != null).length;
+        row.dataset.points = S.gated.error_rate.outcome.filter((v) => v != null).length;
       }
       if (c.delta) c.delta.setData(Charts.deltaData(S, metric, thresholds(metric)));
     }
