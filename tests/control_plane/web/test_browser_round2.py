@@ -79,6 +79,7 @@ def test_every_gated_metric_has_a_chart_with_the_tables_numbers(browser, sc, wid
             fig.wait_for()
             cell = newest.locator(f'.delta[data-check="{name}"]').inner_text()
             assert fig.locator(".cap .val").inner_text() == cell, name
+            assert "null" not in fig.locator(".cap").inner_text()
             assert fig.locator("canvas").count() >= 1
             box = fig.bounding_box()
             assert box["width"] > 250 and box["x"] >= 0 and box["x"] + box["width"] <= width + 1
@@ -299,6 +300,11 @@ def test_service_history_lists_versions_and_prefills_a_retry(browser, sc, width)
         assert page.input_value("#kernels") == "torch-slow-attn"
         assert page.input_value("#production_kernels") == "triton-v1"
         assert page.locator("#prefilled").is_visible()
+        page.goto(browser.url + "/services/chat")
+        page.locator(f'#history tr[data-id="{sc.promoted}"] a.again').click()
+        page.wait_for_url(re.compile(r"/rollouts/new\?"))
+        assert page.input_value("#kernels") == "triton-v1"            # again, against what production runs now:
+        assert page.input_value("#production_kernels") == "triton-v1"   # triton-v1 itself (a control experiment)
 
 
 # API reference ---------------------------------------------------------------------------------------------------

@@ -161,10 +161,10 @@
     while (i >= 0 && c.outcome[i] == null) i--;
     if (i < 0) { fig.querySelector(".cap").textContent = ""; return; }
     const o = c.outcome[i], ring = decides(name, decided);
-    fig.querySelector(".cap").replaceChildren(el("span", { class: "muted" }, `Check #${S.seq[i]}: `),
+    fig.querySelector(".cap").replaceChildren(...[el("span", { class: "muted" }, `Check #${S.seq[i]}: `),
       el("span", { class: "val" }, SITS.resultText(c.kind, c.delta[i], c.low[i], c.high[i], c.threshold)), " ",
       el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`), c.delta[i] == null ? el("span", { class: "muted" }, " (no delta yet: too few requests)") : null,
-      ring ? el("span", { class: "decided" }, ` · ◯ check #${S.seq[decided]} decided: ${S.decision[decided]}`) : null);
+      ring ? el("span", { class: "decided" }, ` · ◯ check #${S.seq[decided]} decided: ${S.decision[decided]}`) : null].filter(Boolean));
     const fails = c.outcome.filter((x, j) => x === "fail" && c.delta[j] != null).length;
     Object.assign(fig.dataset, { fails, band: c.low.filter((x, j) => x != null && c.high[j] != null).length, decided: ring ? S.seq[decided] : "" });
     return ring;

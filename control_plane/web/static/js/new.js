@@ -67,7 +67,11 @@
   $("steps").addEventListener("input", updateChips);
   // "Retry" / "Canary this version again" on a service's history: the form comes prefilled from the URL
   const pre = new URLSearchParams(location.search);
-  if (pre.get("service")) $("service").value = pre.get("service");
+  if (pre.get("service")) {
+    $("service").value = pre.get("service");
+    const s = services.find((x) => x.service === pre.get("service"));   // production: what the service runs now
+    if (s && byName[s.production_kernels]) $("production_kernels").value = s.production_kernels;
+  }
   for (const k of ["kernels", "production_kernels"]) if (byName[pre.get(k)]) $(k).value = pre.get(k);
   if (pre.get("from")) {
     $("prefilled").hidden = false;
