@@ -198,12 +198,17 @@ def test_ended_rows_say_why_each_ended(browser, sc, width):
 
 
 # 9 ---------------------------------------------------------------------------------------------------------------
-def test_links_to_metrics_openapi_and_health_work(browser):
-    with browser.page("viewer", 1440) as page:
+@BOTH
+def test_links_to_metrics_openapi_and_health_work(browser, width):
+    with browser.page("viewer", width) as page:
         page.goto(browser.url + "/")
         nav = page.locator("nav[aria-label=Main]")
         assert nav.locator("a", has_text="API").get_attribute("href") == "/api"
         assert nav.locator("a", has_text="Metrics").get_attribute("href") == "/metrics"
+        for name in ("Rollouts", "Kernels", "Services", "API") + (("Metrics",) if width > 700 else ()):
+            box = nav.locator("a", has_text=name).first.bounding_box()   # on screen, not in a scrolled strip
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, name
+        assert page.locator("text=Log out").bounding_box()["x"] + 10 <= width
         for href in ("/metrics", "/api/v1/openapi.json", "/healthz", "/api"):
             link = page.locator(f'footer a[href="{href}"]')
             assert link.count() == 1, href
