@@ -286,7 +286,8 @@ def test_service_history_lists_versions_and_prefills_a_retry(browser, sc, width)
         versions = page.locator("#versions li")
         assert [versions.nth(i).get_attribute("data-kernels") for i in range(versions.count())] == ["triton-v1",
                                                                                                    "torch"]
-        assert "running now" in versions.nth(0).inner_text() and "until" in versions.nth(1).inner_text()
+        assert re.search(r"running now \((\d+ s|\d+ m \d\d s) so far\)", versions.nth(0).inner_text())
+        assert "until" in versions.nth(1).inner_text()
         rows = page.locator("#history tbody tr")
         assert rows.count() == 2
         slow = page.locator(f'#history tr[data-id="{sc.slow}"]')

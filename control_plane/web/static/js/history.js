@@ -8,6 +8,7 @@
     t.textContent = d.toLocaleString("en-GB", { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
   }
   for (const s of document.querySelectorAll(".dur")) s.textContent = dur(Number(s.dataset.s));
+  for (const s of document.querySelectorAll(".so-far")) s.textContent = dur(Math.max(0, Date.now() / 1000 - Number(s.dataset.since)));
   const service = location.pathname.split("/").pop();
   api(`/rollouts?service=${service}&limit=500`).then((res) => {
     if (!res.ok) return;
