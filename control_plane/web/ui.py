@@ -2,6 +2,8 @@
 events) are drawn by small scripts from the same JSON API, polled every 1.5 s."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from flask import Blueprint, current_app, render_template
 
 from control_plane.errors import NotFoundError
@@ -36,7 +38,22 @@ def new_rollout():
 def rollout(rollout_id: str):
     r = store().get(rollout_id)
     sets = {k["name"]: k for k in catalog.kernel_catalog()}
-    return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"))
+    return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"),
+                           grafana=grafana_links(current_app.config.get("GRAFANA_URL"), r))
+
+
+# the generated dashboards (dashboards/*.dashboard.py) by uid; tests/control_plane/web/test_ui.py checks the uids
+DASHBOARDS = (("Canary", "sits-canary"), ("Engine", "sits-engine"), ("Control plane", "sits-control-plane"))
+
+
+def grafana_links(base: str | None, r) -> list[dict]:
+    """Links to the dashboards with the rollout's service and time range (a minute either side; "now" while it
+    runs) filled in; none without `--grafana-url`."""
+    if not base:
+        return []
+    q = urlencode({"var-service": r.service, "from": int(r.created_at * 1000) - 60_000,
+                   "to": "now" if r.active else int(r.phase_since * 1000) + 60_000})
+    return [{"title": title, "uid": uid, "url": f"{base.rstrip('/')}/d/{uid}?{q}"} for title, uid in DASHBOARDS]
 
 
 @bp.get("/kernels")

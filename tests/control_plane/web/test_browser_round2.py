@@ -39,7 +39,8 @@ def sc(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(sc):
-    srv = Server(sc.store, REPLICA_LIMIT={"per_variant": 1, "why": "4 engines fit on this machine in all"})
+    srv = Server(sc.store, REPLICA_LIMIT={"per_variant": 1, "why": "4 engines fit on this machine in all"},
+                 GRAFANA_URL="http://grafana.example:3000/")
     yield srv
     srv.close()
 
@@ -330,3 +331,18 @@ def test_api_reference_renders_the_openapi_document(browser, server, width):
         assert f"{n} operations" in page.locator("#api-toc").inner_text()
         assert page.evaluate("document.documentElement.scrollWidth") <= width + 1
         shot(page, "api-reference")
+
+
+# --grafana-url ---------------------------------------------------------------------------------------------------
+@BOTH
+def test_grafana_links_carry_the_service_and_time_range(browser, sc, width):
+    r = sc.store.get(sc.slow)
+    with browser.page("viewer", width) as page:
+        page.goto(f"{browser.url}/rollouts/{sc.slow}")
+        links = page.locator("#grafana a")
+        assert [links.nth(i).inner_text() for i in range(links.count())] == ["Canary", "Engine", "Control plane"]
+        want = (f"?var-service=chat&from={int(r.created_at * 1000) - 60000}"
+                f"&to={int(r.phase_since * 1000) + 60000}")
+        assert links.nth(0).get_attribute("href") == "http://grafana.example:3000/d/sits-canary" + want
+        box = page.locator("#grafana").bounding_box()
+        assert box["x"] + box["width"] <= width + 1

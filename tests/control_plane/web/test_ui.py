@@ -161,3 +161,11 @@ def test_new_canary_says_how_many_replicas_fit(store, users, login_clock):
         assert 'max="1"' in html and "4 engines fit on this machine in all" in html
     finally:
         deployer.close()
+
+
+def test_grafana_links_name_the_generated_dashboards():
+    import json as _json
+    from dashboards.generate import render_all
+    from control_plane.web.ui import DASHBOARDS
+    uids = {_json.loads(text)["uid"] for text in render_all().values()}
+    assert {uid for _, uid in DASHBOARDS} == uids
