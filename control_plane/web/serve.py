@@ -65,7 +65,7 @@ def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=N
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker, "KERNEL_CATALOG": catalog,
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
                       "SESSION_COOKIE_SECURE": bool(a.secure_cookies), "TRACING": tracing,
-                      "JUDGE_PROMETHEUS": judge_prometheus, "GRAFANA_URL": getattr(a, "grafana_url", None),
+                      "JUDGE_PROMETHEUS": judge_prometheus, "GRAFANA_URL": a.grafana_url,
                       "POLICY_DEFAULTS": policy_defaults.to_dict() if policy_defaults is not None else None})
     kw = {}
     if a.trusted_proxy:   # X-Forwarded-Proto from this proxy makes the request (and so the cookie) https
