@@ -169,3 +169,10 @@ def test_grafana_links_name_the_generated_dashboards():
     from control_plane.web.ui import DASHBOARDS
     uids = {_json.loads(text)["uid"] for text in render_all().values()}
     assert {uid for _, uid in DASHBOARDS} == uids
+
+
+def test_role_errors_use_the_right_article(client):
+    login(client, TOKENS["operator"])
+    r = client.get("/api/v1/config")
+    assert r.status_code == 403 and r.get_json()["error"]["message"] == ("otto is an operator; this needs the admin "
+                                                                         "role")
