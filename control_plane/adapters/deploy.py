@@ -112,8 +112,18 @@ class Deployer(Protocol):
     # where the service's traffic enters, if this deployer knows (local: its router; Kubernetes: the Service)
     def router_url(self, service: str) -> str | None: ...
 
+    # how many replicas per variant a rollout may ask for here, from the deployer's settings (no I/O): what the UI's
+    # form offers
+    def replica_limit(self) -> "ReplicaLimit": ...
+
     # release what the deployer holds (local: every variant stops; Kubernetes: its API client, the cluster stays)
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLimit:
+    per_variant: int
+    why: str
 
 
 def normalize_weights(weights: Mapping[str, int | float]) -> dict[str, int]:

@@ -19,8 +19,8 @@ from kubernetes import client
 
 from control_plane.adapters import k8s_manifests as m
 from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, VariantSpec, VariantStatus, check_role,
-                                           normalize_weights)
+from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, VariantSpec,
+                                           VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.k8s_api import KubeApi, load_client, merged
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,9 @@ class KubernetesDeployer:
             self.kube.delete(f"Service {name}", "service", name)
         if role is None:
             self.kube.delete(f"Service {service}", "service", service)
+
+    def replica_limit(self) -> ReplicaLimit:
+        return ReplicaLimit(self.config.max_replicas, "the Kubernetes deployer's max_replicas")
 
     def router_url(self, service: str) -> str | None:
         """The in-cluster URL of the Service that splits traffic by replicas; None with an HTTPRoute (the

@@ -26,8 +26,8 @@ import httpx
 
 from control_plane.adapters import process
 from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
-                                           VariantStatus, check_role, normalize_weights)
+from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, ReplicaLimit,
+                                           VariantSpec, VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.local_config import LocalConfig, default_max_replicas, engine_environment
 from control_plane.adapters.router_config import RouterConfig
 from control_plane.adapters.router import WeightedRouter
@@ -176,6 +176,11 @@ class LocalDeployer:
                 svc.router.stop()
                 with self._lock:
                     self._services.pop(service, None)
+
+    def replica_limit(self) -> ReplicaLimit:
+        """Every engine runs on this machine: production, baseline and canary share max_replicas."""
+        return ReplicaLimit(max(1, self.max_replicas // 3), f"{self.max_replicas} engines fit on this machine in all; "
+                            "production, baseline and canary each run this many")
 
     def router_url(self, service: str) -> str:
         """The service's weighted router (DeployNotFoundError before its first deploy)."""

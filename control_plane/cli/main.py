@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--kernel-catalog", default=os.environ.get("SITS_KERNEL_CATALOG") or None,
                    help="the kernel sets the engines have (JSON, `sits-engine kernels --json`); default: ask the "
                         "installed engine, else the built-in sets")
+    v.add_argument("--grafana-url", default=os.environ.get("SITS_GRAFANA_URL") or None,
+                   help="Grafana with the generated dashboards: the UI links them per rollout (or $SITS_GRAFANA_URL)")
     _worker_args(v)
     v.set_defaults(fn=cmd_serve)
 

@@ -13,6 +13,7 @@ steps and intervals); `Policy()` defaults are for production.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -180,13 +181,14 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         worker = Worker(store, deployer, source, config=WorkerConfig(interval_s=cfg.interval_s), tracing=tracing)
         auth_path, token = _auth_file(workdir)
         app = create_app({"STORE": store, "SITS_USERS": Users.load(str(auth_path)), "WORKER": worker,
+                          "REPLICA_LIMIT": dataclasses.asdict(deployer.replica_limit()),
                           "SECRET_KEY": secrets.token_hex(32), "KERNEL_CATALOG": catalog})
         server = waitress.create_server(app, host=cfg.host, port=cfg.port, threads=8, ident="sits")
         threading.Thread(target=server.run, name="sits-demo-ui", daemon=True).start()
         result.url = f"http://{cfg.host}:{server.effective_port}/"
         out(f"[1/4] control plane up: UI {result.url}  (log in with token {token})")
-        out(f"      API {result.url}api/v1/ (Authorization: Bearer <token>); auth file {auth_path} keeps only its "
-            "SHA-256")
+        out(f"      API reference {result.url}api (OpenAPI {result.url}api/v1/openapi.json; calls send "
+            f"Authorization: Bearer <token>), metrics {result.url}metrics; auth file {auth_path} keeps only its SHA-256")
         ks = catalog.require(cfg.production_kernels, "production_kernels")
         out(f"[2/4] production: `sits-engine serve --model tiny --kernels {ks.name}` ({ks.version}) behind the "
             "weighted router ...")

@@ -26,7 +26,8 @@ def store():
 
 def _summary(r) -> dict:
     last = current_app.extensions["sits_headlines"].get(store(), r.id, r.checks)
-    return present.rollout_summary(r, last, service.allowed_commands(r))
+    ended = current_app.extensions["sits_headlines"].ending(store(), r, last)
+    return present.rollout_summary(r, last, service.allowed_commands(r), ended)
 
 
 def spec_or_none(rollout_id: str):

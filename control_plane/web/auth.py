@@ -154,7 +154,8 @@ def require(role: str = "viewer"):
                     return error_response(403, "csrf", "missing or wrong CSRF token (X-CSRF-Token header)")
                 abort(403, "missing or wrong CSRF token: reload the page and try again")
             if not user.can(role):
-                msg = f"{user.name} is a {user.role}; this needs the {role} role"
+                msg = (f"{user.name} is {'an' if user.role[0] in 'aeiou' else 'a'} {user.role}; "
+                       f"this needs the {role} role")
                 if wants_json():
                     return error_response(403, "forbidden", msg)
                 abort(403, msg)
@@ -213,4 +214,4 @@ def logout():
         if isinstance(session.get("sid"), str):
             revocations().revoke(session["sid"])   # a copy of this cookie replayed later is refused
         session.clear()
-    return redirect(url_for("auth.login") if users() is not None else url_for("ui.rollouts"))
+    return redirect(url_for("auth.login", signed_out=1) if users() is not None else url_for("ui.rollouts"))

@@ -73,7 +73,8 @@ def openapi_spec() -> dict:
                 "actions": {"type": "array", "items": {"type": "object"}},
                 "notifications": {"type": "array", "items": {"type": "object"}}}}), **read}}},
         "/rollouts/{rollout_id}/series": {"get": {
-            "summary": "Chart data: P50/P90/P99 per variant and metric per check, deltas with intervals (columnar)",
+            "summary": "Chart data: P50/P90/P99 per variant and metric per check, deltas with intervals, and per "
+                       "gated check (`gated`) the delta, interval, threshold and outcome the checks show (columnar)",
             "parameters": [RID, _param("since_seq", schema={"type": "integer"})],
             "responses": {"200": _resp("series", {"type": "object"}), **read}}},
         "/kernels": {"get": {"summary": "Kernel sets: name, version, devices, cuda_graphs, parent, ops overridden",
@@ -142,6 +143,9 @@ def openapi_spec() -> dict:
                     "steps": {"type": "array", "items": {"type": "integer"}}, "weight": {"type": "integer"},
                     "weights": {"type": "object"}, "kernels": {"type": "string"},
                     "production_kernels": {"type": "string"}, "last_check": {"type": ["object", "null"]},
+                    "ended": {"type": ["object", "null"], "description": "why an ended rollout ended: {kind, text}; "
+                              "kind: latency, error_rate, guard, correctness, inconclusive, aborted, deploy, promoted, "
+                              "promoted_manually, other"},
                     "allowed_actions": {"type": "array", "items": {"enum": [c.value for c in Command]}}}},
                 "JudgeVariant": {"type": "object", "additionalProperties": False, "properties": {
                     "selector": {"type": "string", "maxLength": 1000,

@@ -37,7 +37,7 @@ def headline(ev: Mapping) -> dict:
                                            -(r.get("delta_rel") if r.get("delta_rel") is not None else -1e9)))
     out = {"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"], "outcome": v["outcome"],
            "decision": ev["decision"], "reason": v["reason"], "guard": v.get("guard"), "need_more": v.get("need_more"),
-           "compare_to": v.get("compare_to")}
+           "compare_to": v.get("compare_to"), "source": ev.get("source")}
     if best is not None:
         is_rate = best["check"] == ERROR_RATE
         out.update(check=best["check"], label=check_label(best["check"]), series=best["series"],
@@ -83,19 +83,80 @@ class HeadlineCache:
         return h
 
 
+    def ending(self, store, r: Rollout, last: dict | None) -> dict | None:
+        """ending() of an ended rollout, computed once (an ended rollout never changes); None while it runs."""
+        if r.active:
+            return None
+        key = (store.path, r.id, "ending", r.version)
+        with self._lock:
+            hit = self._d.get(key)
+        if hit is None:
+            hit = ending(r, last, store.events(r.id, limit=100000), store.actions(r.id))
+            with self._lock:
+                self._d[key] = hit
+                while len(self._d) > self._size:
+                    self._d.popitem(last=False)
+        return hit
+
+
+def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict]) -> dict:
+    """Why an ended rollout ended, as {"kind", "text"}: "deploy" (an action failed for good: its error), "aborted" or
+    "promoted_manually" (a person's command: their name), "latency" / "guard" / "correctness" / "inconclusive" (the
+    last check decided the rollback: its deciding result), "promoted" (every step passed), else "other" (the
+    rollout's reason: a deadline, a readiness timeout)."""
+    failed = [a for a in actions if a["status"] == "failed"]
+    manual = [e for e in events if e["kind"] == "phase" and e.get("actor")
+              and e["phase"] in (Phase.ROLLING_BACK.value, Phase.ROLLED_BACK.value, Phase.PROMOTING.value)]
+    decided = last is not None and last.get("decision") == "rollback"
+    if failed and not decided:
+        a = failed[0]
+        what = {"deploy": f"deploy of the {a['body'].get('role', '?')} ({a['body'].get('kernels', '?')})"}.get(
+            a["kind"], a["kind"])
+        return {"kind": "deploy", "text": f"{what} failed: {a['error'] or 'no error recorded'}"}
+    if manual and not decided:
+        e = manual[-1]
+        if e["phase"] == Phase.PROMOTING.value:
+            return {"kind": "promoted_manually", "text": f"promoted by {e['actor']}"}
+        return {"kind": "aborted", "text": f"aborted by {e['actor']}"}
+    if decided:
+        if last.get("source") == "correctness":
+            return {"kind": "correctness", "text": "correctness gate: " + last["reason"].removeprefix(
+                CORRECTNESS_PREFIX)}
+        if last.get("guard"):
+            return {"kind": "guard", "text": f"{last['guard'].replace('_', ' ')}: {last['reason']}"}
+        if last.get("outcome") == "fail" and last.get("label"):
+            f = _pt if last.get("kind") == "abs" else _pct
+            ci = last.get("ci") or [None, None]
+            bounds = f" [{f(ci[0])}, {f(ci[1])}]" if ci[0] is not None else ""
+            return {"kind": "latency" if last.get("kind") != "abs" else "error_rate",
+                    "text": f"{last['label']} {f(last.get('delta'))}{bounds} > {f(last['threshold'])}"}
+        return {"kind": "inconclusive", "text": last["reason"]}
+    if r.phase is Phase.SUCCEEDED:
+        return {"kind": "promoted", "text": "every step passed"}
+    return {"kind": "other", "text": r.reason}
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{x * 100:+.1f} %".replace("-", "−")
+
+
+def _pt(x) -> str:
+    return "–" if x is None else f"{x * 100:+.2f} pt".replace("-", "−")
+
+
 def weights_of(r: Rollout) -> dict[str, int]:
     if r.phase in (Phase.PROGRESSING, Phase.PAUSED) and r.weight > 0:
         return weights_for(r.weight)
     return {"production": 100, "baseline": 0, "canary": 0}
 
 
-def rollout_summary(r: Rollout, last_check: dict | None, allowed: set) -> dict:
+def rollout_summary(r: Rollout, last_check: dict | None, allowed: set, ended: dict | None = None) -> dict:
     return clean({
         "id": r.id, "service": r.service, "kernels": r.canary_kernels, "production_kernels": r.production_kernels,
         "phase": r.phase.value, "active": r.active, "reason": r.reason, "step": r.step, "steps": list(r.policy.steps),
         "weight": r.weight, "weights": weights_of(r), "created_at": r.created_at, "phase_since": r.phase_since,
         "started_at": r.started_at, "checks": r.checks, "awaiting_promotion": r.awaiting_promotion,
-        "compare_to": r.policy.compare_to, "last_check": last_check,
+        "compare_to": r.policy.compare_to, "last_check": last_check, "ended": ended,
         "allowed_actions": sorted(c.value for c in allowed)})
 
 

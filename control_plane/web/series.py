@@ -13,9 +13,9 @@ import threading
 from collections import OrderedDict
 from typing import Iterable, Mapping, Sequence
 
-from control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, histogram_quantile
+from control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, histogram_quantile
 from control_plane.web.common import num
-from control_plane.web.present import SHORT
+from control_plane.web.present import SHORT, check_label
 
 CHART_METRICS = (REQUEST_LATENCY, TTFT, ITL)
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -70,10 +70,12 @@ def _deltas(ev: Mapping, metric: str) -> dict[str, dict]:
     v = ev["verdict"]
     out: dict[str, dict] = {}
     for r in v.get("results", []):
-        if metric_matches(r["series"], metric) and r.get("delta_rel") is not None:
+        if metric_matches(r["series"], metric) and r["check"] != ERROR_RATE:
             q = _q_of(r["check"])
-            if q not in out or r["delta_rel"] > out[q]["delta"]:
-                out[q] = {"delta": r["delta_rel"], "low": r.get("ci_low"), "high": r.get("ci_high"),
+            # a checked quantile without a delta (too little data) stays empty: the table shows "–" for it too
+            if q not in out or (r.get("delta_rel") is not None and (out[q]["delta"] is None
+                                                                     or r["delta_rel"] > out[q]["delta"])):
+                out[q] = {"delta": r.get("delta_rel"), "low": r.get("ci_low"), "high": r.get("ci_high"),
                           "threshold": r["threshold"], "outcome": r["outcome"], "checked": True}
     target = v.get("compare_to") or "baseline"
     for d in v.get("deltas", []):
@@ -83,9 +85,27 @@ def _deltas(ev: Mapping, metric: str) -> dict[str, dict]:
         rel = d.get(f"vs_{target}_rel")
         if rel is None or (q in out and out[q]["checked"]):
             continue
-        if q not in out or rel > out[q]["delta"]:
+        if q not in out or out[q]["delta"] is None or rel > out[q]["delta"]:
             out[q] = {"delta": rel, "low": None, "high": None, "threshold": None, "outcome": None, "checked": False}
     return out
+
+
+RANK = {"fail": 0, "inconclusive": 1, "pass": 2}
+
+
+def gated(ev: Mapping) -> dict[str, dict]:
+    """Per gated check of this check's verdict (`http_request_duration_seconds:p99`, `error_rate`, ...): its worst
+    result (a failing series first, then the largest delta), with the delta, interval, threshold and outcome the
+    checks table shows for it. Latency deltas are relative, the error rate's absolute (kind "abs")."""
+    best: dict[str, tuple] = {}
+    for r in ev["verdict"].get("results", []):
+        name, is_rate = r["check"], r["check"] == ERROR_RATE
+        delta = r.get("delta_abs") if is_rate else r.get("delta_rel")
+        key = (RANK.get(r["outcome"], 3), -(delta if delta is not None else -1e18))
+        if name not in best or key < best[name][0]:
+            best[name] = (key, {"delta": delta, "low": r.get("ci_low"), "high": r.get("ci_high"),
+                                "threshold": r["threshold"], "outcome": r["outcome"], "series": r["series"]})
+    return {name: d for name, (_, d) in best.items()}
 
 
 def metric_matches(series: str, metric: str) -> bool:
@@ -95,7 +115,8 @@ def metric_matches(series: str, metric: str) -> bool:
 def point(ev: Mapping, metrics: Sequence[str] = CHART_METRICS) -> dict:
     """One check's chart values: per metric, P50/P90/P99 of each variant and the deltas per quantile."""
     variants = ev.get("variants", {})
-    out = {"t": ev["at"], "seq": ev["seq"], "weight": ev["weight"], "outcome": ev["verdict"]["outcome"], "metrics": {}}
+    out = {"t": ev["at"], "seq": ev["seq"], "weight": ev["weight"], "outcome": ev["verdict"]["outcome"],
+           "decision": ev["decision"], "metrics": {}, "checks": gated(ev)}
     for metric in metrics:
         qs = {role: _quantiles(_merged(variants.get(role, {}).get("histograms", {}), metric)) for role in ROLES}
         deltas = _deltas(ev, metric)
@@ -151,7 +172,8 @@ def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHAR
     """Points -> columns: every array has one entry per point (None where a point lacks the value)."""
     n = len(pts)
     out = {"compare_to": compare_to, "points": n, "t": [p["t"] for p in pts], "seq": [p["seq"] for p in pts],
-           "weight": [p["weight"] for p in pts], "outcome": [p["outcome"] for p in pts], "metrics": {}}
+           "weight": [p["weight"] for p in pts], "outcome": [p["outcome"] for p in pts],
+           "decision": [p.get("decision") for p in pts], "metrics": {}, "gated": _gated_columns(pts)}
     for metric in metrics:
         if not any(metric in p["metrics"] for p in pts):
             continue
@@ -175,6 +197,25 @@ def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHAR
                 col["outcome"][i] = d["outcome"]
         out["metrics"][metric] = {"label": SHORT.get(metric, metric), "quantiles": qs,
                                   "deltas": dict(sorted(deltas.items(), key=lambda kv: -_qf(kv[0])))}
+    return out
+
+
+def _gated_columns(pts: Sequence[dict]) -> dict[str, dict]:
+    """Per gated check: delta, low, high, outcome columns (one entry per point), its threshold, label and kind."""
+    n = len(pts)
+    out: dict[str, dict] = {}
+    for i, p in enumerate(pts):
+        for name, d in p.get("checks", {}).items():
+            metric, _, q = name.partition(":p")
+            col = out.setdefault(name, {"label": check_label(name), "metric": metric,
+                                        "quantile": "p" + q.replace("_", ".") if q else None,
+                                        "kind": "abs" if name == ERROR_RATE else "rel", "threshold": d["threshold"],
+                                        "delta": [None] * n, "low": [None] * n, "high": [None] * n,
+                                        "outcome": [None] * n})
+            col["threshold"] = d["threshold"]
+            for k in ("delta", "low", "high"):
+                col[k][i] = num(d[k])
+            col["outcome"][i] = d["outcome"]
     return out
 
 

@@ -2,6 +2,7 @@
 builds it) running beside it in the same process; `--no-worker` serves the API and UI alone."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -53,10 +54,12 @@ def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=N
         catalog = KernelCatalog.discover(a.kernel_catalog)
     except CatalogError as e:
         raise ServeError(str(e)) from None
+    limit = dataclasses.asdict(worker.deployer.replica_limit()) if worker is not None else None
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker, "KERNEL_CATALOG": catalog,
+                      "REPLICA_LIMIT": limit,
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
                       "SESSION_COOKIE_SECURE": bool(a.secure_cookies), "TRACING": tracing,
-                      "JUDGE_PROMETHEUS": judge_prometheus,
+                      "JUDGE_PROMETHEUS": judge_prometheus, "GRAFANA_URL": a.grafana_url,
                       "POLICY_DEFAULTS": policy_defaults.to_dict() if policy_defaults is not None else None})
     kw = {}
     if a.trusted_proxy:   # X-Forwarded-Proto from this proxy makes the request (and so the cookie) https

@@ -2,13 +2,21 @@
 events) are drawn by small scripts from the same JSON API, polled every 1.5 s."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from flask import Blueprint, current_app, render_template
 
+from control_plane.errors import NotFoundError
 from control_plane.web import catalog
 from control_plane.web.api import detail, policy_defaults, spec_or_none, store
 from control_plane.web.auth import current_user, require
 
 bp = Blueprint("ui", __name__)
+
+
+@bp.app_context_processor
+def _ui_globals() -> dict:
+    return {"worker_here": current_app.config["WORKER"] is not None}
 
 
 @bp.get("/")
@@ -21,7 +29,8 @@ def rollouts():
 @require("viewer")
 def new_rollout():
     return render_template("new.html", kernels=catalog.kernel_catalog(), services=_services(),
-                           defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"))
+                           defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"),
+                           replica_limit=catalog.replica_limit(current_app.config))
 
 
 @bp.get("/rollouts/<rollout_id>")
@@ -29,7 +38,22 @@ def new_rollout():
 def rollout(rollout_id: str):
     r = store().get(rollout_id)
     sets = {k["name"]: k for k in catalog.kernel_catalog()}
-    return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"))
+    return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"),
+                           grafana=grafana_links(current_app.config.get("GRAFANA_URL"), r))
+
+
+# the generated dashboards (dashboards/*.dashboard.py) by uid; tests/control_plane/web/test_ui.py checks the uids
+DASHBOARDS = (("Canary", "sits-canary"), ("Engine", "sits-engine"), ("Control plane", "sits-control-plane"))
+
+
+def grafana_links(base: str | None, r) -> list[dict]:
+    """Links to the dashboards with the rollout's service and time range (a minute either side; "now" while it
+    runs) filled in; none without `--grafana-url`."""
+    if not base:
+        return []
+    q = urlencode({"var-service": r.service, "from": int(r.created_at * 1000) - 60_000,
+                   "to": "now" if r.active else int(r.phase_since * 1000) + 60_000})
+    return [{"title": title, "uid": uid, "url": f"{base.rstrip('/')}/d/{uid}?{q}"} for title, uid in DASHBOARDS]
 
 
 @bp.get("/kernels")
@@ -42,6 +66,23 @@ def kernels():
 @require("viewer")
 def services():
     return render_template("services.html", services=_services())
+
+
+@bp.get("/services/<name>")
+@require("viewer")
+def service_history(name: str):
+    rows = catalog.history(store(), name)
+    if not rows:
+        raise NotFoundError(f"no rollouts of service {name!r}")
+    current = next((s for s in _services() if s["service"] == name), None)
+    return render_template("history.html", name=name, rows=rows, versions=catalog.versions(rows), current=current,
+                           can_start=current_user().can("operator"))
+
+
+@bp.get("/api")
+@require("viewer")
+def api_reference():
+    return render_template("api.html")
 
 
 def _services() -> list[dict]:

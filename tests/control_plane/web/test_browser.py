@@ -102,7 +102,7 @@ def test_start_watch_and_abort_a_canary_in_a_real_browser(service, artifacts):
             page.click("#start")
             err = page.locator("#thr-0-err")
             err.wait_for(state="visible")
-            assert "max_rel_delta must be in [0.0001, 100]" in err.inner_text()   # the message of analysis/policy.py
+            assert "between +0.01 % and +10000 %" in err.inner_text()   # in percent, as typed (issue 27)
             assert page.get_attribute("#thr-0", "aria-invalid") == "true"
             shot(page, "new-canary-422-1440")
             page.fill("#thr-0", "50")

@@ -14,7 +14,8 @@ from .test_auth import login
 STATIC = Path(__file__).resolve().parents[3] / "control_plane" / "web" / "static"
 
 
-@pytest.mark.parametrize("path", ["/", "/rollouts/new", "/rollouts/x", "/kernels", "/services"])
+@pytest.mark.parametrize("path", ["/", "/rollouts/new", "/rollouts/x", "/kernels", "/services", "/services/chat",
+                                  "/api"])
 def test_pages_redirect_to_login_when_signed_out(client, path):
     r = client.get(path)
     assert r.status_code == 302 and r.headers["Location"].startswith("/login?next=")
@@ -79,5 +80,99 @@ def test_vendored_assets_are_served_with_their_licence_and_pinned_version(client
     assert r.status_code == 200 and b"uPlot" in r.data[:2000]
     assert (STATIC / "vendor" / "uplot" / "LICENSE").read_text().startswith("The MIT License")
     assert "1.6.32" in (STATIC / "vendor" / "README.md").read_text()
-    for js in ("common.js", "rollouts.js", "detail.js", "new.js", "charts.js"):
+    for js in ("common.js", "rollouts.js", "detail.js", "new.js", "charts.js", "history.js", "apiref.js"):
         assert client.get(f"/static/js/{js}").status_code == 200
+
+
+# ---- issue 27: why each rollout ended, the service history, the gated-check chart columns, what fits ------------
+def test_list_says_why_each_rollout_ended(client, store):
+    from tests.control_plane.worker.support import InMemoryDeployer
+    from control_plane.rollout import Command
+    from control_plane.service.rollouts import send_command
+    slow = new_rollout(store, "chat")
+    drive(store, slow.id, 40, scale=3.0)
+    aborted = new_rollout(store, "embed")
+    t = drive(store, aborted.id, 3)
+    send_command(store, aborted.id, Command.ABORT, "otto")
+    drive(store, aborted.id, 3, t0=t)
+    d = InMemoryDeployer()
+    d.fail.add(("search", "canary"))
+    failed = new_rollout(store, "search")
+    drive(store, failed.id, 10, deployer=d)
+    running = new_rollout(store, "rank")
+    drive(store, running.id, 3)
+    login(client, TOKENS["viewer"])
+    rows = {r["id"]: r for r in client.get("/api/v1/rollouts").get_json()["rollouts"]}
+    assert rows[slow.id]["phase"] == "rolled_back" and rows[slow.id]["ended"]["kind"] == "latency"
+    assert re.fullmatch(r"p\d+ request latency \+\d+\.\d % \[\+\d+\.\d %, \+\d+\.\d %\] > \+\d+\.\d %",
+                        rows[slow.id]["ended"]["text"]), rows[slow.id]["ended"]
+    assert rows[aborted.id]["ended"] == {"kind": "aborted", "text": "aborted by otto"}
+    assert rows[failed.id]["ended"]["kind"] == "deploy" and "image pull failed" in rows[failed.id]["ended"]["text"]
+    assert "ended" not in rows[running.id] or rows[running.id]["ended"] is None
+
+
+def test_service_history_page_lists_each_rollout_and_the_versions(client, store):
+    first = new_rollout(store, "chat", canary="triton-v1", production="torch")
+    t = drive(store, first.id, 60)
+    assert store.get(first.id).phase.value == "succeeded"
+    second = new_rollout(store, "chat", now=t + 1, canary="torch-slow-attn", production="triton-v1")
+    drive(store, second.id, 40, scale=3.0, t0=t + 1)
+    login(client, TOKENS["operator"])
+    html = client.get("/services/chat").get_data(as_text=True)
+    assert html.index(f'data-id="{second.id}"') < html.index(f'data-id="{first.id}"')   # newest first
+    assert re.findall(r'<li data-kernels="([^"]+)"', html) == ["triton-v1", "torch"]
+    assert "Canary this version again" in html and "Retry" in html
+    assert f"production_kernels=triton-v1&amp;from={second.id}" in html
+    assert client.get("/services/nope").status_code == 404
+
+
+def test_series_carry_one_column_per_gated_check_with_the_tables_numbers(client, store):
+    ro = new_rollout(store)
+    drive(store, ro.id, 12, scale=1.5)
+    login(client, TOKENS["viewer"])
+    s = client.get(f"/api/v1/rollouts/{ro.id}/series").get_json()
+    checks = client.get(f"/api/v1/rollouts/{ro.id}/checks?view=compact").get_json()["checks"]
+    assert set(s["gated"]) == {c["check"] for c in checks[-1]["results"]}
+    for i, seq in enumerate(s["seq"]):
+        c = next(c for c in checks if c["seq"] == seq)
+        for r in c["results"]:
+            col = s["gated"][r["check"]]
+            want = r["delta_abs"] if r["check"] == "error_rate" else r["delta_rel"]
+            assert col["outcome"][i] == r["outcome"] and col["threshold"] == r["threshold"]
+            assert (col["delta"][i] is None) == (want is None)
+            if want is not None:
+                assert col["delta"][i] == pytest.approx(want, rel=1e-3)
+        assert s["decision"][i] == c["decision"]
+
+
+def test_new_canary_says_how_many_replicas_fit(store, users, login_clock):
+    from control_plane.web import create_app
+    from control_plane.adapters.local import LocalDeployer
+    from control_plane.adapters.local_config import LocalConfig
+    from control_plane.worker.loop import Worker
+    from tests.control_plane.worker.support import CannedSource
+    deployer = LocalDeployer(LocalConfig(max_replicas=4))
+    try:
+        app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "k",
+                          "WORKER": Worker(store, deployer, CannedSource(), owner="t")})
+        client = app.test_client()
+        login(client, TOKENS["operator"])
+        html = client.get("/rollouts/new").get_data(as_text=True)
+        assert 'max="1"' in html and "4 engines fit on this machine in all" in html
+    finally:
+        deployer.close()
+
+
+def test_grafana_links_name_the_generated_dashboards():
+    import json as _json
+    from dashboards.generate import render_all
+    from control_plane.web.ui import DASHBOARDS
+    uids = {_json.loads(text)["uid"] for text in render_all().values()}
+    assert {uid for _, uid in DASHBOARDS} == uids
+
+
+def test_role_errors_use_the_right_article(client):
+    login(client, TOKENS["operator"])
+    r = client.get("/api/v1/config")
+    assert r.status_code == 403 and r.get_json()["error"]["message"] == ("otto is an operator; this needs the admin "
+                                                                         "role")

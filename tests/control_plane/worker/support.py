@@ -6,8 +6,8 @@ import dataclasses
 import threading
 import time
 
-from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, VariantSpec,
-                                           VariantStatus, normalize_weights)
+from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, ReplicaLimit,
+                                           VariantSpec, VariantStatus, normalize_weights)
 from control_plane.adapters.metrics import MetricsWindow, NoDataError
 from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
 from engine.buckets import LATENCY_BUCKETS
@@ -80,6 +80,9 @@ class InMemoryDeployer:
         with self._lock:
             self._svc(service)["variants"][role]   # KeyError if not deployed
             self.crashed.add((service, role))
+
+    def replica_limit(self):
+        return ReplicaLimit(8, "the in-memory test deployer")
 
     def router_url(self, service):
         return f"mem://{service}" if service in self.services else None

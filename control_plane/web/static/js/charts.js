@@ -106,6 +106,50 @@ const Charts = (() => {
     return new uPlot(opts, [[], [], [], [], [], [], [], [], [], []], node);
   }
 
+  // one gated check (a quantile of a metric, or the error rate) against the target: the same delta, interval and
+  // outcome as the checks table's row for it, the band between the bounds, the threshold dashed red, a dot per check
+  // coloured by its verdict, and a ring on the check that decided the rollout's end
+  function checkChart(node, width, getMarkers, kind) {
+    const bad = css("--bad"), ok = css("--ok"), grey = css("--muted"), canary = css("--canary");
+    const f = kind === "abs" ? SITS.pt : SITS.pct;
+    const v = (u, x) => f(x);
+    const dots = (label, color, size = 9, fill = color) => ({ label, stroke: color, fill, width: 0, paths: () => null,
+      points: { show: true, size, width: size > 9 ? 2.5 : 1, stroke: color, fill }, value: v });
+    const series = [
+      { label: "time", value: (u, x) => x == null ? "–" : SITS.clock(x) },
+      { label: "low", stroke: "transparent", width: 0, value: v, points: { show: false } },
+      { label: "high", stroke: "transparent", width: 0, value: v, points: { show: false } },
+      { label: "delta", stroke: canary, width: 2, value: v },
+      { label: "threshold", stroke: bad, width: 1.5, dash: [7, 5], value: v, points: { show: false } },
+      dots("pass", ok), dots("inconclusive", grey), dots("fail", bad),
+      dots("decided", css("--text"), 17, "transparent"),
+    ];
+    const opts = {
+      width, height: 230, series, axes: axes((x) => kind === "abs" ? SITS.pt(x) : SITS.pct(x, 0)),
+      plugins: [markerPlugin(getMarkers)], bands: [{ series: [2, 1], fill: "rgba(224,112,26,0.18)" }],
+      scales: { x: { time: true }, y: { range: (u, min, max) => {
+        const span = kind === "abs" ? 0.005 : 0.05;
+        const lo = Math.min(min ?? 0, -span), hi = Math.max(max ?? 0, span);
+        const pad = (hi - lo) * 0.08;
+        return [lo - pad, hi + pad];
+      } } },
+      cursor: { sync: { key: syncKey }, points: { size: 6 } },
+      legend: { live: true },
+    };
+    return new uPlot(opts, series.map(() => []), node);
+  }
+
+  // S.gated[name] -> checkChart's data; `decided`: the index of the check that ended the rollout (or -1)
+  function checkData(s, name, decided = -1) {
+    const c = s.gated[name];
+    const none = s.t.map(() => null);
+    if (!c) return [s.t, none, none, none, none, none, none, none, none];
+    // a check without a delta (too few requests) has no dot: the table shows "–" for it too
+    const at = (o) => c.delta.map((x, i) => c.outcome[i] === o ? x : null);
+    return [s.t, c.low, c.high, c.delta, s.t.map(() => c.threshold), at("pass"), at("inconclusive"), at("fail"),
+      c.delta.map((x, i) => i === decided ? x : null)];
+  }
+
   // data of one metric -> the two charts' data arrays
   function latencyData(s, metric) {
     const m = s.metrics[metric];
@@ -127,5 +171,5 @@ const Charts = (() => {
       th("p99"), th("p90"), dot("pass"), dot("inconclusive"), dot("fail")];
   }
 
-  return { latencyChart, deltaChart, latencyData, deltaData };
+  return { latencyChart, deltaChart, checkChart, latencyData, deltaData, checkData };
 })();

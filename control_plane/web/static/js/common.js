@@ -85,6 +85,15 @@ const SITS = (() => {
       el("span", { class: `verdict-${v}` }, `${mark[v]} ${v}`));
   }
 
+  // one gated result as the checks table and the charts' captions write it: "+59.9 % [+36.7 %, +83.0 %] ≤ +25 %"
+  function threshold(kind, t) {
+    return kind === "abs" ? `+${(t * 100).toFixed(2)} pt` : `+${+(t * 100).toFixed(2)} %`;
+  }
+  function resultText(kind, delta, low, high, t) {
+    const f = kind === "abs" ? pt : pct;
+    return (delta != null ? f(delta) : "–") + (low != null ? ` [${f(low)}, ${f(high)}]` : "") + ` ≤ ${threshold(kind, t)}`;
+  }
+
   function weightBar(w, phase) {
     if (phase === "succeeded") {
       return el("div", { class: "weight", title: "promoted: the canary's kernel set is production" },
@@ -115,5 +124,5 @@ const SITS = (() => {
     return () => clearTimeout(timer);
   }
 
-  return { api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf };
+  return { api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
 })();

@@ -56,7 +56,8 @@ const Correctness = (() => {
       const res = await api(`/rollouts/${encodeURIComponent(R.id)}/checks/${L.seq}`);
       if (res.ok) { all = res.data.verdict.correctness.evidence; render(box, R); }
     });
-    box.replaceChildren(
+    // replaceChildren() turns a null argument into the text "null": pass only the parts that exist
+    box.replaceChildren(...[
       el("div", { class: "card verdict-card" },
         el("p", { class: "verdict-head" }, outcome(L.outcome), " ", el("strong", {}, `check #${L.seq}`),
           el("span", { class: "muted" }, ` · ${where(L, steps)} · ${clock(L.at)} · → ${L.decision}`)),
@@ -78,7 +79,7 @@ const Correctness = (() => {
       el("h3", {}, "History", el("span", { class: "muted" }, ` · ${c.runs} run${c.runs === 1 ? "" : "s"}`)),
       el("ol", { class: "events history" }, c.history.slice().reverse().map((h) => el("li", {},
         el("span", { class: "t" }, `#${h.seq} ${clock(h.at)}`), el("span", { class: `verdict-${h.outcome}` }, `${mark[h.outcome]} ${h.outcome} → ${h.decision}`),
-        el("span", { class: "msg" }, el("span", { class: "muted" }, where(h, steps) + ": "), h.reason)))));
+        el("span", { class: "msg" }, el("span", { class: "muted" }, where(h, steps) + ": "), h.reason))))].filter(Boolean));
   }
 
   // the checks table's metric cell of a correctness check (it has no latency results)

@@ -6,6 +6,7 @@
   const $ = (id) => document.getElementById(id);
   let R = JSON.parse($("rollout-data").textContent);
   const canAct = JSON.parse($("can-act").textContent);
+  const workerHere = JSON.parse($("worker-here").textContent);
   const id = R.id;
   const METRICS = ["http_request_duration_seconds", "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds"];
   const LABEL = { http_request_duration_seconds: "Request latency", sits_time_to_first_token_seconds: "Time to first token", sits_inter_token_latency_seconds: "Inter-token latency" };
@@ -26,7 +27,11 @@
     $("phase").replaceWith(Object.assign(badge(R.phase, true), { id: "phase" }));
     const lc = R.last_check;
     const why = human(R.reason) || PHASE_TEXT[R.phase] || "";
-    $("reason").replaceChildren(...[el("span", {}, why.charAt(0).toUpperCase() + why.slice(1) + (why ? "." : "")),
+    const sentence = why.charAt(0).toUpperCase() + why.slice(1) + (why && !why.endsWith(".") ? "." : "");
+    // nothing picks a pending rollout up when no worker runs (this process serves with --no-worker)
+    const orphan = !workerHere && ["pending", "initializing"].includes(R.phase) && !R.lease;
+    $("reason").replaceChildren(...[el("span", {}, sentence),
+      orphan ? el("span", { class: "warn", id: "no-worker-warning" }, " No worker has taken this rollout: this service runs without one (--no-worker); start `sits-control worker` on the same store.") : null,
       lc && R.active ? el("span", { class: "muted" }, ` Last check #${lc.seq}: ${lc.outcome} → ${lc.decision} (${human(lc.reason)}).`) : null].filter(Boolean));
     const pending = R.pending_commands || [];
     for (const btn of document.querySelectorAll("#actions button")) {
@@ -100,8 +105,14 @@
   function appendSeries(n) {
     if (!S) { S = n; return; }
     const len = S.t.length, add = n.t.length;
-    for (const k of ["t", "seq", "weight", "outcome"]) S[k].push(...n[k]);
+    for (const k of ["t", "seq", "weight", "outcome", "decision"]) S[k].push(...n[k]);
     const pad = (arr, to) => { while (arr.length < to) arr.push(null); return arr; };
+    for (const [name, c] of Object.entries(n.gated)) {
+      const h = S.gated[name] || (S.gated[name] = { ...c, delta: [], low: [], high: [], outcome: [] });
+      for (const k of ["delta", "low", "high", "outcome"]) h[k] = pad(h[k], len).concat(c[k]);
+      h.threshold = c.threshold;
+    }
+    for (const c of Object.values(S.gated)) for (const k of ["delta", "low", "high", "outcome"]) pad(c[k], len + add);
     for (const [metric, m] of Object.entries(n.metrics)) {
       const have = S.metrics[metric] || (S.metrics[metric] = { label: m.label, quantiles: {}, deltas: {} });
       for (const [role, qs] of Object.entries(m.quantiles)) {
@@ -119,52 +130,147 @@
       for (const d of Object.values(m.deltas)) for (const k of ["delta", "low", "high", "outcome"]) pad(d[k], len + add);
     }
   }
+  // the gated checks of a metric, highest quantile first ("error_rate" is its own row)
+  const gatedOf = (metric) => Object.keys(S.gated).filter((n) => S.gated[n].metric === metric)
+    .sort((x, y) => parseFloat((S.gated[y].quantile || "p0").slice(1)) - parseFloat((S.gated[x].quantile || "p0").slice(1)));
+  // the check that ended the rollout (its last, when that one rolled back or promoted): ringed on the charts
+  function decidedIndex() {
+    const i = S.t.length - 1;
+    return !R.active && i >= 0 && ["rollback", "promote", "gate"].includes(S.decision[i]) ? i : -1;
+  }
+  // did gated check `name` decide the check at index i? A rollback: the failing checks (the inconclusive ones when
+  // none failed); a promotion: every check that passed
+  function decides(name, i) {
+    const c = S.gated[name];
+    if (i < 0 || !c || c.outcome[i] == null) return false;
+    if (S.decision[i] !== "rollback") return c.outcome[i] === "pass";
+    const anyFail = Object.values(S.gated).some((g) => g.outcome[i] === "fail");
+    return c.outcome[i] === (anyFail ? "fail" : "inconclusive");
+  }
+  function checkFigure(name) {
+    const c = S.gated[name], node = el("div", { class: "plot" });
+    const title = c.kind === "abs" ? "Error rate" : `${LABEL[c.metric] || c.metric} ${c.quantile.toUpperCase()}`;
+    const fig = el("figure", { class: "chart delta", "data-check": name, style: "margin:0" },
+      el("h3", {}, `${title}: canary vs ${S.compare_to}`, el("span", { class: "muted" }, ` · gated, threshold ${SITS.threshold(c.kind, c.threshold)}`)),
+      node, el("figcaption", { class: "small cap" }));
+    return { fig, node };
+  }
+  function caption(fig, name, decided) {
+    const c = S.gated[name];
+    let i = c.outcome.length - 1;
+    while (i >= 0 && c.outcome[i] == null) i--;
+    if (i < 0) { fig.querySelector(".cap").textContent = ""; return; }
+    const o = c.outcome[i], ring = decides(name, decided);
+    fig.querySelector(".cap").replaceChildren(...[el("span", { class: "muted" }, `Check #${S.seq[i]}: `),
+      el("span", { class: "val" }, SITS.resultText(c.kind, c.delta[i], c.low[i], c.high[i], c.threshold)), " ",
+      el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`), c.delta[i] == null ? el("span", { class: "muted" }, " (no delta yet: too few requests)") : null,
+      ring ? el("span", { class: "decided" }, ` · ◯ check #${S.seq[decided]} decided: ${S.decision[decided]}`) : null].filter(Boolean));
+    const fails = c.outcome.filter((x, j) => x === "fail" && c.delta[j] != null).length;
+    Object.assign(fig.dataset, { fails, band: c.low.filter((x, j) => x != null && c.high[j] != null).length, decided: ring ? S.seq[decided] : "" });
+    return ring;
+  }
+  // the verdict summary (Kayenta's per-metric scores): one row per gated check of the policy with its last delta,
+  // interval, threshold and verdict, from the same columns as the charts; above it the overall result
+  const ENDED = { latency: "Rolled back by the latency check", error_rate: "Rolled back by the error-rate check",
+    guard: "Rolled back by a guard", correctness: "Rolled back by the correctness gate", inconclusive: "Rolled back: inconclusive",
+    aborted: "Rolled back", deploy: "Rolled back", promoted: "Promoted", promoted_manually: "Promoted", other: "Ended" };
+  const checkName = (c) => c.metric === "error_rate" ? "error_rate" : `${c.metric}:p${+(c.quantile * 100).toFixed(3)}`.replace(".", "_");
+  function summary() {
+    const decided = S ? decidedIndex() : -1, rows = [];
+    let decider = null;
+    for (const pc of R.policy.checks) {
+      const name = checkName(pc), c = S && S.gated[name];
+      const kind = pc.metric === "error_rate" ? "abs" : "rel";
+      const label = kind === "abs" ? "Error rate" : `${LABEL[pc.metric] || pc.metric} P${+(pc.quantile * 100).toFixed(3)}`;
+      let i = c ? c.outcome.length - 1 : -1;
+      while (i >= 0 && c.outcome[i] == null) i--;
+      const o = i >= 0 ? c.outcome[i] : null;
+      const deciding = decides(name, decided);
+      if (deciding && S.decision[decided] === "rollback" && !decider) decider = label;
+      const f = kind === "abs" ? pt : pct;
+      rows.push(el("tr", { "data-check": name, class: deciding ? "decided" : null },
+        el("th", { scope: "row" }, label, deciding ? el("span", { class: "decided-mark" }, " ◀ decided") : null),
+        el("td", { class: "num", "data-label": "Last check" }, i < 0 ? el("span", { class: "muted" }, "no check yet") : c.delta[i] == null ? el("span", { class: "muted" }, "– (too few requests)")
+          : `${f(c.delta[i])}` + (c.low[i] != null ? ` [${f(c.low[i])}, ${f(c.high[i])}]` : "")),
+        el("td", { class: "num", "data-label": "Threshold" }, `≤ ${SITS.threshold(kind, kind === "abs" ? pc.max_abs_delta : pc.max_rel_delta)}`),
+        el("td", { "data-label": "Verdict" }, o ? el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`) : el("span", { class: "muted" }, "–"))));
+    }
+    $("summary-rows").replaceChildren(...rows);
+    const e = R.ended, lc = R.last_check;
+    let text;
+    if (e) text = `${ENDED[e.kind] || "Ended"}: ${e.text}` + (decider && !["aborted", "deploy"].includes(e.kind) ? ` (deciding metric: ${decider})` : "") + ".";
+    else if (lc) text = `Running at ${R.weight} %: last check #${lc.seq} ${lc.outcome} → ${lc.decision}.`;
+    else text = "No check yet.";
+    $("overall").replaceChildren(el("span", { class: e ? (["promoted", "promoted_manually"].includes(e.kind) ? "ok" : ["aborted", "other"].includes(e.kind) ? "muted" : "bad") : "" }, text));
+    $("verdict-summary").dataset.overall = e ? e.kind : "running";
+  }
+
   function drawCharts() {
     if (!S || !S.t.length) return;
-    $("no-charts").hidden = METRICS.some((m) => S.metrics[m]);   // correctness checks alone draw nothing
+    const rows = [...METRICS.filter((m) => S.metrics[m] || gatedOf(m).length), ...(S.gated.error_rate ? ["error_rate"] : [])];
+    $("no-charts").hidden = rows.length > 0;   // correctness checks alone draw nothing
     $("no-charts").textContent = "No latency checks yet: charts appear with the first one.";
-    const box = $("charts");
-    for (const metric of METRICS) {
-      if (!S.metrics[metric]) continue;
+    const box = $("charts"), decided = decidedIndex();
+    for (const metric of rows) {
+      const gated = metric === "error_rate" ? ["error_rate"] : gatedOf(metric);
       if (!charts[metric]) {
-        const left = el("div", { class: "plot" }), right = el("div", { class: "plot" });
-        const lim = thresholds(metric);
-        const thr = lim.p99 != null ? ` · P99 threshold +${(lim.p99 * 100).toFixed(0)} %` + (lim.p90 != null ? `, P90 +${(lim.p90 * 100).toFixed(0)} %` : "")
-          : lim.p90 != null ? ` · P90 threshold +${(lim.p90 * 100).toFixed(0)} %` : " · shown, not decided";
-        const row = el("div", { class: "chart-row", "data-metric": metric },
-          el("figure", { class: "chart latency", style: "margin:0" }, el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left),
-          el("figure", { class: "chart delta", style: "margin:0" }, el("h3", {}, `${LABEL[metric]}: canary vs ${S.compare_to}`, el("span", { class: "muted" }, thr)), right));
+        const row = el("div", { class: "chart-row", "data-metric": metric });
         box.append(row);
-        const w = Math.max(260, left.clientWidth || (box.clientWidth / 2 - 30));
-        charts[metric] = { lat: Charts.latencyChart(left, w, markers), delta: Charts.deltaChart(right, w, markers, S.compare_to), left, right };
+        const c = charts[metric] = { checks: {}, plots: [] };
+        if (metric !== "error_rate") {
+          const left = el("div", { class: "plot" });
+          row.append(el("figure", { class: "chart latency", style: `margin:0;grid-row:span ${Math.max(1, gated.length)}` },
+            el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left));
+          const w = Math.max(260, left.clientWidth || (box.clientWidth / 2 - 30));
+          c.lat = Charts.latencyChart(left, w, markers);
+          c.plots.push([c.lat, left]);
+          if (!gated.length) {   // nothing gated on this metric: its deltas are shown, not decided
+            const right = el("div", { class: "plot" });
+            row.append(el("figure", { class: "chart delta", style: "margin:0" }, el("h3", {}, `${LABEL[metric]}: canary vs ${S.compare_to}`,
+              el("span", { class: "muted" }, " · shown, not decided")), right));
+            c.delta = Charts.deltaChart(right, w, markers, S.compare_to);
+            c.plots.push([c.delta, right]);
+          }
+        }
       }
-      charts[metric].lat.setData(Charts.latencyData(S, metric));
-      charts[metric].delta.setData(Charts.deltaData(S, metric, thresholds(metric)));
-      // how many points each chart holds (x values with a canary P99), for people reading the DOM and the UI test
-      const pts = Charts.latencyData(S, metric)[6].filter((v) => v != null).length;
-      box.querySelector(`[data-metric="${metric}"]`).dataset.points = pts;
+      const c = charts[metric], row = box.querySelector(`[data-metric="${metric}"]`);
+      for (const name of gated) {
+        if (!c.checks[name]) {
+          const { fig, node } = checkFigure(name);
+          row.append(fig);
+          const w = Math.max(260, node.clientWidth || (box.clientWidth / 2 - 30));
+          c.checks[name] = { u: Charts.checkChart(node, w, markers, S.gated[name].kind), fig };
+          c.plots.push([c.checks[name].u, node]);
+          const lat = row.querySelector(".chart.latency");
+          if (lat) lat.style.gridRow = `span ${Object.keys(c.checks).length}`;
+        }
+        const ring = caption(c.checks[name].fig, name, decided);
+        c.checks[name].u.setData(Charts.checkData(S, name, ring ? decided : -1));
+      }
+      if (c.lat) {
+        c.lat.setData(Charts.latencyData(S, metric));
+        // how many points each chart holds (x values with a canary P99), for people reading the DOM and the UI test
+        row.dataset.points = Charts.latencyData(S, metric)[6].filter((v) => v != null).length;
+      } else {
+        row.dataset.points = S.gated.error_rate.outcome.filter((v) => v != null).length;
+      }
+      if (c.delta) c.delta.setData(Charts.deltaData(S, metric, thresholds(metric)));
     }
   }
   new ResizeObserver(() => {
-    for (const c of Object.values(charts)) {
-      c.lat.setSize({ width: c.left.clientWidth, height: 230 });
-      c.delta.setSize({ width: c.right.clientWidth, height: 230 });
-    }
+    for (const c of Object.values(charts)) for (const [u, node] of c.plots) u.setSize({ width: node.clientWidth, height: 230 });
   }).observe($("charts"));
-
   // ---- checks and events ---------------------------------------------------------------------------------------------
   function resultGrid(c) {
     const grid = el("div", { class: "results" });
     for (const r of c.results) {
       const rate = r.check === "error_rate";
-      const f = rate ? pt : pct;
       const val = rate ? (x) => x == null ? "–" : (x * 100).toFixed(2) + " %" : ms;
       const route = (r.series.match(/route="([^"]+)"/) || [])[1];
-      const thr = rate ? `+${(r.threshold * 100).toFixed(2)} pt` : `+${(r.threshold * 100).toFixed(0)} %`;
+      const delta = rate ? r.delta_abs : r.delta_rel;
       grid.append(el("span", { class: "lbl" }, r.label.replace("request latency", "latency"), route ? el("small", {}, " " + route) : null),
         el("span", {}, `${val(r.canary)} vs ${val(r.target)}`),
-        el("span", {}, r.delta_rel != null || r.delta_abs != null ? f(rate ? r.delta_abs : r.delta_rel) : "–",
-          el("span", { class: "muted" }, r.ci_low != null ? ` [${f(r.ci_low)}, ${f(r.ci_high)}]` : ""), el("span", { class: "muted" }, ` ≤ ${thr}`)),
+        el("span", { class: "delta", "data-check": r.check }, SITS.resultText(rate ? "abs" : "rel", delta, r.ci_low, r.ci_high, r.threshold)),
         el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more ? el("span", { class: "need" }, `needs about ${r.need_more} more requests`) : null));
     }
     return grid;
@@ -247,6 +353,7 @@
       if (s.ok && s.data.last_seq != null) { appendSeries(s.data); lastSeq = s.data.last_seq; drawCharts(); }
       await loadChecks();
     }
+    summary();
     await loadEvents();
     return true;
   }

@@ -8,6 +8,7 @@
   const defaults = JSON.parse($("policy-defaults").textContent);
   const byName = Object.fromEntries(kernels.map((k) => [k.name, k]));
   const form = $("new-canary");
+  const LIMITS = { max_rel_delta: [0.0001, 100] };   // analysis/policy.py LIMITS: the server checks them again
 
   // the threshold rows: [metric, quantile, label, unit]; enabled and filled from the policy defaults
   const ROWS = [
@@ -33,7 +34,7 @@
       el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted" }, "at most +"), input, unit === "%" ? "%" : "points"),
       err);
     thresholds.append(wrap);
-    return { metric, q, input, box, err };
+    return { metric, q, input, box, err, label };
   });
 
   function updateChanges() {
@@ -64,6 +65,19 @@
   $("kernels").addEventListener("change", updateChanges);
   $("production_kernels").addEventListener("change", updateChanges);
   $("steps").addEventListener("input", updateChips);
+  // "Retry" / "Canary this version again" on a service's history: the form comes prefilled from the URL
+  const pre = new URLSearchParams(location.search);
+  if (pre.get("service")) {
+    $("service").value = pre.get("service");
+    const s = services.find((x) => x.service === pre.get("service"));   // production: what the service runs now
+    if (s && byName[s.production_kernels]) $("production_kernels").value = s.production_kernels;
+  }
+  for (const k of ["kernels", "production_kernels"]) if (byName[pre.get(k)]) $(k).value = pre.get(k);
+  if (pre.get("from")) {
+    $("prefilled").hidden = false;
+    $("prefilled-from").textContent = pre.get("from");
+    $("prefilled-from").href = `/rollouts/${encodeURIComponent(pre.get("from"))}`;
+  }
   updateChanges();
   updateChips();
 
@@ -98,13 +112,39 @@
     }
   }
 
+  // 409: the service already has an active rollout; say which, with a link to it (one rollout per service at a time)
+  async function showConflict(service) {
+    const res = await api(`/rollouts?service=${encodeURIComponent(service)}&active=true&limit=1`);
+    const active = res.ok && res.data.rollouts[0];
+    const box = $("form-error");
+    box.replaceChildren(`${service} already has an active rollout`, ...(active ? [": ",
+      el("a", { href: `/rollouts/${encodeURIComponent(active.id)}`, id: "active-rollout" }, `${active.kernels} → ${active.production_kernels}`),
+      ` (${SITS.phaseWord(active.phase)}, started ${SITS.ago(active.created_at)} ago)`] : []),
+      ". A service runs one rollout at a time: wait for it to end, or abort it, then start this one.");
+    box.hidden = false;
+    box.focus();
+  }
+
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     clearErrors();
     const steps = parseSteps();
-    if (!$("service").value.trim()) return showError("service", "Give the service to canary.", []);
+    const svc = $("service");
+    if (!svc.value.trim()) return showError("service", "Enter the service to release the canary to, e.g. chat.", []);
+    if (svc.validity.patternMismatch) return showError("service", "A service name is lower-case letters, digits and dashes, starting and ending with a letter or digit.", []);
     if (!steps || !steps.length) return showError("policy.steps", "Steps are whole percents, e.g. 5, 10, 25, 50, 100.", []);
+    const replicas = Number($("replicas").value), maxReplicas = Number($("replicas").max);
+    if (!Number.isInteger(replicas) || replicas < 1 || (maxReplicas && replicas > maxReplicas)) {
+      return showError("replicas", `Replicas per variant: a whole number from 1 to ${maxReplicas} (${$("replicas").dataset.why}).`, []);
+    }
     const checkRows = rowEls.filter((r) => r.box.checked);
+    // thresholds are typed in the user's units (% for latency, points for the error rate): check them here, in those
+    for (const [i, r] of checkRows.entries()) {
+      const v = r.input.value === "" ? NaN : Number(r.input.value);
+      const [lo, hi, unit] = r.metric === "error_rate" ? [0, 100, " points"] : [LIMITS.max_rel_delta[0] * 100, LIMITS.max_rel_delta[1] * 100, " %"];
+      const ok = Number.isFinite(v) && v >= lo && (r.metric === "error_rate" ? v < hi : v <= hi);
+      if (!ok) return showError(`policy.checks[${i}]`, `${r.label}: the threshold must be between +${lo}${unit} and +${hi}${unit}${r.metric === "error_rate" ? " (exclusive)" : ""}; you typed ${r.input.value === "" ? "nothing" : r.input.value + unit}.`, checkRows);
+    }
     const num = (id) => $(id).value === "" ? undefined : Number($(id).value);
     const policy = {
       steps, compare_to: form.querySelector('input[name="compare_to"]:checked').value,
@@ -116,7 +156,7 @@
     };
     const body = {
       service: $("service").value.trim(), kernels: $("kernels").value, production_kernels: $("production_kernels").value,
-      model: $("model").value.trim(), replicas: Number($("replicas").value), policy,
+      model: $("model").value.trim(), replicas, policy,
     };
     const args = $("args").value.trim();
     if (args) body.args = args.split(/\s+/);
@@ -125,6 +165,7 @@
       const res = await api("/rollouts", { method: "POST", body });
       if (res.status === 201) { location.href = `/rollouts/${encodeURIComponent(res.data.id)}`; return; }
       const e = (res.data && res.data.error) || { message: `HTTP ${res.status}`, field: null };
+      if (res.status === 409) return showConflict(body.service);
       const human = (m) => m.replace(/^policy: /, "").replace(/http_request_duration_seconds/g, "request latency")
         .replace(/sits_time_to_first_token_seconds/g, "time to first token").replace(/sits_inter_token_latency_seconds/g, "inter-token latency");
       showError(e.field, human(e.message), checkRows);

@@ -10,6 +10,17 @@
   fService.value = params.get("service") || "";
   fPhase.value = params.get("phase") || "";
 
+  // why an ended rollout ended (present.ending): the kind in a word, then the deciding detail
+  const ENDED = { latency: ["✗", "latency check failed"], error_rate: ["✗", "error rate check failed"],
+    guard: ["✗", "guard"], correctness: ["✗", "correctness gate failed"], inconclusive: ["?", "inconclusive"],
+    aborted: ["■", "aborted"], deploy: ["⚠", "deploy failed"], promoted: ["✓", "promoted"],
+    promoted_manually: ["✓", "promoted manually"], other: ["•", "ended"] };
+  function ending(e) {
+    const [icon, word] = ENDED[e.kind] || ENDED.other;
+    const text = ["aborted", "promoted_manually", "deploy"].includes(e.kind) ? e.text : `${word}: ${e.text}`;
+    return el("span", { class: `ending end-${e.kind}`, "data-kind": e.kind, title: e.text }, el("span", { "aria-hidden": "true" }, icon + " "), text);
+  }
+
   function row(r) {
     const href = `/rollouts/${encodeURIComponent(r.id)}`;
     const tr = el("tr", { "data-id": r.id, onclick: (e) => { if (!e.target.closest("a")) location.href = href; } },
@@ -17,7 +28,7 @@
       el("td", { class: "c-kernels" }, el("span", { class: "kset" }, r.kernels, el("span", { class: "arrow", "aria-label": "replacing" }, "→"), r.production_kernels)),
       el("td", { class: "c-phase" }, badge(r.phase)),
       el("td", { class: "c-weight" }, weightBar(r.weights, r.phase)),
-      el("td", { class: "c-check" }, checkLine(r.last_check)),
+      el("td", { class: "c-check" }, r.ended ? ending(r.ended) : checkLine(r.last_check)),
       el("td", { class: "age", title: new Date(r.created_at * 1000).toLocaleString() }, ago(r.created_at)));
     return tr;
   }
