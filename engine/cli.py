@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -22,6 +23,10 @@ def _generate(args) -> int:
 def _kernels(args) -> int:
     import kernels
 
+    if args.json:   # the control plane's kernel catalogue reads this (every set, plugins included)
+        print(json.dumps([kernels.get_kernel_set(n).catalogue_entry() for n in kernels.list_kernel_sets()],
+                         indent=2))
+        return 0
     rows = [("name", "version", "devices", "cuda-graphs", "description")]
     for name in kernels.list_kernel_sets():
         ks = kernels.get_kernel_set(name)
@@ -58,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.set_defaults(func=_generate)
     k = sub.add_parser("kernels", help="list the registered kernel sets")
+    k.add_argument("--json", action="store_true",
+                   help="print a JSON list: name, version, devices, description, parent, overrides, graph_safe, "
+                        "regression of every set (SITS_KERNEL_PLUGINS included)")
     k.set_defaults(func=_kernels)
     w = sub.add_parser("write-tiny", help="write the tiny preset as a Hugging Face style checkpoint directory")
     w.add_argument("dir")
