@@ -169,12 +169,15 @@ async def _collect(request: Request, greq: GenerationRequest, ids: list[int], ri
         await asyncio.wait({drain_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone_task.cancel()
-        if not drain_task.done():
+        abandoned = not drain_task.done()   # the client left (or this handler was cancelled) first
+        if abandoned:
             drain_task.cancel()
             state.runner.abort(rid)
             tracker.close(aborted=True)
-    if drain_task.cancelled():
-        return Response(status_code=499)  # nobody is listening; recorded as 499 like nginx does
+    if abandoned:
+        # cancel() only asks: the task is not cancelled until it runs again, so never read its result here
+        await asyncio.gather(drain_task, return_exceptions=True)
+        return Response(status_code=499)  # nobody is listening; recorded as 499 like nginx does, never as a 5xx
     error = drain_task.result()
     if error is not None:
         tracker.close(error=error)
