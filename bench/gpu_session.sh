@@ -8,7 +8,7 @@
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
-# ./gpu-session-logs. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540).
+# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-all}"
@@ -17,7 +17,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py="${PYTHON:-python3}"
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [[ "$phase" != dry-run ]] && compgen -G ".whl/*.whl" >/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -62,6 +62,7 @@ run_serving() {
   local t0=$SECONDS
   timeout -k 10 "$budget" "$py" bench/serving.py "${args[@]}" 2>&1 | tee "$out/serving.log"
   local rc=${PIPESTATUS[0]}
+  timeout 60 "$py" bench/core_transport.py --steps 1000 2>&1 | tee "$out/transport.log"
   summary+=("serving | rc $rc | $((SECONDS - t0)) s | table in serving.log")
 }
 

@@ -30,6 +30,7 @@ import zmq.asyncio
 from engine.core import messages as m
 from engine.core.process import CoreOptions, run_engine_core
 from engine.errors import EngineError
+from engine.tokenizer import IncrementalDetokenizer
 from engine.server.runner import Output, Rejected
 
 log = logging.getLogger("sits.engine.server")
@@ -75,6 +76,7 @@ class EngineCoreClient:
         self.step_seconds = 0.0
         self._queues: dict[str, asyncio.Queue] = {}
         self._admissions: dict[str, asyncio.Future] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}   # requests whose text this process decodes
         self._stats: Any = None
         self._core_cpu_s: float | None = None
         self._process: Any = None
@@ -140,20 +142,26 @@ class EngineCoreClient:
             raise EngineError(self.load_error or "the engine is shutting down")
         queue: asyncio.Queue = asyncio.Queue()
         admitted = self._loop.create_future()
+        prompt = list(prompt)
         self._queues[request_id] = queue
         self._admissions[request_id] = admitted
+        here = not params.stop   # stop strings need the text in the core, which then sends it
+        if here:
+            self._detok[request_id] = IncrementalDetokenizer(self.engine.tokenizer, prompt)
         try:
-            if not self._send(m.AddRequest(request_id, list(prompt), params, tenant, priority)):
+            if not self._send(m.AddRequest(request_id, prompt, params, tenant, priority, detokenize=not here)):
                 raise EngineError("the engine core is not connected")
             await admitted
         except BaseException:
             self._queues.pop(request_id, None)
             self._admissions.pop(request_id, None)
+            self._detok.pop(request_id, None)
             raise
         return queue
 
     def abort(self, request_id: str) -> None:
         """Abort a request (client gone); a no-op once it finished. Its queue gets no further items."""
+        self._detok.pop(request_id, None)
         if self._queues.pop(request_id, None) is None or self.failed:
             return
         self._send(m.Abort([request_id]))
@@ -194,13 +202,20 @@ class EngineCoreClient:
         self._stats, self._core_cpu_s = msg.stats, msg.cpu_s
         if self._metrics is not None:
             self._metrics.observe_step(msg.step_s)
-        queues = self._queues
+        queues, detok = self._queues, self._detok
         for out in msg.outputs:
             q = queues.get(out.request_id)
-            if q is not None:
-                q.put_nowait(Output(out, msg.step_start))
+            if q is None:
+                continue
+            d = detok.get(out.request_id)
+            if d is not None:   # decoded here, off the engine's loop
+                if out.new_token_ids:
+                    out.new_text = d.add(out.new_token_ids, final=out.finished and out.finish_reason != "abort")
                 if out.finished:
-                    del queues[out.request_id]
+                    del detok[out.request_id]
+            q.put_nowait(Output(out, msg.step_start))
+            if out.finished:
+                del queues[out.request_id]
 
     def _on_admitted(self, msg: m.Admitted) -> None:
         for rid in msg.accepted:
@@ -256,6 +271,7 @@ class EngineCoreClient:
 
         def fail() -> None:
             queues, self._queues = self._queues, {}
+            self._detok.clear()
             for q in queues.values():
                 q.put_nowait(Rejected(error))
             admissions, self._admissions = self._admissions, {}

@@ -30,6 +30,7 @@ class AddRequest(_Msg):
     params: SamplingParams
     tenant: str
     priority: int
+    detokenize: bool = True   # False: the front decodes the text (requests without stop strings)
 
 
 class Abort(_Msg):

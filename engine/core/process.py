@@ -146,7 +146,7 @@ class EngineCore:
             if isinstance(msg, m.AddRequest):
                 try:
                     engine.add_request(msg.request_id, msg.prompt, msg.params, tenant=msg.tenant,
-                                       priority=msg.priority)
+                                       priority=msg.priority, detokenize=msg.detokenize)
                     accepted.append(msg.request_id)
                 except EngineError as e:
                     refused.append(m.Refusal.of(msg.request_id, e))
