@@ -15,6 +15,7 @@ reads the latest. So every name and label stays what it was.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import multiprocessing
 import os
@@ -104,6 +105,8 @@ class EngineCoreClient:
         self._process = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, args=(opts,), name="sits-engine-core", daemon=True)
         self._process.start()
+        # runs before multiprocessing's own exit hook, which would SIGTERM the core (ignored there) and wait forever
+        atexit.register(self._kill_core)
         if self._metrics is not None:
             self._metrics.set_stats_source(lambda: self._stats)
             self._metrics.set_thread_cpu_source("engine", lambda: self._core_cpu_s)
@@ -124,6 +127,12 @@ class EngineCoreClient:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._close_sockets)
         self._fail_all(EngineError("server shutting down"))
+
+    def _kill_core(self) -> None:
+        proc = self._process
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(5)
 
     def _close_sockets(self) -> None:
         if self._process is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernels
-from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from engine import LLM, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from tests.engine.helpers import assert_set_is_what_it_claims
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -168,3 +168,21 @@ def test_decode_steps_launched_ahead_match_synchronous_steps_on_the_gpu(free_gpu
         return out
 
     assert run(True) == run(False)
+
+
+def test_gpu_memory_utilization_bounds_the_engines_share(free_gpu):
+    """--gpu-memory-utilization: weights + activations + KV of this engine fit in that fraction of the GPU, and a
+    share the weights alone exceed is refused with a clear error."""
+    total = torch.cuda.mem_get_info()[1]
+    small = LLMEngine(EngineConfig(model="llama3-8b", kernels="triton-v1.1", gpu_memory_utilization=0.25,
+                                   max_num_seqs=256, enforce_eager=True))
+    assert torch.cuda.memory_reserved() <= 0.25 * total
+    blocks = small.stats().num_total_blocks
+    del small
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    with pytest.raises(InvalidRequestError, match="gpu-memory-utilization"):
+        LLMEngine(EngineConfig(model="llama3-8b", kernels="triton-v1.1", gpu_memory_utilization=0.1))
+    assert blocks > 0

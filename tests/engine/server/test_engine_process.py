@@ -140,3 +140,31 @@ def _metrics(url: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     return {f.name: f.samples for f in text_string_to_metric_families(http("GET", url + "/metrics")[2].decode())}
+
+
+def test_both_modes_give_the_same_answers(serve):
+    """--engine-process on (text decoded in the server) and off (decoded in the engine thread): the same greedy
+    tokens and text, streamed or not, with a stop string (decoded in the core) and with logprobs."""
+    answers = {}
+    stop = None
+    for mode in ("on", "off"):
+        s = serve(engine_process=mode)
+
+        def complete(**body):
+            body = {"model": "tiny", "temperature": 0, "ignore_eos": True, "return_token_ids": True, **body}
+            status, _, raw = http("POST", s.url + "/v1/completions", body)
+            assert status == 200, raw
+            if body.get("stream"):
+                chunks = [json.loads(event[6:]) for event in raw.decode().split("\n\n") if event.startswith("data: {")]
+                return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+            choice = json.loads(raw)["choices"][0]
+            return choice["text"], choice["token_ids"], choice["finish_reason"], choice["logprobs"]
+
+        free = complete(prompt="naïve café ☃ — ünïcödé", max_tokens=40)
+        stop = stop or free[0][10:12]   # a piece of the answer: the stopped request must end just before it
+        answers[mode] = [free, complete(prompt="naïve café ☃ — ünïcödé", max_tokens=40, stream=True),
+                         complete(prompt="naïve café ☃ — ünïcödé", max_tokens=40, stop=[stop]),
+                         complete(prompt="with logprobs", max_tokens=12, logprobs=2)]
+    assert answers["on"] == answers["off"]
+    free, streamed, stopped, _ = answers["on"]
+    assert streamed == free[0] and stopped[2] == "stop" and free[0].startswith(stopped[0] + stop)
