@@ -54,9 +54,11 @@ run_tests() {
 
 run_serving() {
   local budget="${SITS_SERVING_BUDGET_S:-540}"
-  local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1)
+  local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1
+              --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256)
   if [[ "$phase" == dry-run ]]; then
-    args=(--model tiny --device cpu --kernels torch --clients 32 --max-tokens 16 --repeat 1)
+    args=(--model tiny --device cpu --kernels torch --clients 32 --max-tokens 16 --repeat 1 --rates 4,8
+          --open-requests 16)
   fi
   echo "== serving (budget ${budget} s): bench/serving.py ${args[*]}"
   local t0=$SECONDS
@@ -79,5 +81,5 @@ echo
 echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
 if [[ -f "$out/serving.log" ]]; then
-  sed -n '/^| /,$p' "$out/serving.log" | tail -20
+  sed -n '/^| /,$p' "$out/serving.log" | tail -30
 fi

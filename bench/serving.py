@@ -11,6 +11,7 @@ next to the same requests offline, in one run.
 
     .venv/bin/python bench/serving.py                 # tiny on CPU: 256 clients x 64 tokens, best of 2 alternating runs
     .venv/bin/python bench/serving.py --model llama3-8b --device cuda --kernels triton-v1.1 --max-tokens 128 --repeat 1
+    .venv/bin/python bench/serving.py --rates 2,4,8 --open-requests 32   # plus open-loop Poisson arrivals per rate
 """
 from __future__ import annotations
 
@@ -142,18 +143,58 @@ def served(args, mode: str) -> dict:
         results = asyncio.run(run())
         wall = time.perf_counter() - t0
         after = _scrape(url)
+        open_loop = [_open_loop(port, args, rate) for rate in args.rates]
     finally:
         proc.terminate()
         proc.wait(30)
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     ttft = [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]]
     itl = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
-    return {"mode": mode, "ready_s": ready_s, "wall": wall, "results": results, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
+    return {"mode": mode, "ready_s": ready_s, "wall": wall, "results": results, "open_loop": open_loop, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
             "steps": d.get("sits_engine_step_seconds_count", 0.0),
             "cpu_engine": d.get("sits_thread_cpu_seconds_total{thread=engine}", float("nan")),
             "cpu_http": d.get("sits_thread_cpu_seconds_total{thread=http}", float("nan")),
             "cpu_process": d.get("process_cpu_seconds_total", float("nan")),
             "ttft": ttft, "itl": itl, "e2e": [r["end"] - r["t0"] for r in results]}
+
+
+def _open_loop(port: int, args, rate: float) -> dict:
+    """`args.open_requests` requests arriving as a Poisson process of `rate` per second (open loop: an arrival never
+    waits for an answer), each streamed; what the clients saw."""
+    import random
+
+    rng = random.Random(int(rate * 1000))
+    starts, t = [], 0.0
+    for _ in range(args.open_requests):
+        t += rng.expovariate(rate)
+        starts.append(t)
+
+    async def one(i: int, start: float) -> dict:
+        await asyncio.sleep(start)   # the arrival schedule of the load generator
+        return await _stream_one("127.0.0.1", port, 10_000 + i, args.max_tokens, args.model)
+
+    async def run():
+        return await asyncio.gather(*(one(i, st) for i, st in enumerate(starts)))
+
+    t0 = time.perf_counter()
+    results = asyncio.run(run())
+    wall = time.perf_counter() - t0
+    return {"rate": rate, "wall": wall, "tokens": sum(r["tokens"] for r in results),
+            "complete": sum(r["status"] == b"200" and r["tokens"] == args.max_tokens for r in results),
+            "n": len(results), "ttft": [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]],
+            "itl": [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]}
+
+
+def open_loop_report(served_runs: dict[str, dict]) -> str:
+    names = {"on": "core process", "off": "in-process"}
+    lines = ["| mode | arrivals/s | complete | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for mode, r in served_runs.items():
+        for o in r["open_loop"]:
+            lines.append(f"| {names[mode]} | {o['rate']:g} | {o['complete']}/{o['n']} | {o['tokens'] / o['wall']:,.0f} | "
+                         f"{_pct(o['ttft'], .5) * 1e3:.0f} / {_pct(o['ttft'], .99) * 1e3:.0f} | "
+                         f"{_pct(o['itl'], .5) * 1e3:.1f} / {_pct(o['itl'], .99) * 1e3:.1f} |")
+    return "\n".join(lines)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -172,6 +213,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="alternate offline/served runs; keep each one's fastest")
     p.add_argument("--engine-process", choices=["on", "off", "both"], default="both",
                    help="served mode(s) to measure; both: the engine-core process and the in-process baseline")
+    p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",") if x], default=[],
+                   help="open-loop Poisson arrival rates (requests/s) to run after the closed loop, e.g. 8,16,32")
+    p.add_argument("--open-requests", type=int, default=128, help="requests per open-loop rate")
     args = p.parse_args()
     modes = ["on", "off"] if args.engine_process == "both" else [args.engine_process]
 
@@ -192,6 +236,10 @@ def main() -> None:
     print(f"model={args.model} device={args.device} clients={args.clients} max_tokens={args.max_tokens} "
           f"max_num_seqs={args.max_num_seqs} kernels={args.kernels}")
     print(report(off, best, want))
+    if args.rates:
+        print(f"\nopen loop: {args.open_requests} streamed requests per rate, Poisson arrivals, {args.max_tokens} tokens "
+              f"each (the same servers, after the closed loop)")
+        print(open_loop_report(best))
 
 
 def report(off: dict, served_runs: dict[str, dict], want: int) -> str:
