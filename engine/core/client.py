@@ -112,6 +112,7 @@ class EngineCoreClient:
             self._metrics.set_thread_cpu_source("engine", lambda: self._core_cpu_s)
         loop.add_reader(self._process.sentinel, self._on_exit)
         self._reader = loop.create_task(self._read())
+        self._reader.add_done_callback(self._on_reader_done)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the core (after the server drained its requests); called off the event loop."""
@@ -204,6 +205,13 @@ class EngineCoreClient:
                 await self._on_ready(msg.info)
             else:
                 self._on_failed(msg)
+
+    def _on_reader_done(self, task: asyncio.Task) -> None:
+        # a broken channel must not leave requests waiting forever: treat it as the core's crash
+        if not task.cancelled() and task.exception() is not None and not self._stopping:
+            log.error("reading the engine core's outputs failed", exc_info=task.exception())
+            self._fatal(f"lost the engine core's outputs: {type(task.exception()).__name__}: {task.exception()}")
+            self._kill_core()
 
     def _on_step(self, msg: m.StepOutputs) -> None:
         self.steps += 1

@@ -168,3 +168,27 @@ def test_both_modes_give_the_same_answers(serve):
     assert answers["on"] == answers["off"]
     free, streamed, stopped, _ = answers["on"]
     assert streamed == free[0] and stopped[2] == "stop" and free[0].startswith(stopped[0] + stop)
+
+
+def test_a_broken_channel_from_the_core_is_a_crash_not_a_hang(serve):
+    """Bytes on the outputs socket that are no message: open requests fail (503), readiness fails, the core is
+    stopped -- nothing waits forever for outputs that will not be read."""
+    import zmq
+
+    s = serve(engine_process="on")
+    runner = s.state.runner
+    core_pid = runner.engine.pid
+    with httpx.Client(base_url=s.url, timeout=30) as c, c.stream("POST", "/v1/completions",
+                                                                  json={**LONG, "stream": True}) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: {")
+        ctx = zmq.Context()
+        intruder = ctx.socket(zmq.PUSH)
+        intruder.connect(f"ipc://{runner._tmp.name}/out")
+        intruder.send(b"\xc1 not msgpack")
+        events = [line for line in lines if line.startswith("data: ")]
+        intruder.close(linger=1000)
+        ctx.term()
+    assert "lost the engine core's outputs" in json.loads(events[-1][6:])["error"]["message"]
+    assert runner.failed and http("GET", s.url + "/readyz")[0] == 503
+    wait_for(lambda: not alive(core_pid))
