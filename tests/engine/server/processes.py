@@ -69,10 +69,9 @@ class ServeProcess:
 
 
 def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{pid}").exists() \
-        else "X"
-    return state not in ("Z", "X")
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
