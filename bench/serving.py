@@ -1,13 +1,17 @@
-"""How much of the serving wall time is the HTTP layer? 256 concurrent streaming clients, tiny model, CPU.
+"""How much of the serving wall time is the HTTP layer? N concurrent streaming clients against `sits-engine serve`,
+next to the same requests offline, in one run.
 
 1. Offline: the same requests straight into LLMEngine (no HTTP): wall time and summed step time.
-2. Served: `sits-engine serve` as a separate process; N clients (a minimal asyncio HTTP/1.1 client, so the load
-   generator itself stays cheap) each stream one completion at the same time. From the server's /metrics before and
-   after: summed engine step time (sits_engine_step_seconds), and CPU seconds of the engine thread and of the HTTP
-   (event-loop) thread (sits_thread_cpu_seconds); on the client side TTFT/ITL/e2e and whether every token arrived.
+2. Served, once per `--engine-process` mode (default both): `on` (the engine core in its own process, the default of
+   `sits-engine serve`) and `off` (the engine loop in a thread of the HTTP process: the baseline). `sits-engine serve`
+   runs as a separate process; N clients (a minimal asyncio HTTP/1.1 client, so the load generator itself stays
+   cheap) each stream one completion at the same time. From the server's /metrics before and after: summed engine
+   step time (sits_engine_step_seconds), and CPU seconds of the engine loop and of the HTTP (event-loop) thread
+   (sits_thread_cpu_seconds); on the client side TTFT/ITL/e2e and whether every token arrived.
 
-    .venv/bin/python bench/serving.py                 # 256 clients x 64 tokens, best of 2 alternating runs
-    .venv/bin/python bench/serving.py --clients 64 --max-tokens 32 --repeat 1
+    .venv/bin/python bench/serving.py                 # tiny on CPU: 256 clients x 64 tokens, best of 2 alternating runs
+    .venv/bin/python bench/serving.py --model llama3-8b --device cuda --kernels triton-v1.1 --max-tokens 128 --repeat 1
+    .venv/bin/python bench/serving.py --rates 2,4,8 --open-requests 32   # plus open-loop Poisson arrivals per rate
 """
 from __future__ import annotations
 
@@ -106,14 +110,16 @@ def _scrape(url: str) -> dict:
     return out
 
 
-def served(args) -> dict:
+def served(args, mode: str) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", args.model, "--kernels", args.kernels,
                              "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
-                             "--log-level", "warning", "--no-access-log"], stdin=subprocess.DEVNULL)
+                             "--engine-process", mode, "--log-level", "warning", "--no-access-log"],
+                            stdin=subprocess.DEVNULL)
+    t_start = time.perf_counter()
     try:
         deadline = time.monotonic() + (120 if args.device == "cpu" else 600)
         while True:
@@ -126,6 +132,7 @@ def served(args) -> dict:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("server did not become ready")
             time.sleep(0.1)
+        ready_s = time.perf_counter() - t_start
         before = _scrape(url)
 
         async def run():
@@ -136,18 +143,58 @@ def served(args) -> dict:
         results = asyncio.run(run())
         wall = time.perf_counter() - t0
         after = _scrape(url)
+        open_loop = [_open_loop(port, args, rate) for rate in args.rates]
     finally:
         proc.terminate()
         proc.wait(30)
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     ttft = [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]]
     itl = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
-    return {"wall": wall, "results": results, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
+    return {"mode": mode, "ready_s": ready_s, "wall": wall, "results": results, "open_loop": open_loop, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
             "steps": d.get("sits_engine_step_seconds_count", 0.0),
             "cpu_engine": d.get("sits_thread_cpu_seconds_total{thread=engine}", float("nan")),
             "cpu_http": d.get("sits_thread_cpu_seconds_total{thread=http}", float("nan")),
             "cpu_process": d.get("process_cpu_seconds_total", float("nan")),
             "ttft": ttft, "itl": itl, "e2e": [r["end"] - r["t0"] for r in results]}
+
+
+def _open_loop(port: int, args, rate: float) -> dict:
+    """`args.open_requests` requests arriving as a Poisson process of `rate` per second (open loop: an arrival never
+    waits for an answer), each streamed; what the clients saw."""
+    import random
+
+    rng = random.Random(int(rate * 1000))
+    starts, t = [], 0.0
+    for _ in range(args.open_requests):
+        t += rng.expovariate(rate)
+        starts.append(t)
+
+    async def one(i: int, start: float) -> dict:
+        await asyncio.sleep(start)   # the arrival schedule of the load generator
+        return await _stream_one("127.0.0.1", port, 10_000 + i, args.max_tokens, args.model)
+
+    async def run():
+        return await asyncio.gather(*(one(i, st) for i, st in enumerate(starts)))
+
+    t0 = time.perf_counter()
+    results = asyncio.run(run())
+    wall = time.perf_counter() - t0
+    return {"rate": rate, "wall": wall, "tokens": sum(r["tokens"] for r in results),
+            "complete": sum(r["status"] == b"200" and r["tokens"] == args.max_tokens for r in results),
+            "n": len(results), "ttft": [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]],
+            "itl": [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]}
+
+
+def open_loop_report(served_runs: dict[str, dict]) -> str:
+    names = {"on": "core process", "off": "in-process"}
+    lines = ["| mode | arrivals/s | complete | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for mode, r in served_runs.items():
+        for o in r["open_loop"]:
+            lines.append(f"| {names[mode]} | {o['rate']:g} | {o['complete']}/{o['n']} | {o['tokens'] / o['wall']:,.0f} | "
+                         f"{_pct(o['ttft'], .5) * 1e3:.0f} / {_pct(o['ttft'], .99) * 1e3:.0f} | "
+                         f"{_pct(o['itl'], .5) * 1e3:.1f} / {_pct(o['itl'], .99) * 1e3:.1f} |")
+    return "\n".join(lines)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -164,43 +211,72 @@ def main() -> None:
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=2, help="alternate offline/served runs; keep each one's fastest")
+    p.add_argument("--engine-process", choices=["on", "off", "both"], default="both",
+                   help="served mode(s) to measure; both: the engine-core process and the in-process baseline")
+    p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",") if x], default=[],
+                   help="open-loop Poisson arrival rates (requests/s) to run after the closed loop, e.g. 8,16,32")
+    p.add_argument("--open-requests", type=int, default=128, help="requests per open-loop rate")
     args = p.parse_args()
+    modes = ["on", "off"] if args.engine_process == "both" else [args.engine_process]
 
-    offs, srvs = [], []
+    offs: list[dict] = []
+    srvs: dict[str, list[dict]] = {m: [] for m in modes}
     for _ in range(args.repeat):  # the host is shared: alternate and keep the best of each
         offs.append(offline(args))
-        srvs.append(served(args))
+        print(f"offline: {offs[-1]['wall']:.2f} s", flush=True)
+        for mode in modes:
+            srvs[mode].append(served(args, mode))
+            print(f"served --engine-process {mode}: {srvs[mode][-1]['wall']:.2f} s "
+                  f"(ready after {srvs[mode][-1]['ready_s']:.0f} s)", flush=True)
     off = min(offs, key=lambda r: r["wall"])
-    srv = min(srvs, key=lambda r: r["wall"])
+    best = {mode: min(runs, key=lambda r: r["wall"]) for mode, runs in srvs.items()}
     want = args.clients * args.max_tokens
-    got = sum(r["tokens"] for r in srv["results"])
-    ok = sum(r["status"] == b"200" and r["tokens"] == args.max_tokens for r in srv["results"])
-    print(f"# serving bench  {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {platform.processor() or ''} "
+    print(f"\n# serving bench  {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {platform.processor() or ''} "
           f"{os.cpu_count()} cores  load avg {os.getloadavg()[0]:.1f}  python {platform.python_version()}")
     print(f"model={args.model} device={args.device} clients={args.clients} max_tokens={args.max_tokens} "
-          f"max_num_seqs={args.max_num_seqs} kernels={args.kernels}; streams complete: {ok}/{args.clients}, tokens {got}/{want}")
-    rows = [
-        ("wall time (s)", off["wall"], srv["wall"]),
-        ("engine steps", off["steps"], srv["steps"]),
-        ("engine step time, summed (s)", off["step_s"], srv["step_s"]),
-        ("step time / wall", off["step_s"] / off["wall"], srv["step_s"] / srv["wall"]),
-        ("mean step (ms)", 1e3 * off["step_s"] / max(off["steps"], 1), 1e3 * srv["step_s"] / max(srv["steps"], 1)),
-        ("output tokens/s", off["tokens"] / off["wall"], got / srv["wall"]),
-        ("CPU s, whole process", off["cpu"], srv["cpu_process"]),
-        ("CPU s, engine thread", off["cpu"], srv["cpu_engine"]),
-        ("CPU s, HTTP event-loop thread", 0.0, srv["cpu_http"]),
-        ("HTTP-thread CPU / engine step time", 0.0, srv["cpu_http"] / max(srv["step_s"], 1e-9)),
-    ]
-    print(f"\n| {'':34} | {'offline LLMEngine':>17} | {'HTTP server':>12} |")
-    print(f"|{'-' * 36}|{'-' * 19}|{'-' * 14}|")
-    for name, a, b in rows:
-        print(f"| {name:34} | {a:17.3f} | {b:12.3f} |")
-    print(f"\nHTTP share of server CPU = {srv['cpu_http'] / srv['cpu_process']:.1%}; "
-          f"HTTP CPU per streamed token = {1e6 * srv['cpu_http'] / max(got, 1):.0f} us; "
-          f"served wall / offline wall = {srv['wall'] / off['wall']:.2f}")
-    print(f"client-side TTFT p50/p99 = {_pct(srv['ttft'], .5) * 1e3:.0f}/{_pct(srv['ttft'], .99) * 1e3:.0f} ms, "
-          f"ITL p50/p99 = {_pct(srv['itl'], .5) * 1e3:.1f}/{_pct(srv['itl'], .99) * 1e3:.1f} ms, "
-          f"e2e p50 = {statistics.median(srv['e2e']):.2f} s")
+          f"max_num_seqs={args.max_num_seqs} kernels={args.kernels}")
+    print(report(off, best, want))
+    if args.rates:
+        print(f"\nopen loop: {args.open_requests} streamed requests per rate, Poisson arrivals, {args.max_tokens} tokens "
+              f"each (the same servers, after the closed loop)")
+        print(open_loop_report(best))
+
+
+def report(off: dict, served_runs: dict[str, dict], want: int) -> str:
+    """The comparison table: offline, then each served mode; the last lines are the headline ratios."""
+    names = {"on": "served, core process", "off": "served, in-process"}
+    cols = [(names[m], r, sum(x["tokens"] for x in r["results"])) for m, r in served_runs.items()]
+    per_stream = want // max(len(cols[0][1]["results"]), 1) if cols else 0
+    rows = [("streams complete, tokens", "-",
+             [f"{sum(x['status'] == b'200' and x['tokens'] == per_stream for x in r['results'])}/{len(r['results'])}"
+              f", {got}/{want}" for _, r, got in cols])]
+
+    def num(label, offline_value, fn, fmt="{:.3f}"):
+        rows.append((label, fmt.format(offline_value) if offline_value is not None else "-",
+                     [fmt.format(fn(r, got)) for _, r, got in cols]))
+
+    num("wall time (s)", off["wall"], lambda r, g: r["wall"])
+    num("output tokens/s", off["tokens"] / off["wall"], lambda r, g: g / r["wall"], "{:,.0f}")
+    num("served / offline tokens/s", None, lambda r, g: (g / r["wall"]) / (off["tokens"] / off["wall"]), "{:.2f}x")
+    num("engine steps", off["steps"], lambda r, g: r["steps"], "{:.0f}")
+    num("mean step (ms)", 1e3 * off["step_s"] / max(off["steps"], 1),
+        lambda r, g: 1e3 * r["step_s"] / max(r["steps"], 1), "{:.2f}")
+    num("engine step time / wall", off["step_s"] / off["wall"], lambda r, g: r["step_s"] / r["wall"], "{:.2f}")
+    num("CPU s, engine loop", off["cpu"], lambda r, g: r["cpu_engine"], "{:.2f}")
+    num("CPU s, HTTP event-loop thread", None, lambda r, g: r["cpu_http"], "{:.2f}")
+    num("HTTP CPU per streamed token (us)", None, lambda r, g: 1e6 * r["cpu_http"] / max(g, 1), "{:.0f}")
+    rows.append(("TTFT p50 / p99 (ms)", "-", [f"{_pct(r['ttft'], .5) * 1e3:.0f} / {_pct(r['ttft'], .99) * 1e3:.0f}"
+                                              for _, r, _ in cols]))
+    rows.append(("ITL p50 / p99 (ms)", "-", [f"{_pct(r['itl'], .5) * 1e3:.1f} / {_pct(r['itl'], .99) * 1e3:.1f}"
+                                             for _, r, _ in cols]))
+    rows.append(("ready after start (s)", "-", [f"{r['ready_s']:.0f}" for _, r, _ in cols]))
+    head = ["", "offline LLMEngine"] + [c[0] for c in cols]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *[(r[0], r[1], *r[2]) for r in rows])]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    for label, o, vals in rows:
+        lines.append("| " + " | ".join(str(x).ljust(w) for x, w in zip([label, o, *vals], widths)) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

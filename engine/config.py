@@ -20,6 +20,9 @@ class EngineConfig:
     dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
     block_size: int = 64
     num_kv_blocks: int | None = None  # None = from free memory (cuda) or a fixed budget (cpu)
+    # fraction of the GPU's memory this engine may take for weights + activations + KV cache (vLLM's flag); None =
+    # 0.9 of the GPU minus what every process already uses (the old default)
+    gpu_memory_utilization: float | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
     max_model_len: int | None = None  # None = min(max_position_embeddings, 8192)
@@ -51,6 +54,10 @@ class EngineConfig:
         for name in ("num_kv_blocks", "max_model_len", "max_blocks_per_tenant"):
             if getattr(self, name) is not None:
                 _positive(getattr(self, name), name)
+        g = self.gpu_memory_utilization
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0.0 < g <= 1.0):
+            raise InvalidRequestError(f"gpu_memory_utilization must be a fraction in (0, 1], got {g!r}",
+                                      "gpu_memory_utilization")
         if not isinstance(self.enforce_eager, bool):
             raise InvalidRequestError("enforce_eager must be a boolean", "enforce_eager")
         if not isinstance(self.enable_prefix_caching, bool):

@@ -73,7 +73,9 @@ class LLMEngine:
 
     # ---- requests (any thread) ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, *,
-                    tenant: str = "default", priority: int = 0) -> None:
+                    tenant: str = "default", priority: int = 0, detokenize: bool = True) -> None:
+        """detokenize=False: outputs carry no text unless the request has stop strings (which need the text here);
+        the caller decodes the tokens itself (engine/core/client.py does, in the API server's process)."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", "params")
@@ -94,6 +96,7 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params, tenant=tenant, priority=priority,
                        arrival_time=self._clock())
         seq.prefix_offset, seq.read_offset = max(0, len(token_ids) - 5), len(token_ids)
+        seq.detokenize = detokenize or bool(params.stop)
         with self._lock:
             if request_id in self._live:
                 raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
@@ -203,6 +206,12 @@ class LLMEngine:
             reason = "stop"
         elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
+        if not seq.detokenize:
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self._forget(seq)
+            return self._output(seq, [token], "", [logprob] if logprob is not None else None,
+                                prompt_logprobs=seq.num_output_tokens == 1)
         text, seq.prefix_offset, seq.read_offset = detokenize_incrementally(
             self.tokenizer, seq.token_ids, seq.prefix_offset, seq.read_offset, final=reason is not None)
         old_len = len(seq.output_text)
@@ -222,16 +231,19 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._forget(seq)
-        out = self._output(seq, [token], new_text, [logprob] if logprob is not None else None)
-        if seq.num_output_tokens == 1 and seq.params.prompt_logprobs is not None:
+        return self._output(seq, [token], new_text, [logprob] if logprob is not None else None,
+                            prompt_logprobs=seq.num_output_tokens == 1)
+
+    def _output(self, seq: Sequence, new_ids: list[int], new_text: str, logprobs, *,
+                prompt_logprobs: bool = False) -> RequestOutput:
+        """prompt_logprobs: attach the prompt's scores (on a request's first output, when it asked for them)."""
+        out = RequestOutput(request_id=seq.request_id, new_token_ids=new_ids, new_text=new_text,
+                            finished=seq.is_finished, finish_reason=seq.finish_reason,
+                            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+                            num_cached_tokens=seq.num_cached_tokens, logprobs=logprobs, tenant=seq.tenant)
+        if prompt_logprobs and seq.params.prompt_logprobs is not None:
             out.prompt_logprobs = list(seq.prompt_logprobs)
         return out
-
-    def _output(self, seq: Sequence, new_ids: list[int], new_text: str, logprobs) -> RequestOutput:
-        return RequestOutput(request_id=seq.request_id, new_token_ids=new_ids, new_text=new_text,
-                             finished=seq.is_finished, finish_reason=seq.finish_reason,
-                             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
-                             num_cached_tokens=seq.num_cached_tokens, logprobs=logprobs, tenant=seq.tenant)
 
     def _forget(self, seq: Sequence) -> None:
         with self._lock:

@@ -52,7 +52,7 @@ def _thread_cpu_seconds(native_id: int) -> float | None:
 class _StatsCollector(Collector):
     """Exposes the engine's own cumulative counters and gauges, read from the engine at scrape time."""
 
-    def __init__(self, labels: MetricLabels, get_stats: Callable[[], Any], get_threads: Callable[[], dict[str, int]]):
+    def __init__(self, labels: MetricLabels, get_stats: Callable[[], Any], get_threads: Callable[[], dict[str, Any]]):
         self._labels = labels
         self._get_stats = get_stats
         self._get_threads = get_threads
@@ -88,10 +88,11 @@ class _StatsCollector(Collector):
                 yield family
         threads = self._get_threads()
         if threads:
-            family = CounterMetricFamily("sits_thread_cpu_seconds", "CPU seconds used per server thread.",
+            family = CounterMetricFamily("sits_thread_cpu_seconds", "CPU seconds used per server thread (thread "
+                                         "\"engine\": the engine loop, in the engine-core process when it runs in one).",
                                          labels=names + ["thread"])
-            for thread, native_id in sorted(threads.items()):
-                seconds = _thread_cpu_seconds(native_id)
+            for thread, source in sorted(threads.items()):
+                seconds = source() if callable(source) else _thread_cpu_seconds(source)
                 if seconds is not None:
                     family.add_metric(values + [thread], seconds)
             yield family
@@ -134,7 +135,7 @@ class EngineMetrics:
                         "env": labels.env, "service": labels.service, "build": build})
         self._eng_values = (labels.env, labels.service, labels.kernel_version)
         self._stats_source: Callable[[], Any] = lambda: None
-        self._threads: dict[str, int] = {}
+        self._threads: dict[str, int | Callable[[], float | None]] = {}
         ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open fds
         r.register(_StatsCollector(labels, self._get_stats, lambda: dict(self._threads)))
 
@@ -148,6 +149,10 @@ class EngineMetrics:
 
     def track_thread(self, name: str, native_id: int) -> None:
         self._threads[name] = native_id
+
+    def set_thread_cpu_source(self, name: str, source: Callable[[], float | None]) -> None:
+        """CPU seconds of a thread in another process (the engine core's loop), as it last reported them."""
+        self._threads[name] = source
 
     # --- observations ---
     def observe_http(self, route: str, status: int, seconds: float) -> None:

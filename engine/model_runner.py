@@ -117,7 +117,22 @@ class ModelRunner:
                    + (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim) * elt * 2
         act += mc.num_attention_heads * t * max_model_len * 4 * 2
         act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
-        budget = total * GPU_MEMORY_UTILIZATION - (total - free) - act
+        share = c.gpu_memory_utilization
+        if share is None:
+            budget = total * GPU_MEMORY_UTILIZATION - (total - free) - act
+        else:   # as vLLM: this engine's own share of the GPU, whatever other processes hold
+            budget = total * share - torch.cuda.memory_reserved(self.device) - act
+            if budget > free - act:
+                raise InvalidRequestError(
+                    f"--gpu-memory-utilization {share} asks for {total * share / 2**30:.1f} GiB of the GPU's "
+                    f"{total / 2**30:.1f} GiB, but only {free / 2**30:.1f} GiB are free (other processes hold the "
+                    f"rest): lower it", "gpu_memory_utilization")
+            if budget < min_blocks * self.block_bytes():
+                raise InvalidRequestError(
+                    f"--gpu-memory-utilization {share} leaves {max(budget, 0) / 2**30:.2f} GiB for the KV cache after "
+                    f"the weights ({torch.cuda.memory_reserved(self.device) / 2**30:.1f} GiB) and activations; one "
+                    f"sequence of max_model_len needs {min_blocks * self.block_bytes() / 2**30:.2f} GiB",
+                    "gpu_memory_utilization")
         # never more than every sequence slot at full length needs (a tiny model would otherwise take the GPU)
         cap = c.max_num_seqs * min_blocks
         return max(min(int(budget // self.block_bytes()), cap), min_blocks)

@@ -42,6 +42,7 @@ class Sequence:
         self.sampler_state = None  # the model runner's per-request RNG (opaque here)
         # incremental detokenization / stop strings (engine-owned)
         self.output_text = ""
+        self.detokenize = True  # False: the caller turns tokens into text (the API server does, engine/core/)
         self.emitted_text_len = 0
         self.prefix_offset = 0
         self.read_offset = 0

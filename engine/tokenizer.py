@@ -121,3 +121,26 @@ def detokenize_incrementally(tokenizer, token_ids: list[int], prefix_offset: int
     if final:
         return "", prefix_offset, len(token_ids)
     return "", prefix_offset, read_offset
+
+
+class IncrementalDetokenizer:
+    """One request's text, decoded token by token exactly as LLMEngine does it for a request without stop strings
+    (the same offsets and hold-back), for a caller that decodes outside the engine (the API server, engine/core/)."""
+
+    __slots__ = ("tokenizer", "token_ids", "prefix_offset", "read_offset")
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.token_ids = list(prompt_token_ids)
+        self.prefix_offset, self.read_offset = max(0, len(self.token_ids) - 5), len(self.token_ids)
+
+    def add(self, new_token_ids: list[int], final: bool) -> str:
+        """The text the new tokens add; `final`: the request ended with them (emit whatever is held back)."""
+        text = ""
+        for i, token in enumerate(new_token_ids):
+            self.token_ids.append(token)
+            piece, self.prefix_offset, self.read_offset = detokenize_incrementally(
+                self.tokenizer, self.token_ids, self.prefix_offset, self.read_offset,
+                final=final and i == len(new_token_ids) - 1)
+            text += piece
+        return text

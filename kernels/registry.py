@@ -24,10 +24,17 @@ OP_NAMES = (
     "linear",
 )
 DEVICES = ("cpu", "cuda")
+# an example release that is deliberately bad, so tests and the catalogue know what to expect of it:
+# "wrong" = different answers from its parent, "slow" = the same answers, slower
+REGRESSIONS = ("wrong", "slow")
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Comma-separated module names imported on first registry access; each registers its sets on import.
 PLUGINS_ENV = "SITS_KERNEL_PLUGINS"
+
+
+def _impl(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 class KernelSetError(ValueError):
@@ -46,6 +53,10 @@ class UnknownKernelSetError(KeyError):
         return f"unknown kernel set {self.name!r}; known kernel sets: {', '.join(self.known) or '(none)'}"
 
 
+class _Inherit:
+    """Marker default of `derive(regression=...)`: keep the parent's value."""
+
+
 @dataclass(frozen=True, slots=True)
 class KernelSet:
     name: str
@@ -62,6 +73,11 @@ class KernelSet:
     # the ops never wait on the GPU from the host and launch the same kernels for the same shapes, so the engine may
     # capture decode steps in CUDA graphs (engine/cuda_graphs.py); derived sets inherit it
     graph_safe: bool = False
+    # None for a real release; "wrong" or "slow" for an example regression (REGRESSIONS); derived sets inherit it
+    regression: str | None = None
+    # the set this one was derived from (None for a root set) and the ops it replaced; both filled by derive()
+    parent: str | None = None
+    overrides: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -74,6 +90,16 @@ class KernelSet:
         object.__setattr__(self, "devices", devices)
         if not isinstance(self.graph_safe, bool):
             raise KernelSetError(f"kernel set {self.name!r}: graph_safe must be a boolean")
+        if self.regression is not None and self.regression not in REGRESSIONS:
+            raise KernelSetError(f"kernel set {self.name!r}: regression {self.regression!r} must be None or one of "
+                                 f"{REGRESSIONS}")
+        if self.parent is not None and (not isinstance(self.parent, str) or not _NAME.match(self.parent)):
+            raise KernelSetError(f"kernel set {self.name!r}: parent {self.parent!r} must be a kernel set name")
+        overrides = tuple(self.overrides)
+        if any(op not in OP_NAMES for op in overrides) or len(set(overrides)) != len(overrides):
+            raise KernelSetError(f"kernel set {self.name!r}: overrides {self.overrides!r} must be distinct op names "
+                                 f"from {OP_NAMES}")
+        object.__setattr__(self, "overrides", overrides)
         for op in OP_NAMES:
             if not callable(getattr(self, op)):
                 raise KernelSetError(f"kernel set {self.name!r}: op {op!r} is not callable")
@@ -85,10 +111,20 @@ class KernelSet:
         """`device` like "cuda", "cuda:1" or "cpu"."""
         return str(device).split(":")[0] in self.devices
 
+    def catalogue_entry(self) -> dict:
+        """What the control plane's kernel catalogue reads (kernels/catalog.py; plain JSON types): the ops as the
+        names of their implementations (two sets share an op exactly when they share this)."""
+        return {"name": self.name, "version": self.version, "devices": list(self.devices),
+                "description": self.description, "cuda_graphs": self.graph_safe, "parent": self.parent,
+                "overrides": list(self.overrides), "regression": self.regression,
+                "ops": {op: _impl(fn) for op, fn in self.ops().items()}}
+
     def derive(self, name: str, version: str, *, description: str | None = None,
-               devices: tuple[str, ...] | None = None, graph_safe: bool | None = None, **ops: Callable) -> KernelSet:
+               devices: tuple[str, ...] | None = None, graph_safe: bool | None = None,
+               regression: str | None | type[_Inherit] = _Inherit, **ops: Callable) -> KernelSet:
         """A new set with this set's ops except the ones given (keyword = op name). A replaced op must be as
-        capturable as the ones it replaces, or pass graph_safe=False."""
+        capturable as the ones it replaces, or pass graph_safe=False. `regression` is inherited unless given
+        (None clears it). The new set records this one as its parent and the replaced ops as its overrides."""
         unknown = sorted(set(ops) - set(OP_NAMES))
         if unknown:
             raise KernelSetError(f"unknown op(s) {unknown}; ops are {list(OP_NAMES)}")
@@ -97,7 +133,9 @@ class KernelSet:
             description = f"{self.name} {self.version} with {changed} replaced"
         return dataclasses.replace(self, name=name, version=version, description=description,
                                    devices=self.devices if devices is None else tuple(devices),
-                                   graph_safe=self.graph_safe if graph_safe is None else graph_safe, **ops)
+                                   graph_safe=self.graph_safe if graph_safe is None else graph_safe,
+                                   regression=self.regression if regression is _Inherit else regression,
+                                   parent=self.name, overrides=tuple(op for op in OP_NAMES if op in ops), **ops)
 
 
 _lock = threading.RLock()

@@ -53,6 +53,7 @@ TRITON_V1_1 = register_kernel_set(TRITON_V1.derive(
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",
+    regression="wrong",
     description="EXAMPLE OF A WRONG RELEASE: torch with a RoPE that hard-codes base 10000 and drops the llama3 "
                 "frequency scaling (ignores the model's cos/sin tables); as fast as torch, different answers",
     rope_and_cache=_rope.rope_and_cache_fixed_base_ref,
@@ -60,6 +61,7 @@ TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
 
 TORCH_SLOW_ATTN = register_kernel_set(TORCH.derive(
     "torch-slow-attn", "1.0.2",
+    regression="slow",
     description="EXAMPLE OF A SLOW RELEASE: torch with unfused attention, one query row per (sequence, head) at a "
                 "time in prefill and one (sequence, head) at a time in decode; the same answers as torch, slower",
     prefill_attention=_prefill_ref.prefill_attention_per_head_ref,

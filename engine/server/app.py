@@ -19,8 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.server import handlers
 from engine.server.errors import APIError, api_error_response, error_response
-from engine.server.runner import EngineRunner
-from engine.server.state import Faults, ServerState  # noqa: F401  (Faults re-exported for older imports)
+from engine.server.runner import Runner
+from engine.server.state import ServerState
 
 log = logging.getLogger("sits.engine.server")
 
@@ -71,14 +71,14 @@ async def _models(request: Request) -> Response:
 async def _healthz(request: Request) -> Response:
     # liveness: OK while loading and serving; 503 once the engine failed to load or its loop crashed (a restart
     # is the only way out, and an orchestrator's liveness probe does exactly that)
-    runner: EngineRunner = request.app.state.sits.runner
+    runner: Runner = request.app.state.sits.runner
     if runner.load_error:
         return JSONResponse({"status": "failed", "error": runner.load_error}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
 async def _readyz(request: Request) -> Response:
-    runner: EngineRunner = request.app.state.sits.runner
+    runner: Runner = request.app.state.sits.runner
     if runner.ready.is_set():
         return JSONResponse({"status": "ready"})
     if runner.load_error:

@@ -15,10 +15,10 @@ from starlette.responses import JSONResponse, Response
 from engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError, check_context_length
 from engine.sampling_params import SamplingParams
 from engine.server.errors import APIError, error_body
-from engine.server.limits import MAX_BODY_BYTES
+from control_plane.http_limits import MAX_BODY_BYTES
 from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
-from engine.server.runner import EngineRunner, Rejected
+from engine.server.runner import Rejected, Runner
 from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
 from engine.server.state import ServerState, server_state
 from engine.server.tracker import Tracker
@@ -133,7 +133,7 @@ async def _generate(request: Request, kind: str) -> Response:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
     runner = state.runner
     try:
-        queue = runner.submit(rid, ids, prep.params, tenant=tenant, priority=priority)
+        queue = await runner.submit(rid, ids, prep.params, tenant=tenant, priority=priority)
     except EngineError as e:
         err = _rejection(e)
         tracker.close(error=err.message)
@@ -145,7 +145,7 @@ async def _generate(request: Request, kind: str) -> Response:
     return await _collect(request, greq, ids, rid, created, queue, tracker, state)
 
 
-def _on_stream_close(runner: EngineRunner, rid: str, tracker: Tracker) -> None:
+def _on_stream_close(runner: Runner, rid: str, tracker: Tracker) -> None:
     if not tracker.closed:
         runner.abort(rid)
         tracker.close(aborted=True)
@@ -169,12 +169,15 @@ async def _collect(request: Request, greq: GenerationRequest, ids: list[int], ri
         await asyncio.wait({drain_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone_task.cancel()
-        if not drain_task.done():
+        abandoned = not drain_task.done()   # the client left (or this handler was cancelled) first
+        if abandoned:
             drain_task.cancel()
             state.runner.abort(rid)
             tracker.close(aborted=True)
-    if drain_task.cancelled():
-        return Response(status_code=499)  # nobody is listening; recorded as 499 like nginx does
+    if abandoned:
+        # cancel() only asks: the task is not cancelled until it runs again, so never read its result here
+        await asyncio.gather(drain_task, return_exceptions=True)
+        return Response(status_code=499)  # nobody is listening; recorded as 499 like nginx does, never as a 5xx
     error = drain_task.result()
     if error is not None:
         tracker.close(error=error)

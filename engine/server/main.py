@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -12,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from engine.server.limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 log = logging.getLogger("sits.engine.server")
 
 PRESET_NAMES = ("tiny", "llama3-8b")
+ENGINE_PROCESS_MODES = ("on", "off")
+# after the engine core dies, the server answers 503 (readyz included) this long, then exits non-zero
+FATAL_EXIT_GRACE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -34,6 +39,7 @@ class ServerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     num_kv_blocks: int | None = None
+    gpu_memory_utilization: float | None = None
     max_blocks_per_tenant: int | None = None
     quantization: str | None = None
     seed: int = 0
@@ -49,8 +55,12 @@ class ServerConfig:
     access_log: bool = True
     header_timeout_s: float = HEADER_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    engine_process: str = "on"   # "on": the engine core in its own process (engine/core/); "off": a thread here
 
     def __post_init__(self) -> None:
+        if self.engine_process not in ENGINE_PROCESS_MODES:
+            raise ValueError(f"--engine-process must be one of {', '.join(ENGINE_PROCESS_MODES)}, "
+                             f"got {self.engine_process!r}")
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         for name in ("env", "service"):
@@ -78,6 +88,7 @@ class ServerConfig:
         return EngineConfig(model=self.model, kernels=self.kernels, device=self.device, dtype=self.dtype,
                             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                             max_model_len=self.max_model_len, num_kv_blocks=self.num_kv_blocks,
+                            gpu_memory_utilization=self.gpu_memory_utilization,
                             max_waiting=self.max_waiting, quantization=self.quantization,
                             max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed,
                             enforce_eager=self.enforce_eager)
@@ -98,7 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-waiting", type=int, default=1024, help="waiting-queue size; beyond it requests get 429")
     a("--max-num-batched-tokens", type=int, default=2048)
     a("--max-model-len", type=int, default=None)
-    a("--num-kv-blocks", type=int, default=None)
+    a("--num-kv-blocks", type=int, default=None, help="KV-cache blocks of 64 tokens (default: from "
+      "--gpu-memory-utilization on a GPU, a fixed budget on CPU)")
+    a("--gpu-memory-utilization", type=float, default=None,
+      help="fraction (0, 1] of the GPU's memory this engine may take for weights, activations and KV cache, as in "
+           "vLLM, so several engines share one GPU predictably (default: 0.9 of what is free at start)")
+    a("--engine-process", choices=ENGINE_PROCESS_MODES, default="on",
+      help="on: the engine core (scheduler + model) runs in its own process, the HTTP server here (default); "
+           "off: the engine loop runs in a thread of this process")
     a("--max-blocks-per-tenant", type=int, default=None)
     a("--quantization", choices=["int8", "fp8"], default=None)
     a("--seed", type=int, default=0)
@@ -144,7 +162,8 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     from engine.server.app import create_app
     from engine.server.state import Faults, ServerState
     from engine.server.runner import EngineRunner
-    from engine.tracing import RequestTracer, TracingConfig, build_tracer_provider
+    from control_plane.tracing import TracingConfig, build_tracer_provider
+    from engine.tracing import RequestTracer
 
     engine_config = config.engine_config()   # validated now: bad flags fail before the port opens
     kernel_set = kernels.get_kernel_set(config.kernels)
@@ -159,13 +178,27 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     faults = Faults(latency_s=config.fault_latency_ms / 1000, token_latency_s=config.fault_token_latency_ms / 1000,
                     error_rate=config.fault_error_rate, seed=config.seed)
 
-    def make_engine() -> Any:
-        from engine import LLMEngine
+    if config.engine_process == "on":
+        from engine.core.client import EngineCoreClient
 
-        return (engine_factory or LLMEngine)(engine_config)
+        if engine_factory is not None:
+            try:
+                pickle.dumps(engine_factory)
+            except (pickle.PicklingError, AttributeError, TypeError) as e:
+                raise ValueError(f"engine_factory must be picklable (a module-level callable) to reach the engine-core "
+                                 f"process, or run with engine_process='off': {e}") from None
 
-    runner = EngineRunner(make_engine, metrics=metrics, warmup=config.warmup,
-                          fault_token_latency_s=faults.token_latency_s)
+        runner: Any = EngineCoreClient(engine_config, metrics=metrics, warmup=config.warmup,
+                                       fault_token_latency_s=faults.token_latency_s, engine_factory=engine_factory,
+                                       log_level=config.log_level)
+    else:
+        def make_engine() -> Any:
+            from engine import LLMEngine
+
+            return (engine_factory or LLMEngine)(engine_config)
+
+        runner = EngineRunner(make_engine, metrics=metrics, warmup=config.warmup,
+                              fault_token_latency_s=faults.token_latency_s)
     version = {"model": config.model_name, "kernel_set": kernel_set.name, "kernel_version": kernel_set.version,
                "build": build}
     state = ServerState(runner=runner, metrics=metrics, tracer=tracer, faults=faults,
@@ -177,7 +210,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
 def uvicorn_config(app: Any, config: ServerConfig) -> Any:
     import uvicorn
 
-    from engine.server.limits import timeout_protocol
+    from control_plane.http_limits import timeout_protocol
 
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           access_log=config.access_log, backlog=4096, timeout_keep_alive=30,
@@ -197,6 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(uvicorn_config(app, config))
+    runner = app.state.sits.runner
+
+    def on_fatal() -> None:   # on the event loop: the engine core died; say so for a while, then exit non-zero
+        asyncio.get_running_loop().call_later(FATAL_EXIT_GRACE_S, setattr, server, "should_exit", True)
+
+    runner.on_fatal = on_fatal
     # uvicorn drains connections on SIGINT/SIGTERM, then re-raises the signal to these handlers: exit 0, no traceback
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_cleanly)
@@ -204,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.run()
     except _Shutdown:
         pass
+    if runner.failed:
+        return 1
     return 0 if server.started else 1
 
 

@@ -1,4 +1,5 @@
-"""The engine loop in its own thread, bridged to asyncio.
+"""The engine loop in its own thread, bridged to asyncio (`--engine-process off`; the default runs the engine in its
+own process instead, engine/core/client.py, behind the same `Runner` surface).
 
 Handlers call the engine's thread-safe `add_request`/`abort_request` directly (they only take the engine's short
 inbox lock, so admission errors such as QueueFullError are raised synchronously, before any response starts) and
@@ -13,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger("sits.engine.server")
 
@@ -31,6 +32,26 @@ class Output:
     step_start: float    # perf_counter() when the step that produced it began
 
 
+class Runner(Protocol):
+    """What the server needs of an engine: EngineRunner (a thread here) or EngineCoreClient (another process)."""
+
+    ready: threading.Event
+    load_error: str | None
+    failed: bool                        # the engine died after it was ready: the server must exit non-zero
+    on_fatal: Callable[[], None] | None
+    engine: Any                         # .tokenizer, .max_model_len, .kernel_set, .dtype, .model_name
+    started_at: float
+    steps: int
+    step_seconds: float
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None: ...
+    def shutdown(self, timeout: float = 10.0) -> None: ...
+    async def submit(self, request_id: str, prompt: Any, params: Any, *, tenant: str,
+                     priority: int) -> asyncio.Queue: ...
+    def abort(self, request_id: str) -> None: ...
+    def stats(self) -> Any: ...         # the engine's EngineStats (as of its last step), None before it loaded
+
+
 class EngineRunner:
     def __init__(self, engine_factory: Callable[[], Any], *, metrics: Any = None, warmup: bool = True,
                  fault_token_latency_s: float = 0.0) -> None:
@@ -41,6 +62,10 @@ class EngineRunner:
         self.engine: Any = None
         self.ready = threading.Event()
         self.load_error: str | None = None
+        # an in-process loop crash keeps the process up, reporting it (readyz/healthz 503); only the engine-core
+        # process mode exits on a crash
+        self.failed = False
+        self.on_fatal: Callable[[], None] | None = None
         self._cv = threading.Condition()
         self._stop = False
         self._queues: dict[str, asyncio.Queue] = {}
@@ -65,7 +90,8 @@ class EngineRunner:
             self._thread.join(timeout)
 
     # ---- requests (event-loop side) ----
-    def submit(self, request_id: str, prompt: Any, params: Any, *, tenant: str, priority: int) -> asyncio.Queue:
+    async def submit(self, request_id: str, prompt: Any, params: Any, *, tenant: str,
+                     priority: int) -> asyncio.Queue:
         """Admit a request (raises the engine's InvalidRequestError/QueueFullError); the queue yields Output items,
         or one Rejected if the engine stops first."""
         queue: asyncio.Queue = asyncio.Queue()
@@ -86,6 +112,9 @@ class EngineRunner:
         self.engine.abort_request(request_id)
         with self._cv:
             self._cv.notify()
+
+    def stats(self) -> Any:
+        return self.engine.stats() if self.ready.is_set() else None
 
     # ---- engine thread ----
     def _run(self) -> None:

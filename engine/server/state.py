@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from engine.metrics import EngineMetrics
-from engine.server.runner import EngineRunner
+from engine.server.runner import Runner
 from engine.tracing import RequestTracer
 
 
@@ -33,7 +33,7 @@ class Faults:
 
 @dataclass(slots=True)
 class ServerState:
-    runner: EngineRunner
+    runner: Runner
     metrics: EngineMetrics
     tracer: RequestTracer
     faults: Faults

@@ -36,6 +36,9 @@ def test_a_single_stop_string_is_accepted():
     ({"block_size": 0}, "block_size"), ({"device": "tpu"}, "device"), ({"dtype": "int4"}, "dtype"),
     ({"quantization": "int4"}, "quantization"), ({"max_num_seqs": -1}, "max_num_seqs"),
     ({"num_kv_blocks": 0}, "num_kv_blocks"), ({"model": ""}, "model"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": True}, "gpu_memory_utilization"),
 ])
 def test_engine_config_validation(kwargs, param):
     with pytest.raises(InvalidRequestError) as e:

@@ -5,7 +5,9 @@ import time
 import pytest
 import torch
 
-from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+import kernels
+from engine import LLM, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from tests.engine.helpers import assert_set_is_what_it_claims
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -35,8 +37,10 @@ def test_auto_device_dtype_and_kv_blocks():
     assert engine.stats().num_total_blocks == 8 * engine.max_model_len // 64
 
 
-CUDA_SETS = [n for n in __import__("kernels").list_kernel_sets()
-             if __import__("kernels").get_kernel_set(n).supports("cuda")]
+CUDA_SETS = [n for n in kernels.list_kernel_sets() if kernels.get_kernel_set(n).supports("cuda")]
+# the sets that claim to be correct and fast releases; the example regressions ("wrong", "slow") say otherwise and
+# are held to what they claim in test_every_kernel_set_matches_the_torch_reference_in_the_engine
+RELEASE_SETS = [n for n in CUDA_SETS if kernels.get_kernel_set(n).regression is None]
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ def free_gpu():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel_set", CUDA_SETS)
+@pytest.mark.parametrize("kernel_set", RELEASE_SETS)
 def test_llama3_8b_preset_loads_fast_and_serves_a_batch(kernel_set, free_gpu):
     t0 = time.perf_counter()
     llm = LLM(model="llama3-8b", kernels=kernel_set, max_num_seqs=64)
@@ -100,40 +104,10 @@ def assert_same_greedy_up_to_bf16_ties(a, b, tie: float = 0.2) -> None:
     assert a.token_ids == b.token_ids
 
 
-def greedy_logits(kernels: str, prompts: dict[str, list[int]], steps: int = 12) -> dict:
-    """{rid: ([logits per step], tokens)} for greedy decoding on the GPU in fp32."""
-    engine = LLMEngine(EngineConfig(model="tiny", kernels=kernels, device="cuda", dtype="float32",
-                                    num_kv_blocks=32, max_num_batched_tokens=96))  # 96: chunked prefill too
-    engine.model_runner.capture_logits = True
-    for rid, ids in prompts.items():
-        engine.add_request(rid, ids, SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
-    out = {rid: ([], []) for rid in prompts}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            out[o.request_id][1].extend(o.new_token_ids)
-        for row, rid in enumerate(engine.model_runner.last_logits_seqs):
-            out[rid][0].append(engine.model_runner.last_logits[row].cpu())
-        engine.model_runner.last_logits_seqs = []
-    return out
-
-
-@pytest.mark.parametrize("name", [n for n in __import__("kernels").list_kernel_sets() if n != "torch"])
+@pytest.mark.parametrize("name", [n for n in CUDA_SETS if n != "torch"])
 def test_every_kernel_set_matches_the_torch_reference_in_the_engine(name):
-    import kernels
-
-    if not kernels.get_kernel_set(name).supports("cuda"):
-        pytest.skip(f"{name} does not run on cuda")
-    g = torch.Generator().manual_seed(0)
-    prompts = {f"p{n}": torch.randint(0, 256, (n,), generator=g).tolist() for n in (1, 63, 64, 65, 200)}
-    ref, got = greedy_logits("torch", prompts), greedy_logits(name, prompts)
-    for rid in prompts:
-        compared = 0
-        for step, (a, b) in enumerate(zip(ref[rid][0], got[rid][0])):
-            assert (a - b).abs().max() < 2e-2, (rid, step, float((a - b).abs().max()))
-            compared += 1
-            if ref[rid][1][step] != got[rid][1][step]:
-                break  # a near-tie flipped a token: later steps see different inputs
-        assert compared >= 4, (rid, compared)
+    """Releases and "slow" examples match torch step by step on the GPU; a "wrong" example is caught differing."""
+    assert_set_is_what_it_claims(name, "cuda")
 
 
 @pytest.mark.parametrize("quantization", [None, "int8"])
@@ -194,3 +168,21 @@ def test_decode_steps_launched_ahead_match_synchronous_steps_on_the_gpu(free_gpu
         return out
 
     assert run(True) == run(False)
+
+
+def test_gpu_memory_utilization_bounds_the_engines_share(free_gpu):
+    """--gpu-memory-utilization: weights + activations + KV of this engine fit in that fraction of the GPU, and a
+    share the weights alone exceed is refused with a clear error."""
+    total = torch.cuda.mem_get_info()[1]
+    small = LLMEngine(EngineConfig(model="llama3-8b", kernels="triton-v1.1", gpu_memory_utilization=0.25,
+                                   max_num_seqs=256, enforce_eager=True))
+    assert torch.cuda.memory_reserved() <= 0.25 * total
+    blocks = small.stats().num_total_blocks
+    del small
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    with pytest.raises(InvalidRequestError, match="gpu-memory-utilization"):
+        LLMEngine(EngineConfig(model="llama3-8b", kernels="triton-v1.1", gpu_memory_utilization=0.1))
+    assert blocks > 0

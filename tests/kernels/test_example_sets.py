@@ -7,7 +7,8 @@ from engine import LLM, SamplingParams
 from engine.cli import main as engine_cli
 from engine.layers.rotary_embedding import rope_cos_sin
 from engine.presets import preset
-from kernels import get_kernel_set
+from kernels import get_kernel_set, list_kernel_sets
+from tests.engine.helpers import assert_set_is_what_it_claims
 from tests.kernels.helpers import assert_verbose_allclose, make_paged_kv, rope_tables
 
 REF = get_kernel_set("torch")
@@ -73,3 +74,9 @@ def test_on_the_tiny_model_wrong_rope_changes_answers_and_slow_attention_does_no
     assert drift < 1e-5
     wrong = runs["torch-wrong-rope"]
     assert any(r.token_ids != s.token_ids for r, s in zip(wrong, base))
+
+
+@pytest.mark.parametrize("name", [n for n in list_kernel_sets() if get_kernel_set(n).regression is not None])
+def test_every_flagged_example_set_is_what_its_flag_says(name):
+    """Every set flagged as an example regression, on CPU: "slow" gives torch's answers, "wrong" is caught."""
+    assert_set_is_what_it_claims(name, "cpu")

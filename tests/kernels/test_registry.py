@@ -99,3 +99,60 @@ def test_triton_v1_1_replaces_only_the_prefill_kernel():
     differ = [op for op in OP_NAMES if getattr(v1, op) is not getattr(v11, op)]
     assert differ == ["prefill_attention"]
     assert v11.prefill_attention.__name__ == "prefill_attention_tma"
+
+
+def test_example_regressions_are_flagged_and_real_releases_are_not():
+    flags = {n: get_kernel_set(n).regression for n in list_kernel_sets()}
+    assert flags["torch-wrong-rope"] == "wrong" and flags["torch-slow-attn"] == "slow"
+    assert flags["torch"] is flags["triton-v1"] is flags["triton-v1.1"] is None
+
+
+def test_derive_records_parent_and_overrides_and_inherits_the_regression_flag():
+    base = get_kernel_set("torch")
+    wrong = get_kernel_set("torch-wrong-rope")
+    assert (base.parent, base.overrides) == (None, ())
+    assert (wrong.parent, wrong.overrides) == ("torch", ("rope_and_cache",))
+    slow = get_kernel_set("torch-slow-attn")
+    assert slow.overrides == ("prefill_attention", "paged_decode_attention")
+    child = wrong.derive("wrong-child", "1.0.2", silu_and_mul=base.silu_and_mul)
+    assert child.regression == "wrong" and child.parent == "torch-wrong-rope" and child.overrides == ("silu_and_mul",)
+    assert wrong.derive("fixed", "1.0.3", regression=None, rope_and_cache=base.rope_and_cache).regression is None
+    assert base.derive("now-slow", "1.0.1", regression="slow").regression == "slow"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"regression": "broken"}, "regression"),
+    ({"regression": True}, "regression"),
+])
+def test_bad_regression_flag_is_rejected(kwargs, match):
+    with pytest.raises(KernelSetError, match=match):
+        get_kernel_set("torch").derive("bad", "1.0.0", **kwargs)
+
+
+def test_kernels_json_lists_every_set_with_the_catalogue_fields(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "json_plugin.py").write_text(
+        "import kernels\n"
+        "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('json-plugin-set', '0.2.0', "
+        "regression='slow', graph_safe=True))\n")
+    env = {**os.environ, "SITS_KERNEL_PLUGINS": "json_plugin",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "kernels", "--json"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    entries = {e["name"]: e for e in json.loads(out)["kernel_sets"]}
+    builtin = {v.name for v in vars(kernels.sets).values() if isinstance(v, kernels.KernelSet)}
+    assert set(entries) == builtin | {"json-plugin-set"}   # a fresh process: the built-ins and the plugin's
+    fields = {"name", "version", "devices", "description", "parent", "overrides", "cuda_graphs", "regression", "ops"}
+    assert all(set(e) == fields for e in entries.values())
+    plugin = entries.pop("json-plugin-set")
+    assert plugin.pop("ops") == entries["torch"]["ops"]   # derive copied every op
+    assert plugin == {"name": "json-plugin-set", "version": "0.2.0", "devices": ["cpu", "cuda"],
+                      "description": "torch 1.0.0 with no ops replaced", "parent": "torch", "overrides": [],
+                      "cuda_graphs": True, "regression": "slow"}
+    assert entries["torch-wrong-rope"]["regression"] == "wrong"
+    assert entries["triton-v1.1"]["parent"] == "triton-v1" and entries["triton-v1.1"]["overrides"] == [
+        "prefill_attention"]

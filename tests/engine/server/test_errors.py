@@ -171,7 +171,8 @@ def test_engine_crash_fails_in_flight_streams_and_readiness(tmp_path):
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return super().step()
 
-    s = RunningServer(replace(BASE), engine_factory=CrashingEngine).wait_ready()
+    # in-process (a thread): the test arms the class attribute in this process; the core process has its own test
+    s = RunningServer(replace(BASE, engine_process="off"), engine_factory=CrashingEngine).wait_ready()
     try:
         body = {"model": "tiny", "prompt": "doomed", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         with httpx.Client(timeout=30) as c, c.stream("POST", s.url + "/v1/completions", json=body) as stream:

@@ -162,5 +162,5 @@ def test_keep_alive_idle_is_not_cut_by_the_head_deadline(server):
     conn.request("GET", "/healthz")
     assert conn.getresponse().status == 200
     conn.close()
-    engine = server.state.runner.engine
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
+    stats = server.state.runner.stats()
+    assert stats.num_free_blocks == stats.num_total_blocks

@@ -56,7 +56,7 @@ def test_errors_by_code_and_kv_gauges(server):
         assert sample(after, "sits_request_errors", "sits_request_errors_total", code=code) - \
             sample(before, "sits_request_errors", "sits_request_errors_total", code=code) == 1
     total = sample(after, "sits_kv_cache_total_blocks")
-    assert total == server.state.runner.engine.block_manager.num_total_blocks > 0
+    assert total == server.state.runner.stats().num_total_blocks > 0
     assert 0 <= sample(after, "sits_kv_cache_free_blocks") <= total
     assert "sits_num_requests_running" in after and "sits_num_requests_waiting" in after
 

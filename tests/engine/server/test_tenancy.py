@@ -98,7 +98,9 @@ def _cached(server, prompt, priority, tenant):
 def _prefix_survivors(serve, hi_priority):
     # 10 blocks of 64 tokens; byte tokenizer: a prompt of n characters is n + 1 tokens (BOS)
     clock = StepClock()
-    s = serve(num_kv_blocks=10, max_num_seqs=4, engine_factory=lambda cfg: LLMEngine(cfg, clock=clock))
+    # in-process: the test advances the clock the engine reads
+    s = serve(num_kv_blocks=10, max_num_seqs=4, engine_process="off",
+              engine_factory=lambda cfg: LLMEngine(cfg, clock=clock))
     clock.advance(2.0)   # eviction scores scale with time since start: two seconds in, priority outweighs recency
     hi, lo = "H" * 196, "L" * 196  # 197 tokens: 3 full (cacheable) blocks + 5 tokens
     assert _cached(s, hi, hi_priority, "gold") == 0

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One GPU session: check and benchmark the engine on a CUDA machine, a short table last.
+#
+#   bench/gpu_session.sh tests     # the whole GPU suite: pytest -m gpu tests/engine tests/kernels
+#   bench/gpu_session.sh serving   # bench/serving.py llama3-8b, 256 streams: offline vs served with the engine-core
+#                                  # process vs served in-process (the baseline), all in this one run
+#   bench/gpu_session.sh all       # both, in that order
+#   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
+#
+# Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
+# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase="${1:-all}"
+out="${OUT:-gpu-session-logs}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+py="${PYTHON:-python3}"
+
+if [[ "$phase" != dry-run ]] && compgen -G ".whl/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+summary=()
+versions() {
+  "$py" - <<'EOF'
+import platform, torch, triton
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+print(f"python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, {gpu}")
+EOF
+}
+
+run_tests() {
+  local budget="${SITS_TESTS_BUDGET_S:-480}" args=(-m gpu tests/engine tests/kernels)
+  if [[ "$phase" == dry-run ]]; then   # the GPU suite's CPU twins: the tests that hold sets to their flags
+    args=(tests/kernels/test_example_sets.py tests/kernels/test_registry.py tests/engine/test_gpu.py)
+  fi
+  # two workers, one file each at a time: the Triton kernel files (compile-bound) run beside the engine files
+  local par=()
+  if [[ "$phase" != dry-run ]] && "$py" -c "import xdist" 2>/dev/null; then par=(-n 2 --dist loadfile); fi
+  echo "== GPU tests (budget ${budget} s): pytest ${par[*]} ${args[*]}"
+  local t0=$SECONDS
+  timeout -k 10 "$budget" "$py" -m pytest -p no:cacheprovider -v -rfE --timeout 300 --durations=30 "${par[@]}" \
+    "${args[@]}" \
+    2>&1 | tee "$out/gpu-tests.log"
+  local rc=${PIPESTATUS[0]}
+  local line
+  line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error).* =+$" "$out/gpu-tests.log" | tail -1)
+  summary+=("GPU tests | rc $rc | $((SECONDS - t0)) s | ${line:-no summary (rc 124: over budget)}")
+}
+
+run_serving() {
+  local budget="${SITS_SERVING_BUDGET_S:-540}"
+  local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1
+              --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256)
+  if [[ "$phase" == dry-run ]]; then
+    args=(--model tiny --device cpu --kernels torch --clients 32 --max-tokens 16 --repeat 1 --rates 4,8
+          --open-requests 16)
+  fi
+  echo "== serving (budget ${budget} s): bench/serving.py ${args[*]}"
+  local t0=$SECONDS
+  timeout -k 10 "$budget" "$py" bench/serving.py "${args[@]}" 2>&1 | tee "$out/serving.log"
+  local rc=${PIPESTATUS[0]}
+  timeout 60 "$py" bench/core_transport.py --steps 1000 2>&1 | tee "$out/transport.log"
+  summary+=("serving | rc $rc | $((SECONDS - t0)) s | table in serving.log")
+}
+
+versions | tee "$out/versions.txt"
+[[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
+case "$phase" in
+  tests) run_tests ;;
+  serving) run_serving ;;
+  all|dry-run) run_tests; run_serving ;;
+  *) echo "usage: $0 tests|serving|all|dry-run"; exit 2 ;;
+esac
+
+echo
+echo "== session summary ($(cat "$out/versions.txt"))"
+for s in "${summary[@]}"; do echo "| $s |"; done
+if [[ -f "$out/serving.log" ]]; then
+  sed -n '/^| /,$p' "$out/serving.log" | tail -30
+fi

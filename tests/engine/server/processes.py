@@ -1,0 +1,77 @@
+"""`sits-engine serve` as a real process tree (API server + engine core), for the tests of engine/core/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine import LLMEngine
+from engine.server.main import bind_socket
+from tests.engine.server.harness import http, wait_for
+
+CRASH_TOKEN = 7   # a prompt of only this token makes CrashOnMarkedPrompt.step() fail
+
+
+class CrashOnMarkedPrompt(LLMEngine):
+    """A real engine whose step() fails once a request whose prompt is all CRASH_TOKEN runs (a kernel that faults
+    on some input). Module-level, so it crosses the spawn into the engine-core process."""
+
+    def step(self):
+        if any(set(seq.token_ids[:seq.num_prompt_tokens]) == {CRASH_TOKEN} for seq in self.scheduler.running):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().step()
+
+
+class ServeProcess:
+    """`python -m engine.cli serve` on a free port, its output in `log_path`."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        with bind_socket("127.0.0.1", 0) as s:
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = tmp_path / "serve.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--device", "cpu", "--port",
+                 str(port), "--env", "test", "--service", "proc-test", "--no-access-log", *args],
+                stdout=log, stderr=subprocess.STDOUT)
+
+    def logs(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_ready(self, timeout: float = 90) -> "ServeProcess":
+        def ready() -> bool:
+            assert self.proc.poll() is None, self.logs()
+            try:
+                return http("GET", self.url + "/readyz", timeout=2)[0] == 200
+            except OSError:
+                return False
+
+        wait_for(ready, timeout=timeout, interval=0.1)
+        return self
+
+    def core_pid(self) -> int:
+        """The engine-core child (multiprocessing's spawn child; its resource tracker is the other child)."""
+        pids = []
+        for task in os.listdir(f"/proc/{self.proc.pid}/task"):
+            pids += Path(f"/proc/{self.proc.pid}/task/{task}/children").read_text().split()
+        cores = [int(p) for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(cores) == 1, (pids, cores)
+        return cores[0]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
