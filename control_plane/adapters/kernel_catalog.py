@@ -142,10 +142,14 @@ class KernelCatalog:
         return cls.parse(p.stdout, "the installed engine (sits-engine kernels --json)")
 
     @classmethod
-    def discover(cls, path: str | None = None) -> "KernelCatalog":
-        """A file when given; else the installed engine when there is one; else the built-in sets."""
+    def discover(cls, path: str | None = None, need: Sequence[str] = ()) -> "KernelCatalog":
+        """A file when given; else the installed engine when there is one; else the built-in sets. With `need` (the
+        names a command is about to use), the built-in sets do when they hold every one of them: asking the engine
+        costs a process that imports torch, and every built-in set is the engine's (tests/kernels/test_catalog.py)."""
         if path:
             return cls.from_file(path)
+        if need and all(n in (shipped := cls.shipped()) for n in need):
+            return shipped
         if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("engine") is not None:
             try:
                 return cls.from_engine()

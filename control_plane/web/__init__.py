@@ -10,7 +10,8 @@ Config keys (besides Flask's own):
     POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
     TRACING             a control_plane.tracing.Tracing: one span per request (default: the worker's, else off)
     JUDGE_PROMETHEUS    a PrometheusConfig `POST /api/v1/judge` queries (default: the worker's Prometheus source)
-    KERNEL_CATALOG      the KernelCatalog shown and validated against (default: KernelCatalog.discover())
+    KERNEL_CATALOG      the KernelCatalog shown and validated against (default: the built-in sets; `sits-control
+                        serve` passes KernelCatalog.discover(--kernel-catalog))
 Views only read and write the store; the worker does everything else.
 """
 from __future__ import annotations
@@ -60,8 +61,8 @@ def create_app(config: dict | None = None) -> Flask:
     if not isinstance(store, Store):
         store = app.config["STORE"] = Store(str(store))
     app.extensions["sits_store"] = store
-    if app.config["KERNEL_CATALOG"] is None:
-        app.config["KERNEL_CATALOG"] = KernelCatalog.discover()
+    if app.config["KERNEL_CATALOG"] is None:   # serve and the demo discover the engines' sets once, and pass them
+        app.config["KERNEL_CATALOG"] = KernelCatalog.shipped()
     app.extensions["sits_headlines"] = HeadlineCache()
     app.extensions["sits_points"] = PointCache()
     app.extensions["sits_login_limiter"] = LoginLimiter(app.config["LOGIN_LIMIT"], app.config["LOGIN_WINDOW_S"],

@@ -47,3 +47,14 @@ def test_a_broken_catalogue_is_a_clear_error(tmp_path):
         KernelCatalog.from_file(tmp_path / "missing.json")
     with pytest.raises(CatalogError, match="exited with 2"):
         KernelCatalog.from_engine((sys.executable, "-m", "engine.cli", "kernels", "--no-such-flag"))
+
+
+def test_discover_asks_the_engine_only_for_a_set_the_built_ins_lack(tmp_path, monkeypatch):
+    (tmp_path / "need_plugin.py").write_text(
+        "import kernels\n"
+        "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('plugin-need', '0.3.0'))\n")
+    monkeypatch.setenv("SITS_KERNEL_PLUGINS", "need_plugin")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    assert KernelCatalog.discover(need=("torch", "triton-v1.1")).source.startswith("built-in")
+    asked = KernelCatalog.discover(need=("plugin-need", "torch"))
+    assert asked.source.startswith("the installed engine") and "plugin-need" in asked
