@@ -16,7 +16,9 @@ from control_plane.adapters.spec import DeploySpec
 from control_plane.service.rollouts import start_rollout
 from control_plane.store.db import Store
 
-from .support import FAST, engine_pids, wait_for
+from tests.waiting import wait_for
+
+from .support import FAST, engine_pids
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -44,19 +46,19 @@ def test_a_sigkilled_control_plane_serves_on_the_same_router_port_again(tmp_path
     first = start(db, tmp_path, svc)
     second = None
     try:
-        url = wait_for(lambda: next((p.read_text() for p in tmp_path.glob(f"router-{first.pid}")), None), 240,
-                       "the router")
-        wait_for(lambda: serves(url), 240, "production to answer through the router")
+        url = wait_for("the router", lambda: next((p.read_text() for p in tmp_path.glob(f"router-{first.pid}")),
+                                                  None), 240)
+        wait_for("production to answer through the router", lambda: serves(url), 240)
         first.send_signal(signal.SIGKILL)
         first.wait(30)
         killed = time.monotonic()
-        wait_for(lambda: not engine_pids(svc), 30, "the dead control plane's engines to exit")
+        wait_for("the dead control plane's engines to exit", lambda: not engine_pids(svc), 30)
         assert not serves(url)                                        # down with it ...
         second = start(db, tmp_path, svc)
-        wait_for(lambda: serves(url), 240, "the service back on the old URL")   # ... and back on the same port
+        wait_for("the service back on the old URL", lambda: serves(url), 240)   # ... and back on the same port
         print(f"service back on {url} {time.monotonic() - killed:.1f} s after the kill")
-        again = wait_for(lambda: next((p.read_text() for p in tmp_path.glob(f"router-{second.pid}")), None), 30,
-                         "the restarted control plane's router URL")
+        again = wait_for("the restarted control plane's router URL",
+                         lambda: next((p.read_text() for p in tmp_path.glob(f"router-{second.pid}")), None), 30)
         assert again == url
     finally:
         for p in (first, second):
@@ -64,7 +66,7 @@ def test_a_sigkilled_control_plane_serves_on_the_same_router_port_again(tmp_path
                 p.send_signal(signal.SIGTERM)
                 p.wait(60)
     assert second.returncode == 0
-    wait_for(lambda: not engine_pids(svc), 30, "every engine to stop")
+    wait_for("every engine to stop", lambda: not engine_pids(svc), 30)
 
 
 def test_router_ports_are_remembered_atomically_and_bad_files_ignored(tmp_path):

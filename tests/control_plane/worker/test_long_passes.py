@@ -19,13 +19,6 @@ from .support import CannedSource, FixedEndpointDeployer, InMemoryDeployer
 POLICY = latency_policy(steps=(50, 100), check_interval_s=10, warmup_s=0)
 
 
-def wait_for(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 class Hung(InMemoryDeployer):
     """Deploys signal `entered`, then wait for `release` (a deploy that takes as long as the test wants)."""
 

@@ -79,17 +79,6 @@ def sample(metrics: dict, family: str, name: str | None = None, **labels) -> flo
                and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def wait_for(condition, timeout: float = 20, interval: float = 0.02):
-    """Poll `condition()` until it returns something truthy (returned); fails after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
-        time.sleep(interval)
-
-
 def wait_idle(server, timeout: float = 30) -> dict:
     """Poll `server.metrics()` until nothing runs or waits and every KV block is free again; returns those metrics.
     Fails (naming the counts) if that takes longer than `timeout` seconds."""

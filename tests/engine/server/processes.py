@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from engine import LLMEngine
 from engine.server.main import bind_socket
-from tests.engine.server.harness import http, wait_for
+from tests.engine.server.harness import http
+from tests.waiting import wait_for
 
 CRASH_TOKEN = 7   # a prompt of only this token makes CrashOnMarkedPrompt.step() fail
 
@@ -50,7 +50,7 @@ class ServeProcess:
             except OSError:
                 return False
 
-        wait_for(ready, timeout=timeout, interval=0.1)
+        wait_for("the server to answer /readyz", ready, timeout, 0.1)
         return self
 
     def core_pid(self) -> int:

@@ -8,7 +8,8 @@ import threading
 
 import httpx
 
-from tests.engine.server.harness import http, sample, wait_for, wait_idle
+from tests.engine.server.harness import http, sample, wait_idle
+from tests.waiting import wait_for
 from tests.engine.server.processes import CRASH_TOKEN, CrashOnMarkedPrompt, ServeProcess, alive
 
 LONG = {"model": "tiny", "prompt": "keep going", "max_tokens": 3000, "ignore_eos": True}
@@ -57,7 +58,7 @@ def test_admission_errors_come_from_the_core_before_the_response_starts(serve):
         assert next(lines).startswith("data: ")   # running: the one sequence slot is taken
         waiting = threading.Thread(target=http, args=("POST", s.url + "/v1/completions", {**LONG, "max_tokens": 8}))
         waiting.start()
-        wait_for(lambda: sample(s.metrics(), "sits_num_requests_waiting") == 1)
+        wait_for("one request waiting", lambda: sample(s.metrics(), "sits_num_requests_waiting") == 1)
         r = c.post("/v1/completions", json={**LONG, "max_tokens": 8})
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full" and r.headers["retry-after"]
     waiting.join(60)
@@ -83,7 +84,7 @@ def test_a_crash_in_the_core_loop_fails_requests_and_readiness(serve):
     assert status == 503 and json.loads(body)["status"] == "failed"
     assert http("GET", s.url + "/healthz")[0] == 503
     assert http("POST", s.url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2})[0] == 503
-    wait_for(lambda: not alive(core_pid))
+    wait_for("the core to exit", lambda: not alive(core_pid))
 
 
 def test_a_killed_core_is_reported_then_the_server_exits_non_zero(tmp_path):
@@ -119,7 +120,7 @@ def test_sigterm_drains_in_flight_requests_then_stops_the_core(tmp_path):
         clients = [threading.Thread(target=complete, args=(f"c{i}", 60, i % 2 == 1)) for i in range(4)]
         for t in clients:
             t.start()
-        wait_for(lambda: sample(_metrics(server.url), "sits_num_requests_running") == 4)
+        wait_for("four requests running", lambda: sample(_metrics(server.url), "sits_num_requests_running") == 4)
         server.proc.send_signal(signal.SIGTERM)
         for t in clients:
             t.join(60)
@@ -133,7 +134,7 @@ def test_sigterm_drains_in_flight_requests_then_stops_the_core(tmp_path):
         else:
             usage = json.loads(body)["usage"]
         assert usage["completion_tokens"] == 60, (name, usage)
-    wait_for(lambda: not alive(core))
+    wait_for("the core to exit", lambda: not alive(core))
 
 
 def _metrics(url: str) -> dict:
@@ -191,4 +192,4 @@ def test_a_broken_channel_from_the_core_is_a_crash_not_a_hang(serve):
         ctx.term()
     assert "lost the engine core's outputs" in json.loads(events[-1][6:])["error"]["message"]
     assert runner.failed and http("GET", s.url + "/readyz")[0] == 503
-    wait_for(lambda: not alive(core_pid))
+    wait_for("the core to exit", lambda: not alive(core_pid))

@@ -7,7 +7,8 @@ import time
 
 import httpx
 
-from tests.engine.server.harness import http, sample, wait_for, wait_idle
+from tests.engine.server.harness import http, sample, wait_idle
+from tests.waiting import wait_for
 
 BAD = [
     ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400),
@@ -117,9 +118,9 @@ def test_non_streaming_disconnects_are_recorded_as_499_never_500(serve):
         sock = socket.create_connection((host, int(port)))
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        wait_for(lambda: sample(s.metrics(), "sits_num_requests_running") >= 1)
+        wait_for("a request running", lambda: sample(s.metrics(), "sits_num_requests_running") >= 1)
         sock.close()
-        m = wait_for(lambda: sample(m := s.metrics(), "http_request_duration_seconds",
+        m = wait_for("the request's duration observed", lambda: sample(m := s.metrics(), "http_request_duration_seconds",
                                     "http_request_duration_seconds_count", **route) == i + 1 and m)
     wait_idle(s, timeout=10)
     by_status = {x.labels["status"]: x.value for x in m["http_request_duration_seconds"]
