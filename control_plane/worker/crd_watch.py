@@ -20,6 +20,8 @@ import time
 from typing import Callable, Collection, Mapping
 
 from control_plane.adapters.crd import CrdApiError, KernelRolloutApi, WatchExpired
+from control_plane.adapters.deploy import DeployError
+from control_plane.adapters.k8s_api import load_client
 from control_plane.adapters.crd_status import RolloutRequest, refused_status, rollout_status
 from control_plane.errors import ConflictError, NotFoundError, ValidationError
 from control_plane.rollout import Command, Phase, Rollout, allowed_commands
@@ -53,6 +55,22 @@ class CrdWatcher:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def open(cls, store_path: str, namespace: str, *, kubeconfig: str | None = None,
+             kernel_sets: Collection[str] | None = None, policy_defaults: Mapping | None = None) -> "CrdWatcher":
+        """What `sits-control serve --watch-crds` runs: its own connection to the store, the in-cluster service
+        account (or `kubeconfig`) for the API. CrdApiError when the credentials cannot be loaded."""
+        try:
+            api_client = load_client(kubeconfig, None, None)
+        except DeployError as e:
+            raise CrdApiError(f"--watch-crds: {e}") from None
+        return cls(Store(store_path), KernelRolloutApi(api_client, namespace), kernel_sets=kernel_sets,
+                   policy_defaults=policy_defaults)
+
+    def close(self) -> None:
+        self.stop()
+        self.store.close()
 
     # ---- threads ---------------------------------------------------------------------------------------------
     def start(self) -> "CrdWatcher":

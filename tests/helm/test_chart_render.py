@@ -15,8 +15,8 @@ import yaml
 
 from control_plane.analysis import Policy
 from tests.fixtures.prometheus import PROMTOOL_BIN
-from tests.helm.support import (CHART, MONITORING_KINDS, ROOT, SCENARIOS, by_kind, deployer_permissions, helm, render,
-                                role_permissions)
+from tests.helm.support import (CHART, MONITORING_KINDS, ROOT, SCENARIOS, by_kind, crd_watch_permissions,
+                                deployer_permissions, helm, render, role_permissions)
 
 K8S_VERSION = "1.30.0"
 
@@ -56,6 +56,29 @@ def test_template_is_valid_kubernetes(home, scenario):
     assert ("rel-sits-control-auth" in secrets) == (scenario != "existing-secret-values.yaml")
     assert ("rel-sits-control-prometheus" in secrets) == (scenario == "kubernetes-prometheus-values.yaml")
     assert "rel-sits-control-session" in secrets
+
+
+def test_the_kernelrollout_crd_is_shipped_valid_and_watched(home):
+    docs = render(home, None, "--include-crds")
+    crd = by_kind(docs, "CustomResourceDefinition")
+    assert [c["metadata"]["name"] for c in crd] == ["kernelrollouts.sits.dev"]
+    kubernetes_validate.validate(crd[0], K8S_VERSION, strict=True)
+    version = crd[0]["spec"]["versions"][0]
+    assert crd[0]["spec"]["names"]["shortNames"] == ["kr"] and crd[0]["spec"]["scope"] == "Namespaced"
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Service", "Kernels", "Phase", "Weight",
+                                                                         "Verdict", "Age"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert {"service", "kernels", "productionKernels", "model", "replicas", "gpus", "image", "args", "policy",
+            "paused"} == set(spec)
+    # every Policy field has a place in the schema (the rest of the policy is open, checked by the control plane)
+    assert {f.name for f in fields(Policy)} == set(spec["policy"]["properties"])
+    # the control plane watches them with the Kubernetes deployer, not with the local one
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--watch-crds" in args
+    local = by_kind(render(home, None, "--set", "deployer.type=local"), "Deployment")[0]
+    assert "--watch-crds" not in local["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not by_kind(render(home), "CustomResourceDefinition")   # plain `helm template` leaves crds/ out
 
 
 def test_monitoring_needs_the_crds(home):
@@ -125,16 +148,21 @@ def test_container_flags_are_the_clis(home, scenario):
 
 
 def test_role_is_exactly_what_the_deployer_calls(home):
-    code = deployer_permissions()
+    crd = crd_watch_permissions()
+    assert crd == {("sits.dev", "kernelrollouts", "list"), ("sits.dev", "kernelrollouts", "watch"),
+                   ("sits.dev", "kernelrollouts/status", "patch"), ("", "events", "create")}
+    code = deployer_permissions() | crd   # deployer.watchCrds is on by default
     httproutes = {p for p in code if p[1] == "httproutes"}
     assert httproutes and ("apps", "deployments", "update") in code
     default = by_kind(render(home), "Role")[0]
     assert role_permissions(default) == code - httproutes   # replica-ratio traffic: no Gateway API access
     with_routes = by_kind(render(home, None, "--set", "rbac.httpRoutes=true"), "Role")[0]
     assert role_permissions(with_routes) == code
+    no_watch = by_kind(render(home, None, "--set", "deployer.watchCrds=false"), "Role")[0]
+    assert role_permissions(no_watch) == code - httproutes - crd
     # no other adapter module talks to the API server directly
     for path in (ROOT / "control_plane" / "adapters").glob("*.py"):
-        if path.name != "k8s_api.py":
+        if path.name not in ("k8s_api.py", "crd.py"):
             assert "_namespaced_" not in path.read_text(), path
     # the RoleBinding gives the Role to the chart's ServiceAccount, in the deployer's namespace
     docs = render(home, "kubernetes-prometheus-values.yaml")
