@@ -1,5 +1,9 @@
 """KernelRollout resources on the real kube-apiserver drive rollouts (`--watch-crds`): the CRD from the chart, the
 real watch, status subresource and Events; the worker beside it runs the in-memory deployer with canned metrics."""
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +186,38 @@ def test_the_watch_survives_410_gone_and_an_apiserver_restart(kube_cluster, kube
     st = status_where(kube_cluster, ns, "c", "started after the restart", lambda s: s.get("rolloutId"), timeout=60)
     assert plane.store.get(st["rolloutId"]).service == "svc-c"
     assert len({r.id for r in plane.store.list()}) == 3
+
+
+def test_serve_watch_crds_runs_the_watcher(kube_cluster, kube_namespace, crd, tmp_path):
+    """`sits-control serve --watch-crds` (a real process; --no-worker: the rollout waits in pending) turns a
+    KernelRollout into a rollout with the service's policy defaults under the resource's policy."""
+    (tmp_path / "policy.yaml").write_text("check_interval_s: 42\nsteps: [5, 50]\n")
+    db = str(tmp_path / "sits.db")
+    argv = [sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--no-worker", "--watch-crds",
+            "--namespace", kube_namespace, "--kubeconfig", kube_cluster.kubeconfig, "--store", db,
+            "--policy-defaults", str(tmp_path / "policy.yaml")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        apply(kube_cluster, kube_namespace, "chat", policy={"steps": [20, 60]})
+        st = wait_for("serve --watch-crds started the rollout", lambda: (get(
+            kube_cluster, kube_namespace, "chat").get("status") or {}).get("rolloutId"), proc=proc)
+        with Store(db, readonly=True) as s:
+            r = s.get(st)
+        assert r.policy.steps == (20, 60) and r.policy.check_interval_s == 42 and r.canary_kernels == "triton-v1"
+        seen = []
+        for line in proc.stdout:   # serving (its SIGTERM handler set) once it prints its URL
+            seen.append(line)
+            if line.startswith("sits-control serve:"):
+                break
+        assert proc.poll() is None, "".join(seen)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+
+
+def test_serve_watch_crds_without_credentials_is_a_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--no-worker",
+                        "--watch-crds", "--kubeconfig", str(tmp_path / "missing"), "--store", str(tmp_path / "s.db")],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "KUBERNETES_SERVICE_HOST": ""})
+    assert r.returncode == 2 and "--watch-crds: cannot load Kubernetes credentials" in r.stderr, r.stderr
