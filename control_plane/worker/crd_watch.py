@@ -23,10 +23,11 @@ from control_plane.adapters.crd import CrdApiError, KernelRolloutApi, WatchExpir
 from control_plane.adapters.deploy import DeployError
 from control_plane.adapters.k8s_api import load_client
 from control_plane.adapters.crd_status import RolloutRequest, refused_status, rollout_status
-from control_plane.errors import ConflictError, NotFoundError, ValidationError
+from control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 from control_plane.rollout import Command, Phase, Rollout, allowed_commands
 from control_plane.service.rollouts import send_command, start_rollout
 from control_plane.store.db import Store
+from control_plane.store.schema import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class CrdWatcher:
     def _reconcile_logged(self, obj: dict) -> None:
         try:
             self.reconcile(obj)
-        except CrdApiError as e:
+        except (CrdApiError, SitsError, StoreError) as e:   # e.g. API down, a command racing a phase change
             log.warning("KernelRollout %s: %s", obj["metadata"]["name"], e)
 
     def _actor(self, obj: dict) -> str:
