@@ -17,7 +17,7 @@ from control_plane.store.db import Store
 from control_plane.worker.config import WorkerConfig
 from control_plane.worker.crd_watch import CrdWatcher
 from control_plane.worker.loop import Worker
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_http_ok
 
 from .support import CannedSource, InMemoryDeployer
 
@@ -205,11 +205,12 @@ def test_serve_watch_crds_runs_the_watcher(kube_cluster, kube_namespace, crd, tm
             r = s.get(st)
         assert r.policy.steps == (20, 60) and r.policy.check_interval_s == 42 and r.canary_kernels == "triton-v1"
         seen = []
-        for line in proc.stdout:   # serving (its SIGTERM handler set) once it prints its URL
+        for line in proc.stdout:   # its URL, then (answering) the server runs and SIGTERM stops it cleanly
             seen.append(line)
             if line.startswith("sits-control serve:"):
                 break
         assert proc.poll() is None, "".join(seen)
+        wait_http_ok(line.split()[2] + "healthz", 30, proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=30)[0]
