@@ -132,6 +132,7 @@ class CrdWatcher:
             self.cache = fresh
         for obj in gone:
             self._deleted(obj)
+        self._abort_orphans(fresh)
         self.resource_version, self._listed_at = rv, time.monotonic()
         self.relists += 1
         for obj in items:
@@ -165,6 +166,20 @@ class CrdWatcher:
                 log.info("KernelRollout %s deleted: rollout %s aborted", name, rid)
         except (NotFoundError, ConflictError) as e:   # gone, or already ending
             log.info("KernelRollout %s deleted: rollout %s: %s", name, rid, e)
+
+    def _abort_orphans(self, fresh: Mapping[str, dict]) -> None:
+        """Active rollouts created by a KernelRollout of this namespace that no longer exists (deleted while no
+        watcher ran): aborted, as the deletion would have."""
+        ours = {self._actor(o) for o in fresh.values()}
+        for r in self.store.active():
+            created = self.store.events(r.id, limit=1)
+            actor = created[0]["actor"] if created else ""
+            if actor.split("/")[:2] == ["kernelrollout", self.api.namespace] and actor not in ours:
+                try:
+                    send_command(self.store, r.id, Command.ABORT, actor)
+                    log.info("rollout %s: its %s is gone; aborted", r.id, actor)
+                except ConflictError as e:   # already ending
+                    log.info("rollout %s: its %s is gone: %s", r.id, actor, e)
 
     # ---- one resource ----------------------------------------------------------------------------------------
     def _reconcile_logged(self, obj: dict) -> None:

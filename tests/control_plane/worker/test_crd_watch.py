@@ -149,6 +149,22 @@ def test_pause_resume_edit_and_delete(kube_cluster, kube_namespace, plane):
     assert any(e["actor"] == f"kernelrollout/{ns}/kr" for e in plane.store.events(new.id))
 
 
+def test_a_resource_deleted_while_no_watcher_ran_aborts_its_rollout(kube_cluster, kube_namespace, plane):
+    ns = kube_namespace
+    apply(kube_cluster, ns, "gone", policy=SLOW)
+    apply(kube_cluster, ns, "kept", service="other", policy=SLOW)
+    gone, kept = (status_where(kube_cluster, ns, n, "progressing", lambda s: s.get("phase") == "progressing")[
+        "rolloutId"] for n in ("gone", "kept"))
+    plane.stop()
+    custom(kube_cluster).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "gone")
+    fresh = CrdWatcher(plane.store, plane.api, sync_interval_s=0.2).start()   # a new process: nothing in memory
+    try:
+        wait_for("the orphaned rollout aborted", lambda: plane.store.get(gone).phase is Phase.ROLLED_BACK)
+        assert plane.store.get(kept).phase is Phase.PROGRESSING
+    finally:
+        fresh.stop()
+
+
 def test_a_spec_the_control_plane_refuses_is_degraded(kube_cluster, kube_namespace, plane):
     ns = kube_namespace
     apply(kube_cluster, ns, "unknown", kernels="no-such-set", policy=FAST)
