@@ -10,7 +10,8 @@ level-triggered from the resource and the store:
   - spec.kernels differs from the active rollout's: abort it; the new one starts once it is rolled back
   - spec.paused differs from status.specPaused (what was last applied): pause / resume, once the phase allows it
   - always: status from the rollout and its last check, written only when it changed
-A deleted resource aborts its active rollout. UI/API commands act on the same rollout, so the status shows them.
+A deleted resource aborts its active rollout (one deleted while no watcher ran: at the next list, by the creation
+event's actor). UI/API commands act on the same rollout, so the status shows them.
 """
 from __future__ import annotations
 
