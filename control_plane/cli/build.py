@@ -9,6 +9,7 @@ from pathlib import Path
 
 from control_plane.adapters.correctness import CorrectnessProbe
 from control_plane.adapters.deploy import DeployError
+from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
@@ -20,6 +21,7 @@ from control_plane.store.db import Store
 from control_plane.tracing import Tracing
 from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
+from control_plane.worker.crd_watch import CrdApiError, CrdWatcher
 
 log = logging.getLogger("control_plane.cli")
 
@@ -147,3 +149,15 @@ def build_worker(a) -> Worker:
     config = WorkerConfig(interval_s=a.interval, lease_ttl_s=max(30.0, 3 * a.interval))
     return Worker(store, deployer, source, MultiNotifier(hooks), config, tracing=tracing,
                   correctness=CorrectnessProbe(prompt_dir=a.prompt_set_dir))
+
+
+def start_crd_watcher(a, policy_defaults=None) -> CrdWatcher:
+    """`serve --watch-crds`: KernelRollouts of --namespace become rollouts in --store (the kernel catalogue and policy
+    defaults the API uses)."""
+    try:
+        catalog = KernelCatalog.discover(a.kernel_catalog)
+        return CrdWatcher.open(a.store, a.namespace, kubeconfig=a.kubeconfig, kernel_sets=catalog,
+                               policy_defaults=policy_defaults.to_dict() if policy_defaults is not None else None
+                               ).start()
+    except (CrdApiError, CatalogError) as e:
+        raise CLIError(str(e)) from None

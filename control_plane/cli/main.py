@@ -28,7 +28,7 @@ from control_plane.service import rollouts as service
 from control_plane.adapters.deploy import DeployError
 from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
 from control_plane.analysis import Policy, PolicyError
-from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config
+from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
 from control_plane.demo.runner import SCENARIOS, DemoConfig, run_demo
 from control_plane.errors import SitsError
 from control_plane.worker.lifecycle import shutdown
@@ -175,10 +175,14 @@ def cmd_serve(a) -> int:
     defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
     # without a worker, POST /api/v1/judge still queries the Prometheus the flags name
     judge_prometheus = prometheus_config(a) if a.no_worker and a.metrics == "prometheus" else None
+    watcher = start_crd_watcher(a, defaults) if a.watch_crds else None
     try:
         return serve(a, build_worker, stop_worker, defaults, judge_prometheus)
     except ServeError as e:
         raise CLIError(str(e)) from None
+    finally:
+        if watcher is not None:
+            watcher.close()
 
 
 def cmd_demo(a) -> int:
@@ -290,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "installed engine, else the built-in sets")
     v.add_argument("--grafana-url", default=os.environ.get("SITS_GRAFANA_URL") or None,
                    help="Grafana with the generated dashboards: the UI links them per rollout (or $SITS_GRAFANA_URL)")
+    v.add_argument("--watch-crds", action="store_true",
+                   help="drive rollouts from the KernelRollout resources of --namespace and write their status "
+                        "(docs/kubernetes.md#declarative-rollouts-kernelrollout)")
     _worker_args(v)
     v.set_defaults(fn=cmd_serve)
 

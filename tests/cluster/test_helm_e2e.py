@@ -142,7 +142,16 @@ def _checks(release, rid) -> list[dict]:
 
 
 def test_slow_canary_rolled_back_by_promql_analysis(release, load):
-    rid = release.start("torch-slow-attn")
+    # declared as a KernelRollout (the chart's CRD; the control plane watches it with deployer.watchCrds)
+    kr = client.CustomObjectsApi(release.api_client)
+    kr.create_namespaced_custom_object("sits.dev", "v1alpha1", release.ns, "kernelrollouts", {
+        "apiVersion": "sits.dev/v1alpha1", "kind": "KernelRollout", "metadata": {"name": "chat-slow"},
+        "spec": {"service": SVC, "kernels": "torch-slow-attn", "productionKernels": "torch"}})
+
+    def kr_status():
+        return kr.get_namespaced_custom_object("sits.dev", "v1alpha1", release.ns, "kernelrollouts",
+                                               "chat-slow").get("status") or {}
+    rid = wait_for("the KernelRollout's rollout", lambda: kr_status().get("rolloutId"), timeout=60, interval=0.5)
     _start_load(release, load)
     # the control plane (in-cluster, the chart's Role) made production, baseline and canary Deployments
     wait_for("three variants", lambda: release.roles() == {"production", "baseline", "canary"}, timeout=120)
@@ -170,6 +179,13 @@ def test_slow_canary_rolled_back_by_promql_analysis(release, load):
                       .metadata.annotations["sits.io/spec"])
     assert spec["kernels"] == "torch"
     _assert_production_served(release, load)
+    # the resource shows it: rolled back by a failed check, Degraded, and keeps that status
+    st = wait_for("the KernelRollout's final status", lambda: (s := kr_status()).get("phase") == "rolled_back" and s,
+                  timeout=30, interval=0.5)
+    assert st["rolloutId"] == rid and st["lastCheck"]["verdict"] == "fail" and st["checks"] == len(checks)
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {"Progressing": "False", "Completed": "True",
+                                                                    "Degraded": "True"}
+    kr.delete_namespaced_custom_object("sits.dev", "v1alpha1", release.ns, "kernelrollouts", "chat-slow")
 
 
 def _engine_container(node_agent, ns, role):

@@ -87,3 +87,25 @@ def deployer_permissions() -> set[tuple[str, str, str]]:
 def role_permissions(role: dict) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
             for v in rule["verbs"]}
+
+
+def crd_watch_permissions() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every call in control_plane/adapters/crd.py (the KernelRollout watcher):
+    `self.custom.list_namespaced_custom_object` -> list (and watch, when streamed by `watch.Watch`),
+    `..._custom_object_status` -> the status subresource, `self.core.create_namespaced_event` -> events."""
+    from control_plane.adapters.crd import GROUP, PLURAL
+    source = (ROOT / "control_plane" / "adapters" / "crd.py").read_text()
+    perms = set()
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
+            continue
+        api, method = node.value.attr, node.attr
+        if api == "custom" and "_namespaced_custom_object" in method:
+            resource = PLURAL + ("/status" if method.endswith("_status") else "")
+            perms.add((GROUP, resource, _VERBS[method.split("_namespaced_")[0]]))
+        elif api == "core" and method.endswith("_namespaced_event"):
+            perms.add(("", "events", _VERBS[method.split("_namespaced_")[0]]))
+    if "w.stream(self.custom.list_namespaced_custom_object" in source:
+        perms.add((GROUP, PLURAL, "watch"))
+    return perms

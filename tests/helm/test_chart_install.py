@@ -14,9 +14,13 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
+from control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
 from control_plane.adapters.deploy import VariantSpec
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from control_plane.store.db import Store
+from control_plane.worker.crd_watch import CrdWatcher
 from tests.helm.support import CHART, MONITORING_KINDS, helm
+from tests.waiting import wait_for
 
 CRDS = Path(__file__).resolve().parent / "crds"
 
@@ -184,3 +188,40 @@ def test_service_account_can_deploy_and_nothing_more(home, kube_cluster):
         with pytest.raises(ApiException) as e:
             call()
         assert e.value.status == 403
+
+
+def test_service_account_can_drive_kernel_rollouts(home, kube_cluster, tmp_path):
+    """`helm install` brings the KernelRollout CRD (crds/); the watcher, holding only the chart's ServiceAccount
+    token, lists and watches KernelRollouts, writes their status and records Events; it may not change their spec or
+    delete them."""
+    ns = _namespace(kube_cluster)
+    _install(home, kube_cluster, ns, "default-values.yaml")
+    ext = client.ApiextensionsV1Api(kube_cluster.api_client())
+    wait_for("the chart's CRD Established", lambda: any(
+        c.type == "Established" and c.status == "True"
+        for c in ext.read_custom_resource_definition("kernelrollouts.sits.dev").status.conditions or []))
+    admin = client.CustomObjectsApi(kube_cluster.api_client())
+    admin.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "KernelRollout", "metadata": {"name": "chat"},
+        "spec": {"service": "chat", "kernels": "triton-v1"}})
+    sa = _service_account_client(kube_cluster, ns, "rel-sits-control")
+    store = Store(str(tmp_path / "sits.db"))
+    watcher = CrdWatcher(store, KernelRolloutApi(sa, ns), sync_interval_s=0.2).start()
+    try:
+        st = wait_for("status written with the SA token", lambda: (admin.get_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "chat").get("status") or {}).get("rolloutId"))
+        assert store.get(st).service == "chat" and watcher.api_errors == 0
+        reasons = [e.reason for e in client.CoreV1Api(kube_cluster.api_client()).list_namespaced_event(ns).items
+                   if e.involved_object.kind == "KernelRollout"]
+        assert "Started" in reasons
+    finally:
+        watcher.stop()
+        store.close()
+    sa_custom = client.CustomObjectsApi(sa)
+    for call in (lambda: sa_custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat",
+                                                                  {"spec": {"kernels": "torch"}}),
+                 lambda: sa_custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat")):
+        with pytest.raises(ApiException) as e:
+            call()
+        assert e.value.status == 403
+    helm("uninstall", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig)

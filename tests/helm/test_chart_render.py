@@ -15,8 +15,8 @@ import yaml
 
 from control_plane.analysis import Policy
 from tests.fixtures.prometheus import PROMTOOL_BIN
-from tests.helm.support import (CHART, MONITORING_KINDS, ROOT, SCENARIOS, by_kind, deployer_permissions, helm, render,
-                                role_permissions)
+from tests.helm.support import (CHART, MONITORING_KINDS, ROOT, SCENARIOS, by_kind, crd_watch_permissions,
+                                deployer_permissions, helm, render, role_permissions)
 
 K8S_VERSION = "1.30.0"
 
@@ -57,6 +57,29 @@ def test_template_is_valid_kubernetes(home, scenario):
     assert ("rel-sits-control-prometheus" in secrets) == (scenario == "kubernetes-prometheus-values.yaml")
     assert "rel-sits-control-session" in secrets
     assert [d["metadata"]["name"] for d in by_kind(docs, "NetworkPolicy")] == ["rel-sits-control"]   # on by default
+
+
+def test_the_kernelrollout_crd_is_shipped_valid_and_watched(home):
+    docs = render(home, None, "--include-crds")
+    crd = by_kind(docs, "CustomResourceDefinition")
+    assert [c["metadata"]["name"] for c in crd] == ["kernelrollouts.sits.dev"]
+    kubernetes_validate.validate(crd[0], K8S_VERSION, strict=True)
+    version = crd[0]["spec"]["versions"][0]
+    assert crd[0]["spec"]["names"]["shortNames"] == ["kr"] and crd[0]["spec"]["scope"] == "Namespaced"
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Service", "Kernels", "Phase", "Weight",
+                                                                         "Verdict", "Age"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert {"service", "kernels", "productionKernels", "model", "replicas", "gpus", "image", "args", "policy",
+            "paused"} == set(spec)
+    # every Policy field has a place in the schema (the rest of the policy is open, checked by the control plane)
+    assert {f.name for f in fields(Policy)} == set(spec["policy"]["properties"])
+    # the control plane watches them with the Kubernetes deployer, not with the local one
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--watch-crds" in args
+    local = by_kind(render(home, None, "--set", "deployer.type=local"), "Deployment")[0]
+    assert "--watch-crds" not in local["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not by_kind(render(home), "CustomResourceDefinition")   # plain `helm template` leaves crds/ out
 
 
 def test_monitoring_needs_the_crds(home):
@@ -126,16 +149,21 @@ def test_container_flags_are_the_clis(home, scenario):
 
 
 def test_role_is_exactly_what_the_deployer_calls(home):
-    code = deployer_permissions()
+    crd = crd_watch_permissions()
+    assert crd == {("sits.dev", "kernelrollouts", "list"), ("sits.dev", "kernelrollouts", "watch"),
+                   ("sits.dev", "kernelrollouts/status", "patch"), ("", "events", "create")}
+    code = deployer_permissions() | crd   # deployer.watchCrds is on by default
     httproutes = {p for p in code if p[1] == "httproutes"}
     assert httproutes and ("apps", "deployments", "update") in code
     default = by_kind(render(home), "Role")[0]
     assert role_permissions(default) == code - httproutes   # replica-ratio traffic: no Gateway API access
     with_routes = by_kind(render(home, None, "--set", "rbac.httpRoutes=true"), "Role")[0]
     assert role_permissions(with_routes) == code
+    no_watch = by_kind(render(home, None, "--set", "deployer.watchCrds=false"), "Role")[0]
+    assert role_permissions(no_watch) == code - httproutes - crd
     # no other adapter module talks to the API server directly
     for path in (ROOT / "control_plane" / "adapters").glob("*.py"):
-        if path.name != "k8s_api.py":
+        if path.name not in ("k8s_api.py", "crd.py"):
             assert "_namespaced_" not in path.read_text(), path
     # the RoleBinding gives the Role to the chart's ServiceAccount, in the deployer's namespace
     docs = render(home, "kubernetes-prometheus-values.yaml")
@@ -266,6 +294,8 @@ def test_the_control_plane_runs_the_slim_image_and_the_engines_theirs(home, tmp_
     cm = next(d for d in by_kind(docs, "ConfigMap") if "kernel-catalog.json" in d["data"])
     assert cm["data"]["SITS_ENGINE_IMAGE"] == f"ghcr.io/sits/sits:{version}"
     assert cm["data"]["SITS_KERNEL_CATALOG"] == "/etc/sits/config/kernel-catalog.json"
+    config = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
+    assert {"key": "kernel-catalog.json", "path": "kernel-catalog.json"} in config["configMap"]["items"]   # mounted
     # the chart's copy is the control plane's (python -m kernels.catalog --write; then copy it to files/)
     assert cm["data"]["kernel-catalog.json"] == SHIPPED.read_text()
     (tmp_path / "c.json").write_text(cm["data"]["kernel-catalog.json"])

@@ -3,7 +3,6 @@ applies during long steps: the correctness replay stops between prompts, a faili
 does not restore variants first. Two real Workers on one store file; an injected clock; no sleeps."""
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from control_plane.analysis import Policy
