@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` (main job, CPU, no cluster) and `make test` (set up + run the tests).
-.PHONY: setup demo test
+.PHONY: setup demo test test-gpu
 PY := .venv/bin/python
 
 setup:
@@ -14,3 +14,7 @@ demo:
 test:
 	bash .ci/setup.sh test
 	$(PY) -m pytest -q tests
+
+# on a CUDA machine (python3 with torch and triton): the whole GPU suite in one call (about 4 minutes on an H200)
+test-gpu:
+	bash bench/gpu_session.sh tests
