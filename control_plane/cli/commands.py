@@ -1,0 +1,179 @@
+"""What each `sits-control` command does with its parsed flags (control_plane/cli/main.py parses them): rollout
+start/list/show and the commands, worker, serve, demo. Each returns the process's exit status."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+
+import yaml
+from prometheus_client import start_http_server
+
+from control_plane.adapters.deploy import DeployError
+from control_plane.adapters.kernel_catalog import KernelCatalog
+from control_plane.adapters.spec import DeploySpec
+from control_plane.analysis import Policy, PolicyError
+from control_plane.cli import client
+from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
+from control_plane.demo.runner import SCENARIOS, DemoConfig, run_demo
+from control_plane.redact import redact
+from control_plane.service import format as fmt
+from control_plane.service import rollouts as service
+from control_plane.store.codec import rollout_to_dict
+from control_plane.store.db import Store
+from control_plane.web import present
+from control_plane.web.serve import ServeError, serve
+from control_plane.worker.lifecycle import shutdown
+from control_plane.worker.loop import Worker
+
+
+MAX_POLICY_BYTES = 1 << 20   # a policy is a few hundred bytes; a 35 MB one is a mistake or an attack
+
+
+def _load_policy(path: str | None) -> Policy:
+    if path is None:
+        return Policy()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)
+    except OSError as e:
+        raise CLIError(f"cannot read policy file {path}: {e.strerror}") from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise CLIError(f"policy file {path} is larger than {MAX_POLICY_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        return Policy.from_dict(data)
+    except PolicyError as e:
+        raise CLIError(f"policy {path}: {e}") from None
+    except RecursionError:
+        raise CLIError(f"policy {path} is nested too deeply to be a policy") from None
+    except (ValueError, yaml.YAMLError) as e:   # JSONDecodeError, UnicodeDecodeError, YAML tags and syntax
+        raise CLIError(f"policy {path} is not valid JSON/YAML: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return (" ".join(lines[:3]) or type(e).__name__)[:300]
+
+
+# ---- commands ---------------------------------------------------------------------------------------------------
+def cmd_rollout_start(a) -> int:
+    policy = _load_policy(a.policy)
+    if a.url:
+        body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
+                "policy": policy.to_dict() if a.policy else None, "args": a.args, "production_args": a.production_args,
+                "production_kernels": a.production_kernels}
+        return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
+    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
+                      canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
+                      gpus=a.gpus)
+    with open_store(a.store, must_exist=False) as store:
+        production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
+        r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,
+                                  kernel_sets=KernelCatalog.discover(a.kernel_catalog, need=(a.kernels, production)))
+        print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
+              f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
+              "from here", flush=True)
+        if a.wait:
+            return client.wait(lambda: _summary(store, r.id))
+    return 0
+
+
+def _summary(store: Store, rollout_id: str) -> dict:
+    """What `--wait` follows, read from the store: the API's rollout summary."""
+    r = store.get(rollout_id)
+    last = present.headline(store.check(r.id, r.checks)) if r.checks else None
+    return present.rollout_summary(r, last, service.allowed_commands(r))
+
+
+def cmd_rollout_list(a) -> int:
+    if a.url:
+        return client.remote_list(a)
+    with open_store(a.store, readonly=True) as store:
+        print("\n".join(fmt.rollout_table(store.list(active=True if a.active else None))))
+    return 0
+
+
+def cmd_rollout_show(a) -> int:
+    if a.url:
+        return client.remote_show(a)
+    with open_store(a.store, readonly=True) as store:   # what was stored before redaction existed is masked here
+        if a.json:
+            r = store.get(a.id)
+            print(redact(json.dumps({"rollout": rollout_to_dict(r), "checks": store.checks(a.id),
+                                     "events": store.events(a.id), "actions": store.actions(a.id),
+                                     "notifications": store.deliveries.of_rollout(a.id)}, indent=1)))
+        else:
+            print("\n".join(redact(line) for line in fmt.rollout_report(store, a.id)))
+    return 0
+
+
+def cmd_rollout_command(a) -> int:
+    if a.url:
+        return client.remote_command(a)
+    with open_store(a.store) as store:
+        service.send_command(store, a.id, a.command, a.by)
+        r = store.get(a.id)
+    print(f"{a.command} queued for rollout {a.id} (phase {r.phase.value}); the worker applies it at its next pass")
+    return 0
+
+
+def cmd_worker(a) -> int:
+    try:
+        worker = build_worker(a)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if a.metrics_port:
+        start_http_server(a.metrics_port, a.metrics_host, registry=worker.metrics.registry)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(redact(f"worker: store {worker.store.path}, every {worker.config.interval_s:g} s, metrics from "
+                 f"{worker.source.name}; Ctrl-C to stop"), flush=True)
+    worker.start()
+    stop.wait()
+    shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
+    worker.tracing.shutdown()
+    worker.store.close()
+    return 0
+
+
+def cmd_serve(a) -> int:
+    def stop_worker(worker: Worker) -> None:
+        shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
+        worker.tracing.shutdown()
+        worker.store.close()
+    defaults = _load_policy(a.policy_defaults) if a.policy_defaults else None
+    # without a worker, POST /api/v1/judge still queries the Prometheus the flags name
+    judge_prometheus = prometheus_config(a) if a.no_worker and a.metrics == "prometheus" else None
+    watcher = start_crd_watcher(a, defaults) if a.watch_crds else None
+    try:
+        return serve(a, build_worker, stop_worker, defaults, judge_prometheus)
+    except ServeError as e:
+        raise CLIError(str(e)) from None
+    finally:
+        if watcher is not None:
+            watcher.close()
+
+
+def cmd_demo(a) -> int:
+    keep = a.keep_running if a.keep_running is not None else (not a.exit_when_done and sys.stdin.isatty())
+    scenarios = tuple(SCENARIOS) if a.scenario == "all" else (a.scenario,)
+    try:
+        cfg = DemoConfig(workdir=a.workdir, scenarios=scenarios, rate=a.rate, metrics=a.metrics, port=a.port,
+                         keep_running=keep)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    try:
+        return 0 if run_demo(cfg).ok else 1
+    except DeployError as e:   # an engine did not start: its log tail is in the message
+        print(f"sits-control demo: a variant could not be deployed: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:   # e.g. no prometheus binary
+        print(f"sits-control demo: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("sits-control demo: interrupted (every variant was stopped)", file=sys.stderr)
+        return 130
