@@ -96,6 +96,16 @@ def _spec_key(a):
     raise TypeError(type(a).__name__)  # e.g. a TMA descriptor: not taken by the fast path
 
 
+def current_device() -> int:
+    """The current CUDA device's index, at the cost of one C call (torch.cuda.current_device() checks more)."""
+    return torch._C._cuda_getDevice()
+
+
+def current_raw_stream(device: int) -> int:
+    """The current stream of `device` as the raw handle a compiled Triton kernel's launcher takes."""
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
 class FastLauncher:
     """Launches one @triton.jit kernel with fixed constexprs and launch options at a fraction of Triton's per-call
     cost (JITFunction.run binds and specializes every argument and builds a cache key on each call: tens of
@@ -124,7 +134,7 @@ class FastLauncher:
         if not _fast_launch_on():
             self.fn[grid](*args, **self.constexprs)
             return
-        dev = torch._C._cuda_getDevice()
+        dev = current_device()
         try:
             key = (dev, *map(_spec_key, args))
         except TypeError:
@@ -138,7 +148,7 @@ class FastLauncher:
         for i, a in zip(self.runtime_at, args):
             full[i] = a
         g = tuple(grid) + (1, 1)
-        kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), kernel.function,
+        kernel.run(g[0], g[1], g[2], current_raw_stream(dev), kernel.function,
                    kernel.packed_metadata, None, None, None, *full)
 
 

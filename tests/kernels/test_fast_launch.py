@@ -1,4 +1,5 @@
-"""FastLauncher's dispatch logic on CPU with a stand-in for Triton's compiled kernel (the real launch is exercised
+"""FastLauncher's dispatch logic on CPU with a stand-in for Triton's compiled kernel and the CUDA device and stream
+given through triton_env's own current_device/current_raw_stream (the real launch is exercised
 on a GPU by test_triton_gpu.py::test_fast_launch_repeats_match_the_reference_and_respecialize)."""
 import pytest
 import torch
@@ -36,8 +37,8 @@ class _Jit:
 
 def test_first_call_compiles_through_triton_then_launches_directly(monkeypatch):
     monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: True)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 7, raising=False)
+    monkeypatch.setattr(triton_env, "current_device", lambda: 0)            # no CUDA here: device 0,
+    monkeypatch.setattr(triton_env, "current_raw_stream", lambda dev: 7)    # stream handle 7
     jit = _Jit()
     launch = triton_env.FastLauncher(jit, BLOCK=64, FLAG=True, num_warps=4)
     x = torch.zeros(64)
@@ -96,8 +97,8 @@ def test_the_real_kernels_constexprs_are_found():
 
 def test_fast_tuned_tunes_once_then_launches_the_winner_with_derived_constexprs(monkeypatch):
     monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: True)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 7, raising=False)
+    monkeypatch.setattr(triton_env, "current_device", lambda: 0)            # no CUDA here: device 0,
+    monkeypatch.setattr(triton_env, "current_raw_stream", lambda dev: 7)    # stream handle 7
     jit = _Jit()
 
     class Best:  # triton.Config's interface
