@@ -146,15 +146,16 @@ def test_series_carry_one_column_per_gated_check_with_the_tables_numbers(client,
 
 
 def test_new_canary_says_how_many_replicas_fit(store, users, login_clock):
+    """The local deployer's own limit (4 engines: production, baseline and canary get one each), as `serve` and the
+    demo put it into the app's config; the view reads only that."""
+    import dataclasses
     from control_plane.web import create_app
     from control_plane.adapters.local import LocalDeployer
     from control_plane.adapters.local_config import LocalConfig
-    from control_plane.worker.loop import Worker
-    from tests.control_plane.worker.support import CannedSource
     deployer = LocalDeployer(LocalConfig(max_replicas=4))
     try:
         app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "k",
-                          "WORKER": Worker(store, deployer, CannedSource(), owner="t")})
+                          "REPLICA_LIMIT": dataclasses.asdict(deployer.replica_limit())})
         client = app.test_client()
         login(client, TOKENS["operator"])
         html = client.get("/rollouts/new").get_data(as_text=True)
