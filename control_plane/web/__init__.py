@@ -104,7 +104,7 @@ def create_app(config: dict | None = None) -> Flask:
 
 
 def _printable(value):
-    """What a template prints: strings with lone surrogates (not encodable as UTF-8) shown as \\udXXX escapes;
+    """What a template prints: strings with lone surrogates (not encodable as UTF-8) shown escaped, e.g. \\ud800;
     Markup stays Markup (tojson output is not escaped twice)."""
     if isinstance(value, str) and _SURROGATE.search(value):
         fixed = value.encode("utf-8", "backslashreplace").decode("utf-8")
