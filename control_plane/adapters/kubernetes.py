@@ -127,10 +127,10 @@ class KubernetesDeployer:
             pods = self.kube.call(f"list Pods of {service}", lambda: self.kube.list_pods(sel.split(",")[0]))
             for role, st in list(out.items()):
                 mine = [p for p in pods if p["metadata"].get("labels", {}).get(m.ROLE_LABEL) == role]
-                why = pod_problems(mine)
-                if why and not st.ready:
-                    out[role] = dataclasses.replace(st, message=f"{st.message}; {why}",
-                                                    crashing=pods_crashing(mine))
+                why, crashing = pod_problems(mine), pods_crashing(mine)
+                if (why or crashing) and not st.ready:
+                    out[role] = dataclasses.replace(st, message=f"{st.message}; {why}" if why else st.message,
+                                                    crashing=crashing)
         return out
 
     def promote(self, service: str) -> None:
@@ -351,4 +351,8 @@ def pod_problems(pods: list[dict]) -> str:
                 out.append(msg.rstrip())
             elif last.get("reason") == "OOMKilled":
                 out.append(f"pod {pod['metadata']['name']}: {cs['name']} OOMKilled")
+            elif cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):   # restarted, not up yet
+                n = cs["restartCount"]
+                out.append(f"pod {pod['metadata']['name']}: {cs['name']} restarted {n} time{'s' if n != 1 else ''}, "
+                           f"last exit code {last['exitCode']} {last.get('reason', '')}".rstrip())
     return "; ".join(out[:5]) + (f"; ... {len(out) - 5} more" if len(out) > 5 else "")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from control_plane.rollout import ROLES
 from control_plane.tracing import SpanKind, Tracing, inject, set_attributes
 
 OK = "ok"
@@ -164,9 +165,12 @@ class Tally:
     tokens: Counter = field(default_factory=Counter)
 
     def per_variant(self) -> dict[str, dict[str, int]]:
-        """variant -> {"answered": ok requests, "failed": the rest, "tokens": tokens of ok answers, <outcome>: n}."""
+        """variant -> {"answered": ok requests, "failed": the rest, "tokens": tokens of ok answers, <outcome>: n},
+        in role order (production, baseline, canary, then any other answerer such as "?"), whichever answered first."""
         out: dict[str, dict[str, int]] = {}
-        for (variant, _kind, outcome), n in self.requests.items():
+        order = {r: i for i, r in enumerate(ROLES)}
+        for (variant, _kind, outcome), n in sorted(self.requests.items(),
+                                                   key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
             row = out.setdefault(variant, {"answered": 0, "failed": 0, "tokens": self.tokens[variant]})
             row["answered" if outcome == OK else "failed"] += n
             row[outcome] = row.get(outcome, 0) + n

@@ -11,7 +11,7 @@ import pytest
 from control_plane.adapters.deploy import VariantSpec
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
-from control_plane.demo.loadgen import (OK, LengthDist, LoadGenerator, Planned, TrafficMix, plan, verify_plain,
+from control_plane.demo.loadgen import (OK, LengthDist, LoadGenerator, Planned, Tally, TrafficMix, plan, verify_plain,
                                         verify_stream)
 from tests.waiting import wait_for
 
@@ -130,3 +130,17 @@ def test_stop_sends_nothing_more_when_the_service_is_overloaded():
         release.set()
         srv.shutdown()
         srv.server_close()
+
+
+def test_counts_come_in_role_order_whoever_answered_first():
+    # the demo's summary line reads "production ... ; baseline ... ; canary ...": the canary's first answer may come
+    # back before the baseline's, and the order must not depend on it
+    t = Tally()
+    t.requests[("canary", "chat", OK)] += 2
+    t.requests[("?", "chat", "transport")] += 1
+    t.requests[("baseline", "chat", OK)] += 3
+    t.requests[("production", "chat", "http_503")] += 1
+    t.requests[("production", "chat", OK)] += 5
+    rows = t.per_variant()
+    assert list(rows) == ["production", "baseline", "canary", "?"]
+    assert rows["production"] == {"answered": 5, "failed": 1, "tokens": 0, OK: 5, "http_503": 1}

@@ -399,6 +399,23 @@ def test_crash_looping_pods_are_named_in_the_status(kd, kube_namespace, kube_clu
     assert "CrashLoopBackOff" not in st["production"].message
 
 
+def test_a_container_restarted_after_a_kill_is_crashing_before_any_back_off(kd, kube_namespace, kube_cluster):
+    # between a SIGKILL (an OOM kill, a crash) and the kubelet's next back-off the container runs again, not ready,
+    # with no waiting reason: the crash guard must see it (it said "not ready" instead)
+    ns = kube_namespace
+    kd.deploy(spec("production"))
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    assert mark_ready(kube_cluster, kd, ns, "production").ready
+    deadline = time.monotonic() + 30
+    while not kube_cluster.crash_pods(ns, f"app={SVC},sits.io/role=canary", restarts=1, exit_code=137, backoff=False):
+        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
+        time.sleep(0.2)
+    st = kd.status(SVC)
+    assert not st["canary"].ready and st["canary"].crashing
+    assert "engine restarted 1 time, last exit code 137 Error" in st["canary"].message
+    assert not st["production"].crashing
+
+
 @pytest.mark.parametrize("container,crashing", [
     ({"ready": False, "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}, True),
     ({"ready": False, "restartCount": 1, "state": {"running": {}},
