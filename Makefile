@@ -13,7 +13,7 @@ demo:
 # pytest exits 5 when it collects nothing: that fails here like any other error.
 test:
 	bash .ci/setup.sh test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # on a CUDA machine (python3 with torch and triton): the whole GPU suite in one call (about 4 minutes on an H200)
 test-gpu:

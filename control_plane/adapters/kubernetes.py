@@ -4,7 +4,8 @@ Traffic: `traffic="replicas"` splits by replica ratio behind one Service `<servi
 (no mesh needed; coarse, as replicas are integers); `traffic="httproute"` writes Gateway API HTTPRoute backend weights
 (exact percentages; replicas stay at spec.replicas). Writes are read-modify-write with the object's resourceVersion;
 409 conflicts and 5xx/429 are retried with exponential backoff (re-reading first); 401/403/404/422 become DeployErrors
-with the API's own message. Readiness comes from Deployment status, as the deployment controller writes it.
+with the API's own message. Readiness comes from Deployment status, as the deployment controller writes it, and
+why a variant is not ready from its pods' container statuses (k8s_status.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from control_plane.rollout import ROLES
 from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, VariantSpec,
                                            VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.k8s_api import KubeApi, load_client, merged
+from control_plane.adapters.k8s_status import deployment_status, pod_problems, pods_crashing
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,7 @@ class KubernetesDeployer:
         for d in items:
             role = d["metadata"].get("labels", {}).get(m.ROLE_LABEL)
             if role in ROLES:
-                out[role] = self._variant_status(service, role, d)
+                out[role] = deployment_status(d, role, endpoint=self._endpoint(service, role))
         if out and self.config.traffic == "httproute":
             route = self.kube.call(f"read HTTPRoute {service}", lambda: self.kube.get("route", service))
             weights = m.route_weights(route) if route else {}
@@ -229,34 +231,8 @@ class KubernetesDeployer:
             self.kube.replace("deployment", name, cur)
         self.kube.call(f"scale Deployment {name}", op)
 
-    def _variant_status(self, service: str, role: str, d: dict) -> VariantStatus:
-        want = int(d["spec"].get("replicas", 1))
-        st = d.get("status", {})
-        ready_n = int(st.get("readyReplicas", 0) or 0)
-        updated = int(st.get("updatedReplicas", 0) or 0)
-        available = int(st.get("availableReplicas", 0) or 0)
-        total = int(st.get("replicas", 0) or 0)
-        observed = int(st.get("observedGeneration", 0) or 0) >= int(d["metadata"].get("generation", 0))
-        # rollout complete (as `kubectl rollout status`): every pod runs the current template and is available
-        ready = (want > 0 and observed and updated >= want and total == updated and available >= want
-                 and ready_n >= want)
-        if want == 0:
-            msg = "scaled to 0"
-        elif not observed:
-            msg = "spec change not yet observed by the deployment controller"
-        else:
-            msg = f"{ready_n}/{want} ready, {updated} updated, {available} available"
-            if total > updated:
-                msg += f", {total - updated} old replicas still running"
-            for c in st.get("conditions", []):
-                if c.get("status") == "False" and c.get("message"):
-                    msg += f"; {c['type']}: {c['message']}"
-        w = d["metadata"].get("annotations", {}).get(m.WEIGHT_ANNOTATION)
-        if w is not None:
-            msg += f"; weight {w}%"
-        endpoint = f"http://{m.variant_name(service, role)}.{self.config.namespace}.svc:{self.config.port}"
-        return VariantStatus(role=role, ready=ready, replicas=want, ready_replicas=ready_n, endpoint=endpoint,
-                             message=msg)
+    def _endpoint(self, service: str, role: str) -> str:
+        return f"http://{m.variant_name(service, role)}.{self.config.namespace}.svc:{self.config.port}"
 
     def _specs(self, service: str) -> dict[str, VariantSpec]:
         out = {}
@@ -319,40 +295,3 @@ def _int_or_none(v) -> int | None:
         return int(v)
     except (TypeError, ValueError):
         return None
-
-
-_BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
-
-
-def pods_crashing(pods: list[dict]) -> bool:
-    """A container in CrashLoopBackOff, or restarted after exiting with an error and not ready again."""
-    for pod in pods:
-        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
-            if (cs.get("state", {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
-                return True
-            last = cs.get("lastState", {}).get("terminated") or {}
-            if cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):
-                return True
-    return False
-
-
-def pod_problems(pods: list[dict]) -> str:
-    """What keeps a variant's pods from serving, in the kubelet's words (CrashLoopBackOff, ImagePullBackOff, ...)."""
-    out = []
-    for pod in pods:
-        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
-            waiting = cs.get("state", {}).get("waiting") or {}
-            last = cs.get("lastState", {}).get("terminated") or {}
-            if waiting.get("reason") and waiting["reason"] not in _BENIGN_WAITING:
-                msg = f"pod {pod['metadata']['name']}: {cs['name']} {waiting['reason']}"
-                if cs.get("restartCount"):
-                    msg += f" (restarted {cs['restartCount']} times"
-                    msg += f", last exit code {last['exitCode']} {last.get('reason', '')})" if last else ")"
-                out.append(msg.rstrip())
-            elif last.get("reason") == "OOMKilled":
-                out.append(f"pod {pod['metadata']['name']}: {cs['name']} OOMKilled")
-            elif cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):   # restarted, not up yet
-                n = cs["restartCount"]
-                out.append(f"pod {pod['metadata']['name']}: {cs['name']} restarted {n} time{'s' if n != 1 else ''}, "
-                           f"last exit code {last['exitCode']} {last.get('reason', '')}".rstrip())
-    return "; ".join(out[:5]) + (f"; ... {len(out) - 5} more" if len(out) > 5 else "")

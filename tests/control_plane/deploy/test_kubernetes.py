@@ -6,7 +6,8 @@ import pytest
 from kubernetes import client, watch
 
 from control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer, pods_crashing
+from control_plane.adapters.k8s_status import pods_crashing
+from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 
 SVC = "chat"
 

@@ -1,0 +1,76 @@
+"""What the Kubernetes objects say of a variant: its Deployment's rollout status and its pods' container statuses.
+
+Pure functions of the objects the API returns (plain dicts), no API calls: `deployment_status` reads readiness as
+`kubectl rollout status` does; `pod_problems` says in the kubelet's words why pods do not serve (crash loops, image
+pulls, OOM kills, a restart after a kill), and `pods_crashing` tells the crash guard whether the engine keeps dying.
+"""
+from __future__ import annotations
+
+from control_plane.adapters import k8s_manifests as m
+from control_plane.adapters.deploy import VariantStatus
+
+
+def deployment_status(d: dict, role: str, *, endpoint: str) -> VariantStatus:
+    """A variant's status from its Deployment: ready once every pod runs the current template and is available."""
+    want = int(d["spec"].get("replicas", 1))
+    st = d.get("status", {})
+    ready_n = int(st.get("readyReplicas", 0) or 0)
+    updated = int(st.get("updatedReplicas", 0) or 0)
+    available = int(st.get("availableReplicas", 0) or 0)
+    total = int(st.get("replicas", 0) or 0)
+    observed = int(st.get("observedGeneration", 0) or 0) >= int(d["metadata"].get("generation", 0))
+    ready = (want > 0 and observed and updated >= want and total == updated and available >= want
+             and ready_n >= want)
+    if want == 0:
+        msg = "scaled to 0"
+    elif not observed:
+        msg = "spec change not yet observed by the deployment controller"
+    else:
+        msg = f"{ready_n}/{want} ready, {updated} updated, {available} available"
+        if total > updated:
+            msg += f", {total - updated} old replicas still running"
+        for c in st.get("conditions", []):
+            if c.get("status") == "False" and c.get("message"):
+                msg += f"; {c['type']}: {c['message']}"
+    w = d["metadata"].get("annotations", {}).get(m.WEIGHT_ANNOTATION)
+    if w is not None:
+        msg += f"; weight {w}%"
+    return VariantStatus(role=role, ready=ready, replicas=want, ready_replicas=ready_n, endpoint=endpoint,
+                         message=msg)
+
+
+_BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
+
+
+def pods_crashing(pods: list[dict]) -> bool:
+    """A container in CrashLoopBackOff, or restarted after exiting with an error and not ready again."""
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            if (cs.get("state", {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+                return True
+            last = cs.get("lastState", {}).get("terminated") or {}
+            if cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):
+                return True
+    return False
+
+
+def pod_problems(pods: list[dict]) -> str:
+    """What keeps a variant's pods from serving, in the kubelet's words (CrashLoopBackOff, ImagePullBackOff, ...)."""
+    out = []
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            waiting = cs.get("state", {}).get("waiting") or {}
+            last = cs.get("lastState", {}).get("terminated") or {}
+            if waiting.get("reason") and waiting["reason"] not in _BENIGN_WAITING:
+                msg = f"pod {pod['metadata']['name']}: {cs['name']} {waiting['reason']}"
+                if cs.get("restartCount"):
+                    msg += f" (restarted {cs['restartCount']} times"
+                    msg += f", last exit code {last['exitCode']} {last.get('reason', '')})" if last else ")"
+                out.append(msg.rstrip())
+            elif last.get("reason") == "OOMKilled":
+                out.append(f"pod {pod['metadata']['name']}: {cs['name']} OOMKilled")
+            elif cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):   # restarted, not up yet
+                n = cs["restartCount"]
+                out.append(f"pod {pod['metadata']['name']}: {cs['name']} restarted {n} time{'s' if n != 1 else ''}, "
+                           f"last exit code {last['exitCode']} {last.get('reason', '')}".rstrip())
+    return "; ".join(out[:5]) + (f"; ... {len(out) - 5} more" if len(out) > 5 else "")
