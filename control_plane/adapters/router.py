@@ -1,7 +1,7 @@
 """A weighted, streaming-safe reverse proxy in front of the local variants of one service.
 
 Each request goes to production / baseline / canary by the current weights (smooth weighted round-robin, so the split
-over N requests is exact to within one request per variant), or to the variant named in the `X-SITS-Variant` request
+over N requests is exact to within one request per variant: router_table.py), or to the variant named in the `X-SITS-Variant` request
 header when the caller may pin (the pin token or an allow-listed source: router_http.py). Request and response bodies
 stream through chunk by chunk (SSE works; a request body over `max_body_bytes` is a 413, as on the engine); end-to-end
 headers, `traceparent` included, are forwarded. Only origin-form targets are accepted. Weights and backends are
@@ -25,8 +25,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from control_plane.adapters import router_http as rh
 from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import DeployError, normalize_weights
+from control_plane.adapters.deploy import DeployError
 from control_plane.adapters.router_config import RouterConfig
+from control_plane.adapters.router_table import RouteTable
 from control_plane.http_limits import timeout_protocol
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,10 @@ class WeightedRouter:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self._lock = threading.Lock()
-        self._weights = {r: 0 for r in ROLES}
-        self._backends: dict[str, tuple[httpx.URL, ...]] = {}
+        self.table = RouteTable()
         self._pin_token = config.pin_token.encode() if config.pin_token else None
         self._pin_sources = rh.parse_networks(config.pin_sources)
         self._trusted_proxies = rh.parse_networks(config.trusted_proxies)
-        self._current = {r: 0 for r in ROLES}   # smooth WRR state
-        self._rr = {r: 0 for r in ROLES}        # round-robin among a variant's replicas
-        self._in_flight = {r: 0 for r in ROLES}
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter("sits_router_requests", "Requests proxied, by variant, routing and status code",
                                  ["service", "variant", "routing", "code"], registry=self.registry)
@@ -67,61 +63,17 @@ class WeightedRouter:
 
     # ---- configuration (any thread) ----
     def set_weights(self, weights: Mapping[str, int]) -> None:
-        w = normalize_weights(weights)
-        with self._lock:
-            self._weights = w
-            self._current = {r: 0 for r in ROLES}
-        for r, v in w.items():
+        for r, v in self.table.set_weights(weights).items():
             self._weight_g.labels(self.config.service, r).set(v)
 
     def weights(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._weights)
+        return self.table.weights()
 
     def set_backends(self, role: str, urls: list[str] | tuple[str, ...] | None) -> None:
-        if role not in ROLES:
-            raise DeployError(f"unknown role {role!r}")
-        try:
-            parsed = tuple(rh.parse_backend(u) for u in urls or ())
-        except (ValueError, httpx.InvalidURL) as e:
-            raise DeployError(f"role {role}: {e}") from None
-        with self._lock:
-            if parsed:
-                self._backends[role] = parsed
-            else:
-                self._backends.pop(role, None)
+        self.table.set_backends(role, urls)
 
     def in_flight(self, role: str) -> int:
-        with self._lock:
-            return self._in_flight[role]
-
-    # ---- selection ----
-    def _pick(self, pinned: str | None) -> tuple[str, httpx.URL] | None:
-        with self._lock:
-            if pinned is not None:
-                role = pinned
-                if role not in self._backends:
-                    return None
-            else:
-                live = [r for r in ROLES if self._weights[r] > 0 and r in self._backends]
-                if not live:
-                    return None
-                total = sum(self._weights[r] for r in live)
-                for r in live:
-                    self._current[r] += self._weights[r]
-                role = max(live, key=lambda r: self._current[r])
-                self._current[role] -= total
-            urls = self._backends[role]
-            url = urls[self._rr[role] % len(urls)]
-            self._rr[role] += 1
-            self._in_flight[role] += 1
-        self._inflight_g.labels(self.config.service, role).inc()
-        return role, url
-
-    def _done(self, role: str) -> None:
-        with self._lock:
-            self._in_flight[role] -= 1
-        self._inflight_g.labels(self.config.service, role).dec()
+        return self.table.in_flight(role)
 
     # ---- ASGI ----
     async def __call__(self, scope, receive, send) -> None:
@@ -154,13 +106,14 @@ class WeightedRouter:
         if declared is not None and declared > self.config.max_body_bytes:
             return await self._reject(scope, send, 413, f"request body of {declared} bytes exceeds the limit of "
                                       f"{self.config.max_body_bytes} bytes")
-        picked = self._pick(pin)
+        picked = self.table.pick(pin)
         routing = "pinned" if pin is not None else "weighted"
         if picked is None:
             self._requests.labels(self.config.service, pin or "none", routing, "503").inc()
             why = f"variant {pin!r} is not deployed" if pin else "no variant has traffic weight and a backend"
             return await _json(send, 503, {"error": f"service {self.config.service}: {why}"})
         role, base = picked
+        self._inflight_g.labels(self.config.service, role).inc()
         try:
             try:
                 url = rh.upstream_url(base, *target)
@@ -170,7 +123,8 @@ class WeightedRouter:
             headers = rh.request_headers(raw, client, self._trusted_proxies, trusted)
             await self._forward(scope, receive, send, role, routing, url, headers)
         finally:
-            self._done(role)
+            self.table.done(role)
+            self._inflight_g.labels(self.config.service, role).dec()
 
     async def _reject(self, scope, send, status: int, message: str) -> None:
         log.info("router %s: rejected %s %r: %d %s", self.config.service, scope["method"],
@@ -261,11 +215,7 @@ class WeightedRouter:
         if path == "/_sits/metrics":
             return await _send(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         if path == "/_sits/weights":
-            with self._lock:
-                data = {"service": self.config.service, "weights": dict(self._weights),
-                        "backends": {r: [str(x) for x in u] for r, u in self._backends.items()},
-                        "in_flight": dict(self._in_flight)}
-            return await _json(send, 200, data)
+            return await _json(send, 200, {"service": self.config.service, **self.table.snapshot()})
         if path == "/_sits/healthz":
             return await _json(send, 200, {"status": "ok"})
         return await _json(send, 404, {"error": f"unknown admin path {path}"})
