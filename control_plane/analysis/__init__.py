@@ -11,7 +11,7 @@ from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, P
 from .policy_error import PolicyError
 from .quantile import histogram_quantile
 from .stats import DeltaEstimate, QuantileBounds, proportion_diff, quantile_bounds, quantile_delta
-from .verdict import Outcome, TestResult, VariantData, Verdict, assess
+from .verdict import Guard, Outcome, TestResult, VariantData, Verdict, assess
 
 __all__ = [
     "histogram_quantile", "HistogramSnapshot", "HistogramError", "merge_all", "increase",
@@ -20,5 +20,5 @@ __all__ = [
     "QuantileBounds", "DeltaEstimate", "quantile_bounds", "quantile_delta", "proportion_diff",
     "CorrectnessPolicy", "CorrectnessVerdict", "Continuation", "PromptComparison", "PromptReplay", "TokenLogprob",
     "compare_replays",
-    "Outcome", "TestResult", "VariantData", "Verdict", "assess", "Delta", "compute_deltas",
+    "Guard", "Outcome", "TestResult", "VariantData", "Verdict", "assess", "Delta", "compute_deltas",
 ]

@@ -33,6 +33,15 @@ class Outcome(str, Enum):
     INCONCLUSIVE = "inconclusive"
 
 
+class Guard(str, Enum):
+    """What failed a check at once, before any latency comparison (a Verdict's `guard`)."""
+    CRASHING = "crashing"        # the canary's engine restarted or exited
+    NOT_READY = "not_ready"      # the canary stopped answering its readiness probe
+    NAN = "nan"                  # NaN in the canary's or the target's metrics
+    ERROR_RATE = "error_rate"    # the canary's error rate above the policy's limit
+    CORRECTNESS = "correctness"  # the correctness gate failed (rollout/machine.py)
+
+
 @dataclass(slots=True, frozen=True)
 class VariantData:
     """What one variant did in the analysed window: histograms keyed by series ("metric" or 'metric{route="/x"}'),
@@ -83,14 +92,14 @@ class Verdict:
     reason: str
     compare_to: str
     results: tuple[TestResult, ...] = ()
-    guard: str | None = None          # set when a guard decided (rollback without waiting for failure_limit)
+    guard: Guard | None = None        # set when a guard decided (rollback without waiting for failure_limit)
     need_more: int | None = None      # requests per variant, for INCONCLUSIVE
     deltas: tuple[Delta, ...] = ()    # P90/P99 of every series vs baseline and production (shown, not decided)
     correctness: "CorrectnessVerdict | None" = None   # a correctness-gate check (rollout.py), with its evidence
 
     def to_dict(self) -> dict:
         d = {"outcome": self.outcome.value, "reason": self.reason, "compare_to": self.compare_to,
-             "guard": self.guard, "need_more": self.need_more, "results": [r.to_dict() for r in self.results],
+             "guard": self.guard.value if self.guard else None, "need_more": self.need_more, "results": [r.to_dict() for r in self.results],
              "deltas": [d.to_dict() for d in self.deltas]}
         if self.correctness is not None:
             d["correctness"] = self.correctness.to_dict()
@@ -202,14 +211,14 @@ def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
 
     if c is not None:
         if c.crashing:
-            return verdict(Outcome.FAIL, "canary is crashing (restarts or exited)", guard="crashing")
+            return verdict(Outcome.FAIL, "canary is crashing (restarts or exited)", guard=Guard.CRASHING)
         if not c.ready:
-            return verdict(Outcome.FAIL, "canary is not ready", guard="not_ready")
+            return verdict(Outcome.FAIL, "canary is not ready", guard=Guard.NOT_READY)
         if _has_nan(c) or (t is not None and _has_nan(t)):
-            return verdict(Outcome.FAIL, "NaN in the canary's or target's metrics", guard="nan")
+            return verdict(Outcome.FAIL, "NaN in the canary's or target's metrics", guard=Guard.NAN)
         if c.requests >= policy.min_error_samples and c.errors / c.requests > policy.max_error_rate:
             return verdict(Outcome.FAIL, f"canary error rate {c.errors / c.requests:.2%} above the limit "
-                           f"{policy.max_error_rate:.2%}", guard="error_rate")
+                           f"{policy.max_error_rate:.2%}", guard=Guard.ERROR_RATE)
     if c is None or t is None:
         missing = "canary" if c is None else target_role
         return verdict(Outcome.INCONCLUSIVE, f"no data from {missing}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData, Verdict, assess
+from control_plane.analysis import CorrectnessVerdict, Guard, Outcome, VariantData, Verdict, assess
 from control_plane.rollout.state import (ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify,
                                          Observation, Phase, Promote, Rollback, Rollout, SetWeights, weights_for)
 from control_plane.rollout.builder import Builder as _Builder, accumulate as _accumulate
@@ -151,7 +151,7 @@ def _correctness_check(b: _Builder, cv: CorrectnessVerdict) -> bool:
     decision = {Outcome.PASS: Decision.PASS, Outcome.FAIL: Decision.ROLLBACK,
                 Outcome.INCONCLUSIVE: Decision.HOLD}[cv.outcome]
     verdict = Verdict(cv.outcome, f"correctness: {cv.reason}", r.policy.compare_to,
-                      guard="correctness" if cv.outcome is Outcome.FAIL else None, correctness=cv)
+                      guard=Guard.CORRECTNESS if cv.outcome is Outcome.FAIL else None, correctness=cv)
     b.checks.append(Check(seq, b.now, r.step, r.weight, None, None, "correctness", {}, {}, verdict, decision))
     b.set(checks=seq, correctness_at=b.now)
     if cv.outcome is Outcome.PASS:

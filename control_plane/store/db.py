@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 from control_plane.analysis import VariantData
 from control_plane.redact import redact
-from control_plane.rollout import Action, Rollout
+from control_plane.rollout import ROLES, Action, Rollout
 from control_plane.adapters.spec import DeploySpec
 from control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
                                        state_to_dict)
@@ -264,7 +264,7 @@ class Store:
     def checks_without_buckets(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:
         """checks() without the variants' bucket counts (SQLite drops them before Python parses the evidence): the
         verdict with every result, requests/errors/readiness per variant."""
-        drop = ", ".join(f"'$.variants.{role}.histograms'" for role in ("production", "baseline", "canary"))
+        drop = ", ".join(f"'$.variants.{role}.histograms'" for role in ROLES)
         rows = self._db.rows(f"SELECT json_remove(evidence, {drop}) AS evidence FROM checks WHERE rollout_id = ? "
                           "AND seq > ? ORDER BY seq LIMIT ?", (rollout_id, since_seq, limit))
         return [json.loads(r["evidence"]) for r in rows]

@@ -28,6 +28,7 @@ from werkzeug.exceptions import HTTPException
 
 from control_plane.adapters.kernel_catalog import KernelCatalog
 from control_plane.errors import ConflictError, NotFoundError, ValidationError
+from control_plane.rollout import ROLES, Phase
 from control_plane.store.db import Store
 from control_plane.store.schema import StoreWriteError
 from control_plane.web import api, auth, judge, ops, ui
@@ -39,6 +40,8 @@ from control_plane.web.users import LoginLimiter, SessionRevocations, Users
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
+# what the pages' scripts compare against (common.js: SITS.ROLES, SITS.PHASE.PAUSED), from the one definition
+VOCABULARY = {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -87,7 +90,7 @@ def create_app(config: dict | None = None) -> Flask:
     @app.context_processor
     def _globals():
         return {"current_user": auth.current_user(), "csrf_token": auth.csrf_token,
-                "auth_on": app.config["SITS_USERS"] is not None}
+                "auth_on": app.config["SITS_USERS"] is not None, "vocabulary": VOCABULARY}
 
     @app.after_request
     def _headers(resp):

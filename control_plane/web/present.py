@@ -6,7 +6,7 @@ from collections import OrderedDict
 from typing import Mapping
 
 from control_plane.analysis import ERROR_RATE
-from control_plane.rollout import Phase, Rollout, weights_for
+from control_plane.rollout import ROLES, Phase, Rollout, weights_for
 from control_plane.web.common import clean
 
 SHORT = {"http_request_duration_seconds": "request latency", "sits_time_to_first_token_seconds": "TTFT",
@@ -163,7 +163,7 @@ def rollout_summary(r: Rollout, last_check: dict | None, allowed: set, ended: di
 def variants_of(r: Rollout, spec_replicas: int | None) -> dict:
     kernels = {"production": r.production_kernels, "baseline": r.production_kernels, "canary": r.canary_kernels}
     out = {}
-    for role in ("production", "baseline", "canary"):
+    for role in ROLES:
         d = r.data.get(role)
         gone = not r.active and role != "production"   # removed by the rollback, or the canary is production now
         out[role] = {"kernels": kernels[role], "replicas": spec_replicas, "weight": weights_of(r)[role],

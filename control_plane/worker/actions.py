@@ -15,7 +15,7 @@ from typing import Callable
 from control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError
 from control_plane.adapters.notify import Notification, Notifier
 from control_plane.redact import redact
-from control_plane.rollout import (Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
+from control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                    SetWeights, weights_for)
 from control_plane.adapters.spec import DeploySpec
 from control_plane.store.db import Store
@@ -25,8 +25,7 @@ from control_plane.worker.config import WorkerConfig, WorkerMetrics
 
 log = logging.getLogger("control_plane.worker")
 # the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
-_EXPECTED = {Phase.INITIALIZING: ("production", "baseline", "canary"),
-             Phase.PROGRESSING: ("production", "baseline", "canary"), Phase.PAUSED: ("production", "baseline", "canary"),
+_EXPECTED = {Phase.INITIALIZING: ROLES, Phase.PROGRESSING: ROLES, Phase.PAUSED: ROLES,
              Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}
 
 

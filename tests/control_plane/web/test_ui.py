@@ -84,6 +84,20 @@ def test_vendored_assets_are_served_with_their_licence_and_pinned_version(client
         assert client.get(f"/static/js/{js}").status_code == 200
 
 
+
+def test_pages_give_their_scripts_the_roles_and_phases_defined_in_python(client):
+    import json
+    import re
+    from control_plane.rollout import ROLES, Phase
+    page = client.get("/", follow_redirects=True).get_data(as_text=True)
+    vocab = json.loads(re.search(r'<script type="application/json" id="sits-vocabulary">(.*?)</script>', page).group(1))
+    assert vocab == {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}}
+    # the scripts compare against SITS.ROLES / SITS.PHASE, never a list of their own
+    for js in (STATIC / "js").glob("*.js"):
+        text = js.read_text()
+        assert '"production", "baseline", "canary"' not in text, js.name
+        assert not re.search(r'"(rolled_back|rolling_back|succeeded|initializing|promoting)"', text), js.name
+
 # ---- issue 27: why each rollout ended, the service history, the gated-check chart columns, what fits ------------
 def test_list_says_why_each_rollout_ended(client, store):
     from tests.control_plane.worker.support import InMemoryDeployer

@@ -3,7 +3,7 @@
 "use strict";
 const Charts = (() => {
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  const ROLES = ["production", "baseline", "canary"];
+  const { ROLES } = SITS;
   const syncKey = "sits-detail";
   // the nearest 1-2-5 x 10^k below (floor) or above (ceil) x: round log-axis ends
   function nice(x, round) {

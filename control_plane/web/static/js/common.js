@@ -2,6 +2,8 @@
 "use strict";
 const SITS = (() => {
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  // roles and phases as the server defines them (control_plane/rollout/state.py): named once, in Python
+  const { roles: ROLES, phases: PHASE } = JSON.parse(document.getElementById("sits-vocabulary").textContent);
 
   async function api(path, opts = {}) {
     const init = { method: opts.method || "GET", headers: { "Accept": "application/json" }, credentials: "same-origin" };
@@ -95,7 +97,7 @@ const SITS = (() => {
   }
 
   function weightBar(w, phase) {
-    if (phase === "succeeded") {
+    if (phase === PHASE.SUCCEEDED) {
       return el("div", { class: "weight", title: "promoted: the canary's kernel set is production" },
         el("div", { class: "bar", role: "img", "aria-label": "promoted, 100 percent" }, el("span", { class: "promoted", style: "width:100%" })),
         el("span", { class: "pct" }, "100 %"));
@@ -124,5 +126,5 @@ const SITS = (() => {
     return () => clearTimeout(timer);
   }
 
-  return { api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
+  return { ROLES, PHASE, api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
 })();

@@ -29,7 +29,7 @@
     const why = human(R.reason) || PHASE_TEXT[R.phase] || "";
     const sentence = why.charAt(0).toUpperCase() + why.slice(1) + (why && !why.endsWith(".") ? "." : "");
     // nothing picks a pending rollout up when no worker runs (this process serves with --no-worker)
-    const orphan = !workerHere && ["pending", "initializing"].includes(R.phase) && !R.lease;
+    const orphan = !workerHere && [SITS.PHASE.PENDING, SITS.PHASE.INITIALIZING].includes(R.phase) && !R.lease;
     $("reason").replaceChildren(...[el("span", {}, sentence),
       orphan ? el("span", { class: "warn", id: "no-worker-warning" }, " No worker has taken this rollout: this service runs without one (--no-worker); start `sits-control worker` on the same store.") : null,
       lc && R.active ? el("span", { class: "muted" }, ` Last check #${lc.seq}: ${lc.outcome} → ${lc.decision} (${human(lc.reason)}).`) : null].filter(Boolean));
@@ -38,7 +38,7 @@
       const c = btn.dataset.command;
       const queued = pending.find((p) => p.command === c);
       const allowed = R.allowed_actions.includes(c);
-      btn.hidden = (c === "resume" && R.phase !== "paused") || (c === "pause" && R.phase === "paused");
+      btn.hidden = (c === "resume" && R.phase !== SITS.PHASE.PAUSED) || (c === "pause" && R.phase === SITS.PHASE.PAUSED);
       btn.disabled = !canAct || !allowed || !!queued;
       btn.parentElement.dataset.tip = !canAct ? "needs the operator role" : queued ? `${c} queued by ${queued.actor || "someone"}`
         : !allowed ? `not possible while ${SITS.phaseWord(R.phase)}` : "";
@@ -48,7 +48,7 @@
   }
 
   function stepper() {
-    const failed = ["rolled_back", "rolling_back", "failed"].includes(R.phase);
+    const failed = [SITS.PHASE.ROLLED_BACK, SITS.PHASE.ROLLING_BACK, SITS.PHASE.FAILED].includes(R.phase);
     $("stepper").replaceChildren(...R.steps_timeline.map((s) => {
       const cls = s.state === "current" && failed ? "failed" : s.state;
       return el("li", { class: cls, "aria-current": s.state === "current" ? "step" : null },
@@ -56,7 +56,7 @@
         el("span", { class: "t" }, s.seconds != null ? dur(s.seconds) : s.state === "todo" ? "" : "…"),
         el("span", { class: "sr-only" }, ` ${s.state}`));
     }));
-    $("variants").replaceChildren(...["production", "baseline", "canary"].map((role) => {
+    $("variants").replaceChildren(...SITS.ROLES.map((role) => {
       const v = R.variants[role];
       const ready = v.state === "removed" ? el("span", { class: "muted" }, "removed") : v.state === "promoted" ? el("span", { class: "ok" }, "promoted to production")
         : v.crashing ? el("span", { class: "bad" }, "● crashing") : v.ready === true ? el("span", { class: "ok" }, "● ready")
