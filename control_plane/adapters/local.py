@@ -1,8 +1,8 @@
 """LocalDeployer (the embedded default): each variant is `sits-engine serve` subprocesses behind a weighted router.
 
 One WeightedRouter per service (its URL: `router_url(service)`); each replica of a variant is an engine process on a
-free loopback port with `--env <role> --service <service>`. deploy() blocks until the new replicas answer /readyz,
-then swaps them into the router and drains and stops the old ones. Nothing is restarted silently: a crashed replica
+free loopback port with `--env <role> --service <service>`, started by a ReplicaLauncher (local_replicas.py).
+deploy() blocks until the new replicas answer /readyz, then swaps them into the router and drains and stops the old ones. Nothing is restarted silently: a crashed replica
 shows as not ready (with its exit code and log tail) until deploy() is called again. Children die with this process
 (own session + PR_SET_PDEATHSIG, see process.py) and are stopped by delete()/close().
 """
@@ -12,43 +12,31 @@ import atexit
 import contextlib
 import dataclasses
 import logging
-import os
 import secrets
 import tempfile
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-import httpx
-
 from control_plane.adapters import process
 from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, ReplicaLimit,
+from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit,
                                            VariantSpec, VariantStatus, check_role, normalize_weights)
-from control_plane.adapters.local_config import LocalConfig, default_max_replicas, engine_environment
+from control_plane.adapters.local_config import LocalConfig, default_max_replicas
+from control_plane.adapters.local_replicas import Replica, ReplicaLauncher
 from control_plane.adapters.router_config import RouterConfig
 from control_plane.adapters.router import WeightedRouter
 from control_plane.adapters.router_ports import RouterPorts
 
 log = logging.getLogger(__name__)
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-@dataclass(slots=True)
-class _Replica:
-    proc: object
-    port: int
-    url: str
-    log_path: Path
 
 
 @dataclass(slots=True)
 class _Variant:
     spec: VariantSpec
-    replicas: list[_Replica]
+    replicas: list[Replica]
 
 
 @dataclass(slots=True)
@@ -67,7 +55,7 @@ class _Service:
 
 
 class LocalDeployer:
-    def __init__(self, config: LocalConfig | None = None) -> None:
+    def __init__(self, config: LocalConfig | None = None, *, launcher: ReplicaLauncher | None = None) -> None:
         self.config = config or LocalConfig()
         self._tmp = None
         if self.config.workdir is None:
@@ -77,11 +65,9 @@ class LocalDeployer:
         self._services: dict[str, _Service] = {}
         self._ports = RouterPorts(self.config.router_state)
         self._lock = threading.Lock()
-        self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
+        self.launcher = launcher or ReplicaLauncher(self.config, self.workdir)
         self.pin_token = self.config.pin_token or secrets.token_urlsafe(24)
         self.max_replicas = self.config.max_replicas or default_max_replicas()
-        self._start_batch = self.config.start_batch or len(os.sched_getaffinity(0))
-        self._closing = threading.Event()   # set by close(): deploys in progress stop starting and waiting
         self._starting = 0                  # replicas being started now (counted against max_replicas)
         atexit.register(_close_ref, weakref.ref(self))
 
@@ -94,7 +80,7 @@ class LocalDeployer:
                 return  # already as desired
             self._reserve(spec)
             try:
-                new = self._start_replicas(spec)  # raises (and cleans up) if they never get ready or on close()
+                new = self.launcher.start(spec)  # raises (and cleans up) if they never get ready or on close()
             finally:
                 with self._lock:
                     self._starting -= spec.replicas
@@ -125,7 +111,8 @@ class LocalDeployer:
         with svc.state:
             variants = dict(svc.variants)
             weights = svc.router.weights()
-        return {role: self._variant_status(role, v, weights.get(role, 0)) for role, v in variants.items()}
+        return {role: self.launcher.status(role, v.spec, v.replicas, weights.get(role, 0))
+                for role, v in variants.items()}
 
     def promote(self, service: str) -> None:
         svc = self._service(service)
@@ -189,7 +176,7 @@ class LocalDeployer:
     def cancel(self) -> None:
         """Deploys in progress (other threads) stop starting and waiting: they stop the replicas they started and
         raise DeployCancelled. Until close(), later deploys are cancelled at once too."""
-        self._closing.set()
+        self.launcher.cancel()
 
     def close(self) -> None:
         """Stop every variant and router of every service, cancelling deploys in progress first (no waiting for
@@ -204,8 +191,7 @@ class LocalDeployer:
             except DeployError:   # no production here: its variants stop all the same
                 pass
             self.delete(name)
-        self._http.close()
-        self._closing.clear()   # usable again (a later deploy starts afresh)
+        self.launcher.close()   # usable again (a later deploy starts afresh)
 
     def __enter__(self) -> "LocalDeployer":
         return self
@@ -252,96 +238,11 @@ class LocalDeployer:
                     f"running ones are this variant's current replicas)")
             self._starting += spec.replicas
 
-    def _start_replicas(self, spec: VariantSpec) -> list[_Replica]:
-        started: list[_Replica] = []
-        try:
-            for first in range(0, spec.replicas, self._start_batch):   # bounded batches: start some, wait, repeat
-                batch = []
-                for i in range(first, min(spec.replicas, first + self._start_batch)):
-                    self._check_closing(spec)
-                    batch.append(self._start_one(spec, i))
-                    started.append(batch[-1])
-                deadline = time.monotonic() + self.config.ready_timeout_s
-                for r in batch:
-                    self._wait_ready(spec, r, deadline)
-        except BaseException:
-            for r in started:
-                process.stop(r.proc, self.config.stop_timeout_s)
-            raise
-        return started
-
-    def _start_one(self, spec: VariantSpec, index: int) -> _Replica:
-        port = process.free_port(self.config.host)
-        log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
-        argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host)]
-        env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
-        if self.config.cpu_threads is not None:
-            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
-                env[k] = str(self.config.cpu_threads)
-        log_path.write_text(f"$ {' '.join(argv)}\n")
-        proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir))
-        return _Replica(proc, port, f"http://{self.config.host}:{port}", log_path)
-
-    def _check_closing(self, spec: VariantSpec) -> None:
-        if self._closing.is_set():
-            raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
-
-    def _wait_ready(self, spec: VariantSpec, r: _Replica, deadline: float) -> None:
-        while True:
-            self._check_closing(spec)
-            rc = r.proc.poll()
-            if rc is not None:
-                raise DeployError(f"{spec.service}/{spec.role}: engine exited with code {rc} before it was ready; "
-                                  f"log {r.log_path}:\n{_tail(r.log_path)}")
-            if self._readyz(r.url):
-                return
-            if time.monotonic() > deadline:
-                raise DeployError(f"{spec.service}/{spec.role}: engine not ready after "
-                                  f"{self.config.ready_timeout_s}s; log {r.log_path}:\n{_tail(r.log_path)}")
-            self._closing.wait(0.1)
-
-    def _readyz(self, url: str) -> bool:
-        if self._http.is_closed:  # used again after close()
-            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
-        try:
-            return self._http.get(url + "/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def _stop_replicas(self, svc: _Service, role: str, replicas: list[_Replica]) -> None:
+    def _stop_replicas(self, svc: _Service, role: str, replicas: list[Replica]) -> None:
         # requests already in flight on the old replicas finish before they stop (bounded by drain_timeout_s)
         if svc.router.in_flight(role) and self.config.drain_timeout_s:
             process.wait_until(lambda: svc.router.in_flight(role) == 0, self.config.drain_timeout_s)
-        for r in replicas:
-            process.stop(r.proc, self.config.stop_timeout_s)
-
-    def _variant_status(self, role: str, v: _Variant, weight: int) -> VariantStatus:
-        ready_n, exited, problems = 0, 0, []
-        for i, r in enumerate(v.replicas):
-            rc = r.proc.poll()
-            if rc is not None:
-                exited += 1
-                problems.append(f"replica {i} (pid {r.proc.pid}) exited with code {rc}; "
-                                f"log {r.log_path}:\n{_tail(r.log_path, 800)}")
-            elif self._readyz(r.url):
-                ready_n += 1
-            else:
-                problems.append(f"replica {i} at {r.url} not ready (/readyz)")
-        want = len(v.replicas)
-        msg = f"{ready_n}/{want} ready; weight {weight}%; kernels {v.spec.kernels}"
-        if problems:
-            msg += "; " + "; ".join(problems)
-        return VariantStatus(role=role, ready=want > 0 and ready_n == want, replicas=want, ready_replicas=ready_n,
-                             endpoint=v.replicas[0].url if v.replicas else None, message=msg,
-                             endpoints=tuple(r.url for r in v.replicas), crashing=exited > 0)
-
-
-def _tail(path: Path, n: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
+        self.launcher.stop(replicas)
 
 
 def _close_ref(ref) -> None:

@@ -11,6 +11,7 @@ from control_plane.adapters import local_config, process
 from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
+from control_plane.adapters.local_replicas import ReplicaLauncher
 from control_plane.adapters.local_config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
                                                  engine_environment)
 
@@ -80,17 +81,17 @@ def test_kubernetes_policy_maximum():
         KubernetesConfig(max_replicas=0)
 
 
-class _RecordingDeployer(LocalDeployer):
+class _RecordingLauncher(ReplicaLauncher):
     """Records, at each replica start, how many replicas started before it answer /readyz."""
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, workdir):
+        super().__init__(config, workdir)
         self.ready_at_start: list[int] = []
         self.urls: list[str] = []
 
-    def _start_one(self, spec, index):
-        self.ready_at_start.append(sum(self._readyz(u) for u in self.urls))
-        r = super()._start_one(spec, index)
+    def start_one(self, spec, index):
+        self.ready_at_start.append(sum(self.ready(u) for u in self.urls))
+        r = super().start_one(spec, index)
         self.urls.append(r.url)
         return r
 
@@ -100,11 +101,12 @@ def test_replicas_start_in_bounded_batches_with_an_explicit_environment(tmp_path
     monkeypatch.setenv("SITS_PROMETHEUS_PASSWORD", "prom-password-secret")
     monkeypatch.setenv("SOME_OTHER_SECRET", "x")
     cfg = LocalConfig(workdir=str(tmp_path), cpu_threads=1, max_replicas=3, start_batch=2, ready_timeout_s=240)
-    with _RecordingDeployer(cfg) as d:
+    launcher = _RecordingLauncher(cfg, tmp_path)
+    with LocalDeployer(cfg, launcher=launcher) as d:
         d.deploy(VariantSpec(service="batches", role="production", kernels="torch", replicas=3,
                              env={"SITS_SPEC_VAR": "given"}))
         # replicas 0 and 1 started together; replica 2 only once both answered /readyz
-        assert d.ready_at_start == [0, 0, 2]
+        assert launcher.ready_at_start == [0, 0, 2]
         assert d.status("batches")["production"].ready_replicas == 3
         for pid in _engines("batches"):
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if kv)

@@ -1,0 +1,138 @@
+"""The local deployer's engine processes: start a variant's replicas, wait until they answer /readyz, probe, stop.
+
+`ReplicaLauncher` starts `sits-engine serve` subprocesses (one free loopback port each, an explicit environment:
+local_config.engine_environment) in bounded batches, and waits for each batch to answer /readyz before starting the
+next, so a machine never loads more models at once than it has cores. A replica that exits, or is not ready by
+LocalConfig.ready_timeout_s, fails the start with its exit code and log tail, and every replica this start began is
+stopped. `cancel()` makes starts in progress (other threads) stop starting and waiting and raise DeployCancelled.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from control_plane.adapters import process
+from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec, VariantStatus
+from control_plane.adapters.local_config import LocalConfig, engine_environment
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(slots=True)
+class Replica:
+    proc: object
+    port: int
+    url: str
+    log_path: Path
+
+
+class ReplicaLauncher:
+    def __init__(self, config: LocalConfig, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.start_batch = config.start_batch or len(os.sched_getaffinity(0))
+        self._http = httpx.Client(timeout=config.probe_timeout_s, trust_env=False)
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def close(self) -> None:
+        """Close the probe client; later starts work again (a deployer may be used after close())."""
+        self._http.close()
+        self._cancelled.clear()
+
+    def start(self, spec: VariantSpec) -> list[Replica]:
+        """spec.replicas engines, every one ready, or DeployError/DeployCancelled with none of them left running."""
+        started: list[Replica] = []
+        try:
+            for first in range(0, spec.replicas, self.start_batch):   # bounded batches: start some, wait, repeat
+                batch = []
+                for i in range(first, min(spec.replicas, first + self.start_batch)):
+                    self._check_cancelled(spec)
+                    batch.append(self.start_one(spec, i))
+                    started.append(batch[-1])
+                deadline = time.monotonic() + self.config.ready_timeout_s
+                for r in batch:
+                    self._wait_ready(spec, r, deadline)
+        except BaseException:
+            self.stop(started)
+            raise
+        return started
+
+    def start_one(self, spec: VariantSpec, index: int) -> Replica:
+        port = process.free_port(self.config.host)
+        log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
+        argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host)]
+        env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+        if self.config.cpu_threads is not None:
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
+                env[k] = str(self.config.cpu_threads)
+        log_path.write_text(f"$ {' '.join(argv)}\n")
+        proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir))
+        return Replica(proc, port, f"http://{self.config.host}:{port}", log_path)
+
+    def stop(self, replicas: list[Replica]) -> None:
+        for r in replicas:
+            process.stop(r.proc, self.config.stop_timeout_s)
+
+    def ready(self, url: str) -> bool:
+        """Whether the engine at url answers /readyz with 200 now (one probe, probe_timeout_s)."""
+        if self._http.is_closed:  # used again after close()
+            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
+        try:
+            return self._http.get(url + "/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def status(self, role: str, spec: VariantSpec, replicas: list[Replica], weight: int) -> VariantStatus:
+        """Probe every replica: ready, not ready (/readyz), or exited (with its exit code and log tail)."""
+        ready_n, exited, problems = 0, 0, []
+        for i, r in enumerate(replicas):
+            rc = r.proc.poll()
+            if rc is not None:
+                exited += 1
+                problems.append(f"replica {i} (pid {r.proc.pid}) exited with code {rc}; "
+                                f"log {r.log_path}:\n{_tail(r.log_path, 800)}")
+            elif self.ready(r.url):
+                ready_n += 1
+            else:
+                problems.append(f"replica {i} at {r.url} not ready (/readyz)")
+        want = len(replicas)
+        msg = f"{ready_n}/{want} ready; weight {weight}%; kernels {spec.kernels}"
+        if problems:
+            msg += "; " + "; ".join(problems)
+        return VariantStatus(role=role, ready=want > 0 and ready_n == want, replicas=want, ready_replicas=ready_n,
+                             endpoint=replicas[0].url if replicas else None, message=msg,
+                             endpoints=tuple(r.url for r in replicas), crashing=exited > 0)
+
+    def _check_cancelled(self, spec: VariantSpec) -> None:
+        if self._cancelled.is_set():
+            raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
+
+    def _wait_ready(self, spec: VariantSpec, r: Replica, deadline: float) -> None:
+        while True:
+            self._check_cancelled(spec)
+            rc = r.proc.poll()
+            if rc is not None:
+                raise DeployError(f"{spec.service}/{spec.role}: engine exited with code {rc} before it was ready; "
+                                  f"log {r.log_path}:\n{_tail(r.log_path)}")
+            if self.ready(r.url):
+                return
+            if time.monotonic() > deadline:
+                raise DeployError(f"{spec.service}/{spec.role}: engine not ready after "
+                                  f"{self.config.ready_timeout_s}s; log {r.log_path}:\n{_tail(r.log_path)}")
+            self._cancelled.wait(0.1)
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
