@@ -74,11 +74,18 @@ class Store:
                 db.execute("INSERT INTO rollout_specs (rollout_id, body) VALUES (?, ?)",
                            (rollout.id, json.dumps((spec or DeploySpec()).to_dict())))
                 self._insert_records(db, rollout, (), 1)
-        except sqlite3.IntegrityError as e:
-            raise StoreConflictError(f"rollout {rollout.id!r} exists or service {rollout.service!r} already has an "
-                                     f"active rollout ({e})") from None
+        except sqlite3.IntegrityError:
+            raise StoreConflictError(self._create_conflict(rollout)) from None
         committed()
         return replace(rollout, version=1, new_checks=(), new_events=())
+
+    def _create_conflict(self, rollout: Rollout) -> str:
+        """Why a new rollout could not be stored, in the operator's words (never the database's)."""
+        active = self._db.rows("SELECT id, phase FROM rollouts WHERE service = ? AND active = 1", (rollout.service,))
+        if active:
+            return (f"service {rollout.service!r} already has an active rollout, {active[0]['id']} "
+                    f"({active[0]['phase']}): one rollout per service at a time; abort it or wait until it ends")
+        return f"a rollout with id {rollout.id!r} already exists"
 
     def create(self, rollout: Rollout) -> Rollout:
         """create_rollout with the default DeploySpec."""

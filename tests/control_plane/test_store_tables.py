@@ -26,11 +26,14 @@ def test_a_rollout_and_its_spec_are_one_transaction(store):
     assert [(e["kind"], e["actor"], e["message"]) for e in store.events("r1")] == [("created", "alice",
                                                                                    "created by alice")]
     # the second rollout of the service is refused whole: neither its row nor its spec is written
-    with pytest.raises(StoreConflictError, match="active rollout"):
+    with pytest.raises(StoreConflictError, match="active rollout") as e:
         store.create_rollout(Rollout("r2", "chat", "triton-v1.1", "torch"), DeploySpec(replicas=5))
+    # in the operator's words, naming the active rollout; never the database's ("UNIQUE constraint failed")
+    assert str(e.value) == ("service 'chat' already has an active rollout, r1 (pending): one rollout per service at "
+                            "a time; abort it or wait until it ends")
     assert store.count() == 1 and store.spec("r2") == DeploySpec()
     assert store._db.rows("SELECT COUNT(*) FROM rollout_specs")[0][0] == 1
-    with pytest.raises(StoreConflictError):   # the same id again: its spec is not replaced either
+    with pytest.raises(StoreConflictError, match="^a rollout with id 'r1' already exists$"):   # nor its spec
         store.create_rollout(Rollout("r1", "other", "torch", "torch"), DeploySpec(replicas=9))
     assert store.spec("r1") == spec
 
