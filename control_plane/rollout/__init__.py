@@ -3,10 +3,10 @@ the typed state in state.py (phases, checks, events, actions, commands), with th
 
 No I/O and no flask/kubernetes/requests/torch/engine imports (tests/control_plane/analysis/test_purity.py).
 """
-from .machine import (allowed_commands, correctness_due, reconcile)
+from .machine import (CORRECTNESS_PREFIX, allowed_commands, correctness_due, reconcile)
 from .state import (ROLES, Phase, Command, Decision, EventKind, Action, Deploy, SetWeights, Promote, Rollback,
     Notify, weights_for, Observation, Check, Event, Rollout)
 
-__all__ = ["Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify", "Observation",
-    "Phase", "Promote", "ROLES", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due",
+__all__ = ["CORRECTNESS_PREFIX", "Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify",
+    "Observation", "Phase", "Promote", "ROLES", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due",
     "reconcile", "weights_for"]

@@ -37,6 +37,9 @@ __all__ = ["ROLES", "Action", "Check", "Command", "Decision", "Deploy", "Event",
 
 _EPS = 1e-6
 
+# the stored reason of every correctness check starts so (the UI strips it where it says "correctness gate")
+CORRECTNESS_PREFIX = "correctness: "
+
 
 def correctness_due(rollout: Rollout, now: float) -> bool:
     """Should the worker replay the correctness prompt set in this pass? (INITIALIZING: once both variants are
@@ -150,7 +153,7 @@ def _correctness_check(b: _Builder, cv: CorrectnessVerdict) -> bool:
     seq = r.checks + 1
     decision = {Outcome.PASS: Decision.PASS, Outcome.FAIL: Decision.ROLLBACK,
                 Outcome.INCONCLUSIVE: Decision.HOLD}[cv.outcome]
-    verdict = Verdict(cv.outcome, f"correctness: {cv.reason}", r.policy.compare_to,
+    verdict = Verdict(cv.outcome, CORRECTNESS_PREFIX + cv.reason, r.policy.compare_to,
                       guard=Guard.CORRECTNESS if cv.outcome is Outcome.FAIL else None, correctness=cv)
     b.checks.append(Check(seq, b.now, r.step, r.weight, None, None, "correctness", {}, {}, verdict, decision))
     b.set(checks=seq, correctness_at=b.now)

@@ -6,7 +6,7 @@ from collections import OrderedDict
 from typing import Mapping
 
 from control_plane.analysis import ERROR_RATE
-from control_plane.rollout import ROLES, Phase, Rollout, weights_for
+from control_plane.rollout import CORRECTNESS_PREFIX, ROLES, Phase, Rollout, weights_for
 from control_plane.web.common import clean
 
 SHORT = {"http_request_duration_seconds": "request latency", "sits_time_to_first_token_seconds": "TTFT",
@@ -119,11 +119,11 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
             return {"kind": "promoted_manually", "text": f"promoted by {e['actor']}"}
         return {"kind": "aborted", "text": f"aborted by {e['actor']}"}
     if decided:
+        # the list puts the kind in words before the text ("correctness gate failed: ...", "guard: ..."): no repeat
         if last.get("source") == "correctness":
-            return {"kind": "correctness", "text": "correctness gate: " + last["reason"].removeprefix(
-                CORRECTNESS_PREFIX)}
+            return {"kind": "correctness", "text": last["reason"].removeprefix(CORRECTNESS_PREFIX)}
         if last.get("guard"):
-            return {"kind": "guard", "text": f"{last['guard'].replace('_', ' ')}: {last['reason']}"}
+            return {"kind": "guard", "text": last["reason"]}
         if last.get("outcome") == "fail" and last.get("label"):
             f = _pt if last.get("kind") == "abs" else _pct
             ci = last.get("ci") or [None, None]
@@ -211,7 +211,6 @@ def check_compact(ev: Mapping) -> dict:
 
 
 # ---- the correctness gate ----------------------------------------------------------------------------------------
-CORRECTNESS_PREFIX = "correctness: "   # the stored reason of every correctness check (rollout._correctness_check)
 MAX_DIVERGENCES = 5                    # the detail payload's first divergences; GET .../checks/<seq> has them all
 MAX_HISTORY = 100
 

@@ -87,7 +87,8 @@ def test_webhook_and_prometheus_urls_from_files_and_env(tmp_path, monkeypatch):
                        ("json", "https://hooks.example/d"), ("slack", "https://hooks.slack.com/services/T0/B0/s1"),
                        ("slack", "https://hooks.slack.com/services/T0/B0/s2")]
         assert w.source.config.url == "http://127.0.0.1:9" and w.source.config.basic_auth == ("sits", "pw-from-env")
-    finally:
+    finally:   # as `sits-control worker` shuts down: the notifiers' journal threads stop before the store closes
+        w.notifier.close()
         w.deployer.close()
         w.store.close()
 

@@ -191,3 +191,16 @@ def test_role_errors_use_the_right_article(client):
     r = client.get("/api/v1/config")
     assert r.status_code == 403 and r.get_json()["error"]["message"] == ("otto is an operator; this needs the admin "
                                                                          "role")
+
+
+@pytest.mark.parametrize("last,kind,text", [
+    ({"decision": "rollback", "source": "correctness", "reason": "correctness: float32 tolerances: 78% identical"},
+     "correctness", "float32 tolerances: 78% identical"),
+    ({"decision": "rollback", "source": "metrics", "guard": "crashing", "reason": "canary is crashing (restarts)"},
+     "guard", "canary is crashing (restarts)"),
+])
+def test_why_it_ended_does_not_repeat_the_kind_the_list_writes_before_it(last, kind, text):
+    from control_plane.rollout import Rollout
+    from control_plane.web.present import ending
+    # rollouts.js writes "correctness gate failed: <text>" and "guard: <text>"
+    assert ending(Rollout("r", "chat", "v2", "v1"), last, [], []) == {"kind": kind, "text": text}
