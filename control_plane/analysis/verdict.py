@@ -249,5 +249,5 @@ def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
     if not pending:
         return verdict(Outcome.PASS, "every check passed with confidence", results)
     need = max(needs) if needs else None
-    tail = f": need about {need} more requests per variant" if need else ""
+    tail = f": need about {need} more request{'' if need == 1 else 's'} per variant" if need else ""
     return verdict(Outcome.INCONCLUSIVE, f"inconclusive ({', '.join(pending)}){tail}", results, need_more=need)

@@ -104,7 +104,8 @@ def progress_line(r: dict) -> str:
             line += (f" · {c['label']} {_pct(c['delta'], kind)} [{_pct(lo, kind)}, {_pct(hi, kind)}]"
                      + (f" <= {_pct(thr, kind)}" if thr is not None else ""))
         if c.get("need_more") and c["outcome"] == "inconclusive":
-            line += f" (needs about {c['need_more']} more requests)"
+            n = c["need_more"]
+            line += f" (needs about {n} more request{'' if n == 1 else 's'})"
     return line
 
 

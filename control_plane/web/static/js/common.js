@@ -21,6 +21,8 @@ const SITS = (() => {
     return { ok: r.ok, status: r.status, data, headers: r.headers };
   }
 
+  const requests = (n) => `${n} request${n === 1 ? "" : "s"}`;   // "1 request", "20 requests"
+
   function el(tag, attrs = {}, ...children) {
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs)) {
@@ -78,7 +80,7 @@ const SITS = (() => {
     const v = c.outcome;
     if (c.delta === undefined) {
       return el("span", { class: "lastcheck", title: c.reason }, el("span", { class: `verdict-${v}` }, `${mark[v] || ""} ${v}`),
-        c.need_more ? el("span", { class: "muted" }, ` · needs about ${c.need_more} more requests`) : null);
+        c.need_more ? el("span", { class: "muted" }, ` · needs about ${requests(c.need_more)} more`) : null);
     }
     const f = c.kind === "abs" ? pt : pct;
     const ci = c.ci && c.ci[0] !== null ? ` [${f(c.ci[0]).replace(" %", "").replace(" pt", "")}, ${f(c.ci[1]).replace(" %", "").replace(" pt", "")}]` : "";
@@ -126,5 +128,5 @@ const SITS = (() => {
     return () => clearTimeout(timer);
   }
 
-  return { ROLES, PHASE, api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
+  return { ROLES, PHASE, requests, api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
 })();

@@ -271,7 +271,7 @@
       grid.append(el("span", { class: "lbl" }, r.label.replace("request latency", "latency"), route ? el("small", {}, " " + route) : null),
         el("span", {}, `${val(r.canary)} vs ${val(r.target)}`),
         el("span", { class: "delta", "data-check": r.check }, SITS.resultText(rate ? "abs" : "rel", delta, r.ci_low, r.ci_high, r.threshold)),
-        el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more ? el("span", { class: "need" }, `needs about ${r.need_more} more requests`) : null));
+        el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more ? el("span", { class: "need" }, `needs about ${SITS.requests(r.need_more)} more`) : null));
     }
     return grid;
   }
@@ -287,7 +287,7 @@
         : el("td", { class: "when" }, `${req("canary")}`, el("br"), el("span", { class: "muted" }, `${req(target)}`)),
       el("td", { class: "results-cell" }, gate ? Correctness.cell(c) : resultGrid(c)),
       el("td", { class: "verdict" }, el("strong", { class: `verdict-${c.outcome}` }, `${mark[c.outcome]} ${c.outcome}`), el("div", { class: "muted small" }, `→ ${c.decision}`),
-        c.need_more ? el("span", { class: "need" }, `needs about ${c.need_more} more requests per variant`) : null, btn));
+        c.need_more ? el("span", { class: "need" }, `needs about ${SITS.requests(c.need_more)} more per variant`) : null, btn));
     btn.addEventListener("click", async () => {
       const open = tr.nextElementSibling && tr.nextElementSibling.classList.contains("evidence");
       if (open) { tr.nextElementSibling.remove(); btn.setAttribute("aria-expanded", "false"); return; }
