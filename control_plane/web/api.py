@@ -190,6 +190,14 @@ def me():
     return jsonify({"name": u.name, "role": u.role})
 
 
+@bp.get("/")
+def index():
+    """Where a person or a script that opens /api/v1/ (the URL the service prints) goes next; names only, no data."""
+    return jsonify({"api": "sits-control", "version": "v1", "openapi": f"{API_PREFIX}/openapi.json",
+                    "reference": "/api", "resources": {name: f"{API_PREFIX}/{name}" for name in
+                                                       ("rollouts", "kernels", "services", "me")}})
+
+
 @bp.get("/openapi.json")
 def openapi():
     return jsonify(openapi_spec())

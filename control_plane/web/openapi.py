@@ -98,6 +98,8 @@ def openapi_spec() -> dict:
                           "412": _resp("Flagger payloads: fail or inconclusive, the reason in the body",
                                        {"$ref": "#/components/schemas/Judgement"}),
                           **_errors(401, 403, 413, 422, 429, 502)}}},
+        "/": {"get": {"summary": "The API's index: where its resources and this document are", "security": [],
+                      "responses": {"200": _resp("names and paths", {"type": "object"})}}},
         "/openapi.json": {"get": {"summary": "This document", "security": [],
                                   "responses": {"200": _resp("OpenAPI 3.1", {"type": "object"})}}},
     }

@@ -72,15 +72,15 @@ def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=N
         if not stopping.is_set():
             stopping.set()
             raise KeyboardInterrupt
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
-    if worker is not None:
-        worker.start()
     url = f"http://{a.host if ':' not in a.host else '[' + a.host + ']'}:{server.effective_port}"
-    print(f"sits-control serve: {url}/ (API {url}/api/v1/, metrics {url}/metrics); store "
-          f"{app.config['STORE'].path}; auth {'file ' + a.auth_file if users else 'OFF (loopback only)'}; "
-          f"worker {'on' if worker is not None else 'off (--no-worker)'}; Ctrl-C to stop", flush=True)
-    try:
+    try:   # from the first signal handler on, a SIGTERM or Ctrl-C at any moment ends in the same clean shutdown
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop)
+        if worker is not None:
+            worker.start()
+        print(f"sits-control serve: {url}/ (API {url}/api/v1/, metrics {url}/metrics); store "
+              f"{app.config['STORE'].path}; auth {'file ' + a.auth_file if users else 'OFF (loopback only)'}; "
+              f"worker {'on' if worker is not None else 'off (--no-worker)'}; Ctrl-C to stop", flush=True)
         server.run()
     except KeyboardInterrupt:
         pass

@@ -400,3 +400,13 @@ def test_services_show_the_router_the_worker_deployed_from_the_store_alone(clien
     store.services.set_router("chat", "http://127.0.0.1:9")   # a restarted router on another port: the store says
     assert client.get("/api/v1/services", headers=auth("viewer")).get_json()["services"][0]["router_url"] == \
         "http://127.0.0.1:9"
+
+
+def test_the_printed_api_url_answers_with_where_to_go(client):
+    # `sits-control serve` prints "API http://.../api/v1/": it is an index, not a 404
+    r = client.get("/api/v1/")
+    assert r.status_code == 200
+    body = r.get_json()
+    assert body["openapi"] == "/api/v1/openapi.json" and body["resources"]["rollouts"] == "/api/v1/rollouts"
+    for path in (body["openapi"], *body["resources"].values()):
+        assert client.get(path).status_code != 404, path
