@@ -26,8 +26,8 @@ import httpx
 
 from control_plane.adapters import process
 from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, ReplicaLimit,
-                                           VariantSpec, VariantStatus, check_role, normalize_weights)
+from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, NotReadyError,
+                                           ReplicaLimit, VariantSpec, VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.local_config import LocalConfig, default_max_replicas, engine_environment
 from control_plane.adapters.router_config import RouterConfig
 from control_plane.adapters.router import WeightedRouter
@@ -261,9 +261,9 @@ class LocalDeployer:
                     self._check_closing(spec)
                     batch.append(self._start_one(spec, i))
                     started.append(batch[-1])
-                deadline = time.monotonic() + self.config.ready_timeout_s
+                started_at = time.monotonic()
                 for r in batch:
-                    self._wait_ready(spec, r, deadline)
+                    self._wait_ready(spec, r, started_at)
         except BaseException:
             for r in started:
                 process.stop(r.proc, self.config.stop_timeout_s)
@@ -287,18 +287,23 @@ class LocalDeployer:
         if self._closing.is_set():
             raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
 
-    def _wait_ready(self, spec: VariantSpec, r: _Replica, deadline: float) -> None:
+    def _wait_ready(self, spec: VariantSpec, r: _Replica, started_at: float) -> None:
+        """Until r answers /readyz; NotReadyError (its engine's last log line in it) once it exits or the spec's
+        readiness deadline (else LocalConfig.ready_timeout_s) has passed since its batch started."""
+        limit = spec.ready_timeout_s or self.config.ready_timeout_s
         while True:
             self._check_closing(spec)
             rc = r.proc.poll()
-            if rc is not None:
-                raise DeployError(f"{spec.service}/{spec.role}: engine exited with code {rc} before it was ready; "
-                                  f"log {r.log_path}:\n{_tail(r.log_path)}")
+            if rc is not None or time.monotonic() - started_at > limit:
+                waited = time.monotonic() - started_at
+                line = last_line(r.log_path)
+                why = (f"engine exited with code {rc} before it was ready" if rc is not None
+                       else f"engine not ready after {limit:g} s")
+                raise NotReadyError(f"{spec.service}/{spec.role}: {why}; its last log line: {line or '(none)'}\n"
+                                    f"log {r.log_path}:\n{_tail(r.log_path)}", waited_s=waited, last_line=line,
+                                    exit_code=rc)
             if self._readyz(r.url):
                 return
-            if time.monotonic() > deadline:
-                raise DeployError(f"{spec.service}/{spec.role}: engine not ready after "
-                                  f"{self.config.ready_timeout_s}s; log {r.log_path}:\n{_tail(r.log_path)}")
             self._closing.wait(0.1)
 
     def _readyz(self, url: str) -> bool:
@@ -342,6 +347,12 @@ def _tail(path: Path, n: int = 2000) -> str:
         return path.read_text(errors="replace")[-n:]
     except OSError:
         return ""
+
+
+def last_line(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a replica's log (what its engine said last), at most `limit` characters."""
+    lines = [x.strip() for x in _tail(path, 8192).splitlines() if x.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def _close_ref(ref) -> None:
