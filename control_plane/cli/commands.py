@@ -3,6 +3,7 @@ start/list/show and the commands, worker, serve, demo. Each returns the process'
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -58,17 +59,41 @@ def _first_line(e: Exception) -> str:
     return (" ".join(lines[:3]) or type(e).__name__)[:300]
 
 
+def engine_args(a) -> tuple[list[str], list[str]]:
+    """(production's, the canary's) engine args from `rollout start`'s flags: every --production-arg / --arg
+    (each shell-quoted, split with shlex), then the older rest-of-the-line forms --production-args / --args, each
+    ending where the other begins (argparse gives the first of them the rest of the line, the other included)."""
+    rest = {"--production-args": list(a.production_args or ()), "--args": list(a.args or ())}
+    for flag, other in (("--production-args", "--args"), ("--args", "--production-args")):
+        if other in rest[flag]:   # `--production-args A --args B`: B went to --production-args
+            i = rest[flag].index(other)
+            rest[flag], rest[other] = rest[flag][:i], rest[other] + rest[flag][i + 1:]
+
+    def split(values: list[str], flag: str) -> list[str]:
+        out = []
+        for v in values:
+            try:
+                out += shlex.split(v)
+            except ValueError as e:   # an unclosed quote
+                raise CLIError(f"{flag} {v[:80]!r}: {e}") from None
+        return out
+    return (split(a.production_arg, "--production-arg") + rest["--production-args"],
+            split(a.arg, "--arg") + rest["--args"])
+
+
 # ---- commands ---------------------------------------------------------------------------------------------------
 def cmd_rollout_start(a) -> int:
     policy = _load_policy(a.policy)
+    production_args, canary_args = engine_args(a)
     if a.url:
         body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
-                "policy": policy.to_dict() if a.policy else None, "args": a.args, "production_args": a.production_args,
-                "production_kernels": a.production_kernels}
+                "policy": policy.to_dict() if a.policy else None, "args": canary_args or None,
+                "production_args": production_args or None, "production_kernels": a.production_kernels,
+                "device": a.device, "ready_timeout_s": a.ready_timeout}
         return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
-    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
-                      canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
-                      gpus=a.gpus)
+    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(production_args),
+                      canary_args=tuple(canary_args), production_image=a.production_image, canary_image=a.image,
+                      gpus=a.gpus, device=a.device, ready_timeout_s=a.ready_timeout)
     with open_store(a.store, must_exist=False) as store:
         production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
         r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,

@@ -2,7 +2,8 @@
 
     sits-control demo                                   # the README's main command (CPU, no cluster)
     sits-control worker --store sits.db                 # run the control loop (local deployer + direct scrape)
-    sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--args --seed 7]
+    sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--arg '--seed 7']
+                               [--production-arg '--max-num-seqs 64'] [--device cuda] [--ready-timeout 900]
     sits-control rollout list | show ID | promote ID | abort ID | pause ID | resume ID
     sits-control serve --port 8080 --auth-file users.yaml   # the web UI + JSON API, with the worker beside it
     SITS_URL=http://host:8080 SITS_TOKEN=... sits-control rollout start ... --wait   # the same over the API
@@ -26,6 +27,7 @@ from control_plane.redact import redact
 from control_plane.rollout import Command
 from control_plane.store.schema import StoreError
 from control_plane.tracing import EXPORTERS
+from control_plane.validation import DEVICES
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 log = logging.getLogger(__name__)
@@ -146,10 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
     s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes)")
+    s.add_argument("--arg", action="append", default=[], metavar="ARGS",
+                   help="extra `sits-engine serve` args of the canary: one, or several in one shell-quoted string "
+                        "(repeatable; a lone flag as --arg=--enforce-eager): --arg '--seed 7' --arg '--dtype bfloat16'")
+    s.add_argument("--production-arg", action="append", default=[], metavar="ARGS",
+                   help="the same for production and the baseline (repeatable)")
+    s.add_argument("--device", choices=DEVICES, default=None,
+                   help="`sits-engine serve --device` of every variant (default: the engine's choice, a GPU where "
+                        "one is visible)")
+    s.add_argument("--ready-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long each deploy may take to get ready before the rollout rolls back (default: the "
+                        "policy's ready_timeout_s; GPU warm-ups of large models take minutes)")
+    # the older form: the rest of the line; either one stops at the other (so both can be given)
     s.add_argument("--production-args", nargs=argparse.REMAINDER, default=None,
-                   help="extra `sits-engine serve` args of production and baseline (must come last)")
+                   help="(older form) the rest of the line, up to --args, as production's and the baseline's args")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,
-                   help="extra `sits-engine serve` args of the canary (must come last)")
+                   help="(older form) the rest of the line, up to --production-args, as the canary's args")
     s.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
     s.add_argument("--store", default=DEFAULT_STORE)
     s.add_argument("--wait", action="store_true", help="follow the rollout until it ends (exit 0 succeeded, 1 not)")
