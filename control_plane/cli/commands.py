@@ -17,7 +17,8 @@ from control_plane.adapters.spec import DeploySpec
 from control_plane.analysis import Policy, PolicyError
 from control_plane.cli import client
 from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
-from control_plane.demo.runner import SCENARIOS, DemoConfig, run_demo
+from control_plane.demo.profiles import PROFILES
+from control_plane.demo.runner import DemoConfig, run_demo
 from control_plane.redact import redact
 from control_plane.service import format as fmt
 from control_plane.service import rollouts as service
@@ -185,10 +186,15 @@ def cmd_serve(a) -> int:
 
 def cmd_demo(a) -> int:
     keep = a.keep_running if a.keep_running is not None else (not a.exit_when_done and sys.stdin.isatty())
-    scenarios = tuple(SCENARIOS) if a.scenario == "all" else (a.scenario,)
+    names = [n.strip() for n in a.scenario.split(",") if n.strip()]
+    known = PROFILES[a.device].scenarios
+    scenarios = tuple(n for x in names for n in (("slow", "wrong", "good") if x == "all" else (x,)))
+    if any(n not in known for n in scenarios):
+        raise CLIError(f"--scenario {a.scenario!r}: choose from {', '.join(known)} or all (comma-separated, "
+                       f"repeats allowed: slow,wrong,good,aa,aa)")
     try:
         cfg = DemoConfig(workdir=a.workdir, scenarios=scenarios, rate=a.rate, metrics=a.metrics, port=a.port,
-                         keep_running=keep)
+                         keep_running=keep, device=a.device, model=a.model, production_kernels=a.production_kernels)
     except ValueError as e:
         raise CLIError(str(e)) from None
     try:

@@ -90,15 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the UI on live canaries of real kernel sets (CPU, tiny model): a slower set and "
                                     "a wrong set rolled back, a good one promoted")
-    d.add_argument("--scenario", choices=["slow", "wrong", "good", "all"], default="all",
-                   help="which canaries to run (all: slow, wrong, good in turn)")
+    d.add_argument("--scenario", default="all",
+                   help="which canaries to run, comma-separated, in turn: slow, wrong, good, all (= slow,wrong,good); "
+                        "with --device cuda also aa (triton-v1 against itself; repeatable: all,aa,aa)")
+    d.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="cpu (the default: tiny model, torch example sets) or cuda: every engine on this machine's "
+                        "GPU, Triton sets (triton-v1 production; triton-v1-unsplit, triton-v1-floor-pages, "
+                        "triton-v1.1 canaries), a tiny model trained there first")
+    d.add_argument("--model", default=None,
+                   help="what every engine serves (default: tiny on CPU, tiny-trained on the GPU; or llama3-8b, "
+                        "tiny or a checkpoint path -- random bf16 weights often leave the correctness gate "
+                        "inconclusive)")
+    d.add_argument("--production-kernels", default=None,
+                   help="production's kernel set (default: torch on CPU, triton-v1 on the GPU)")
     d.add_argument("--exit-when-done", action="store_true",
                    help="stop after the summary; exit 0 only if every scenario ended as expected")
     d.add_argument("--keep-running", action="store_true", default=None,
                    help="leave the UI up after the summary until Ctrl-C (the default on a terminal)")
     d.add_argument("--port", type=int, default=0, help="UI/API port on 127.0.0.1 (default: a free one)")
     d.add_argument("--workdir", default=None, help="store, auth file and variant logs (default: a new temp dir)")
-    d.add_argument("--rate", type=float, default=25.0, help="Poisson load through the router, requests/s")
+    d.add_argument("--rate", type=float, default=None,
+                   help="Poisson load through the router, requests/s (default: 25 on CPU, 40 on the GPU)")
     d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
                    help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
     d.set_defaults(fn=cmd_demo)
