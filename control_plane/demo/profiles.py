@@ -70,9 +70,9 @@ def gpu_policy() -> Policy:
 # all on /v1/completions (each route's percentiles are compared on their own: a second route halves the samples)
 DEMO_MIX = TrafficMix(LengthDist(64, 0.6, 16, 400), LengthDist(6, 0.6, 1, 32), stream_fraction=0.4,
                       chat_fraction=0.0)
-# on the GPU: longer contexts (decode attention's share of a step grows with them) and longer answers, so that decode
-# steps dominate; every request streamed (client-side TTFT and inter-token latency)
-GPU_MIX = TrafficMix(LengthDist(600, 0.5, 64, 2000), LengthDist(48, 0.5, 8, 128), stream_fraction=1.0,
+# on the GPU: long contexts (within the tiny model's 4096 positions; decode attention's share of a step grows with
+# them) and longer answers, so that decode steps dominate; every request streamed (client-side TTFT and ITL)
+GPU_MIX = TrafficMix(LengthDist(1200, 0.4, 256, 3500), LengthDist(48, 0.5, 8, 128), stream_fraction=1.0,
                      chat_fraction=0.0)
 
 
