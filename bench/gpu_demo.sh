@@ -30,7 +30,7 @@ python3 -c "import control_plane.cli.main, flask, waitress, kubernetes, httpx, z
   || { echo "missing packages"; exit 3; }
 
 stamp "decode attention: triton-v1 vs triton-v1-unsplit vs triton-v1-floor-pages"
-timeout 120 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
+timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
 
 # GPU memory per engine, every 5 s: timestamp, MiB, role/kernels (from the engine's command line)
 (
