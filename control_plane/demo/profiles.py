@@ -54,12 +54,16 @@ def demo_policy() -> Policy:
 
 
 def gpu_policy() -> Policy:
-    """The demo policy on one GPU that three engines time-slice: the slow release's decode attention shows in the
-    inter-token latency (P90 +25 %, P99 +50 %) and in the request latency's P90 (+25 %); a checked step at 50 % and
-    a readiness deadline for cold CUDA warm-ups (Triton compiles, graph captures)."""
+    """The demo policy on one GPU that three engines time-slice. The slow release's decode attention shows in the
+    inter-token latency's body more than in its tail (prefill chunks interleaved with decode set the tail): in the
+    H200 run of 2026-12-02 (BENCHMARKS.md "GPU demo") triton-v1-unsplit moved ITL P90 by +12.6..+27.2 % (interval
+    lower bounds >= +10.5 %) and P50 by +16..+24 %, while triton-v1.1 and an A/A run stayed within -7.0..-2.2 %;
+    request-latency P90 moved by +14.9 % [-1.2, +23.0] only. Hence ITL P50 and P90 at +10 %, with P99 (+50 %) and
+    request latency P90 (+25 %) as guards; a checked step at 50 %; a readiness deadline for cold CUDA warm-ups."""
     return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=5.0,
-                  checks=(MetricCheck(ITL, quantile=0.99, max_rel_delta=0.50),
-                          MetricCheck(ITL, quantile=0.90, max_rel_delta=0.25),
+                  checks=(MetricCheck(ITL, quantile=0.90, max_rel_delta=0.10),
+                          MetricCheck(ITL, quantile=0.50, max_rel_delta=0.10),
+                          MetricCheck(ITL, quantile=0.99, max_rel_delta=0.50),
                           MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
                   min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
