@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` (main job, CPU, no cluster) and `make test` (set up + run the tests).
-.PHONY: setup demo test test-gpu
+.PHONY: setup demo demo-gpu test test-gpu
 PY := .venv/bin/python
 
 setup:
@@ -9,6 +9,11 @@ setup:
 demo:
 	bash .ci/setup.sh demo
 	$(PY) -m control_plane.cli demo
+
+# on a CUDA machine (python3 with torch and triton, the project's packages installed): the demo on its GPU, Triton
+# sets; bench/gpu_demo.sh does it in one call with carried wheels and prints a table (BENCHMARKS.md "GPU demo")
+demo-gpu:
+	python3 -m control_plane.cli demo --device cuda --exit-when-done
 
 # pytest exits 5 when it collects nothing: that fails here like any other error.
 test:

@@ -37,6 +37,27 @@ def model(v: Any, field: str = "model") -> str:
     return v
 
 
+# where an engine runs (`sits-engine serve --device`); None: the engine's own choice (a GPU where one is visible)
+DEVICES = ("cpu", "cuda")
+MAX_READY_TIMEOUT_S = 86400.0
+
+
+def device(v: Any, field: str = "device") -> str | None:
+    if v is not None and v not in DEVICES:
+        raise ValidationError(f"{field} must be one of {', '.join(DEVICES)} or null (the engine's choice), got "
+                              f"{str(v)[:40]!r}", field)
+    return v
+
+
+def optional_seconds(v: Any, field: str, maximum: float = MAX_READY_TIMEOUT_S) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= maximum:
+        raise ValidationError(f"{field} must be a number of seconds > 0 and <= {maximum:g}, or null, got "
+                              f"{str(v)[:40]}", field)
+    return float(v)
+
+
 # a rollout asks for at most this many replicas per variant (deployers bound them further: local by the machine,
 # Kubernetes by KubernetesConfig.max_replicas); `--replicas 100000` is a typo, not a plan
 MAX_REPLICAS = 256

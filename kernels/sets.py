@@ -5,6 +5,7 @@ op is released for canarying.
 """
 from __future__ import annotations
 
+from kernels import decode_attention_regressions as _decode_bad
 from kernels import linear as _linear
 from kernels import paged_decode_attention as _decode
 from kernels import prefill_attention as _prefill
@@ -66,4 +67,21 @@ TORCH_SLOW_ATTN = register_kernel_set(TORCH.derive(
                 "time in prefill and one (sequence, head) at a time in decode; the same answers as torch, slower",
     prefill_attention=_prefill_ref.prefill_attention_per_head_ref,
     paged_decode_attention=_decode.paged_decode_attention_per_head_ref,
+))
+
+TRITON_V1_UNSPLIT = register_kernel_set(TRITON_V1.derive(
+    "triton-v1-unsplit", "1.0.3",
+    regression="slow",
+    description="EXAMPLE OF A SLOW TRITON RELEASE: triton-v1 with decode attention as one program per sequence "
+                "(kv heads and the whole context in 16-token tiles one after the other; no split over the context): "
+                "the same answers, most SMs idle at small batch",
+    paged_decode_attention=_decode_bad.paged_decode_attention_per_seq,
+))
+
+TRITON_V1_FLOOR_PAGES = register_kernel_set(TRITON_V1.derive(
+    "triton-v1-floor-pages", "1.0.4",
+    regression="wrong",
+    description="EXAMPLE OF A WRONG TRITON RELEASE: triton-v1 with a decode attention that bounds the context by "
+                "whole KV pages (ctx // page * page): the tokens of the last, partly filled page are dropped; as fast",
+    paged_decode_attention=_decode_bad.paged_decode_attention_floor_pages,
 ))

@@ -26,6 +26,16 @@ class DeployConflictError(DeployError):
     """A concurrent writer kept changing the same object; retries were exhausted."""
 
 
+class NotReadyError(DeployError):
+    """A variant's replica never answered /readyz: still starting when its readiness deadline passed
+    (`exit_code` None), or exited first. `last_line` is the last line its engine logged. Not retried: the deadline
+    was the whole budget the rollout gave it."""
+
+    def __init__(self, message: str, *, waited_s: float, last_line: str = "", exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.waited_s, self.last_line, self.exit_code = waited_s, last_line, exit_code
+
+
 class DeployCancelled(DeployError):
     """deploy() stopped because cancel()/close() was called (SIGTERM/SIGINT): what it started is stopped again, and
     the caller leaves the action pending for the next worker instead of counting a failure."""
@@ -46,6 +56,8 @@ class VariantSpec:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: int = 0
+    device: str | None = None                # `--device` of every replica; None: the engine's choice
+    ready_timeout_s: float | None = None     # how long a new replica may take to get ready; None: the deployer's
 
     def __post_init__(self) -> None:
         try:
@@ -58,26 +70,30 @@ class VariantSpec:
             v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
             object.__setattr__(self, "args", v.strings(self.args, "args"))
             object.__setattr__(self, "env", v.string_map(self.env, "env"))
+            v.device(self.device)
+            object.__setattr__(self, "ready_timeout_s", v.optional_seconds(self.ready_timeout_s, "ready_timeout_s"))
         except ValidationError as e:
             raise InvalidVariantError(str(e), e.field) from None
 
     def engine_args(self, *, port: int, host: str | None = None) -> list[str]:
         """`sits-engine serve ...` arguments (without the program) for this variant; env label = role. The
-        deployer's flags come last, so they win even over an args list that was never validated."""
-        argv = ["serve", *self.args, "--model", self.model, "--kernels", self.kernels,
+        deployer's flags and the device field come last, so they win over any args list (a `--device` in args too)."""
+        argv = ["serve", *self.args, *(("--device", self.device) if self.device else ()),
+                "--model", self.model, "--kernels", self.kernels,
                 "--env", self.role, "--service", self.service, "--port", str(port)]
         return argv + (["--host", host] if host is not None else [])
 
     def to_dict(self) -> dict:
         return {"service": self.service, "role": self.role, "kernels": self.kernels, "model": self.model,
                 "replicas": self.replicas, "image": self.image, "args": list(self.args), "env": dict(self.env),
-                "gpus": self.gpus}
+                "gpus": self.gpus, "device": self.device, "ready_timeout_s": self.ready_timeout_s}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "VariantSpec":
         return cls(service=d["service"], role=d["role"], kernels=d["kernels"], model=d.get("model", "tiny"),
                    replicas=d.get("replicas", 1), image=d.get("image"), args=tuple(d.get("args", ())),
-                   env=dict(d.get("env", {})), gpus=d.get("gpus", 0))
+                   env=dict(d.get("env", {})), gpus=d.get("gpus", 0), device=d.get("device"),
+                   ready_timeout_s=d.get("ready_timeout_s"))
 
 
 @dataclass(slots=True, frozen=True)

@@ -20,7 +20,7 @@ OPERATOR_FLAGS: dict[str, bool] = {
     "--max-num-batched-tokens": True, "--max-model-len": True, "--num-kv-blocks": True,
     "--max-blocks-per-tenant": True, "--quantization": True, "--seed": True, "--enforce-eager": False,
     "--served-model-name": True, "--no-warmup": False, "--log-level": True, "--no-access-log": False,
-    "--header-timeout-s": True, "--body-timeout-s": True,
+    "--header-timeout-s": True, "--body-timeout-s": True, "--gpu-memory-utilization": True,
 }
 FAULT_FLAGS: dict[str, bool] = {"--fault-latency-ms": True, "--fault-token-latency-ms": True,
                                 "--fault-error-rate": True}

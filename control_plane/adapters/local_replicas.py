@@ -3,7 +3,8 @@
 `ReplicaLauncher` starts `sits-engine serve` subprocesses (one free loopback port each, an explicit environment:
 local_config.engine_environment) in bounded batches, and waits for each batch to answer /readyz before starting the
 next, so a machine never loads more models at once than it has cores. A replica that exits, or is not ready by
-LocalConfig.ready_timeout_s, fails the start with its exit code and log tail, and every replica this start began is
+its readiness deadline (the spec's ready_timeout_s, else LocalConfig.ready_timeout_s), fails the start with
+NotReadyError (its exit code, its engine's last log line and the log tail), and every replica this start began is
 stopped. `cancel()` makes starts in progress (other threads) stop starting and waiting and raise DeployCancelled.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from control_plane.adapters import process
-from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec, VariantStatus
+from control_plane.adapters.deploy import DeployCancelled, NotReadyError, VariantSpec, VariantStatus
 from control_plane.adapters.local_config import LocalConfig, engine_environment
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -57,9 +58,9 @@ class ReplicaLauncher:
                     self._check_cancelled(spec)
                     batch.append(self.start_one(spec, i))
                     started.append(batch[-1])
-                deadline = time.monotonic() + self.config.ready_timeout_s
+                started_at = time.monotonic()
                 for r in batch:
-                    self._wait_ready(spec, r, deadline)
+                    self._wait_ready(spec, r, started_at)
         except BaseException:
             self.stop(started)
             raise
@@ -116,19 +117,30 @@ class ReplicaLauncher:
         if self._cancelled.is_set():
             raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
 
-    def _wait_ready(self, spec: VariantSpec, r: Replica, deadline: float) -> None:
+    def _wait_ready(self, spec: VariantSpec, r: Replica, started_at: float) -> None:
+        """Until r answers /readyz; NotReadyError (its engine's last log line in it) once it exits or the spec's
+        readiness deadline (else LocalConfig.ready_timeout_s) has passed since its batch started."""
+        limit = spec.ready_timeout_s or self.config.ready_timeout_s
         while True:
             self._check_cancelled(spec)
             rc = r.proc.poll()
-            if rc is not None:
-                raise DeployError(f"{spec.service}/{spec.role}: engine exited with code {rc} before it was ready; "
-                                  f"log {r.log_path}:\n{_tail(r.log_path)}")
+            if rc is not None or time.monotonic() - started_at > limit:
+                waited = time.monotonic() - started_at
+                line = last_line(r.log_path)
+                why = (f"engine exited with code {rc} before it was ready" if rc is not None
+                       else f"engine not ready after {limit:g} s")
+                raise NotReadyError(f"{spec.service}/{spec.role}: {why}; its last log line: {line or '(none)'}\n"
+                                    f"log {r.log_path}:\n{_tail(r.log_path)}", waited_s=waited, last_line=line,
+                                    exit_code=rc)
             if self.ready(r.url):
                 return
-            if time.monotonic() > deadline:
-                raise DeployError(f"{spec.service}/{spec.role}: engine not ready after "
-                                  f"{self.config.ready_timeout_s}s; log {r.log_path}:\n{_tail(r.log_path)}")
             self._cancelled.wait(0.1)
+
+
+def last_line(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a replica's log (what its engine said last), at most `limit` characters."""
+    lines = [x.strip() for x in _tail(path, 8192).splitlines() if x.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def _tail(path: Path, n: int = 2000) -> str:

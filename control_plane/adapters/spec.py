@@ -29,6 +29,8 @@ class DeploySpec:
     canary_image: str | None = None
     gpus: int = 0
     canary_faults: tuple[str, ...] = ()
+    device: str | None = None               # `sits-engine serve --device` of every variant; None: the engine's choice
+    ready_timeout_s: float | None = None    # readiness deadline of each deploy; None: the policy's ready_timeout_s
 
     def __post_init__(self) -> None:
         v.model(self.model)
@@ -41,19 +43,24 @@ class DeploySpec:
         v.optional_string(self.production_image, "production_image")
         v.optional_string(self.canary_image, "image")
         v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
+        v.device(self.device)
+        object.__setattr__(self, "ready_timeout_s", v.optional_seconds(self.ready_timeout_s, "ready_timeout_s"))
 
-    def variant(self, service: str, role: str, kernels: str) -> VariantSpec:
+    def variant(self, service: str, role: str, kernels: str, *, ready_timeout_s: float | None = None) -> VariantSpec:
+        """The variant of `role`; `ready_timeout_s` when the spec sets none (the worker passes the policy's)."""
         canary = role == "canary"
         return VariantSpec(service=service, role=role, kernels=kernels, model=self.model, replicas=self.replicas,
                            image=self.canary_image if canary else self.production_image,
                            args=self.canary_args + self.canary_faults if canary else self.production_args,
-                           env=self.env, gpus=self.gpus)
+                           env=self.env, gpus=self.gpus, device=self.device,
+                           ready_timeout_s=self.ready_timeout_s or ready_timeout_s)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "replicas": self.replicas, "production_args": list(self.production_args),
                 "canary_args": list(self.canary_args), "env": dict(self.env),
                 "production_image": self.production_image, "canary_image": self.canary_image, "gpus": self.gpus,
-                "canary_faults": list(self.canary_faults)}
+                "canary_faults": list(self.canary_faults), "device": self.device,
+                "ready_timeout_s": self.ready_timeout_s}
 
     @classmethod
     def from_stored(cls, d: Mapping[str, Any]) -> "DeploySpec":

@@ -3,6 +3,7 @@ start/list/show and the commands, worker, serve, demo. Each returns the process'
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -16,7 +17,8 @@ from control_plane.adapters.spec import DeploySpec
 from control_plane.analysis import Policy, PolicyError
 from control_plane.cli import client
 from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
-from control_plane.demo.runner import SCENARIOS, DemoConfig, run_demo
+from control_plane.demo.profiles import PROFILES
+from control_plane.demo.runner import DemoConfig, run_demo
 from control_plane.redact import redact
 from control_plane.service import format as fmt
 from control_plane.service import rollouts as service
@@ -58,17 +60,41 @@ def _first_line(e: Exception) -> str:
     return (" ".join(lines[:3]) or type(e).__name__)[:300]
 
 
+def engine_args(a) -> tuple[list[str], list[str]]:
+    """(production's, the canary's) engine args from `rollout start`'s flags: every --production-arg / --arg
+    (each shell-quoted, split with shlex), then the older rest-of-the-line forms --production-args / --args, each
+    ending where the other begins (argparse gives the first of them the rest of the line, the other included)."""
+    rest = {"--production-args": list(a.production_args or ()), "--args": list(a.args or ())}
+    for flag, other in (("--production-args", "--args"), ("--args", "--production-args")):
+        if other in rest[flag]:   # `--production-args A --args B`: B went to --production-args
+            i = rest[flag].index(other)
+            rest[flag], rest[other] = rest[flag][:i], rest[other] + rest[flag][i + 1:]
+
+    def split(values: list[str], flag: str) -> list[str]:
+        out = []
+        for v in values:
+            try:
+                out += shlex.split(v)
+            except ValueError as e:   # an unclosed quote
+                raise CLIError(f"{flag} {v[:80]!r}: {e}") from None
+        return out
+    return (split(a.production_arg, "--production-arg") + rest["--production-args"],
+            split(a.arg, "--arg") + rest["--args"])
+
+
 # ---- commands ---------------------------------------------------------------------------------------------------
 def cmd_rollout_start(a) -> int:
     policy = _load_policy(a.policy)
+    production_args, canary_args = engine_args(a)
     if a.url:
         body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
-                "policy": policy.to_dict() if a.policy else None, "args": a.args, "production_args": a.production_args,
-                "production_kernels": a.production_kernels}
+                "policy": policy.to_dict() if a.policy else None, "args": canary_args or None,
+                "production_args": production_args or None, "production_kernels": a.production_kernels,
+                "device": a.device, "ready_timeout_s": a.ready_timeout}
         return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
-    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(a.production_args or ()),
-                      canary_args=tuple(a.args or ()), production_image=a.production_image, canary_image=a.image,
-                      gpus=a.gpus)
+    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(production_args),
+                      canary_args=tuple(canary_args), production_image=a.production_image, canary_image=a.image,
+                      gpus=a.gpus, device=a.device, ready_timeout_s=a.ready_timeout)
     with open_store(a.store, must_exist=False) as store:
         production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
         r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,
@@ -160,10 +186,15 @@ def cmd_serve(a) -> int:
 
 def cmd_demo(a) -> int:
     keep = a.keep_running if a.keep_running is not None else (not a.exit_when_done and sys.stdin.isatty())
-    scenarios = tuple(SCENARIOS) if a.scenario == "all" else (a.scenario,)
+    names = [n.strip() for n in a.scenario.split(",") if n.strip()]
+    known = PROFILES[a.device].scenarios
+    scenarios = tuple(n for x in names for n in (("slow", "wrong", "good") if x == "all" else (x,)))
+    if any(n not in known for n in scenarios):
+        raise CLIError(f"--scenario {a.scenario!r}: choose from {', '.join(known)} or all (comma-separated, "
+                       f"repeats allowed: slow,wrong,good,aa,aa)")
     try:
         cfg = DemoConfig(workdir=a.workdir, scenarios=scenarios, rate=a.rate, metrics=a.metrics, port=a.port,
-                         keep_running=keep)
+                         keep_running=keep, device=a.device, model=a.model, production_kernels=a.production_kernels)
     except ValueError as e:
         raise CLIError(str(e)) from None
     try:

@@ -2,7 +2,8 @@
 
     sits-control demo                                   # the README's main command (CPU, no cluster)
     sits-control worker --store sits.db                 # run the control loop (local deployer + direct scrape)
-    sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--args --seed 7]
+    sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--arg '--seed 7']
+                               [--production-arg '--max-num-seqs 64'] [--device cuda] [--ready-timeout 900]
     sits-control rollout list | show ID | promote ID | abort ID | pause ID | resume ID
     sits-control serve --port 8080 --auth-file users.yaml   # the web UI + JSON API, with the worker beside it
     SITS_URL=http://host:8080 SITS_TOKEN=... sits-control rollout start ... --wait   # the same over the API
@@ -26,6 +27,7 @@ from control_plane.redact import redact
 from control_plane.rollout import Command
 from control_plane.store.schema import StoreError
 from control_plane.tracing import EXPORTERS
+from control_plane.validation import DEVICES
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 log = logging.getLogger(__name__)
@@ -88,15 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the UI on live canaries of real kernel sets (CPU, tiny model): a slower set and "
                                     "a wrong set rolled back, a good one promoted")
-    d.add_argument("--scenario", choices=["slow", "wrong", "good", "all"], default="all",
-                   help="which canaries to run (all: slow, wrong, good in turn)")
+    d.add_argument("--scenario", default="all",
+                   help="which canaries to run, comma-separated, in turn: slow, wrong, good, all (= slow,wrong,good); "
+                        "with --device cuda also aa (triton-v1 against itself; repeatable: all,aa,aa)")
+    d.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="cpu (the default: tiny model, torch example sets) or cuda: every engine on this machine's "
+                        "GPU, Triton sets (triton-v1 production; triton-v1-unsplit, triton-v1-floor-pages, "
+                        "triton-v1.1 canaries), a tiny model trained there first")
+    d.add_argument("--model", default=None,
+                   help="what every engine serves (default: tiny on CPU, tiny-trained on the GPU; or llama3-8b, "
+                        "tiny or a checkpoint path -- random bf16 weights often leave the correctness gate "
+                        "inconclusive)")
+    d.add_argument("--production-kernels", default=None,
+                   help="production's kernel set (default: torch on CPU, triton-v1 on the GPU)")
     d.add_argument("--exit-when-done", action="store_true",
                    help="stop after the summary; exit 0 only if every scenario ended as expected")
     d.add_argument("--keep-running", action="store_true", default=None,
                    help="leave the UI up after the summary until Ctrl-C (the default on a terminal)")
     d.add_argument("--port", type=int, default=0, help="UI/API port on 127.0.0.1 (default: a free one)")
     d.add_argument("--workdir", default=None, help="store, auth file and variant logs (default: a new temp dir)")
-    d.add_argument("--rate", type=float, default=25.0, help="Poisson load through the router, requests/s")
+    d.add_argument("--rate", type=float, default=None,
+                   help="Poisson load through the router, requests/s (default: 25 on CPU, 40 on the GPU)")
     d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
                    help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
     d.set_defaults(fn=cmd_demo)
@@ -146,10 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
     s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes)")
+    s.add_argument("--arg", action="append", default=[], metavar="ARGS",
+                   help="extra `sits-engine serve` args of the canary: one, or several in one shell-quoted string "
+                        "(repeatable; a lone flag as --arg=--enforce-eager): --arg '--seed 7' --arg '--dtype bfloat16'")
+    s.add_argument("--production-arg", action="append", default=[], metavar="ARGS",
+                   help="the same for production and the baseline (repeatable)")
+    s.add_argument("--device", choices=DEVICES, default=None,
+                   help="`sits-engine serve --device` of every variant (default: the engine's choice, a GPU where "
+                        "one is visible)")
+    s.add_argument("--ready-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long each deploy may take to get ready before the rollout rolls back (default: the "
+                        "policy's ready_timeout_s; GPU warm-ups of large models take minutes)")
+    # the older form: the rest of the line; either one stops at the other (so both can be given)
     s.add_argument("--production-args", nargs=argparse.REMAINDER, default=None,
-                   help="extra `sits-engine serve` args of production and baseline (must come last)")
+                   help="(older form) the rest of the line, up to --args, as production's and the baseline's args")
     s.add_argument("--args", nargs=argparse.REMAINDER, default=None,
-                   help="extra `sits-engine serve` args of the canary (must come last)")
+                   help="(older form) the rest of the line, up to --production-args, as the canary's args")
     s.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
     s.add_argument("--store", default=DEFAULT_STORE)
     s.add_argument("--wait", action="store_true", help="follow the rollout until it ends (exit 0 succeeded, 1 not)")

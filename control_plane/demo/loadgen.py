@@ -17,9 +17,10 @@ import json
 import math
 import queue
 import random
+import re
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 import httpx
@@ -119,6 +120,18 @@ def plan(rate: float, mix: TrafficMix, seed: int, *, model: str = "tiny", prompt
         yield Planned(t, "/v1/chat/completions" if chat else "/v1/completions", stream, body, n_out)
 
 
+_NO_CHOICES = re.compile(r'"choices":\s*\[\s*\]')
+
+
+def _timed(lines, arrivals: list[float]):
+    """The SSE lines, recording when each one carrying choices arrived (its token events; the usage-only last
+    event has an empty list)."""
+    for line in lines:
+        if line.startswith("data:") and '"choices"' in line and not _NO_CHOICES.search(line):
+            arrivals.append(time.monotonic())
+        yield line
+
+
 def _count_logprobs(choice: dict, chat: bool) -> int:
     lp = choice.get("logprobs") or {}
     return len(lp.get("content") or ()) if chat else len(lp.get("tokens") or ())
@@ -195,6 +208,9 @@ class LoadGenerator:
         self.sent = 0          # requests sent (answered or not)
         self.tally = Tally()
         self.recent: deque[tuple[float, str, int, float, str]] = deque(maxlen=20000)  # (t, variant, status, s, outcome)
+        # client-side TTFT and gaps between token events of verified streams, per variant (token_latency())
+        self.ttft: defaultdict[str, deque] = defaultdict(lambda: deque(maxlen=20000))
+        self.itl: defaultdict[str, deque] = defaultdict(lambda: deque(maxlen=20000))
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -271,6 +287,7 @@ class LoadGenerator:
 
     def _exchange(self, c: httpx.Client, p: Planned) -> tuple[str, int, str, int]:
         variant, status = "?", 0
+        sent_at = time.monotonic()
         try:
             with c.stream("POST", self.url + p.route, json=p.body, headers=inject()) as r:
                 variant, status = r.headers.get("x-sits-variant", "?"), r.status_code
@@ -278,7 +295,10 @@ class LoadGenerator:
                     r.read()
                     return variant, status, f"http_{status}", 0
                 if p.stream:
-                    outcome, n = verify_stream(p, r.iter_lines())
+                    arrivals: list[float] = []
+                    outcome, n = verify_stream(p, _timed(r.iter_lines(), arrivals))
+                    if outcome == OK and arrivals:
+                        self._record_stream(variant, sent_at, arrivals)
                 else:
                     outcome, n = verify_plain(p, json.loads(r.read()))
                 return variant, status, outcome, n
@@ -286,6 +306,26 @@ class LoadGenerator:
             return variant, status, "truncated" if status == 200 else "transport", 0
         except (ValueError, KeyError, IndexError, TypeError):   # a 200 whose body is not what the API promises
             return variant, status, "short", 0
+
+    def _record_stream(self, variant: str, sent_at: float, arrivals: list[float]) -> None:
+        with self._lock:
+            self.ttft[variant].append(arrivals[0] - sent_at)
+            self.itl[variant].extend(b - a for a, b in zip(arrivals, arrivals[1:]))
+
+    def token_latency(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """Client-side TTFT and inter-token latency of the verified streamed answers per variant (seconds, each over
+        its last 20,000 samples, since the last reset): {variant: {"ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
+        "streams"}}. `reset`: start the next one afresh."""
+        with self._lock:
+            ttft, itl = {v: sorted(x) for v, x in self.ttft.items()}, {v: sorted(x) for v, x in self.itl.items()}
+            if reset:
+                self.ttft.clear()
+                self.itl.clear()
+
+        def q(xs: list[float], f: float) -> float:
+            return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else float("nan")
+        return {v: {"ttft_p50": q(ttft[v], 0.5), "ttft_p99": q(ttft[v], 0.99), "itl_p50": q(itl.get(v, []), 0.5),
+                    "itl_p99": q(itl.get(v, []), 0.99), "streams": len(ttft[v])} for v in sorted(ttft)}
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per variant: answered (verified), failed, tokens, and each outcome's count."""

@@ -10,6 +10,11 @@ login token, the worker beside it), a production engine behind the weighted rout
 No sleeps or injected faults: the regressions are the kernel sets' own (kernels/sets.py). Runs on a machine with no
 GPU and no cluster: tiny model, every variant a local `sits-engine serve` process. The policy is a demo policy (short
 steps and intervals); `Policy()` defaults are for production.
+
+`--device cuda` (control_plane/demo/profiles.py GPU): the same on one GPU that every engine shares (each takes
+GPU_MEMORY_SHARE of its memory), with Triton sets -- triton-v1 in production, triton-v1-unsplit (slow),
+triton-v1-floor-pages (wrong), triton-v1.1 (good), and `aa` runs of triton-v1 against itself -- on a tiny model
+trained on the device first (control_plane/demo/model.py) unless --model names another.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import dataclasses
 import json
 import os
 import secrets
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,18 +34,19 @@ from typing import Callable
 import httpx
 import waitress
 
-from control_plane.adapters.deploy import VariantSpec
 from control_plane.adapters.kernel_catalog import KernelCatalog
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.analysis import MetricCheck, Policy
 from control_plane.web import create_app
 from control_plane.demo.prometheus import LocalPrometheus
 from control_plane.service.format import format_check
 from control_plane.worker.lifecycle import shutdown
-from control_plane.demo.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.demo.loadgen import LoadGenerator
+from control_plane.demo.model import resolve_model
+from control_plane.demo.profiles import PROFILES, Scenario
 from control_plane.rollout import Command, Decision, EventKind, Phase
 from control_plane.service.rollouts import start_rollout
 from control_plane.adapters.spec import DeploySpec
@@ -50,49 +57,15 @@ from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
 
 
-@dataclass(slots=True, frozen=True)
-class Scenario:
-    name: str
-    kernels: str
-    expected: Phase
-    what: str
-
-
-SCENARIOS = {s.name: s for s in (
-    Scenario("slow", "torch-slow-attn", Phase.ROLLED_BACK,
-             "a genuinely SLOWER kernel set (correct, unfused per-head attention): the P90/P99 deltas must roll it back"),
-    Scenario("wrong", "torch-wrong-rope", Phase.ROLLED_BACK,
-             "a WRONG kernel set (as fast, RoPE without the llama3 scaling): the correctness gate must roll it back"),
-    Scenario("good", "torch", Phase.SUCCEEDED,
-             "a GOOD release (production's own kernels, an equivalent set): it must be promoted"))}
-
-
-def demo_policy() -> Policy:
-    """Short steps for a few-minute demo on 2 CPU cores. The gates are loose (P99 +50 %, P90 +25 %): two identical
-    engine processes sharing 2 busy cores differ by ~20 % at P99 and up to ~17 % at P90 for minutes at a time; the
-    slow set is ~1.7x slower in decode and ~2.7x in prefill, far beyond them. One checked step at 50 %: a P99 needs
-    ~700 requests per variant before its interval is narrow enough to pass, ~1 min at 12 req/s each."""
-    return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=3.0,
-                  checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.50),
-                          MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
-                          MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
-                  min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
-                  on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100)
-
-
-# chat-like traffic for the tiny model: prompts ~64 tokens (long tail to 400), answers ~6 (to 32), 40 % streamed;
-# all on /v1/completions (each route's percentiles are compared on their own: a second route halves the samples)
-DEMO_MIX = TrafficMix(LengthDist(64, 0.6, 16, 400), LengthDist(6, 0.6, 1, 32), stream_fraction=0.4,
-                      chat_fraction=0.0)
-
-
 @dataclass(slots=True)
 class DemoConfig:
     workdir: str | None = None       # store, auth file, variant logs; a new temp dir when None
-    scenarios: tuple[str, ...] = ("slow", "wrong", "good")
-    rate: float = 25.0               # requests/s through the router (Poisson)
-    threads: int = 12
-    production_kernels: str = "torch"
+    scenarios: tuple[str, ...] = ("slow", "wrong", "good")   # in turn; a name may repeat (aa x 5)
+    device: str = "cpu"              # "cpu" | "cuda": the profile (control_plane/demo/profiles.py)
+    rate: float | None = None        # requests/s through the router (Poisson); None: the profile's
+    threads: int | None = None       # load senders; None: the profile's
+    production_kernels: str | None = None   # None: the profile's (torch on CPU, triton-v1 on the GPU)
+    model: str | None = None         # None: the profile's (tiny; on the GPU a tiny model trained there first)
     service: str = "demo"
     host: str = "127.0.0.1"
     port: int = 0                    # the UI/API port; 0: a free one
@@ -100,26 +73,41 @@ class DemoConfig:
     rollout_timeout_s: float = 480.0
     metrics: str = "scrape"          # "scrape" (direct, the default) | "prometheus" (a local Prometheus)
     keep_running: bool = False       # leave the UI up after the summary, until Ctrl-C
-    policy: Policy = field(default_factory=demo_policy)
+    policy: Policy | None = None     # None: the profile's demo policy
 
     def __post_init__(self) -> None:
         if self.metrics not in ("scrape", "prometheus"):
             raise ValueError(f"metrics must be 'scrape' or 'prometheus', got {self.metrics!r}")
+        if self.device not in PROFILES:
+            raise ValueError(f"device must be one of {', '.join(PROFILES)}, got {self.device!r}")
+        prof = PROFILES[self.device]
+        self.rate = prof.rate if self.rate is None else self.rate
+        self.threads = prof.threads if self.threads is None else self.threads
+        self.production_kernels = self.production_kernels or prof.production_kernels
+        self.model = self.model or prof.model
+        self.policy = self.policy or prof.policy()
         if not self.rate > 0 or self.threads < 1:
             raise ValueError("rate must be > 0 and threads >= 1")
         self.scenarios = tuple(self.scenarios)
-        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        unknown = [s for s in self.scenarios if s not in prof.scenarios]
         if unknown or not self.scenarios:
-            raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all")
+            raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(prof.scenarios)} or all")
+
+    @property
+    def profile(self):
+        return PROFILES[self.device]
+
+    def scenario(self, name: str) -> Scenario:
+        return self.profile.scenarios[name]
 
     def check_kernels(self, catalog: KernelCatalog) -> None:
-        """ValueError unless every kernel set the demo runs is one the engine here has, and runs on CPU."""
-        for name in {self.production_kernels, *(SCENARIOS[s].kernels for s in self.scenarios)}:
+        """ValueError unless every kernel set the demo runs is one the engine here has, and runs on the device."""
+        for name in {self.production_kernels, *(self.scenario(s).kernels for s in self.scenarios)}:
             info = catalog.get(name)
             if info is None:
                 raise ValueError(f"kernel set {name} is not registered here (known: {', '.join(catalog.names())})")
-            if "cpu" not in info.devices:
-                raise ValueError(f"kernel set {name} does not run on CPU")
+            if self.device not in info.devices:
+                raise ValueError(f"kernel set {name} does not run on {self.device.upper()}")
 
 
 @dataclass(slots=True)
@@ -165,8 +153,20 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     for p in (store_path, Path(f"{store_path}-wal"), Path(f"{store_path}-shm")):
         p.unlink(missing_ok=True)
     result = DemoResult(str(store_path), wanted=len(cfg.scenarios))
-    out(f"SITS demo: canaries of real kernel sets on this machine (CPU, tiny model); work dir {workdir}")
-    deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1))
+    prof = cfg.profile
+    if prof.device == "cpu":
+        out(f"SITS demo: canaries of real kernel sets on this machine (CPU, tiny model); work dir {workdir}")
+        model, spec = resolve_model(cfg.model, "cpu", out), DeploySpec()
+    else:
+        out(f"SITS demo: canaries of Triton kernel sets on this machine's GPU ({gpu_summary()}); work dir {workdir}")
+        model = resolve_model(cfg.model, prof.device, out)
+        spec = DeploySpec(model=model.path, device=prof.device, production_args=prof.engine_args,
+                          canary_args=prof.engine_args)
+        out(f"      every scenario runs model {model.label}; production, baseline and canary are three "
+            f"`sits-engine serve --device {prof.device}` processes time-slicing one GPU (no MPS), each with "
+            f"{' '.join(prof.engine_args)} (a promotion starts a fourth before the old production stops)")
+    deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1 if prof.device == "cpu"
+                                         else 2))
     store = Store(str(store_path))
     load = worker = prom = server = None
     source = ScrapeSource()
@@ -190,34 +190,41 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         out(f"      API reference {result.url}api (OpenAPI {result.url}api/v1/openapi.json; calls send "
             f"Authorization: Bearer <token>), metrics {result.url}metrics; auth file {auth_path} keeps only its SHA-256")
         ks = catalog.require(cfg.production_kernels, "production_kernels")
-        out(f"[2/4] production: `sits-engine serve --model tiny --kernels {ks.name}` ({ks.version}) behind the "
-            "weighted router ...")
-        deployer.deploy(VariantSpec(cfg.service, "production", cfg.production_kernels))
+        flags = f" --device {prof.device} {' '.join(prof.engine_args)}" if prof.device != "cpu" else ""
+        out(f"[2/4] production: `sits-engine serve --model {'tiny' if model.path == 'tiny' else model.path}"
+            f"{flags} --kernels {ks.name}` ({ks.version}) behind the weighted router ...")
+        deployer.deploy(spec.variant(cfg.service, "production", cfg.production_kernels,
+                                     ready_timeout_s=cfg.policy.ready_timeout_s if prof.device != "cpu" else None))
         router = deployer.router_url(cfg.service)
-        r = httpx.post(router + "/v1/completions", json={"model": "tiny", "prompt": "The canary sang",
+        served = "tiny" if prof.device == "cpu" else _served_model(router)
+        r = httpx.post(router + "/v1/completions", json={"model": served, "prompt": "The canary sang",
                                                           "max_tokens": 12, "temperature": 0}, timeout=60,
                        trust_env=False)
         r.raise_for_status()
+        weights = "random tiny weights" if model.path == "tiny" else model.label.split(" (")[0]
         out(f"      router {router}: POST /v1/completions -> {r.status_code} from {r.headers.get('x-sits-variant')}"
-            f" (random tiny weights): {r.json()['choices'][0]['text']!r}")
-        m = DEMO_MIX
+            f" ({weights}): {r.json()['choices'][0]['text']!r}")
+        m = prof.mix
         out(f"[3/4] load: Poisson {cfg.rate:g} req/s, prompts ~{m.prompt_tokens.median:g} tokens and answers "
             f"~{m.output_tokens.median:g} (lognormal), {m.stream_fraction:.0%} streamed, every token verified")
-        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=DEMO_MIX, seed=2026, tracing=tracing).start()
+        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=m, seed=2026, tracing=tracing, model=served).start()
         worker.start()
         p = cfg.policy
         out(f"      worker every {cfg.interval_s:g} s; demo policy: steps {list(p.steps)} %, a check every "
             f"{p.check_interval_s:g} s, " + ", ".join(_gate(c) for c in p.checks)
             + f" vs {p.compare_to}, rollback after {p.failure_limit} failed checks; correctness gate on")
         for i, name in enumerate(cfg.scenarios):
-            sc = SCENARIOS[name]
+            sc = cfg.scenario(name)
             out("")
             out(f"[4/4] canary {i + 1}/{len(cfg.scenarios)} ({name}): {sc.kernels} - {sc.what}")
-            ro = start_rollout(store, cfg.service, sc.kernels, cfg.production_kernels, p, DeploySpec(), actor="demo",
+            ro = start_rollout(store, cfg.service, sc.kernels, cfg.production_kernels, p, spec, actor="demo",
                                kernel_sets=catalog)
             out(f"      rollout {ro.id}: {result.url}rollouts/{ro.id}")
+            before = load.counts()
             phase = _follow(store, ro.id, load, cfg, out)
             result.rollouts.append((ro.id, sc, phase))
+            if prof.device != "cpu":
+                _scenario_load(load, before, out)
             verdict = "as expected" if phase == sc.expected.value else "NOT the expected " + sc.expected.value
             out(f"      => {phase.replace('_', ' ').upper()} ({verdict})")
         result.seconds = time.monotonic() - t0
@@ -236,6 +243,22 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         tracing.shutdown()
         store.close()
     return result
+
+
+def gpu_summary() -> str:
+    """The GPU's name and memory as nvidia-smi says (the control plane does not import torch)."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+        return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else "no nvidia-smi"
+    except (OSError, subprocess.TimeoutExpired):
+        return "no nvidia-smi"
+
+
+def _served_model(router: str) -> str:
+    r = httpx.get(router + "/v1/models", timeout=30, trust_env=False)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
 
 
 def _gate(c: MetricCheck) -> str:
@@ -302,6 +325,18 @@ def _follow(store: Store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig,
         elif time.monotonic() > deadline:
             return r.phase.value
         time.sleep(0.5)
+
+
+def _scenario_load(load: LoadGenerator, before: dict, out) -> None:
+    """Requests answered/failed per variant during the scenario, and client-side TTFT/ITL P50/P99 of its streams."""
+    now = load.counts()
+    parts = [f"{v} {c['answered'] - before.get(v, {}).get('answered', 0)} answered / "
+             f"{c['failed'] - before.get(v, {}).get('failed', 0)} failed" for v, c in now.items()]
+    out("      scenario load: " + "; ".join(parts))
+    lat = load.token_latency(reset=True)
+    out("      client TTFT p50/p99, ITL p50/p99 (ms): " + "; ".join(
+        f"{v} {x['ttft_p50'] * 1e3:.0f}/{x['ttft_p99'] * 1e3:.0f}, {x['itl_p50'] * 1e3:.1f}/{x['itl_p99'] * 1e3:.1f}"
+        f" ({x['streams']} streams)" for v, x in lat.items()))
 
 
 def _summary(result: DemoResult, store: Store, load: LoadGenerator, out) -> None:

@@ -94,11 +94,12 @@ def allowed_commands(rollout: Rollout) -> set[Command]:
 
 def _on_failed_actions(b: _Builder, obs: Observation) -> bool:
     failed = ", ".join(obs.failed_actions)
+    why = f": {obs.failure}" if obs.failure else ""
     if b.r.phase in (Phase.PROMOTING, Phase.ROLLING_BACK):
-        b.go(Phase.FAILED, f"{failed} failed during {b.r.phase.value}; needs an operator", "failed")
+        b.go(Phase.FAILED, f"{failed} failed during {b.r.phase.value}{why}; needs an operator", "failed")
         return True
     if b.r.phase in (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED):
-        b.go(Phase.ROLLING_BACK, f"{failed} failed", "rolling_back")
+        b.go(Phase.ROLLING_BACK, f"{failed} failed{why}", "rolling_back")
         return True
     return False
 

@@ -115,7 +115,9 @@ class Observation:
     errors are WINDOW DELTAS over [window_start, window_end] (the worker takes deltas per replica between its polls,
     handling counter resets, and sums replicas); `ready`/`crashing` are the state at window_end. `queries`: the
     PromQL or scrape URLs used (kept as evidence). `errors`: metrics-source failures (the window counts as no data).
-    `failed_actions`: kinds of actions from the previous call that failed for good. `correctness`: the verdict of a
+    `failed_actions`: kinds of actions from the previous call that failed for good; `failure`: why the first of them
+    failed (the first line of its error, e.g. a deploy's "canary: engine not ready after 300 s; its last log line:
+    ..."; empty when unknown). `correctness`: the verdict of a
     correctness-gate replay the worker ran in this pass because `rollout.correctness_due` said so (None: none ran)."""
     window_start: float | None = None
     window_end: float | None = None
@@ -127,6 +129,7 @@ class Observation:
     command_by: str = ""
     failed_actions: tuple[str, ...] = ()
     correctness: CorrectnessVerdict | None = None
+    failure: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) and not isinstance(self.command, Command):

@@ -249,8 +249,13 @@ class Store:
     def failed_actions(self, rollout_id: str, version: int) -> tuple[str, ...]:
         """Kinds of the actions saved at that rollout version that failed for good, oldest first (what the next
         reconcile is told), without reading the rollout's whole outbox."""
-        return tuple(r["kind"] for r in self._db.rows("SELECT kind FROM actions WHERE rollout_id = ? AND version = ? AND "
-                                                   "status = 'failed' ORDER BY id", (rollout_id, version)))
+        return tuple(kind for kind, _ in self.failures(rollout_id, version))
+
+    def failures(self, rollout_id: str, version: int) -> tuple[tuple[str, str], ...]:
+        """(kind, error) of each action saved at that rollout version that failed for good, oldest first."""
+        return tuple((r["kind"], r["error"] or "") for r in self._db.rows(
+            "SELECT kind, error FROM actions WHERE rollout_id = ? AND version = ? AND status = 'failed' ORDER BY id",
+            (rollout_id, version)))
 
     def actions(self, rollout_id: str) -> list[dict]:
         rows = self._db.rows("SELECT id, version, kind, body, status, error, created_at, done_at FROM actions "

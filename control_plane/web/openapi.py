@@ -134,6 +134,13 @@ def openapi_spec() -> dict:
                                    "model": {"type": "string", "default": "tiny"},
                                    "replicas": {"type": "integer", "minimum": 1, "default": 1},
                                    "gpus": {"type": "integer", "minimum": 0, "default": 0},
+                                   "device": {"enum": ["cpu", "cuda"], "description": "`sits-engine serve "
+                                              "--device` of every variant; default: the engine's choice (a GPU "
+                                              "where one is visible)"},
+                                   "ready_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400,
+                                                       "description": "how long each deploy may take to get "
+                                                       "ready before the rollout rolls back; default: the "
+                                                       "policy's ready_timeout_s"},
                                    "policy": {"type": "object", "description": "fields of Policy (steps, checks, "
                                               "check_interval_s, compare_to, ...); defaults from GET /config"},
                                    "args": {"type": "array", "items": {"type": "string"}},

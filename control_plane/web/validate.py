@@ -9,7 +9,8 @@ from control_plane.analysis import Policy
 from control_plane.errors import ValidationError
 
 FIELDS = {"service": str, "kernels": str, "production_kernels": str, "model": str, "replicas": int,
-          "policy": dict, "args": list, "production_args": list, "gpus": int}
+          "policy": dict, "args": list, "production_args": list, "gpus": int, "device": str,
+          "ready_timeout_s": float}
 REQUIRED = ("service", "kernels")
 
 
@@ -29,7 +30,9 @@ def create_body(body: Any) -> dict:
             continue
         if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
             raise ValidationError(f"{key} must be an integer", field=key)
-        if typ is not int and not isinstance(v, typ):
+        if typ is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValidationError(f"{key} must be a number", field=key)
+        if typ not in (int, float) and not isinstance(v, typ):
             name = {str: "a string", dict: "an object", list: "a list of strings"}[typ]
             raise ValidationError(f"{key} must be {name}", field=key)
         if typ is list and not all(isinstance(a, str) for a in v):

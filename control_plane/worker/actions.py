@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Callable
 
-from control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError
+from control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError, NotReadyError
 from control_plane.adapters.notify import Notification, Notifier
 from control_plane.redact import redact
 from control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
@@ -75,10 +75,10 @@ class ActionRunner:
             kernels = {"production": r.production_kernels, "baseline": r.production_kernels,
                        "canary": r.canary_kernels}
             if "production" in missing:
-                self._deploy(spec.variant(r.service, "production", r.production_kernels))
+                self._deploy(variant(r, spec, "production", r.production_kernels))
             others = [role for role in missing if role != "production"]
             # re-raised: the pass fails and the next one restores again
-            in_parallel(lambda role: self._deploy(spec.variant(r.service, role, kernels[role])),
+            in_parallel(lambda role: self._deploy(variant(r, spec, role, kernels[role])),
                          [(role,) for role in others])
             if r.step >= 0 and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
                 self._set_weights(r.service, weights_for(r.weight))
@@ -138,12 +138,14 @@ class ActionRunner:
             except Exception as e:
                 last = redact(f"{type(e).__name__}: {e}")
                 log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
+                if isinstance(e, NotReadyError):   # it had the rollout's whole readiness deadline: failed for good
+                    break
         self.metrics.action_failures.labels(r.service, action.kind).inc()
         self.store.mark_action(action_id, "failed", last[:4000])
 
     def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
         if "production" not in self.deployer.status(r.service):
-            self._deploy(spec.variant(r.service, "production", r.production_kernels))
+            self._deploy(variant(r, spec, "production", r.production_kernels))
             router = self.deployer.router_url(r.service)
             if router:
                 self.store.services.set_router(r.service, router)
@@ -154,7 +156,7 @@ class ActionRunner:
         if isinstance(action, Deploy):
             if action.role != "production":
                 self._ensure_production(r, spec)
-            self._deploy(spec.variant(r.service, action.role, action.kernels))
+            self._deploy(variant(r, spec, action.role, action.kernels))
         elif isinstance(action, SetWeights):
             self._set_weights(r.service, dict(action.weights))
         elif isinstance(action, Promote):
@@ -192,6 +194,11 @@ class ActionRunner:
                 set_attributes(s, {"sits.result": type(e).__name__})
                 raise
             set_attributes(s, {"sits.result": "ok"})
+
+
+def variant(r: Rollout, spec: DeploySpec, role: str, kernels: str):
+    """The VariantSpec a deploy of `role` gets: the spec's readiness deadline, else the policy's."""
+    return spec.variant(r.service, role, kernels, ready_timeout_s=spec.ready_timeout_s or r.policy.ready_timeout_s)
 
 
 def in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:

@@ -30,8 +30,12 @@ class Observer:
         self.abort_pending = abort_pending
 
     def observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
-        failed = self.store.failed_actions(r.id, r.version)
-        cmd = dict(command=command[1], command_by=command[2]) if command else {}
+        failures = self.store.failures(r.id, r.version)
+        failed = tuple(kind for kind, _ in failures)
+        why = next((err.strip().splitlines()[0][:400] for _, err in failures if err.strip()), "")
+        # the failed actions, why the first failed, and the queued command: in every observation of this pass
+        cmd = dict(failed_actions=failed, failure=why,
+                   **(dict(command=command[1], command_by=command[2]) if command else {}))
         errors: list[str] = []
         try:
             status = self.deployer.status(r.service) if r.phase in _OBSERVED else {}
@@ -45,7 +49,7 @@ class Observer:
             for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
                 variants.setdefault(role, VariantData(ready=False))
         if not status:
-            return Observation(variants=variants, errors=tuple(errors), failed_actions=failed, **cmd)
+            return Observation(variants=variants, errors=tuple(errors), **cmd)
         targets = {role: Target(role, st.endpoints or ((st.endpoint,) if st.endpoint else ()), st.ready)
                    for role, st in status.items()}
         required = ("canary", r.policy.compare_to) if r.phase is Phase.PROGRESSING else ()
@@ -53,13 +57,11 @@ class Observer:
             w = self.source.window(r.service, targets, r.observed_until, now, r.policy.metrics, required)
         except MetricsError as e:
             errors.append(f"{self.source.name}: {e}")
-            return Observation(variants=variants, source=self.source.name, errors=tuple(errors),
-                               failed_actions=failed, **cmd)
+            return Observation(variants=variants, source=self.source.name, errors=tuple(errors), **cmd)
         for role, v in w.variants.items():
             if role in variants:
                 variants[role] = dataclasses.replace(v, ready=variants[role].ready, crashing=variants[role].crashing)
-        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), failed_actions=failed,
-                           **cmd)
+        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), **cmd)
 
     def correctness(self, r: Rollout, obs: Observation, now: float) -> tuple[Observation, bool]:
         """The gate's replay when it is due and canary and baseline are both ready; its verdict joins the

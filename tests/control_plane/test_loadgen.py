@@ -144,3 +144,21 @@ def test_counts_come_in_role_order_whoever_answered_first():
     rows = t.per_variant()
     assert list(rows) == ["production", "baseline", "canary", "?"]
     assert rows["production"] == {"answered": 5, "failed": 1, "tokens": 0, OK: 5, "http_503": 1}
+
+
+def test_token_latency_counts_token_events_only_per_variant_and_resets():
+    from control_plane.demo.loadgen import _timed
+    lines = ['data: {"choices": [{"text": "a"}]}', "", 'data: {"choices":[{"text": "b"}]}',
+             'data: {"choices": [], "usage": {"completion_tokens": 2}}', "data: [DONE]"]
+    arrivals: list[float] = []
+    assert list(_timed(iter(lines), arrivals)) == lines   # passed through unchanged
+    assert len(arrivals) == 2                              # the usage-only event is no token
+    g = LoadGenerator("http://127.0.0.1:9", rate=1, threads=1)
+    g._record_stream("canary", 10.0, [10.5, 10.6, 10.8])       # TTFT 0.5 s, gaps 0.1 s and 0.2 s
+    g._record_stream("canary", 20.0, [20.3])
+    g._record_stream("baseline", 0.0, [0.25, 0.30])
+    lat = g.token_latency(reset=True)
+    assert list(lat) == ["baseline", "canary"] and lat["canary"]["streams"] == 2
+    assert lat["canary"]["ttft_p50"] == pytest.approx(0.5) and lat["canary"]["ttft_p99"] == pytest.approx(0.5)
+    assert lat["canary"]["itl_p50"] == pytest.approx(0.2) and lat["baseline"]["itl_p99"] == pytest.approx(0.05)
+    assert g.token_latency() == {}

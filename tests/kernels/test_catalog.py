@@ -15,7 +15,8 @@ def test_the_committed_catalogue_equals_the_registry():
     shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
     # builtin_catalogue: the sets kernels/sets.py registers (other tests of this process register their own)
     assert shipped == builtin_catalogue(), "regenerate it: python -m kernels.catalog --write"
-    assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "torch-wrong-rope", "torch-slow-attn"]
+    assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "torch-wrong-rope", "torch-slow-attn",
+                                            "triton-v1-unsplit", "triton-v1-floor-pages"]
 
 
 def test_parents_and_overrides_follow_derive():

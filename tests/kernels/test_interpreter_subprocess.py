@@ -16,7 +16,8 @@ def test_kernel_tests_in_fresh_interpreter_process():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
-         "tests/kernels/test_triton_kernels.py", "tests/kernels/test_engine_triton.py"],
+         "tests/kernels/test_triton_kernels.py", "tests/kernels/test_engine_triton.py",
+         "tests/kernels/test_triton_example_sets.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]

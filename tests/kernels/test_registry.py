@@ -104,6 +104,7 @@ def test_triton_v1_1_replaces_only_the_prefill_kernel():
 def test_example_regressions_are_flagged_and_real_releases_are_not():
     flags = {n: get_kernel_set(n).regression for n in list_kernel_sets()}
     assert flags["torch-wrong-rope"] == "wrong" and flags["torch-slow-attn"] == "slow"
+    assert flags["triton-v1-floor-pages"] == "wrong" and flags["triton-v1-unsplit"] == "slow"
     assert flags["torch"] is flags["triton-v1"] is flags["triton-v1.1"] is None
 
 

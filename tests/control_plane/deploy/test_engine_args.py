@@ -98,3 +98,45 @@ def test_the_api_answers_422_naming_the_field_and_flag(tmp_path):
         assert r.status_code == 422 and err["field"] == field and flag in err["message"], err
     assert store.list() == []
     store.close()
+
+
+def test_the_device_field_reaches_the_engine_after_any_args_and_is_validated():
+    s = DeploySpec(device="cuda", canary_args=("--device", "cpu", "--gpu-memory-utilization", "0.2"),
+                   ready_timeout_s=900)
+    v = s.variant("chat", "canary", "triton-v1", ready_timeout_s=30.0)
+    argv = v.engine_args(port=9)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.2"
+    # argparse keeps the last --device: the field's
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--device"] == ["cpu", "cuda"]
+    assert v.device == "cuda" and v.ready_timeout_s == 900.0   # the spec's deadline beats the one passed
+    assert DeploySpec().variant("chat", "canary", "torch", ready_timeout_s=30.0).ready_timeout_s == 30.0
+    assert "--device" not in DeploySpec().variant("chat", "canary", "torch").engine_args(port=9)
+    assert DeploySpec.from_dict(s.to_dict()) == s
+    assert VariantSpec.from_dict(v.to_dict()) == v
+    for bad, field in (({"device": "tpu"}, "device"), ({"device": "CUDA"}, "device"), ({"device": 1}, "device"),
+                       ({"ready_timeout_s": 0}, "ready_timeout_s"), ({"ready_timeout_s": "60"}, "ready_timeout_s")):
+        with pytest.raises(ValidationError) as e:
+            DeploySpec(**bad)
+        assert e.value.field == field, bad
+
+
+@pytest.mark.parametrize("extra,field", [({"device": "gpu"}, "device"), ({"device": 0}, "device"),
+                                         ({"ready_timeout_s": -5}, "ready_timeout_s"),
+                                         ({"ready_timeout_s": True}, "ready_timeout_s")])
+def test_the_api_takes_device_and_ready_timeout_and_answers_422_naming_them(tmp_path, extra, field):
+    store = Store(str(tmp_path / "s.db"))
+    token = "operator-token-0123456789"
+    users = Users.from_dict({"users": [{"name": "otto", "role": "operator", "token_sha256": token_sha256(token)}]})
+    app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "test-secret"})
+    body = {"service": "chat", "kernels": "torch", "production_kernels": "torch"}
+    auth = {"Authorization": f"Bearer {token}"}
+    r = app.test_client().post("/api/v1/rollouts", json={**body, **extra}, headers=auth)
+    assert r.status_code == 422 and r.get_json()["error"]["field"] == field, r.get_json()
+    assert store.list() == []
+    r = app.test_client().post("/api/v1/rollouts", json={**body, "device": "cuda", "ready_timeout_s": 900},
+                               headers=auth)
+    assert r.status_code == 201, r.get_json()
+    spec = store.spec(r.get_json()["id"])
+    assert spec.device == "cuda" and spec.ready_timeout_s == 900.0
+    assert r.get_json()["spec"]["device"] == "cuda"
+    store.close()

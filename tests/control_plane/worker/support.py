@@ -6,8 +6,8 @@ import dataclasses
 import threading
 import time
 
-from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, ReplicaLimit,
-                                           VariantSpec, VariantStatus, normalize_weights)
+from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, NotReadyError,
+                                           ReplicaLimit, VariantSpec, VariantStatus, normalize_weights)
 from control_plane.adapters.metrics import MetricsWindow, NoDataError
 from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
 from engine.buckets import LATENCY_BUCKETS
@@ -18,14 +18,18 @@ KEY = REQUEST_LATENCY + '{route="/v1/completions"}'
 
 class InMemoryDeployer:
     """The Deployer protocol over a dict; every call is logged. `gates[service]` (an Event) blocks deploy() of that
-    service until set; `fail[(service, role)]` makes deploy() of that variant raise; `crash((service, role))` makes
-    the deployed variant's replicas exit (not ready, crashing) until it is deployed again."""
+    service until set; `fail[(service, role)]` makes deploy() of that variant raise; `not_ready[(service, role)]`
+    makes it raise NotReadyError with that last log line, as the local deployer does after the spec's deadline;
+    `crash((service, role))` makes the deployed variant's replicas exit (not ready, crashing) until it is deployed
+    again. `attempts`: every spec deploy() was called with."""
 
     def __init__(self) -> None:
         self.services: dict[str, dict] = {}
         self.calls: list[tuple] = []
         self.gates: dict[str, threading.Event] = {}
         self.fail: set[tuple[str, str]] = set()
+        self.not_ready: dict[tuple[str, str], str] = {}
+        self.attempts: list[VariantSpec] = []
         self.crashed: set[tuple[str, str]] = set()
         self.closed = False
         self._cancelled = threading.Event()
@@ -42,8 +46,14 @@ class InMemoryDeployer:
             pass
         if self._cancelled.is_set():   # like the local deployer: a deploy waiting for its engines stops
             raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled")
+        with self._lock:
+            self.attempts.append(spec)
         if (spec.service, spec.role) in self.fail:
             raise DeployError(f"{spec.service}/{spec.role}: image pull failed (simulated)")
+        if (line := self.not_ready.get((spec.service, spec.role))) is not None:
+            raise NotReadyError(f"{spec.service}/{spec.role}: engine not ready after {spec.ready_timeout_s:g} s; its "
+                                f"last log line: {line}\nlog (simulated)", waited_s=spec.ready_timeout_s,
+                                last_line=line)
         with self._lock:
             self.calls.append(("deploy", spec.service, spec.role, spec.kernels, spec.args))
             svc = self._svc(spec.service, create=True)

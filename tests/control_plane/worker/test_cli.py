@@ -99,3 +99,30 @@ def test_bad_policy_file_and_missing_store(tmp_path, capsys):
     assert rc == 2 and "stepz is not a policy field" in out
     rc, out = cli(capsys, "rollout", "list", "--store", str(tmp_path / "missing.db"))
     assert rc == 2 and "no store at" in out
+
+
+@pytest.mark.parametrize("argv,production,canary", [
+    # repeatable, each one or several shell-quoted args
+    (["--arg", "--seed 7", "--arg=--enforce-eager", "--production-arg", "--max-num-seqs 8 --dtype float32"],
+     ("--max-num-seqs", "8", "--dtype", "float32"), ("--seed", "7", "--enforce-eager")),
+    # the older rest-of-the-line forms: each ends where the other begins, in either order
+    (["--production-args", "--seed", "1", "--args", "--seed", "2"], ("--seed", "1"), ("--seed", "2")),
+    (["--args", "--seed", "2", "--production-args", "--no-warmup"], ("--no-warmup",), ("--seed", "2")),
+    (["--arg", "--dtype 'bfloat16'", "--args", "--seed", "3"], (), ("--dtype", "bfloat16", "--seed", "3")),
+])
+def test_engine_args_for_both_sides_and_the_device(tmp_path, capsys, argv, production, canary):
+    db = str(tmp_path / "s.db")
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "triton-v1", "--store", db,
+                  "--device", "cuda", "--ready-timeout", "900", *argv)
+    assert rc == 0, out
+    with Store(db) as s:
+        (r,) = s.list()
+        spec = s.spec(r.id)
+    assert spec.production_args == production and spec.canary_args == canary
+    assert spec.device == "cuda" and spec.ready_timeout_s == 900.0
+
+
+def test_an_unclosed_quote_in_an_engine_arg_is_one_line_naming_the_flag(tmp_path, capsys):
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--store",
+                  str(tmp_path / "s.db"), "--production-arg", "--served-model-name 'x")
+    assert rc == 2 and "--production-arg" in out and "quotation" in out and len(out.strip().splitlines()) == 1

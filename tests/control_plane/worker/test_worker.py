@@ -219,10 +219,39 @@ def test_failed_deploy_is_reported_and_rolls_back(tmp_path):
         failed = [a for a in s.actions("r1") if a["status"] == "failed"]
         assert phases == [Phase.INITIALIZING, Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.ROLLED_BACK]
         assert [a["kind"] for a in failed] == ["deploy"] and "image pull failed" in failed[0]["error"]
-        assert s.get("r1").reason == "production torch restored (deploy failed)"   # ROLLED_BACK's, naming the cause
+        why = "deploy failed: DeployError: chat/canary: image pull failed (simulated)"
+        assert s.get("r1").reason == f"production torch restored ({why})"   # ROLLED_BACK's, naming the cause
         rolling_back = [e for e in s.events("r1") if e["message"].startswith("initializing -> rolling_back")]
-        assert [e["message"] for e in rolling_back] == ["initializing -> rolling_back: deploy failed"]
+        assert [e["message"] for e in rolling_back] == [f"initializing -> rolling_back: {why}"]
+        assert len([a for a in deployer.attempts if a.role == "canary"]) == 2   # a plain DeployError is retried
         assert deployer.calls[-1] == ("rollback", "chat")
+
+
+@pytest.mark.parametrize("spec_timeout", [None, 42.0])
+def test_variant_not_ready_within_the_deadline_rolls_back_at_once_saying_why(tmp_path, spec_timeout):
+    """The deploy gets the spec's readiness deadline, else the policy's; a NotReadyError is not retried (it had the
+    whole deadline) and the rollout rolls back naming the wait and the engine's last log line."""
+    deployer, t = InMemoryDeployer(), [0.0]
+    deployer.not_ready[("chat", "canary")] = "autotuning paged_decode_attention 3/5"
+    policy = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5, ready_timeout_s=77.0)
+    with Store(str(tmp_path / "n.db")) as s:
+        start_rollout(s, "chat", "triton-v1", "torch", policy, DeploySpec(ready_timeout_s=spec_timeout), now=0.0,
+                      rollout_id="r1")
+        w = Worker(s, deployer, CannedSource(), config=WorkerConfig(action_retries=3, action_backoff_s=0.01),
+                   clock=lambda: t[0])
+        phases = []
+        for _ in range(3):
+            t[0] += 1
+            phases.append(w.reconcile_rollout("r1").phase)
+        want = spec_timeout or 77.0
+        assert phases == [Phase.INITIALIZING, Phase.ROLLING_BACK, Phase.ROLLED_BACK]
+        assert {a.role: a.ready_timeout_s for a in deployer.attempts} == {"production": want, "baseline": want,
+                                                                          "canary": want}
+        assert [a.role for a in deployer.attempts].count("canary") == 1   # not retried
+        reason = s.get("r1").reason
+        assert f"engine not ready after {want:g} s" in reason and "autotuning paged_decode_attention 3/5" in reason
+        assert reason.startswith("production torch restored (deploy failed: NotReadyError: chat/canary:")
+        assert "log (simulated)" not in reason   # the first line of the error only
 
 
 def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU demo in ONE device call (<= 10 min): install the carried wheels, time decode attention of triton-v1 and its
+# two example regressions (bench/gpu_demo_kernels.py), run `sits-control demo --device cuda` from this tree while
+# sampling GPU memory per engine, then copy the demo's store and print a short table last.
+#
+#   bash bench/gpu_demo.sh [SCENARIOS] [DEMO_TIMEOUT_S]     # default: slow,wrong,good,aa  430
+#
+# Wheels: .whl/ (pip download of flask, waitress, kubernetes, pyyaml, httpx, uvicorn, starlette, pyzmq, msgspec,
+# opentelemetry-sdk/-exporter-otlp-proto-http, safetensors, tokenizers, tqdm; see BENCHMARKS.md "GPU demo").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SCENARIOS=${1:-slow,wrong,good,aa}
+DEMO_TIMEOUT=${2:-430}
+OUT=${OUT:-/tmp/sits-gpu-demo-out}
+WORK=/tmp/sits-gpu-demo
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SITS_CACHE_DIR=$WORK/cache
+t0=$(date +%s)
+stamp() { echo "[gpu_demo +$(( $(date +%s) - t0 ))s] $*"; }
+
+if [ -d .whl ]; then
+  python3 -m pip install -q --break-system-packages --no-index --find-links .whl flask waitress kubernetes pyyaml \
+    httpx uvicorn starlette pyzmq msgspec opentelemetry-sdk opentelemetry-exporter-otlp-proto-http safetensors \
+    tokenizers tqdm 2>&1 | grep -v "^WARNING: Running pip as" | tail -5
+fi
+stamp "wheels installed"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+python3 -c "import control_plane.cli.main, flask, waitress, kubernetes, httpx, zmq, msgspec, engine.server.main" \
+  || { echo "missing packages"; exit 3; }
+
+stamp "decode attention: triton-v1 vs triton-v1-unsplit vs triton-v1-floor-pages"
+timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
+
+# GPU memory per engine, every 5 s: timestamp, MiB, role/kernels (from the engine's command line)
+(
+  while true; do
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
+    while IFS=', ' read -r pid mem; do
+      args=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)
+      role=$(sed -n 's/.*--env \([a-z]*\).*/\1/p' <<<"$args"); ks=$(sed -n 's/.*--kernels \([^ ]*\).*/\1/p' <<<"$args")
+      echo "$(date +%s),$mem,${role:-other}/${ks:-?}"
+    done
+    sleep 5
+  done
+) > "$OUT/gpumem.csv" &
+SAMPLER=$!
+
+stamp "demo: --device cuda --scenario $SCENARIOS (timeout ${DEMO_TIMEOUT}s)"
+timeout "$DEMO_TIMEOUT" python3 -m control_plane.cli demo --device cuda --scenario "$SCENARIOS" --exit-when-done \
+  --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
+rc=${PIPESTATUS[0]}
+kill "$SAMPLER" 2>/dev/null
+stamp "demo exit status $rc"
+
+# the store, consistent (sqlite backup API), and the engines' logs' last lines
+python3 - "$WORK/demo/sits-demo.db" "$OUT/sits-demo.db" <<'PY'
+import sqlite3, sys
+src = sqlite3.connect(sys.argv[1]); dst = sqlite3.connect(sys.argv[2]); src.backup(dst); dst.close(); src.close()
+PY
+for f in "$WORK"/demo/variants/*.log; do echo "== $f"; tail -n 3 "$f"; done > "$OUT/engine-log-tails.txt" 2>/dev/null
+grep -h "" "$WORK"/demo/variants/*.log 2>/dev/null | grep -iE "error|traceback|warn" | head -40 > "$OUT/engine-errors.txt"
+
+echo
+echo "==== GPU demo: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); scenarios $SCENARIOS; exit $rc; $(( $(date +%s) - t0 )) s in all"
+grep -E "^shape|triton-v1" "$OUT/kernels.txt" | head -20
+python3 bench/gpu_demo_report.py "$OUT/sits-demo.db" "$OUT/demo.log" "$OUT/gpumem.csv" | tee "$OUT/report.txt"
+grep -E "demo (passed|FAILED)|=> " "$OUT/demo.log" | tail -8
+exit "$rc"

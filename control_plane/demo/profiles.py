@@ -1,0 +1,104 @@
+"""What `sits-control demo` runs on each device: the canaries (scenarios), the demo policy, the traffic and the engine
+flags. CPU (the default, unchanged): the tiny model and the torch example sets. GPU (`--device cuda`): Triton sets
+of a real release line on one GPU shared by every engine (control_plane/demo/runner.py runs either)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.demo.loadgen import LengthDist, TrafficMix
+from control_plane.rollout import Phase
+
+
+@dataclass(slots=True, frozen=True)
+class Scenario:
+    name: str
+    kernels: str
+    expected: Phase
+    what: str
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("slow", "torch-slow-attn", Phase.ROLLED_BACK,
+             "a genuinely SLOWER kernel set (correct, unfused per-head attention): the P90/P99 deltas must roll it back"),
+    Scenario("wrong", "torch-wrong-rope", Phase.ROLLED_BACK,
+             "a WRONG kernel set (as fast, RoPE without the llama3 scaling): the correctness gate must roll it back"),
+    Scenario("good", "torch", Phase.SUCCEEDED,
+             "a GOOD release (production's own kernels, an equivalent set): it must be promoted"))}
+
+GPU_SCENARIOS = {s.name: s for s in (
+    Scenario("slow", "triton-v1-unsplit", Phase.ROLLED_BACK,
+             "a genuinely SLOWER Triton release (correct; decode attention one program per sequence, no split "
+             "over the context): the latency deltas must roll it back"),
+    Scenario("wrong", "triton-v1-floor-pages", Phase.ROLLED_BACK,
+             "a WRONG Triton release (as fast; decode attention drops the last, partly filled KV page): the "
+             "correctness gate must roll it back before it gets traffic"),
+    Scenario("good", "triton-v1.1", Phase.SUCCEEDED,
+             "a GOOD Triton release (TMA page-tiled prefill attention on Hopper): it must be promoted"),
+    Scenario("aa", "triton-v1", Phase.SUCCEEDED,
+             "an A/A run (production's own kernels as the canary): any rollback is a false one"))}
+
+
+def demo_policy() -> Policy:
+    """Short steps for a few-minute demo on 2 CPU cores. The gates are loose (P99 +50 %, P90 +25 %): two identical
+    engine processes sharing 2 busy cores differ by ~20 % at P99 and up to ~17 % at P90 for minutes at a time; the
+    slow set is ~1.7x slower in decode and ~2.7x in prefill, far beyond them. One checked step at 50 %: a P99 needs
+    ~700 requests per variant before its interval is narrow enough to pass, ~1 min at 12 req/s each."""
+    return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=3.0,
+                  checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.50),
+                          MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
+                          MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
+                  min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
+                  on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100)
+
+
+def gpu_policy() -> Policy:
+    """The demo policy on one GPU that three engines time-slice. The slow release's decode attention shows in the
+    inter-token latency's body more than in its tail (prefill chunks interleaved with decode set the tail): in the
+    H200 run of 2026-12-02 (BENCHMARKS.md "GPU demo") triton-v1-unsplit moved ITL P90 by +12.6..+27.2 % (interval
+    lower bounds >= +10.5 %) and P50 by +16..+24 %, while triton-v1.1 and an A/A run stayed within -7.0..-2.2 %;
+    request-latency P90 moved by +14.9 % [-1.2, +23.0] only. Hence ITL P50 and P90 at +10 %, with P99 (+50 %) and
+    request latency P90 (+25 %) as guards; a checked step at 50 %; a readiness deadline for cold CUDA warm-ups."""
+    return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=5.0,
+                  checks=(MetricCheck(ITL, quantile=0.90, max_rel_delta=0.10),
+                          MetricCheck(ITL, quantile=0.50, max_rel_delta=0.10),
+                          MetricCheck(ITL, quantile=0.99, max_rel_delta=0.50),
+                          MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
+                          MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
+                  min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
+                  on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=600.0, min_error_samples=100)
+
+
+# chat-like traffic for the tiny model: prompts ~64 tokens (long tail to 400), answers ~6 (to 32), 40 % streamed;
+# all on /v1/completions (each route's percentiles are compared on their own: a second route halves the samples)
+DEMO_MIX = TrafficMix(LengthDist(64, 0.6, 16, 400), LengthDist(6, 0.6, 1, 32), stream_fraction=0.4,
+                      chat_fraction=0.0)
+# on the GPU: long contexts (within the tiny model's 4096 positions; decode attention's share of a step grows with
+# them) and longer answers, so that decode steps dominate; every request streamed (client-side TTFT and ITL)
+GPU_MIX = TrafficMix(LengthDist(1200, 0.4, 256, 3500), LengthDist(48, 0.5, 8, 128), stream_fraction=1.0,
+                     chat_fraction=0.0)
+
+
+@dataclass(slots=True, frozen=True)
+class Profile:
+    device: str                       # "cpu" | "cuda": every engine's `--device`
+    scenarios: Mapping[str, Scenario]
+    production_kernels: str
+    model: str                        # what the engines serve unless --model says otherwise
+    rate: float                       # requests/s through the router unless --rate says otherwise
+    threads: int
+    mix: TrafficMix
+    engine_args: tuple[str, ...]      # every engine's extra `sits-engine serve` flags (the GPU memory split)
+
+    def policy(self) -> Policy:
+        return demo_policy() if self.device == "cpu" else gpu_policy()
+
+
+CPU = Profile("cpu", SCENARIOS, "torch", "tiny", 25.0, 12, DEMO_MIX, ())
+# up to four engines at once on the GPU: production, baseline and canary, and a promotion's new production started
+# before the old one stops; each takes a fifth of the GPU's memory (weights, activations, KV cache)
+GPU_MEMORY_SHARE = 0.2
+GPU = Profile("cuda", GPU_SCENARIOS, "triton-v1", "tiny-trained", 40.0, 64, GPU_MIX,
+              ("--gpu-memory-utilization", str(GPU_MEMORY_SHARE), "--max-num-seqs", "64"))
+PROFILES = {p.device: p for p in (CPU, GPU)}

@@ -1,0 +1,63 @@
+"""The local deployer's readiness deadline: a replica that never answers /readyz within the spec's deadline (else
+LocalConfig.ready_timeout_s), or exits first, is stopped and reported as NotReadyError with its last log line."""
+import pytest
+
+from control_plane.adapters import process
+from control_plane.adapters.deploy import InvalidVariantError, NotReadyError, VariantSpec
+from control_plane.adapters.local import LocalDeployer
+from control_plane.adapters.local_replicas import last_line
+from control_plane.adapters.local_config import LocalConfig
+
+
+def e_pid(tmp_path) -> int:
+    """The pid the engine script wrote first thing (`echo $$`: sh execs sleep in the same process)."""
+    log = next(tmp_path.glob("*.log")).read_text().splitlines()
+    return int(next(x for x in log if x.startswith("pid ")).split()[1])
+
+
+def _deployer(tmp_path, script: str) -> LocalDeployer:
+    # an "engine" that logs like one and then never serves (or exits): the deployer's wait is what is tested
+    return LocalDeployer(LocalConfig(workdir=str(tmp_path), engine_command=("sh", "-c", script, "engine"),
+                                     ready_timeout_s=180.0, stop_timeout_s=5))
+
+
+def test_a_replica_not_ready_by_the_spec_deadline_is_stopped_and_reported_with_its_last_log_line(tmp_path):
+    d = _deployer(tmp_path, 'echo "pid $$"; echo "loading llama3-8b"; echo "capturing CUDA graphs 12/35"; echo; exec sleep 300')
+    try:
+        with pytest.raises(NotReadyError) as ei:
+            d.deploy(VariantSpec(service="slow", role="canary", kernels="torch", ready_timeout_s=1.5))
+        e = ei.value
+        assert e.exit_code is None and e.waited_s >= 1.5
+        assert e.last_line == "capturing CUDA graphs 12/35"
+        first = str(e).splitlines()[0]
+        assert first == "slow/canary: engine not ready after 1.5 s; its last log line: capturing CUDA graphs 12/35"
+        assert d.status("slow") == {}   # nothing half-deployed is left behind
+        assert not process.pid_alive(e_pid(tmp_path))   # and the engine was stopped
+    finally:
+        d.close()
+
+
+def test_a_replica_that_exits_before_it_is_ready_is_reported_with_its_exit_code(tmp_path):
+    d = _deployer(tmp_path, 'echo "torch.OutOfMemoryError: CUDA out of memory" >&2; exit 3')
+    try:
+        with pytest.raises(NotReadyError) as ei:
+            d.deploy(VariantSpec(service="oom", role="canary", kernels="torch", ready_timeout_s=60))
+        assert ei.value.exit_code == 3 and ei.value.last_line == "torch.OutOfMemoryError: CUDA out of memory"
+        assert str(ei.value).startswith("oom/canary: engine exited with code 3 before it was ready; its last log line")
+    finally:
+        d.close()
+
+
+def test_last_line_skips_blank_lines_and_bounds_its_length(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("first\n" + "y" * 500 + "\n\n  \n")
+    assert last_line(p) == "y" * 300
+    assert last_line(tmp_path / "missing.log") == ""
+    p.write_text("")
+    assert last_line(p) == ""
+
+
+def test_spec_deadline_is_validated():
+    for bad in (0, -1, True, "10", 10 ** 9):
+        with pytest.raises(InvalidVariantError, match="ready_timeout_s"):
+            VariantSpec(service="x", role="canary", kernels="torch", ready_timeout_s=bad)
