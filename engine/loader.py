@@ -6,14 +6,16 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.config import ModelConfig
 from engine.errors import UnknownModelError
 from engine.presets import PRESETS, preset, random_weights
 
-WeightIter = Iterator[tuple[str, torch.Tensor]]
+if TYPE_CHECKING:   # resolving a model and its tokenizer needs no torch (the engine's API front); the weights do
+    import torch
+
+    WeightIter = Iterator[tuple[str, torch.Tensor]]
 INDEX_FILE = "model.safetensors.index.json"
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-import torch
+from typing import TYPE_CHECKING
 
 from engine.config import ModelConfig
+
+if TYPE_CHECKING:   # torch loads with the weights: the engine's API front reads presets without it
+    import torch
 
 # Llama 3.1 style scaling, shrunk to the tiny model's context: extends 1024 trained positions to 4096.
 TINY_ROPE_SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -71,12 +74,16 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 def random_weights(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, tensor) with N(0, 0.02) matrices and N(1, 0.1) norm weights, one tensor at a time.
+                   dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, tensor) with N(0, 0.02) matrices and N(1, 0.1) norm weights, one tensor at a time, in `dtype`
+    (None: float32).
 
     Small models are drawn on the CPU (the same weights on every device); large ones directly on `device`, which
     makes an 8B model take seconds on a GPU.
     """
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     gen_device = torch.device("cpu") if num_params(cfg) < _SMALL_MODEL_PARAMS else torch.device(device)
     gen = torch.Generator(device=gen_device).manual_seed(seed)
     for name, shape in weight_shapes(cfg):

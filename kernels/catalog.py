@@ -9,10 +9,11 @@ committed copy for the built-in sets (tests/kernels/test_catalog.py keeps the tw
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-from kernels.registry import KernelSet, get_kernel_set, list_kernel_sets
+from kernels.registry import PLUGINS_ENV, KernelSet, get_kernel_set, list_kernel_sets
 
 SHIPPED = Path(__file__).resolve().parent.parent / "control_plane" / "adapters" / "kernel_catalog.json"
 
@@ -27,6 +28,24 @@ def builtin_catalogue() -> list[dict]:
     from kernels import sets
     builtin = {v.name for v in vars(sets).values() if isinstance(v, KernelSet)}
     return [e for e in catalogue() if e["name"] in builtin]
+
+
+def identity(name: str) -> tuple[str, str]:
+    """(name, version) of the kernel set `name` for a process that only labels with it (the engine's API front, whose
+    engine core loads the kernels): a built-in set from the committed catalogue, without importing torch; with
+    plugins configured (they may add sets), or a name the catalogue lacks, from the registry itself, which raises
+    UnknownKernelSetError for an unknown name."""
+    if not os.environ.get(PLUGINS_ENV):
+        try:
+            shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
+        except (OSError, ValueError, KeyError):
+            shipped = []
+        for e in shipped:
+            if e.get("name") == name and isinstance(e.get("version"), str):
+                return name, e["version"]
+    import kernels   # registers the built-in sets (and imports torch)
+    ks = kernels.get_kernel_set(name)
+    return ks.name, ks.version
 
 
 def dumps(entries: list[dict]) -> str:

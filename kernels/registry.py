@@ -163,11 +163,14 @@ def unregister_kernel_set(name: str) -> None:
 
 
 def _load_plugins() -> None:
+    """The built-in sets (kernels/sets.py), then the plugins SITS_KERNEL_PLUGINS names, once, on first use: importing
+    the `kernels` package alone imports no kernel (nor torch)."""
     global _plugins_loaded
     with _lock:
         if _plugins_loaded:
             return
         _plugins_loaded = True
+        importlib.import_module("kernels.sets")
         for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
             importlib.import_module(mod)
 

@@ -45,8 +45,14 @@ class EngineInfo:
     max_model_len: int
     dtype: str
     tokenizer: Any
-    kernel_set: Any     # kernels.KernelSet
+    kernel_set: "KernelIdentity"   # what the core loaded: this process never imports the kernels (nor torch)
     pid: int            # the core process
+
+
+@dataclass(slots=True, frozen=True)
+class KernelIdentity:
+    name: str
+    version: str
 
 
 def load_front_tokenizer(model: str, seed: int) -> Any:
@@ -245,11 +251,9 @@ class EngineCoreClient:
                 fut.set_exception(refusal.error())
 
     async def _on_ready(self, info: m.CoreInfo) -> None:
-        import kernels
-
         tokenizer = await asyncio.to_thread(load_front_tokenizer, self._config.model, self._config.seed)
         self.engine = EngineInfo(info.model_name, info.max_model_len, info.dtype, tokenizer,
-                                 kernels.get_kernel_set(info.kernel_set), info.pid)
+                                 KernelIdentity(info.kernel_set, info.kernel_version), info.pid)
         self.ready.set()
         log.info("engine ready: model=%s kernels=%s (engine core pid %d)", info.model_name, info.kernel_set,
                  info.pid)

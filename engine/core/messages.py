@@ -44,6 +44,7 @@ class Shutdown(_Msg):
 class CoreInfo(msgspec.Struct, array_like=True):
     model_name: str
     kernel_set: str
+    kernel_version: str
     max_model_len: int
     dtype: str          # "bfloat16", "float32", ...
     pid: int

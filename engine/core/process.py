@@ -110,7 +110,7 @@ class EngineCore:
             return False
         e = self.engine
         self._send(m.Ready(m.CoreInfo(model_name=e.model_name, kernel_set=e.kernel_set.name,
-                                      max_model_len=e.max_model_len,
+                                      kernel_version=e.kernel_set.version, max_model_len=e.max_model_len,
                                       dtype=str(e.dtype).removeprefix("torch."), pid=os.getpid())))
         self._send(m.Idle(e.stats(), time.thread_time()))   # the baseline /metrics starts from
         log.info("engine core ready (pid %d): model=%s kernels=%s", os.getpid(), e.model_name, e.kernel_set.name)

@@ -60,4 +60,4 @@ def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
-    wait_for("the demo's engines to stop", lambda: not engine_pids("demo"), 15)
+    wait_for("the demo's engines to stop", lambda: not engine_pids("demo", under=tmp_path), 15)

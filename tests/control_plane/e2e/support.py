@@ -14,8 +14,10 @@ FAST = Policy(correctness={"enabled": False}, steps=(50,), check_interval_s=3.0,
 SLOW = ("--fault-latency-ms", "300")
 
 
-def engine_pids(service: str, role: str | None = None) -> list[int]:
-    """Live `sits-engine serve` processes labelled with this service (and role)."""
+def engine_pids(service: str, role: str | None = None, *, under: str | os.PathLike | None = None) -> list[int]:
+    """Live `sits-engine serve` processes labelled with this service (and role); with `under`, only those whose
+    working directory is in that tree (a deployer's workdir: another run's engines with the same labels are not
+    this test's)."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -27,6 +29,13 @@ def engine_pids(service: str, role: str | None = None) -> list[int]:
             continue
         if "serve" in argv and "--service" in argv and argv[argv.index("--service") + 1] == service \
                 and (role is None or ("--env" in argv and argv[argv.index("--env") + 1] == role)) \
-                and pid_alive(int(d)):
+                and pid_alive(int(d)) and (under is None or _cwd_under(int(d), under)):
             out.append(int(d))
     return out
+
+
+def _cwd_under(pid: int, root) -> bool:
+    try:
+        return os.path.realpath(f"/proc/{pid}/cwd").startswith(os.path.realpath(root) + os.sep)
+    except OSError:
+        return False
