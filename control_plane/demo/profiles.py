@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.demo.loadgen import LengthDist, TrafficMix
+from control_plane.demo.traffic import LengthDist, TrafficMix
 from control_plane.rollout import Phase
 
 

@@ -11,8 +11,8 @@ import pytest
 from control_plane.adapters.deploy import VariantSpec
 from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
-from control_plane.demo.loadgen import (OK, LengthDist, LoadGenerator, Planned, Tally, TrafficMix, plan, verify_plain,
-                                        verify_stream)
+from control_plane.demo.loadgen import OK, LoadGenerator, Tally, verify_plain, verify_stream
+from control_plane.demo.traffic import LengthDist, Planned, TrafficMix, plan
 from tests.waiting import wait_for
 
 

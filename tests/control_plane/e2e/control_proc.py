@@ -18,7 +18,8 @@ from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.scrape import ScrapeSource
 from control_plane.worker.lifecycle import shutdown
-from control_plane.demo.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.demo.loadgen import LoadGenerator
+from control_plane.demo.traffic import LengthDist, TrafficMix
 from control_plane.store.db import Store
 from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig

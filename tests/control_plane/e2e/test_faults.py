@@ -13,8 +13,9 @@ from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.demo.loadgen import LengthDist, LoadGenerator, TrafficMix
+from control_plane.analysis import Policy
+from control_plane.demo.loadgen import LoadGenerator
+from control_plane.demo.traffic import LengthDist, TrafficMix
 from control_plane.rollout import Phase
 from control_plane.service.rollouts import start_rollout
 from control_plane.adapters.spec import DeploySpec
