@@ -231,7 +231,7 @@ def _with_readiness(data: Mapping[str, VariantData], obs: Observation) -> dict[s
     for role, v in obs.variants.items():
         if role in out:
             d = out[role]
-            out[role] = VariantData(d.histograms, d.requests, d.errors, v.ready, v.crashing)
+            out[role] = VariantData(d.histograms, d.requests, d.errors, v.ready, v.crashing, d.replayed, d.streamed)
         else:
             out[role] = VariantData(ready=v.ready, crashing=v.crashing)
     return out

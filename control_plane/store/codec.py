@@ -48,8 +48,11 @@ def variant_to_dict(v: VariantData, memo: dict[int, dict] | None = None) -> dict
             if d is None:
                 d = memo[id(h)] = h.to_dict()
             hists[str(k)] = d
-    return {"histograms": hists, "requests": clean(v.requests), "errors": clean(v.errors), "ready": clean(v.ready),
-            "crashing": clean(v.crashing)}
+    d = {"histograms": hists, "requests": clean(v.requests), "errors": clean(v.errors), "ready": clean(v.ready),
+         "crashing": clean(v.crashing)}
+    if v.replayed or v.streamed:   # low-traffic mode's counts; absent (0) in data stored before it
+        d.update(replayed=clean(v.replayed), streamed=clean(v.streamed))
+    return d
 
 
 def data_to_dict(data: Mapping[str, VariantData], memo: dict[int, dict] | None = None) -> dict:
@@ -62,7 +65,8 @@ def data_from_dict(d: Mapping) -> dict[str, VariantData]:
 
 def variant_from_dict(d: Mapping) -> VariantData:
     return VariantData({k: HistogramSnapshot.from_dict(h) for k, h in d["histograms"].items()}, float(d["requests"]),
-                       float(d["errors"]), bool(d["ready"]), bool(d["crashing"]))
+                       float(d["errors"]), bool(d["ready"]), bool(d["crashing"]), float(d.get("replayed", 0.0)),
+                       float(d.get("streamed", 0.0)))
 
 
 _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
