@@ -34,7 +34,7 @@ from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, LowTrafficPolicy, MetricCheck, Policy
 from control_plane.web import create_app
 from control_plane.demo.prometheus import LocalPrometheus
 from control_plane.service.format import format_check
@@ -77,7 +77,9 @@ def demo_policy() -> Policy:
                           MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
                   min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
-                  on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100)
+                  on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100,
+                  low_traffic=LowTrafficPolicy(enabled=True, max_rps=10.0, max_requests_per_step=3000,
+                                               max_requests_per_rollout=6000, concurrency=4))
 
 
 # chat-like traffic for the tiny model: prompts ~64 tokens (long tail to 400), answers ~6 (to 32), 40 % streamed;
@@ -267,8 +269,10 @@ def progress_line(ev: dict, steps: int) -> str:
         elif r is not None:
             parts.append(f"{q.upper()} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "
                          f"{_pct(r.get('ci_high'))}] (<= +{r['threshold'] * 100:g} %)")
-    n = ev.get("variants", {}).get("canary", {}).get("requests", 0)
-    return f"{head} · {' · '.join(parts)} · {n:.0f} canary req · {v['outcome'].upper()} -> {ev['decision']}"
+    c = ev.get("variants", {}).get("canary", {})
+    n, rep = c.get("requests", 0), c.get("replayed", 0)
+    return (f"{head} · {' · '.join(parts)} · {n:.0f} canary req ({rep:.0f} replayed) · {v['outcome'].upper()} -> "
+            f"{ev['decision']}")
 
 
 def _follow(store: Store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -> str:
