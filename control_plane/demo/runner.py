@@ -76,10 +76,10 @@ def demo_policy() -> Policy:
                   checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.50),
                           MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
-                  min_samples=100, min_tail_samples=2, failure_limit=2, inconclusive_limit=24,
+                  min_samples=800, min_tail_samples=2, failure_limit=2, inconclusive_limit=40,
                   on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100,
-                  low_traffic=LowTrafficPolicy(enabled=True, max_rps=10.0, max_requests_per_step=3000,
-                                               max_requests_per_rollout=6000, concurrency=4))
+                  low_traffic=LowTrafficPolicy(enabled=True, max_rps=20.0, max_requests_per_step=3000,
+                                               max_requests_per_rollout=6000, concurrency=8, min_live_requests=200))
 
 
 # chat-like traffic for the tiny model: prompts ~64 tokens (long tail to 400), answers ~6 (to 32), 40 % streamed;
@@ -223,7 +223,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             verdict = "as expected" if phase == sc.expected.value else "NOT the expected " + sc.expected.value
             out(f"      => {phase.replace('_', ' ').upper()} ({verdict})")
         result.seconds = time.monotonic() - t0
-        _summary(result, store, load, out)
+        _summary(result, store, load, out, worker.metrics.replayed)
         if cfg.keep_running:
             out(f"UI still up at {result.url} (token above); Ctrl-C to stop")
             threading.Event().wait()
@@ -308,7 +308,7 @@ def _follow(store: Store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig,
         time.sleep(0.5)
 
 
-def _summary(result: DemoResult, store: Store, load: LoadGenerator, out) -> None:
+def _summary(result: DemoResult, store: Store, load: LoadGenerator, out, replayed) -> None:
     out("")
     out(f"Summary ({result.seconds / 60:.1f} min):")
     for i, (rid, sc, phase) in enumerate(result.rollouts):
@@ -317,9 +317,15 @@ def _summary(result: DemoResult, store: Store, load: LoadGenerator, out) -> None
         out(f"  {i + 1}. {sc.name:5s} {sc.kernels:16s} {phase:11s} after {r.checks} checks, "
             f"{r.phase_since - r.created_at:.0f} s - {ok}")
         out(f"     why: {r.reason}")
+        if r.replayed_requests:
+            out(f"     low-traffic mode replayed {r.replayed_requests:.0f} requests to the canary (and as many to the "
+                "baseline) next to the live ones")
     counts = load.counts()
     out("  load: " + "; ".join(f"{v} {c['answered']} answered / {c['failed']} failed" for v, c in counts.items())
         + f" ({load.sent} sent, every token verified)")
+    total = {s.labels["variant"]: s.value for m in replayed.collect() for s in m.samples if s.name.endswith("_total")}
+    out("  replayed (low-traffic mode, sits_replayed_requests_total): " + (", ".join(
+        f"{v} {n:.0f}" for v, n in sorted(total.items())) or "none"))
     out(f"  UI {result.url} · store {result.store_path}")
     out("demo " + ("passed" if result.ok else "FAILED"))
     sys.stdout.flush()

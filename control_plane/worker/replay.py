@@ -71,7 +71,7 @@ class ReplayPlan:
             return None
         if now < self.next_at:
             return self.next_at - now
-        self.next_at = max(self.next_at + 1.0 / self.policy.max_rps, now)
+        self.next_at = max(self.next_at, now) + 1.0 / self.policy.max_rps
         self.owed -= 1
         self.in_flight += 1
         self.sent_step += 1
