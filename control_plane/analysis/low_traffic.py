@@ -28,7 +28,7 @@ class LowTrafficPolicy:
     max_requests_per_rollout: int = 5000    # per variant, over the whole rollout
     concurrency: int = 4                    # replayed requests in flight per variant (a slow canary queues no more)
     allow_replay_only: bool = False         # True: a check may PASS with fewer live canary requests than min_live
-    min_live_requests: int | None = None    # live canary requests a PASS needs when any were replayed; None: min_samples
+    min_live_requests: int | None = None    # live canary requests a PASS needs if any were replayed (None: min_samples)
     prompt_set: str | tuple[str, ...] | None = None   # None: the correctness gate's set (correctness.prompt_set)
     request_timeout_s: float = 60.0
 

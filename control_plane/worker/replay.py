@@ -106,7 +106,8 @@ class RolloutReplay:
                  halted: Callable[[], bool] = lambda: False, counted: Callable[[str], None] = lambda variant: None,
                  sent_total: int = 0, step: int = -1, sent_step: int = 0, seed: int | None = None) -> None:
         self.rollout_id, self.service, self.policy, self.urls, self.model = rollout_id, service, policy, urls, model
-        self.prompts, self.sender, self.clock, self.halted, self.counted = tuple(prompts), sender, clock, halted, counted
+        self.prompts, self.sender, self.clock = tuple(prompts), sender, clock
+        self.halted, self.counted = halted, counted
         self.plan = ReplayPlan(policy, sent_total=sent_total, step=step, sent_step=sent_step)
         self.stats = ReplayStats(sent=0)
         self.workload = Workload(None, None, 0.0, (("/v1/completions", 1.0),), 0.0)
@@ -210,8 +211,8 @@ class Replayer:
     def __init__(self, sender: ReplaySender, *, clock: Callable[[], float] = time.time,
                  load_prompts: Callable[[object], Sequence[str]], halted: Callable[[str], bool],
                  counted: Callable[[str, str], None] = lambda service, variant: None) -> None:
-        self.sender, self.clock, self.load_prompts, self.halted, self.counted = sender, clock, load_prompts, halted, \
-            counted
+        self.sender, self.clock, self.load_prompts = sender, clock, load_prompts
+        self.halted, self.counted = halted, counted
         self._lock = threading.Lock()
         self._replays: dict[str, RolloutReplay] = {}
 

@@ -41,7 +41,7 @@ class RecordingSender:
         return ReplayAnswer(True, len(text), len(text))
 
     def wait(self, n, t):
-        """Until n requests arrived, moving the frozen clock `t` on 10 ms whenever the sender waits for it (its pace)."""
+        """Until n requests arrived, moving the frozen clock `t` on 10 ms whenever the sender waits (its pace)."""
         got = 0
         for _ in range(2000):
             if got == n:
