@@ -6,8 +6,8 @@ per-step and per-rollout budgets.
 Three pieces, each with its own state:
   `ReplayPlan`      what is owed, what the budgets leave, when the next request may go (rate and concurrency); pure,
                     the time is passed in
-  `RolloutReplay`   one rollout's bounded background sender: a thread that sends pairs (the same request to canary and
-                    to baseline at once) as the plan allows, and stops at once when told or when `halted()` says a
+  `RolloutReplay`   one rollout's bounded background sender: a thread that sends pairs (one request to canary and
+                    one to baseline at once, each drawn from the workload on its own) as the plan allows, and stops at once when told or when `halted()` says a
                     pause or abort is queued (no new request after that; at most `concurrency` pairs in flight finish)
   `Replayer`        the worker's part: one RolloutReplay per rollout, started and fed after each pass, stopped when the
                     rollout leaves PROGRESSING; counts `sits_replayed_requests_total{service,variant}`
@@ -162,8 +162,12 @@ class RolloutReplay:
                 if wait is None or wait > 0:
                     self._cv.wait(0.5 if wait is None else min(wait, 0.5))
                     continue
-                req = self.workload.sample(self._rng)
-                text = prompt(self.prompts, req.prompt_tokens, self._chars_per_token, self._rng)
+                # one independent draw per variant, from the same workload: identical requests sent at the same
+                # moment would, on engines sharing CPUs, make each variant's slowest requests coincide with the other's
+                pair = {}
+                for v in VARIANTS:
+                    req = self.workload.sample(self._rng)
+                    pair[v] = (req, prompt(self.prompts, req.prompt_tokens, self._chars_per_token, self._rng))
             if self.halted():   # a pause or abort is queued: not one request more
                 with self._cv:
                     self.plan.revoke()
@@ -171,13 +175,14 @@ class RolloutReplay:
                 break
             with self._cv:
                 self.stats.sent += 1
-            self._send_pair(req, text)
+            self._send_pair(pair)
 
-    def _send_pair(self, req, text: str) -> None:
+    def _send_pair(self, pair: dict) -> None:
         remaining = {"n": len(VARIANTS)}
         lock = threading.Lock()
 
         def one(variant: str) -> None:
+            req, text = pair[variant]
             ans = self.sender.send(self.urls[variant], req.route, self.model, text, req.max_tokens, req.stream,
                                    self.policy.request_timeout_s)
             self.counted(variant)
