@@ -200,8 +200,8 @@ class RolloutReplay:
                     self.plan.finished(self.clock())
                     self._cv.notify_all()
 
-        try:
-            for v in VARIANTS:
+        try:   # which variant's request goes first: at random, so that neither is systematically ahead
+            for v in self._rng.sample(VARIANTS, len(VARIANTS)):
                 self._pool.submit(one, v)
         except RuntimeError:   # stopped meanwhile: the pool takes nothing more
             with self._cv:
