@@ -214,7 +214,6 @@ def _take_window(b: _Builder, obs: Observation) -> None:
     if c is not None and c.replayed:   # the rollout's replay budget counts every replayed request, warm-up included
         b.set(replayed_requests=r.replayed_requests + c.replayed)
     if start < r.warmup_until - _EPS or r.phase is not Phase.PROGRESSING:
-        c = obs.variants.get("canary")
         b.set(excluded_requests=r.excluded_requests + (c.requests if c else 0.0))
         return
     has = {role: _has_data(obs.variants.get(role)) for role in ("canary", r.policy.compare_to)}

@@ -26,11 +26,10 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.adapters.correctness import CorrectnessProbe
+from control_plane.adapters.correctness import CorrectnessProbe, load_prompt_set
 from control_plane.adapters.deploy import Deployer, DeployCancelled
 from control_plane.adapters.metrics import MetricsSource
 from control_plane.adapters.notify import MultiNotifier, Notifier
-from control_plane.adapters.correctness import load_prompt_set
 from control_plane.adapters.replay_client import HTTPReplaySender, ReplaySender
 from control_plane.rollout import Command, Rollout, reconcile
 from control_plane.redact import redact
