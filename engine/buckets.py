@@ -14,3 +14,10 @@ _LO_EXP, _HI_EXP = -11 * 8, 6 * 8
 LATENCY_BUCKETS: tuple[float, ...] = tuple(float(f"{2.0 ** (k / 8.0):.9g}") for k in range(_LO_EXP, _HI_EXP + 1))
 
 assert len(LATENCY_BUCKETS) == 137 and LATENCY_BUCKETS[0] < 0.001 and LATENCY_BUCKETS[-1] == 64.0
+
+# token counts of a request (sits_request_prompt_tokens, sits_request_generation_tokens): 1..16 exactly, then 2**(1/4)
+# apart (~19 %) to 2**17 (131072): low-traffic replay samples lengths from these, uniformly inside a bucket
+TOKEN_BUCKETS: tuple[float, ...] = tuple(sorted({float(n) for n in range(1, 17)}
+                                                | {float(round(2.0 ** (k / 4.0))) for k in range(17, 69)}))
+
+assert TOKEN_BUCKETS[0] == 1.0 and TOKEN_BUCKETS[-1] == 131072.0 and len(TOKEN_BUCKETS) < 70

@@ -18,7 +18,7 @@ from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.buckets import LATENCY_BUCKETS
+from engine.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -128,6 +128,16 @@ class EngineMetrics:
         self.probe_requests = Counter("sits_probe_requests", "Requests marked X-SITS-Probe: 1 (the control plane's "
                                       "correctness probes); kept out of every latency histogram and error count.",
                                       ["env", "service", "status"], registry=r)
+        # every inference request but probes, by origin ("replay": X-SITS-Replay: 1, the control plane's low-traffic
+        # replay; "live" otherwise) and whether it streamed: replayed and live counts, the live streamed share
+        self.inference_requests = Counter("sits_inference_requests", "Inference requests (probes excluded) by route, "
+                                          "origin (live | replay) and whether the answer streamed.",
+                                          ["env", "service", "route", "origin", "stream"], registry=r)
+        # live requests' token counts (replayed ones excluded): the workload low-traffic replay is drawn from
+        self.prompt_tokens = Histogram("sits_request_prompt_tokens", "Prompt tokens of each finished live request.",
+                                       eng, buckets=TOKEN_BUCKETS, registry=r)
+        self.generation_tokens = Histogram("sits_request_generation_tokens", "Tokens generated for each finished live "
+                                           "request.", eng, buckets=TOKEN_BUCKETS, registry=r)
         self.request_errors = Counter("sits_request_errors", "Requests answered with an error, by HTTP status code.",
                                       eng + ["code"], registry=r)
         self.info = Info("sits_engine", "The engine build serving this endpoint.", registry=r)
@@ -178,6 +188,14 @@ class EngineMetrics:
 
     def count_probe(self, status: int) -> None:
         self.probe_requests.labels(self.labels.env, self.labels.service, str(status)).inc()
+
+    def count_inference(self, route: str, replay: bool, stream: bool) -> None:
+        self.inference_requests.labels(self.labels.env, self.labels.service, route, "replay" if replay else "live",
+                                       "true" if stream else "false").inc()
+
+    def observe_tokens(self, prompt_tokens: int, generation_tokens: int) -> None:
+        self.prompt_tokens.labels(*self._eng_values).observe(prompt_tokens)
+        self.generation_tokens.labels(*self._eng_values).observe(generation_tokens)
 
     def count_error(self, status: int) -> None:
         self.request_errors.labels(*self._eng_values, str(status)).inc()

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 import requests
 
-from control_plane.adapters.metrics import (INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, MultipleSeriesError,
+from control_plane.adapters.metrics import (INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, MultipleSeriesError,
                                             NoDataError, Target)
 from control_plane.analysis import promql
 from control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
@@ -142,6 +142,11 @@ class PrometheusSource:
                                                    match=match[role] + routes)
             jobs[role, "errors"] = promql.render("count_increase_match", metric=REQUEST_LATENCY, window=window,
                                                  match=match[role] + routes + ',status=~"5.."')
+            # low-traffic mode: replayed requests, and live ones that streamed (engines without the counter: none)
+            jobs[role, "replayed"] = promql.render("counter_increase_match", metric=INFERENCE_REQUESTS, window=window,
+                                                   match=match[role] + routes + ',origin="replay"')
+            jobs[role, "streamed"] = promql.render("counter_increase_match", metric=INFERENCE_REQUESTS, window=window,
+                                                   match=match[role] + routes + ',origin="live",stream="true"')
         futures = {k: self._pool.submit(self.query, q, at) for k, q in jobs.items()}
         results = {k: f.result() for k, f in futures.items()}   # a MetricsError propagates to the caller
         variants: dict[str, VariantData] = {}
@@ -158,7 +163,11 @@ class PrometheusSource:
             reqs = self._scalar(results[role, "requests"], jobs[role, "requests"])
             errs = self._scalar(results[role, "errors"], jobs[role, "errors"])
             if hists or reqs is not None:
-                variants[role] = VariantData(hists, reqs or 0.0, errs or 0.0)
+                variants[role] = VariantData(hists, reqs or 0.0, errs or 0.0,
+                                             replayed=self._scalar(results[role, "replayed"], jobs[role, "replayed"])
+                                             or 0.0,
+                                             streamed=self._scalar(results[role, "streamed"], jobs[role, "streamed"])
+                                             or 0.0)
         empty = [r for r in required if r in roles and r not in variants]
         if empty:
             raise NoDataError(f"no series for {', '.join(empty)} {what}in the {window} window "

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.adapters.metrics import INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
+from control_plane.adapters.metrics import INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
 from control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
 from control_plane.analysis.promql import series_key
 
@@ -44,10 +44,13 @@ class ScrapeConfig:
 
 @dataclass(slots=True)
 class Cumulative:
-    """One endpoint's counters at one scrape: histograms by series key, inference requests and 5xx errors."""
+    """One endpoint's counters at one scrape: histograms by series key, inference requests and 5xx errors, replayed
+    requests and live streamed ones."""
     histograms: dict[str, HistogramSnapshot] = field(default_factory=dict)
     requests: float = 0.0
     errors: float = 0.0
+    replayed: float = 0.0
+    streamed: float = 0.0
 
 
 def parse_exposition(text: str, service: str | None, metrics: Sequence[str],
@@ -56,7 +59,7 @@ def parse_exposition(text: str, service: str | None, metrics: Sequence[str],
     Prometheus text exposition. Series of another `service` label are ignored. Request latency is keyed per route
     and summed over status codes except 5xx (errors are counted, not timed: the same rule as the PromQL templates);
     other histograms are summed into one series."""
-    wanted = set(metrics) | {REQUEST_LATENCY}
+    wanted = set(metrics) | {REQUEST_LATENCY, INFERENCE_REQUESTS, INFERENCE_REQUESTS + "_total"}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
@@ -66,6 +69,9 @@ def parse_exposition(text: str, service: str | None, metrics: Sequence[str],
     except Exception as e:  # the parser raises ValueError/TypeError/IndexError on malformed text
         raise MetricsQueryError(f"unparsable /metrics text: {e}") from None
     for fam in families:
+        if fam.type == "counter" and fam.name == INFERENCE_REQUESTS:
+            _count_origins(fam, service, routes, out)
+            continue
         if fam.type != "histogram" or fam.name not in wanted:
             continue
         for s in fam.samples:
@@ -101,6 +107,19 @@ def parse_exposition(text: str, service: str | None, metrics: Sequence[str],
     return out
 
 
+def _count_origins(fam, service: str | None, routes: Sequence[str], out: Cumulative) -> None:
+    """sits_inference_requests_total: replayed requests, and live ones that streamed (low-traffic mode)."""
+    for s in fam.samples:
+        labels = s.labels
+        if not s.name.endswith("_total") or labels.get("route") not in routes \
+                or (service is not None and labels.get("service", service) != service):
+            continue
+        if labels.get("origin") == "replay":
+            out.replayed += s.value
+        elif labels.get("stream") == "true":
+            out.streamed += s.value
+
+
 def _prefilter(text: str, wanted: set[str], routes: Sequence[str]) -> str:
     """Only the lines of the wanted families (and of the inference routes): an engine exposes ~180 KB, mostly
     buckets nobody asked for, and prometheus_client's parser is slow (~100 ms for all of it on a busy core)."""
@@ -129,7 +148,9 @@ def diff(new: Cumulative, old: Cumulative) -> Cumulative:
             out.histograms[key] = h
     reset = new.requests < old.requests
     out.requests = new.requests if reset else new.requests - old.requests
-    out.errors = new.errors if reset or new.errors < old.errors else new.errors - old.errors
+    for name in ("errors", "replayed", "streamed"):
+        a, b = getattr(new, name), getattr(old, name)
+        setattr(out, name, a if reset or a < b else a - b)
     return out
 
 
@@ -192,7 +213,9 @@ class ScrapeSource:
             for p in parts:
                 for key, h in p.histograms.items():
                     hists[key] = hists[key].merge(h) if key in hists else h
-            variants[role] = VariantData(hists, sum(p.requests for p in parts), sum(p.errors for p in parts))
+            variants[role] = VariantData(hists, sum(p.requests for p in parts), sum(p.errors for p in parts),
+                                         replayed=sum(p.replayed for p in parts),
+                                         streamed=sum(p.streamed for p in parts))
         return MetricsWindow(t0, end, variants, self.name, queries)
 
     def _remember(self, service: str, start: float | None, end: float,

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from .low_traffic import WORKLOAD_METRICS
 from .policy import ERROR_RATE
 
 NAN = math.nan
@@ -50,6 +51,8 @@ def compute_deltas(variants: Mapping, quantiles: tuple[float, ...] = QUANTILES) 
         if v is None:
             continue
         for key in canary.histograms:
+            if key.startswith(WORKLOAD_METRICS):   # token counts (low-traffic mode's workload), not latencies
+                continue
             h = v.histograms.get(key)
             if h is not None and h.total > 0:
                 values.setdefault(key, {})[role] = h.quantiles(quantiles)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
 from .gate_policy import CorrectnessPolicy
+from .low_traffic import WORKLOAD_METRICS, LowTrafficPolicy
 from .policy_error import PolicyError, _name, _num, _short
 
 REQUEST_LATENCY = "http_request_duration_seconds"
@@ -100,6 +101,7 @@ class Policy:
     min_error_samples: int = 100                    # requests before the error-rate guard may fire
     report_metrics: tuple[str, ...] = (TTFT, ITL, E2E)  # deltas shown in every check, not decided on
     correctness: CorrectnessPolicy = field(default_factory=CorrectnessPolicy)
+    low_traffic: LowTrafficPolicy = field(default_factory=LowTrafficPolicy)   # replay when live traffic is thin
 
     def __post_init__(self) -> None:
         steps = tuple(self.steps)
@@ -154,12 +156,16 @@ class Policy:
         object.__setattr__(self, "report_metrics", report)
         if not isinstance(self.correctness, CorrectnessPolicy):
             object.__setattr__(self, "correctness", _correctness(self.correctness))
+        if not isinstance(self.low_traffic, LowTrafficPolicy):
+            object.__setattr__(self, "low_traffic", _low_traffic(self.low_traffic))
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """Every histogram metric a metrics source should fetch: the checked ones, then the reported ones."""
+        """Every histogram metric a metrics source should fetch: the checked ones, the reported ones, then (low-traffic
+        mode) the token counts that replayed requests are drawn from."""
         checked = [c.metric for c in self.checks if c.metric != ERROR_RATE]
-        return tuple(dict.fromkeys([REQUEST_LATENCY, *checked, *self.report_metrics]))
+        workload = WORKLOAD_METRICS if self.low_traffic.enabled else ()
+        return tuple(dict.fromkeys([REQUEST_LATENCY, *checked, *self.report_metrics, *workload]))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -167,6 +173,7 @@ class Policy:
         d["report_metrics"] = list(self.report_metrics)
         d["checks"] = [{k: v for k, v in asdict(c).items() if v is not None} for c in self.checks]
         d["correctness"] = self.correctness.to_dict()
+        d["low_traffic"] = self.low_traffic.to_dict()
         return d
 
     @classmethod
@@ -186,6 +193,8 @@ class Policy:
                 d[key] = tuple(d[key])
         if "correctness" in d:
             d["correctness"] = _correctness(d["correctness"])
+        if "low_traffic" in d:
+            d["low_traffic"] = _low_traffic(d["low_traffic"])
         return cls(**d)
 
 
@@ -210,6 +219,13 @@ def _correctness(d) -> CorrectnessPolicy:
         return CorrectnessPolicy.from_dict(d)
     except PolicyError as e:
         raise e.under("correctness") from None
+
+
+def _low_traffic(d) -> LowTrafficPolicy:
+    try:
+        return LowTrafficPolicy.from_dict(d)
+    except PolicyError as e:
+        raise e.under("low_traffic") from None
 
 
 def _within(name: str, v: float) -> bool:

@@ -29,6 +29,8 @@ TEMPLATES: dict[str, str] = {
     "bucket_increase_match": 'sum by (le) (increase({metric}_bucket{{{match}}}[{window}]))',
     "bucket_increase_by_route_match": 'sum by (le, route) (increase({metric}_bucket{{{match}}}[{window}]))',
     "count_increase_match": 'sum(increase({metric}_count{{{match}}}[{window}]))',
+    # a counter's window increase (sits_inference_requests_total by origin/stream: replayed and live streamed requests)
+    "counter_increase_match": 'sum(increase({metric}_total{{{match}}}[{window}]))',
     "requests": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}"}}[{window}]))',
     "errors": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"5.."}}'
               '[{window}]))',

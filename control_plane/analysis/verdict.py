@@ -9,7 +9,9 @@ Checks, in order:
       at z_pass (half-widths in quadrature) <= 1 + threshold, else INCONCLUSIVE with about how many more requests
       per variant would decide it;
   error rate: canary - target with an Agresti-Caffo interval, same rule.
-Overall: any FAIL -> FAIL; every check PASS -> PASS; else INCONCLUSIVE.
+Overall: any FAIL -> FAIL; every check PASS -> PASS; else INCONCLUSIVE. Replayed load (low-traffic mode) counts like
+live load, but a PASS with replayed canary requests and fewer live ones than low_traffic's minimum (min_samples by
+default) is INCONCLUSIVE unless low_traffic.allow_replay_only: replay may fail a canary, never pass it alone.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from .deltas import Delta, compute_deltas
 from .histogram import HistogramSnapshot
+from .low_traffic import live_requests_needed
 from .policy import ERROR_RATE, MetricCheck, Policy
 from .stats import DeltaEstimate, more_samples_needed, proportion_diff, quantile_delta
 
@@ -45,12 +48,19 @@ class Guard(str, Enum):
 @dataclass(slots=True, frozen=True)
 class VariantData:
     """What one variant did in the analysed window: histograms keyed by series ("metric" or 'metric{route="/x"}'),
-    window deltas (not cumulative); requests and errors (5xx) in the same window; readiness."""
+    window deltas (not cumulative); requests and errors (5xx) in the same window; readiness. `replayed`: how many of
+    the requests were replayed by low-traffic mode (the rest are live); `streamed`: live requests that streamed."""
     histograms: Mapping[str, HistogramSnapshot] = field(default_factory=dict)
     requests: float = 0.0
     errors: float = 0.0
     ready: bool = True
     crashing: bool = False
+    replayed: float = 0.0
+    streamed: float = 0.0
+
+    @property
+    def live(self) -> float:
+        return max(self.requests - self.replayed, 0.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -124,14 +134,19 @@ def _decide(fail_est: DeltaEstimate, pass_est: DeltaEstimate, bound: float, n: f
     return Outcome.INCONCLUSIVE, more_samples_needed(n, est, bound)
 
 
+def _samples_needed(q: float, policy: Policy) -> int:
+    """Requests per variant before a q-quantile may decide: min_samples, min_tail_samples in the tail, and z^2 q / (1 -
+    q) + 1 (below it the upper bound's rank q + z s passes 1: the histogram cannot bound it)."""
+    z = max(policy.z_fail, policy.z_pass)
+    return max(policy.min_samples, math.ceil(policy.min_tail_samples / (1.0 - q)), math.ceil(z * z * q / (1 - q)) + 1)
+
+
 def _latency(check: MetricCheck, series: str, c: VariantData, t: VariantData, prod: VariantData | None,
              policy: Policy) -> TestResult:
     hc, ht = c.histograms[series], t.histograms[series]
     q, thr = check.quantile, check.max_rel_delta
     n_c, n_t = hc.total, ht.total
-    # below z^2 q / (1 - q) observations the upper bound's rank q + z s passes 1: the histogram cannot bound it
-    z = max(policy.z_fail, policy.z_pass)
-    need = max(policy.min_samples, math.ceil(policy.min_tail_samples / (1.0 - q)), math.ceil(z * z * q / (1 - q)) + 1)
+    need = _samples_needed(q, policy)
     base = dict(check=check.name, series=series, threshold=thr, n_canary=n_c, n_target=n_t)
     if min(n_c, n_t) < need:
         return TestResult(**base, outcome=Outcome.INCONCLUSIVE, need_more=int(math.ceil(need - min(n_c, n_t))),
@@ -232,8 +247,10 @@ def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
         else:
             keys = [k for k in _series_of(c, check.metric) if k in t.histograms]
             if not keys:
+                # nothing yet: as many requests as the quantile needs before it may decide (what replay sends)
                 rs = [TestResult(check=check.name, series=check.metric, outcome=Outcome.INCONCLUSIVE,
-                                 threshold=check.max_rel_delta, reason=f"no data for {check.metric}")]
+                                 threshold=check.max_rel_delta, reason=f"no data for {check.metric}",
+                                 need_more=_samples_needed(check.quantile, policy), low_traffic=True)]
             else:
                 rs = [_latency(check, k, c, t, prod, policy) for k in keys]
         results.extend(rs)
@@ -247,6 +264,11 @@ def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
     if failed:
         return verdict(Outcome.FAIL, "; ".join(failed), results)
     if not pending:
+        live_needed = live_requests_needed(policy.low_traffic, policy.min_samples)
+        if c.replayed > 0 and c.live < live_needed:
+            # replayed load may fail a canary, never pass it alone: more replay cannot help (need_more None)
+            return verdict(Outcome.INCONCLUSIVE, f"every check passed, but on replayed load: {c.live:g} live canary "
+                           f"requests ({c.replayed:g} replayed), {live_needed} live needed to pass", results)
         return verdict(Outcome.PASS, "every check passed with confidence", results)
     need = max(needs) if needs else None
     tail = f": need about {need} more request{'' if need == 1 else 's'} per variant" if need else ""

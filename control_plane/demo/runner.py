@@ -14,7 +14,8 @@ steps and intervals); `Policy()` defaults are for production.
 `--device cuda` (control_plane/demo/profiles.py GPU): the same on one GPU that every engine shares (each takes
 GPU_MEMORY_SHARE of its memory), with Triton sets -- triton-v1 in production, triton-v1-unsplit (slow),
 triton-v1-floor-pages (wrong), triton-v1.1 (good), and `aa` runs of triton-v1 against itself -- on a tiny model
-trained on the device first (control_plane/demo/model.py) unless --model names another.
+trained on the device first (control_plane/demo/model.py) unless --model names another. What it prints (a line per
+check, the evidence, the summary) is control_plane/demo/narrate.py.
 """
 from __future__ import annotations
 
@@ -23,38 +24,35 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import waitress
 
 from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.local import LocalDeployer
+from control_plane.adapters.local_config import LocalConfig
 from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import MetricCheck, Policy
-from control_plane.web import create_app
-from control_plane.demo.prometheus import LocalPrometheus
-from control_plane.service.format import format_check
-from control_plane.worker.lifecycle import shutdown
+from control_plane.adapters.spec import DeploySpec
+from control_plane.analysis import Policy
+from control_plane.demo import narrate
 from control_plane.demo.loadgen import LoadGenerator
 from control_plane.demo.model import resolve_model
 from control_plane.demo.profiles import PROFILES, Scenario
-from control_plane.rollout import Command, Decision, EventKind, Phase
+from control_plane.demo.prometheus import LocalPrometheus
 from control_plane.service.rollouts import start_rollout
-from control_plane.adapters.spec import DeploySpec
 from control_plane.store.db import Store
 from control_plane.tracing import Tracing
+from control_plane.web import create_app
 from control_plane.web.users import Users, token_sha256
-from control_plane.worker.loop import Worker
 from control_plane.worker.config import WorkerConfig
+from control_plane.worker.lifecycle import shutdown
+from control_plane.worker.loop import Worker
 
 
 @dataclass(slots=True)
@@ -123,15 +121,6 @@ class DemoResult:
         return len(self.rollouts) == self.wanted and all(p == s.expected.value for _, s, p in self.rollouts)
 
 
-def _printer(t0: float) -> Callable[[str], None]:
-    lock = threading.Lock()
-
-    def out(line: str = "") -> None:
-        with lock:
-            print(f"[{time.monotonic() - t0:6.1f}s] {line}" if line else "", flush=True)
-    return out
-
-
 def _auth_file(workdir: Path) -> tuple[Path, str]:
     """A fresh random admin token; only its SHA-256 goes to the file (mode 600)."""
     token = secrets.token_urlsafe(24)
@@ -146,7 +135,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     catalog = KernelCatalog.discover()
     cfg.check_kernels(catalog)
     t0 = time.monotonic()
-    out = _printer(t0)
+    out = narrate.printer(t0)
     workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="sits-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     store_path = workdir / "sits-demo.db"
@@ -211,7 +200,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         worker.start()
         p = cfg.policy
         out(f"      worker every {cfg.interval_s:g} s; demo policy: steps {list(p.steps)} %, a check every "
-            f"{p.check_interval_s:g} s, " + ", ".join(_gate(c) for c in p.checks)
+            f"{p.check_interval_s:g} s, " + ", ".join(narrate.gate(c) for c in p.checks)
             + f" vs {p.compare_to}, rollback after {p.failure_limit} failed checks; correctness gate on")
         for i, name in enumerate(cfg.scenarios):
             sc = cfg.scenario(name)
@@ -221,14 +210,14 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
                                kernel_sets=catalog)
             out(f"      rollout {ro.id}: {result.url}rollouts/{ro.id}")
             before = load.counts()
-            phase = _follow(store, ro.id, load, cfg, out)
+            phase = narrate.follow(store, ro.id, load, cfg.policy, cfg.rollout_timeout_s, out)
             result.rollouts.append((ro.id, sc, phase))
             if prof.device != "cpu":
-                _scenario_load(load, before, out)
+                narrate.scenario_load(load, before, out)
             verdict = "as expected" if phase == sc.expected.value else "NOT the expected " + sc.expected.value
             out(f"      => {phase.replace('_', ' ').upper()} ({verdict})")
         result.seconds = time.monotonic() - t0
-        _summary(result, store, load, out)
+        narrate.summary(result, store, load, out, worker.metrics.replayed)
         if cfg.keep_running:
             out(f"UI still up at {result.url} (token above); Ctrl-C to stop")
             threading.Event().wait()
@@ -261,96 +250,3 @@ def _served_model(router: str) -> str:
     return r.json()["data"][0]["id"]
 
 
-def _gate(c: MetricCheck) -> str:
-    if c.max_rel_delta is not None:
-        return f"{c.name} <= +{c.max_rel_delta * 100:g} %"
-    return f"{c.name} <= +{c.max_abs_delta * 100:g} pt"
-
-
-def _pick(results: list[dict], suffix: str) -> dict | None:
-    rows = [r for r in results if r["check"].endswith(suffix)]
-    return next((r for r in rows if '"/v1/completions"' in r.get("series", "")), rows[0] if rows else None)
-
-
-def _pct(x) -> str:
-    return "-" if x is None or isinstance(x, str) else f"{x * 100:+.1f}"
-
-
-def progress_line(ev: dict, steps: int) -> str:
-    """One check in one line: step, weight, P99 and P90 deltas with their intervals, verdict and decision."""
-    v = ev["verdict"]
-    head = f"check {ev['seq']:>2} · step {ev['step'] + 1}/{steps} at {ev['weight']:>3} %"
-    if v.get("correctness") is not None:
-        return f"{head} · correctness gate: {v['correctness']['outcome'].upper()} -> {ev['decision']}"
-    parts = []
-    for q in ("p99", "p90"):
-        r = _pick(v["results"], f":{q}")
-        if r is not None and not isinstance(r.get("delta_rel"), (int, float)):
-            parts.append(f"{q.upper()} not yet (too few requests)")
-        elif r is not None:
-            parts.append(f"{q.upper()} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "
-                         f"{_pct(r.get('ci_high'))}] (<= +{r['threshold'] * 100:g} %)")
-    n = ev.get("variants", {}).get("canary", {}).get("requests", 0)
-    return f"{head} · {' · '.join(parts)} · {n:.0f} canary req · {v['outcome'].upper()} -> {ev['decision']}"
-
-
-def _follow(store: Store, rollout_id: str, load: LoadGenerator, cfg: DemoConfig, out) -> str:
-    """Print phase changes and one line per check as they are stored (the full evidence at the deciding check)."""
-    seen_event, seen_check, last_load = 0, 0, time.monotonic()
-    deadline, aborted = time.monotonic() + cfg.rollout_timeout_s, False
-    steps = len(cfg.policy.steps)
-    while True:
-        r = store.get(rollout_id)
-        for e in store.events(rollout_id, since_id=seen_event):
-            seen_event = e["id"]
-            if e["kind"] in (EventKind.PHASE, EventKind.COMMAND):
-                out(f"      {e['message']}")
-        for ev in store.checks(rollout_id, since_seq=seen_check):
-            seen_check = ev["seq"]
-            out("      " + progress_line(ev, steps))
-            if ev["decision"] in (Decision.ROLLBACK, Decision.PROMOTE):
-                for line in format_check(ev, cfg.policy.steps)[1:]:
-                    out("        " + line)
-        if not r.active and not store.pending_actions(rollout_id):
-            return r.phase.value
-        if r.phase is Phase.PROGRESSING and time.monotonic() - last_load >= 10:
-            last_load = time.monotonic()
-            s = load.summary(10.0)
-            parts = [f"{v} {x['share'] * 100:.0f} % p90 {x['p90_ms']:.0f} ms" for v, x in s["variants"].items()]
-            out(f"      load {s['rate']:.1f} req/s, {s['errors']} failed: " + ", ".join(parts) + " (client side)")
-        if time.monotonic() > deadline and not aborted:
-            out(f"      rollout did not finish within {cfg.rollout_timeout_s:g} s: aborting it")
-            store.commands.add(rollout_id, Command.ABORT, "demo timeout")
-            aborted, deadline = True, time.monotonic() + 120
-        elif time.monotonic() > deadline:
-            return r.phase.value
-        time.sleep(0.5)
-
-
-def _scenario_load(load: LoadGenerator, before: dict, out) -> None:
-    """Requests answered/failed per variant during the scenario, and client-side TTFT/ITL P50/P99 of its streams."""
-    now = load.counts()
-    parts = [f"{v} {c['answered'] - before.get(v, {}).get('answered', 0)} answered / "
-             f"{c['failed'] - before.get(v, {}).get('failed', 0)} failed" for v, c in now.items()]
-    out("      scenario load: " + "; ".join(parts))
-    lat = load.token_latency(reset=True)
-    out("      client TTFT p50/p99, ITL p50/p99 (ms): " + "; ".join(
-        f"{v} {x['ttft_p50'] * 1e3:.0f}/{x['ttft_p99'] * 1e3:.0f}, {x['itl_p50'] * 1e3:.1f}/{x['itl_p99'] * 1e3:.1f}"
-        f" ({x['streams']} streams)" for v, x in lat.items()))
-
-
-def _summary(result: DemoResult, store: Store, load: LoadGenerator, out) -> None:
-    out("")
-    out(f"Summary ({result.seconds / 60:.1f} min):")
-    for i, (rid, sc, phase) in enumerate(result.rollouts):
-        r = store.get(rid)
-        ok = "OK" if phase == sc.expected.value else f"UNEXPECTED (wanted {sc.expected.value})"
-        out(f"  {i + 1}. {sc.name:5s} {sc.kernels:16s} {phase:11s} after {r.checks} checks, "
-            f"{r.phase_since - r.created_at:.0f} s - {ok}")
-        out(f"     why: {r.reason}")
-    counts = load.counts()
-    out("  load: " + "; ".join(f"{v} {c['answered']} answered / {c['failed']} failed" for v, c in counts.items())
-        + f" ({load.sent} sent, every token verified)")
-    out(f"  UI {result.url} · store {result.store_path}")
-    out("demo " + ("passed" if result.ok else "FAILED"))
-    sys.stdout.flush()

@@ -21,7 +21,8 @@ def accumulate(acc: Mapping[str, VariantData], window: Mapping[str, VariantData]
         hists = dict(old.histograms)
         for key, h in w.histograms.items():
             hists[key] = hists[key].merge(h) if key in hists else h
-        out[role] = VariantData(hists, old.requests + w.requests, old.errors + w.errors, w.ready, w.crashing)
+        out[role] = VariantData(hists, old.requests + w.requests, old.errors + w.errors, w.ready, w.crashing,
+                                old.replayed + w.replayed, old.streamed + w.streamed)
     return out
 
 

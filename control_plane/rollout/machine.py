@@ -214,8 +214,10 @@ def _take_window(b: _Builder, obs: Observation) -> None:
                 f"{r.observed_until:.3f}); dropped")
         return
     b.set(observed_until=end)
+    c = obs.variants.get("canary")
+    if c is not None and c.replayed:   # the rollout's replay budget counts every replayed request, warm-up included
+        b.set(replayed_requests=r.replayed_requests + c.replayed)
     if start < r.warmup_until - _EPS or r.phase is not Phase.PROGRESSING:
-        c = obs.variants.get("canary")
         b.set(excluded_requests=r.excluded_requests + (c.requests if c else 0.0))
         return
     has = {role: _has_data(obs.variants.get(role)) for role in ("canary", r.policy.compare_to)}
@@ -235,7 +237,7 @@ def _with_readiness(data: Mapping[str, VariantData], obs: Observation) -> dict[s
     for role, v in obs.variants.items():
         if role in out:
             d = out[role]
-            out[role] = VariantData(d.histograms, d.requests, d.errors, v.ready, v.crashing)
+            out[role] = VariantData(d.histograms, d.requests, d.errors, v.ready, v.crashing, d.replayed, d.streamed)
         else:
             out[role] = VariantData(ready=v.ready, crashing=v.crashing)
     return out

@@ -206,6 +206,7 @@ class Rollout:
     data_since: float | None = None
     observed_until: float | None = None
     excluded_requests: float = 0.0           # canary requests dropped as warm-up in this step
+    replayed_requests: float = 0.0           # canary requests replayed by low-traffic mode, whole rollout (measured)
     correctness_step: int = -2               # step whose correctness gate passed (-1: before the first step)
     correctness_at: float | None = None      # when the gate last ran (interval_s and retries count from here)
     source: str = ""

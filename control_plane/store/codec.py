@@ -48,8 +48,11 @@ def variant_to_dict(v: VariantData, memo: dict[int, dict] | None = None) -> dict
             if d is None:
                 d = memo[id(h)] = h.to_dict()
             hists[str(k)] = d
-    return {"histograms": hists, "requests": clean(v.requests), "errors": clean(v.errors), "ready": clean(v.ready),
-            "crashing": clean(v.crashing)}
+    d = {"histograms": hists, "requests": clean(v.requests), "errors": clean(v.errors), "ready": clean(v.ready),
+         "crashing": clean(v.crashing)}
+    if v.replayed or v.streamed:   # low-traffic mode's counts; absent (0) in data stored before it
+        d.update(replayed=clean(v.replayed), streamed=clean(v.streamed))
+    return d
 
 
 def data_to_dict(data: Mapping[str, VariantData], memo: dict[int, dict] | None = None) -> dict:
@@ -62,13 +65,14 @@ def data_from_dict(d: Mapping) -> dict[str, VariantData]:
 
 def variant_from_dict(d: Mapping) -> VariantData:
     return VariantData({k: HistogramSnapshot.from_dict(h) for k, h in d["histograms"].items()}, float(d["requests"]),
-                       float(d["errors"]), bool(d["ready"]), bool(d["crashing"]))
+                       float(d["errors"]), bool(d["ready"]), bool(d["crashing"]), float(d.get("replayed", 0.0)),
+                       float(d.get("streamed", 0.0)))
 
 
 _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
                  "weight", "warmup_until", "last_check_at", "checks", "step_checks", "consecutive_failures",
                  "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source",
-                 "correctness_step", "correctness_at")
+                 "correctness_step", "correctness_at", "replayed_requests")
 
 
 _CACHE_SIZE = 256
@@ -127,6 +131,7 @@ def rollout_from_dict(d: Mapping, version: int = 0, data: Mapping[str, VariantDa
     kw = {k: d[k] for k in _STATE_FIELDS if k in d}
     for k in ("created_at", "phase_since", "paused_total_s", "warmup_until", "last_check_at", "excluded_requests"):
         kw[k] = float(kw[k])
+    kw["replayed_requests"] = float(kw.get("replayed_requests", 0.0))   # absent in states stored before it
     for k in ("started_at", "data_since", "observed_until", "correctness_at"):
         kw[k] = _f(kw.get(k))
     if data is None:

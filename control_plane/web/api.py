@@ -49,7 +49,7 @@ def detail(r) -> dict:
         spec=None if spec is None else {**dataclasses.asdict(spec), "env": sorted(spec.env)},
         steps_timeline=present.step_timeline(r, s.actions(r.id), current_app.config.get("CLOCK", time.time)()),
         last_verdict=present.check_compact(last[0]) if last else None,
-        correctness=present.correctness_of(s, r),
+        correctness=present.correctness_of(s, r), low_traffic=present.low_traffic_of(r),
         pending_commands=s.commands.pending(r.id),
         lease=None if lease is None else {"owner": lease[0], "expires_at": lease[1]},
         source=r.source, warmup_until=r.warmup_until, observed_until=r.observed_until)

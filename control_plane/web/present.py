@@ -170,9 +170,21 @@ def variants_of(r: Rollout, spec_replicas: int | None) -> dict:
                      "ready": None if d is None or gone else d.ready,
                      "crashing": None if d is None or gone else d.crashing,
                      "requests": None if d is None else d.requests, "errors": None if d is None else d.errors,
+                     "replayed": None if d is None else d.replayed,
                      "state": ("promoted" if r.phase is Phase.SUCCEEDED and role == "canary" else "removed")
                      if gone else "deployed" if d is not None else "unknown"}
     return out
+
+
+def low_traffic_of(r: Rollout) -> dict:
+    """Low-traffic mode on the detail page: on or off, its bounds, and what it replayed to the canary (measured by
+    the engines; the baseline got as many)."""
+    lt = r.policy.low_traffic
+    d = r.data.get("canary")
+    return {"enabled": lt.enabled, "max_rps": lt.max_rps, "max_requests_per_step": lt.max_requests_per_step,
+            "max_requests_per_rollout": lt.max_requests_per_rollout, "allow_replay_only": lt.allow_replay_only,
+            "replayed_rollout": r.replayed_requests, "replayed_step": 0.0 if d is None else d.replayed,
+            "live_step": 0.0 if d is None else d.live}
 
 
 def step_timeline(r: Rollout, actions: list[dict], now: float) -> list[dict]:
@@ -200,7 +212,8 @@ def check_compact(ev: Mapping) -> dict:
     """A check for the table: every result's values and bounds, requests per variant; no bucket counts."""
     v = ev["verdict"]
     variants = {role: {"requests": d.get("requests"), "errors": d.get("errors"), "ready": d.get("ready"),
-                       "crashing": d.get("crashing")} for role, d in ev.get("variants", {}).items()}
+                       "crashing": d.get("crashing"), "replayed": d.get("replayed", 0)}
+                for role, d in ev.get("variants", {}).items()}
     return clean({"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"],
                   "window_start": ev.get("window_start"), "window_end": ev.get("window_end"),
                   "decision": ev["decision"], "outcome": v["outcome"], "reason": v["reason"], "guard": v.get("guard"),

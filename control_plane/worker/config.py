@@ -48,6 +48,9 @@ class WorkerMetrics:
         self.active = Gauge("sits_control_active_rollouts", "Active rollouts.", registry=self.registry)
         self.busy = Gauge("sits_control_busy_rollouts", "Rollouts whose pass is still running.",
                           registry=self.registry)
+        self.replayed = Counter("sits_replayed_requests", "Requests low-traffic mode replayed to a variant (canary "
+                                "or baseline) straight to its engines.", ["service", "variant"],
+                                registry=self.registry)
         self.reconcile = Histogram("sits_reconcile_duration_seconds", "Time of one rollout pass that reconciled "
                                    "(observe + reconcile + persist + actions).", buckets=_STAGE_BUCKETS,
                                    registry=self.registry)

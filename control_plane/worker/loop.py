@@ -26,10 +26,11 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.adapters.correctness import CorrectnessProbe
+from control_plane.adapters.correctness import CorrectnessProbe, load_prompt_set
 from control_plane.adapters.deploy import Deployer, DeployCancelled
 from control_plane.adapters.metrics import MetricsSource
 from control_plane.adapters.notify import MultiNotifier, Notifier
+from control_plane.adapters.replay_client import HTTPReplaySender, ReplaySender
 from control_plane.rollout import Command, Rollout, reconcile
 from control_plane.redact import redact
 from control_plane.store.db import Store
@@ -38,6 +39,7 @@ from control_plane.tracing import Tracing, check_attributes, set_attributes
 from control_plane.worker.actions import ActionRunner, LeaseLostError
 from control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
 from control_plane.worker.observe import Observer
+from control_plane.worker.replay import Replayer
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class Worker:
                  notifier: Notifier | None = None, config: WorkerConfig | None = None, *,
                  clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
                  owner: str | None = None, correctness: CorrectnessProbe | None = None,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None, replay_sender: ReplaySender | None = None) -> None:
         self.store, self.deployer, self.source = store, deployer, metrics_source
         self.tracing = tracing or Tracing()
         self.correctness = correctness or CorrectnessProbe()
@@ -75,6 +77,9 @@ class Worker:
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
         self.observer = Observer(store, deployer, metrics_source, self.correctness, self.tracing,
                                  abort_pending=self.abort_pending)
+        self.replay = Replayer(replay_sender or HTTPReplaySender(), clock=clock, halted=self.halt_pending,
+                               load_prompts=lambda ps: load_prompt_set(ps, self.correctness.prompt_dir),
+                               counted=lambda service, variant: self.metrics.replayed.labels(service, variant).inc())
         self.actions = ActionRunner(store, deployer, self.notifier, tracing=self.tracing, metrics=self.metrics,
                                     config=self.config, clock=clock, lease=self._lease, step=self._at,
                                     abort_pending=self.abort_pending, stopping=self._stop)
@@ -147,6 +152,7 @@ class Worker:
         call) is abandoned with its lease: its outbox rows stay pending and the next holder finishes them. A store
         that cannot be written (disk full or read-only) keeps the leases until they expire."""
         self._stop.set()
+        self.replay.close()
         deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
             self._loop.join(max(0.0, deadline - time.monotonic()))
@@ -223,10 +229,21 @@ class Worker:
         """An abort is queued for the rollout (long steps stop for it: gate replays, deploy retries, restores)."""
         return any(c["command"] == Command.ABORT.value for c in self.store.commands.pending(rollout_id))
 
+    def halt_pending(self, rollout_id: str) -> bool:
+        """A pause or abort is queued for the rollout: low-traffic replay sends nothing more."""
+        return any(c["command"] in (Command.ABORT.value, Command.PAUSE.value)
+                   for c in self.store.commands.pending(rollout_id))
+
     def holds(self, rollout_id: str) -> bool:
         """Whether this worker holds the rollout's lease now."""
         held = self.store.leases.get(rollout_id)
         return held is not None and held[0] == self.owner and held[1] > self.clock()
+
+    def _engine_urls(self, service: str) -> dict[str, str]:
+        """Canary's and baseline's first engine endpoint (low-traffic replay goes there, never via the router)."""
+        status = self.deployer.status(service)
+        return {role: (st.endpoints or (st.endpoint,))[0] or "" for role, st in status.items()
+                if role in ("canary", "baseline")}
 
     # ---- one pass ------------------------------------------------------------------------------------------------
     def _at(self, step: str) -> None:
@@ -263,6 +280,8 @@ class Worker:
         now = self.clock()
         t0 = time.perf_counter()
         command = self.store.commands.next(r.id)
+        if command is not None and command[1] in (Command.PAUSE, Command.ABORT):
+            self.replay.stop(r.id, f"{command[1].value} by {command[2] or 'someone'}")
         obs = self.observer.observe(r, now, command)
         tc = time.perf_counter()
         obs, interrupted = self.observer.correctness(r, obs, now)
@@ -290,6 +309,11 @@ class Worker:
         if command is not None:
             self.store.commands.consume(command[0])
             self._at("consumed")
+        try:   # low-traffic replay: fed, started or stopped by what this pass decided (never fails the pass)
+            self.replay.after_pass(new, lambda: self._engine_urls(r.service))
+        except Exception as e:
+            log.warning("rollout %s (%s): low-traffic replay not started: %s: %s", r.id, r.service,
+                        type(e).__name__, e)
         self.actions.run(saved, self.store.pending_actions(r.id))
         t4 = time.perf_counter()
         for stage, dt in (("observe", tc - t0), ("correctness", t1 - tc), ("reconcile", t2 - t1), ("persist", t3 - t2),

@@ -23,6 +23,7 @@ from engine.server.runner import Runner
 from engine.server.state import ServerState
 
 log = logging.getLogger("sits.engine.server")
+INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
 class HTTPMetricsMiddleware:
@@ -38,12 +39,14 @@ class HTTPMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status, stream = 500, False
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, stream
             if message["type"] == "http.response.start":
                 status = message["status"]
+                stream = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                             for k, v in message.get("headers", ()))
             await send(message)
 
         try:
@@ -52,10 +55,13 @@ class HTTPMetricsMiddleware:
             path = scope.get("path", "")
             route = path if path in self.routes else "other"  # bounded label cardinality
             metrics = self.metrics
-            if (b"x-sits-probe", b"1") in scope.get("headers", ()):
+            headers = scope.get("headers", ())
+            if (b"x-sits-probe", b"1") in headers:
                 metrics.count_probe(status)   # a correctness probe: never part of the latency the canary is judged on
             else:
                 metrics.observe_http(route, status, time.perf_counter() - start)
+                if route in INFERENCE_ROUTES:   # replayed (low-traffic mode) or live, streamed or not
+                    metrics.count_inference(route, (b"x-sits-replay", b"1") in headers, stream)
                 if status >= 400 and path.startswith("/v1/"):
                     metrics.count_error(status)
 

@@ -128,7 +128,8 @@ async def _generate(request: Request, kind: str) -> Response:
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     span = state.tracer.start_request(f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
                                       request.headers, tenant=tenant, priority=priority, request_id=rid)
-    tracker = Tracker(state, span, arrival, len(ids), probe=is_probe(request.headers))
+    tracker = Tracker(state, span, arrival, len(ids), probe=is_probe(request.headers),
+                      replay=request.headers.get("x-sits-replay", "").strip() == "1")
     if faults.latency_s > 0:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
     runner = state.runner

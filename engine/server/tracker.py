@@ -1,5 +1,6 @@
 """One request's accounting in the server (engine/server/handlers.py): queue time, TTFT, inter-token and end-to-end
-latency into the histograms (probes, `X-SITS-Probe: 1`, are kept out), the tokens and logprobs collected for the
+latency into the histograms (probes, `X-SITS-Probe: 1`, are kept out), live requests' token counts (replayed ones,
+`X-SITS-Replay: 1`, are kept out), the tokens and logprobs collected for the
 answer, and the request's span, finished once."""
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Tracker:
     token_ids: list[int] = field(default_factory=list)
     prompt_logprobs: list[dict] = field(default_factory=list)   # echo + logprobs: prompt tokens 1.. scored
     probe: bool = False   # X-SITS-Probe: 1 -- a control-plane probe, kept out of the latency histograms
+    replay: bool = False  # X-SITS-Replay: 1 -- low-traffic replay: timed like live, kept out of the token counts
 
     def on_output(self, item: Output) -> None:
         m = self.state.metrics
@@ -82,6 +84,8 @@ class Tracker:
             if not self.probe:
                 m.observe_e2e(time.perf_counter() - self.arrival)
                 m.count_finished(reason)
+                if not self.replay:   # the live workload's shape, which replayed requests are drawn from
+                    m.observe_tokens(self.prompt_tokens, self.output_tokens)
         ttft = None if self.first_token is None else self.first_token - self.arrival
         self.state.tracer.finish(self.span, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                                  ttft_s=ttft, finish_reason=reason, error=error)

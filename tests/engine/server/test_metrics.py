@@ -80,3 +80,38 @@ def test_real_prometheus_scrapes_and_computes_quantiles(server, prometheus_facto
         _complete(server, 2, prompt=f"again {i}")
     prom.wait_for('sum(increase(sits_e2e_request_latency_seconds_count[10s])) > 0', lambda r: len(r) == 1,
                   timeout=15)
+
+
+def test_replayed_requests_are_counted_apart_and_stay_out_of_the_live_token_counts(server):
+    """X-SITS-Replay: 1 (low-traffic mode): timed like live requests (same latency histogram), counted by origin and
+    stream in sits_inference_requests_total, and left out of the live token-count histograms replay is drawn from."""
+    kv = server.state.runner.engine.kernel_set.version
+    labels = dict(ENG, kernel_version=kv)
+    before = server.metrics()
+    _complete(server, 5, prompt="x" * 40)                        # live, plain
+    _complete(server, 3, prompt="y" * 10, stream=True)           # live, streamed
+    body = {"model": "tiny", "prompt": "replayed", "max_tokens": 7, "temperature": 0, "ignore_eos": True}
+    for stream in (False, True):
+        status, _, payload = http("POST", server.url + "/v1/completions", {**body, "stream": stream},
+                                  {"X-SITS-Replay": "1"})
+        assert status == 200, payload
+    after = server.metrics()
+
+    def delta(family, name=None, **lbl):
+        return sample(after, family, name, **lbl) - sample(before, family, name, **lbl)
+
+    route = dict(ENG, route="/v1/completions")
+    assert delta("http_request_duration_seconds", "http_request_duration_seconds_count", **route) == 4
+    counter = ("sits_inference_requests", "sits_inference_requests_total")
+    assert delta(*counter, origin="live", stream="false", **route) == 1
+    assert delta(*counter, origin="live", stream="true", **route) == 1
+    assert delta(*counter, origin="replay", stream="false", **route) == 1
+    assert delta(*counter, origin="replay", stream="true", **route) == 1
+    # token counts: the two live requests only (byte-level tokenizer: 40 and 10 prompt tokens, +1 for BOS or not)
+    assert delta("sits_request_generation_tokens", "sits_request_generation_tokens_count", **labels) == 2
+    assert delta("sits_request_generation_tokens", "sits_request_generation_tokens_sum", **labels) == 5 + 3
+    prompt_sum = delta("sits_request_prompt_tokens", "sits_request_prompt_tokens_sum", **labels)
+    assert 50 <= prompt_sum <= 52, prompt_sum
+    # the 5-token answer lands in the le=5 bucket, not le=4
+    assert delta("sits_request_generation_tokens", "sits_request_generation_tokens_bucket", le="5.0", **labels) == 2
+    assert delta("sits_request_generation_tokens", "sits_request_generation_tokens_bucket", le="4.0", **labels) == 1

@@ -63,8 +63,16 @@
         : v.ready === false ? el("span", { class: "bad" }, "● not ready") : el("span", { class: "muted" }, "not observed");
       return el("div", { class: `variant ${role}` }, el("div", { class: "role" }, role),
         el("div", {}, el("strong", {}, v.kernels), " · ", el("span", { class: "num" }, v.weight + " %"), " · ", ready),
-        el("div", { class: "muted small num" }, v.requests != null ? `${Math.round(v.requests)} requests this step, ${Math.round(v.errors)} errors` : "no data this step"));
+        el("div", { class: "muted small num" }, v.requests == null ? "no data this step"
+          : v.replayed ? `${Math.round(v.requests)} requests this step (${Math.round(v.requests - v.replayed)} live, ${Math.round(v.replayed)} replayed), ${Math.round(v.errors)} errors`
+          : `${Math.round(v.requests)} requests this step, ${Math.round(v.errors)} errors`));
     }));
+    const lt = R.low_traffic;
+    $("low-traffic").replaceChildren(!lt || !lt.enabled ? "" : el("span", {},
+      el("strong", {}, "Low-traffic mode on: "),
+      `replayed to canary and baseline ${Math.round(lt.replayed_step)} requests this step (${Math.round(lt.live_step)} live canary requests), `,
+      `${Math.round(lt.replayed_rollout)} in this rollout; at most ${lt.max_rps} req/s, ${lt.max_requests_per_step} per step, ${lt.max_requests_per_rollout} per rollout`,
+      lt.allow_replay_only ? "; a check may pass on replayed load alone" : "; a check passes only with live canary load too"));
   }
 
   // ---- actions -----------------------------------------------------------------------------------------------------
@@ -277,7 +285,7 @@
   }
   function checkRow(c) {
     const v = c.variants, target = c.compare_to;
-    const req = (role) => v[role] && v[role].requests != null ? Math.round(v[role].requests) : "–";
+    const req = (role) => v[role] && v[role].requests != null ? Math.round(v[role].requests) + (v[role].replayed ? ` (${Math.round(v[role].replayed)} replayed)` : "") : "–";
     const btn = el("button", { type: "button", class: "secondary", "aria-expanded": "false" }, "Evidence");
     const gate = c.correctness;   // a correctness-gate check: prompts replayed, no latency results
     const tr = el("tr", { "data-seq": c.seq, class: gate ? "gate" : null },

@@ -1,0 +1,132 @@
+"""What the demo prints: a timestamped line per event, one line per check, the evidence at the deciding check, the load
+per scenario and the summary. runner.py runs the demo and calls these; they read the store and the load generator.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from control_plane.analysis import MetricCheck, Policy
+from control_plane.demo.loadgen import LoadGenerator
+from control_plane.rollout import Command, Decision, EventKind, Phase
+from control_plane.service.format import format_check
+from control_plane.store.db import Store
+
+if TYPE_CHECKING:
+    from control_plane.demo.runner import DemoResult
+
+
+def printer(t0: float) -> Callable[[str], None]:
+    lock = threading.Lock()
+
+    def out(line: str = "") -> None:
+        with lock:
+            print(f"[{time.monotonic() - t0:6.1f}s] {line}" if line else "", flush=True)
+    return out
+
+
+def gate(c: MetricCheck) -> str:
+    if c.max_rel_delta is not None:
+        return f"{c.name} <= +{c.max_rel_delta * 100:g} %"
+    return f"{c.name} <= +{c.max_abs_delta * 100:g} pt"
+
+
+def _pick(results: list[dict], suffix: str) -> dict | None:
+    rows = [r for r in results if r["check"].endswith(suffix)]
+    return next((r for r in rows if '"/v1/completions"' in r.get("series", "")), rows[0] if rows else None)
+
+
+def _pct(x) -> str:
+    return "-" if x is None or isinstance(x, str) else f"{x * 100:+.1f}"
+
+
+def check_line(ev: dict, steps: int) -> str:
+    """One check in one line: step, weight, P99 and P90 deltas with their intervals, verdict and decision."""
+    v = ev["verdict"]
+    head = f"check {ev['seq']:>2} · step {ev['step'] + 1}/{steps} at {ev['weight']:>3} %"
+    if v.get("correctness") is not None:
+        return f"{head} · correctness gate: {v['correctness']['outcome'].upper()} -> {ev['decision']}"
+    parts = []
+    for q in ("p99", "p90"):
+        r = _pick(v["results"], f":{q}")
+        if r is not None and not isinstance(r.get("delta_rel"), (int, float)):
+            parts.append(f"{q.upper()} not yet (too few requests)")
+        elif r is not None:
+            parts.append(f"{q.upper()} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "
+                         f"{_pct(r.get('ci_high'))}] (<= +{r['threshold'] * 100:g} %)")
+    c = ev.get("variants", {}).get("canary", {})
+    n, rep = c.get("requests", 0), c.get("replayed", 0)
+    return (f"{head} · {' · '.join(parts)} · {n:.0f} canary req ({rep:.0f} replayed) · {v['outcome'].upper()} -> "
+            f"{ev['decision']}")
+
+
+def follow(store: Store, rollout_id: str, load: LoadGenerator, policy: Policy, timeout_s: float, out) -> str:
+    """Print phase changes and one line per check as they are stored (the full evidence at the deciding check) until
+    the rollout ends; past `timeout_s` abort it (and give up 120 s later). Returns its final phase."""
+    seen_event, seen_check, last_load = 0, 0, time.monotonic()
+    deadline, aborted = time.monotonic() + timeout_s, False
+    steps = len(policy.steps)
+    while True:
+        r = store.get(rollout_id)
+        for e in store.events(rollout_id, since_id=seen_event):
+            seen_event = e["id"]
+            if e["kind"] in (EventKind.PHASE, EventKind.COMMAND):
+                out(f"      {e['message']}")
+        for ev in store.checks(rollout_id, since_seq=seen_check):
+            seen_check = ev["seq"]
+            out("      " + check_line(ev, steps))
+            if ev["decision"] in (Decision.ROLLBACK, Decision.PROMOTE):
+                for line in format_check(ev, policy.steps)[1:]:
+                    out("        " + line)
+        if not r.active and not store.pending_actions(rollout_id):
+            return r.phase.value
+        if r.phase is Phase.PROGRESSING and time.monotonic() - last_load >= 10:
+            last_load = time.monotonic()
+            s = load.summary(10.0)
+            parts = [f"{v} {x['share'] * 100:.0f} % p90 {x['p90_ms']:.0f} ms" for v, x in s["variants"].items()]
+            out(f"      load {s['rate']:.1f} req/s, {s['errors']} failed: " + ", ".join(parts) + " (client side)")
+        if time.monotonic() > deadline and not aborted:
+            out(f"      rollout did not finish within {timeout_s:g} s: aborting it")
+            store.commands.add(rollout_id, Command.ABORT, "demo timeout")
+            aborted, deadline = True, time.monotonic() + 120
+        elif time.monotonic() > deadline:
+            return r.phase.value
+        time.sleep(0.5)
+
+
+def scenario_load(load: LoadGenerator, before: dict, out) -> None:
+    """Requests answered/failed per variant during the scenario, and client-side TTFT/ITL P50/P99 of its streams."""
+    now = load.counts()
+    parts = [f"{v} {c['answered'] - before.get(v, {}).get('answered', 0)} answered / "
+             f"{c['failed'] - before.get(v, {}).get('failed', 0)} failed" for v, c in now.items()]
+    out("      scenario load: " + "; ".join(parts))
+    lat = load.token_latency(reset=True)
+    out("      client TTFT p50/p99, ITL p50/p99 (ms): " + "; ".join(
+        f"{v} {x['ttft_p50'] * 1e3:.0f}/{x['ttft_p99'] * 1e3:.0f}, {x['itl_p50'] * 1e3:.1f}/{x['itl_p99'] * 1e3:.1f}"
+        f" ({x['streams']} streams)" for v, x in lat.items()))
+
+
+def summary(result: DemoResult, store: Store, load: LoadGenerator, out, replayed) -> None:
+    """Each rollout's outcome and why, what was replayed, the load per variant, where the UI and the store are."""
+    out("")
+    out(f"Summary ({result.seconds / 60:.1f} min):")
+    for i, (rid, sc, phase) in enumerate(result.rollouts):
+        r = store.get(rid)
+        ok = "OK" if phase == sc.expected.value else f"UNEXPECTED (wanted {sc.expected.value})"
+        out(f"  {i + 1}. {sc.name:5s} {sc.kernels:16s} {phase:11s} after {r.checks} checks, "
+            f"{r.phase_since - r.created_at:.0f} s - {ok}")
+        out(f"     why: {r.reason}")
+        if r.replayed_requests:
+            out(f"     low-traffic mode replayed {r.replayed_requests:.0f} requests to the canary (and as many to the "
+                "baseline) next to the live ones")
+    counts = load.counts()
+    out("  load: " + "; ".join(f"{v} {c['answered']} answered / {c['failed']} failed" for v, c in counts.items())
+        + f" ({load.sent} sent, every token verified)")
+    total = {s.labels["variant"]: s.value for m in replayed.collect() for s in m.samples if s.name.endswith("_total")}
+    out("  replayed (low-traffic mode, sits_replayed_requests_total): " + (", ".join(
+        f"{v} {n:.0f}" for v, n in sorted(total.items())) or "none"))
+    out(f"  UI {result.url} · store {result.store_path}")
+    out("demo " + ("passed" if result.ok else "FAILED"))
+    sys.stdout.flush()
