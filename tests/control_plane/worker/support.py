@@ -21,7 +21,7 @@ class InMemoryDeployer:
     service until set; `fail[(service, role)]` makes deploy() of that variant raise; `not_ready[(service, role)]`
     makes it raise NotReadyError with that last log line, as the local deployer does after the spec's deadline;
     `crash((service, role))` makes the deployed variant's replicas exit (not ready, crashing) until it is deployed
-    again. `attempts`: every spec deploy() was called with."""
+    again. `deploy_calls`: every spec deploy() was called with."""
 
     def __init__(self) -> None:
         self.services: dict[str, dict] = {}
@@ -29,7 +29,7 @@ class InMemoryDeployer:
         self.gates: dict[str, threading.Event] = {}
         self.fail: set[tuple[str, str]] = set()
         self.not_ready: dict[tuple[str, str], str] = {}
-        self.attempts: list[VariantSpec] = []
+        self.deploy_calls: list[VariantSpec] = []
         self.crashed: set[tuple[str, str]] = set()
         self.closed = False
         self._cancelled = threading.Event()
@@ -47,7 +47,7 @@ class InMemoryDeployer:
         if self._cancelled.is_set():   # like the local deployer: a deploy waiting for its engines stops
             raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled")
         with self._lock:
-            self.attempts.append(spec)
+            self.deploy_calls.append(spec)
         if (spec.service, spec.role) in self.fail:
             raise DeployError(f"{spec.service}/{spec.role}: image pull failed (simulated)")
         if (line := self.not_ready.get((spec.service, spec.role))) is not None:

@@ -223,7 +223,7 @@ def test_failed_deploy_is_reported_and_rolls_back(tmp_path):
         assert s.get("r1").reason == f"production torch restored ({why})"   # ROLLED_BACK's, naming the cause
         rolling_back = [e for e in s.events("r1") if e["message"].startswith("initializing -> rolling_back")]
         assert [e["message"] for e in rolling_back] == [f"initializing -> rolling_back: {why}"]
-        assert len([a for a in deployer.attempts if a.role == "canary"]) == 2   # a plain DeployError is retried
+        assert len([a for a in deployer.deploy_calls if a.role == "canary"]) == 2   # a plain DeployError is retried
         assert deployer.calls[-1] == ("rollback", "chat")
 
 
@@ -245,9 +245,9 @@ def test_variant_not_ready_within_the_deadline_rolls_back_at_once_saying_why(tmp
             phases.append(w.reconcile_rollout("r1").phase)
         want = spec_timeout or 77.0
         assert phases == [Phase.INITIALIZING, Phase.ROLLING_BACK, Phase.ROLLED_BACK]
-        assert {a.role: a.ready_timeout_s for a in deployer.attempts} == {"production": want, "baseline": want,
+        assert {a.role: a.ready_timeout_s for a in deployer.deploy_calls} == {"production": want, "baseline": want,
                                                                           "canary": want}
-        assert [a.role for a in deployer.attempts].count("canary") == 1   # not retried
+        assert [a.role for a in deployer.deploy_calls].count("canary") == 1   # not retried
         reason = s.get("r1").reason
         assert f"engine not ready after {want:g} s" in reason and "autotuning paged_decode_attention 3/5" in reason
         assert reason.startswith("production torch restored (deploy failed: NotReadyError: chat/canary:")
