@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ import requests
 from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
                                     compare_replays)
 from control_plane.analysis.prompts import DEFAULT_PROMPTS
+from control_plane.small_files import FileTooLargeError, read_small_file
 from control_plane.tracing import inject
 
 PROBE_HEADER = {"X-SITS-Probe": "1"}
@@ -73,20 +73,11 @@ def _read_bounded(name: str, directory: Path) -> str:
         path = (root / f"prompts-{name}.json").resolve(strict=True)
         if not path.is_relative_to(root):
             raise unreadable
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw = read_small_file(path, MAX_PROMPT_FILE_BYTES)   # a device, FIFO or folder is no prompt set
     except OSError:
         raise unreadable from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):   # a device, FIFO or folder is no prompt set
-            raise unreadable
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_PROMPT_FILE_BYTES + 1)
-    except OSError:
-        raise unreadable from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_PROMPT_FILE_BYTES:
-        raise PromptSetError(f"prompt set {name!r}: larger than {MAX_PROMPT_FILE_BYTES} bytes")
+    except FileTooLargeError:
+        raise PromptSetError(f"prompt set {name!r}: larger than {MAX_PROMPT_FILE_BYTES} bytes") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from control_plane.errors import ValidationError
+from control_plane.small_files import FileTooLargeError, read_small_file
 
 log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).with_name("kernel_catalog.json")
@@ -114,12 +115,11 @@ class KernelCatalog:
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "KernelCatalog":
         try:
-            with open(path, "rb") as f:
-                data = f.read(_MAX_BYTES + 1)
+            data = read_small_file(path, _MAX_BYTES)
         except OSError as e:
             raise CatalogError(f"cannot read the kernel catalogue {path}: {e.strerror}") from None
-        if len(data) > _MAX_BYTES:
-            raise CatalogError(f"kernel catalogue {path} is over {_MAX_BYTES} bytes")
+        except FileTooLargeError:
+            raise CatalogError(f"kernel catalogue {path} is over {_MAX_BYTES} bytes") from None
         return cls.parse(data.decode("utf-8", "replace"), str(path))
 
     @classmethod

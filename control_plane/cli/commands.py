@@ -22,6 +22,7 @@ from control_plane.demo.runner import DemoConfig, run_demo
 from control_plane.redact import redact
 from control_plane.service import format as fmt
 from control_plane.service import rollouts as service
+from control_plane.small_files import FileTooLargeError, read_small_file
 from control_plane.store.codec import rollout_to_dict
 from control_plane.store.db import Store
 from control_plane.web import present
@@ -37,12 +38,11 @@ def _load_policy(path: str | None) -> Policy:
     if path is None:
         return Policy()
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_POLICY_BYTES + 1)
+        raw = read_small_file(path, MAX_POLICY_BYTES)
     except OSError as e:
         raise CLIError(f"cannot read policy file {path}: {e.strerror}") from None
-    if len(raw) > MAX_POLICY_BYTES:
-        raise CLIError(f"policy file {path} is larger than {MAX_POLICY_BYTES} bytes")
+    except FileTooLargeError:
+        raise CLIError(f"policy file {path} is larger than {MAX_POLICY_BYTES} bytes") from None
     try:
         text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
