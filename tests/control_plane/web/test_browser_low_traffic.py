@@ -53,5 +53,6 @@ def test_rollout_page_shows_replayed_and_live_counts(browser, rollout, width):
         card = page.locator(".variant.canary").inner_text()
         assert re.search(rf"{round(canary.requests)} requests this step \({round(canary.live)} live, "
                          rf"{round(canary.replayed)} replayed\)", card), card
-        assert re.search(r"\d+ \(\d+ replayed\)", page.locator("#checks").inner_text())
+        # the checks table fills after the header (its own fetch): wait for it rather than read it at once
+        sync_api.expect(page.locator("#checks tbody")).to_contain_text(re.compile(r"\d+ \(\d+ replayed\)"))
         shot(page, "rollout-low-traffic")
