@@ -18,6 +18,7 @@ import asyncio
 import atexit
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import tempfile
 import threading
@@ -53,6 +54,13 @@ class EngineInfo:
 class KernelIdentity:
     name: str
     version: str
+
+
+def _ended(proc: multiprocessing.Process, timeout: float) -> bool:
+    """Whether `proc` ended within `timeout` s. Its sentinel becomes readable when it exits, whichever thread reaps
+    it: the loop's exit watcher (_on_exit) joins it too, and after that is_alive() takes the second waitpid's ECHILD
+    for "still running"."""
+    return bool(multiprocessing.connection.wait([proc.sentinel], timeout))
 
 
 def load_front_tokenizer(model: str, seed: int) -> Any:
@@ -126,20 +134,19 @@ class EngineCoreClient:
         proc = self._process
         if proc is not None and proc.is_alive() and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._send, m.Shutdown())
-            proc.join(timeout)
-            if proc.is_alive():
+            if not _ended(proc, timeout):
                 log.warning("engine core did not stop within %.0f s; killing it", timeout)
                 proc.kill()
-                proc.join(5)
+                _ended(proc, 5)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._close_sockets)
         self._fail_all(EngineError("server shutting down"))
 
     def _kill_core(self) -> None:
         proc = self._process
-        if proc is not None and proc.is_alive():
+        if proc is not None and not _ended(proc, 0):
             proc.kill()
-            proc.join(5)
+            _ended(proc, 5)
 
     def _close_sockets(self) -> None:
         if self._process is not None:

@@ -25,6 +25,7 @@ def get(url, token):
 
 
 @pytest.mark.slow
+@pytest.mark.solo   # its slow canary must fail on P99 too: a test beside it on the 2 cores would blur that
 def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
     log = tmp_path / "demo.log"
     proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "demo", "--scenario", "all",

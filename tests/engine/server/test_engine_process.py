@@ -132,6 +132,9 @@ def test_sigterm_drains_in_flight_requests_then_stops_the_core(tmp_path):
         assert server.proc.wait(30) == 0, server.logs()
     finally:
         server.stop()
+    # the core stopped on its Shutdown message: no false "did not stop" (the loop's exit watcher had reaped it, and
+    # is_alive() read the second waitpid's ECHILD as alive) and no kill of an already reaped pid
+    assert "did not stop" not in server.logs(), server.logs()
     for name, (status, _, body) in sorted(results.items()):
         assert status == 200, (name, body[:300])
         if b"data: " in body:
