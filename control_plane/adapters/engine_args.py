@@ -25,7 +25,7 @@ OPERATOR_FLAGS: dict[str, bool] = {
 FAULT_FLAGS: dict[str, bool] = {"--fault-latency-ms": True, "--fault-token-latency-ms": True,
                                 "--fault-error-rate": True}
 # what the deployer sets itself (named in the error, so the operator learns why rather than "unknown")
-DEPLOYER_FLAGS = frozenset({"--host", "--port", "--env", "--service", "--model", "--kernels", "--otel-exporter",
+DEPLOYER_FLAGS = frozenset({"--host", "--port", "--listen-fd", "--env", "--service", "--model", "--kernels", "--otel-exporter",
                             "--otlp-endpoint", *FAULT_FLAGS})
 MAX_ARGS = 64
 MAX_ARG_CHARS = 256

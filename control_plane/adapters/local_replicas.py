@@ -67,16 +67,22 @@ class ReplicaLauncher:
         return started
 
     def start_one(self, spec: VariantSpec, index: int) -> Replica:
-        port = process.free_port(self.config.host)
+        # bound here and handed over: no other process can take the port before the engine serves on it
+        sock = process.listening_socket(self.config.host)
+        port = sock.getsockname()[1]
         log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
-        argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host)]
+        argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host),
+                "--listen-fd", str(sock.fileno())]
         env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         if self.config.cpu_threads is not None:
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
                 env[k] = str(self.config.cpu_threads)
         log_path.write_text(f"$ {' '.join(argv)}\n")
-        proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir))
+        try:
+            proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir), pass_fds=(sock.fileno(),))
+        finally:
+            sock.close()   # the engine holds its own copy
         return Replica(proc, port, f"http://{self.config.host}:{port}", log_path)
 
     def stop(self, replicas: list[Replica]) -> None:

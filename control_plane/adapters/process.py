@@ -22,9 +22,23 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago: another process may bind it before the caller's child does. For a server
+    started here, prefer listening_socket() and hand the socket over (pass_fds)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def listening_socket(host: str = "127.0.0.1", port: int = 0, backlog: int = 4096) -> socket.socket:
+    """A bound, listening TCP socket (port 0: a free one), inheritable: a child given its fd (spawn(pass_fds=...),
+    `sits-engine serve --listen-fd`) serves on it, so no other process can take the port between choosing and
+    binding it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
 
 
 def _make_preexec(parent_pid: int, sig: int):
@@ -75,15 +89,17 @@ def _on_spawner(fn):
 
 
 def spawn(argv: Sequence[str], *, log_path: str | os.PathLike | None = None, env: dict | None = None,
-          cwd: str | None = None, death_signal: int = signal.SIGKILL) -> subprocess.Popen:
-    """Start argv in its own session; it receives `death_signal` when this process dies. Output -> log_path."""
+          cwd: str | None = None, death_signal: int = signal.SIGKILL, pass_fds: Sequence[int] = ()
+          ) -> subprocess.Popen:
+    """Start argv in its own session; it receives `death_signal` when this process dies. Output -> log_path;
+    `pass_fds` stay open in the child under the same numbers (a listening socket, say)."""
     parent = os.getpid()
 
     def start() -> subprocess.Popen:
         out = open(log_path, "ab", buffering=0) if log_path is not None else subprocess.DEVNULL
         try:
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, cwd=cwd, start_new_session=True,
+                                    env=env, cwd=cwd, start_new_session=True, pass_fds=tuple(pass_fds),
                                     preexec_fn=_make_preexec(parent, int(death_signal)))
         finally:
             if log_path is not None:

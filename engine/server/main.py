@@ -30,6 +30,7 @@ class ServerConfig:
     kernels: str = "torch"
     host: str = "127.0.0.1"
     port: int = 8000
+    listen_fd: int | None = None   # an inherited listening socket to serve on (then host/port only describe it)
     env: str = "dev"
     service: str = "sits-engine"
     device: str = "auto"
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kernels", default="torch", help="kernel set name (see `sits-engine kernels`)")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=8000)
+    a("--listen-fd", type=int, default=None, metavar="FD",
+      help="serve on this inherited, already listening TCP socket (the local deployer binds it and passes it on, "
+           "so no other process can take the port in between); --host/--port then only name it")
     a("--env", default=os.environ.get("SITS_ENV", "dev"), help="`env` label on every metric")
     a("--service", default=os.environ.get("SITS_SERVICE", "sits-engine"), help="`service` label on every metric")
     a("--device", default="auto")
@@ -228,6 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError) as e:   # InvalidRequestError is a ValueError, UnknownKernelSetError a KeyError
         print(f"sits-engine serve: error: {e}", file=sys.stderr)
         return 2
+    try:
+        sockets = None if config.listen_fd is None else [inherited_socket(config.listen_fd)]
+    except OSError as e:
+        print(f"sits-engine serve: error: --listen-fd {config.listen_fd}: {e}", file=sys.stderr)
+        return 2
     import uvicorn
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -242,12 +251,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_cleanly)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except _Shutdown:
         pass
     if runner.failed:
         return 1
     return 0 if server.started else 1
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """The listening TCP socket behind an inherited fd (OSError if it is none)."""
+    sock = socket.socket(fileno=fd)
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM or \
+            not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise OSError("not a listening TCP socket")
+    return sock
 
 
 class _Shutdown(Exception):
@@ -256,15 +275,6 @@ class _Shutdown(Exception):
 
 def _exit_cleanly(signum: int, frame: Any) -> None:
     raise _Shutdown()
-
-
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening socket (port 0 = a free port), for running a server in-process on a known port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
-    return sock
 
 
 if __name__ == "__main__":

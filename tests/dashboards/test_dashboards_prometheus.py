@@ -25,11 +25,15 @@ BODY = {"model": "tiny", "prompt": "hello dashboards", "max_tokens": 4, "tempera
 
 
 def _start_engine(workdir, role: str, *extra: str):
-    port = process.free_port()
+    sock = process.listening_socket()   # handed over (--listen-fd): no other process can take the port
+    port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
-            "--service", SERVICE, "--port", str(port), "--no-access-log", "--log-level", "warning", *extra]
-    return process.spawn(argv, log_path=workdir / f"{role}.log", env=env), f"127.0.0.1:{port}"
+            "--service", SERVICE, "--port", str(port), "--listen-fd", str(sock.fileno()), "--no-access-log",
+            "--log-level", "warning", *extra]
+    with sock:
+        proc = process.spawn(argv, log_path=workdir / f"{role}.log", env=env, pass_fds=(sock.fileno(),))
+    return proc, f"127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import urllib.request
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.server.main import ServerConfig, bind_socket, build_app, uvicorn_config
+from control_plane.adapters.process import listening_socket
+from engine.server.main import ServerConfig, build_app, uvicorn_config
 
 BASE = ServerConfig(model="tiny", kernels="torch", env="test", service="engine-under-test", device="cpu",
                     max_num_seqs=64, log_level="warning", access_log=False)
@@ -37,7 +38,7 @@ class RunningServer:
         self.config = config
         self.exporter = InMemorySpanExporter() if memory_exporter else None
         self.app = build_app(config, span_exporter=self.exporter, engine_factory=engine_factory)
-        self.sock = bind_socket("127.0.0.1", 0)
+        self.sock = listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn_config(self.app, config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from engine import LLMEngine
-from engine.server.main import bind_socket
+from control_plane.adapters.process import listening_socket
 from tests.engine.server.harness import http
 from tests.waiting import wait_for
 
@@ -29,15 +29,16 @@ class ServeProcess:
     """`python -m engine.cli serve` on a free port, its output in `log_path`."""
 
     def __init__(self, tmp_path: Path, *args: str):
-        with bind_socket("127.0.0.1", 0) as s:
-            port = s.getsockname()[1]
+        sock = listening_socket("127.0.0.1", 0)   # handed over (--listen-fd): no other process can take the port
+        port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = tmp_path / "serve.log"
-        with open(self.log_path, "wb") as log:
+        with sock, open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--device", "cpu", "--port",
-                 str(port), "--env", "test", "--service", "proc-test", "--no-access-log", *args],
-                stdout=log, stderr=subprocess.STDOUT)
+                 str(port), "--listen-fd", str(sock.fileno()), "--env", "test", "--service", "proc-test",
+                 "--no-access-log", *args],
+                stdout=log, stderr=subprocess.STDOUT, pass_fds=(sock.fileno(),))
 
     def logs(self) -> str:
         return self.log_path.read_text()

@@ -2,20 +2,22 @@
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import openai
 
-from engine.server.main import bind_socket, build_parser, main
+from control_plane.adapters.process import listening_socket
+from engine.server.main import build_parser, main
 from tests.engine.server.harness import http
 
 SECRET = "sk-very-secret-token-0123456789"
 
 
 def _free_port() -> int:
-    with bind_socket("127.0.0.1", 0) as s:
+    with listening_socket("127.0.0.1", 0) as s:
         return s.getsockname()[1]
 
 
@@ -64,3 +66,15 @@ def test_bad_flags_fail_fast_with_a_clear_message(capsys):
     for flag in ("--fault-latency-ms", "--fault-token-latency-ms", "--fault-error-rate", "--otel-exporter",
                  "--otlp-endpoint", "--max-waiting", "--env", "--service"):
         assert flag in help_text
+
+
+def test_listen_fd_must_be_a_listening_tcp_socket(tmp_path, capsys):
+    """--listen-fd (the local deployer hands each engine its bound socket) refuses what is not one, in one line."""
+    with open(tmp_path / "not-a-socket", "w") as f:
+        assert main(["--listen-fd", str(f.fileno())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sits-engine serve: error: --listen-fd") and "Traceback" not in err
+    with socket.socket() as s:   # a TCP socket that was never bound or listened on
+        assert main(["--listen-fd", str(s.fileno())]) == 2
+        assert "not a listening TCP socket" in capsys.readouterr().err
+        assert s.fileno() >= 0   # refused, not closed under its owner
