@@ -24,12 +24,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from control_plane.demo.runner import DemoConfig, demo_policy, run_demo  # noqa: E402
+from control_plane.demo.profiles import demo_policy  # noqa: E402
+from control_plane.demo.runner import DemoConfig, run_demo  # noqa: E402
 from control_plane.store.db import Store  # noqa: E402
 
 
-def policy(on: bool, replay_only: bool = False):
-    p = demo_policy()
+def policy(on: bool, replay_only: bool = False, rate: float = 0.5):
+    p = demo_policy(rate)
     return dataclasses.replace(p, low_traffic=dataclasses.replace(p.low_traffic, enabled=on,
                                                                   allow_replay_only=replay_only))
 
@@ -87,11 +88,11 @@ def main(argv=None) -> int:
     if args.what == "slow":
         for rate in args.rates:
             for mode in args.modes:
-                rows += run(("slow",), rate, policy(mode == "on"), args.timeout)
+                rows += run(("slow",), rate, policy(mode == "on", rate=rate), args.timeout)
         summary = [{k: r[k] for k in ("rate", "low_traffic", "phase", "seconds_to_decision", "deciding_failed",
                                       "replayed_total", "checks")} for r in rows]
     else:
-        rows = run(("good",) * args.rollouts, args.rate, policy(True, args.replay_only), args.timeout)
+        rows = run(("good",) * args.rollouts, args.rate, policy(True, args.replay_only, args.rate), args.timeout)
         rolled = [r for r in rows if r["phase"] != "succeeded"]
         summary = {"rollouts": len(rows), "promoted": len(rows) - len(rolled), "rolled_back": len(rolled),
                    "false_rollbacks": [r["reason"] for r in rolled],

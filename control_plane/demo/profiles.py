@@ -40,20 +40,28 @@ GPU_SCENARIOS = {s.name: s for s in (
              "an A/A run (production's own kernels as the canary): any rollback is a false one"))}
 
 
-def demo_policy() -> Policy:
+# from this live rate on (requests/s through the router) the checked step's samples come mostly from users: the slow
+# set saturates under them and its P99 clears +50 % from the first check that may decide
+BUSY_RATE = 10.0
+
+
+def demo_policy(rate: float = 25.0) -> Policy:
     """Short steps for a few-minute demo on 2 CPU cores. The gates are loose (P99 +50 %, P90 +25 %): two identical
     engine processes sharing 2 busy cores differ by ~20 % at P99 and up to ~17 % at P90 for minutes at a time; the
     slow set is ~1.7x slower in decode and ~2.7x in prefill, far beyond them. One checked step at 50 %: a P99 needs
     ~700 requests per variant before its interval is narrow enough to pass, ~1 min at 12 req/s each. min_samples 1200:
     P90 may not decide before P99 can (the slow set's P99 is ~+80-240 % here; its lower bound clears +50 % from ~1000
-    requests on, in about half the runs: BENCHMARKS.md "Low-traffic mode"). Low-traffic mode is on: at a thin live rate
+    requests on, in about half the runs: BENCHMARKS.md "Low-traffic mode"). At the default 25 req/s (>= BUSY_RATE) the
+    slow set saturates under live load (P99 +300-500 %), so 700 requests per variant (the P99's bound is finite from
+    ~520) let both decide together, a minute sooner. Low-traffic mode is on: at a thin live rate
     (--rate 0.5) replayed requests supply the samples (4 in flight per variant: more only queue behind the slow set
     and widen both tails); a pass still needs 200 live canary requests."""
     return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=3.0,
                   checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.50),
                           MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
-                  min_samples=1200, min_tail_samples=2, failure_limit=2, inconclusive_limit=40,
+                  min_samples=700 if rate >= BUSY_RATE else 1200, min_tail_samples=2, failure_limit=2,
+                  inconclusive_limit=40,
                   on_inconclusive="rollback", max_duration_s=600.0, ready_timeout_s=300.0, min_error_samples=100,
                   low_traffic=LowTrafficPolicy(enabled=True, max_rps=30.0, max_requests_per_step=4000,
                                                max_requests_per_rollout=8000, concurrency=4, min_live_requests=200))
@@ -97,8 +105,8 @@ class Profile:
     mix: TrafficMix
     engine_args: tuple[str, ...]      # every engine's extra `sits-engine serve` flags (the GPU memory split)
 
-    def policy(self) -> Policy:
-        return demo_policy() if self.device == "cpu" else gpu_policy()
+    def policy(self, rate: float) -> Policy:
+        return demo_policy(rate) if self.device == "cpu" else gpu_policy()
 
 
 CPU = Profile("cpu", SCENARIOS, "torch", "tiny", 25.0, 12, DEMO_MIX, ())

@@ -83,7 +83,7 @@ class DemoConfig:
         self.threads = prof.threads if self.threads is None else self.threads
         self.production_kernels = self.production_kernels or prof.production_kernels
         self.model = self.model or prof.model
-        self.policy = self.policy or prof.policy()
+        self.policy = self.policy or prof.policy(self.rate)
         if not self.rate > 0 or self.threads < 1:
             raise ValueError("rate must be > 0 and threads >= 1")
         self.scenarios = tuple(self.scenarios)

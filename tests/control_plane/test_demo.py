@@ -1,4 +1,5 @@
-"""`sits-control demo` end to end, as a user runs it (all three scenarios, ~2 min here): the service comes up with a
+"""`sits-control demo` end to end, as a user runs it (all three scenarios, ~2.3 min here; `make test` runs it alone,
+after the parallel part): the service comes up with a
 fresh token, the slower kernel set is rolled back by its latency checks, the wrong one by the correctness gate, the
 good one promoted; the summary says so, and the API serves the rollouts with their checks' evidence; Ctrl-C stops
 every engine."""

@@ -1,0 +1,18 @@
+"""Every benchmark script with a command line still starts: `python bench/X.py --help` exits 0. They run rarely
+(some only on a GPU), so a moved name would otherwise surface only in the next benchmark session (bench/low_traffic.py
+imported the demo policy from where it used to live)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.name for p in (REPO / "bench").glob("*.py") if "argparse" in p.read_text())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bench_script_answers_help(script):
+    r = subprocess.run([sys.executable, f"bench/{script}", "--help"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr[-2000:]
