@@ -5,8 +5,6 @@ one rollout's timeline. With the service variable pointing elsewhere the same qu
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import time
 
@@ -18,22 +16,11 @@ from dashboards import generate
 from tests.dashboards.support import (CONTROL_METRICS, control_plane_timeline, exprs, finite_points, query_range,
                                       substitute)
 from tests.fixtures.prometheus import PrometheusServer, backfill
+from tests.tiny_engine import start_tiny_engine
 from tests.waiting import wait_http_ok
 
 NAMESPACE, SERVICE = "sits-test", "chat"
 BODY = {"model": "tiny", "prompt": "hello dashboards", "max_tokens": 4, "temperature": 0}
-
-
-def _start_engine(workdir, role: str, *extra: str):
-    sock = process.listening_socket()   # handed over (--listen-fd): no other process can take the port
-    port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
-            "--service", SERVICE, "--port", str(port), "--listen-fd", str(sock.fileno()), "--no-access-log",
-            "--log-level", "warning", *extra]
-    with sock:
-        proc = process.spawn(argv, log_path=workdir / f"{role}.log", env=env, pass_fds=(sock.fileno(),))
-    return proc, f"127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +29,9 @@ def prom(tmp_path_factory):
     d = tmp_path_factory.mktemp("dash")
     t0 = (int(time.time()) // 60) * 60 - 3600
     backfill(control_plane_timeline(t0, NAMESPACE, SERVICE), d / "data")
-    engines = {"production": _start_engine(d, "production"), "baseline": _start_engine(d, "baseline"),
-               "canary": _start_engine(d, "canary", "--fault-error-rate", "0.2")}
+    engines = {"production": start_tiny_engine(d, "production", SERVICE),
+               "baseline": start_tiny_engine(d, "baseline", SERVICE),
+               "canary": start_tiny_engine(d, "canary", SERVICE, "--fault-error-rate", "0.2")}
     stop, server = threading.Event(), None
 
     def load():
@@ -63,8 +51,8 @@ def prom(tmp_path_factory):
             {"targets": [addr for _, addr in engines.values()], "labels": {"namespace": NAMESPACE}}])
         # every variant has served in the last 10 s, and the canary has answered errors
         server.wait_for(f'sum by (env) (increase(http_request_duration_seconds_count{{namespace="{NAMESPACE}"}}[10s]))'
-                        f' > 0', lambda r: len(r) == 3, timeout=90)
-        server.wait_for(f'increase(http_request_duration_seconds_count{{env="canary",status="500"}}[10s]) > 0',
+                        ' > 0', lambda r: len(r) == 3, timeout=90)
+        server.wait_for('increase(http_request_duration_seconds_count{env="canary",status="500"}[10s]) > 0',
                         lambda r: len(r) == 1, timeout=60)
         yield server, t0
     finally:

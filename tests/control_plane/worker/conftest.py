@@ -1,11 +1,10 @@
 import asyncio
-import os
-import sys
 
 import httpx
 import pytest
 
 from control_plane.adapters import process
+from tests.tiny_engine import start_tiny_engine
 from tests.waiting import wait_http_ok
 
 SERVICE = "chat"
@@ -13,16 +12,8 @@ BODY = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0}
 
 
 def start_engine(workdir, role: str, *extra: str):
-    sock = process.listening_socket()   # handed over (--listen-fd): no other process can take the port
-    port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
-            "--service", SERVICE, "--port", str(port), "--listen-fd", str(sock.fileno()), "--no-access-log",
-            "--log-level", "warning", *extra]
-    with sock:
-        proc = process.spawn(argv, log_path=workdir / f"{role}-{port}.log", env=env,
-                             pass_fds=(sock.fileno(),))
-    return proc, f"http://127.0.0.1:{port}"
+    proc, addr = start_tiny_engine(workdir, role, SERVICE, *extra)
+    return proc, f"http://{addr}"
 
 
 @pytest.fixture(scope="session")
