@@ -24,10 +24,29 @@ if [ -d .whl ]; then
     tokenizers tqdm 2>&1 | grep -v "^WARNING: Running pip as" | tail -5
 fi
 stamp "wheels installed"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
+torch.version.cuda, 'triton', triton.__version__)"; git log -1 --format='tree at %h %s' 2>/dev/null; } | tee "$OUT/versions.txt"
 python3 -c "import control_plane.cli.main, flask, waitress, kubernetes, httpx, zmq, msgspec, engine.server.main" \
   || { echo "missing packages"; exit 3; }
+
+# CUDA MPS, where it can be started (SITS_MPS=off: time-slicing): the engines' kernels then share the SMs at once
+# instead of taking turns; the demo reads CUDA_MPS_PIPE_DIRECTORY and says which it ran under
+SHARING="time-slicing (no MPS)"
+if [ "${SITS_MPS:-auto}" != off ] && command -v nvidia-cuda-mps-control >/dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps-pipe CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d && timeout 60 python3 -c "import torch; assert torch.ones(4, device='cuda').sum().item() == 4"; then
+    SHARING="CUDA MPS"
+  else
+    echo quit | nvidia-cuda-mps-control 2>/dev/null; sleep 1
+    tail -n 5 "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+elif [ "${SITS_MPS:-auto}" != off ]; then
+  echo "no nvidia-cuda-mps-control here"
+fi
+stamp "GPU sharing: $SHARING" | tee -a "$OUT/versions.txt"
 
 stamp "decode attention: triton-v1 vs triton-v1-unsplit vs triton-v1-floor-pages"
 timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
@@ -51,6 +70,7 @@ timeout "$DEMO_TIMEOUT" python3 -m control_plane.cli demo --device cuda --scenar
   --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
 rc=${PIPESTATUS[0]}
 kill "$SAMPLER" 2>/dev/null
+[ "$SHARING" = "CUDA MPS" ] && { echo quit | nvidia-cuda-mps-control; }
 stamp "demo exit status $rc"
 
 # the store, consistent (sqlite backup API), and the engines' logs' last lines
@@ -62,7 +82,8 @@ for f in "$WORK"/demo/variants/*.log; do echo "== $f"; tail -n 3 "$f"; done > "$
 grep -h "" "$WORK"/demo/variants/*.log 2>/dev/null | grep -iE "error|traceback|warn" | head -40 > "$OUT/engine-errors.txt"
 
 echo
-echo "==== GPU demo: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); scenarios $SCENARIOS; exit $rc; $(( $(date +%s) - t0 )) s in all"
+echo "==== GPU demo: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $SHARING; scenarios $SCENARIOS; exit $rc; $(( $(date +%s) - t0 )) s in all"
+cat "$OUT/versions.txt"
 grep -E "^shape|triton-v1" "$OUT/kernels.txt" | head -20
 python3 bench/gpu_demo_report.py "$OUT/sits-demo.db" "$OUT/demo.log" "$OUT/gpumem.csv" | tee "$OUT/report.txt"
 grep -E "demo (passed|FAILED)|=> " "$OUT/demo.log" | tail -8

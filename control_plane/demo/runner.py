@@ -152,7 +152,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         spec = DeploySpec(model=model.path, device=prof.device, production_args=prof.engine_args,
                           canary_args=prof.engine_args)
         out(f"      every scenario runs model {model.label}; production, baseline and canary are three "
-            f"`sits-engine serve --device {prof.device}` processes time-slicing one GPU (no MPS), each with "
+            f"`sits-engine serve --device {prof.device}` processes sharing one GPU by {gpu_sharing()}, each with "
             f"{' '.join(prof.engine_args)} (a promotion starts a fourth before the old production stops)")
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1 if prof.device == "cpu"
                                          else 2))
@@ -242,6 +242,13 @@ def gpu_summary() -> str:
         return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else "no nvidia-smi"
     except (OSError, subprocess.TimeoutExpired):
         return "no nvidia-smi"
+
+
+def gpu_sharing() -> str:
+    """How the engines share the GPU: CUDA MPS when its control daemon's pipe is where CUDA clients look for it
+    (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps), else time-slicing."""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps") / "control"
+    return "CUDA MPS (their kernels run side by side)" if pipe.exists() else "time-slicing (no MPS daemon)"
 
 
 def _served_model(router: str) -> str:
