@@ -51,14 +51,14 @@ stamp "GPU sharing: $SHARING" | tee -a "$OUT/versions.txt"
 stamp "decode attention: triton-v1 vs triton-v1-unsplit vs triton-v1-floor-pages"
 timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
 
-# GPU memory per engine, every 5 s: timestamp, MiB, role/kernels (from the engine's command line)
+# GPU memory per process, every 5 s: timestamp, pid, MiB, role/kernels (from /proc where the pid maps)
 (
   while true; do
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
     while IFS=', ' read -r pid mem; do
       args=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)
       role=$(sed -n 's/.*--env \([a-z]*\).*/\1/p' <<<"$args"); ks=$(sed -n 's/.*--kernels \([^ ]*\).*/\1/p' <<<"$args")
-      echo "$(date +%s),$mem,${role:-other}/${ks:-?}"
+      echo "$(date +%s),$pid,$mem,${role:-other}/${ks:-?}"
     done
     sleep 5
   done

@@ -4,7 +4,8 @@
 
 Per rollout (oldest first): kernels, outcome, checks, seconds from creation to the deciding check, the deciding
 check's deltas with their intervals (or the correctness gate's verdict), requests answered/failed per variant and
-client TTFT/ITL P50/P99 as the demo printed them; then the largest GPU memory seen per engine role.
+client TTFT/ITL P50/P99 as the demo printed them; the engines' own peak allocator memory per
+role (as the demo printed it), then nvidia-smi's per-process peaks (CUDA contexts included, roles unknown).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def main(store_path: str, log_path: str, mem_path: str) -> int:
     log = Path(log_path).read_text(errors="replace") if Path(log_path).is_file() else ""
     loads = re.findall(r"scenario load: (.*)", log)
     lats = re.findall(r"client TTFT p50/p99, ITL p50/p99 \(ms\): (.*)", log)
+    mems = re.findall(r"GPU memory per engine \(peak held by its CUDA allocator[^:]*: (.*)", log)
     with Store(store_path) as s:
         rollouts = sorted(s.list(active=None), key=lambda r: r.created_at)
         print(f"{'#':>2} {'canary':22} {'outcome':12} {'checks':>6} {'decided s':>9}  deciding evidence")
@@ -55,13 +57,16 @@ def main(store_path: str, log_path: str, mem_path: str) -> int:
                 print(f"{'':3}load: {loads[i]}")
             if i < len(lats):
                 print(f"{'':3}client TTFT/ITL p50/p99 ms: {lats[i]}")
+            if i < len(mems):
+                print(f"{'':3}GPU memory (engine allocators, peak): {mems[i]}")
+    # nvidia-smi's per-process figures include each CUDA context; its pids are the host's, so no roles
     peak: dict[str, int] = defaultdict(int)
     if Path(mem_path).is_file():
         for row in csv.reader(open(mem_path)):
-            if len(row) >= 3 and row[1].strip().isdigit():
-                peak[row[2].strip() or "?"] = max(peak[row[2].strip() or "?"], int(row[1]))
-    print("GPU memory per engine (peak MiB, nvidia-smi): " + (", ".join(f"{k} {v}" for k, v in sorted(peak.items()))
-                                                           or "not visible (no per-process data from nvidia-smi)"))
+            if len(row) >= 4 and row[2].strip().isdigit():
+                peak[row[1].strip()] = max(peak[row[1].strip()], int(row[2]))
+    print(f"GPU memory per process (nvidia-smi, context included): {len(peak)} processes, peak "
+          + (f"{min(peak.values())}-{max(peak.values())} MiB" if peak else "not visible"))
     return 0
 
 

@@ -30,6 +30,7 @@ log = logging.getLogger("sits.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
 MAX_PRIORITY = 3
 SMALL_MODEL_PARAMS = 50_000_000
+DEVICE_MEMORY_REFRESH_S = 2.0
 
 
 class LLMEngine:
@@ -70,6 +71,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.num_computed_tokens_total = 0  # tokens run through the model (prefill chunks + decodes)
+        self._device_memory = (-DEVICE_MEMORY_REFRESH_S, 0)  # (when read, bytes): stats() runs every step
 
     # ---- requests (any thread) ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, *,
@@ -142,7 +144,19 @@ class LLMEngine:
             num_total_blocks=total, kv_cache_usage=1.0 - free / total,
             prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens_total=self.prompt_tokens_total,
-            generation_tokens_total=self.generation_tokens_total)
+            generation_tokens_total=self.generation_tokens_total, device_memory_bytes=self._device_memory_bytes())
+
+    def _device_memory_bytes(self) -> int:
+        """What the CUDA caching allocator holds for this engine, read at most every DEVICE_MEMORY_REFRESH_S (the
+        read builds the allocator's stats); the CUDA context (~0.5 GB) is not in it."""
+        if self.device.type != "cuda":
+            return 0
+        when, value = self._device_memory
+        now = self._clock()
+        if now - when >= DEVICE_MEMORY_REFRESH_S:
+            value = int(torch.cuda.memory_reserved(self.device))
+            self._device_memory = (now, value)
+        return value
 
     # ---- the loop (one thread) ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -82,6 +82,10 @@ class _StatsCollector(Collector):
                 ("sits_kv_cache_free_blocks", "KV-cache blocks free.", stats.num_free_blocks),
                 ("sits_kv_cache_total_blocks", "KV-cache blocks in total.", stats.num_total_blocks),
             ]
+            if stats.device_memory_bytes:
+                gauges.append(("sits_device_memory_reserved_bytes", "GPU memory held by the engine's CUDA caching "
+                               "allocator: weights, KV cache and activations (the CUDA context not counted).",
+                               stats.device_memory_bytes))
             for name, doc, value in gauges:
                 family = GaugeMetricFamily(name, doc, labels=names)
                 family.add_metric(values, float(value))

@@ -35,3 +35,4 @@ class EngineStats(msgspec.Struct, array_like=True):
     num_preemptions: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    device_memory_bytes: int = 0  # held by the engine's CUDA caching allocator (weights, KV cache, activations); 0 on CPU

@@ -96,8 +96,9 @@ def follow(store: Store, rollout_id: str, load: LoadGenerator, policy: Policy, t
         time.sleep(0.5)
 
 
-def scenario_load(load: LoadGenerator, before: dict, out) -> None:
-    """Requests answered/failed per variant during the scenario, and client-side TTFT/ITL P50/P99 of its streams."""
+def scenario_load(load: LoadGenerator, before: dict, out, gpu_memory: dict[str, float] | None = None) -> None:
+    """Requests answered/failed per variant during the scenario, client-side TTFT/ITL P50/P99 of its streams, and
+    (on a GPU) each engine's peak allocator memory as its /metrics said."""
     now = load.counts()
     parts = [f"{v} {c['answered'] - before.get(v, {}).get('answered', 0)} answered / "
              f"{c['failed'] - before.get(v, {}).get('failed', 0)} failed" for v, c in now.items()]
@@ -106,6 +107,9 @@ def scenario_load(load: LoadGenerator, before: dict, out) -> None:
     out("      client TTFT p50/p99, ITL p50/p99 (ms): " + "; ".join(
         f"{v} {x['ttft_p50'] * 1e3:.0f}/{x['ttft_p99'] * 1e3:.0f}, {x['itl_p50'] * 1e3:.1f}/{x['itl_p99'] * 1e3:.1f}"
         f" ({x['streams']} streams)" for v, x in lat.items()))
+    if gpu_memory is not None:
+        out("      GPU memory per engine (peak held by its CUDA allocator, sits_device_memory_reserved_bytes): "
+            + (", ".join(f"{role} {b / 2**20:,.0f} MiB" for role, b in sorted(gpu_memory.items())) or "not read"))
 
 
 def summary(result: DemoResult, store: Store, load: LoadGenerator, out, replayed) -> None:

@@ -41,6 +41,7 @@ from control_plane.adapters.scrape import ScrapeSource
 from control_plane.adapters.spec import DeploySpec
 from control_plane.analysis import Policy
 from control_plane.demo import narrate
+from control_plane.demo.gpu_memory import GpuMemorySampler
 from control_plane.demo.loadgen import LoadGenerator
 from control_plane.demo.model import resolve_model
 from control_plane.demo.profiles import PROFILES, Scenario
@@ -157,7 +158,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1 if prof.device == "cpu"
                                          else 2))
     store = Store(str(store_path))
-    load = worker = prom = server = None
+    load = worker = prom = server = gpu_memory = None
     source = ScrapeSource()
     tracing = Tracing.from_flags()
     try:
@@ -198,6 +199,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             f"~{m.output_tokens.median:g} (lognormal), {m.stream_fraction:.0%} streamed, every token verified")
         load = LoadGenerator(router, cfg.rate, cfg.threads, mix=m, seed=2026, tracing=tracing, model=served).start()
         worker.start()
+        if prof.device != "cpu":
+            gpu_memory = GpuMemorySampler(deployer, cfg.service).start()
         p = cfg.policy
         out(f"      worker every {cfg.interval_s:g} s; demo policy: steps {list(p.steps)} %, a check every "
             f"{p.check_interval_s:g} s, " + ", ".join(narrate.gate(c) for c in p.checks)
@@ -213,7 +216,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             phase = narrate.follow(store, ro.id, load, cfg.policy, cfg.rollout_timeout_s, out)
             result.rollouts.append((ro.id, sc, phase))
             if prof.device != "cpu":
-                narrate.scenario_load(load, before, out)
+                narrate.scenario_load(load, before, out, gpu_memory.take() if gpu_memory else None)
             verdict = "as expected" if phase == sc.expected.value else "NOT the expected " + sc.expected.value
             out(f"      => {phase.replace('_', ' ').upper()} ({verdict})")
         result.seconds = time.monotonic() - t0
@@ -222,6 +225,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             out(f"UI still up at {result.url} (token above); Ctrl-C to stop")
             threading.Event().wait()
     finally:
+        if gpu_memory is not None:
+            gpu_memory.stop()
         if load is not None:
             load.stop(20)
         shutdown(deployer, worker=worker, source=source)   # every variant stops here

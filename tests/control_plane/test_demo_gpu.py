@@ -49,3 +49,51 @@ def test_the_gpu_policy_on_the_h200_run_fails_the_slow_set_and_passes_good_and_a
     if outcome is Outcome.FAIL:
         failed = {r.check for r in v.results if r.outcome is Outcome.FAIL}
         assert failed == {"sits_inter_token_latency_seconds:p90", "sits_inter_token_latency_seconds:p50"}, v.reason
+
+
+def test_gpu_memory_sampler_keeps_each_roles_peak_from_the_engines_metrics(tmp_path):
+    """The GPU demo's memory line: each variant's /metrics gauge, the peak per role; a CPU engine's /metrics (no
+    gauge) and an unreachable replica are skipped."""
+    import http.server
+    import threading
+
+    from control_plane.adapters.deploy import VariantStatus
+    from control_plane.demo.gpu_memory import GpuMemorySampler, gauge_value
+
+    values = {"/a/metrics": [2e9, 3e9, 2.5e9], "/b/metrics": [1e9]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seq = values.get(self.path)
+            body = (f'# TYPE sits_device_memory_reserved_bytes gauge\nsits_device_memory_reserved_bytes{{env="x",'
+                    f'service="demo",kernel_version="v"}} {seq.pop(0) if len(seq) > 1 else seq[0]}\n' if seq
+                    else "sits_kv_cache_total_blocks 5.0\n").encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    class Deployer:
+        def status(self, service):
+            assert service == "demo"
+            return {"canary": VariantStatus("canary", True, 1, 1, base + "/a", endpoints=(base + "/a",)),
+                    "baseline": VariantStatus("baseline", True, 1, 1, base + "/b"),
+                    "production": VariantStatus("production", True, 2, 2, base + "/cpu",
+                                                endpoints=(base + "/cpu", "http://127.0.0.1:9")),
+                    }
+    try:
+        s = GpuMemorySampler(Deployer(), "demo")
+        for _ in range(3):
+            s.sample()
+        assert s.take() == {"canary": 3e9, "baseline": 1e9}
+        assert s.take() == {}     # taken: the next scenario starts afresh
+    finally:
+        srv.shutdown()
+    assert gauge_value("sits_device_memory_reserved_bytes 12.0\n") == 12.0
+    assert gauge_value("sits_kv_cache_total_blocks 5\n") is None

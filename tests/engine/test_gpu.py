@@ -178,6 +178,8 @@ def test_gpu_memory_utilization_bounds_the_engines_share(free_gpu):
                                    max_num_seqs=256, enforce_eager=True))
     assert torch.cuda.memory_reserved() <= 0.25 * total
     blocks = small.stats().num_total_blocks
+    # what /metrics says as sits_device_memory_reserved_bytes: the allocator's hold, weights (16 GB) included
+    assert 16e9 < small.stats().device_memory_bytes == torch.cuda.memory_reserved() <= 0.25 * total
     del small
     import gc
 

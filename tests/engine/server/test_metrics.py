@@ -59,6 +59,7 @@ def test_errors_by_code_and_kv_gauges(server):
     assert total == server.state.runner.stats().num_total_blocks > 0
     assert 0 <= sample(after, "sits_kv_cache_free_blocks") <= total
     assert "sits_num_requests_running" in after and "sits_num_requests_waiting" in after
+    assert "sits_device_memory_reserved_bytes" not in after   # on CPU there is no device allocator to report
 
 
 def test_real_prometheus_scrapes_and_computes_quantiles(server, prometheus_factory):
@@ -115,3 +116,18 @@ def test_replayed_requests_are_counted_apart_and_stay_out_of_the_live_token_coun
     # the 5-token answer lands in the le=5 bucket, not le=4
     assert delta("sits_request_generation_tokens", "sits_request_generation_tokens_bucket", le="5.0", **labels) == 2
     assert delta("sits_request_generation_tokens", "sits_request_generation_tokens_bucket", le="4.0", **labels) == 1
+
+
+def test_device_memory_gauge_is_exported_when_the_engine_holds_gpu_memory():
+    """The collector turns EngineStats.device_memory_bytes (a CUDA engine's allocator hold) into a gauge."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from engine.metrics import MetricLabels, _StatsCollector
+    from engine.outputs import EngineStats
+
+    stats = EngineStats(1, 0, 90, 100, 0.1, 0, 0, 0, 5, 7, device_memory_bytes=1_500_000_000)
+    reg = CollectorRegistry()
+    reg.register(_StatsCollector(MetricLabels("canary", "chat", "triton-v1"), lambda: stats, dict))
+    text = generate_latest(reg).decode()
+    assert ('sits_device_memory_reserved_bytes{env="canary",kernel_version="triton-v1",service="chat"} 1.5e+09'
+            in text)
