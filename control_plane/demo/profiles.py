@@ -3,7 +3,9 @@ flags. CPU (the default, unchanged): the tiny model and the torch example sets. 
 of a real release line on one GPU shared by every engine (control_plane/demo/runner.py runs either)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, LowTrafficPolicy, MetricCheck, Policy
@@ -67,16 +69,32 @@ def demo_policy(rate: float = 25.0) -> Policy:
                                                max_requests_per_rollout=8000, concurrency=4, min_live_requests=200))
 
 
-def gpu_policy() -> Policy:
-    """The demo policy on one GPU that three engines time-slice. The slow release's decode attention shows in the
-    inter-token latency's body more than in its tail (prefill chunks interleaved with decode set the tail): in the
-    H200 run of 2026-12-02 (BENCHMARKS.md "GPU demo") triton-v1-unsplit moved ITL P90 by +12.6..+27.2 % (interval
-    lower bounds >= +10.5 %) and P50 by +16..+24 %, while triton-v1.1 and an A/A run stayed within -7.0..-2.2 %;
-    request-latency P90 moved by +14.9 % [-1.2, +23.0] only. Hence ITL P50 and P90 at +10 %, with P99 (+50 %) and
-    request latency P90 (+25 %) as guards; a checked step at 50 %; a readiness deadline for cold CUDA warm-ups."""
+def mps_running() -> bool:
+    """A CUDA MPS control daemon is where CUDA clients look for it (CUDA_MPS_PIPE_DIRECTORY, default
+    /tmp/nvidia-mps): engines started now share the GPU's SMs at once rather than taking turns."""
+    return (Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps") / "control").exists()
+
+
+def gpu_policy(mps: bool = True) -> Policy:
+    """The demo policy on one GPU that three engines share; the gates depend on how they share it (measured on an
+    H200, BENCHMARKS.md "GPU demo (H200)"; re-judged in tests/control_plane/test_demo_gpu.py on the stored checks).
+
+    Under CUDA MPS (the engines' kernels run side by side) the slow release (triton-v1-unsplit) moved ITL P90 by
+    +119..+160 % and request-latency P90 by +70..+122 % in three runs, while eight A/A runs and three of the good
+    release spread ITL P90 over -10..+13 % (the good release once at +13.2 % [+10.6, +14.0]) and ITL P50 over
+    -29..+40 %: P50 of a ~0.4 ms inter-token time is host jitter between processes, not a kernel's speed, so it is
+    not gated. Hence ITL P90 +25 %, ITL P99 +50 %, request P90 +25 %.
+
+    Time-slicing (no MPS daemon) hides most of the slow set's decode attention behind the other engines' turns: in
+    the one such run it moved ITL P90 by +12.6..+27.2 % (lower bounds >= +10.5 %) and P50 by +16..+24 %, with
+    request P90 +14.9 % [-1.2, +23.0]; the good release and an A/A run stayed within -7.0..-2.2 %. Hence ITL P50 and
+    P90 at +10 % there, a margin one run measured (no false-rollback rate).
+
+    Both: a checked step at 50 %, a readiness deadline for cold CUDA warm-ups."""
+    itl = ((MetricCheck(ITL, quantile=0.90, max_rel_delta=0.25),) if mps else
+           (MetricCheck(ITL, quantile=0.90, max_rel_delta=0.10), MetricCheck(ITL, quantile=0.50, max_rel_delta=0.10)))
     return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=5.0,
-                  checks=(MetricCheck(ITL, quantile=0.90, max_rel_delta=0.10),
-                          MetricCheck(ITL, quantile=0.50, max_rel_delta=0.10),
+                  checks=(*itl,
                           MetricCheck(ITL, quantile=0.99, max_rel_delta=0.50),
                           MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
@@ -106,7 +124,7 @@ class Profile:
     engine_args: tuple[str, ...]      # every engine's extra `sits-engine serve` flags (the GPU memory split)
 
     def policy(self, rate: float) -> Policy:
-        return demo_policy(rate) if self.device == "cpu" else gpu_policy()
+        return demo_policy(rate) if self.device == "cpu" else gpu_policy(mps=mps_running())
 
 
 CPU = Profile("cpu", SCENARIOS, "torch", "tiny", 25.0, 12, DEMO_MIX, ())

@@ -44,7 +44,7 @@ from control_plane.demo import narrate
 from control_plane.demo.gpu_memory import GpuMemorySampler
 from control_plane.demo.loadgen import LoadGenerator
 from control_plane.demo.model import resolve_model
-from control_plane.demo.profiles import PROFILES, Scenario
+from control_plane.demo.profiles import PROFILES, Scenario, mps_running
 from control_plane.demo.prometheus import LocalPrometheus
 from control_plane.service.rollouts import start_rollout
 from control_plane.store.db import Store
@@ -250,10 +250,8 @@ def gpu_summary() -> str:
 
 
 def gpu_sharing() -> str:
-    """How the engines share the GPU: CUDA MPS when its control daemon's pipe is where CUDA clients look for it
-    (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps), else time-slicing."""
-    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps") / "control"
-    return "CUDA MPS (their kernels run side by side)" if pipe.exists() else "time-slicing (no MPS daemon)"
+    """How the engines share the GPU: CUDA MPS when its control daemon runs (profiles.mps_running), else time-slicing."""
+    return "CUDA MPS (their kernels run side by side)" if mps_running() else "time-slicing (no MPS daemon)"
 
 
 def _served_model(router: str) -> str:

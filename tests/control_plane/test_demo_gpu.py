@@ -41,14 +41,44 @@ def test_the_cli_takes_scenario_lists_and_names_a_bad_one(capsys):
 
 @pytest.mark.parametrize("kernels,outcome", [("triton-v1-unsplit", Outcome.FAIL), ("triton-v1.1", Outcome.PASS),
                                              ("triton-v1", Outcome.PASS)])
-def test_the_gpu_policy_on_the_h200_run_fails_the_slow_set_and_passes_good_and_aa(kernels, outcome):
+def test_the_time_sliced_gpu_policy_on_the_h200_run_fails_the_slow_set_and_passes_good_and_aa(kernels, outcome):
     run = json.loads(FIXTURE.read_text())["rollouts"][kernels]
     variants = {role: variant_from_dict(v) for role, v in run["variants"].items()}
-    v = assess(variants, gpu_policy())
+    v = assess(variants, gpu_policy(mps=False))
     assert v.outcome is outcome, v.reason
     if outcome is Outcome.FAIL:
         failed = {r.check for r in v.results if r.outcome is Outcome.FAIL}
         assert failed == {"sits_inter_token_latency_seconds:p90", "sits_inter_token_latency_seconds:p50"}, v.reason
+
+
+MPS_FIXTURE = Path(__file__).parent / "fixtures" / "gpu_demo_h200_mps_checks.json"
+
+
+def test_the_mps_gpu_policy_on_three_h200_runs_fails_every_slow_check_and_no_good_or_aa_one():
+    """13 rollouts of three runs under CUDA MPS, each rollout's last latency check: the slow release fails on ITL
+    P90 (and request P90); triton-v1 (8 A/A runs) and triton-v1.1 (3) never fail, also the check where the
+    time-sliced gates (ITL P50/P90 +10 %) failed the good release at ITL P50 +40 %, P90 +13 %."""
+    runs = json.loads(MPS_FIXTURE.read_text())["rollouts"]
+    assert len(runs) == 13 and sum(r["kernels"] == "triton-v1" for r in runs) == 8
+    for r in runs:
+        variants = {role: variant_from_dict(v) for role, v in r["variants"].items()}
+        v = assess(variants, gpu_policy(mps=True))
+        if r["kernels"] == "triton-v1-unsplit":
+            assert v.outcome is Outcome.FAIL, v.reason
+            assert "sits_inter_token_latency_seconds:p90" in {x.check for x in v.results if x.outcome is Outcome.FAIL}
+        else:
+            assert v.outcome is not Outcome.FAIL, (r["run"], r["kernels"], v.reason)
+    good_rolled_back = next(r for r in runs if r["kernels"] == "triton-v1.1" and r["phase"] == "rolled_back")
+    old = assess({k: variant_from_dict(v) for k, v in good_rolled_back["variants"].items()}, gpu_policy(mps=False))
+    assert old.outcome is Outcome.FAIL      # what the run decided under the time-sliced gates
+
+
+def test_the_gpu_profile_picks_its_gates_by_whether_an_mps_daemon_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert {c.name for c in DemoConfig(device="cuda").policy.checks} >= {"sits_inter_token_latency_seconds:p50"}
+    (tmp_path / "control").touch()
+    names = {c.name for c in DemoConfig(device="cuda").policy.checks}
+    assert "sits_inter_token_latency_seconds:p90" in names and "sits_inter_token_latency_seconds:p50" not in names
 
 
 def test_gpu_memory_sampler_keeps_each_roles_peak_from_the_engines_metrics(tmp_path):
