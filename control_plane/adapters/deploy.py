@@ -15,7 +15,10 @@ from control_plane.rollout import ROLES
 
 
 class DeployError(Exception):
-    """A deployer operation failed; the message says what and why."""
+    """A deployer operation failed; the message says what and why. `status`: the HTTP status the Kubernetes API
+    answered with, where it answered (None otherwise)."""
+
+    status: int | None = None
 
 
 class DeployNotFoundError(DeployError):

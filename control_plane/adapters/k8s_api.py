@@ -36,23 +36,27 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
         self.sleep = time.sleep
 
-    def call(self, what: str, op: Callable):
-        """Run op (a whole read-modify-write); retry it on 409, 429, 5xx and connection errors."""
+    def call(self, what: str, op: Callable, *, retries: int | None = None):
+        """Run op (a whole read-modify-write); retry it on 409, 429, 5xx and connection errors, `retries` times
+        (default: the configured number; 0 for a best-effort read that must not hold its caller up)."""
+        retries = self.retries if retries is None else retries
         delay = self.backoff_s
-        for attempt in range(self.retries + 1):
+        for attempt in range(retries + 1):
             try:
                 return op()
             except ApiException as e:
                 retriable = e.status in (409, 429) or (e.status or 0) >= 500
                 if not retriable:
                     raise translate(e, what, self.namespace) from None
-                if attempt == self.retries:
-                    err = DeployConflictError if e.status == 409 else DeployError
-                    raise err(f"{what}: still failing after {attempt + 1} attempts: "
-                              f"{e.status} {_api_message(e)}") from None
+                if attempt == retries:
+                    err = (DeployConflictError if e.status == 409 else DeployError)(
+                        f"{what}: still failing after {attempt + 1} attempt{'s' if attempt else ''}: "
+                        f"{e.status} {_api_message(e)}")
+                    err.status = e.status
+                    raise err from None
                 log.info("%s: %s %s; retry %d in %.2fs", what, e.status, _api_message(e), attempt + 1, delay)
             except urllib3.exceptions.HTTPError as e:
-                if attempt == self.retries:
+                if attempt == retries:
                     raise DeployError(f"{what}: Kubernetes API unreachable at {self.api.configuration.host}: "
                                       f"{e}") from None
             self.sleep(delay)
@@ -67,6 +71,15 @@ class KubeApi:
         resp = self.core.list_namespaced_pod(self.namespace, label_selector=label_selector,
                                              _preload_content=False, _request_timeout=self.request_timeout_s)
         return json.loads(resp.data).get("items", [])
+
+    def read_pod_log(self, pod: str, container: str, *, tail_lines: int, limit_bytes: int,
+                     timeout_s: float) -> str:
+        """The last `tail_lines` lines `container` of `pod` logged (at most `limit_bytes`), as the kubelet keeps them,
+        through the API server's pods/log subresource (RBAC: get pods/log)."""
+        resp = self.core.read_namespaced_pod_log(pod, self.namespace, container=container, tail_lines=tail_lines,
+                                                 limit_bytes=limit_bytes, _preload_content=False,
+                                                 _request_timeout=min(timeout_s, self.request_timeout_s))
+        return resp.data.decode("utf-8", errors="replace")
 
     def _kind(self, kind: str):
         ns, kw = self.namespace, {"_preload_content": False, "_request_timeout": self.request_timeout_s}
@@ -175,6 +188,12 @@ def _crd_missing(e: ApiException) -> bool:
 
 
 def translate(e: ApiException, what: str, namespace: str) -> DeployError:
+    err = _translate(e, what, namespace)
+    err.status = e.status
+    return err
+
+
+def _translate(e: ApiException, what: str, namespace: str) -> DeployError:
     msg = _api_message(e)
     if e.status == 401:
         return DeployError(f"{what}: unauthorized (401): the credentials in the kubeconfig/service account were "

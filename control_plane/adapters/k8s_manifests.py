@@ -21,6 +21,7 @@ HASH_ANNOTATION = "sits.io/applied-hash"
 WEIGHT_ANNOTATION = "sits.io/weight"
 PIN_HEADER = "X-SITS-Variant"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
+ENGINE_CONTAINER = "engine"   # the engine's container in every variant's pod template
 # engine pods run restricted (Pod Security "restricted"): the image's non-root uid, nothing writable but /tmp
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
                 "seccompProfile": {"type": "RuntimeDefault"}}
@@ -57,7 +58,7 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
                resources: Mapping | None = None, weight: int | None = None) -> dict:
     """The Deployment for one variant. `image` is spec.image or the deployer's default."""
     container: dict = {
-        "name": "engine",
+        "name": ENGINE_CONTAINER,
         "image": image,
         "command": ["sits-engine"],
         "args": spec.engine_args(port=port, host="0.0.0.0"),

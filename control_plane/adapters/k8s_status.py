@@ -3,8 +3,12 @@
 Pure functions of the objects the API returns (plain dicts), no API calls: `deployment_status` reads readiness as
 `kubectl rollout status` does; `pod_problems` says in the kubelet's words why pods do not serve (crash loops, image
 pulls, OOM kills, a restart after a kill), and `pods_crashing` tells the crash guard whether the engine keeps dying.
+`log_pod` picks the pod whose engine log says most about a variant that is not ready, and `last_log_line` makes
+what it logged last one bounded, printable line.
 """
 from __future__ import annotations
+
+import re
 
 from control_plane.adapters import k8s_manifests as m
 from control_plane.adapters.deploy import VariantStatus
@@ -74,3 +78,35 @@ def pod_problems(pods: list[dict]) -> str:
                 out.append(f"pod {pod['metadata']['name']}: {cs['name']} restarted {n} time{'s' if n != 1 else ''}, "
                            f"last exit code {last['exitCode']} {last.get('reason', '')}".rstrip())
     return "; ".join(out[:5]) + (f"; ... {len(out) - 5} more" if len(out) > 5 else "")
+
+
+def log_pod(pods: list[dict]) -> str | None:
+    """The newest pod (not being deleted) that is not ready and whose engine container has run, so the kubelet has
+    its log: running, or terminated, or waiting to restart after a run (the kubelet then serves the run that ended).
+    None when there is none: a pod still waiting for its first start has no log to read."""
+    def ran(pod: dict) -> bool:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            if cs.get("name") == m.ENGINE_CONTAINER:
+                state, last = cs.get("state") or {}, cs.get("lastState") or {}
+                return not cs.get("ready") and ("running" in state or "terminated" in state or "terminated" in last)
+        return False
+    mine = [p for p in pods if not p["metadata"].get("deletionTimestamp") and ran(p)]
+    if not mine:
+        return None
+    return max(mine, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))[
+        "metadata"]["name"]
+
+
+# CSI (colours, cursor moves), OSC (titles, links: up to BEL, ST or the line's end), the other escapes
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\r\n]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
+
+
+def last_log_line(text: str, limit: int = 200) -> str:
+    """The last line of `text` with something printable on it (a progress bar's last state after a carriage
+    return counts as a line), without terminal escapes or control characters, whitespace collapsed, at most
+    `limit` characters (cut with a trailing "…")."""
+    for raw in reversed(_ANSI.sub("", text).splitlines()):
+        line = " ".join("".join(ch if ch.isprintable() else " " for ch in raw).split())
+        if line:
+            return line if len(line) <= limit else line[:limit - 1] + "…"
+    return ""

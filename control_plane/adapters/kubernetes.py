@@ -5,7 +5,8 @@ Traffic: `traffic="replicas"` splits by replica ratio behind one Service `<servi
 (exact percentages; replicas stay at spec.replicas). Writes are read-modify-write with the object's resourceVersion;
 409 conflicts and 5xx/429 are retried with exponential backoff (re-reading first); 401/403/404/422 become DeployErrors
 with the API's own message. Readiness comes from Deployment status, as the deployment controller writes it, and
-why a variant is not ready from its pods' container statuses (k8s_status.py).
+why a variant is not ready from its pods' container statuses (k8s_status.py) and the last line its newest not-ready
+pod's engine logged (the pods/log subresource, best-effort).
 """
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ from control_plane.rollout import ROLES
 from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, VariantSpec,
                                            VariantStatus, check_role, normalize_weights)
 from control_plane.adapters.k8s_api import KubeApi, load_client, merged
-from control_plane.adapters.k8s_status import deployment_status, pod_problems, pods_crashing
+from control_plane.adapters.k8s_status import deployment_status, last_log_line, log_pod, pod_problems, pods_crashing
 
 log = logging.getLogger(__name__)
+# what status() reads of a not-ready variant's engine log: enough lines to find the last one with text on it, bounded
+# in bytes, and never waiting on a kubelet longer than this
+_LOG_TAIL_LINES, _LOG_LIMIT_BYTES, _LOG_TIMEOUT_S = 20, 64 * 1024, 5.0
 
 
 @dataclass(slots=True)
@@ -128,12 +132,31 @@ class KubernetesDeployer:
         if any(not s.ready and s.replicas for s in out.values()):  # say why: crash loops, image pulls, OOM kills
             pods = self.kube.call(f"list Pods of {service}", lambda: self.kube.list_pods(sel.split(",")[0]))
             for role, st in list(out.items()):
+                if st.ready:
+                    continue
                 mine = [p for p in pods if p["metadata"].get("labels", {}).get(m.ROLE_LABEL) == role]
-                why, crashing = pod_problems(mine), pods_crashing(mine)
-                if (why or crashing) and not st.ready:
-                    out[role] = dataclasses.replace(st, message=f"{st.message}; {why}" if why else st.message,
-                                                    crashing=crashing)
+                why = pod_problems(mine)
+                msg = f"{st.message}; {why}" if why else st.message
+                if st.replicas:   # and what its engine said last
+                    msg += self._log_line(log_pod(mine))
+                out[role] = dataclasses.replace(st, message=msg, crashing=pods_crashing(mine))
         return out
+
+    def _log_line(self, pod: str | None) -> str:
+        """"; pod P last log line: ..." for the pod log_pod() chose. Best-effort: one try with a short timeout; a
+        failure (no RBAC for pods/log, a kubelet that does not answer) is said in a few words, never raised."""
+        if pod is None:
+            return ""
+        try:
+            text = self.kube.call(f"read the log of pod {pod}", lambda: self.kube.read_pod_log(
+                pod, m.ENGINE_CONTAINER, tail_lines=_LOG_TAIL_LINES, limit_bytes=_LOG_LIMIT_BYTES,
+                timeout_s=_LOG_TIMEOUT_S), retries=0)
+        except DeployError as e:
+            log.debug("%s", e)
+            why = {403: "403: grant get on pods/log", None: "no answer"}.get(e.status, str(e.status))
+            return f"; pod {pod} logs unavailable ({why})"
+        line = last_log_line(text)
+        return f"; pod {pod} last log line: {line}" if line else ""
 
     def promote(self, service: str) -> None:
         specs = self._specs(service)

@@ -187,7 +187,25 @@ def _initializing(b: _Builder, obs: Observation) -> None:
     elif canary is not None and baseline is not None and canary.ready and baseline.ready:
         _start_traffic(b, obs, "canary and baseline ready")
     elif b.now - b.r.phase_since > b.r.policy.ready_timeout_s:
-        b.go(Phase.ROLLING_BACK, f"not ready after {b.r.policy.ready_timeout_s:g} s", "rolling_back")
+        b.go(Phase.ROLLING_BACK, f"not ready after {b.r.policy.ready_timeout_s:g} s{_not_ready_why(obs)}",
+             "rolling_back")
+
+
+def _not_ready_why(obs: Observation, limit: int = 300) -> str:
+    """": canary: <the deployer's status message>; baseline: ..." for those of the two that are not ready, each on
+    one line of at most `limit` characters (the middle cut: the counts lead and the engine's last log line ends)."""
+    parts = []
+    for role in ("canary", "baseline"):
+        v = obs.variants.get(role)
+        if v is None:
+            parts.append(f"{role}: not reported by the deployer")
+        elif not v.ready:
+            msg = " ".join(obs.status_messages.get(role, "").split()) or "not ready"
+            if len(msg) > limit:
+                head = (limit - 3) // 2
+                msg = f"{msg[:head]} … {msg[len(msg) - (limit - 3 - head):]}"
+            parts.append(f"{role}: {msg}")
+    return ": " + "; ".join(parts) if parts else ""
 
 
 def _start_traffic(b: _Builder, obs: Observation, reason: str) -> None:

@@ -118,7 +118,9 @@ class Observation:
     `failed_actions`: kinds of actions from the previous call that failed for good; `failure`: why the first of them
     failed (the first line of its error, e.g. a deploy's "canary: engine not ready after 300 s; its last log line:
     ..."; empty when unknown). `correctness`: the verdict of a
-    correctness-gate replay the worker ran in this pass because `rollout.correctness_due` said so (None: none ran)."""
+    correctness-gate replay the worker ran in this pass because `rollout.correctness_due` said so (None: none ran).
+    `status_messages`: role -> the deployer's status message of that variant (e.g. Kubernetes' "0/1 ready, ...; pod
+    P last log line: ..."), which the start-up deadline's rollback reason repeats for the variants not ready."""
     window_start: float | None = None
     window_end: float | None = None
     variants: Mapping[str, VariantData] = field(default_factory=dict)
@@ -130,6 +132,7 @@ class Observation:
     failed_actions: tuple[str, ...] = ()
     correctness: CorrectnessVerdict | None = None
     failure: str = ""
+    status_messages: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) and not isinstance(self.command, Command):
@@ -141,7 +144,7 @@ class Observation:
         # a window_end without a start (a source's first poll: nothing to diff against) carries no window
         if self.window_start is not None and self.window_end is not None and self.window_end < self.window_start:
             raise ValueError(f"window ends ({self.window_end}) before it starts ({self.window_start})")
-        unknown = set(self.variants) - set(ROLES)
+        unknown = (set(self.variants) | set(self.status_messages)) - set(ROLES)
         if unknown:
             raise ValueError(f"unknown variant role(s) {sorted(unknown)}; roles are {', '.join(ROLES)}")
         object.__setattr__(self, "errors", tuple(self.errors))

@@ -45,11 +45,12 @@ class Observer:
         # catching up with a weight change, e.g. Kubernetes replica-ratio traffic, is not a canary failure)
         variants = {role: VariantData(ready=st.ready or (r.phase is not Phase.INITIALIZING and st.ready_replicas > 0),
                                       crashing=st.crashing and not st.ready) for role, st in status.items()}
+        messages = {role: st.message for role, st in status.items()}   # why a variant is not ready, in its words
         if not errors and r.phase in (Phase.PROGRESSING, Phase.PAUSED):
             for role in ("canary", "baseline"):   # gone (e.g. local variants died with a previous worker)
                 variants.setdefault(role, VariantData(ready=False))
         if not status:
-            return Observation(variants=variants, errors=tuple(errors), **cmd)
+            return Observation(variants=variants, errors=tuple(errors), status_messages=messages, **cmd)
         targets = {role: Target(role, st.endpoints or ((st.endpoint,) if st.endpoint else ()), st.ready)
                    for role, st in status.items()}
         required = ("canary", r.policy.compare_to) if r.phase is Phase.PROGRESSING else ()
@@ -57,11 +58,13 @@ class Observer:
             w = self.source.window(r.service, targets, r.observed_until, now, r.policy.metrics, required)
         except MetricsError as e:
             errors.append(f"{self.source.name}: {e}")
-            return Observation(variants=variants, source=self.source.name, errors=tuple(errors), **cmd)
+            return Observation(variants=variants, source=self.source.name, errors=tuple(errors),
+                               status_messages=messages, **cmd)
         for role, v in w.variants.items():
             if role in variants:
                 variants[role] = dataclasses.replace(v, ready=variants[role].ready, crashing=variants[role].crashing)
-        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors), **cmd)
+        return Observation(w.start, w.end, variants, w.source, dict(w.queries), tuple(errors),
+                           status_messages=messages, **cmd)
 
     def correctness(self, r: Rollout, obs: Observation, now: float) -> tuple[Observation, bool]:
         """The gate's replay when it is due and canary and baseline are both ready; its verdict joins the

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -21,6 +22,7 @@ from tests.fixtures.node_agent import managed_namespace
 from tests.fixtures.prometheus import PrometheusServer, as_file_sd, documented_kubernetes_jobs, pod_sd_targets
 
 SVC = "chat"
+STUCK_ENGINE = Path(__file__).resolve().parent / "stuck_engine"   # a `sits-engine` that logs and never serves
 COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
 
 
@@ -144,6 +146,27 @@ def test_a_crashing_canary_is_seen_crashing(kube_cluster, node_agent, core):
         pod = core.list_namespaced_pod(ns, label_selector="sits.io/role=canary").items[0]
         assert pod.status.container_statuses[0].restart_count >= 1
         assert "unknown kernel set 'no-such-kernel-set'" in node_agent.logs(ns, pod.metadata.name)
+        # and what the engine said before it exited (the run that ended, while the container waits to restart)
+        assert (f"; pod {pod.metadata.name} last log line: sits-engine serve: error: unknown kernel set "
+                "'no-such-kernel-set'; known kernel sets: torch") in st.message
+
+
+def test_a_canary_that_never_gets_ready_shows_its_engines_last_log_line(kube_cluster, node_agent, core):
+    """An engine that logs and never serves (tests/cluster/stuck_engine): status() reads its pod's last log line
+    through the API server's pods/log (the node agent's kubelet endpoint), without escapes or control characters."""
+    with managed_namespace(kube_cluster, node_agent, "stuck") as ns:
+        kd = deployer(kube_cluster, ns, process.free_port())
+        kd.deploy(spec("production"))
+        kd.deploy(spec("canary", env={"PATH": f"{STUCK_ENGINE}:/usr/bin:/bin"}))
+        st = wait_for("production ready, the canary's last log line in the deployer's status",
+                      lambda: (s := kd.status(SVC))["production"].ready
+                      and s["canary"].message.endswith("loading weights 3/4") and s, timeout=120)
+        pod = core.list_namespaced_pod(ns, label_selector="sits.io/role=canary").items[0].metadata.name
+        assert not st["canary"].ready and not st["canary"].crashing
+        assert st["canary"].message.startswith("0/1 ready")
+        assert st["canary"].message.endswith(f"; pod {pod} last log line: loading weights 3/4")
+        assert "\x1b[2K" in node_agent.logs(ns, pod)   # what the engine wrote, escapes and all
+        assert st["production"].ready and "log line" not in st["production"].message   # not read for a ready one
 
 
 IN_CLUSTER = textwrap.dedent("""

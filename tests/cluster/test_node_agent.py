@@ -77,6 +77,31 @@ def test_exiting_container_is_restarted_with_backoff(core, agent_namespace, node
     assert node_agent.logs(ns, "crash").count("started") >= 3
 
 
+def test_pod_logs_through_the_apiserver_from_the_agents_log_endpoint(core, agent_namespace, node_agent):
+    """kube-apiserver's pods/log proxy reaches the agent's kubelet endpoint (HTTPS at the Node's InternalIP and
+    daemonEndpoints port): the current run, tailLines, limitBytes, previous, and the kubelet's errors."""
+    ns = agent_namespace
+    assert core.read_node("local-0").status.daemon_endpoints.kubelet_endpoint.port == node_agent.log_server.port
+    core.create_namespaced_pod(ns, pod("talk", ["sh", "-c", 'echo "run $$"; echo one; echo two; printf three; '
+                                                             'sleep 0.5; exit 1']))
+    prev = wait_for("a restart", lambda: container_status(core, ns, "talk").get("restartCount", 0) >= 1 and
+                    core.read_namespaced_pod_log("talk", ns, previous=True))
+    assert prev.startswith("run ") and prev.endswith("one\ntwo\nthree") and prev.count("run ") == 1
+    assert core.read_namespaced_pod_log("talk", ns, tail_lines=2, previous=True) == "two\nthree"
+    assert core.read_namespaced_pod_log("talk", ns, limit_bytes=3, previous=True) == "run"
+    assert node_agent.logs(ns, "talk").count("run ") >= 2   # the file keeps every run; the endpoint one run
+    with pytest.raises(ApiException) as e:   # validated by the apiserver against the pod's spec
+        core.read_namespaced_pod_log("talk", ns, container="nope")
+    assert e.value.status == 400 and "container nope is not valid" in e.value.body
+    core.create_namespaced_pod(ns, pod("fresh", ["sh", "-c", "echo hi; sleep 300"]))
+    wait_for("fresh started", lambda: container_status(core, ns, "fresh").get("state", {}).get("running"))
+    with pytest.raises(ApiException) as e:   # the kubelet's own answer, relayed
+        core.read_namespaced_pod_log("fresh", ns, previous=True)
+    assert e.value.status == 400
+    assert json.loads(e.value.body)["message"] == 'previous terminated container "main" in pod "fresh" not found'
+    assert wait_for("hi logged", lambda: core.read_namespaced_pod_log("fresh", ns) == "hi\n")
+
+
 def test_restart_policy_never_fails_the_pod(core, agent_namespace):
     ns = agent_namespace
     body = pod("never", ["sh", "-c", "exit 7"])

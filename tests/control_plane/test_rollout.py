@@ -22,10 +22,11 @@ class Clock:
     def __init__(self, rollout):
         self.r, self.t, self.actions = rollout, 0.0, []
 
-    def step(self, variants=None, *, command=None, failed=(), dt=10.0, source="scrape"):
+    def step(self, variants=None, *, command=None, failed=(), dt=10.0, source="scrape", messages=None):
         self.t += dt
         obs = Observation(self.t - dt, self.t, variants if variants is not None else {}, source=source,
-                          queries={"canary": "http://canary/metrics"}, command=command, failed_actions=failed)
+                          queries={"canary": "http://canary/metrics"}, command=command, failed_actions=failed,
+                          status_messages=messages or {})
         before = self.r
         self.r, self.actions = reconcile(self.r, obs, self.t)
         assert before is not self.r
@@ -140,9 +141,44 @@ def test_manual_gate_waits_for_promote():
 def test_ready_timeout_and_max_duration():
     c = start(Policy(ready_timeout_s=25))
     assert [c.step(window(ready=False)) for _ in range(3)] == [Phase.INITIALIZING] * 2 + [Phase.ROLLING_BACK]
+    assert c.r.reason == "not ready after 25 s: canary: not ready"   # the deployer said nothing more
     c = progressing(Policy(max_duration_s=40, inconclusive_limit=100))
     phases = [c.step({}) for _ in range(5)]
     assert phases[-1] is Phase.ROLLING_BACK and "max duration" in c.r.reason
+
+
+K8S = ("0/1 ready, 1 updated, 0 available; Available: Deployment does not have minimum availability.; weight 0%; "
+       "pod chat-canary-7d4b9c-x2x9z last log line: loading weights 3/4")
+
+
+def test_ready_timeout_reason_carries_the_deployers_status_of_each_variant_not_ready():
+    c = start(Policy(ready_timeout_s=25))
+    messages = {"canary": K8S, "baseline": "1/1 ready, 1 updated, 1 available", "production": "2/2 ready"}
+    phases = [c.step(window(ready=False), messages=messages) for _ in range(3)]
+    assert phases == [Phase.INITIALIZING] * 2 + [Phase.ROLLING_BACK] and Rollback() in c.actions
+    assert c.r.reason == f"not ready after 25 s: canary: {K8S}"        # the ready baseline is not named
+    assert c.actions[-2] == Notify("rolling_back", f"chat: {c.r.reason}")
+    # both not ready, the local deployer's words for an exited replica (its log tail after a newline): one line each,
+    # cut in the middle past 300 characters so that the counts lead and what the engine logged last ends it
+    tail = "\n".join(f"INFO step {i} of the warm-up" for i in range(40)) + "\nRuntimeError: CUDA error: out of memory\n"
+    local = f"0/1 ready; weight 0%; kernels torch; replica 0 (pid 4242) exited with code 1; log /w/b.log:\n{tail}"
+    c = start(Policy(ready_timeout_s=25))
+    both = {"canary": VariantData(ready=False), "baseline": VariantData(ready=False)}
+    for _ in range(3):
+        c.step(both, messages={"canary": K8S + "\n" + "x" * 400, "baseline": local})
+    assert c.r.phase is Phase.ROLLING_BACK and "\n" not in c.r.reason
+    assert c.r.reason.startswith("not ready after 25 s: canary: ")
+    canary, baseline = c.r.reason.removeprefix("not ready after 25 s: ").split("; baseline: ")
+    assert canary.startswith("canary: 0/1 ready, 1 updated")
+    assert len(canary) == len("canary: ") + 300 and " … " in canary and canary.endswith("x" * 100)
+    assert baseline.startswith("0/1 ready; weight 0%; kernels torch; replica 0 (pid 4242) exited with code 1")
+    assert len(baseline) == 300
+    assert baseline.endswith("INFO step 39 of the warm-up RuntimeError: CUDA error: out of memory")
+    # a variant the deployer did not report at all (e.g. its status call failed)
+    c = start(Policy(ready_timeout_s=25))
+    for _ in range(3):
+        c.step({"canary": VariantData(ready=False)}, messages={"canary": "0/1 ready"})
+    assert c.r.reason == "not ready after 25 s: canary: 0/1 ready; baseline: not reported by the deployer"
 
 
 def test_overlapping_window_is_not_counted_twice():

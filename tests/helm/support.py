@@ -62,12 +62,13 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 _VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "delete": "delete",
           "patch": "patch", "get": "get", "watch": "watch"}
 _API_GROUPS = {"apps": "apps", "core": ""}
-_PLURAL = {"deployment": "deployments", "service": "services", "pod": "pods"}
+_PLURAL = {"deployment": "deployments", "service": "services", "pod": "pods", "pod_log": "pods/log"}
 
 
 def deployer_permissions() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every Kubernetes API call in control_plane/adapters/k8s_api.py:
-    `self.apps.read_namespaced_deployment(...)` -> ("apps", "deployments", "get"); custom objects go to HTTPRoutes."""
+    `self.apps.read_namespaced_deployment(...)` -> ("apps", "deployments", "get"), `read_namespaced_pod_log` -> the
+    pods/log subresource; custom objects go to HTTPRoutes."""
     from control_plane.adapters.k8s_manifests import GATEWAY_GROUP
     tree = ast.parse((ROOT / "control_plane" / "adapters" / "k8s_api.py").read_text())
     perms = set()

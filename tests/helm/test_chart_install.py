@@ -174,11 +174,15 @@ def test_service_account_can_deploy_and_nothing_more(home, kube_cluster):
     d.set_weights(service, {"production": 80, "baseline": 10, "canary": 10})
     st = d.status(service)   # pods never become ready here: status lists them to say why
     assert set(st) == {"production", "baseline", "canary"}
+    core, apps = client.CoreV1Api(sa), client.AppsV1Api(sa)
+    pod = wait_for("a canary pod", lambda: core.list_namespaced_pod(
+        variants_ns, label_selector=f"app={service},sits.io/role=canary").items)[0].metadata.name
+    log = core.read_namespaced_pod_log(pod, variants_ns, container="engine", tail_lines=20, _preload_content=False)
+    assert log.status == 204 and log.data == b""   # get on pods/log; the pod runs nowhere: no content
     d.promote(service)
     assert set(d.status(service)) == {"production"}
     d.delete(service)
     assert d.status(service) == {}
-    core, apps = client.CoreV1Api(sa), client.AppsV1Api(sa)
     forbidden = [lambda: core.list_namespaced_secret(variants_ns),
                  lambda: core.create_namespaced_config_map(variants_ns, {"metadata": {"name": "x"}}),
                  lambda: core.delete_collection_namespaced_pod(variants_ns),

@@ -6,7 +6,7 @@ import pytest
 from kubernetes import client, watch
 
 from control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from control_plane.adapters.k8s_status import pods_crashing
+from control_plane.adapters.k8s_status import last_log_line, log_pod, pods_crashing
 from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 
 SVC = "chat"
@@ -417,6 +417,43 @@ def test_a_container_restarted_after_a_kill_is_crashing_before_any_back_off(kd, 
     assert not st["production"].crashing
 
 
+def test_a_failing_pod_log_read_never_fails_status(kd, kube_namespace, kube_cluster):
+    """status() reads the last log line of a not-ready variant's pod best-effort: without RBAC for pods/log (403), or
+    with a kubelet the API server cannot reach (the fake node has no address: 500), it says so in a few words, once
+    (no retries), and still reports the rest."""
+    ns = kube_namespace
+    rbac = client.RbacAuthorizationV1Api(kube_cluster.api_client())
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "no-logs"}, "rules": [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+    rbac.create_namespaced_role_binding(ns, {"metadata": {"name": "no-logs"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-logs"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "nobody"}]})
+    no_logs = KubernetesDeployer(KubernetesConfig(namespace=ns, backoff_s=0.02),
+                                 api_client=kube_cluster.api_client(kube_cluster.viewer_token))
+    kd.deploy(spec("canary"))
+    sleeps = []
+    kd.kube.sleep = no_logs.kube.sleep = sleeps.append
+    sel = f"app={SVC},sits.io/role=canary"
+    deadline = time.monotonic() + 30
+    while not kube_cluster.make_pods_ready(ns, sel):   # bound to the fake node, which has no address
+        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
+        time.sleep(0.2)
+    kube_cluster.crash_pods(ns, sel, restarts=1, exit_code=137, backoff=False)   # running again, not ready
+    core = client.CoreV1Api(kube_cluster.api_client())
+    pod = core.list_namespaced_pod(ns, label_selector=sel).items[0].metadata.name
+    core.patch_namespaced_pod_status(pod, ns, {"status": {"conditions": [
+        {"type": t, "status": "False"} for t in ("ContainersReady", "Ready")]}})
+    while (st := no_logs.status(SVC)["canary"]).ready:   # until the controllers saw the pod go unready
+        assert time.monotonic() < deadline + 30, "the Deployment never lost its ready replica"
+        time.sleep(0.2)
+    assert not st.ready and st.crashing and "engine restarted 1 time, last exit code 137 Error" in st.message
+    assert st.message.endswith(f"; pod {pod} logs unavailable (403: grant get on pods/log)")
+    st = kd.status(SVC)["canary"]
+    assert st.crashing and st.message.endswith(f"; pod {pod} logs unavailable (500)")
+    assert sleeps == []   # one try each
+
+
 @pytest.mark.parametrize("container,crashing", [
     ({"ready": False, "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}, True),
     ({"ready": False, "restartCount": 1, "state": {"running": {}},
@@ -429,3 +466,39 @@ def test_a_container_restarted_after_a_kill_is_crashing_before_any_back_off(kd, 
 def test_pods_crashing_reads_restarts_and_the_waiting_reason(container, crashing):
     pod = {"metadata": {"name": "p"}, "status": {"containerStatuses": [{"name": "engine", **container}]}}
     assert pods_crashing([pod]) is crashing
+
+
+@pytest.mark.parametrize("text,line", [
+    ("loading llama3-8b\ncapturing CUDA graphs 12/35\n\n  \n", "capturing CUDA graphs 12/35"),
+    # colours, a cleared line, a progress bar's carriage returns, a tab, a bell, a window title, a bidi override
+    ("\x1b[1;32mINFO\x1b[0m  loading weights 1/4\rloading weights 2/4\r\x1b[2Kloading\tweights 3/4\x07\r\n",
+     "loading weights 3/4"),
+    ("\x1b]0;engine\x07ready in \u202e5 s\x1b[K", "ready in 5 s"),
+    ("unterminated title \x1b]2;title\nnext line \x1b", "next line"),
+    ("x" * 500, "x" * 199 + "…"),
+    ("", ""), ("\x1b[31m\x1b[0m\n\r\n", ""),
+])
+def test_last_log_line_is_one_printable_bounded_line(text, line):
+    assert last_log_line(text) == line
+
+
+def _pod(name, created, *, ready=False, deleting=False, **state):
+    cs = {"name": "engine", "ready": ready, "restartCount": 0, "state": state or {"waiting": {"reason": "x"}}}
+    md = {"name": name, "creationTimestamp": created, **({"deletionTimestamp": created} if deleting else {})}
+    return {"metadata": md, "status": {"containerStatuses": [cs]}}
+
+
+def test_log_pod_is_the_newest_not_ready_pod_whose_engine_has_run():
+    running = {"startedAt": "2026-01-01T00:00:04Z"}
+    old = _pod("old", "2026-01-01T00:00:01Z", running=running)
+    new = _pod("new", "2026-01-01T00:00:02Z", running=running)
+    assert log_pod([old, new]) == "new" and log_pod([new, old]) == "new"
+    assert log_pod([old, _pod("ready", "2026-01-01T00:00:03Z", ready=True, running=running)]) == "old"
+    assert log_pod([old, _pod("going", "2026-01-01T00:00:03Z", deleting=True, running=running)]) == "old"
+    fresh = _pod("fresh", "2026-01-01T00:00:03Z", waiting={"reason": "ContainerCreating"})
+    assert log_pod([fresh]) is None and log_pod([old, fresh]) == "old"           # no run yet: no log
+    assert log_pod([{"metadata": {"name": "pending"}, "status": {}}]) is None
+    crashed = _pod("crashed", "2026-01-01T00:00:03Z", waiting={"reason": "CrashLoopBackOff"})
+    crashed["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 1}}
+    assert log_pod([old, crashed]) == "crashed"                                      # the run that ended
+    assert log_pod([_pod("done", "2026-01-01T00:00:03Z", terminated={"exitCode": 0})]) == "done"

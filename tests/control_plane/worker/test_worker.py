@@ -254,6 +254,27 @@ def test_variant_not_ready_within_the_deadline_rolls_back_at_once_saying_why(tmp
         assert "log (simulated)" not in reason   # the first line of the error only
 
 
+def test_a_variant_not_ready_by_the_policy_deadline_rolls_back_in_the_deployers_words(tmp_path):
+    """deploy() returned but the baseline is not ready (as a Kubernetes deploy returns before its pods are): once the
+    policy's ready_timeout_s has passed, the rollback reason repeats the deployer's status message for it."""
+    deployer, t = InMemoryDeployer(), [0.0]
+    policy = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5, ready_timeout_s=20.0)
+    with Store(str(tmp_path / "t.db")) as s:
+        start_rollout(s, "chat", "triton-v1", "torch", policy, now=0.0, rollout_id="r1")
+        w = Worker(s, deployer, CannedSource(), clock=lambda: t[0])
+        t[0] += 1
+        w.reconcile_rollout("r1")                          # deploys baseline + canary
+        deployer.crash("chat", "baseline")                 # the guard watches the canary only: this waits
+        phases = []
+        for _ in range(3):
+            t[0] += 10
+            phases.append(w.reconcile_rollout("r1").phase)
+        assert phases == [Phase.INITIALIZING] * 2 + [Phase.ROLLING_BACK]   # 31 - 1 > 20
+        why = "not ready after 20 s: baseline: 0/1 ready; replica 0 exited with code 1"
+        assert [e["message"] for e in s.events("r1") if "-> rolling_back" in e["message"]] == \
+            [f"initializing -> rolling_back: {why}"]
+
+
 def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
     """Three services at once: one whose deployer hangs, one whose metrics source takes 1.5 s per window, one
     healthy. The healthy one is promoted while the hung one still waits; then the others finish too."""
