@@ -26,7 +26,7 @@ fi
 stamp "wheels installed"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
-torch.version.cuda, 'triton', triton.__version__)"; git log -1 --format='tree at %h %s' 2>/dev/null; } | tee "$OUT/versions.txt"
+torch.version.cuda, 'triton', triton.__version__)"; } | tee "$OUT/versions.txt"
 python3 -c "import control_plane.cli.main, flask, waitress, kubernetes, httpx, zmq, msgspec, engine.server.main" \
   || { echo "missing packages"; exit 3; }
 

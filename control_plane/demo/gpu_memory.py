@@ -1,6 +1,6 @@
 """GPU memory per engine while a GPU demo scenario runs: every few seconds, each variant's /metrics gauge
 `sits_device_memory_reserved_bytes` (what the engine's CUDA caching allocator holds: weights, KV cache, activations;
-the CUDA context not counted), the peak kept per role and kernel set. nvidia-smi cannot say which process is which
+the CUDA context not counted), the peak kept per role. nvidia-smi cannot say which process is which
 role under MPS or inside a container, the engines can."""
 from __future__ import annotations
 
