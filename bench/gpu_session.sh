@@ -4,11 +4,14 @@
 #   bench/gpu_session.sh tests     # the whole GPU suite: pytest -m gpu tests/engine tests/kernels
 #   bench/gpu_session.sh serving   # bench/serving.py llama3-8b, 256 streams: offline vs served with the engine-core
 #                                  # process vs served in-process (the baseline), all in this one run
-#   bench/gpu_session.sh all       # both, in that order
+#   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
+#                                  # batch-1 with int8 weights in its own process)
+#   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
-# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540).
+# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300). Serving: SITS_PREFILL_CAPS
+# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-all}"
@@ -55,7 +58,8 @@ run_tests() {
 run_serving() {
   local budget="${SITS_SERVING_BUDGET_S:-540}"
   local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1
-              --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256)
+              --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256
+              --prefill-caps "${SITS_PREFILL_CAPS:-none}" --engine-process "${SITS_ENGINE_PROCESS:-both}")
   if [[ "$phase" == dry-run ]]; then
     args=(--model tiny --device cpu --kernels torch --clients 32 --max-tokens 16 --repeat 1 --rates 4,8
           --open-requests 16)
@@ -68,18 +72,47 @@ run_serving() {
   summary+=("serving | rc $rc | $((SECONDS - t0)) s | table in serving.log")
 }
 
+run_profile() {
+  local budget="${SITS_PROFILE_BUDGET_S:-300}" t0=$SECONDS rc=0
+  local bf16=() int8=(--quantization int8 --cases decode1)
+  if [[ "$phase" == dry-run ]]; then bf16=(--smoke); int8=(--smoke --cases decode1); fi
+  echo "== profile (budget ${budget} s): bench/profile_steps.py ${bf16[*]}; then ${int8[*]}"
+  timeout -k 10 "$budget" "$py" bench/profile_steps.py "${bf16[@]}" --json "$out/profile-bf16.json" 2>&1 \
+    | tee "$out/profile.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  local left=$((budget - (SECONDS - t0)))
+  if ((left > 30)); then
+    timeout -k 10 "$left" "$py" bench/profile_steps.py "${int8[@]}" --json "$out/profile-int8.json" 2>&1 \
+      | tee -a "$out/profile.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  else
+    rc=1; echo "no time left for the int8 profile"
+  fi
+  summary+=("profile | rc $rc | $((SECONDS - t0)) s | tables in profile.log")
+}
+
 versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
-  tests) run_tests ;;
-  serving) run_serving ;;
-  all|dry-run) run_tests; run_serving ;;
-  *) echo "usage: $0 tests|serving|all|dry-run"; exit 2 ;;
+  all) phases=(tests serving) ;;
+  dry-run) phases=(tests serving profile) ;;
+  *) IFS=, read -ra phases <<< "$phase" ;;
 esac
+for ph in "${phases[@]}"; do
+  case "$ph" in
+    tests) run_tests ;;
+    serving) run_serving ;;
+    profile) run_profile ;;
+    *) echo "usage: $0 tests|serving|profile|all|dry-run (or a comma-separated list)"; exit 2 ;;
+  esac
+done
 
 echo
 echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
+if [[ -f "$out/profile.log" ]]; then
+  grep -E "^(### |\| )" "$out/profile.log"
+fi
 if [[ -f "$out/serving.log" ]]; then
   sed -n '/^| /,$p' "$out/serving.log" | tail -30
 fi

@@ -12,6 +12,12 @@ next to the same requests offline, in one run.
     .venv/bin/python bench/serving.py                 # tiny on CPU: 256 clients x 64 tokens, best of 2 alternating runs
     .venv/bin/python bench/serving.py --model llama3-8b --device cuda --kernels triton-v1.1 --max-tokens 128 --repeat 1
     .venv/bin/python bench/serving.py --rates 2,4,8 --open-requests 32   # plus open-loop Poisson arrivals per rate
+    .venv/bin/python bench/serving.py --prefill-caps none,512,256       # the core process once per prefill cap
+
+`--prefill-caps`: `sits-engine serve --max-prefill-tokens-while-decoding N` per value (none: the flag left out), each
+in the core-process mode (the in-process baseline runs with the first value). Besides the clients' own timings, the
+table shows the servers' histograms: ITL and TTFT as the engine observed them (no client-side parsing in them) and the
+engine step's p50/p99, which says whether long gaps come from long steps.
 """
 from __future__ import annotations
 
@@ -31,6 +37,10 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from control_plane.analysis.quantile import histogram_quantile  # noqa: E402
+
+HISTOGRAMS = ("sits_inter_token_latency_seconds", "sits_time_to_first_token_seconds", "sits_engine_step_seconds")
 
 
 def _prompt(i: int) -> str:
@@ -107,17 +117,27 @@ def _scrape(url: str) -> dict:
             key = s.name + ("{thread=%s}" % s.labels["thread"] if "thread" in s.labels else "")
             if not s.labels.get("le"):
                 out[key] = out.get(key, 0.0) + s.value
+            elif s.name.removesuffix("_bucket") in HISTOGRAMS:   # cumulative bucket counts, summed over labels
+                key = (s.name.removesuffix("_bucket"), float(s.labels["le"]))
+                out[key] = out.get(key, 0.0) + s.value
     return out
 
 
-def served(args, mode: str) -> dict:
+def _hist_pct(delta: dict, name: str, q: float) -> float:
+    """q-quantile (Prometheus' interpolation) of histogram `name` between two scrapes."""
+    buckets = [(le, c) for k, c in delta.items() if isinstance(k, tuple) and k[0] == name for le in (k[1],)]
+    return histogram_quantile(q, buckets) if buckets else float("nan")
+
+
+def served(args, mode: str, cap: int | None = None) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", args.model, "--kernels", args.kernels,
                              "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
-                             "--engine-process", mode, "--log-level", "warning", "--no-access-log"],
+                             "--engine-process", mode, "--log-level", "warning", "--no-access-log",
+                             *(["--max-prefill-tokens-while-decoding", str(cap)] if cap else [])],
                             stdin=subprocess.DEVNULL)
     t_start = time.perf_counter()
     try:
@@ -150,7 +170,8 @@ def served(args, mode: str) -> dict:
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     ttft = [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]]
     itl = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
-    return {"mode": mode, "ready_s": ready_s, "wall": wall, "results": results, "open_loop": open_loop, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
+    hist = {f"{h}_{q}": _hist_pct(d, h, q) for h in HISTOGRAMS for q in (0.5, 0.99)}
+    return {"mode": mode, "cap": cap, "hist": hist, "ready_s": ready_s, "wall": wall, "results": results, "open_loop": open_loop, "step_s": d.get("sits_engine_step_seconds_sum", 0.0),
             "steps": d.get("sits_engine_step_seconds_count", 0.0),
             "cpu_engine": d.get("sits_thread_cpu_seconds_total{thread=engine}", float("nan")),
             "cpu_http": d.get("sits_thread_cpu_seconds_total{thread=http}", float("nan")),
@@ -185,13 +206,12 @@ def _open_loop(port: int, args, rate: float) -> dict:
             "itl": [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]}
 
 
-def open_loop_report(served_runs: dict[str, dict]) -> str:
-    names = {"on": "core process", "off": "in-process"}
+def open_loop_report(served_runs: dict[tuple, dict]) -> str:
     lines = ["| mode | arrivals/s | complete | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |",
              "|---|---:|---:|---:|---:|---:|"]
     for mode, r in served_runs.items():
         for o in r["open_loop"]:
-            lines.append(f"| {names[mode]} | {o['rate']:g} | {o['complete']}/{o['n']} | {o['tokens'] / o['wall']:,.0f} | "
+            lines.append(f"| {_name(*mode).removeprefix('served, ')} | {o['rate']:g} | {o['complete']}/{o['n']} | {o['tokens'] / o['wall']:,.0f} | "
                          f"{_pct(o['ttft'], .5) * 1e3:.0f} / {_pct(o['ttft'], .99) * 1e3:.0f} | "
                          f"{_pct(o['itl'], .5) * 1e3:.1f} / {_pct(o['itl'], .99) * 1e3:.1f} |")
     return "\n".join(lines)
@@ -216,18 +236,24 @@ def main() -> None:
     p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",") if x], default=[],
                    help="open-loop Poisson arrival rates (requests/s) to run after the closed loop, e.g. 8,16,32")
     p.add_argument("--open-requests", type=int, default=128, help="requests per open-loop rate")
+    p.add_argument("--prefill-caps", type=_caps, default=[None],
+                   help="comma-separated --max-prefill-tokens-while-decoding values for the core-process server, "
+                        "none = left out (default: none)")
     args = p.parse_args()
-    modes = ["on", "off"] if args.engine_process == "both" else [args.engine_process]
+    modes = [("on", c) for c in args.prefill_caps] if args.engine_process != "off" else []
+    if args.engine_process != "on":
+        modes.append(("off", args.prefill_caps[0]))
 
     offs: list[dict] = []
-    srvs: dict[str, list[dict]] = {m: [] for m in modes}
+    srvs: dict[tuple, list[dict]] = {m: [] for m in modes}
     for _ in range(args.repeat):  # the host is shared: alternate and keep the best of each
         offs.append(offline(args))
         print(f"offline: {offs[-1]['wall']:.2f} s", flush=True)
-        for mode in modes:
-            srvs[mode].append(served(args, mode))
-            print(f"served --engine-process {mode}: {srvs[mode][-1]['wall']:.2f} s "
-                  f"(ready after {srvs[mode][-1]['ready_s']:.0f} s)", flush=True)
+        for mode, cap in modes:
+            srvs[mode, cap].append(served(args, mode, cap))
+            print(f"served --engine-process {mode}{f' --max-prefill-tokens-while-decoding {cap}' if cap else ''}: "
+                  f"{srvs[mode, cap][-1]['wall']:.2f} s (ready after {srvs[mode, cap][-1]['ready_s']:.0f} s)",
+                  flush=True)
     off = min(offs, key=lambda r: r["wall"])
     best = {mode: min(runs, key=lambda r: r["wall"]) for mode, runs in srvs.items()}
     want = args.clients * args.max_tokens
@@ -242,10 +268,21 @@ def main() -> None:
         print(open_loop_report(best))
 
 
-def report(off: dict, served_runs: dict[str, dict], want: int) -> str:
+def _caps(v: str) -> list[int | None]:
+    caps = [None if x.strip() in ("none", "") else int(x) for x in v.split(",")]
+    if any(c is not None and c <= 0 for c in caps):
+        raise argparse.ArgumentTypeError("prefill caps are positive integers or none")
+    return caps
+
+
+def _name(mode: str, cap: int | None) -> str:
+    name = {"on": "served, core process", "off": "served, in-process"}[mode]
+    return name + (f", prefill cap {cap}" if cap else "")
+
+
+def report(off: dict, served_runs: dict[tuple, dict], want: int) -> str:
     """The comparison table: offline, then each served mode; the last lines are the headline ratios."""
-    names = {"on": "served, core process", "off": "served, in-process"}
-    cols = [(names[m], r, sum(x["tokens"] for x in r["results"])) for m, r in served_runs.items()]
+    cols = [(_name(*m), r, sum(x["tokens"] for x in r["results"])) for m, r in served_runs.items()]
     per_stream = want // max(len(cols[0][1]["results"]), 1) if cols else 0
     rows = [("streams complete, tokens", "-",
              [f"{sum(x['status'] == b'200' and x['tokens'] == per_stream for x in r['results'])}/{len(r['results'])}"
@@ -269,6 +306,11 @@ def report(off: dict, served_runs: dict[str, dict], want: int) -> str:
                                               for _, r, _ in cols]))
     rows.append(("ITL p50 / p99 (ms)", "-", [f"{_pct(r['itl'], .5) * 1e3:.1f} / {_pct(r['itl'], .99) * 1e3:.1f}"
                                              for _, r, _ in cols]))
+    for label, h in (("server ITL p50 / p99 (ms)", "sits_inter_token_latency_seconds"),
+                     ("server TTFT p50 / p99 (ms)", "sits_time_to_first_token_seconds"),
+                     ("engine step p50 / p99 (ms)", "sits_engine_step_seconds")):
+        rows.append((label, "-", [f"{r['hist'][h + '_0.5'] * 1e3:.1f} / {r['hist'][h + '_0.99'] * 1e3:.1f}"
+                                  for _, r, _ in cols]))
     rows.append(("ready after start (s)", "-", [f"{r['ready_s']:.0f}" for _, r, _ in cols]))
     head = ["", "offline LLMEngine"] + [c[0] for c in cols]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *[(r[0], r[1], *r[2]) for r in rows])]

@@ -25,6 +25,9 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
+    # prefill tokens a step may carry while decodes ride along (None: the whole budget); smaller bounds the
+    # inter-token gaps that prefills open, at the cost of time to first token under bursts (engine/scheduler.py)
+    max_prefill_tokens_while_decoding: int | None = None
     max_model_len: int | None = None  # None = min(max_position_embeddings, 8192)
     enable_prefix_caching: bool = True
     max_waiting: int = 1024
@@ -51,7 +54,7 @@ class EngineConfig:
         _positive(self.max_num_seqs, "max_num_seqs")
         _positive(self.max_num_batched_tokens, "max_num_batched_tokens")
         _positive(self.max_waiting, "max_waiting")
-        for name in ("num_kv_blocks", "max_model_len", "max_blocks_per_tenant"):
+        for name in ("num_kv_blocks", "max_model_len", "max_blocks_per_tenant", "max_prefill_tokens_while_decoding"):
             if getattr(self, name) is not None:
                 _positive(getattr(self, name), name)
         g = self.gpu_memory_utilization

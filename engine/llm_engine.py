@@ -58,7 +58,8 @@ class LLMEngine:
                                           enable_prefix_caching=config.enable_prefix_caching,
                                           max_blocks_per_tenant=config.max_blocks_per_tenant, clock=clock)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens)
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding)
         self.eos_token_ids = set(mc.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

@@ -9,6 +9,11 @@ limit the victim comes from the same tenant.
 Then waiting sequences are admitted in priority-then-FCFS order while budget, sequence slots and blocks last (a
 waiting sequence may preempt running ones of strictly lower priority to get blocks); one whose tenant is at its
 block limit is skipped, so a busy tenant never blocks another.
+
+`max_prefill_tokens_while_decoding` (None: no cap) bounds the prefill tokens (running chunks and admissions together)
+of a step that also carries decodes, as Sarathi-Serve's stall-free batching does: a step's time grows with its
+tokens, and every decoding stream waits for the whole step, so a 2048-token chunk riding along turns one inter-token
+gap into a prefill's length. A step without decodes still takes the whole budget.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_prefill_tokens_while_decoding: int | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_tokens_while_decoding = max_prefill_tokens_while_decoding
         self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
         self._waiting_keys: list[tuple[int, int]] = []
         self.running: list[Sequence] = []
@@ -73,12 +80,15 @@ class Scheduler:
         # decodes first (one token each, so inter-token latency does not wait for long prefills), then prefill chunks
         decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
         prefilling = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        prefill_left: int | None = None  # prefill tokens this step may still take (None: whatever the budget leaves)
         for seq in decoding + prefilling:
-            if budget == 0:
+            if seq.num_uncomputed_tokens > 1 and prefill_left is None:
+                prefill_left = self._prefill_allowance(bool(batch.seqs), budget)  # so far only decodes
+            if budget == 0 or prefill_left == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted as a victim earlier in this step
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(seq.num_uncomputed_tokens, budget, budget if prefill_left is None else prefill_left)
             while True:
                 n_fit = min(n, self._fits(seq))
                 if n_fit > 0:
@@ -87,6 +97,8 @@ class Scheduler:
                     batch.num_new_tokens.append(n_fit)
                     scheduled.add(seq.seq_id)
                     budget -= n_fit
+                    if prefill_left is not None:
+                        prefill_left -= n_fit
                     break
                 same_tenant = bm.can_append(seq, n) == TENANT_LIMIT
                 victim = self._pick_victim(seq, scheduled, seq.tenant if same_tenant else None)
@@ -96,8 +108,10 @@ class Scheduler:
                     break
         if batch.preempted:
             return batch  # memory is tight: admit nothing new this step
+        if prefill_left is None:  # no running prefill: every scheduled sequence decodes
+            prefill_left = self._prefill_allowance(bool(batch.seqs), budget)
         for seq in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.max_num_seqs:
+            if budget == 0 or prefill_left == 0 or len(self.running) >= self.max_num_seqs:
                 break
             cached = [] if seq.needs_prompt_logprobs else bm.match_prefix(seq)  # scoring needs every row's logits
             num_cached = len(cached) * bm.block_size
@@ -107,7 +121,10 @@ class Scheduler:
                 victim = next((r for r in reversed(self.running) if r.priority < seq.priority), None)
                 if victim is None:
                     break
-                budget += self._unschedule(batch, victim)
+                returned = self._unschedule(batch, victim)
+                budget += returned
+                if not any(victim is d for d in decoding):  # a prefill chunk's tokens go back to the allowance
+                    prefill_left = min(budget, prefill_left + returned)
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 why = bm.can_allocate(seq, cached, len(seq) - num_cached)
@@ -117,7 +134,7 @@ class Scheduler:
                 break  # FCFS within priority: later arrivals don't overtake
             if budget == 0:
                 break
-            n = min(len(seq) - num_cached, budget)
+            n = min(len(seq) - num_cached, budget, prefill_left)
             self._remove_waiting(seq)
             bm.allocate(seq, cached, n)
             if not seq.admitted:
@@ -128,7 +145,13 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+            prefill_left -= n
         return batch
+
+    def _prefill_allowance(self, with_decodes: bool, budget: int) -> int:
+        """Prefill tokens the rest of this step may take: the budget left, capped while decodes ride along."""
+        cap = self.max_prefill_tokens_while_decoding
+        return budget if cap is None or not with_decodes else min(budget, cap)
 
     def update_computed(self, batch: ScheduledBatch) -> None:
         """After the model ran: the scheduled tokens' K/V are in the cache; register newly full blocks."""

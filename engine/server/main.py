@@ -38,6 +38,7 @@ class ServerConfig:
     max_num_seqs: int = 256
     max_waiting: int = 1024
     max_num_batched_tokens: int = 2048
+    max_prefill_tokens_while_decoding: int | None = None
     max_model_len: int | None = None
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float | None = None
@@ -88,6 +89,7 @@ class ServerConfig:
 
         return EngineConfig(model=self.model, kernels=self.kernels, device=self.device, dtype=self.dtype,
                             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                            max_prefill_tokens_while_decoding=self.max_prefill_tokens_while_decoding,
                             max_model_len=self.max_model_len, num_kv_blocks=self.num_kv_blocks,
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             max_waiting=self.max_waiting, quantization=self.quantization,
@@ -111,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", default="auto")
     a("--max-num-seqs", type=int, default=256)
     a("--max-waiting", type=int, default=1024, help="waiting-queue size; beyond it requests get 429")
-    a("--max-num-batched-tokens", type=int, default=2048)
+    a("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step (prefill is chunked to fit)")
+    a("--max-prefill-tokens-while-decoding", type=int, default=None, metavar="N",
+      help="at most N prefill tokens in a step that also decodes (default: the whole step budget): bounds the "
+           "inter-token gaps that long prompts open for streams already decoding, at some cost in time to first "
+           "token when many prompts arrive at once")
     a("--max-model-len", type=int, default=None)
     a("--num-kv-blocks", type=int, default=None, help="KV-cache blocks of 64 tokens (default: from "
       "--gpu-memory-utilization on a GPU, a fixed budget on CPU)")

@@ -183,3 +183,38 @@ def test_decodes_keep_streaming_while_a_long_prompt_is_prefilled_in_chunks():
     assert decoder_steps == list(range(len(decoder_steps)))  # a token every step, prefill or not
     first_long = next(i for i, ids in enumerate(per_step) if "long" in ids)
     assert first_long >= 12  # ... including the >= 12 steps in which the long prompt was prefilled
+
+
+def test_prefill_tokens_are_capped_while_decodes_ride_along_and_tokens_stay_the_same(reference):
+    """max_prefill_tokens_while_decoding bounds a mixed step's prefill (running chunks and admissions together); a
+    step without decodes still takes the whole budget; the tokens are those of each prompt run alone."""
+    engine = make_engine(max_num_batched_tokens=96, max_prefill_tokens_while_decoding=16)
+    batches = record_batches(engine)
+    first = ["r0", "r5"]  # 5 and 200 tokens: the first step has no decodes, so it takes the whole budget
+    for rid in first:
+        engine.add_request(rid, PROMPTS[rid], GREEDY)
+    results = {}
+    for _ in range(3):  # r0 decodes before the other prompts arrive
+        for out in engine.step():
+            results.setdefault(out.request_id, []).extend(out.new_token_ids)
+    for rid in PROMPTS:
+        if rid not in first:
+            engine.add_request(rid, PROMPTS[rid], GREEDY)
+    for rid, r in run_to_completion(engine).items():
+        results.setdefault(rid, []).extend(r["tokens"])
+    assert results == reference
+    mixed = [b for b in batches if any(left == 1 for _, left in b) and any(left > 1 for _, left in b)]
+    assert mixed, "some steps must carry decodes and prefill together"
+    for b in batches:
+        prefill = sum(n for n, left in b if left > 1)
+        if any(left == 1 for _, left in b):
+            assert prefill <= 16, b
+        assert sum(n for n, _ in b) <= 96
+    assert any(sum(n for n, _ in b) > 16 for b in batches if all(left > 1 for _, left in b)), \
+        "a step with no decodes takes more than the cap"
+    assert all_free(engine)
+
+
+def test_the_prefill_cap_must_be_a_positive_integer():
+    with pytest.raises(Exception, match="max_prefill_tokens_while_decoding must be a positive integer"):
+        EngineConfig(model="tiny", max_prefill_tokens_while_decoding=0)
