@@ -6,12 +6,15 @@
 #                                  # process vs served in-process (the baseline), all in this one run
 #   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
 #                                  # batch-1 with int8 weights in its own process)
+#   bench/gpu_session.sh throughput  # bench/throughput.py: the offline rows (SITS_THROUGHPUT_ROWS)
 #   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
-# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300). Serving: SITS_PREFILL_CAPS
-# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both).
+# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
+# SITS_PROFILE_CASES (default decode1,ttft,b32,b256), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile. Serving: SITS_PREFILL_CAPS
+# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_GC_COMPARE=1
+# (--gc-compare).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-all}"
@@ -59,7 +62,8 @@ run_serving() {
   local budget="${SITS_SERVING_BUDGET_S:-540}"
   local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1
               --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256
-              --prefill-caps "${SITS_PREFILL_CAPS:-none}" --engine-process "${SITS_ENGINE_PROCESS:-both}")
+              --prefill-caps "${SITS_PREFILL_CAPS:-none}" --engine-process "${SITS_ENGINE_PROCESS:-both}"
+              ${SITS_GC_COMPARE:+--gc-compare})
   if [[ "$phase" == dry-run ]]; then
     args=(--model tiny --device cpu --kernels torch --clients 32 --max-tokens 16 --repeat 1 --rates 4,8
           --open-requests 16)
@@ -74,14 +78,16 @@ run_serving() {
 
 run_profile() {
   local budget="${SITS_PROFILE_BUDGET_S:-300}" t0=$SECONDS rc=0
-  local bf16=() int8=(--quantization int8 --cases decode1)
+  local bf16=(--cases "${SITS_PROFILE_CASES:-decode1,ttft,b32,b256}") int8=(--quantization int8 --cases decode1)
   if [[ "$phase" == dry-run ]]; then bf16=(--smoke); int8=(--smoke --cases decode1); fi
   echo "== profile (budget ${budget} s): bench/profile_steps.py ${bf16[*]}; then ${int8[*]}"
   timeout -k 10 "$budget" "$py" bench/profile_steps.py "${bf16[@]}" --json "$out/profile-bf16.json" 2>&1 \
     | tee "$out/profile.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   local left=$((budget - (SECONDS - t0)))
-  if ((left > 30)); then
+  if [[ "${SITS_PROFILE_INT8:-1}" == 0 ]]; then
+    :
+  elif ((left > 30)); then
     timeout -k 10 "$left" "$py" bench/profile_steps.py "${int8[@]}" --json "$out/profile-int8.json" 2>&1 \
       | tee -a "$out/profile.log"
     [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
@@ -91,11 +97,20 @@ run_profile() {
   summary+=("profile | rc $rc | $((SECONDS - t0)) s | tables in profile.log")
 }
 
+run_throughput() {
+  local budget="${SITS_THROUGHPUT_BUDGET_S:-300}" t0=$SECONDS args=(--rows "${SITS_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,decode1-int8}")
+  [[ "$phase" == dry-run ]] && args=(--smoke --rows ttft,decode1,b32)
+  echo "== throughput (budget ${budget} s): bench/throughput.py ${args[*]}"
+  timeout -k 10 "$budget" "$py" bench/throughput.py "${args[@]}" --json "$out/throughput.json" 2>&1 \
+    | tee "$out/throughput.log"
+  summary+=("throughput | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in throughput.log")
+}
+
 versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving profile) ;;
+  dry-run) phases=(tests serving profile throughput) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -103,6 +118,7 @@ for ph in "${phases[@]}"; do
     tests) run_tests ;;
     serving) run_serving ;;
     profile) run_profile ;;
+    throughput) run_throughput ;;
     *) echo "usage: $0 tests|serving|profile|all|dry-run (or a comma-separated list)"; exit 2 ;;
   esac
 done
@@ -110,6 +126,9 @@ done
 echo
 echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
+if [[ -f "$out/throughput.log" ]]; then
+  sed -n '/^row /,$p' "$out/throughput.log"
+fi
 if [[ -f "$out/profile.log" ]]; then
   grep -E "^(### |\| )" "$out/profile.log"
 fi

@@ -84,6 +84,20 @@ def _busy_us(events) -> float:
     return total
 
 
+def _idle_gaps(events, top: int = 5) -> tuple[float, list]:
+    """Idle time between kernels (GPU waiting for the host in mid-step): total us, and the longest gaps as (us,
+    kernel before, kernel after)."""
+    ev = sorted(events, key=lambda x: x[1])
+    gaps, end, before = [], None, None
+    for name, s, e in ev:
+        if end is not None and s > end:
+            gaps.append((s - end, before, name))
+        if end is None or e > end:
+            end, before = e, name
+    gaps.sort(key=lambda g: -g[0])
+    return sum(g[0] for g in gaps), [(round(g, 1), a[:50], b[:50]) for g, a, b in gaps[:top]]
+
+
 def profile(label: str, steps: int, run_step, device: str, floor_ms: float | None, extra: dict) -> dict:
     """Time `steps` calls of run_step() without the profiler, then profile as many more; a summary dict."""
     walls = []
@@ -116,7 +130,9 @@ def profile(label: str, steps: int, run_step, device: str, floor_ms: float | Non
         by_kind[kind_of(name)] += e - s
         by_name.setdefault(name, []).append(e - s)
     per = 1e-3 / done
+    idle_us, longest = _idle_gaps(events)
     row.update(profiled_steps=done, kernels_per_step=len(events) / done, busy_ms=_busy_us(events) * per,
+               idle_between_kernels_ms=idle_us * per, longest_idle=longest,
                kind_ms={k: v * per for k, v in by_kind.items()},
                top=[(n[:70], len(v) / done, sum(v) * per, statistics.median(v)) for n, v in
                     sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:8]])
@@ -225,6 +241,9 @@ def report(rows: list[dict], title: str) -> str:
         if r.get("top"):
             lines += ["", f"top kernels, {r['case']} (calls per step, ms per step, median us per call):"]
             lines += [f"  {ms:7.3f} ms  {calls:5.1f}x  {med:8.1f} us  {name}" for name, calls, ms, med in r["top"]]
+            lines.append(f"  GPU idle between kernels: {r['idle_between_kernels_ms']:.2f} ms per step (profiled steps, "
+                         f"the gaps between steps included); longest: "
+                         + "; ".join(f"{us:.0f} us after {a} before {b}" for us, a, b in r["longest_idle"][:3]))
     return "\n".join(lines)
 
 

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -129,7 +128,7 @@ def _hist_pct(delta: dict, name: str, q: float) -> float:
     return histogram_quantile(q, buckets) if buckets else float("nan")
 
 
-def served(args, mode: str, cap: int | None = None) -> dict:
+def served(args, mode: str, cap: int | None = None, gc_freeze: bool = True) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -138,7 +137,7 @@ def served(args, mode: str, cap: int | None = None) -> dict:
                              "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
                              "--engine-process", mode, "--log-level", "warning", "--no-access-log",
                              *(["--max-prefill-tokens-while-decoding", str(cap)] if cap else [])],
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env={**os.environ, "SITS_GC_FREEZE": "on" if gc_freeze else "off"})
     t_start = time.perf_counter()
     try:
         deadline = time.monotonic() + (120 if args.device == "cpu" else 600)
@@ -197,24 +196,32 @@ def _open_loop(port: int, args, rate: float) -> dict:
     async def run():
         return await asyncio.gather(*(one(i, st) for i, st in enumerate(starts)))
 
+    before = _scrape(f"http://127.0.0.1:{port}")
     t0 = time.perf_counter()
     results = asyncio.run(run())
     wall = time.perf_counter() - t0
-    return {"rate": rate, "wall": wall, "tokens": sum(r["tokens"] for r in results),
+    after = _scrape(f"http://127.0.0.1:{port}")
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return {"rate": rate, "wall": wall, "hist": {f"{h}_{q}": _hist_pct(d, h, q) for h in HISTOGRAMS for q in (0.5, 0.99)}, "tokens": sum(r["tokens"] for r in results),
             "complete": sum(r["status"] == b"200" and r["tokens"] == args.max_tokens for r in results),
             "n": len(results), "ttft": [r["arrivals"][0] - r["t0"] for r in results if r["arrivals"]],
             "itl": [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]}
 
 
 def open_loop_report(served_runs: dict[tuple, dict]) -> str:
-    lines = ["| mode | arrivals/s | complete | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| mode | arrivals/s | complete | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | "
+             "server ITL p50 / p99 (ms) | engine step p50 / p99 (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in served_runs.items():
         for o in r["open_loop"]:
             lines.append(f"| {_name(*mode).removeprefix('served, ')} | {o['rate']:g} | {o['complete']}/{o['n']} | {o['tokens'] / o['wall']:,.0f} | "
                          f"{_pct(o['ttft'], .5) * 1e3:.0f} / {_pct(o['ttft'], .99) * 1e3:.0f} | "
-                         f"{_pct(o['itl'], .5) * 1e3:.1f} / {_pct(o['itl'], .99) * 1e3:.1f} |")
+                         f"{_pct(o['itl'], .5) * 1e3:.1f} / {_pct(o['itl'], .99) * 1e3:.1f} | "
+                         f"{_ms(o, 'sits_inter_token_latency_seconds')} | {_ms(o, 'sits_engine_step_seconds')} |")
     return "\n".join(lines)
+
+
+def _ms(r: dict, h: str) -> str:
+    return f"{r['hist'][h + '_0.5'] * 1e3:.1f} / {r['hist'][h + '_0.99'] * 1e3:.1f}"
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -236,23 +243,26 @@ def main() -> None:
     p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",") if x], default=[],
                    help="open-loop Poisson arrival rates (requests/s) to run after the closed loop, e.g. 8,16,32")
     p.add_argument("--open-requests", type=int, default=128, help="requests per open-loop rate")
+    p.add_argument("--gc-compare", action="store_true",
+                   help="also run the core-process server with SITS_GC_FREEZE=off (engine/heap.py) for comparison")
     p.add_argument("--prefill-caps", type=_caps, default=[None],
                    help="comma-separated --max-prefill-tokens-while-decoding values for the core-process server, "
                         "none = left out (default: none)")
     args = p.parse_args()
-    modes = [("on", c) for c in args.prefill_caps] if args.engine_process != "off" else []
+    modes = [("on", c, True) for c in args.prefill_caps] if args.engine_process != "off" else []
+    if args.gc_compare and args.engine_process != "off":
+        modes.append(("on", args.prefill_caps[0], False))
     if args.engine_process != "on":
-        modes.append(("off", args.prefill_caps[0]))
+        modes.append(("off", args.prefill_caps[0], True))
 
     offs: list[dict] = []
     srvs: dict[tuple, list[dict]] = {m: [] for m in modes}
     for _ in range(args.repeat):  # the host is shared: alternate and keep the best of each
         offs.append(offline(args))
         print(f"offline: {offs[-1]['wall']:.2f} s", flush=True)
-        for mode, cap in modes:
-            srvs[mode, cap].append(served(args, mode, cap))
-            print(f"served --engine-process {mode}{f' --max-prefill-tokens-while-decoding {cap}' if cap else ''}: "
-                  f"{srvs[mode, cap][-1]['wall']:.2f} s (ready after {srvs[mode, cap][-1]['ready_s']:.0f} s)",
+        for m in modes:
+            srvs[m].append(served(args, *m))
+            print(f"{_name(*m)}: {srvs[m][-1]['wall']:.2f} s (ready after {srvs[m][-1]['ready_s']:.0f} s)",
                   flush=True)
     off = min(offs, key=lambda r: r["wall"])
     best = {mode: min(runs, key=lambda r: r["wall"]) for mode, runs in srvs.items()}
@@ -275,9 +285,9 @@ def _caps(v: str) -> list[int | None]:
     return caps
 
 
-def _name(mode: str, cap: int | None) -> str:
+def _name(mode: str, cap: int | None, gc_freeze: bool = True) -> str:
     name = {"on": "served, core process", "off": "served, in-process"}[mode]
-    return name + (f", prefill cap {cap}" if cap else "")
+    return name + (f", prefill cap {cap}" if cap else "") + ("" if gc_freeze else ", GC not frozen")
 
 
 def report(off: dict, served_runs: dict[tuple, dict], want: int) -> str:

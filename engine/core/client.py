@@ -32,6 +32,7 @@ import zmq.asyncio
 from engine.core import messages as m
 from engine.core.process import CoreOptions, run_engine_core
 from engine.errors import EngineError
+from engine.heap import freeze_startup_heap
 from engine.tokenizer import IncrementalDetokenizer
 from engine.server.runner import Output, Rejected
 
@@ -261,6 +262,7 @@ class EngineCoreClient:
         tokenizer = await asyncio.to_thread(load_front_tokenizer, self._config.model, self._config.seed)
         self.engine = EngineInfo(info.model_name, info.max_model_len, info.dtype, tokenizer,
                                  KernelIdentity(info.kernel_set, info.kernel_version), info.pid)
+        freeze_startup_heap("API server")
         self.ready.set()
         log.info("engine ready: model=%s kernels=%s (engine core pid %d)", info.model_name, info.kernel_set,
                  info.pid)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from engine.core import messages as m
+from engine.heap import freeze_startup_heap
 from engine.errors import EngineError
 
 log = logging.getLogger("sits.engine.core")
@@ -104,6 +105,7 @@ class EngineCore:
                 t0 = time.perf_counter()
                 self.engine.warmup()
                 log.info("warm-up took %.2f s", time.perf_counter() - t0)
+            freeze_startup_heap("engine core")
         except Exception as e:
             log.exception("engine failed to load")
             self._send(m.Failed(f"{type(e).__name__}: {e}", loading=True))

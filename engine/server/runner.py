@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from engine.heap import freeze_startup_heap
+
 log = logging.getLogger("sits.engine.server")
 
 
@@ -130,6 +132,7 @@ class EngineRunner:
             log.exception("engine failed to load")
             self.load_error = f"{type(e).__name__}: {e}"
             return
+        freeze_startup_heap("server")
         self.ready.set()
         log.info("engine ready: model=%s kernels=%s", self.engine.model_name, self.engine.kernel_set.name)
         try:
