@@ -12,7 +12,7 @@
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
 # ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
-# SITS_PROFILE_CASES (default decode1,ttft,b32,b256), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile. Serving: SITS_PREFILL_CAPS
+# SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile. Serving: SITS_PREFILL_CAPS
 # (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_GC_COMPARE=1
 # (--gc-compare).
 set -uo pipefail
@@ -78,7 +78,7 @@ run_serving() {
 
 run_profile() {
   local budget="${SITS_PROFILE_BUDGET_S:-300}" t0=$SECONDS rc=0
-  local bf16=(--cases "${SITS_PROFILE_CASES:-decode1,ttft,b32,b256}") int8=(--quantization int8 --cases decode1)
+  local bf16=(--cases "${SITS_PROFILE_CASES:-decode1,ttft,b32,b256,arrivals}") int8=(--quantization int8 --cases decode1)
   if [[ "$phase" == dry-run ]]; then bf16=(--smoke); int8=(--smoke --cases decode1); fi
   echo "== profile (budget ${budget} s): bench/profile_steps.py ${bf16[*]}; then ${int8[*]}"
   timeout -k 10 "$budget" "$py" bench/profile_steps.py "${bf16[@]}" --json "$out/profile-bf16.json" 2>&1 \

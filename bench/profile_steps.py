@@ -1,7 +1,7 @@
 """Where a step's time goes, per throughput row: torch.profiler (CUPTI) kernel times of real engine steps, by kind of
 kernel, next to the step's wall time and its floor (issue 23: "profile first, then fix what the profile shows").
 
-    python3 bench/profile_steps.py [--cases decode1,ttft,b32,b256] [--quantization int8] [--json OUT.json]
+    python3 bench/profile_steps.py [--cases decode1,ttft,b32,b256,arrivals] [--quantization int8] [--json OUT.json]
     .venv/bin/python bench/profile_steps.py --smoke        # tiny model on CPU, small shapes: a test of this script
                                                             # (its "kernels" are the innermost aten ops)
 
@@ -9,7 +9,9 @@ Cases (llama3-8b preset, random weights and prompt tokens, kernel set triton-v1.
 - decode1: one 128-token prompt decoding (the batch-1 rows); decode steps replay CUDA graphs;
 - ttft: one 2048-token prompt, max_tokens 1 (the TTFT row): one prefill step;
 - b32: 32 x 2048-token prompts (the 32 x 2048/512 row): its 2048-token prefill steps, then decode steps at 32;
-- b256: 256 x 2048 (the 256 x 2048/512 row): a few of its prefill steps, then decode steps at 256.
+- b256: 256 x 2048 (the 256 x 2048/512 row): a few of its prefill steps, then decode steps at 256;
+- arrivals: 128 short prompts decoding while one more arrives every 6 steps (open-loop serving): the wall time of steps
+  that only decode and of steps that also prefill, then the profile of arrival steps.
 Each kind of step is timed without the profiler first (median wall time, the GPU synchronized after each step), then
 profiled. Per kind: wall ms per step; GPU busy ms per step (the union of kernel intervals); kernel ms per step by kind
 (matmul = cuBLAS / cuBLASLt / Triton linear kernels, attention, norm, rope, activation, other); the floor (weights and KV
@@ -28,8 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-FULL = dict(d1_in=128, ttft_len=2048, b32=32, b256=256, b_in=2048, timed=20, profiled=10, prefill_profiled=3)
-SMOKE = dict(d1_in=8, ttft_len=40, b32=3, b256=5, b_in=20, timed=3, profiled=2, prefill_profiled=1)
+FULL = dict(d1_in=128, ttft_len=2048, b32=32, b256=256, b_in=2048, timed=20, profiled=10, prefill_profiled=3,
+            arrivals_batch=128, arrivals_steps=240)
+SMOKE = dict(d1_in=8, ttft_len=40, b32=3, b256=5, b_in=20, timed=3, profiled=2, prefill_profiled=1,
+             arrivals_batch=4, arrivals_steps=18)
+CASES = ("decode1", "ttft", "b32", "b256", "arrivals")
 KINDS = ("matmul", "attention", "norm", "rope", "activation", "other")
 
 
@@ -144,6 +149,54 @@ def decoding(engine) -> bool:
     return bool(s.running) and not s.waiting and all(q.num_uncomputed_tokens <= 1 for q in s.running)
 
 
+def arrivals(engine, add, abort_all, sz, device) -> dict:
+    """Open-loop serving in miniature: `arrivals_batch` short prompts decoding, one more 20-token prompt arriving every
+    few steps; each step's wall time (no synchronization: as the server's step histogram sees it), split into steps
+    that only decode and steps that also prefill; then the profile of arrival steps."""
+    batch, every, steps = sz["arrivals_batch"], 6, sz["arrivals_steps"]
+    add(batch, 20, 4000)
+    while not decoding(engine):
+        engine.step()
+    shapes: list[tuple[int, int]] = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        b = schedule()
+        shapes.append((sum(n for n in b.num_new_tokens if n > 1), sum(1 for n in b.num_new_tokens if n == 1)))
+        return b
+
+    engine.scheduler.schedule = recording
+    walls: dict[str, list[float]] = {"decode only": [], "with a prefill": []}
+    try:
+        for i in range(steps):
+            if i % every == 0:
+                add(1, 20, 4000)
+            n0 = len(shapes)
+            t0 = time.perf_counter()
+            engine.step()
+            dt = time.perf_counter() - t0
+            kinds = shapes[n0:]
+            walls["with a prefill" if any(p for p, _ in kinds) else "decode only"].append(dt)
+    finally:
+        engine.scheduler.schedule = schedule
+
+    def q(xs, p):
+        xs = sorted(xs)
+        return 1e3 * xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+    split = {k: {"steps": len(v), "p50_ms": q(v, .5), "p90_ms": q(v, .9), "max_ms": q(v, 1.0)}
+             for k, v in walls.items()}
+
+    def arrival_step():
+        add(1, 20, 4000)
+        engine.step()
+
+    row = profile(f"arrivals: {batch} decoding, a 20-token prompt arrives (that step)", sz["profiled"], arrival_step,
+                  device, None, {"split": split, "running": len(engine.scheduler.running)})
+    abort_all()
+    return row
+
+
 def run(args) -> list[dict]:
     import random
 
@@ -189,6 +242,8 @@ def run(args) -> list[dict]:
         return 1e3 * shape.prefill_s(1, length, tflops, copy) * seqs
 
     cases = args.cases
+    if "arrivals" in cases:
+        rows.append(arrivals(engine, add, abort_all, sz, device))
     if "decode1" in cases:
         add(1, sz["d1_in"], 2000)
         while not decoding(engine):
@@ -205,7 +260,7 @@ def run(args) -> list[dict]:
         if label not in cases:
             continue
         batch = sz[key]
-        add(batch, sz["b_in"], 200)
+        add(batch, sz["b_in"], 2 * batch + 100)   # none finishes before the last one's prefill is done
 
         def prefill_step():
             if decoding(engine):
@@ -229,7 +284,7 @@ def report(rows: list[dict], title: str) -> str:
              "|---|---:|---:|---:|---:|---:|" + "---:|" * len(KINDS)]
     for r in rows:
         wall = r.get("wall_ms")
-        fl = r.get("floor_ms")
+        fl = r.get("floor_ms") or float("nan")
         if "kind_ms" not in r:
             lines.append(f"| {r['case']} | {wall or float('nan'):.2f} | {fl or float('nan'):.2f} | "
                          f"{r.get('profile', 'not profiled')} |")
@@ -237,6 +292,10 @@ def report(rows: list[dict], title: str) -> str:
         kinds = " | ".join(f"{r['kind_ms'][k]:.2f}" for k in KINDS)
         lines.append(f"| {r['case']} | {wall:.2f} | {fl:.2f} | {r['busy_ms']:.2f} | {wall - r['busy_ms']:.2f} | "
                      f"{r['kernels_per_step']:.0f} | {kinds} |")
+    for r in rows:
+        for kind, st in r.get("split", {}).items():
+            lines.append(f"  {r['case']}: {kind}: {st['steps']} steps, wall p50 {st['p50_ms']:.2f} / p90 "
+                         f"{st['p90_ms']:.2f} / max {st['max_ms']:.2f} ms")
     for r in rows:
         if r.get("top"):
             lines += ["", f"top kernels, {r['case']} (calls per step, ms per step, median us per call):"]
@@ -249,16 +308,16 @@ def report(rows: list[dict], title: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", type=lambda v: [x for x in v.split(",") if x], default=["decode1", "ttft", "b32", "b256"])
+    p.add_argument("--cases", type=lambda v: [x for x in v.split(",") if x], default=list(CASES))
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--kernels", default="triton-v1.1")
     p.add_argument("--quantization", choices=["int8", "fp8"], default=None)
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU, small shapes (aten ops stand in for kernels)")
     args = p.parse_args(argv)
-    unknown = set(args.cases) - {"decode1", "ttft", "b32", "b256"}
+    unknown = set(args.cases) - set(CASES)
     if unknown:
-        p.error(f"unknown case(s) {', '.join(sorted(unknown))}: choose from decode1, ttft, b32, b256")
+        p.error(f"unknown case(s) {', '.join(sorted(unknown))}: choose from {', '.join(CASES)}")
     rows = run(args)
     title = f"{'tiny (smoke)' if args.smoke else args.model}, {args.kernels if not args.smoke else 'torch'}, " \
             f"{args.quantization or 'bf16'} weights"

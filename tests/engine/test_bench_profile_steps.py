@@ -16,10 +16,13 @@ _spec.loader.exec_module(profile_steps)
 
 def test_smoke_run_profiles_every_case(tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert profile_steps.main(["--smoke", "--cases", "decode1,ttft,b32", "--json", str(out)]) == 0
+    assert profile_steps.main(["--smoke", "--cases", "arrivals,decode1,ttft,b32", "--json", str(out)]) == 0
     rows = {r["case"]: r for r in json.loads(out.read_text())}
+    arrivals = "arrivals: 4 decoding, a 20-token prompt arrives (that step)"
     assert set(rows) == {"decode, batch 1", "prefill, one 40-token prompt (TTFT)", "3 x 20: prefill steps (2048 tokens)",
-                         "3 x 20: decode steps at 3"}
+                         "3 x 20: decode steps at 3", arrivals}
+    split = rows[arrivals]["split"]   # 18 steps, a prompt arriving every 6th: 3 steps prefill it
+    assert split["with a prefill"]["steps"] == 3 and split["decode only"]["steps"] == 15
     for case in ("decode, batch 1", "prefill, one 40-token prompt (TTFT)", "3 x 20: decode steps at 3"):
         r = rows[case]
         assert r["wall_ms"] > 0 and r["floor_ms"] > 0 and r["profiled_steps"] >= 1
