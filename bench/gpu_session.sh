@@ -24,8 +24,13 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py="${PYTHON:-python3}"
 
 if [[ "$phase" != dry-run ]] && compgen -G ".whl/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
+  # only what the machine lacks: a carried copy of something it has would shadow its own version
+  mapfile -t wheels < <("$py" bench/missing_wheels.py .whl)
+  if ((${#wheels[@]})); then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" \
+      || { echo "wheel install failed"; exit 1; }
+  fi
+  echo "installed ${#wheels[@]} carried wheels into /tmp/site (the rest the machine has)"
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

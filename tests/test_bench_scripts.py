@@ -16,3 +16,13 @@ def test_bench_script_answers_help(script):
     r = subprocess.run([sys.executable, f"bench/{script}", "--help"], cwd=REPO, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr[-2000:]
+
+
+def test_missing_wheels_lists_only_what_this_interpreter_lacks(tmp_path):
+    for name in ("pytest-8.0.0-py3-none-any.whl", "Prometheus_Client-0.1-py3-none-any.whl",
+                 "surely_not_installed_sits_pkg-1.0-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "missing_wheels.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [line.rsplit("/", 1)[-1] for line in r.stdout.split()] == ["surely_not_installed_sits_pkg-1.0-py3-none-any.whl"]
