@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from control_plane.analysis import MetricCheck, Policy
+from control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy
 from control_plane.demo.loadgen import LoadGenerator
 from control_plane.rollout import Command, Decision, EventKind, Phase
 from control_plane.service.format import format_check
@@ -33,6 +33,10 @@ def gate(c: MetricCheck) -> str:
     return f"{c.name} <= +{c.max_abs_delta * 100:g} pt"
 
 
+# how a check line names a latency metric: request latency needs no name (P99, P90), the others a short one
+_SHORT = {REQUEST_LATENCY: "", ITL: "ITL", TTFT: "TTFT"}
+
+
 def _pick(results: list[dict], suffix: str) -> dict | None:
     rows = [r for r in results if r["check"].endswith(suffix)]
     return next((r for r in rows if '"/v1/completions"' in r.get("series", "")), rows[0] if rows else None)
@@ -43,18 +47,21 @@ def _pct(x) -> str:
 
 
 def check_line(ev: dict, steps: int) -> str:
-    """One check in one line: step, weight, P99 and P90 deltas with their intervals, verdict and decision."""
+    """One check in one line: step, weight, each latency gate's delta with its interval (request latency's P99 and
+    P90 unnamed, others named: ITL P99), verdict and decision."""
     v = ev["verdict"]
     head = f"check {ev['seq']:>2} · step {ev['step'] + 1}/{steps} at {ev['weight']:>3} %"
     if v.get("correctness") is not None:
         return f"{head} · correctness gate: {v['correctness']['outcome'].upper()} -> {ev['decision']}"
     parts = []
-    for q in ("p99", "p90"):
-        r = _pick(v["results"], f":{q}")
-        if r is not None and not isinstance(r.get("delta_rel"), (int, float)):
-            parts.append(f"{q.upper()} not yet (too few requests)")
-        elif r is not None:
-            parts.append(f"{q.upper()} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "
+    for check in dict.fromkeys(r["check"] for r in v["results"] if ":p" in r["check"]):   # latency gates, in order
+        r = _pick(v["results"], check)
+        metric, q = check.rsplit(":", 1)
+        label = f"{_SHORT.get(metric, metric)} {q.upper()}".lstrip()
+        if not isinstance(r.get("delta_rel"), (int, float)):
+            parts.append(f"{label} not yet (too few {'tokens' if metric == ITL else 'requests'})")
+        else:
+            parts.append(f"{label} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "
                          f"{_pct(r.get('ci_high'))}] (<= +{r['threshold'] * 100:g} %)")
     c = ev.get("variants", {}).get("canary", {})
     n, rep = c.get("requests", 0), c.get("replayed", 0)
