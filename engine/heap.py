@@ -1,10 +1,10 @@
 """Garbage-collector policy of a serving process: after start-up, everything alive is moved out of the collector's
-reach (`gc.freeze()`), as vLLM does for its API server and engine core.
+reach (`gc.freeze()`), as vLLM does after its server's init and warm-up (vllm/utils/gc_utils.py, `freeze_gc_heap`).
 
 Start-up leaves hundreds of thousands of long-lived objects (torch, transformers, the model's modules, tokenizer
-tables, the app). CPython's oldest-generation collection walks all of them, taking tens of milliseconds, and it runs
-every so often under a steady allocation rate, e.g. once per few thousand streamed tokens: every stream waits for it,
-so it lands in the P99 of inter-token latency. Frozen objects are never scanned again; what requests allocate later
+tables, the app). CPython's oldest-generation collection walks all of them, which can take tens of milliseconds, and
+it runs every so often under a steady allocation rate: every stream waits for it. (One A/B run on an H200 showed no
+consistent ITL difference either way: BENCHMARKS.md "Where the engine's time goes".) Frozen objects are never scanned again; what requests allocate later
 is collected as before. At exit they are unfrozen again, so that interpreter teardown frees them as it always did
 (extension modules such as nanobind's report objects still alive then as leaks). `SITS_GC_FREEZE=off` keeps the
 default behaviour (to measure the difference).
