@@ -103,7 +103,7 @@ run_profile() {
 }
 
 run_throughput() {
-  local budget="${SITS_THROUGHPUT_BUDGET_S:-300}" t0=$SECONDS args=(--rows "${SITS_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,decode1-int8}")
+  local budget="${SITS_THROUGHPUT_BUDGET_S:-300}" t0=$SECONDS args=(--rows "${SITS_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,decode1-int8,b32-int8}")
   [[ "$phase" == dry-run ]] && args=(--smoke --rows ttft,decode1,b32)
   echo "== throughput (budget ${budget} s): bench/throughput.py ${args[*]}"
   timeout -k 10 "$budget" "$py" bench/throughput.py "${args[@]}" --json "$out/throughput.json" 2>&1 \

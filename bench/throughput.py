@@ -1,14 +1,15 @@
 """Offline throughput as a user sees it: `LLM(...).generate(...)` after `engine.warmup()`, the first run after the
 warm-up counted, each figure next to its floor and (batch-1 decode) Hugging Face transformers on the same shape.
 
-    python3 bench/throughput.py [--rows hf,ttft,decode1,b32,b256,decode1-int8] [--json OUT.json] [--profile-log F]
+    python3 bench/throughput.py [--rows hf,ttft,decode1,b32,b256,decode1-int8,b32-int8] [--json OUT.json] [--profile-log F]
     .venv/bin/python bench/throughput.py --smoke          # tiny model on CPU, small shapes: a test of this script
 
 Rows (llama3-8b preset, random weights, random prompt tokens so that the prefix cache never hits, greedy,
 ignore_eos):
 - ttft: one 2048-token prompt, max_tokens=1; first run after warm-up and the median of 5 more.
 - decode1 / decode1-int8: one 128-token prompt, 256 output tokens (bf16 / int8 weight-only); first run and second.
-- b32: 32 prompts x 2048 tokens, 512 output tokens each; first run after warm-up, then a second ("steady").
+- b32 / b32-int8: 32 prompts x 2048 tokens, 512 output tokens each; first run after warm-up, then a second
+  ("steady").
 - b256: 256 x 2048 / 512, once.
 - hf: transformers' LlamaForCausalLM (same config, random bf16 weights, sdpa attention, default dynamic cache)
   `generate` of 256 tokens after a 128-token prompt.
@@ -35,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ALL_ROWS = ("hf", "ttft", "decode1", "b32", "b256", "decode1-int8")
+ALL_ROWS = ("hf", "ttft", "decode1", "b32", "b256", "decode1-int8", "b32-int8")
+INT8_ROWS = ("decode1-int8", "b32-int8")
 FULL = dict(ttft_len=2048, d1_in=128, d1_out=256, b32=32, b_in=2048, b_out=512, b256=256, ttft_reps=5)
 SMOKE = dict(ttft_len=40, d1_in=8, d1_out=6, b32=3, b_in=20, b_out=4, b256=5, ttft_reps=2)
 
@@ -241,7 +243,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             add(f"decode b1 {label} {'first' if i == 0 else 'second'}", wall, sz["d1_out"], floor, watch,
                 meter.summary(1))
     for key, runs in (("b32", ("first", "steady")), ("b256", ("first",))):
-        if key not in rows or quant:
+        if (f"{key}-int8" if quant else key) not in rows:
             continue
         b = sz[key]
         p = SamplingParams(max_tokens=sz["b_out"], temperature=0.0, ignore_eos=True)
@@ -251,7 +253,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             wall, res, watch = timed_generate(llm, device, prompts(rng, b, sz["b_in"], vocab), sampling_params=p)
             meter.detach()
             assert all(len(r.token_ids) == sz["b_out"] for r in res)
-            add(f"{b} x {sz['b_in']}/{sz['b_out']} {run}", wall, b * sz["b_out"], floor, watch,
+            add(f"{b} x {sz['b_in']}/{sz['b_out']}{' int8' if quant else ''} {run}", wall, b * sz["b_out"], floor, watch,
                 {"decode_steps_at_full_batch": meter.summary(b)})
             if meter.profile is not None:
                 logs.append(meter.profile_text())
@@ -329,8 +331,8 @@ def main(argv=None) -> int:
     logs: list[str] = []
     if "hf" in rows:
         run_hf(args, sz, device, copy, tflops, res["rows"])
-    if "decode1-int8" in rows:
-        if rows == {"decode1-int8"} or args.smoke:
+    if int8 := rows & set(INT8_ROWS):
+        if rows <= set(INT8_ROWS) or args.smoke:
             run_engine_rows(args, sz, device, copy, tflops, "int8", rows, res["rows"], logs)
         else:  # a fresh process, first: this one keeps what the bf16 engine held (Triton's autotuners keep
             # their last call's arguments, the KV cache among them), so a later engine here gets no memory
@@ -338,7 +340,7 @@ def main(argv=None) -> int:
             import tempfile
             with tempfile.TemporaryDirectory() as tmp:
                 sub = Path(tmp) / "int8.json"
-                subprocess.run([sys.executable, __file__, "--rows", "decode1-int8", "--model", args.model,
+                subprocess.run([sys.executable, __file__, "--rows", ",".join(sorted(int8)), "--model", args.model,
                                 "--kernels", args.kernels, "--json", str(sub)], check=True)
                 res["rows"] += json.loads(sub.read_text())["rows"]
     if rows & {"ttft", "decode1", "b32", "b256"}:
