@@ -59,16 +59,17 @@ def demo_policy(rate: float = 25.0) -> Policy:
     (--rate 0.5) replayed requests supply the samples (4 in flight per variant: more only queue behind the slow set
     and widen both tails); a pass still needs 200 live canary requests.
 
-    Below BUSY_RATE the checks also gate inter-token latency at P99 (+50 %). Replayed load does not saturate the slow
-    set, and there its request-latency P99 is only +50..+90 % (the tail of short answers is set by the longest ones
-    and by the two shared cores, BENCHMARKS.md "Low-traffic mode"), so its bound clears +50 % in about half the runs;
-    its ITL P99 is +250..+350 % with ~6 observations per request, so a P99 decides every time, from the first few
-    hundred replayed requests."""
+    Below BUSY_RATE the checks also gate inter-token latency at P99 (+100 %). Replayed load does not saturate the
+    slow set, and there its request-latency P99 is only +50..+90 % (the tail of short answers is set by the longest
+    ones and by the two shared cores, BENCHMARKS.md "Low-traffic mode"), so its bound clears +50 % in about half the
+    runs; at 0.5 req/s its ITL P99 is +180..+330 % (lower bounds +130..+290 %) with ~6 observations per request, so a
+    P99 decides every time, from the first few hundred replayed requests. +100 %, not +50 %: two identical engines on
+    the two shared cores once differed by +57 % at ITL P99 for half a minute (A/A, lower bound up to +38.6 %)."""
     checks = (MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.50),
               MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.25),
               MetricCheck(ERROR_RATE, max_abs_delta=0.02))
     if rate < BUSY_RATE:
-        checks += (MetricCheck(ITL, quantile=0.99, max_rel_delta=0.50),)
+        checks += (MetricCheck(ITL, quantile=0.99, max_rel_delta=1.00),)
     return Policy(steps=(50, 100), check_interval_s=5.0, warmup_s=3.0, checks=checks,
                   min_samples=700 if rate >= BUSY_RATE else 1200, min_tail_samples=2, failure_limit=2,
                   inconclusive_limit=40,

@@ -21,7 +21,7 @@ def test_thin_live_rates_also_gate_inter_token_latency_at_p99(tmp_path):
     def gates(policy):
         return {(c.metric, c.quantile, c.max_rel_delta) for c in policy.checks if c.quantile is not None}
 
-    itl = ("sits_inter_token_latency_seconds", 0.99, 0.50)
+    itl = ("sits_inter_token_latency_seconds", 0.99, 1.00)
     assert itl in gates(demo_policy(0.5)) and itl in gates(demo_policy(2.0))
     assert itl not in gates(demo_policy(25.0)) and itl not in gates(demo_policy(BUSY_RATE))
     assert gates(demo_policy(0.5)) - {itl} == gates(demo_policy(25.0))   # the request-latency gates stay
