@@ -123,7 +123,8 @@ class Scheduler:
                     break
                 returned = self._unschedule(batch, victim)
                 budget += returned
-                if not any(victim is d for d in decoding):  # a prefill chunk's tokens go back to the allowance
+                # a prefill chunk's tokens go back to the allowance (uncapped, the allowance is the budget)
+                if self.max_prefill_tokens_while_decoding is None or not any(victim is d for d in decoding):
                     prefill_left = min(budget, prefill_left + returned)
                 self._preempt(victim)
                 batch.preempted.append(victim)

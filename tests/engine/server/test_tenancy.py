@@ -47,7 +47,10 @@ def _wait_waiting(server, n, timeout=20):
 def _order(server, priorities):
     """With one running slot held, queue requests with `priorities` in order; release; return completion order."""
     hog = {"model": "tiny", "prompt": "hog", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-    small = {"model": "tiny", "prompt": "queued", "max_tokens": 3, "ignore_eos": True}
+    # with one running slot each queued request starts only after the one before it has finished; 24 tokens make
+    # that gap (~24 engine steps) far longer than the client threads' wake-up jitter on a busy machine, so the order
+    # the answers arrive in is the order they ran in (3 tokens once let two answers swap under a parallel test run)
+    small = {"model": "tiny", "prompt": "queued", "max_tokens": 24, "ignore_eos": True}
     done: list = []
     with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/v1/completions", json=hog) as stream:
         lines = stream.iter_lines()
