@@ -30,6 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from throughput import Shape, _sync, build, ceilings, prompts  # noqa: E402  (bench/throughput.py, beside this one)
+
 FULL = dict(d1_in=128, ttft_len=2048, b32=32, b256=256, b_in=2048, timed=20, profiled=10, prefill_profiled=3,
             arrivals_batch=128, arrivals_steps=240)
 SMOKE = dict(d1_in=8, ttft_len=40, b32=3, b256=5, b_in=20, timed=3, profiled=2, prefill_profiled=1,
@@ -51,12 +53,6 @@ def kind_of(name: str) -> str:
     if "silu" in n or "gelu" in n or "act" in n:
         return "activation"
     return "other"
-
-
-def _sync(device: str) -> None:
-    import torch
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _kernel_events(prof, device: str):
@@ -201,7 +197,6 @@ def run(args) -> list[dict]:
     import random
 
     from engine import SamplingParams
-    from throughput import Shape, build, ceilings, prompts
 
     sz = SMOKE if args.smoke else FULL
     device = "cpu" if args.smoke else "cuda"

@@ -80,15 +80,17 @@ class Scheduler:
         # decodes first (one token each, so inter-token latency does not wait for long prefills), then prefill chunks
         decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
         prefilling = [s for s in self.running if s.num_uncomputed_tokens > 1]
-        prefill_left: int | None = None  # prefill tokens this step may still take (None: whatever the budget leaves)
+        # prefill tokens (running chunks and admissions) this step may take; uncapped it never binds before the budget
+        cap = self.max_prefill_tokens_while_decoding
+        prefill_cap = budget if cap is None or not decoding else min(budget, cap)
+        prefill = 0
         for seq in decoding + prefilling:
-            if seq.num_uncomputed_tokens > 1 and prefill_left is None:
-                prefill_left = self._prefill_allowance(bool(batch.seqs), budget)  # so far only decodes
-            if budget == 0 or prefill_left == 0:
+            is_prefill = seq.num_uncomputed_tokens > 1
+            if budget == 0 or (is_prefill and prefill == prefill_cap):
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted as a victim earlier in this step
-            n = min(seq.num_uncomputed_tokens, budget, budget if prefill_left is None else prefill_left)
+            n = min(seq.num_uncomputed_tokens, budget, prefill_cap - prefill if is_prefill else budget)
             while True:
                 n_fit = min(n, self._fits(seq))
                 if n_fit > 0:
@@ -97,8 +99,7 @@ class Scheduler:
                     batch.num_new_tokens.append(n_fit)
                     scheduled.add(seq.seq_id)
                     budget -= n_fit
-                    if prefill_left is not None:
-                        prefill_left -= n_fit
+                    prefill += n_fit if is_prefill else 0
                     break
                 same_tenant = bm.can_append(seq, n) == TENANT_LIMIT
                 victim = self._pick_victim(seq, scheduled, seq.tenant if same_tenant else None)
@@ -108,10 +109,8 @@ class Scheduler:
                     break
         if batch.preempted:
             return batch  # memory is tight: admit nothing new this step
-        if prefill_left is None:  # no running prefill: every scheduled sequence decodes
-            prefill_left = self._prefill_allowance(bool(batch.seqs), budget)
         for seq in list(self.waiting):
-            if budget == 0 or prefill_left == 0 or len(self.running) >= self.max_num_seqs:
+            if budget == 0 or prefill == prefill_cap or len(self.running) >= self.max_num_seqs:
                 break
             cached = [] if seq.needs_prompt_logprobs else bm.match_prefix(seq)  # scoring needs every row's logits
             num_cached = len(cached) * bm.block_size
@@ -123,9 +122,8 @@ class Scheduler:
                     break
                 returned = self._unschedule(batch, victim)
                 budget += returned
-                # a prefill chunk's tokens go back to the allowance (uncapped, the allowance is the budget)
-                if self.max_prefill_tokens_while_decoding is None or not any(victim is d for d in decoding):
-                    prefill_left = min(budget, prefill_left + returned)
+                if not any(victim is d for d in decoding):  # a prefill chunk's tokens go back to the allowance
+                    prefill -= returned
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 why = bm.can_allocate(seq, cached, len(seq) - num_cached)
@@ -135,7 +133,7 @@ class Scheduler:
                 break  # FCFS within priority: later arrivals don't overtake
             if budget == 0:
                 break
-            n = min(len(seq) - num_cached, budget, prefill_left)
+            n = min(len(seq) - num_cached, budget, prefill_cap - prefill)
             self._remove_waiting(seq)
             bm.allocate(seq, cached, n)
             if not seq.admitted:
@@ -146,13 +144,8 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
-            prefill_left -= n
+            prefill += n
         return batch
-
-    def _prefill_allowance(self, with_decodes: bool, budget: int) -> int:
-        """Prefill tokens the rest of this step may take: the budget left, capped while decodes ride along."""
-        cap = self.max_prefill_tokens_while_decoding
-        return budget if cap is None or not with_decodes else min(budget, cap)
 
     def update_computed(self, batch: ScheduledBatch) -> None:
         """After the model ran: the scheduled tokens' K/V are in the cache; register newly full blocks."""

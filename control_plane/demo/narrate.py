@@ -37,8 +37,8 @@ def gate(c: MetricCheck) -> str:
 _SHORT = {REQUEST_LATENCY: "", ITL: "ITL", TTFT: "TTFT"}
 
 
-def _pick(results: list[dict], suffix: str) -> dict | None:
-    rows = [r for r in results if r["check"].endswith(suffix)]
+def _pick(results: list[dict], check: str) -> dict | None:
+    rows = [r for r in results if r["check"] == check]
     return next((r for r in rows if '"/v1/completions"' in r.get("series", "")), rows[0] if rows else None)
 
 
