@@ -147,8 +147,7 @@ class PrometheusSource:
                                                    match=match[role] + routes + ',origin="replay"')
             jobs[role, "streamed"] = promql.render("counter_increase_match", metric=INFERENCE_REQUESTS, window=window,
                                                    match=match[role] + routes + ',origin="live",stream="true"')
-        futures = {k: self._pool.submit(self.query, q, at) for k, q in jobs.items()}
-        results = {k: f.result() for k, f in futures.items()}   # a MetricsError propagates to the caller
+        results = self._all(jobs, at)
         variants: dict[str, VariantData] = {}
         for role in roles:
             hists: dict[str, HistogramSnapshot] = {}
@@ -174,6 +173,19 @@ class PrometheusSource:
                               f"ending at {at:.3f} (e.g. {jobs[empty[0], 'requests']})")
         queries = {f"{role}:{what}": q for (role, what), q in jobs.items()}
         return MetricsWindow(start, end, variants, self.name, queries)
+
+    def _all(self, jobs: Mapping[tuple[str, str], str], at: float) -> dict[tuple[str, str], list[dict]]:
+        """Every query of a window on the pool; the first MetricsError propagates to the caller, and the queries of
+        this window that have not started yet are cancelled with it: a Prometheus that stops answering would
+        otherwise leave each pass's unanswered queries queued behind the next pass's, a backlog that outlives the
+        outage and times out the queries after it (tests/control_plane/e2e/test_faults.py)."""
+        futures = {k: self._pool.submit(self.query, q, at) for k, q in jobs.items()}
+        try:
+            return {k: f.result() for k, f in futures.items()}
+        except BaseException:
+            for f in futures.values():
+                f.cancel()
+            raise
 
     @staticmethod
     def _group(result: list[dict], per_route: bool, expr: str) -> dict[str | None, list[tuple[float, float]]]:

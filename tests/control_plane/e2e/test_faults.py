@@ -47,7 +47,13 @@ def finish(store, rid, timeout=180.0):
     def done():
         r = store.get(rid)
         return r if not r.active and not store.pending_actions(rid) else None
-    return wait_for(f"rollout {rid} to end", done, timeout)
+    try:
+        return wait_for(f"rollout {rid} to end", done, timeout)
+    except AssertionError as e:   # say where it stood: the phase and the newest events, not only "not after N s"
+        r = store.get(rid)
+        tail = "\n".join(f"  {ev['kind']}: {ev['message']}" for ev in store.events(rid)[-12:])
+        raise AssertionError(f"{e}\nphase {r.phase.value}, weight {r.weight}, checks {r.checks}; newest events:\n"
+                             f"{tail}") from None
 
 @pytest.mark.slow
 def test_a_canary_that_crashes_is_rolled_back_within_30s_while_production_serves(deployer, tmp_path):

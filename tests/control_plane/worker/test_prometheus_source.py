@@ -233,6 +233,47 @@ def test_bearer_token_retries_and_timeouts():
     assert "hunter2" not in str(e.value)
 
 
+class _Stuck(BaseHTTPRequestHandler):
+    """A Prometheus that refuses the production variant's latency query at once (401) and never answers any other
+    (a SIGSTOPped one, as far as a client can tell) until `release` is set."""
+    arrived: list = []
+    release = threading.Event()
+
+    def do_POST(self):
+        query = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())["query"][0]
+        self.arrived.append(query)
+        if 'env="production"' in query and "_bucket" in query:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.release.wait(10)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_failed_window_leaves_no_queries_queued_behind_it():
+    # 3 roles x 6 queries on a pool of 8: the window's first query fails at once while 7 others hang; the 10 not yet
+    # started must never run (a stopped Prometheus would otherwise pile every pass's leftovers in front of the next
+    # pass's queries). One worker thread may take a ninth between the failure and the cancel.
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Stuck)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    src = PrometheusSource(PrometheusConfig(f"http://127.0.0.1:{srv.server_port}", retries=0, timeout_s=5.0))
+    try:
+        targets = {role: Target(role, ("http://127.0.0.1:9",), True) for role in ROLES}
+        with pytest.raises(MetricsQueryError, match="HTTP 401"):
+            src.window(SERVICE, targets, T0 - 60, T0)
+        _Stuck.release.set()                   # the hung queries end (connection closed) ...
+        src._pool.shutdown(wait=True)          # ... and whatever is still queued runs now
+        assert len(_Stuck.arrived) <= 9, len(_Stuck.arrived)
+    finally:
+        _Stuck.release.set()
+        srv.shutdown()
+        srv.server_close()
+        src.close()
+
+
 def test_basic_auth_against_a_real_prometheus(tmp_path):
     web = tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  sits: '{crypt.crypt('pw', crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}'\n")
