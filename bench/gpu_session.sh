@@ -85,9 +85,13 @@ run_profile() {
   local budget="${SITS_PROFILE_BUDGET_S:-300}" t0=$SECONDS rc=0
   local bf16=(--cases "${SITS_PROFILE_CASES:-decode1,ttft,b32,b256,arrivals}") int8=(--quantization int8 --cases decode1)
   if [[ "$phase" == dry-run ]]; then bf16=(--smoke); int8=(--smoke --cases decode1); fi
+  local dev=cuda; [[ "$phase" == dry-run ]] && dev=cpu
+  echo "== profile: bench/step_inputs.py (an arrival step's inputs, packed vs per field, the stream busy)"
+  timeout -k 10 60 "$py" bench/step_inputs.py --device "$dev" 2>&1 | tee "$out/profile.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   echo "== profile (budget ${budget} s): bench/profile_steps.py ${bf16[*]}; then ${int8[*]}"
   timeout -k 10 "$budget" "$py" bench/profile_steps.py "${bf16[@]}" --json "$out/profile-bf16.json" 2>&1 \
-    | tee "$out/profile.log"
+    | tee -a "$out/profile.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   local left=$((budget - (SECONDS - t0)))
   if [[ "${SITS_PROFILE_INT8:-1}" == 0 ]]; then

@@ -11,13 +11,13 @@ import kernels
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
 from engine.errors import InvalidRequestError
-from engine.layers.attention import AttentionMetadata
 from engine.layers.sampler import Sampler
 from engine.loader import ModelSource
 from engine.models.llama import LlamaForCausalLM
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+from engine.step_inputs import build_step_inputs
 from engine.warmup import WarmupStep
 
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
@@ -172,50 +172,19 @@ class ModelRunner:
             self._run_eager(prefill, decode, write_kv=False)
 
     def _run_eager(self, prefill: list[tuple[Sequence, int]], decode: list[Sequence], write_kv: bool = True):
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        sample_seqs: list[Sequence] = []
-        for s, n in prefill + [(s, 1) for s in decode]:
-            start = s.num_computed_tokens
-            input_ids += s.token_ids[start:start + n]
-            positions += range(start, start + n)
-            if write_kv:
-                bt = s.block_table
-                slots += [bt[p // bs] * bs + p % bs for p in range(start, start + n)]
-            else:
-                slots += [-1] * n
-            if start + n == len(s.token_ids):
-                sample_rows.append(len(input_ids) - 1)
-                sample_seqs.append(s)
         # decode rows padded to a graph batch size: decode attention sees only the shapes warm-up compiled
         pad = (padded_batch_size(len(decode), self.decode_sizes) or len(decode)) - len(decode) if decode else 0
-        input_ids += [0] * pad
-        positions += [0] * pad
-        slots += [-1] * pad
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            num_prefill_tokens=sum(n for _, n in prefill),
-            cu_seqlens_q=self._cu_seqlens([n for _, n in prefill]) if prefill else None,
-            prefill_context_lens=self._int32([s.num_computed_tokens + n for s, n in prefill]) if prefill else None,
-            prefill_block_tables=self._block_tables([s for s, _ in prefill]) if prefill else None,
-            decode_context_lens=self._int32([s.num_computed_tokens + 1 for s in decode] + [1] * pad)
-            if decode else None,
-            decode_block_tables=self._block_tables(decode, pad) if decode else None,
-        )
-        hidden = self.model.forward(torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                                    torch.tensor(positions, dtype=torch.int64, device=dev), self.kv_caches, meta)
+        x = build_step_inputs(prefill, decode, pad, block_size=self.block_size, max_blocks=self.max_blocks,
+                              device=self.device, write_kv=write_kv)
+        hidden = self.model.forward(x.input_ids, x.positions, self.kv_caches, x.meta)
         chunks = prefill + [(s, 1) for s in decode]
         if any(s.needs_prompt_logprobs for s, _ in chunks):
-            self._prompt_logprobs(hidden, chunks, input_ids)
-        if not sample_seqs:
+            self._prompt_logprobs(hidden, chunks)
+        if not x.sample_seqs:
             return []
-        return self._sample(hidden[torch.tensor(sample_rows, device=dev)], sample_seqs)
+        return self._sample(hidden[x.sample_rows], x.sample_seqs)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, chunks: list[tuple[Sequence, int]], input_ids: list[int]) -> None:
+    def _prompt_logprobs(self, hidden: torch.Tensor, chunks: list[tuple[Sequence, int]]) -> None:
         """Append to each scoring sequence the logprob of every prompt token its chunk predicts (row p predicts token
         p + 1), with the top N alternatives; rows already scored (a recompute after preemption) are skipped."""
         row, rows, targets, owners = 0, [], [], []
@@ -281,22 +250,3 @@ class ModelRunner:
             self.last_logits_seqs = [s.request_id for s in sample_seqs]
         tokens, logprobs = self.sampler(logits, [s.params for s in sample_seqs], self._generators(sample_seqs))
         return [(s, t, logprobs[i] if logprobs else None) for i, (s, t) in enumerate(zip(sample_seqs, tokens))]
-
-    def _int32(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=self.device)
-
-    def _cu_seqlens(self, lens: list[int]) -> torch.Tensor:
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
-        return self._int32(cu)
-
-    def _block_tables(self, seqs: list[Sequence], pad_rows: int = 0) -> torch.Tensor:
-        """[len(seqs) + pad_rows, max_blocks] int32: always the full width, so kernels see one stride (warm-up)."""
-        w = self.max_blocks
-        flat: list[int] = []
-        for s in seqs:
-            flat += s.block_table
-            flat += [0] * (w - len(s.block_table))
-        flat += [0] * (w * pad_rows)
-        return torch.tensor(flat, dtype=torch.int32).view(-1, w).to(self.device, non_blocking=True)
