@@ -204,7 +204,7 @@ def run(args) -> list[dict]:
     kernels = "torch" if args.smoke else args.kernels
     copy, tflops = ceilings(device)
     print(f"ceilings: copy {copy:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
-    llm, info = build(model, kernels, device, args.quantization, 256)
+    llm, info = build(model, kernels, device, args.quantization, 256, piecewise_graphs=args.piecewise_graphs)
     engine = llm.engine
     shape = Shape(engine)
     vocab = engine.model_config.vocab_size
@@ -308,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", default="triton-v1.1")
     p.add_argument("--quantization", choices=["int8", "fp8"], default=None)
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--piecewise-graphs", action="store_true",
+                   help="steps with prefill tokens replayed piecewise from CUDA graphs (engine/piecewise_graphs.py)")
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU, small shapes (aten ops stand in for kernels)")
     args = p.parse_args(argv)
     unknown = set(args.cases) - set(CASES)
@@ -315,7 +317,7 @@ def main(argv=None) -> int:
         p.error(f"unknown case(s) {', '.join(sorted(unknown))}: choose from {', '.join(CASES)}")
     rows = run(args)
     title = f"{'tiny (smoke)' if args.smoke else args.model}, {args.kernels if not args.smoke else 'torch'}, " \
-            f"{args.quantization or 'bf16'} weights"
+            f"{args.quantization or 'bf16'} weights" + (", piecewise graphs" if args.piecewise_graphs else "")
     print(report(rows, title), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -182,10 +182,10 @@ def timed_generate(llm, device, batch, **kw) -> tuple[float, list]:
     return wall, res, watch
 
 
-def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs: int):
+def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs: int, **engine_kw):
     from engine import LLM
     t0 = time.perf_counter()
-    llm = LLM(model=model, kernels=kernels, device=device, quantization=quant, max_num_seqs=max_num_seqs)
+    llm = LLM(model=model, kernels=kernels, device=device, quantization=quant, max_num_seqs=max_num_seqs, **engine_kw)
     t1 = time.perf_counter()
     llm.engine.warmup()
     _sync(device)

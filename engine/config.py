@@ -35,6 +35,9 @@ class EngineConfig:
     max_blocks_per_tenant: int | None = None
     seed: int = 0  # seeds the weights of presets and the sampler of unseeded requests
     enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch every kernel from Python)
+    # steps with prefill tokens (up to 512) replayed piecewise from CUDA graphs, attention eager between the pieces
+    # (engine/piecewise_graphs.py); off by default until measured on a GPU
+    piecewise_graphs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -61,8 +64,9 @@ class EngineConfig:
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0.0 < g <= 1.0):
             raise InvalidRequestError(f"gpu_memory_utilization must be a fraction in (0, 1], got {g!r}",
                                       "gpu_memory_utilization")
-        if not isinstance(self.enforce_eager, bool):
-            raise InvalidRequestError("enforce_eager must be a boolean", "enforce_eager")
+        for name in ("enforce_eager", "piecewise_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be a boolean", name)
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidRequestError("enable_prefix_caching must be a boolean", "enable_prefix_caching")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

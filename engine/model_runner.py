@@ -14,6 +14,7 @@ from engine.errors import InvalidRequestError
 from engine.layers.sampler import Sampler
 from engine.loader import ModelSource
 from engine.models.llama import LlamaForCausalLM
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
@@ -85,6 +86,11 @@ class ModelRunner:
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=config.max_num_seqs,
                                               max_blocks_per_seq=self.max_blocks,
                                               block_size=self.block_size, device=device)
+        # steps with prefill tokens replay piecewise graphs when asked for (engine/piecewise_graphs.py)
+        self.piecewise: PiecewiseGraphs | None = None
+        if self.decode_graphs is not None and config.piecewise_graphs:
+            self.piecewise = PiecewiseGraphs(self.model, self.kv_caches, max_tokens=config.max_num_batched_tokens,
+                                             device=device)
         self.sampler = Sampler(device, config.seed)
         self._host_tokens: list[torch.Tensor] | None = None  # launch_decode's pinned token buffers
         self._host_flip = 0
@@ -143,6 +149,8 @@ class ModelRunner:
         if self.decode_graphs is None:
             return 0
         self.decode_graphs.capture_all()
+        if self.piecewise is not None:
+            self.piecewise.capture_all()
         return len(self.decode_graphs.graphs)
 
     @torch.inference_mode()
@@ -176,7 +184,11 @@ class ModelRunner:
         pad = (padded_batch_size(len(decode), self.decode_sizes) or len(decode)) - len(decode) if decode else 0
         x = build_step_inputs(prefill, decode, pad, block_size=self.block_size, max_blocks=self.max_blocks,
                               device=self.device, write_kv=write_kv)
-        hidden = self.model.forward(x.input_ids, x.positions, self.kv_caches, x.meta)
+        pw = self.piecewise
+        if pw is not None and pw.size_for(x.input_ids.shape[0]) is not None:
+            hidden = pw.forward(x.input_ids, x.positions, x.meta)
+        else:
+            hidden = self.model.forward(x.input_ids, x.positions, self.kv_caches, x.meta)
         chunks = prefill + [(s, 1) for s in decode]
         if any(s.needs_prompt_logprobs for s, _ in chunks):
             self._prompt_logprobs(hidden, chunks)

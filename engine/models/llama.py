@@ -43,22 +43,34 @@ class LlamaDecoderLayer:
 
     def __call__(self, hidden, residual, positions, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         # hidden/residual: [T, H]
-        t = hidden.shape[0]
+        qkv, residual = self.qkv(hidden, residual)
+        return self.after_attention(self.attention(qkv, positions, cos, sin, k_cache, v_cache, meta), residual)
+
+    # the three parts of a layer, also run apart: engine/piecewise_graphs.py captures qkv and after_attention in CUDA
+    # graphs and runs attention (whose shapes follow the batch's layout) between them
+    def qkv(self, hidden, residual):
+        """(input norm, with the residual add from the layer before) and the q/k/v projection -> (qkv, residual)."""
         if residual is None:
             x, residual = self.input_layernorm(hidden), hidden
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        qkv = self.qkv_proj(x)
+        return self.qkv_proj(x), residual
+
+    def attention(self, qkv, positions, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+        """RoPE, the KV-cache write and attention over qkv [T, (Hq + 2 Hkv) D] -> [T, Hq D]."""
+        t = qkv.shape[0]
         q_size, kv_size = self.hq * self.d, self.hkv * self.d
         # strided views into qkv, no copies: rope_and_cache takes any row/head strides (unit stride along head_dim)
         q = qkv[:, :q_size].view(t, self.hq, self.d)
         k = qkv[:, q_size:q_size + kv_size].view(t, self.hkv, self.d)
         v = qkv[:, q_size + kv_size:].view(t, self.hkv, self.d)
-        attn = self.attn(q, k, v, positions, cos, sin, k_cache, v_cache, meta)
-        hidden = self.o_proj(attn.reshape(t, q_size))
+        return self.attn(q, k, v, positions, cos, sin, k_cache, v_cache, meta).reshape(t, q_size)
+
+    def after_attention(self, attn, residual):
+        """The output projection, the post-attention norm (with the residual add) and the MLP -> (hidden, residual)."""
+        hidden = self.o_proj(attn)
         x, residual = self.post_attention_layernorm(hidden, residual)
-        hidden = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
-        return hidden, residual
+        return self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x))), residual
 
 
 class LlamaForCausalLM:

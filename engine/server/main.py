@@ -46,6 +46,7 @@ class ServerConfig:
     quantization: str | None = None
     seed: int = 0
     enforce_eager: bool = False
+    piecewise_graphs: bool = False
     served_model_name: str | None = None
     otel_exporter: str | None = None   # None: from SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER, else "none"
     otlp_endpoint: str | None = None
@@ -94,7 +95,7 @@ class ServerConfig:
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             max_waiting=self.max_waiting, quantization=self.quantization,
                             max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed,
-                            enforce_eager=self.enforce_eager)
+                            enforce_eager=self.enforce_eager, piecewise_graphs=self.piecewise_graphs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enforce-eager", action="store_true",
       help="no CUDA graphs: launch every kernel of a decode step from Python (graphs are used on CUDA with kernel "
            "sets that allow them, see `sits-engine kernels`)")
+    a("--piecewise-graphs", action="store_true",
+      help="replay steps with prefill tokens (up to 512 tokens) piecewise from CUDA graphs, attention eager between "
+           "the pieces: fewer kernel launches from Python when prompts arrive among decoding streams; off by "
+           "default until measured on a GPU (docs/engine.md)")
     a("--served-model-name", default=None, help="model id clients send (default: the preset or directory name)")
     a("--otel-exporter", choices=["none", "console", "otlp"], default=None,
       help="trace exporter (default: $SITS_OTEL_EXPORTER or $OTEL_TRACES_EXPORTER or none)")

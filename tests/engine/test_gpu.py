@@ -110,15 +110,16 @@ def test_every_kernel_set_matches_the_torch_reference_in_the_engine(name):
     assert_set_is_what_it_claims(name, "cuda")
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_no_compilation_or_autotuning_after_warmup(quantization, free_gpu):
+@pytest.mark.parametrize("quantization,piecewise", [(None, False), ("int8", False), (None, True)])
+def test_no_compilation_or_autotuning_after_warmup(quantization, piecewise, free_gpu):
     """After warm-up, a mixed workload (prompt lengths 1..1500 across every bucket, chunked prefill, prefill and
-    decode in one step, batches of 1..24 decodes, greedy and sampled) compiles and tunes nothing."""
+    decode in one step, batches of 1..24 decodes, greedy and sampled) compiles and tunes nothing (with piecewise
+    graphs too: their pieces at the padded sizes, attention between them at the real ones)."""
     import random
 
     from kernels.jit_watch import JitWatch
     engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.1", quantization=quantization, max_num_seqs=32,
-                                    max_num_batched_tokens=1024))
+                                    max_num_batched_tokens=1024, piecewise_graphs=piecewise))
     engine.warmup()
     rng = random.Random(7)
     lengths = [1, 2, 15, 16, 17, 40, 63, 64, 65, 100, 127, 300, 513, 700, 1000, 1023, 1024, 1500, 3, 5, 33, 90, 250,

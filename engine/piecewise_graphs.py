@@ -1,0 +1,149 @@
+"""Steps with prefill tokens replayed piece by piece from CUDA graphs, attention run eagerly between the pieces.
+
+A step that prefills cannot replay a decode graph (engine/cuda_graphs.py): its attention depends on how its tokens
+split into sequences. Launched kernel by kernel from Python it is host-bound when it is small: an "arrival" step
+(128 sequences decoding, one short prompt) took 19.6 ms on an H200 with the GPU busy 8.6 ms (BENCHMARKS.md "Where the
+engine's time goes"). Everything outside attention treats tokens row by row, so, as vLLM v1 does with its piecewise
+graphs, that part is captured per padded token count and only attention runs eagerly:
+
+    graph 0: embedding, layer 0's input norm and q/k/v projection
+    eager:   layer i's RoPE + KV write + prefill and decode attention on the real rows -> one static buffer
+    graph i + 1: layer i's output projection, norm and MLP, then layer i + 1's input norm and q/k/v projection
+                 (the last: the final norm)
+
+- Token counts (real rows: prefill tokens, then the padded decode rows) are padded to the smallest of `SIZES` that
+  holds them, up to the step budget; larger steps are compute-bound and run eagerly as before. Padding rows carry
+  token 0 through the row-wise pieces and never reach attention, the KV cache or the sampler.
+- Each size's pieces are captured in the order they replay, into a memory pool of their own; capture follows one
+  eager pass of the same pieces (Triton compiles and autotunes there, never inside a capture).
+- Only for `graph_safe` kernel sets, on CUDA, with `--piecewise-graphs` (off by default: not yet measured on a GPU).
+  A capture that fails turns it off for the runner (logged); steps then run eagerly.
+
+capture=False runs the same static-buffer path eagerly (tests on CPU check it against the model's forward).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.layers.attention import AttentionMetadata
+
+log = logging.getLogger("sits.engine")
+
+SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512)
+
+
+def piecewise_sizes(max_tokens: int) -> tuple[int, ...]:
+    """The padded token counts captured for steps of at most `max_tokens` tokens (never above SIZES[-1])."""
+    return tuple(s for s in SIZES if s < max_tokens) + ((max_tokens,) if max_tokens <= SIZES[-1] else ())
+
+
+class _Pieces:
+    """One padded token count: its static inputs, its graphs in replay order and their outputs."""
+
+    def __init__(self, size: int, model, device: torch.device):
+        layer = model.layers[0]
+        self.size = size
+        self.ids = torch.zeros(size, dtype=torch.int64, device=device)
+        self.attn = torch.zeros(size, layer.hq * layer.d, dtype=model.dtype, device=device)
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        # outputs[0] = (qkv of layer 0, residual); outputs[i + 1] = (qkv of layer i + 1, residual), the last
+        # (final hidden states, None)
+        self.outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self.pool = None
+
+
+class PiecewiseGraphs:
+    def __init__(self, model, kv_caches, *, max_tokens: int, device: torch.device, capture: bool = True):
+        self.model, self.kv_caches = model, kv_caches
+        self.device = device
+        self.capture = capture
+        self.sizes = piecewise_sizes(max_tokens)
+        self._pieces: dict[int, _Pieces] = {}
+        self.stream = torch.cuda.Stream(device) if capture else None
+        self.failed: str | None = None  # why piecewise graphs were turned off
+
+    def size_for(self, num_tokens: int) -> int | None:
+        """The padded size a step of `num_tokens` rows replays, None when it runs eagerly."""
+        if self.failed is not None:
+            return None
+        return next((s for s in self.sizes if s >= num_tokens), None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The model's forward over the step's T rows (size_for(T) is not None) -> final hidden states [T, H]."""
+        t = input_ids.shape[0]
+        size = self.size_for(t)
+        p = self._pieces.get(size)
+        if p is None:
+            p = self._prepare(size)
+            if p is None:   # capture failed: this step runs eagerly
+                return self.model.forward(input_ids, positions, self.kv_caches, meta)
+        p.ids[:t].copy_(input_ids)
+        layers, m = self.model.layers, self.model
+        self._run(p, 0)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, self.kv_caches)):
+            qkv = p.outputs[i][0][:t]
+            p.attn[:t].copy_(layer.attention(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta))
+            self._run(p, i + 1)
+        return p.outputs[-1][0][:t]
+
+    def capture_all(self) -> None:
+        """Capture every size now, largest first (the engine's warm-up does this, so no request waits for one)."""
+        for size in reversed(self.sizes):
+            if self.failed is not None:
+                return
+            if size not in self._pieces:
+                self._prepare(size)
+
+    # ---- the pieces ----
+    def _piece(self, p: _Pieces, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        layers, m = self.model.layers, self.model
+        if i == 0:
+            return layers[0].qkv(F.embedding(p.ids, m.embed_tokens), None)
+        hidden, residual = layers[i - 1].after_attention(p.attn, p.outputs[i - 1][1])
+        if i < len(layers):
+            return layers[i].qkv(hidden, residual)
+        return m.norm(hidden, residual)[0], None
+
+    def _run(self, p: _Pieces, i: int) -> None:
+        if p.graphs:
+            p.graphs[i].replay()
+        else:   # capture=False: the same pieces, eagerly, into the same list
+            p.outputs[i] = self._piece(p, i)
+
+    def _prepare(self, size: int) -> _Pieces | None:
+        p = _Pieces(size, self.model, self.device)
+        n = len(self.model.layers) + 1
+        if not self.capture:
+            p.outputs = [(None, None)] * n
+            self._pieces[size] = p
+            return p
+        t0 = time.perf_counter()
+        main = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(main)
+        try:
+            with torch.cuda.stream(self.stream):
+                p.outputs = [(None, None)] * n
+                for i in range(n):   # compiles and autotunes every kernel for this size, outside the captures
+                    p.outputs[i] = self._piece(p, i)
+            self.stream.synchronize()
+            p.pool = torch.cuda.graph_pool_handle()
+            for i in range(n):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=p.pool, stream=self.stream, capture_error_mode="thread_local"):
+                    p.outputs[i] = self._piece(p, i)
+                p.graphs.append(g)
+        except Exception as e:  # noqa: BLE001 -- a set that is not capturable after all: go on eagerly
+            self.failed = f"{type(e).__name__}: {e}"
+            log.warning("piecewise CUDA graph capture of a %d-token step failed (%s); steps with prefill run "
+                        "eagerly from now on", size, self.failed)
+            torch.cuda.synchronize(self.device)
+            main.wait_stream(self.stream)
+            return None
+        main.wait_stream(self.stream)
+        self._pieces[size] = p
+        log.info("captured %d piecewise CUDA graphs for %d-token steps in %.2f s", n, size, time.perf_counter() - t0)
+        return p

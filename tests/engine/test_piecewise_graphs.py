@@ -1,0 +1,116 @@
+"""Steps with prefill tokens replayed piecewise (engine/piecewise_graphs.py).
+
+On CPU the pieces run eagerly through the same static buffers (PiecewiseGraphs(capture=False)) and must give what
+the model's own forward gives: mixed prefill + decode steps, chunked prompts, padding to a size, steps too large for
+any size. On a GPU the captured pieces must too, and compile nothing after warm-up."""
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.errors import InvalidRequestError
+from engine.piecewise_graphs import SIZES, PiecewiseGraphs, piecewise_sizes
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# arrivals among decoding streams: each prompt joins while the earlier ones decode; 130 is chunked at a 64 budget
+ARRIVALS = ((5, 12), (63, 9), (130, 6), (1, 8), (64, 4), (17, 10))
+
+
+def test_sizes_stop_at_the_step_budget_and_512():
+    assert piecewise_sizes(2048) == SIZES and SIZES[-1] == 512
+    assert piecewise_sizes(512) == SIZES
+    assert piecewise_sizes(100) == (16, 32, 64, 96, 100)
+    assert piecewise_sizes(16) == (16,)
+    pw = PiecewiseGraphs(None, [], max_tokens=100, device=torch.device("cpu"), capture=False)
+    assert [pw.size_for(n) for n in (1, 16, 17, 97, 100, 101)] == [16, 16, 32, 100, 100, None]
+
+
+def run(engine, pw: PiecewiseGraphs | None = None) -> tuple[dict, dict]:
+    """Greedy tokens and per-step logits of ARRIVALS (one new prompt every second step); with `pw`, the eager steps
+    that fit one of its sizes go through it (counted by size)."""
+    runner = engine.model_runner
+    used: dict[int, int] = {}
+    if pw is not None:
+        runner.piecewise = pw
+        inner = pw.forward
+
+        def counting(ids, positions, meta):
+            size = pw.size_for(ids.shape[0])
+            used[size] = used.get(size, 0) + 1
+            return inner(ids, positions, meta)
+        pw.forward = counting
+    runner.capture_logits = True
+    g = torch.Generator().manual_seed(5)
+    out: dict = {f"r{i}": ([], []) for i in range(len(ARRIVALS))}
+    pending = list(enumerate(ARRIVALS))
+    while pending or engine.has_unfinished_requests():
+        if pending:
+            i, (n, steps) = pending.pop(0)
+            engine.add_request(f"r{i}", torch.randint(3, 250, (n,), generator=g).tolist(),
+                               SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
+        for _ in range(2):
+            for o in engine.step():
+                out[o.request_id][0].extend(o.new_token_ids)
+            for row, rid in enumerate(runner.last_logits_seqs):
+                out[rid][1].append(runner.last_logits[row].float().cpu())
+            runner.last_logits_seqs = []
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
+    return out, used
+
+
+def assert_same(ref: dict, got: dict, atol: float) -> None:
+    for rid, (tokens, logits) in ref.items():
+        assert got[rid][0] == tokens and len(tokens) == ARRIVALS[int(rid[1:])][1], rid
+        assert len(got[rid][1]) == len(logits)
+        for step, (a, b) in enumerate(zip(logits, got[rid][1])):
+            assert (a - b).abs().max() < atol, (rid, step, float((a - b).abs().max()))
+
+
+def tiny(**kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model="tiny", num_kv_blocks=32, max_num_seqs=8, max_num_batched_tokens=64, **kw))
+
+
+def test_pieces_through_static_buffers_match_the_forward_on_cpu():
+    ref, _ = run(tiny(device="cpu"))
+    engine = tiny(device="cpu", piecewise_graphs=True)
+    runner = engine.model_runner
+    assert runner.piecewise is None   # captured graphs only on CUDA with a graph-safe set
+    pw = PiecewiseGraphs(runner.model, runner.kv_caches, max_tokens=32, device=runner.device, capture=False)
+    got, used = run(engine, pw)
+    assert_same(ref, got, atol=1e-4)
+    # decode-only steps (eager on CPU) and mixed ones of up to 32 rows took the pieces, padded to 16 or 32; the
+    # 63-, 130- and 64-token prompts' steps did not fit and ran the model's forward
+    assert set(used) == {16, 32} and used[16] >= 10 and used[32] >= 1, used
+
+
+def test_the_flag_is_validated_and_off_by_default():
+    assert EngineConfig(model="tiny").piecewise_graphs is False
+    with pytest.raises(InvalidRequestError, match="piecewise_graphs must be a boolean"):
+        EngineConfig(model="tiny", piecewise_graphs="yes")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_captured_pieces_match_the_eager_steps(quantization):
+    kw = dict(device="cuda", dtype="float32", kernels="triton-v1.1", quantization=quantization)
+    ref, _ = run(tiny(**kw))
+    engine = tiny(piecewise_graphs=True, **kw)
+    pw = engine.model_runner.piecewise
+    assert pw is not None and pw.capture
+    got, used = run(engine, pw)
+    assert pw.failed is None and used, used
+    assert_same(ref, got, atol=2e-3)
+    again, _ = run(engine)   # replayed again, every size already captured
+    assert_same(ref, again, atol=2e-3)
+
+
+@gpu
+@pytest.mark.gpu
+def test_warmup_captures_every_size():
+    engine = tiny(device="cuda", kernels="triton-v1.1", piecewise_graphs=True)
+    engine.warmup()
+    pw = engine.model_runner.piecewise
+    assert pw.failed is None and set(pw._pieces) == set(pw.sizes) == {16, 32, 64}
+    assert all(len(p.graphs) == len(engine.model_runner.model.layers) + 1 for p in pw._pieces.values())
