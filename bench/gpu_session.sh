@@ -13,7 +13,7 @@
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
 # ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
 # SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile, SITS_PROFILE_PIECEWISE=0 the piecewise-graphs one. Serving: SITS_PREFILL_CAPS
-# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_GC_COMPARE=1
+# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_PIECEWISE_COMPARE=1 (--piecewise-compare), SITS_GC_COMPARE=1
 # (--gc-compare).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +68,7 @@ run_serving() {
   local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1
               --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256
               --prefill-caps "${SITS_PREFILL_CAPS:-none}" --engine-process "${SITS_ENGINE_PROCESS:-both}"
-              ${SITS_GC_COMPARE:+--gc-compare})
+              ${SITS_GC_COMPARE:+--gc-compare} ${SITS_PIECEWISE_COMPARE:+--piecewise-compare})
   if [[ "$phase" == dry-run ]]; then
     args=(--model tiny --device cpu --kernels torch --clients 32 --max-tokens 16 --repeat 1 --rates 4,8
           --open-requests 16)
