@@ -42,7 +42,9 @@ def test_injected_latency_shows_in_ttft_and_itl(server, serve):
     ttft1, itl1, wall1 = _means(slow)
     assert ttft1 >= 0.300 and ttft1 - ttft0 >= 0.2, (ttft0, ttft1)
     assert itl1 >= 0.050 and itl1 - itl0 >= 0.03, (itl0, itl1)
-    assert wall1 - wall0 >= 0.300 + 5 * 0.050 * 0.6, (wall0, wall1)
+    # end to end, each request waits at least the injected 300 ms and 5 x 50 ms (a difference to wall0 would be at
+    # the mercy of the machine's load: CI once measured the fault-free server at 263 ms per request)
+    assert wall1 >= 0.300 + 5 * 0.050, (wall0, wall1)
 
 
 def test_injected_error_rate(serve):
