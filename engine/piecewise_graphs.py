@@ -14,8 +14,10 @@ graphs, that part is captured per padded token count and only attention runs eag
 - Token counts (real rows: prefill tokens, then the padded decode rows) are padded to the smallest of `SIZES` that
   holds them, up to the step budget; larger steps are compute-bound and run eagerly as before. Padding rows carry
   token 0 through the row-wise pieces and never reach attention, the KV cache or the sampler.
-- Each size's pieces are captured in the order they replay, into a memory pool of their own; capture follows one
-  eager pass of the same pieces (Triton compiles and autotunes there, never inside a capture).
+- The pieces of a size read and write one set of static buffers (token ids, qkv, attention output, residual, final
+  hidden states), so a size holds one set, not one per layer; its graphs are captured in the order they replay,
+  into a memory pool of their own, after one eager pass of the same pieces (Triton compiles and autotunes there,
+  never inside a capture).
 - Only for `graph_safe` kernel sets, on CUDA, with `--piecewise-graphs` (off by default: not yet measured on a GPU).
   A capture that fails turns it off for the runner (logged); steps then run eagerly.
 
@@ -42,17 +44,18 @@ def piecewise_sizes(max_tokens: int) -> tuple[int, ...]:
 
 
 class _Pieces:
-    """One padded token count: its static inputs, its graphs in replay order and their outputs."""
+    """One padded token count: its static buffers (every piece reads and writes these, so a size holds one set, not
+    one per layer) and its graphs in replay order."""
 
     def __init__(self, size: int, model, device: torch.device):
-        layer = model.layers[0]
+        layer, h, dt = model.layers[0], model.cfg.hidden_size, model.dtype
         self.size = size
         self.ids = torch.zeros(size, dtype=torch.int64, device=device)
-        self.attn = torch.zeros(size, layer.hq * layer.d, dtype=model.dtype, device=device)
+        self.qkv = torch.zeros(size, (layer.hq + 2 * layer.hkv) * layer.d, dtype=dt, device=device)
+        self.attn = torch.zeros(size, layer.hq * layer.d, dtype=dt, device=device)
+        self.res = torch.zeros(size, h, dtype=dt, device=device)
+        self.out = torch.zeros(size, h, dtype=dt, device=device)   # the final norm's output
         self.graphs: list[torch.cuda.CUDAGraph] = []
-        # outputs[0] = (qkv of layer 0, residual); outputs[i + 1] = (qkv of layer i + 1, residual), the last
-        # (final hidden states, None)
-        self.outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.pool = None
 
 
@@ -85,10 +88,9 @@ class PiecewiseGraphs:
         layers, m = self.model.layers, self.model
         self._run(p, 0)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, self.kv_caches)):
-            qkv = p.outputs[i][0][:t]
-            p.attn[:t].copy_(layer.attention(qkv, positions, m.cos, m.sin, k_cache, v_cache, meta))
+            p.attn[:t].copy_(layer.attention(p.qkv[:t], positions, m.cos, m.sin, k_cache, v_cache, meta))
             self._run(p, i + 1)
-        return p.outputs[-1][0][:t]
+        return p.out[:t]
 
     def capture_all(self) -> None:
         """Capture every size now, largest first (the engine's warm-up does this, so no request waits for one)."""
@@ -99,26 +101,32 @@ class PiecewiseGraphs:
                 self._prepare(size)
 
     # ---- the pieces ----
-    def _piece(self, p: _Pieces, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _piece(self, p: _Pieces, i: int) -> None:
+        """Piece i from the static buffers into them: 0 = embedding + layer 0's qkv; i = layer i - 1's output
+        projection and MLP, then layer i's qkv (the last: the final norm)."""
         layers, m = self.model.layers, self.model
         if i == 0:
-            return layers[0].qkv(F.embedding(p.ids, m.embed_tokens), None)
-        hidden, residual = layers[i - 1].after_attention(p.attn, p.outputs[i - 1][1])
-        if i < len(layers):
-            return layers[i].qkv(hidden, residual)
-        return m.norm(hidden, residual)[0], None
+            qkv, res = layers[0].qkv(F.embedding(p.ids, m.embed_tokens), None)
+        else:
+            hidden, res = layers[i - 1].after_attention(p.attn, p.res)
+            if i == len(layers):
+                p.out.copy_(m.norm(hidden, res)[0])
+                return
+            qkv, res = layers[i].qkv(hidden, res)
+        p.qkv.copy_(qkv)
+        if res is not p.res:   # the fused add + norm may have updated the residual in place
+            p.res.copy_(res)
 
     def _run(self, p: _Pieces, i: int) -> None:
         if p.graphs:
             p.graphs[i].replay()
-        else:   # capture=False: the same pieces, eagerly, into the same list
-            p.outputs[i] = self._piece(p, i)
+        else:   # capture=False: the same pieces, eagerly
+            self._piece(p, i)
 
     def _prepare(self, size: int) -> _Pieces | None:
         p = _Pieces(size, self.model, self.device)
         n = len(self.model.layers) + 1
         if not self.capture:
-            p.outputs = [(None, None)] * n
             self._pieces[size] = p
             return p
         t0 = time.perf_counter()
@@ -126,15 +134,14 @@ class PiecewiseGraphs:
         self.stream.wait_stream(main)
         try:
             with torch.cuda.stream(self.stream):
-                p.outputs = [(None, None)] * n
                 for i in range(n):   # compiles and autotunes every kernel for this size, outside the captures
-                    p.outputs[i] = self._piece(p, i)
+                    self._piece(p, i)
             self.stream.synchronize()
             p.pool = torch.cuda.graph_pool_handle()
             for i in range(n):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=p.pool, stream=self.stream, capture_error_mode="thread_local"):
-                    p.outputs[i] = self._piece(p, i)
+                    self._piece(p, i)
                 p.graphs.append(g)
         except Exception as e:  # noqa: BLE001 -- a set that is not capturable after all: go on eagerly
             self.failed = f"{type(e).__name__}: {e}"
