@@ -115,9 +115,11 @@ def test_restart_policy_never_fails_the_pod(core, agent_namespace):
 def test_delete_sends_sigterm_then_the_pod_object_goes(core, agent_namespace, node_agent, tmp_path):
     ns = agent_namespace
     vol = [{"name": "out", "hostPath": {"path": str(tmp_path)}}]
-    cmd = ["sh", "-c", "trap 'echo TERM > /out/term; exit 0' TERM; while :; do sleep 0.1; done"]
+    # "up" once the trap is set: a SIGTERM before that would end the shell by default (CI once deleted it sooner)
+    cmd = ["sh", "-c", "trap 'echo TERM > /out/term; exit 0' TERM; echo up > /out/up; while :; do sleep 0.1; done"]
     core.create_namespaced_pod(ns, pod("graceful", cmd, volumes=vol, mounts=[{"name": "out", "mountPath": "/out"}]))
     pids = wait_for("graceful running", lambda: (w := node_agent.worker(ns, "graceful")) and w.pids())
+    wait_for("the trap set", lambda: (tmp_path / "up").exists())
     wait_for("status Running", lambda: core.read_namespaced_pod("graceful", ns).status.phase == "Running")
     core.delete_namespaced_pod("graceful", ns)
     wait_for("pod object deleted", lambda: _gone(core, ns, "graceful"))
