@@ -231,6 +231,18 @@ def test_crashing_canary_engine_rolled_back_within_30s(release, load, node_agent
     _assert_production_served(release, load)
 
 
+def _pods_now(release, node_agent) -> str:
+    """The control plane's pods as the API server has them (phase, Ready, being deleted) with each one's last log
+    line: the evidence a stuck restart leaves."""
+    out = []
+    for p in release.core.list_namespaced_pod(release.ns, label_selector="app.kubernetes.io/name=sits-control").items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        log = node_agent.logs(release.ns, p.metadata.name).strip().splitlines()
+        out.append(f"{p.metadata.name}: {p.status.phase}, ready={ready}, "
+                   f"deleting={p.metadata.deletion_timestamp is not None}, last log: {log[-1][:300] if log else '-'}")
+    return "; ".join(out) or "no control-plane pod"
+
+
 def test_good_canary_promoted_across_a_control_plane_pod_deleted_mid_rollout(release, load, node_agent):
     """The good set (production's own kernels): promoted, although the control-plane pod is deleted after its first
     check; the Deployment's new pod opens the same store on the PV and drives the rollout on from there."""
@@ -243,8 +255,12 @@ def test_good_canary_promoted_across_a_control_plane_pod_deleted_mid_rollout(rel
     old_pids = node_agent.worker(release.ns, old.metadata.name).pids()
     deleted_at = time.time()
     release.core.delete_namespaced_pod(old.metadata.name, release.ns)
-    new = wait_for("the Deployment's new pod Ready", lambda: (p := release.control_pod())
-                   and p.metadata.name != old.metadata.name and p, timeout=120, interval=0.5)
+    def new_pod():
+        p = release.control_pod()
+        if p is not None and p.metadata.name != old.metadata.name:
+            return p
+        raise LookupError(_pods_now(release, node_agent))   # what a timeout reports: where every pod stands
+    new = wait_for("the Deployment's new pod Ready", new_pod, timeout=120, interval=0.5)
     assert not [p for p in old_pids if pid_alive(p)]
     end = release.finish(rid)
     assert end["phase"] == "succeeded", [e["message"] for e in release.events(rid)]
