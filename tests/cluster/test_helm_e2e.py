@@ -231,6 +231,17 @@ def test_crashing_canary_engine_rolled_back_within_30s(release, load, node_agent
     _assert_production_served(release, load)
 
 
+def _proc_state(pid: int) -> str:
+    """pid, state, what it waits in (wchan) and its command line, from /proc."""
+    try:
+        state = next(ln.split(":", 1)[1].strip() for ln in open(f"/proc/{pid}/status") if ln.startswith("State:"))
+        wchan = open(f"/proc/{pid}/wchan").read().strip()
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+        return f"{pid} {state} wchan={wchan} {argv}"
+    except OSError as e:
+        return f"{pid}: {e}"
+
+
 def _pods_now(release, node_agent) -> str:
     """The control plane's pods as the API server has them (phase, Ready, being deleted) with each one's last log
     line: the evidence a stuck restart leaves."""
@@ -238,8 +249,11 @@ def _pods_now(release, node_agent) -> str:
     for p in release.core.list_namespaced_pod(release.ns, label_selector="app.kubernetes.io/name=sits-control").items:
         ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
         log = node_agent.logs(release.ns, p.metadata.name).strip().splitlines()
+        w = node_agent.worker(release.ns, p.metadata.name)
+        procs = [_proc_state(pid) for pid in (w.pids() if w is not None else [])]
         out.append(f"{p.metadata.name}: {p.status.phase}, ready={ready}, "
-                   f"deleting={p.metadata.deletion_timestamp is not None}, last log: {log[-1][:300] if log else '-'}")
+                   f"deleting={p.metadata.deletion_timestamp is not None}, processes: {procs}, "
+                   f"last log: {log[-1][:300] if log else '-'}")
     return "; ".join(out) or "no control-plane pod"
 
 
