@@ -47,13 +47,17 @@ _BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
 
 
 def pods_crashing(pods: list[dict]) -> bool:
-    """A container in CrashLoopBackOff, or restarted after exiting with an error and not ready again."""
+    """A container in CrashLoopBackOff, exited with an error (not yet restarted: the kubelet reports the exit before
+    it counts the restart), or restarted after exiting with an error and not ready again."""
     for pod in pods:
         for cs in pod.get("status", {}).get("containerStatuses", []) or []:
-            if (cs.get("state", {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+            state = cs.get("state", {}) or {}
+            if (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+                return True
+            if (state.get("terminated") or {}).get("exitCode"):
                 return True
             last = cs.get("lastState", {}).get("terminated") or {}
-            if cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):
+            if last.get("exitCode") and not cs.get("ready"):
                 return True
     return False
 

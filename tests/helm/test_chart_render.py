@@ -96,6 +96,9 @@ def test_deployment_security_probes_and_store(home):
                                     "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # a slow start is waited for by the startup probe, not killed by liveness (3 min by default)
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 180
     assert c["resources"]["requests"] and c["resources"]["limits"]
     assert c["args"][1:6] == ["serve", "--host=0.0.0.0", "--port=8080", "--store=/data/sits.db",
                               "--auth-file=/etc/sits/auth/auth.yaml"]

@@ -461,6 +461,11 @@ def test_a_failing_pod_log_read_never_fails_status(kd, kube_namespace, kube_clus
     ({"ready": True, "restartCount": 1, "state": {"running": {}},
       "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}, False),   # recovered
     ({"ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}, False),
+    # the moment between an exit and the restart: the kubelet has reported the exit, not yet counted the restart
+    ({"ready": False, "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}, True),
+    ({"ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}},
+      "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}}}, True),
+    ({"ready": False, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}, False),
     ({"ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff"}}}, False),
 ])
 def test_pods_crashing_reads_restarts_and_the_waiting_reason(container, crashing):
