@@ -173,11 +173,17 @@ def refresh_targets(core, ns: str, path: Path, stop: threading.Event) -> None:
         stop.wait(0.5)
 
 
+def container_states(pod) -> list[tuple]:
+    """(name, ready, restarts, state, last terminated) of each container: how a stuck pod's containers stand."""
+    return [(c.name, c.ready, c.restart_count, c.state.to_dict(),
+             c.last_state.terminated.to_dict() if c.last_state and c.last_state.terminated else None)
+            for c in pod.status.container_statuses or []]
+
+
 def diagnose(core, node_agent, ns: str) -> str:
     out = []
     for p in core.list_namespaced_pod(ns).items:
-        cs = [(c.name, c.ready, c.restart_count, c.state.to_dict()) for c in p.status.container_statuses or []]
-        out.append(f"pod {p.metadata.name}: {p.status.phase} {p.spec.node_name} {cs} "
+        out.append(f"pod {p.metadata.name}: {p.status.phase} {p.spec.node_name} {container_states(p)} "
                    f"{[(c.type, c.status, c.message) for c in p.status.conditions or []]}\n"
                    f"{node_agent.logs(ns, p.metadata.name)[-3000:]}")
     return "\n".join(out) or "no pods"

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from kubernetes import client, dynamic
 
-from tests.cluster.helm_support import (CP, REL, STORAGE_CLASS, SVC, VALUES, Load, Release, diagnose, pv_for,
-                                        refresh_targets)
+from tests.cluster.helm_support import (CP, REL, STORAGE_CLASS, SVC, VALUES, Load, Release, container_states,
+                                        diagnose, pv_for, refresh_targets)
 from tests.cluster.support import pid_alive
 from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import ServiceLoadBalancer
@@ -251,16 +251,8 @@ def _pods_now(release, node_agent) -> str:
         log = node_agent.logs(release.ns, p.metadata.name).strip().splitlines()
         w = node_agent.worker(release.ns, p.metadata.name)
         procs = [_proc_state(pid) for pid in (w.pids() if w is not None else [])]
-        containers = []
-        for c in p.status.container_statuses or []:
-            state = next((f"{k} {getattr(c.state, k).reason or ''}".strip() for k in ("running", "waiting", "terminated")
-                          if getattr(c.state, k) is not None), "?")
-            last = c.last_state.terminated if c.last_state is not None else None
-            containers.append(f"{c.name} {state}, restarts {c.restart_count}"
-                              + (f", last exit {last.exit_code} after {(last.finished_at - last.started_at).total_seconds():g} s"
-                                 if last is not None and last.finished_at and last.started_at else ""))
         out.append(f"{p.metadata.name}: {p.status.phase}, ready={ready}, "
-                   f"deleting={p.metadata.deletion_timestamp is not None}, containers: {containers}, "
+                   f"deleting={p.metadata.deletion_timestamp is not None}, containers: {container_states(p)}, "
                    f"processes: {procs}, last log: {log[-1][:300] if log else '-'}")
     return "; ".join(out) or "no control-plane pod"
 
