@@ -12,8 +12,8 @@
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
 # ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
-# SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile, SITS_PROFILE_PIECEWISE=0 the piecewise-graphs one. Serving: SITS_PREFILL_CAPS
-# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_PIECEWISE_COMPARE=1 (--piecewise-compare), SITS_GC_COMPARE=1
+# SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile, SITS_PROFILE_PIECEWISE=0 the one without piecewise graphs. Serving: SITS_PREFILL_CAPS
+# (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_PIECEWISE_COMPARE=1 (--piecewise-compare: a server with --no-piecewise-graphs too), SITS_GC_COMPARE=1
 # (--gc-compare).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,19 +103,19 @@ run_profile() {
   else
     rc=1; echo "no time left for the int8 profile"
   fi
-  # the arrival steps again with piecewise graphs (engine/piecewise_graphs.py), against the bf16 run above
-  local pw=(--cases arrivals,ttft --piecewise-graphs)
-  [[ "$phase" == dry-run ]] && pw=(--smoke --cases arrivals --piecewise-graphs)
+  # the arrival steps again without piecewise graphs (engine/piecewise_graphs.py, on by default): the eager baseline
+  local pw=(--cases arrivals,ttft --no-piecewise-graphs)
+  [[ "$phase" == dry-run ]] && pw=(--smoke --cases arrivals --no-piecewise-graphs)
   left=$((budget - (SECONDS - t0)))
   if [[ "${SITS_PROFILE_PIECEWISE:-1}" == 0 ]]; then
     :
   elif ((left > 30)); then
     echo "== profile: bench/profile_steps.py ${pw[*]}"
-    timeout -k 10 "$left" "$py" bench/profile_steps.py "${pw[@]}" --json "$out/profile-piecewise.json" 2>&1 \
+    timeout -k 10 "$left" "$py" bench/profile_steps.py "${pw[@]}" --json "$out/profile-eager-prefill.json" 2>&1 \
       | tee -a "$out/profile.log"
     [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   else
-    rc=1; echo "no time left for the piecewise profile"
+    rc=1; echo "no time left for the profile without piecewise graphs"
   fi
   summary+=("profile | rc $rc | $((SECONDS - t0)) s | tables in profile.log")
 }

@@ -308,8 +308,9 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", default="triton-v1.1")
     p.add_argument("--quantization", choices=["int8", "fp8"], default=None)
     p.add_argument("--json", default=None, help="also write the rows here")
-    p.add_argument("--piecewise-graphs", action="store_true",
-                   help="steps with prefill tokens replayed piecewise from CUDA graphs (engine/piecewise_graphs.py)")
+    p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="steps with prefill tokens replayed piecewise from CUDA graphs (engine/piecewise_graphs.py; "
+                        "the engine's default); --no-piecewise-graphs runs them eagerly")
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU, small shapes (aten ops stand in for kernels)")
     args = p.parse_args(argv)
     unknown = set(args.cases) - set(CASES)
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
         p.error(f"unknown case(s) {', '.join(sorted(unknown))}: choose from {', '.join(CASES)}")
     rows = run(args)
     title = f"{'tiny (smoke)' if args.smoke else args.model}, {args.kernels if not args.smoke else 'torch'}, " \
-            f"{args.quantization or 'bf16'} weights" + (", piecewise graphs" if args.piecewise_graphs else "")
+            f"{args.quantization or 'bf16'} weights" + ("" if args.piecewise_graphs else ", no piecewise graphs")
     print(report(rows, title), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

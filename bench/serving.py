@@ -13,7 +13,7 @@ next to the same requests offline, in one run.
     .venv/bin/python bench/serving.py --model llama3-8b --device cuda --kernels triton-v1.1 --max-tokens 128 --repeat 1
     .venv/bin/python bench/serving.py --rates 2,4,8 --open-requests 32   # plus open-loop Poisson arrivals per rate
     .venv/bin/python bench/serving.py --prefill-caps none,512,256       # the core process once per prefill cap
-    .venv/bin/python bench/serving.py --piecewise-compare               # and once more with --piecewise-graphs
+    .venv/bin/python bench/serving.py --piecewise-compare               # and once more with --no-piecewise-graphs
 
 `--prefill-caps`: `sits-engine serve --max-prefill-tokens-while-decoding N` per value (none: the flag left out), each
 in the core-process mode (the in-process baseline runs with the first value). Besides the clients' own timings, the
@@ -129,7 +129,7 @@ def _hist_pct(delta: dict, name: str, q: float) -> float:
     return histogram_quantile(q, buckets) if buckets else float("nan")
 
 
-def served(args, mode: str, cap: int | None = None, gc_freeze: bool = True, piecewise: bool = False) -> dict:
+def served(args, mode: str, cap: int | None = None, gc_freeze: bool = True, piecewise: bool = True) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -138,7 +138,7 @@ def served(args, mode: str, cap: int | None = None, gc_freeze: bool = True, piec
                              "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
                              "--engine-process", mode, "--log-level", "warning", "--no-access-log",
                              *(["--max-prefill-tokens-while-decoding", str(cap)] if cap else []),
-                             *(["--piecewise-graphs"] if piecewise else [])],
+                             *([] if piecewise else ["--no-piecewise-graphs"])],
                             stdin=subprocess.DEVNULL, env={**os.environ, "SITS_GC_FREEZE": "on" if gc_freeze else "off"})
     t_start = time.perf_counter()
     try:
@@ -248,7 +248,8 @@ def main() -> None:
     p.add_argument("--gc-compare", action="store_true",
                    help="also run the core-process server with SITS_GC_FREEZE=off (engine/heap.py) for comparison")
     p.add_argument("--piecewise-compare", action="store_true",
-                   help="also run the core-process server with --piecewise-graphs (engine/piecewise_graphs.py)")
+                   help="also run the core-process server with --no-piecewise-graphs: steps with prefill tokens run eagerly "
+                        "(engine/piecewise_graphs.py, on by default)")
     p.add_argument("--prefill-caps", type=_caps, default=[None],
                    help="comma-separated --max-prefill-tokens-while-decoding values for the core-process server, "
                         "none = left out (default: none)")
@@ -257,7 +258,7 @@ def main() -> None:
     if args.gc_compare and args.engine_process != "off":
         modes.append(("on", args.prefill_caps[0], False))
     if args.piecewise_compare and args.engine_process != "off":
-        modes.append(("on", args.prefill_caps[0], True, True))
+        modes.append(("on", args.prefill_caps[0], True, False))
     if args.engine_process != "on":
         modes.append(("off", args.prefill_caps[0], True))
 
@@ -291,10 +292,10 @@ def _caps(v: str) -> list[int | None]:
     return caps
 
 
-def _name(mode: str, cap: int | None, gc_freeze: bool = True, piecewise: bool = False) -> str:
+def _name(mode: str, cap: int | None, gc_freeze: bool = True, piecewise: bool = True) -> str:
     name = {"on": "served, core process", "off": "served, in-process"}[mode]
     return name + (f", prefill cap {cap}" if cap else "") + ("" if gc_freeze else ", GC not frozen") \
-        + (", piecewise graphs" if piecewise else "")
+        + ("" if piecewise else ", no piecewise graphs")
 
 
 def report(off: dict, served_runs: dict[tuple, dict], want: int) -> str:

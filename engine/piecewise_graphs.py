@@ -18,7 +18,8 @@ graphs, that part is captured per padded token count and only attention runs eag
   hidden states), so a size holds one set, not one per layer; its graphs are captured in the order they replay,
   into a memory pool of their own, after one eager pass of the same pieces (Triton compiles and autotunes there,
   never inside a capture).
-- Only for `graph_safe` kernel sets, on CUDA, with `--piecewise-graphs` (off by default: not yet measured on a GPU).
+- Only for `graph_safe` kernel sets, on CUDA, wherever decode steps use graphs (on by default; `--no-piecewise-graphs`
+  turns it off).
   A capture that fails turns it off for the runner (logged); steps then run eagerly.
 
 capture=False runs the same static-buffer path eagerly (tests on CPU check it against the model's forward).
@@ -143,6 +144,10 @@ class PiecewiseGraphs:
                 with torch.cuda.graph(g, pool=p.pool, stream=self.stream, capture_error_mode="thread_local"):
                     self._piece(p, i)
                 p.graphs.append(g)
+            with torch.cuda.stream(self.stream):   # a graph's first launch uploads it: here, not in a request's step
+                for g in p.graphs:                 # (the pieces only read and write this size's static buffers)
+                    g.replay()
+            self.stream.synchronize()
         except Exception as e:  # noqa: BLE001 -- a set that is not capturable after all: go on eagerly
             self.failed = f"{type(e).__name__}: {e}"
             log.warning("piecewise CUDA graph capture of a %d-token step failed (%s); steps with prefill run "

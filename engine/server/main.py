@@ -46,7 +46,7 @@ class ServerConfig:
     quantization: str | None = None
     seed: int = 0
     enforce_eager: bool = False
-    piecewise_graphs: bool = False
+    piecewise_graphs: bool = True
     served_model_name: str | None = None
     otel_exporter: str | None = None   # None: from SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER, else "none"
     otlp_endpoint: str | None = None
@@ -134,10 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enforce-eager", action="store_true",
       help="no CUDA graphs: launch every kernel of a decode step from Python (graphs are used on CUDA with kernel "
            "sets that allow them, see `sits-engine kernels`)")
-    a("--piecewise-graphs", action="store_true",
+    a("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
       help="replay steps with prefill tokens (up to 512 tokens) piecewise from CUDA graphs, attention eager between "
-           "the pieces: fewer kernel launches from Python when prompts arrive among decoding streams; off by "
-           "default until measured on a GPU (docs/engine.md)")
+           "the pieces: fewer kernel launches from Python when prompts arrive among decoding streams (default: on "
+           "wherever decode steps use graphs; --no-piecewise-graphs runs those steps eagerly, docs/engine.md)")
     a("--served-model-name", default=None, help="model id clients send (default: the preset or directory name)")
     a("--otel-exporter", choices=["none", "console", "otlp"], default=None,
       help="trace exporter (default: $SITS_OTEL_EXPORTER or $OTEL_TRACES_EXPORTER or none)")
