@@ -87,7 +87,10 @@ def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path
     prom = prometheus_factory()
     sd = tmp_path / "targets.json"
     disco = DeployerDiscovery(deployer, SVC, sd)
-    prom.scrape_file_sd(sd)
+    # every second, a second to answer: an engine renders ~750 histogram lines per scrape (~18 ms of CPU idle); CI at
+    # 08e5e1d saw a variant without series for 13 s after the restart (a 500 ms timeout passed under load is one
+    # explanation: the failure message now lists each target's health)
+    prom.scrape_file_sd(sd, interval="1s")
     policy = Policy.from_dict({**FAST.to_dict(), "min_samples": 150, "on_inconclusive": "pause"})
     store = Store(str(tmp_path / "p.db"))
     source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0, timeout_s=1.0, retries=0))
@@ -102,7 +105,11 @@ def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path
         during = store.check_summaries(r.id, since_seq=stopped_at)
         held = store.get(r.id)
         os.kill(prom.proc.pid, signal.SIGCONT)                         # ... and is back
-        got = finish(store, r.id, 120)
+        try:
+            got = finish(store, r.id, 120)
+        except AssertionError as e:   # where the data went: Prometheus' view of each engine, and the traffic sent
+            raise AssertionError(f"{e}\nscrape targets:\n{prom.targets_health()}\nload: {gen.counts()}; "
+                                 f"last 10 s: {gen.summary()}") from None
     finally:
         os.kill(prom.proc.pid, signal.SIGCONT)
         gen.stop()
