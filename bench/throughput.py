@@ -184,18 +184,22 @@ def timed_generate(llm, device, batch, **kw) -> tuple[float, list]:
 
 def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs: int, **engine_kw):
     from engine import LLM
+    from kernels.jit_watch import JitWatch
     t0 = time.perf_counter()
     llm = LLM(model=model, kernels=kernels, device=device, quantization=quant, max_num_seqs=max_num_seqs, **engine_kw)
     t1 = time.perf_counter()
-    llm.engine.warmup()
-    _sync(device)
+    with JitWatch() as watch:   # what warm-up spends: Triton compilations (or on-disk cache loads) and autotuning
+        llm.engine.warmup()
+        _sync(device)
     mem = {}
     if device == "cuda":
         import torch
         free, total = torch.cuda.mem_get_info()
         mem = {"gpu_free_gib": free / 2**30, "gpu_allocated_gib": torch.cuda.memory_allocated() / 2**30}
     return llm, {**mem, "load_s": t1 - t0, "warmup_s": time.perf_counter() - t1,
-                 "kv_capacity_tokens": llm.engine.stats().num_total_blocks * llm.engine.config.block_size}
+                 "kv_capacity_tokens": llm.engine.stats().num_total_blocks * llm.engine.config.block_size,
+                 "warmup_compiles": len(watch.compiles), "warmup_autotune_runs": watch.autotune_runs,
+                 "warmup_autotune_s": watch.autotune_s}
 
 
 def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs) -> None:
@@ -355,7 +359,8 @@ def main(argv=None) -> int:
           f"(wall/host/cpu)")
     for r in res["rows"]:
         if "out_tok_s" not in r:
-            print(f"{r['row']:34s} load {r['load_s']:.1f} s, warm-up {r['warmup_s']:.1f} s, "
+            print(f"{r['row']:34s} load {r['load_s']:.1f} s, warm-up {r['warmup_s']:.1f} s "
+                  f"({r['warmup_compiles']} jit, {r['warmup_autotune_runs']} tune runs in {r['warmup_autotune_s']:.1f} s), "
                   f"KV {r['kv_capacity_tokens']} tokens")
             continue
         st = r.get("decode_steps_at_full_batch") or (r if "step_ms" in r else None)

@@ -11,6 +11,8 @@ miss passes `knobs.runtime.jit_post_compile_hook`, and every candidate config th
 """
 from __future__ import annotations
 
+import time
+
 from kernels.triton_env import triton
 
 
@@ -18,6 +20,7 @@ class JitWatch:
     def __init__(self):
         self.compiles: list[str] = []  # kernel names, one entry per compilation
         self.autotune_runs = 0  # candidate configs timed by an autotuner
+        self.autotune_s = 0.0   # wall time spent timing them (their compilations included)
         self._saved = None
 
     def __enter__(self) -> "JitWatch":
@@ -35,7 +38,11 @@ class JitWatch:
 
         def bench(self, *args, **kwargs):
             watch.autotune_runs += 1
-            return prev_bench(self, *args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return prev_bench(self, *args, **kwargs)
+            finally:
+                watch.autotune_s += time.perf_counter() - t0
 
         knobs.runtime.jit_post_compile_hook = hook
         Autotuner._bench = bench
@@ -50,7 +57,8 @@ class JitWatch:
         names: dict[str, int] = {}
         for n in self.compiles:
             names[n] = names.get(n, 0) + 1
-        return f"{len(self.compiles)} compilations {names or ''}, {self.autotune_runs} autotune benchmark runs"
+        return (f"{len(self.compiles)} compilations {names or ''}, {self.autotune_runs} autotune benchmark runs "
+                f"({self.autotune_s:.1f} s)")
 
 
 __all__ = ["JitWatch", "triton"]

@@ -10,6 +10,7 @@ import torch
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.errors import InvalidRequestError
 from engine.piecewise_graphs import SIZES, PiecewiseGraphs, piecewise_sizes
+from engine.server.main import ServerConfig, build_parser
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -84,10 +85,16 @@ def test_pieces_through_static_buffers_match_the_forward_on_cpu():
     assert set(used) == {16, 32} and used[16] >= 10 and used[32] >= 1, used
 
 
-def test_the_flag_is_validated_and_off_by_default():
-    assert EngineConfig(model="tiny").piecewise_graphs is False
+def test_the_flag_is_validated_on_by_default_and_turned_off_from_the_server():
+    assert EngineConfig(model="tiny").piecewise_graphs is True
     with pytest.raises(InvalidRequestError, match="piecewise_graphs must be a boolean"):
         EngineConfig(model="tiny", piecewise_graphs="yes")
+    parse = build_parser().parse_args
+    assert ServerConfig(**vars(parse(["--model", "tiny"]))).engine_config().piecewise_graphs is True
+    assert ServerConfig(**vars(parse(["--model", "tiny", "--no-piecewise-graphs"]))).engine_config() \
+        .piecewise_graphs is False
+    # without decode graphs (CPU) there are no pieces to replay: steps with prefill run the model's forward
+    assert tiny(device="cpu").model_runner.piecewise is None
 
 
 @gpu
