@@ -248,8 +248,8 @@ def main() -> None:
     p.add_argument("--gc-compare", action="store_true",
                    help="also run the core-process server with SITS_GC_FREEZE=off (engine/heap.py) for comparison")
     p.add_argument("--piecewise-compare", action="store_true",
-                   help="also run the core-process server with --no-piecewise-graphs: steps with prefill tokens run eagerly "
-                        "(engine/piecewise_graphs.py, on by default)")
+                   help="also run the core-process server with --no-piecewise-graphs: steps with prefill tokens "
+                        "run eagerly (engine/piecewise_graphs.py, on by default)")
     p.add_argument("--prefill-caps", type=_caps, default=[None],
                    help="comma-separated --max-prefill-tokens-while-decoding values for the core-process server, "
                         "none = left out (default: none)")

@@ -360,7 +360,8 @@ def main(argv=None) -> int:
     for r in res["rows"]:
         if "out_tok_s" not in r:
             print(f"{r['row']:34s} load {r['load_s']:.1f} s, warm-up {r['warmup_s']:.1f} s "
-                  f"({r['warmup_compiles']} jit, {r['warmup_autotune_runs']} tune runs in {r['warmup_autotune_s']:.1f} s), "
+                  f"({r['warmup_compiles']} jit, {r['warmup_autotune_runs']} tune runs in "
+                  f"{r['warmup_autotune_s']:.1f} s), "
                   f"KV {r['kv_capacity_tokens']} tokens")
             continue
         st = r.get("decode_steps_at_full_batch") or (r if "step_ms" in r else None)

@@ -37,7 +37,7 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch every kernel from Python)
     # steps with prefill tokens (up to 512) replayed piecewise from CUDA graphs, attention eager between the pieces
     # (engine/piecewise_graphs.py), wherever decode steps use graphs; on the H200 it cut the open-loop ITL p99 by
-    # 40-53 % (BENCHMARKS.md "Piecewise graphs")
+    # 24-53 % (BENCHMARKS.md "Piecewise graphs (H200)")
     piecewise_graphs: bool = True
 
     def __post_init__(self) -> None:
