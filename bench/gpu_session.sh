@@ -7,11 +7,15 @@
 #   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
 #                                  # batch-1 with int8 weights in its own process)
 #   bench/gpu_session.sh throughput  # bench/throughput.py: the offline rows (SITS_THROUGHPUT_ROWS)
+#   bench/gpu_session.sh int8      # bench/int8_rows.py (the int8 linear by row count: Triton vs dequantize + cuBLAS
+#                                  # vs bf16), then the int8 throughput rows with the dequantizing path (default) and
+#                                  # without it (SITS_DEQUANT_MIN_M=off), and a restart's warm-up from the disk cache
 #   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
-# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
+# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. SITS_TESTS_K: a pytest -k
+# expression for the tests phase. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_INT8_BUDGET_S (420), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
 # SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile, SITS_PROFILE_PIECEWISE=0 the one without piecewise graphs. Serving: SITS_PREFILL_CAPS
 # (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_PIECEWISE_COMPARE=1 (--piecewise-compare: a server with --no-piecewise-graphs too), SITS_GC_COMPARE=1
 # (--gc-compare).
@@ -46,6 +50,7 @@ EOF
 
 run_tests() {
   local budget="${SITS_TESTS_BUDGET_S:-480}" args=(-m gpu tests/engine tests/kernels)
+  [[ -n "${SITS_TESTS_K:-}" ]] && args+=(-k "$SITS_TESTS_K")   # a subset, e.g. what a change touched
   if [[ "$phase" == dry-run ]]; then   # the GPU suite's CPU twins: the tests that hold sets to their flags
     args=(tests/kernels/test_example_sets.py tests/kernels/test_registry.py tests/engine/test_gpu.py)
   fi
@@ -129,6 +134,33 @@ run_throughput() {
   summary+=("throughput | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in throughput.log")
 }
 
+run_int8() {
+  local budget="${SITS_INT8_BUDGET_S:-420}" t0=$SECONDS rc=0 left cache
+  if [[ "$phase" == dry-run ]]; then
+    summary+=("int8 | skipped | 0 s | bench/int8_rows.py needs a GPU"); return
+  fi
+  cache=$(mktemp -d)   # an empty Triton cache: the first warm-up is cold whatever ran on this machine before
+  echo "== int8: bench/throughput.py --rows decode1-int8,b32-int8,b32, cold (TRITON_CACHE_DIR=$cache)"
+  TRITON_CACHE_DIR="$cache" timeout -k 10 $((budget - 120)) "$py" bench/throughput.py \
+    --rows decode1-int8,b32-int8,b32 --json "$out/throughput-int8.json" 2>&1 | tee "$out/int8.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  echo "== int8: a restart on the same cache: bench/throughput.py --rows decode1-int8"
+  left=$((budget - (SECONDS - t0)))
+  TRITON_CACHE_DIR="$cache" timeout -k 10 "$left" "$py" bench/throughput.py --rows decode1-int8 \
+    --json "$out/throughput-int8-restart.json" 2>&1 | tee -a "$out/int8.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  echo "== int8: bench/throughput.py --rows b32-int8 with SITS_DEQUANT_MIN_M=off (the Triton kernel at every row count)"
+  left=$((budget - (SECONDS - t0)))
+  TRITON_CACHE_DIR="$cache" SITS_DEQUANT_MIN_M=off timeout -k 10 "$left" "$py" bench/throughput.py --rows b32-int8 \
+    --json "$out/throughput-int8-nodequant.json" 2>&1 | tee -a "$out/int8.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  echo "== int8: bench/int8_rows.py"
+  left=$((budget - (SECONDS - t0)))
+  timeout -k 10 "$left" "$py" bench/int8_rows.py --json "$out/int8-rows.json" 2>&1 | tee -a "$out/int8.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  summary+=("int8 | rc $rc | $((SECONDS - t0)) s | tables in int8.log")
+}
+
 versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
@@ -142,7 +174,8 @@ for ph in "${phases[@]}"; do
     serving) run_serving ;;
     profile) run_profile ;;
     throughput) run_throughput ;;
-    *) echo "usage: $0 tests|serving|profile|all|dry-run (or a comma-separated list)"; exit 2 ;;
+    int8) run_int8 ;;
+    *) echo "usage: $0 tests|serving|profile|throughput|int8|all|dry-run (or a comma-separated list)"; exit 2 ;;
   esac
 done
 

@@ -279,7 +279,8 @@ class LLMEngine:
             plan = warmup_plan(self.config.max_num_batched_tokens, self.config.max_num_seqs, runner.decode_sizes,
                                runner.decode_graphs is not None)
             runner.warmup(plan)
-            log.info("warm-up ran %d step shapes in %.1f s", len(plan), time.perf_counter() - t0)
+            log.info("warm-up ran %d step shapes in %.1f s (Triton's cache: %s)", len(plan), time.perf_counter() - t0,
+                     runner.triton_cache_dir)
             t0 = time.perf_counter()
         graphs = runner.capture_decode_graphs()
         if graphs:

@@ -20,6 +20,7 @@ from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 from engine.step_inputs import build_step_inputs
 from engine.warmup import WarmupStep
+from kernels.triton_env import use_device_cache_dir
 
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
 GPU_MEMORY_UTILIZATION = 0.90
@@ -67,6 +68,8 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         self.block_size = config.block_size
         self.kernel_set = kernel_set
+        # compiled kernels and autotuning winners persist per GPU model and driver (kernels/triton_env.py)
+        self.triton_cache_dir = use_device_cache_dir(device)
         with torch.inference_mode():
             self.model = LlamaForCausalLM(source.config, kernel_set, device, dtype, max_model_len)
             self.model.load_weights(source.weights(device, dtype))
@@ -123,6 +126,7 @@ class ModelRunner:
                    + (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim) * elt * 2
         act += mc.num_attention_heads * t * max_model_len * 4 * 2
         act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
+        act += self.model.largest_quantized_weight() * elt  # one weight dequantized at a time (kernels/linear.py)
         share = c.gpu_memory_utilization
         if share is None:
             budget = total * GPU_MEMORY_UTILIZATION - (total - free) - act

@@ -11,18 +11,44 @@ Triton paths:
   read once; larger M uses square-ish tiles with grouped ordering for L2 reuse.
 - `_linear_fp8_kernel` (M >= 64 on GPUs with fp8 tensor cores, sm_89+): W8A8 -- activations are quantized per token
   to e4m3 by `_quantize_fp8_rows_kernel` and both operands go to the fp8 tensor cores; y = acc * sx[t] * sw[n].
+- `_dequantize_kernel` (from `DEQUANT_MIN_M` rows on, weight-only int8, and fp8 without fp8 tensor cores): a step
+  that many rows is compute-bound, where the weight-only kernel's in-loop int8-to-bf16 conversion keeps it far
+  below cuBLAS's bf16 rate (2,048 rows on the H200: the int8 engine's prefill steps took ~97 ms against ~62 for
+  bf16). So the weight is dequantized once per call, w = bf16(q * scale), into a scratch buffer kept per device
+  and dtype (1 byte read and 2 written per weight), and cuBLAS multiplies. The buffer is shared by every layer:
+  launches on one stream run in order, so a layer's GEMM has read it before the next layer's dequantization
+  writes it.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
 from kernels.quant import QuantizedWeight
-from kernels.triton_env import check_device, fast_tuned, interpreting, next_pow2, tl, triton, tuned_launcher
+from kernels.triton_env import (autotune, check_device, fast_tuned, interpreting, next_pow2, tl, triton,
+                                tuned_launcher)
 
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 FP8_MAX = 448.0
+DEQUANT_ENV = "SITS_DEQUANT_MIN_M"  # rows from which a weight-only linear dequantizes and calls cuBLAS; "off": never
+
+
+def _dequant_min_m() -> int | None:
+    raw = os.environ.get(DEQUANT_ENV, "").strip()
+    if raw.lower() == "off":
+        return None
+    if not raw:
+        return 512
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{DEQUANT_ENV}={raw!r}: expected a row count >= 1, or 'off'")
+    return int(raw)
+
+
+# the H200 sweep in BENCHMARKS.md ("int8 at many rows") puts the crossover at this many rows
+DEQUANT_MIN_M = _dequant_min_m()
 
 
 @triton.jit
@@ -139,6 +165,19 @@ def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, N, K, stride_qn, stride_on, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    # out[n, k] = q[n, k] * scale[n], rounded once to out's dtype
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rn < N)[:, None] & (rk < K)[None, :]
+    q = tl.load(q_ptr + rn[:, None].to(tl.int64) * stride_qn + rk[None, :], mask=mask, other=0.0)
+    s = tl.load(scale_ptr + rn, mask=rn < N, other=0.0)
+    w = (q.to(tl.float32) * s[:, None]).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    tl.store(out_ptr + rn[:, None].to(tl.int64) * stride_on + rk[None, :], w, mask=mask)
+
+
 def _cfg(bm, bn, bk, w, s, **extra):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, **extra}, num_warps=w,
                          num_stages=s)
@@ -170,12 +209,13 @@ def _is_even_k(k: int, meta) -> bool:
 _even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # these run for tens of microseconds: candidates are timed inside a CUDA graph, or Python launch overhead (not the
 # kernel) would decide the winner
-_linear_small_m = triton.autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
-_linear_mid_m = {bm: triton.autotune(c, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
+_linear_small_m = autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
+_linear_mid_m = {bm: autotune(c, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
-_linear_large_m = triton.autotune(_LARGE_M, key=["N", "K"])(_even_k(_linear_kernel))
-_linear_fp8 = triton.autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
+_linear_large_m = autotune(_LARGE_M, key=["N", "K"])(_even_k(_linear_kernel))
+_linear_fp8 = autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 _LOCKS: dict = {}
+_SCRATCH: dict = {}
 
 
 def autotuner_for(m: int):
@@ -197,6 +237,26 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
         locks = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
         _LOCKS[key] = locks
     return locks
+
+
+def dequantize_into_scratch(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight as a [N, K] `dtype` tensor, w = q * scale rounded once, written into this device's and dtype's
+    scratch buffer (the largest weight seen so far): valid until the next call on the same device and dtype."""
+    check_device("dequantize", weight.qweight)
+    n, k = weight.shape
+    key = (str(weight.device), dtype)
+    bufs = _SCRATCH.setdefault(key, [])
+    if not bufs or bufs[-1].numel() < n * k:
+        # a smaller one stays allocated: a CUDA graph captured with it keeps reading its address (the engine's
+        # warm-up runs the largest weight before capturing, so in practice it grows a few times at the start)
+        bufs.append(torch.empty(n * k, dtype=dtype, device=weight.device))
+    buf = bufs[-1]
+    out = buf[:n * k].view(n, k)
+    qw = weight.qweight
+    bn, bk = (16, 64) if interpreting() else (32, 256)
+    _dequantize_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](qw, weight.scale, out, n, k, qw.stride(0),
+                                                                 out.stride(0), BLOCK_N=bn, BLOCK_K=bk)
+    return out
 
 
 def check_linear_args(x: torch.Tensor, weight, bias) -> None:
@@ -233,10 +293,14 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    fp8_native = weight.kind == "fp8" and _fp8_native(x, m)
+    if DEQUANT_MIN_M is not None and m >= DEQUANT_MIN_M and not fp8_native:  # compute-bound: cuBLAS
+        w = dequantize_into_scratch(weight, x.dtype)
+        return F.linear(x2, w, None if bias is None else bias.to(x.dtype)).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    if weight.kind == "fp8" and _fp8_native(x, m):
+    if fp8_native:
         qw = weight.qweight
         has_bias = bias is not None
         b = bias.contiguous() if has_bias else weight.scale

@@ -13,7 +13,8 @@ import math
 import torch
 
 from kernels.paged import check_lens, check_paged_args, softmax_dtype
-from kernels.triton_env import check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl, triton
+from kernels.triton_env import (autotune, check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl,
+                                triton)
 
 
 
@@ -106,7 +107,7 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, o_ptr, stride_os, stride_oh, 
 _CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
             for bn, w, st in ((64, 4, 2), (64, 4, 4), (128, 4, 3), (32, 4, 4), (64, 8, 3))]
 # candidates timed inside a CUDA graph: at small batch the launch overhead would otherwise pick the config
-_paged_decode_attention_tuned = triton.autotune(
+_paged_decode_attention_tuned = autotune(
     _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET"],
     use_cuda_graph=True)(_paged_decode_attention_kernel)
 _TUNE_MIN_BLOCKS = 512  # smaller problems (s * max_blocks) run a fixed config: tuning would cost more than it saves

@@ -22,7 +22,7 @@ import math
 import torch
 
 from kernels.paged import PagedAttentionError, check_prefill_args
-from kernels.triton_env import check_device, interpreting, next_pow2, tl, triton
+from kernels.triton_env import autotune, check_device, interpreting, next_pow2, tl, triton
 
 try:  # Triton >= 3.4: host-side TMA descriptors
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -242,14 +242,14 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
 ]
 _TUNE_MIN_TOKENS = 1024
-_prefill_attention_tuned = triton.autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
+_prefill_attention_tuned = autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
     _prefill_attention_kernel)
 _TMA_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "PAGES": pages}, num_warps=w, num_stages=st)
     # the H200 sweep's leaders (BENCHMARKS.md): one warpgroup over 128 queries, 64-key pages, two CTAs per SM first
     for bm, pages, w, st in ((128, 1, 4, 2), (128, 1, 4, 3), (128, 2, 8, 2), (128, 2, 8, 3), (64, 1, 4, 3))
 ]
-_prefill_attention_tma_tuned = triton.autotune(_TMA_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
+_prefill_attention_tma_tuned = autotune(_TMA_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
     _prefill_attention_tma_kernel)
 
 

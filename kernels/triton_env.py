@@ -72,6 +72,37 @@ def num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def autotune(configs, key, **kwargs):
+    """`triton.autotune` whose winners persist on disk: a later process on the same machine loads the timings from
+    Triton's cache (keyed by Triton's version, the GPU architecture, the kernel's source, the candidates and the
+    tuning key; `use_device_cache_dir` adds the GPU's name and driver) instead of benchmarking every candidate
+    again."""
+    return triton.autotune(configs, key=key, cache_results=True, **kwargs)
+
+
+def _driver_version() -> str:
+    try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  ..."
+        words = open("/proc/driver/nvidia/version").readline().split()
+        return next(w for w in words if w[:1].isdigit() and "." in w)
+    except (OSError, StopIteration):
+        return f"cuda{torch.version.cuda}"
+
+
+def use_device_cache_dir(device) -> str | None:
+    """Point Triton's on-disk cache (compiled kernels and autotuning results) at a directory of this GPU model and
+    driver under the usual one (TRITON_CACHE_DIR, else ~/.triton/cache), so a node with another GPU or driver never
+    reuses timings measured elsewhere. Call before the first compile; a no-op off CUDA. Returns the directory."""
+    import re
+    if getattr(device, "type", device) != "cuda" or interpreting():
+        return None
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", torch.cuda.get_device_name(device)).strip("-")
+    tag = f"sits-{name}-driver-{_driver_version()}"
+    base = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    if os.path.basename(os.path.normpath(base)) != tag:  # a child process inherits the already-keyed directory
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(base, tag)
+    return os.environ["TRITON_CACHE_DIR"]
+
+
 FAST_LAUNCH_ENV = "SITS_TRITON_FAST_LAUNCH"  # "0" turns the fast path off (every launch through Triton's own)
 
 

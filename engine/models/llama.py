@@ -18,6 +18,7 @@ from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import Linear
 from engine.layers.rotary_embedding import rope_cos_sin
+from kernels import QuantizedWeight
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
 _SHARDS = {  # HF sub-module -> (attribute of LlamaDecoderLayer, shard index)
@@ -132,6 +133,13 @@ class LlamaForCausalLM:
         for layer in self.layers:
             for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
                 lin.quantize(kind)
+
+    def largest_quantized_weight(self) -> int:
+        """Elements of the largest quantized weight (0 when none is): a quantized linear may materialize one weight
+        at a time in the model dtype (kernels/linear.py's many-row path, the torch reference's upcast)."""
+        return max((lin.weight.qweight.numel() for layer in self.layers
+                    for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+                    if isinstance(lin.weight, QuantizedWeight)), default=0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, ...]],
                 meta: AttentionMetadata) -> torch.Tensor:

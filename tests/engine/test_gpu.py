@@ -136,6 +136,35 @@ def test_no_compilation_or_autotuning_after_warmup(quantization, piecewise, free
     assert watch.compiles == [] and watch.autotune_runs == 0, watch.summary()
 
 
+_RESTART = """
+import json
+from engine import EngineConfig, LLMEngine
+from kernels.jit_watch import JitWatch
+with JitWatch() as w:
+    engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.1", max_num_seqs=8, max_num_batched_tokens=256))
+    engine.warmup()
+print(json.dumps({"runs": w.autotune_runs, "compiles": len(w.compiles), "dir": engine.model_runner.triton_cache_dir}))
+"""
+
+
+def test_a_restart_takes_compiled_kernels_and_autotuning_from_disk(tmp_path):
+    """The first process on a machine compiles and tunes; a second one with the same cache directory loads both."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _RESTART], env=env, capture_output=True, text=True, timeout=400,
+                           cwd=Path(__file__).resolve().parents[2])
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert runs[0]["dir"].startswith(str(tmp_path / "sits-")), runs
+    assert runs[0]["runs"] > 0 and runs[1]["runs"] == 0, runs
+
+
 def test_jit_watch_sees_a_compilation():
     from kernels.jit_watch import JitWatch
     ks = __import__("kernels").get_kernel_set("triton-v1")

@@ -79,7 +79,8 @@ def test_rope_and_cache_llama_shape():
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-@pytest.mark.parametrize("m", [1, 7, 16, 24, 48, 64, 80])  # small, both mid (32/64-row tile) and large-M kernels
+# small M, both mid (32/64-row tile) kernels, large M, and from DEQUANT_MIN_M rows dequantize + cuBLAS
+@pytest.mark.parametrize("m", [1, 7, 16, 24, 48, 64, 80, 512, 2048])
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
 def test_weight_only_linear_llama_shapes(kind, m, n, k):
     g = torch.Generator().manual_seed(7)

@@ -223,6 +223,47 @@ def test_quantized_linear_split_k(dev, split_k):
         assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_many_rows_dequantize_then_matmul(dev, kind, monkeypatch):
+    # from DEQUANT_MIN_M rows on, the weight is dequantized into a scratch buffer and multiplied by cuBLAS (CPU: torch)
+    from kernels import linear as lin
+    monkeypatch.setattr(lin, "DEQUANT_MIN_M", 8)
+    g = torch.Generator().manual_seed(42)
+    big = quantize_weight(torch.randn(37, 100, generator=g), kind).to(dev)
+    small = quantize_weight(torch.randn(20, 100, generator=g), kind).to(dev)
+    bias = torch.randn(37, generator=g)
+    x = torch.randn(9, 100, generator=g).to(torch.bfloat16)
+    tol = ATOL[torch.bfloat16]
+    for w, b in ((big, bias), (small, None), (big, None)):  # the scratch buffer is reused, and views stay exact
+        ref64 = REF.linear(x.double(), w.to("cpu"), None if b is None else b.double())
+        same = REF.linear(x.to(dev), w, None if b is None else b.to(dev))
+        got = TRI.linear(x.to(dev), w, None if b is None else b.to(dev))
+        assert got.shape == (9, w.shape[0]) and got.dtype == torch.bfloat16
+        assert_close_to_fp64(got, same, ref64, tol * max(1.0, ref64.abs().max().item()))
+    # the dequantized weight is q * scale rounded once to nearest, as the torch reference's dequantize does (Triton's
+    # interpreter rounds bf16 toward zero whatever the kernel asks: within one bf16 ulp there)
+    got, want = lin.dequantize_into_scratch(small, torch.bfloat16).cpu(), small.dequantize(torch.bfloat16).cpu()
+    if dev == "cpu":
+        assert ((got.float() - want.float()).abs() <= want.float().abs() * 2 ** -7).all()
+    else:
+        assert torch.equal(got, want)
+    monkeypatch.setattr(lin, "DEQUANT_MIN_M", None)  # off: the weight-only kernel serves every row count
+    got = TRI.linear(x.to(dev), big)
+    assert_close_to_fp64(got, REF.linear(x.to(dev), big), REF.linear(x.double(), big.to("cpu")),
+                         tol * max(1.0, REF.linear(x.double(), big.to("cpu")).abs().max().item()))
+
+
+def test_dequant_threshold_env(monkeypatch):
+    from kernels import linear as lin
+    for raw, want in (("", 512), ("off", None), ("OFF", None), ("64", 64)):
+        monkeypatch.setenv(lin.DEQUANT_ENV, raw)
+        assert lin._dequant_min_m() == want
+    for raw in ("0", "-3", "many"):
+        monkeypatch.setenv(lin.DEQUANT_ENV, raw)
+        with pytest.raises(ValueError, match=lin.DEQUANT_ENV):
+            lin._dequant_min_m()
+
+
 def test_plain_linear_is_cublas_exact(dev):
     x, w = torch.randn(3, 40, device=dev), torch.randn(24, 40, device=dev)
     assert torch.equal(TRI.linear(x, w), F.linear(x, w))
