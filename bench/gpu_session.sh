@@ -7,9 +7,9 @@
 #   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
 #                                  # batch-1 with int8 weights in its own process)
 #   bench/gpu_session.sh throughput  # bench/throughput.py: the offline rows (SITS_THROUGHPUT_ROWS)
-#   bench/gpu_session.sh int8      # bench/int8_rows.py (the int8 linear by row count: Triton vs dequantize + cuBLAS
-#                                  # vs bf16), then the int8 throughput rows with the dequantizing path (default) and
-#                                  # without it (SITS_DEQUANT_MIN_M=off), and a restart's warm-up from the disk cache
+#   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
+#                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
+#                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
 #   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
@@ -140,19 +140,19 @@ run_int8() {
     summary+=("int8 | skipped | 0 s | bench/int8_rows.py needs a GPU"); return
   fi
   cache=$(mktemp -d)   # an empty Triton cache: the first warm-up is cold whatever ran on this machine before
-  echo "== int8: bench/throughput.py --rows decode1-int8,b32-int8,b32, cold (TRITON_CACHE_DIR=$cache)"
-  TRITON_CACHE_DIR="$cache" timeout -k 10 $((budget - 120)) "$py" bench/throughput.py \
+  echo "== int8: bench/throughput.py --kernels triton-v1.2 --rows decode1-int8,b32-int8,b32, cold (TRITON_CACHE_DIR=$cache)"
+  TRITON_CACHE_DIR="$cache" timeout -k 10 $((budget - 120)) "$py" bench/throughput.py --kernels triton-v1.2 \
     --rows decode1-int8,b32-int8,b32 --json "$out/throughput-int8.json" 2>&1 | tee "$out/int8.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
-  echo "== int8: a restart on the same cache: bench/throughput.py --rows decode1-int8"
+  echo "== int8: a restart on the same cache: bench/throughput.py --kernels triton-v1.2 --rows decode1-int8"
   left=$((budget - (SECONDS - t0)))
-  TRITON_CACHE_DIR="$cache" timeout -k 10 "$left" "$py" bench/throughput.py --rows decode1-int8 \
+  TRITON_CACHE_DIR="$cache" timeout -k 10 "$left" "$py" bench/throughput.py --kernels triton-v1.2 --rows decode1-int8 \
     --json "$out/throughput-int8-restart.json" 2>&1 | tee -a "$out/int8.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
-  echo "== int8: bench/throughput.py --rows b32-int8 with SITS_DEQUANT_MIN_M=off (the Triton kernel at every row count)"
+  echo "== int8: bench/throughput.py --kernels triton-v1.1 --rows b32-int8 (the Triton kernel at every row count)"
   left=$((budget - (SECONDS - t0)))
-  TRITON_CACHE_DIR="$cache" SITS_DEQUANT_MIN_M=off timeout -k 10 "$left" "$py" bench/throughput.py --rows b32-int8 \
-    --json "$out/throughput-int8-nodequant.json" 2>&1 | tee -a "$out/int8.log"
+  TRITON_CACHE_DIR="$cache" timeout -k 10 "$left" "$py" bench/throughput.py --kernels triton-v1.1 --rows b32-int8 \
+    --json "$out/throughput-int8-v1.1.json" 2>&1 | tee -a "$out/int8.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   echo "== int8: bench/int8_rows.py"
   left=$((budget - (SECONDS - t0)))

@@ -1,6 +1,6 @@
-"""The weight-only int8 linear by row count, llama3-8b's four weight shapes: the Triton kernel, the dequantize-then-
-cuBLAS path (kernels/linear.py, from DEQUANT_MIN_M rows on) and cuBLAS on bf16 weights; plus what each autotuner's
-candidates measured, so the candidate lists can be kept to the ones that win.
+"""The weight-only int8 linear by row count, llama3-8b's four weight shapes: the Triton kernel (triton-v1/v1.1), the
+dequantize-then-cuBLAS path (triton-v1.2 from DEQUANT_MIN_M rows on) and cuBLAS on bf16 weights; plus what each
+autotuner's candidates measured, so the candidate lists can be kept to the ones that win.
 
     python3 bench/int8_rows.py [--rows 16,32,64,128,256,512,1024,2048] [--json OUT.json]
 
@@ -50,11 +50,11 @@ def measure(rows: list[int]) -> dict:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = lin.linear_ref(x, qws[0])
             row = {"shape": name, "n": n, "k": k, "m": m}
-            for path, threshold in (("triton", None), ("dequant", 1)):
-                lin.DEQUANT_MIN_M = threshold
+            for path, fn in (("triton", lin.linear), ("dequant", lin.linear_dequant_many_rows)):
+                lin.DEQUANT_MIN_M = 1  # every row count through the path under test
                 try:
-                    row[f"{path}_err"] = rel_err(lin.linear(x, qws[0]), ref)
-                    row[f"{path}_us"] = 1e3 * bench_graph([lambda q=q: lin.linear(x, q) for q in qws])
+                    row[f"{path}_err"] = rel_err(fn(x, qws[0]), ref)
+                    row[f"{path}_us"] = 1e3 * bench_graph([lambda q=q, fn=fn: fn(x, q) for q in qws])
                 finally:
                     lin.DEQUANT_MIN_M = default
                 fam = _family(m)

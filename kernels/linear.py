@@ -11,17 +11,15 @@ Triton paths:
   read once; larger M uses square-ish tiles with grouped ordering for L2 reuse.
 - `_linear_fp8_kernel` (M >= 64 on GPUs with fp8 tensor cores, sm_89+): W8A8 -- activations are quantized per token
   to e4m3 by `_quantize_fp8_rows_kernel` and both operands go to the fp8 tensor cores; y = acc * sx[t] * sw[n].
-- `_dequantize_kernel` (from `DEQUANT_MIN_M` rows on, weight-only int8, and fp8 without fp8 tensor cores): a step
-  that many rows is compute-bound, where the weight-only kernel's in-loop int8-to-bf16 conversion keeps it far
-  below cuBLAS's bf16 rate (2,048 rows on the H200: the int8 engine's prefill steps took ~97 ms against ~62 for
-  bf16). So the weight is dequantized once per call, w = bf16(q * scale), into a scratch buffer kept per device
-  and dtype (1 byte read and 2 written per weight), and cuBLAS multiplies. The buffer is shared by every layer:
-  launches on one stream run in order, so a layer's GEMM has read it before the next layer's dequantization
-  writes it.
+- `_dequantize_kernel` (triton-v1.2's `linear_dequant_many_rows`: from `DEQUANT_MIN_M` rows on, weight-only int8,
+  and fp8 without fp8 tensor cores): a step that many rows is compute-bound, where the weight-only kernel's
+  in-loop int8-to-bf16 conversion keeps it far below cuBLAS's bf16 rate (2,048 rows on the H200: the int8 engine's
+  prefill steps took ~97 ms against ~62 for bf16). So the weight is dequantized once per call, w = bf16(q * scale),
+  into a scratch buffer kept per device and dtype (1 byte read and 2 written per weight), and cuBLAS multiplies.
+  The buffer is shared by every layer: launches on one stream run in order, so a layer's GEMM has read it before
+  the next layer's dequantization writes it.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -33,22 +31,9 @@ from kernels.triton_env import (autotune, check_device, fast_tuned, interpreting
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 FP8_MAX = 448.0
-DEQUANT_ENV = "SITS_DEQUANT_MIN_M"  # rows from which a weight-only linear dequantizes and calls cuBLAS; "off": never
-
-
-def _dequant_min_m() -> int | None:
-    raw = os.environ.get(DEQUANT_ENV, "").strip()
-    if raw.lower() == "off":
-        return None
-    if not raw:
-        return 512
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{DEQUANT_ENV}={raw!r}: expected a row count >= 1, or 'off'")
-    return int(raw)
-
-
-# the H200 sweep in BENCHMARKS.md ("int8 at many rows") puts the crossover at this many rows
-DEQUANT_MIN_M = _dequant_min_m()
+# from this many rows on, `linear_dequant_many_rows` dequantizes and calls cuBLAS: the crossover of the H200 sweep in
+# BENCHMARKS.md ("int8 at many rows", bench/int8_rows.py)
+DEQUANT_MIN_M = 512
 
 
 @triton.jit
@@ -293,14 +278,10 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    fp8_native = weight.kind == "fp8" and _fp8_native(x, m)
-    if DEQUANT_MIN_M is not None and m >= DEQUANT_MIN_M and not fp8_native:  # compute-bound: cuBLAS
-        w = dequantize_into_scratch(weight, x.dtype)
-        return F.linear(x2, w, None if bias is None else bias.to(x.dtype)).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    if fp8_native:
+    if weight.kind == "fp8" and _fp8_native(x, m):
         qw = weight.qweight
         has_bias = bias is not None
         b = bias.contiguous() if has_bias else weight.scale
@@ -320,6 +301,21 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
         config = None
     _launch(x2, weight, bias, out, precision, config)
     return out.view(*x.shape[:-1], n)
+
+
+def linear_dequant_many_rows(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """`linear`, except that a weight-only quantized weight times DEQUANT_MIN_M rows or more (and no fp8 tensor
+    cores) is dequantized into the scratch buffer and multiplied by cuBLAS (triton-v1.2's `linear`)."""
+    check_linear_args(x, weight, bias)
+    if not isinstance(weight, QuantizedWeight):
+        return linear_ref(x, weight, bias)
+    check_device("linear", x)
+    n, k = weight.shape
+    m = x.numel() // k
+    if m < DEQUANT_MIN_M or (weight.kind == "fp8" and _fp8_native(x, m)):
+        return linear(x, weight, bias)
+    w = dequantize_into_scratch(weight, x.dtype)
+    return F.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
 def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None) -> None:

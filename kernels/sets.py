@@ -50,6 +50,13 @@ TRITON_V1_1 = register_kernel_set(TRITON_V1.derive(
     prefill_attention=_prefill.prefill_attention_tma,
 ))
 
+TRITON_V1_2 = register_kernel_set(TRITON_V1_1.derive(
+    "triton-v1.2", "1.2.0",
+    description="triton-v1.1 with weight-only int8/fp8 linears of 512+ rows (prefill) dequantized once per call into "
+                "a scratch buffer and multiplied by cuBLAS (fp8 on fp8 tensor cores as before); other calls as v1.1",
+    linear=_linear.linear_dequant_many_rows,
+))
+
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(

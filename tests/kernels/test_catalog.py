@@ -15,14 +15,15 @@ def test_the_committed_catalogue_equals_the_registry():
     shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
     # builtin_catalogue: the sets kernels/sets.py registers (other tests of this process register their own)
     assert shipped == builtin_catalogue(), "regenerate it: python -m kernels.catalog --write"
-    assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "torch-wrong-rope", "torch-slow-attn",
-                                            "triton-v1-unsplit", "triton-v1-floor-pages"]
+    assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "triton-v1.2", "torch-wrong-rope",
+                                            "torch-slow-attn", "triton-v1-unsplit", "triton-v1-floor-pages"]
 
 
 def test_parents_and_overrides_follow_derive():
     by = {e["name"]: e for e in catalogue()}
     assert by["torch"]["parent"] is None and by["torch"]["overrides"] == []
     assert by["triton-v1.1"]["parent"] == "triton-v1" and by["triton-v1.1"]["overrides"] == ["prefill_attention"]
+    assert by["triton-v1.2"]["parent"] == "triton-v1.1" and by["triton-v1.2"]["overrides"] == ["linear"]
     assert by["torch-wrong-rope"]["parent"] == "torch" and by["torch-wrong-rope"]["overrides"] == ["rope_and_cache"]
 
 

@@ -79,8 +79,7 @@ def test_rope_and_cache_llama_shape():
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-# small M, both mid (32/64-row tile) kernels, large M, and from DEQUANT_MIN_M rows dequantize + cuBLAS
-@pytest.mark.parametrize("m", [1, 7, 16, 24, 48, 64, 80, 512, 2048])
+@pytest.mark.parametrize("m", [1, 7, 16, 24, 48, 64, 80])  # small, both mid (32/64-row tile) and large-M kernels
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
 def test_weight_only_linear_llama_shapes(kind, m, n, k):
     g = torch.Generator().manual_seed(7)
@@ -91,6 +90,20 @@ def test_weight_only_linear_llama_shapes(kind, m, n, k):
     same = linear_fp8_w8a8_ref(x, qw) if kind == "fp8" and m >= FP8_NATIVE_MIN_M else REF.linear(x, qw)
     ref64 = REF.linear(x.double(), qw)
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+
+
+@pytest.mark.parametrize("m", [511, 512, 2048])  # v1's kernel below DEQUANT_MIN_M, dequantize + cuBLAS from it
+@pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
+def test_v1_2_many_rows_llama_shapes(m, n, k):
+    from kernels.linear import DEQUANT_MIN_M
+    assert DEQUANT_MIN_M == 512
+    g = torch.Generator().manual_seed(10)
+    qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
+    x = torch.randn(m, k, generator=g).bfloat16().cuda()
+    bias = torch.randn(n, generator=g).cuda()
+    got = get_kernel_set("triton-v1.2").linear(x, qw, bias)
+    ref64 = REF.linear(x.double(), qw, bias.double())
+    assert_close_to_fp64(got, REF.linear(x, qw, bias), ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
 
 @pytest.mark.parametrize("m, block_m, split_k", [(16, 16, 2), (16, 16, 4), (16, 16, 8), (24, 32, 4), (48, 64, 2)])

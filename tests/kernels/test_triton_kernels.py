@@ -225,21 +225,29 @@ def test_quantized_linear_split_k(dev, split_k):
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 def test_many_rows_dequantize_then_matmul(dev, kind, monkeypatch):
-    # from DEQUANT_MIN_M rows on, the weight is dequantized into a scratch buffer and multiplied by cuBLAS (CPU: torch)
+    # triton-v1.2: from DEQUANT_MIN_M rows on, the weight is dequantized into a scratch buffer and multiplied by
+    # cuBLAS (CPU: torch); below it, v1's kernel
     from kernels import linear as lin
+    v12 = get_kernel_set("triton-v1.2")
+    assert v12.linear is lin.linear_dequant_many_rows and v12.parent == "triton-v1.1"
     monkeypatch.setattr(lin, "DEQUANT_MIN_M", 8)
+    calls = []
+    monkeypatch.setattr(lin, "dequantize_into_scratch",
+                        lambda w, dt, f=lin.dequantize_into_scratch: calls.append(w.shape) or f(w, dt))
     g = torch.Generator().manual_seed(42)
     big = quantize_weight(torch.randn(37, 100, generator=g), kind).to(dev)
     small = quantize_weight(torch.randn(20, 100, generator=g), kind).to(dev)
     bias = torch.randn(37, generator=g)
-    x = torch.randn(9, 100, generator=g).to(torch.bfloat16)
     tol = ATOL[torch.bfloat16]
-    for w, b in ((big, bias), (small, None), (big, None)):  # the scratch buffer is reused, and views stay exact
+    for m, w, b in ((9, big, bias), (9, small, None), (9, big, None), (7, big, bias)):  # the scratch is reused
+        x = torch.randn(m, 100, generator=g).to(torch.bfloat16)
         ref64 = REF.linear(x.double(), w.to("cpu"), None if b is None else b.double())
         same = REF.linear(x.to(dev), w, None if b is None else b.to(dev))
-        got = TRI.linear(x.to(dev), w, None if b is None else b.to(dev))
-        assert got.shape == (9, w.shape[0]) and got.dtype == torch.bfloat16
+        got = v12.linear(x.to(dev), w, None if b is None else b.to(dev))
+        assert got.shape == (m, w.shape[0]) and got.dtype == torch.bfloat16
         assert_close_to_fp64(got, same, ref64, tol * max(1.0, ref64.abs().max().item()))
+    native_fp8 = kind == "fp8" and dev != "cpu" and torch.cuda.get_device_capability() >= (8, 9)
+    assert len(calls) == (0 if native_fp8 else 3)  # 7 rows: v1's kernel; fp8 tensor cores: the W8A8 kernel
     # the dequantized weight is q * scale rounded once to nearest, as the torch reference's dequantize does (Triton's
     # interpreter rounds bf16 toward zero whatever the kernel asks: within one bf16 ulp there)
     got, want = lin.dequantize_into_scratch(small, torch.bfloat16).cpu(), small.dequantize(torch.bfloat16).cpu()
@@ -247,21 +255,6 @@ def test_many_rows_dequantize_then_matmul(dev, kind, monkeypatch):
         assert ((got.float() - want.float()).abs() <= want.float().abs() * 2 ** -7).all()
     else:
         assert torch.equal(got, want)
-    monkeypatch.setattr(lin, "DEQUANT_MIN_M", None)  # off: the weight-only kernel serves every row count
-    got = TRI.linear(x.to(dev), big)
-    assert_close_to_fp64(got, REF.linear(x.to(dev), big), REF.linear(x.double(), big.to("cpu")),
-                         tol * max(1.0, REF.linear(x.double(), big.to("cpu")).abs().max().item()))
-
-
-def test_dequant_threshold_env(monkeypatch):
-    from kernels import linear as lin
-    for raw, want in (("", 512), ("off", None), ("OFF", None), ("64", 64)):
-        monkeypatch.setenv(lin.DEQUANT_ENV, raw)
-        assert lin._dequant_min_m() == want
-    for raw in ("0", "-3", "many"):
-        monkeypatch.setenv(lin.DEQUANT_ENV, raw)
-        with pytest.raises(ValueError, match=lin.DEQUANT_ENV):
-            lin._dequant_min_m()
 
 
 def test_plain_linear_is_cublas_exact(dev):
