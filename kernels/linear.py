@@ -172,16 +172,17 @@ def _small(bn, bk, w, s, split_k=1):
     return _cfg(16, bn, bk, w, s, SPLIT_K=split_k)
 
 
-# small M: 16-row tiles, 32-128 weight rows x 128-256 k per step; split-K so that a narrow N (the down projection,
-# N=4096: 32-128 tiles) still puts every SM to work. Candidates from the H200 sweeps in BENCHMARKS.md.
-_SMALL_M = [_small(32, 256, 4, 4), _small(64, 256, 4, 4), _small(64, 128, 4, 5), _small(64, 256, 4, 4, 4),
-            _small(32, 256, 4, 4, 4), _small(128, 256, 8, 3, 4)]
+# Candidates: two per row family, the ones that won for llama3-8b's four weight shapes on the H200 (bench/int8_rows.py,
+# BENCHMARKS.md "int8 at many rows"): with these two, every shape's tuned time is within 2 % of the best of the
+# earlier 4-6 (equal for all but the large-M down projection). Each candidate costs a compilation and a benchmark in
+# a cold warm-up: 18 per shape took 68 s of an 87 s int8 warm-up.
+# small M: 16-row tiles, 64 weight rows x 128-256 k per step; split-K so that a narrow N (the down projection,
+# N=4096: 64 tiles) still puts every SM to work.
+_SMALL_M = [_small(64, 256, 4, 4, 4), _small(64, 128, 4, 5)]
 # 17..64 rows (batched decode): one M tile of 32 or 64 rows, so the weights still stream through once, with split-K
-# (candidates from the H200 sweep in BENCHMARKS.md)
-_MID_M = {bm: [_cfg(bm, bn, bk, w, s, SPLIT_K=sk) for bn, bk, w, s, sk in
-               ((64, 256, 4, 3, 1), (64, 256, 4, 3, 4), (64, 128, 4, 4, 2), (128, 128, 8, 3, 4))] for bm in (32, 64)}
-_LARGE_M = [_cfg(bm, bn, 64, w, s, SPLIT_K=1) for bm, bn, w, s in ((128, 128, 8, 3), (64, 128, 4, 4), (128, 256, 8, 3),
-                                                                    (128, 64, 4, 4))]
+_MID_M = {bm: [_cfg(bm, bn, bk, w, s, SPLIT_K=sk) for bn, bk, w, s, sk in ((64, 256, 4, 3, 4), (64, 128, 4, 4, 2))]
+          for bm in (32, 64)}
+_LARGE_M = [_cfg(bm, bn, 64, w, s, SPLIT_K=1) for bm, bn, w, s in ((128, 128, 8, 3), (64, 128, 4, 4))]
 _FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128, 8, 3), _cfg(128, 128, 128, 4, 4)]
 MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _SMALL_M + _MID_M[32] + _MID_M[64])
 SPLIT_K_MAX_M = 64  # larger M never splits K
