@@ -199,7 +199,9 @@ def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs
     return llm, {**mem, "load_s": t1 - t0, "warmup_s": time.perf_counter() - t1,
                  "kv_capacity_tokens": llm.engine.stats().num_total_blocks * llm.engine.config.block_size,
                  "warmup_compiles": len(watch.compiles), "warmup_autotune_runs": watch.autotune_runs,
-                 "warmup_autotune_s": watch.autotune_s}
+                 "warmup_autotune_s": watch.autotune_s,
+                 "warmup_autotune_by_kernel": {k: {"runs": n, "s": round(t, 2)}
+                                               for k, (n, t) in watch.autotune_by_kernel.items()}}
 
 
 def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs) -> None:
@@ -363,6 +365,8 @@ def main(argv=None) -> int:
                   f"({r['warmup_compiles']} jit, {r['warmup_autotune_runs']} tune runs in "
                   f"{r['warmup_autotune_s']:.1f} s), "
                   f"KV {r['kv_capacity_tokens']} tokens")
+            for name, t in sorted(r.get("warmup_autotune_by_kernel", {}).items(), key=lambda kv: -kv[1]["s"]):
+                print(f"{'':34s}   tuning {name}: {t['runs']} runs, {t['s']:.1f} s")
             continue
         st = r.get("decode_steps_at_full_batch") or (r if "step_ms" in r else None)
         step = f"{st['step_ms']:.2f}/{st['host_ms']:.2f}/{st['thread_cpu_ms']:.2f}" if st else ""

@@ -21,6 +21,7 @@ class JitWatch:
         self.compiles: list[str] = []  # kernel names, one entry per compilation
         self.autotune_runs = 0  # candidate configs timed by an autotuner
         self.autotune_s = 0.0   # wall time spent timing them (their compilations included)
+        self.autotune_by_kernel: dict[str, list] = {}  # kernel name -> [runs, seconds]
         self._saved = None
 
     def __enter__(self) -> "JitWatch":
@@ -42,7 +43,11 @@ class JitWatch:
             try:
                 return prev_bench(self, *args, **kwargs)
             finally:
-                watch.autotune_s += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                watch.autotune_s += dt
+                per = watch.autotune_by_kernel.setdefault(getattr(self.base_fn, "__name__", "?"), [0, 0.0])
+                per[0] += 1
+                per[1] += dt
 
         knobs.runtime.jit_post_compile_hook = hook
         Autotuner._bench = bench
