@@ -4,7 +4,7 @@
 what the registry records (`KernelSet.catalogue_entry`): its parent and the ops it overrides (filled by `derive`),
 and whether it is an example regression (`wrong` or `slow` on purpose). `sits-engine kernels --json` prints it; control_plane/adapters/kernel_catalog.json is its
 committed copy for the built-in sets (tests/kernels/test_catalog.py keeps the two equal:
-`python -m kernels.catalog --write` regenerates it).
+`python -m kernels.catalog --write` regenerates it, and the Helm chart's copy in helm/sits-control/files/).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from kernels.registry import PLUGINS_ENV, KernelSet, get_kernel_set, list_kernel_sets
 
 SHIPPED = Path(__file__).resolve().parent.parent / "control_plane" / "adapters" / "kernel_catalog.json"
+CHART_COPY = Path(__file__).resolve().parent.parent / "helm" / "sits-control" / "files" / "kernel-catalog.json"
 
 
 def catalogue() -> list[dict]:
@@ -54,8 +55,10 @@ def dumps(entries: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     if argv == ["--write"]:
-        SHIPPED.write_text(dumps(builtin_catalogue()))
-        print(f"wrote {SHIPPED}")
+        text = dumps(builtin_catalogue())
+        for path in (SHIPPED, CHART_COPY):  # the control plane's copy and the Helm chart's
+            path.write_text(text)
+            print(f"wrote {path}")
         return 0
     sys.stdout.write(dumps(catalogue()))
     return 0

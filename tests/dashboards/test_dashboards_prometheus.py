@@ -48,11 +48,20 @@ def prom(tmp_path_factory):
         for proc, addr in engines.values():
             wait_http_ok(f"http://{addr}/readyz", 240, proc)
         loader.start()
-        server = PrometheusServer.start(d, data_dir=d / "data", scrape_interval="250ms", scrape_targets=[
+        # scrapes every 1 s with 1 s to answer: an engine renders ~750 histogram lines per scrape (~18 ms of CPU when
+        # idle), and a 250 ms timeout on a loaded 2-core CI machine left a variant's series empty (CI at 6ee7e69)
+        server = PrometheusServer.start(d, data_dir=d / "data", scrape_interval="1s", scrape_targets=[
             {"targets": [addr for _, addr in engines.values()], "labels": {"namespace": NAMESPACE}}])
-        # every variant has served in the last 10 s, and the canary has answered errors
+        # every variant has served in the last 10 s, its latency histograms included, and the canary has answered
+        # errors
         server.wait_for(f'sum by (env) (increase(http_request_duration_seconds_count{{namespace="{NAMESPACE}"}}[10s]))'
                         ' > 0', lambda r: len(r) == 3, timeout=90)
+        for metric in ("sits_time_to_first_token_seconds_count", "sits_inter_token_latency_seconds_count"):
+            try:
+                server.wait_for(f'sum by (env) (increase({metric}{{namespace="{NAMESPACE}"}}[10s])) > 0',
+                                lambda r: len(r) == 3, timeout=90)
+            except TimeoutError as e:
+                raise TimeoutError(f"{e}\nscrape targets: {server.targets_health()}") from e
         server.wait_for('increase(http_request_duration_seconds_count{env="canary",status="500"}[10s]) > 0',
                         lambda r: len(r) == 1, timeout=60)
         yield server, t0
