@@ -195,10 +195,14 @@ def _is_even_k(k: int, meta) -> bool:
 _even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # these run for tens of microseconds: candidates are timed inside a CUDA graph, or Python launch overhead (not the
 # kernel) would decide the winner
-_linear_small_m = autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
-_linear_mid_m = {bm: autotune(c, key=["N", "K"], use_cuda_graph=True)(_even_k(_linear_kernel))
+# each candidate is timed over 25 ms of calls (Triton's default: 100, after 25 of warm-up): the two candidates of a
+# family differed by 7 % or more on the H200 (BENCHMARKS.md "int8 at many rows"), which 25 ms of calls of 10-1,000 us
+# tells apart, and a cold warm-up times 32 of them
+_BENCH = dict(warmup=5, rep=25)
+_linear_small_m = autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True, **_BENCH)(_even_k(_linear_kernel))
+_linear_mid_m = {bm: autotune(c, key=["N", "K"], use_cuda_graph=True, **_BENCH)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
-_linear_large_m = autotune(_LARGE_M, key=["N", "K"])(_even_k(_linear_kernel))
+_linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
 _linear_fp8 = autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 _LOCKS: dict = {}
 _SCRATCH: dict = {}
