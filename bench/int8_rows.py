@@ -34,12 +34,13 @@ def measure(rows: list[int]) -> dict:
 
     from bench.kernels import _config_name, bench_graph, rel_err
     from kernels import linear as lin
+    from kernels import linear_dequant as deq
     from kernels import quantize_weight
     res: dict = {"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(),
                  "torch": torch.__version__, "rows": [], "autotune": []}
     import triton
     res["triton"] = triton.__version__
-    default = lin.DEQUANT_MIN_M
+    default = deq.DEQUANT_MIN_M
     tuned: set = set()
     for name, n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -50,13 +51,13 @@ def measure(rows: list[int]) -> dict:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = lin.linear_ref(x, qws[0])
             row = {"shape": name, "n": n, "k": k, "m": m}
-            for path, fn in (("triton", lin.linear), ("dequant", lin.linear_dequant_many_rows)):
-                lin.DEQUANT_MIN_M = 1  # every row count through the path under test
+            for path, fn in (("triton", lin.linear), ("dequant", deq.linear_dequant_many_rows)):
+                deq.DEQUANT_MIN_M = 1  # every row count through the path under test
                 try:
                     row[f"{path}_err"] = rel_err(fn(x, qws[0]), ref)
                     row[f"{path}_us"] = 1e3 * bench_graph([lambda q=q, fn=fn: fn(x, q) for q in qws])
                 finally:
-                    lin.DEQUANT_MIN_M = default
+                    deq.DEQUANT_MIN_M = default
                 fam = _family(m)
                 at = lin.autotuner_for(m)
                 if path == "triton" and (fam, n, k) not in tuned and hasattr(at, "best_config"):  # it tuned

@@ -126,7 +126,7 @@ class ModelRunner:
                    + (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim) * elt * 2
         act += mc.num_attention_heads * t * max_model_len * 4 * 2
         act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
-        act += self.model.largest_quantized_weight() * elt  # one weight dequantized at a time (kernels/linear.py)
+        act += self.model.largest_quantized_weight() * elt  # one weight dequantized at a time (linear_dequant.py)
         share = c.gpu_memory_utilization
         if share is None:
             budget = total * GPU_MEMORY_UTILIZATION - (total - free) - act

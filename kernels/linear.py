@@ -11,13 +11,7 @@ Triton paths:
   read once; larger M uses square-ish tiles with grouped ordering for L2 reuse.
 - `_linear_fp8_kernel` (M >= 64 on GPUs with fp8 tensor cores, sm_89+): W8A8 -- activations are quantized per token
   to e4m3 by `_quantize_fp8_rows_kernel` and both operands go to the fp8 tensor cores; y = acc * sx[t] * sw[n].
-- `_dequantize_kernel` (triton-v1.2's `linear_dequant_many_rows`: from `DEQUANT_MIN_M` rows on, weight-only int8,
-  and fp8 without fp8 tensor cores): a step that many rows is compute-bound, where the weight-only kernel's
-  in-loop int8-to-bf16 conversion keeps it far below cuBLAS's bf16 rate (2,048 rows on the H200: the int8 engine's
-  prefill steps took ~97 ms against ~62 for bf16). So the weight is dequantized once per call, w = bf16(q * scale),
-  into a scratch buffer kept per device and dtype (1 byte read and 2 written per weight), and cuBLAS multiplies.
-  The buffer is shared by every layer: launches on one stream run in order, so a layer's GEMM has read it before
-  the next layer's dequantization writes it.
+triton-v1.2's linear (kernels/linear_dequant.py) sends steps of many rows to cuBLAS on dequantized weights instead.
 """
 from __future__ import annotations
 
@@ -31,9 +25,6 @@ from kernels.triton_env import (autotune, check_device, fast_tuned, interpreting
 FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 FP8_MAX = 448.0
-# from this many rows on, `linear_dequant_many_rows` dequantizes and calls cuBLAS: the crossover of the H200 sweep in
-# BENCHMARKS.md ("int8 at many rows", bench/int8_rows.py)
-DEQUANT_MIN_M = 512
 
 
 @triton.jit
@@ -150,19 +141,6 @@ def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
-def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, N, K, stride_qn, stride_on, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
-    # out[n, k] = q[n, k] * scale[n], rounded once to out's dtype
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rn < N)[:, None] & (rk < K)[None, :]
-    q = tl.load(q_ptr + rn[:, None].to(tl.int64) * stride_qn + rk[None, :], mask=mask, other=0.0)
-    s = tl.load(scale_ptr + rn, mask=rn < N, other=0.0)
-    w = (q.to(tl.float32) * s[:, None]).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-    tl.store(out_ptr + rn[:, None].to(tl.int64) * stride_on + rk[None, :], w, mask=mask)
-
-
 def _cfg(bm, bn, bk, w, s, **extra):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, **extra}, num_warps=w,
                          num_stages=s)
@@ -205,7 +183,6 @@ _linear_mid_m = {bm: autotune(c, key=["N", "K"], use_cuda_graph=True, **_BENCH)(
 _linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
 _linear_fp8 = autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 _LOCKS: dict = {}
-_SCRATCH: dict = {}
 
 
 def autotuner_for(m: int):
@@ -229,26 +206,6 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
     return locks
 
 
-def dequantize_into_scratch(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
-    """The weight as a [N, K] `dtype` tensor, w = q * scale rounded once, written into this device's and dtype's
-    scratch buffer (the largest weight seen so far): valid until the next call on the same device and dtype."""
-    check_device("dequantize", weight.qweight)
-    n, k = weight.shape
-    key = (str(weight.device), dtype)
-    bufs = _SCRATCH.setdefault(key, [])
-    if not bufs or bufs[-1].numel() < n * k:
-        # a smaller one stays allocated: a CUDA graph captured with it keeps reading its address (the engine's
-        # warm-up runs the largest weight before capturing, so in practice it grows a few times at the start)
-        bufs.append(torch.empty(n * k, dtype=dtype, device=weight.device))
-    buf = bufs[-1]
-    out = buf[:n * k].view(n, k)
-    qw = weight.qweight
-    bn, bk = (16, 64) if interpreting() else (32, 256)
-    _dequantize_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](qw, weight.scale, out, n, k, qw.stride(0),
-                                                                 out.stride(0), BLOCK_N=bn, BLOCK_K=bk)
-    return out
-
-
 def check_linear_args(x: torch.Tensor, weight, bias) -> None:
     k = weight.shape[1] if len(weight.shape) == 2 else -1
     if x.shape[-1] != k:
@@ -257,7 +214,8 @@ def check_linear_args(x: torch.Tensor, weight, bias) -> None:
         raise ValueError(f"linear: bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
 
 
-def _fp8_native(x: torch.Tensor, m: int) -> bool:
+def fp8_native(x: torch.Tensor, m: int) -> bool:
+    """Whether fp8 weights times x's M rows take the W8A8 fp8 tensor-core kernel."""
     return x.is_cuda and m >= FP8_NATIVE_MIN_M and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
@@ -286,7 +244,7 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    if weight.kind == "fp8" and _fp8_native(x, m):
+    if weight.kind == "fp8" and fp8_native(x, m):
         qw = weight.qweight
         has_bias = bias is not None
         b = bias.contiguous() if has_bias else weight.scale
@@ -306,21 +264,6 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
         config = None
     _launch(x2, weight, bias, out, precision, config)
     return out.view(*x.shape[:-1], n)
-
-
-def linear_dequant_many_rows(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """`linear`, except that a weight-only quantized weight times DEQUANT_MIN_M rows or more (and no fp8 tensor
-    cores) is dequantized into the scratch buffer and multiplied by cuBLAS (triton-v1.2's `linear`)."""
-    check_linear_args(x, weight, bias)
-    if not isinstance(weight, QuantizedWeight):
-        return linear_ref(x, weight, bias)
-    check_device("linear", x)
-    n, k = weight.shape
-    m = x.numel() // k
-    if m < DEQUANT_MIN_M or (weight.kind == "fp8" and _fp8_native(x, m)):
-        return linear(x, weight, bias)
-    w = dequantize_into_scratch(weight, x.dtype)
-    return F.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
 def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kernels import decode_attention_regressions as _decode_bad
 from kernels import linear as _linear
+from kernels import linear_dequant as _linear_dequant
 from kernels import paged_decode_attention as _decode
 from kernels import prefill_attention as _prefill
 from kernels import prefill_attention_ref as _prefill_ref
@@ -54,7 +55,7 @@ TRITON_V1_2 = register_kernel_set(TRITON_V1_1.derive(
     "triton-v1.2", "1.2.0",
     description="triton-v1.1 with weight-only int8/fp8 linears of 512+ rows (prefill) dequantized once per call into "
                 "a scratch buffer and multiplied by cuBLAS (fp8 on fp8 tensor cores as before); other calls as v1.1",
-    linear=_linear.linear_dequant_many_rows,
+    linear=_linear_dequant.linear_dequant_many_rows,
 ))
 
 

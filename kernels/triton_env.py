@@ -8,6 +8,7 @@ present and the user hasn't chosen, we set it before the first import.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import torch
@@ -82,7 +83,8 @@ def autotune(configs, key, **kwargs):
 
 def _driver_version() -> str:
     try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  ..."
-        words = open("/proc/driver/nvidia/version").readline().split()
+        with open("/proc/driver/nvidia/version") as f:
+            words = f.readline().split()
         return next(w for w in words if w[:1].isdigit() and "." in w)
     except (OSError, StopIteration):
         return f"cuda{torch.version.cuda}"
@@ -92,7 +94,6 @@ def use_device_cache_dir(device) -> str | None:
     """Point Triton's on-disk cache (compiled kernels and autotuning results) at a directory of this GPU model and
     driver under the usual one (TRITON_CACHE_DIR, else ~/.triton/cache), so a node with another GPU or driver never
     reuses timings measured elsewhere. Call before the first compile; a no-op off CUDA. Returns the directory."""
-    import re
     if getattr(device, "type", device) != "cuda" or interpreting():
         return None
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", torch.cuda.get_device_name(device)).strip("-")

@@ -136,7 +136,7 @@ class LlamaForCausalLM:
 
     def largest_quantized_weight(self) -> int:
         """Elements of the largest quantized weight (0 when none is): a quantized linear may materialize one weight
-        at a time in the model dtype (kernels/linear.py's many-row path, the torch reference's upcast)."""
+        at a time in the model dtype (kernels/linear_dequant.py, the torch reference's upcast)."""
         return max((lin.weight.qweight.numel() for layer in self.layers
                     for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
                     if isinstance(lin.weight, QuantizedWeight)), default=0)

@@ -95,7 +95,7 @@ def test_weight_only_linear_llama_shapes(kind, m, n, k):
 @pytest.mark.parametrize("m", [511, 512, 2048])  # v1's kernel below DEQUANT_MIN_M, dequantize + cuBLAS from it
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
 def test_v1_2_many_rows_llama_shapes(m, n, k):
-    from kernels.linear import DEQUANT_MIN_M
+    from kernels.linear_dequant import DEQUANT_MIN_M
     assert DEQUANT_MIN_M == 512
     g = torch.Generator().manual_seed(10)
     qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")

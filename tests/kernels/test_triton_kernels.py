@@ -227,7 +227,7 @@ def test_quantized_linear_split_k(dev, split_k):
 def test_many_rows_dequantize_then_matmul(dev, kind, monkeypatch):
     # triton-v1.2: from DEQUANT_MIN_M rows on, the weight is dequantized into a scratch buffer and multiplied by
     # cuBLAS (CPU: torch); below it, v1's kernel
-    from kernels import linear as lin
+    from kernels import linear_dequant as lin
     v12 = get_kernel_set("triton-v1.2")
     assert v12.linear is lin.linear_dequant_many_rows and v12.parent == "triton-v1.1"
     monkeypatch.setattr(lin, "DEQUANT_MIN_M", 8)
