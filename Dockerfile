@@ -31,12 +31,16 @@ ENV PATH=/opt/sits/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/
 RUN python3 -m venv /opt/sits \
     && if [ -n "$TORCH_INDEX" ]; then pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"; fi
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY constraints/lock.txt constraints/lock.txt
+COPY sits sits
 COPY engine engine
 COPY kernels kernels
 COPY control_plane control_plane
 COPY dashboards dashboards
-RUN pip install --no-cache-dir ".${EXTRA}" && rm -rf /src
+# exact versions from the lock (.ci/lock.sh); torch was installed above from its own index, so its CPU pin is dropped
+RUN grep -v '^torch==' constraints/lock.txt > /tmp/lock.txt \
+    && pip install --no-cache-dir -c /tmp/lock.txt ".${EXTRA}" && rm -rf /src /tmp/lock.txt
 RUN groupadd --gid 10001 sits && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp sits \
     && mkdir -p /data && chown 10001:10001 /data
 USER 10001:10001

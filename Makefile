@@ -1,6 +1,9 @@
 # The README's two commands: `make demo` (main job, CPU, no cluster) and `make test` (set up + run the tests).
 .PHONY: setup demo demo-gpu test test-gpu
 PY := .venv/bin/python
+# -P (PYTHONSAFEPATH): the repository root never goes on sys.path, so its folders are importable only as sits.* (the
+# install maps them) and never shadow packages of the same name (Hugging Face's `kernels`, which transformers needs)
+export PYTHONSAFEPATH := 1
 
 setup:
 	bash .ci/setup.sh test
@@ -8,12 +11,12 @@ setup:
 # the demo's setup installs only what the demo needs (the project on CPU torch): no test extra, no Kubernetes build
 demo:
 	bash .ci/setup.sh demo
-	$(PY) -m control_plane.cli demo
+	$(PY) -m sits.control_plane.cli demo
 
 # on a CUDA machine (python3 with torch and triton, the project's packages installed): the demo on its GPU, Triton
 # sets; bench/gpu_demo.sh does it in one call with carried wheels and prints a table (BENCHMARKS.md "GPU demo")
 demo-gpu:
-	python3 -m control_plane.cli demo --device cuda --exit-when-done
+	python3 -m sits.control_plane.cli demo --device cuda --exit-when-done
 
 # Two workers (pytest-xdist; tests/conftest.py hands out whole files, all the Kubernetes ones to one worker), then the
 # `solo` tests alone. pytest exits 5 when it collects nothing: that fails here like any other error.

@@ -18,11 +18,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extra="[engine]"; [ "$MODE" = test ] && extra="[engine,test]"
 stamp=.venv/.sits-installed-$MODE
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/cpu.txt -nt "$stamp" ]; then
-  echo "[setup] pip install -e .$extra (CPU torch)"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/lock.txt -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+  echo "[setup] pip install -e .$extra (CPU torch; exact versions from constraints/lock.txt)"
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location 'file:" || true
   # PYTHONWARNINGS: setuptools' editable-install notice (a boxed warning) is noise to a new user; errors still show
-  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c constraints/cpu.txt -e ".$extra"
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c constraints/lock.txt -e ".$extra" \
+    2> >(grep -v "^WARNING: Location 'file:" >&2)
   touch "$stamp"
 fi
 if [ "$MODE" = demo ]; then echo "[setup] ok (demo)"; exit 0; fi

@@ -26,13 +26,13 @@ import waitress
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData  # noqa: E402
-from control_plane.web import create_app  # noqa: E402
-from control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
-from control_plane.adapters.spec import DeploySpec  # noqa: E402
-from control_plane.store.db import Store  # noqa: E402
-from control_plane.web.users import Users, token_sha256  # noqa: E402
-from engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData  # noqa: E402
+from sits.control_plane.web import create_app  # noqa: E402
+from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
+from sits.control_plane.adapters.spec import DeploySpec  # noqa: E402
+from sits.control_plane.store.db import Store  # noqa: E402
+from sits.control_plane.web.users import Users, token_sha256  # noqa: E402
+from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
 
 TOKEN = "bench-token"
 KEYS = {REQUEST_LATENCY + '{route="/v1/completions"}': 0.05, REQUEST_LATENCY + '{route="/v1/chat/completions"}': 0.08,

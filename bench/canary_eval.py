@@ -24,9 +24,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from control_plane.analysis import HistogramSnapshot, Policy, VariantData, histogram_quantile  # noqa: E402
-from control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
-from engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.control_plane.analysis import HistogramSnapshot, Policy, VariantData, histogram_quantile  # noqa: E402
+from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
+from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
 KEY = "http_request_duration_seconds"

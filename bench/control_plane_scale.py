@@ -34,15 +34,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from control_plane.adapters.deploy import VariantStatus, normalize_weights  # noqa: E402
-from control_plane.adapters.metrics import MetricsWindow, NoDataError  # noqa: E402
-from control_plane.analysis import E2E, ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData
-from control_plane.analysis.promql import series_key  # noqa: E402
-from control_plane.service.rollouts import start_rollout  # noqa: E402
-from control_plane.store.db import Store  # noqa: E402
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
-from engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.control_plane.adapters.deploy import VariantStatus, normalize_weights  # noqa: E402
+from sits.control_plane.adapters.metrics import MetricsWindow, NoDataError  # noqa: E402
+from sits.control_plane.analysis import E2E, ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData
+from sits.control_plane.analysis.promql import series_key  # noqa: E402
+from sits.control_plane.service.rollouts import start_rollout  # noqa: E402
+from sits.control_plane.store.db import Store  # noqa: E402
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
+from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
 # metric -> (median seconds, sigma): a small model on a GPU

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import zmq  # noqa: E402
 
-from engine.core import messages as m  # noqa: E402
-from engine.outputs import EngineStats, RequestOutput  # noqa: E402
+from sits.engine.core import messages as m  # noqa: E402
+from sits.engine.outputs import EngineStats, RequestOutput  # noqa: E402
 
 
 def _step(streams: int, i: int) -> m.StepOutputs:

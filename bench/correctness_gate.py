@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TRAINED = ROOT / ".cache" / "tiny-trained"   # bench/train_tiny.py's default output
 
-from control_plane.analysis import Continuation, CorrectnessPolicy, PromptReplay, TokenLogprob, compare_replays
-from control_plane.analysis.correctness import runner_up_margin  # noqa: E402
-from control_plane.analysis.prompts import DEFAULT_PROMPTS  # noqa: E402
+from sits.control_plane.analysis import Continuation, CorrectnessPolicy, PromptReplay, TokenLogprob, compare_replays
+from sits.control_plane.analysis.correctness import runner_up_margin  # noqa: E402
+from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS  # noqa: E402
 
 
 def _tok(e: dict) -> TokenLogprob:
@@ -52,7 +52,7 @@ def _tok(e: dict) -> TokenLogprob:
 def offline_replay(base_llm, canary_llm, prompts, policy: CorrectnessPolicy, *, shuffle: random.Random | None = None,
                    filler: int = 0) -> list[PromptReplay]:
     """Greedy continuations from both engines and the canary's teacher-forced scores of the baseline's tokens."""
-    from engine import SamplingParams
+    from sits.engine import SamplingParams
     sp = SamplingParams(max_tokens=policy.max_tokens, temperature=0.0, logprobs=policy.top_logprobs)
     base = [base_llm.generate([p], sp, use_tqdm=False)[0] for p in prompts]   # one at a time
 
@@ -156,7 +156,7 @@ def _mean(xs):
 
 
 def _llm(args, model: str, kernels: str, **kw):
-    from engine import LLM
+    from sits.engine import LLM
     return LLM(model=model, kernels=kernels, dtype=args.dtype, device=args.device, **kw)
 
 
@@ -209,8 +209,8 @@ def register_bench_sets(scale_errors=()) -> list[tuple[str, str]]:
     batch) the only source of such noise."""
     import torch
 
-    import kernels
-    from kernels.registry import register_kernel_set
+    from sits import kernels
+    from sits.kernels.registry import register_kernel_set
     torch_set = kernels.get_kernel_set("torch")
 
     def scaled(op, f):
@@ -305,10 +305,10 @@ def cost(args) -> dict:
     the worker's own probe: requests, tokens and seconds of one gate replay of the default prompt set."""
     import tempfile
 
-    from control_plane.adapters.correctness import CorrectnessProbe
-    from control_plane.adapters.deploy import VariantSpec
-    from control_plane.adapters.local_config import LocalConfig
-    from control_plane.adapters.local import LocalDeployer
+    from sits.control_plane.adapters.correctness import CorrectnessProbe
+    from sits.control_plane.adapters.deploy import VariantSpec
+    from sits.control_plane.adapters.local_config import LocalConfig
+    from sits.control_plane.adapters.local import LocalDeployer
     policy = CorrectnessPolicy()
     d = LocalDeployer(LocalConfig(workdir=tempfile.mkdtemp(prefix="sits-gate-"), cpu_threads=1, ready_timeout_s=240))
     out = {}
@@ -336,7 +336,7 @@ def cost(args) -> dict:
 def speed(args) -> dict:
     """Offline tiny-model throughput of torch and the example sets on CPU: a prefill-heavy and a decode-heavy
     workload, the median of 3 runs each (interleaved, so machine load hits every set alike)."""
-    from engine import LLM, SamplingParams
+    from sits.engine import LLM, SamplingParams
     sets = ("torch", "torch-slow-attn", "torch-wrong-rope")
     llms = {k: LLM(model="tiny", kernels=k) for k in sets}
     work = {"prefill 8 x 95-token prompts, 1 token": (list(DEFAULT_PROMPTS[18:19]) * 8, 1),

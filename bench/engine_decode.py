@@ -47,7 +47,7 @@ def _sync(device: str) -> None:
 
 
 def weight_bytes(engine) -> int:
-    from kernels import QuantizedWeight
+    from sits.kernels import QuantizedWeight
     model = engine.model_runner.model
     total = 0
     for layer in model.layers:
@@ -62,7 +62,7 @@ def run_config(model: str, device: str, kernels: str, quant: str | None, graphs:
                tokens: int, copy: float, profile: bool = False) -> list[dict]:
     import torch
 
-    from engine import LLM, SamplingParams
+    from sits.engine import LLM, SamplingParams
     llm = LLM(model=model, kernels=kernels, quantization=quant, max_num_seqs=max(batches), device=device,
               enforce_eager=not graphs)
     engine = llm.engine

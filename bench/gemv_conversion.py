@@ -77,8 +77,8 @@ def main(argv=None) -> int:
     import torch
 
     from bench.kernels import bench_graph, rel_err
-    from kernels import quantize_weight
-    from kernels.linear import linear_ref, linear_with_config
+    from sits.kernels import quantize_weight
+    from sits.kernels.linear import linear_ref, linear_with_config
     if not torch.cuda.is_available():
         print("bench/gemv_conversion.py needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
 #
 #   bash bench/gpu_demo.sh [SCENARIOS] [DEMO_TIMEOUT_S]     # default: slow,wrong,good,aa  430
 #
-# Wheels: .whl/ (pip download of flask, waitress, kubernetes, pyyaml, httpx, uvicorn, starlette, pyzmq, msgspec,
+# Wheels: .whl/ (bash bench/fetch_wheels.sh: the lock's versions of flask, waitress, kubernetes, pyyaml, httpx, uvicorn, starlette, pyzmq, msgspec,
 # opentelemetry-sdk/-exporter-otlp-proto-http, safetensors, tokenizers, tqdm; see BENCHMARKS.md "GPU demo").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ t0=$(date +%s)
 stamp() { echo "[gpu_demo +$(( $(date +%s) - t0 ))s] $*"; }
 
 if [ -d .whl ]; then
+  python3 bench/missing_wheels.py .whl >/dev/null || exit 2   # the lock's versions only
   python3 -m pip install -q --break-system-packages --no-index --find-links .whl flask waitress kubernetes pyyaml \
     httpx uvicorn starlette pyzmq msgspec opentelemetry-sdk opentelemetry-exporter-otlp-proto-http safetensors \
     tokenizers tqdm 2>&1 | grep -v "^WARNING: Running pip as" | tail -5
@@ -27,7 +28,7 @@ stamp "wheels installed"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
 torch.version.cuda, 'triton', triton.__version__)"; } | tee "$OUT/versions.txt"
-python3 -c "import control_plane.cli.main, flask, waitress, kubernetes, httpx, zmq, msgspec, engine.server.main" \
+python3 -c "import sits.control_plane.cli.main, flask, waitress, kubernetes, httpx, zmq, msgspec, sits.engine.server.main" \
   || { echo "missing packages"; exit 3; }
 
 # CUDA MPS, where it can be started (SITS_MPS=off: time-slicing): the engines' kernels then share the SMs at once
@@ -66,7 +67,7 @@ timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
 SAMPLER=$!
 
 stamp "demo: --device cuda --scenario $SCENARIOS (timeout ${DEMO_TIMEOUT}s)"
-timeout "$DEMO_TIMEOUT" python3 -m control_plane.cli demo --device cuda --scenario "$SCENARIOS" --exit-when-done \
+timeout "$DEMO_TIMEOUT" python3 -m sits.control_plane.cli demo --device cuda --scenario "$SCENARIOS" --exit-when-done \
   --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
 rc=${PIPESTATUS[0]}
 kill "$SAMPLER" 2>/dev/null

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
-from kernels import get_kernel_set  # noqa: E402
+from sits.kernels import get_kernel_set  # noqa: E402
 
 SETS = ("triton-v1", "triton-v1-unsplit", "triton-v1-floor-pages")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from control_plane.store.db import Store  # noqa: E402
+from sits.control_plane.store.db import Store  # noqa: E402
 
 
 def _pct(x) -> str:

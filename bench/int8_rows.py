@@ -33,9 +33,9 @@ def measure(rows: list[int]) -> dict:
     import torch.nn.functional as F
 
     from bench.kernels import _config_name, bench_graph, rel_err
-    from kernels import linear as lin
-    from kernels import linear_dequant as deq
-    from kernels import quantize_weight
+    from sits.kernels import linear as lin
+    from sits.kernels import linear_dequant as deq
+    from sits.kernels import quantize_weight
     res: dict = {"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(),
                  "torch": torch.__version__, "rows": [], "autotune": []}
     import triton

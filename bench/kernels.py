@@ -102,8 +102,8 @@ def prefill(res, quick):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels import prefill_attention as pa
-    from kernels.prefill_attention import prefill_attention, prefill_attention_tma
+    from sits.kernels import prefill_attention as pa
+    from sits.kernels.prefill_attention import prefill_attention, prefill_attention_tma
     rows = []
     shapes = [(2, 8192, 32, 32)] + ([] if quick else [(8, 2048, 32, 32), (2, 8192, 32, 8)])
     for b, s, hq, hkv in shapes:
@@ -144,7 +144,7 @@ def decode(res, quick):
     import torch
     import torch.nn.functional as F
 
-    from kernels.paged_decode_attention import paged_decode_attention
+    from sits.kernels.paged_decode_attention import paged_decode_attention
     rows = []
     for b, s in [(64, 4096), (1, 32768)] + ([] if quick else [(32, 2048), (1, 8192)]):
         hq, hkv, d = 32, 8, 128
@@ -172,8 +172,8 @@ def elementwise(res):
     import torch
     import torch.nn.functional as F
 
-    from kernels.rms_norm import fused_add_rms_norm, rms_norm
-    from kernels.silu_and_mul import silu_and_mul
+    from sits.kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from sits.kernels.silu_and_mul import silu_and_mul
     t, h, i = 16384, 4096, 14336
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
     r = torch.randn_like(x)
@@ -206,8 +206,8 @@ def int8_gemv(res, quick):
     import torch
     import torch.nn.functional as F
 
-    from kernels import quantize_weight
-    from kernels.linear import autotuner_for, linear, linear_ref
+    from sits.kernels import quantize_weight
+    from sits.kernels.linear import autotuner_for, linear, linear_ref
     rows = []
     for n, k in [(14336, 4096), (4096, 14336)]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -247,8 +247,8 @@ def _read_only_ms(qws) -> float:
 def fp8_gemm(res):
     import torch
 
-    from kernels import quantize_weight
-    from kernels.linear import _linear_fp8, linear, linear_fp8_w8a8_ref, quantize_fp8_rows
+    from sits.kernels import quantize_weight
+    from sits.kernels.linear import _linear_fp8, linear, linear_fp8_w8a8_ref, quantize_fp8_rows
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -307,10 +307,10 @@ def sweeps(res, parts=("gemv", "prefill", "decode")):
     import torch
     import torch.nn.functional as F
 
-    from kernels import quantize_weight
-    from kernels import linear as lin
-    from kernels import prefill_attention as pa
-    from kernels.paged_decode_attention import paged_decode_attention
+    from sits.kernels import quantize_weight
+    from sits.kernels import linear as lin
+    from sits.kernels import prefill_attention as pa
+    from sits.kernels.paged_decode_attention import paged_decode_attention
     rows = []
     for n, k in ([(14336, 4096), (4096, 14336)] if "gemv" in parts else []):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02

@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/launch_overhead.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from kernels import get_kernel_set, quantize_weight
-    from kernels.linear import linear
+    from sits.kernels import get_kernel_set, quantize_weight
+    from sits.kernels.linear import linear
     ks = get_kernel_set("triton-v1.1")
     dev, dt = "cuda", torch.bfloat16
     n, k = 4096, 4096

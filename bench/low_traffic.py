@@ -24,9 +24,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from control_plane.demo.profiles import demo_policy  # noqa: E402
-from control_plane.demo.runner import DemoConfig, run_demo  # noqa: E402
-from control_plane.store.db import Store  # noqa: E402
+from sits.control_plane.demo.profiles import demo_policy  # noqa: E402
+from sits.control_plane.demo.runner import DemoConfig, run_demo  # noqa: E402
+from sits.control_plane.store.db import Store  # noqa: E402
 
 
 def policy(on: bool, replay_only: bool = False, rate: float = 0.5):

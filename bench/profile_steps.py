@@ -5,7 +5,7 @@ kernel, next to the step's wall time and its floor (issue 23: "profile first, th
     .venv/bin/python bench/profile_steps.py --smoke        # tiny model on CPU, small shapes: a test of this script
                                                             # (its "kernels" are the innermost aten ops)
 
-Cases (llama3-8b preset, random weights and prompt tokens, kernel set triton-v1.1, after `engine.warmup()`):
+Cases (llama3-8b preset, random weights and prompt tokens, kernel set triton-v1.1, after `sits.engine.warmup()`):
 - decode1: one 128-token prompt decoding (the batch-1 rows); decode steps replay CUDA graphs;
 - ttft: one 2048-token prompt, max_tokens 1 (the TTFT row): one prefill step;
 - b32: 32 x 2048-token prompts (the 32 x 2048/512 row): its 2048-token prefill steps, then decode steps at 32;
@@ -196,7 +196,7 @@ def arrivals(engine, add, abort_all, sz, device) -> dict:
 def run(args) -> list[dict]:
     import random
 
-    from engine import SamplingParams
+    from sits.engine import SamplingParams
 
     sz = SMOKE if args.smoke else FULL
     device = "cpu" if args.smoke else "cuda"

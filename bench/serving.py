@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from control_plane.analysis.quantile import histogram_quantile  # noqa: E402
+from sits.control_plane.analysis.quantile import histogram_quantile  # noqa: E402
 
 HISTOGRAMS = ("sits_inter_token_latency_seconds", "sits_time_to_first_token_seconds", "sits_engine_step_seconds")
 
@@ -48,7 +48,7 @@ def _prompt(i: int) -> str:
 
 
 def offline(args) -> dict:
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from sits.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model=args.model, kernels=args.kernels, device=args.device,
                                     max_num_seqs=args.max_num_seqs))
@@ -134,7 +134,7 @@ def served(args, mode: str, cap: int | None = None, gc_freeze: bool = True, piec
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", args.model, "--kernels", args.kernels,
+    proc = subprocess.Popen([sys.executable, "-m", "sits.engine.cli", "serve", "--model", args.model, "--kernels", args.kernels,
                              "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
                              "--engine-process", mode, "--log-level", "warning", "--no-access-log",
                              *(["--max-prefill-tokens-while-decoding", str(cap)] if cap else []),

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.sequence import Sequence  # noqa: E402
-from engine.step_inputs import build_step_inputs  # noqa: E402
+from sits.engine.sampling_params import SamplingParams  # noqa: E402
+from sits.engine.sequence import Sequence  # noqa: E402
+from sits.engine.step_inputs import build_step_inputs  # noqa: E402
 
 BS = 64
 

@@ -2,7 +2,7 @@
 for a GEMV, which must read every weight byte; bench/kernels.py times it on the GEMV's weights, the same way."""
 from __future__ import annotations
 
-from kernels.triton_env import tl, triton
+from sits.kernels.triton_env import tl, triton
 
 
 @triton.jit

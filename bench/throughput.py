@@ -1,4 +1,4 @@
-"""Offline throughput as a user sees it: `LLM(...).generate(...)` after `engine.warmup()`, the first run after the
+"""Offline throughput as a user sees it: `LLM(...).generate(...)` after `sits.engine.warmup()`, the first run after the
 warm-up counted, each figure next to its floor and (batch-1 decode) Hugging Face transformers on the same shape.
 
     python3 bench/throughput.py [--rows hf,ttft,decode1,b32,b256,decode1-int8,b32-int8] [--json OUT.json] [--profile-log F]
@@ -172,7 +172,7 @@ def prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[list[in
 
 
 def timed_generate(llm, device, batch, **kw) -> tuple[float, list]:
-    from kernels.jit_watch import JitWatch
+    from sits.kernels.jit_watch import JitWatch
     _sync(device)
     with JitWatch() as watch:
         t0 = time.perf_counter()
@@ -183,8 +183,8 @@ def timed_generate(llm, device, batch, **kw) -> tuple[float, list]:
 
 
 def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs: int, **engine_kw):
-    from engine import LLM
-    from kernels.jit_watch import JitWatch
+    from sits.engine import LLM
+    from sits.kernels.jit_watch import JitWatch
     t0 = time.perf_counter()
     llm = LLM(model=model, kernels=kernels, device=device, quantization=quant, max_num_seqs=max_num_seqs, **engine_kw)
     t1 = time.perf_counter()
@@ -207,7 +207,7 @@ def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs
 def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs) -> None:
     import torch
 
-    from engine import SamplingParams
+    from sits.engine import SamplingParams
     max_seqs = max(sz["b256"] if "b256" in rows else sz["b32"], 1)
     llm, info = build(args.model, args.kernels, device, quant, max_seqs)
     engine = llm.engine
@@ -273,7 +273,7 @@ def run_hf(args, sz, device, copy, tflops, out_rows) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.presets import PRESETS
+    from sits.engine.presets import PRESETS
     mc = PRESETS[args.model] if args.model in PRESETS else None
     if mc is None:
         return

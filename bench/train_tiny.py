@@ -24,7 +24,7 @@ DEFAULT_OUT = ROOT / ".cache" / "tiny-trained"
 def build(out: Path = DEFAULT_OUT, *, steps: int = 400, batch: int = 8, seq_len: int = 256, lr: float = 3e-3,
           seed: int = 0, device: str = "cpu", reuse: bool = False, log_every: int = 50) -> Path:
     """The trained checkpoint directory (trained now, or kept from an earlier run with `reuse`)."""
-    from engine.train_tiny import corpus_files, encode_corpus, train_tiny
+    from sits.engine.train_tiny import corpus_files, encode_corpus, train_tiny
     if reuse and (out / "model.safetensors").is_file():
         print(f"train_tiny: reusing {out}", flush=True)
         return out

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from control_plane.rollout import Check
+    from sits.control_plane.rollout import Check
 
 __all__ = ["EXPORTERS", "PROPAGATOR", "SpanKind", "Tracing", "TracingConfig", "check_attributes", "inject",
            "set_attributes"]

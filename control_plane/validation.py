@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from control_plane.analysis.policy import Policy
-from control_plane.analysis.policy_error import PolicyError
-from control_plane.errors import ValidationError
+from sits.control_plane.analysis.policy import Policy
+from sits.control_plane.analysis.policy_error import PolicyError
+from sits.control_plane.errors import ValidationError
 
 # DNS-1035 label: the service name becomes part of Kubernetes object names (`<service>-<role>`) and of label values
 _SERVICE_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")

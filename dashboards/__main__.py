@@ -1,4 +1,4 @@
-"""python -m dashboards generate --out DIR | rules --out FILE | chart [--check] | push --url URL [--token-file F]"""
+"""python -m sits.dashboards generate --out DIR | rules --out FILE | chart [--check] | push --url URL [--token-file F]"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from dashboards import generate, push, rules
+from sits.dashboards import generate, push, rules
 
 CHART = Path(__file__).resolve().parents[1] / "helm" / "sits-control"
 
@@ -19,7 +19,7 @@ def chart_files(chart: Path = CHART) -> dict[Path, str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dashboards", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m sits.dashboards", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="write one JSON per dashboards/*.dashboard.py")
     g.add_argument("--out", required=True, type=Path)
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
             stale += sorted(set((a.chart / "dashboards").glob("*.json")) - set(files))   # a removed dashboard
             if a.check:
                 for path in stale:
-                    print(f"stale: {path} (run `python -m dashboards chart`)", file=sys.stderr)
+                    print(f"stale: {path} (run `python -m sits.dashboards chart`)", file=sys.stderr)
                 return 1 if stale else 0
             for path in stale:
                 if path in files:
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                     path.unlink()
                 print(path)
     except (generate.DashboardDefinitionError, push.PushError, ValueError, OSError) as e:
-        print(f"python -m dashboards: error: {e}", file=sys.stderr)
+        print(f"python -m sits.dashboards: error: {e}", file=sys.stderr)
         return 2
     return 0
 

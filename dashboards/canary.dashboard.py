@@ -1,6 +1,6 @@
 """Canary: production, baseline and canary side by side, the P90/P99 deltas the analysis judges, the canary's weight."""
-from control_plane.analysis import promql
-from dashboards.common import LATENCY, NS, RATE, VARIANTS, dashboard, q_name, stat, timeseries, variables
+from sits.control_plane.analysis import promql
+from sits.dashboards.common import LATENCY, NS, RATE, VARIANTS, dashboard, q_name, stat, timeseries, variables
 
 DELTA_QUANTILES = (0.9, 0.99)
 NAMESPACE = ',namespace=~"$namespace"'

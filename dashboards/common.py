@@ -1,6 +1,6 @@
 """Shared pieces of the SITS dashboards: the data source, template variables, panel helpers and the layout.
 
-Every expression comes from `control_plane.analysis.promql` (the analysis, these dashboards and the chart's
+Every expression comes from `sits.control_plane.analysis.promql` (the analysis, these dashboards and the chart's
 recording rules share that one place); here they are only filled with Grafana's template variables.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 from grafanalib.core import (Annotations, Dashboard, GridPos, Stat, Target, Template, Templating, Time, TimeSeries)
 
-from control_plane.analysis import promql
+from sits.control_plane.analysis import promql
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 37              # panels with gridPos, fieldConfig and data-source references (Grafana >= 8.5)

@@ -1,6 +1,6 @@
 """Control plane: rollouts by phase, checks by outcome, rollbacks by reason, reconcile latency, rollout durations."""
-from control_plane.analysis import promql
-from dashboards.common import NS, QUANTILES, RATE, dashboard, q_name, stat, timeseries, variables
+from sits.control_plane.analysis import promql
+from sits.dashboards.common import NS, QUANTILES, RATE, dashboard, q_name, stat, timeseries, variables
 
 MATCH = promql.matchers(namespace=NS, service=("=~", "$service"))
 NS_ONLY = promql.matchers(namespace=NS)   # the duration histograms are not split by service

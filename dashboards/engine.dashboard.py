@@ -1,6 +1,6 @@
 """Engine: every variant (env, kernel_version) of one service: traffic, latency percentiles, the scheduler's state."""
-from control_plane.analysis import promql
-from dashboards.common import (LATENCY, NS, QUANTILES, RATE, dashboard, q_name, timeseries, variables)
+from sits.control_plane.analysis import promql
+from sits.dashboards.common import (LATENCY, NS, QUANTILES, RATE, dashboard, q_name, timeseries, variables)
 
 VARIANT = "env, kernel_version"   # the engine's own histograms carry the kernel version; HTTP ones only env
 

@@ -2,7 +2,7 @@
 the sidecar that loads the chart's ConfigMaps. Each dashboard keeps its `uid` (sits-canary, ...), so a second push
 updates the same dashboard (`overwrite`) instead of creating a copy.
 
-    python -m dashboards push --url https://grafana.example --token-file /run/secrets/grafana-token [--folder-uid UID]
+    python -m sits.dashboards push --url https://grafana.example --token-file /run/secrets/grafana-token [--folder-uid UID]
 
 The token (a Grafana service-account token) comes from `--token-file` or `$GRAFANA_TOKEN`, never from a flag value;
 it is sent only as `Authorization: Bearer ...` and never printed.
@@ -15,7 +15,7 @@ from typing import Mapping
 
 import requests
 
-from dashboards import generate
+from sits.dashboards import generate
 
 MAX_UID = 40   # Grafana's limit on a dashboard or folder uid
 

@@ -6,11 +6,11 @@ Public names are imported lazily, so `import engine.errors` (or the torch-free s
 import importlib
 
 _EXPORTS = {
-    "LLM": "engine.llm", "GenerationResult": "engine.llm", "LLMEngine": "engine.llm_engine",
-    "EngineConfig": "engine.config", "SamplingParams": "engine.sampling_params",
-    "RequestOutput": "engine.outputs", "EngineStats": "engine.outputs",
-    "EngineError": "engine.errors", "InvalidRequestError": "engine.errors", "QueueFullError": "engine.errors",
-    "StepError": "engine.errors", "UnknownModelError": "engine.errors",
+    "LLM": "sits.engine.llm", "GenerationResult": "sits.engine.llm", "LLMEngine": "sits.engine.llm_engine",
+    "EngineConfig": "sits.engine.config", "SamplingParams": "sits.engine.sampling_params",
+    "RequestOutput": "sits.engine.outputs", "EngineStats": "sits.engine.outputs",
+    "EngineError": "sits.engine.errors", "InvalidRequestError": "sits.engine.errors", "QueueFullError": "sits.engine.errors",
+    "StepError": "sits.engine.errors", "UnknownModelError": "sits.engine.errors",
 }
 __all__ = list(_EXPORTS)
 

@@ -14,7 +14,7 @@ import itertools
 import time
 from collections import Counter, deque
 
-from engine.sequence import Sequence
+from sits.engine.sequence import Sequence
 
 NO_FREE_BLOCKS = "no_free_blocks"
 TENANT_LIMIT = "tenant_limit"

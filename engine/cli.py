@@ -7,7 +7,7 @@ import sys
 
 
 def _generate(args) -> int:
-    from engine import LLM, SamplingParams
+    from sits.engine import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=args.stop or [], ignore_eos=args.ignore_eos)
@@ -20,10 +20,9 @@ def _generate(args) -> int:
 
 
 def _kernels(args) -> int:
-    import kernels
-
+    from sits import kernels
     if args.json:   # what the control plane reads (kernels/catalog.py)
-        from kernels.catalog import catalogue, dumps
+        from sits.kernels.catalog import catalogue, dumps
 
         sys.stdout.write(dumps(catalogue()))
         return 0
@@ -39,7 +38,7 @@ def _kernels(args) -> int:
 
 
 def _write_tiny(args) -> int:
-    from engine.loader import write_tiny
+    from sits.engine.loader import write_tiny
 
     path = write_tiny(args.dir, shards=args.shards, seed=args.seed, tie_word_embeddings=args.tie_word_embeddings)
     print(f"wrote a tiny random LLaMA checkpoint to {path}")
@@ -81,11 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
-        from engine.server.main import main as serve_main
+        from sits.engine.server.main import main as serve_main
 
         return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
-    from engine.errors import EngineError
+    from sits.engine.errors import EngineError
 
     try:
         return args.func(args)

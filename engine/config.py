@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequestError, UnknownModelError
+from sits.engine.errors import InvalidRequestError, UnknownModelError
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from engine.layers.attention import AttentionMetadata
+from sits.engine.layers.attention import AttentionMetadata
 
 log = logging.getLogger("sits.engine")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from sits.engine.config import EngineConfig
+from sits.engine.errors import InvalidRequestError
+from sits.engine.llm_engine import LLMEngine
+from sits.engine.sampling_params import SamplingParams
 
 TQDM_MIN_PROMPTS = 8  # show a progress bar from this many prompts on
 

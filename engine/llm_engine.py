@@ -11,19 +11,19 @@ import time
 
 import torch
 
-from engine.async_decode import DecodePipeline
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
-from engine.loader import resolve_model
-from engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
-from engine.presets import GPU_ONLY, num_params
-from engine.outputs import EngineStats, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
-from engine.tokenizer import detokenize_incrementally, load_tokenizer
-from engine.warmup import warmup_plan
+from sits.engine.async_decode import DecodePipeline
+from sits.engine.block_manager import BlockManager
+from sits.engine.config import EngineConfig
+from sits.engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
+from sits.engine.loader import resolve_model
+from sits.engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
+from sits.engine.presets import GPU_ONLY, num_params
+from sits.engine.outputs import EngineStats, RequestOutput
+from sits.engine.sampling_params import SamplingParams
+from sits.engine.scheduler import Scheduler
+from sits.engine.sequence import Sequence
+from sits.engine.tokenizer import detokenize_incrementally, load_tokenizer
+from sits.engine.warmup import warmup_plan
 
 log = logging.getLogger("sits.engine")
 

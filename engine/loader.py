@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.config import ModelConfig
-from engine.errors import UnknownModelError
-from engine.presets import PRESETS, preset, random_weights
+from sits.engine.config import ModelConfig
+from sits.engine.errors import UnknownModelError
+from sits.engine.presets import PRESETS, preset, random_weights
 
 if TYPE_CHECKING:   # resolving a model and its tokenizer needs no torch (the engine's API front); the weights do
     import torch

@@ -1,7 +1,7 @@
 """Prometheus metrics of one engine server process.
 
 Every server owns its own `CollectorRegistry` (several servers may live in one test process). Latency histograms use
-`engine.buckets.LATENCY_BUCKETS` (geometric, 2**(1/8) apart, from 0.49 ms to 64 s: see that module for why). Engine
+`sits.engine.buckets.LATENCY_BUCKETS` (geometric, 2**(1/8) apart, from 0.49 ms to 64 s: see that module for why). Engine
 counters that the engine keeps itself (tokens, preemptions, prefix-cache queries/hits) and the gauges (running/waiting
 requests, KV usage) are read from `LLMEngine.stats()` (thread-safe) at scrape time, so they can never drift from the
 engine's own numbers.
@@ -18,7 +18,7 @@ from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
+from sits.engine.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

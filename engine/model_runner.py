@@ -7,20 +7,20 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
-from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
-from engine.errors import InvalidRequestError
-from engine.layers.sampler import Sampler
-from engine.loader import ModelSource
-from engine.models.llama import LlamaForCausalLM
-from engine.piecewise_graphs import PiecewiseGraphs
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Sequence
-from engine.step_inputs import build_step_inputs
-from engine.warmup import WarmupStep
-from kernels.triton_env import use_device_cache_dir
+from sits import kernels
+from sits.engine.config import EngineConfig, ModelConfig
+from sits.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
+from sits.engine.errors import InvalidRequestError
+from sits.engine.layers.sampler import Sampler
+from sits.engine.loader import ModelSource
+from sits.engine.models.llama import LlamaForCausalLM
+from sits.engine.piecewise_graphs import PiecewiseGraphs
+from sits.engine.sampling_params import SamplingParams
+from sits.engine.scheduler import ScheduledBatch
+from sits.engine.sequence import Sequence
+from sits.engine.step_inputs import build_step_inputs
+from sits.engine.warmup import WarmupStep
+from sits.kernels.triton_env import use_device_cache_dir
 
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
 GPU_MEMORY_UTILIZATION = 0.90

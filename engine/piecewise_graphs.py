@@ -32,7 +32,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.layers.attention import AttentionMetadata
+from sits.engine.layers.attention import AttentionMetadata
 
 log = logging.getLogger("sits.engine")
 

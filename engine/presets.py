@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from typing import TYPE_CHECKING
 
-from engine.config import ModelConfig
+from sits.engine.config import ModelConfig
 
 if TYPE_CHECKING:   # torch loads with the weights: the engine's API front reads presets without it
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequestError
+from sits.engine.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from enum import Enum, auto
 
-from engine.sampling_params import SamplingParams
+from sits.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.layers.attention import AttentionMetadata
-from engine.sequence import Sequence
+from sits.engine.layers.attention import AttentionMetadata
+from sits.engine.sequence import Sequence
 
 _ALIGN = 16   # elements: 64 bytes of int32, 128 of int64
 

@@ -85,7 +85,7 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str, eos_toke
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    from engine.errors import InvalidRequestError
+    from sits.engine.errors import InvalidRequestError
 
     def raise_exception(msg):
         raise TemplateError(msg)

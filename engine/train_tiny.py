@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
-from engine.layers.rotary_embedding import rope_cos_sin
-from engine.loader import write_checkpoint
-from engine.presets import preset, random_weights
-from engine.tokenizer import BYTE_BOS, BYTE_EOS
+from sits.engine.config import ModelConfig
+from sits.engine.layers.rotary_embedding import rope_cos_sin
+from sits.engine.loader import write_checkpoint
+from sits.engine.presets import preset, random_weights
+from sits.engine.tokenizer import BYTE_BOS, BYTE_EOS
 
 CORPUS_GLOBS = ("README.md", "ARCHITECTURE.md", "BENCHMARKS.md", "docs/*.md", "engine/**/*.py", "kernels/*.py",
                 "control_plane/**/*.py", "bench/*.py")

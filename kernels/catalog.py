@@ -4,7 +4,7 @@
 what the registry records (`KernelSet.catalogue_entry`): its parent and the ops it overrides (filled by `derive`),
 and whether it is an example regression (`wrong` or `slow` on purpose). `sits-engine kernels --json` prints it; control_plane/adapters/kernel_catalog.json is its
 committed copy for the built-in sets (tests/kernels/test_catalog.py keeps the two equal:
-`python -m kernels.catalog --write` regenerates it, and the Helm chart's copy in helm/sits-control/files/).
+`python -m sits.kernels.catalog --write` regenerates it, and the Helm chart's copy in helm/sits-control/files/).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from kernels.registry import PLUGINS_ENV, KernelSet, get_kernel_set, list_kernel_sets
+from sits.kernels.registry import PLUGINS_ENV, KernelSet, get_kernel_set, list_kernel_sets
 
 SHIPPED = Path(__file__).resolve().parent.parent / "control_plane" / "adapters" / "kernel_catalog.json"
 CHART_COPY = Path(__file__).resolve().parent.parent / "helm" / "sits-control" / "files" / "kernel-catalog.json"
@@ -26,7 +26,7 @@ def catalogue() -> list[dict]:
 
 def builtin_catalogue() -> list[dict]:
     """The sets kernels/sets.py registers (no plugins, nothing a test registered): the committed copy."""
-    from kernels import sets
+    from sits.kernels import sets
     builtin = {v.name for v in vars(sets).values() if isinstance(v, KernelSet)}
     return [e for e in catalogue() if e["name"] in builtin]
 
@@ -44,7 +44,7 @@ def identity(name: str) -> tuple[str, str]:
         for e in shipped:
             if e.get("name") == name and isinstance(e.get("version"), str):
                 return name, e["version"]
-    import kernels   # registers the built-in sets (and imports torch)
+    from sits import kernels   # registers the built-in sets (and imports torch)
     ks = kernels.get_kernel_set(name)
     return ks.name, ks.version
 

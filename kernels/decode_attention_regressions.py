@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from kernels.paged_decode_attention import _merge_splits_kernel, check_decode_args, choose_num_splits
-from kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
+from sits.kernels.paged_decode_attention import _merge_splits_kernel, check_decode_args, choose_num_splits
+from sits.kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
 
 
 @triton.jit

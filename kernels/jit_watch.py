@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from kernels.triton_env import triton
+from sits.kernels.triton_env import triton
 
 
 class JitWatch:

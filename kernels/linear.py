@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import QuantizedWeight
-from kernels.triton_env import (autotune, check_device, fast_tuned, interpreting, next_pow2, tl, triton,
+from sits.kernels.quant import QuantizedWeight
+from sits.kernels.triton_env import (autotune, check_device, fast_tuned, interpreting, next_pow2, tl, triton,
                                 tuned_launcher)
 
 FP8_NATIVE_MIN_M = 64

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.linear import check_linear_args, fp8_native, linear
-from kernels.quant import QuantizedWeight
-from kernels.triton_env import check_device, interpreting, tl, triton
+from sits.kernels.linear import check_linear_args, fp8_native, linear
+from sits.kernels.quant import QuantizedWeight
+from sits.kernels.triton_env import check_device, interpreting, tl, triton
 
 # from this many rows on, dequantize and call cuBLAS: the crossover of the H200 sweep in BENCHMARKS.md ("int8 at many
 # rows", bench/int8_rows.py)

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from kernels.paged import check_lens, check_paged_args, softmax_dtype
-from kernels.triton_env import (autotune, check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl,
+from sits.kernels.paged import check_lens, check_paged_args, softmax_dtype
+from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl,
                                 triton)
 
 

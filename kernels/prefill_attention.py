@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from kernels.paged import PagedAttentionError, check_prefill_args
-from kernels.triton_env import autotune, check_device, interpreting, next_pow2, tl, triton
+from sits.kernels.paged import PagedAttentionError, check_prefill_args
+from sits.kernels.triton_env import autotune, check_device, interpreting, next_pow2, tl, triton
 
 try:  # Triton >= 3.4: host-side TMA descriptors
     from triton.tools.tensor_descriptor import TensorDescriptor

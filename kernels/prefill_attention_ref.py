@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from kernels.paged import PagedAttentionError, check_prefill_args, gather_kv, softmax_dtype
+from sits.kernels.paged import PagedAttentionError, check_prefill_args, gather_kv, softmax_dtype
 
 
 def _sequences(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> Iterator[tuple[int, int, int, int]]:

@@ -170,7 +170,7 @@ def _load_plugins() -> None:
         if _plugins_loaded:
             return
         _plugins_loaded = True
-        importlib.import_module("kernels.sets")
+        importlib.import_module("sits.kernels.sets")
         for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
             importlib.import_module(mod)
 

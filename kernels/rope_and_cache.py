@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton_env import check_device, fast, next_pow2, tl, triton
+from sits.kernels.triton_env import check_device, fast, next_pow2, tl, triton
 
 
 @triton.jit

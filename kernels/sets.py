@@ -5,16 +5,16 @@ op is released for canarying.
 """
 from __future__ import annotations
 
-from kernels import decode_attention_regressions as _decode_bad
-from kernels import linear as _linear
-from kernels import linear_dequant as _linear_dequant
-from kernels import paged_decode_attention as _decode
-from kernels import prefill_attention as _prefill
-from kernels import prefill_attention_ref as _prefill_ref
-from kernels import rms_norm as _rms
-from kernels import rope_and_cache as _rope
-from kernels import silu_and_mul as _silu
-from kernels.registry import KernelSet, register_kernel_set
+from sits.kernels import decode_attention_regressions as _decode_bad
+from sits.kernels import linear as _linear
+from sits.kernels import linear_dequant as _linear_dequant
+from sits.kernels import paged_decode_attention as _decode
+from sits.kernels import prefill_attention as _prefill
+from sits.kernels import prefill_attention_ref as _prefill_ref
+from sits.kernels import rms_norm as _rms
+from sits.kernels import rope_and_cache as _rope
+from sits.kernels import silu_and_mul as _silu
+from sits.kernels.registry import KernelSet, register_kernel_set
 
 TORCH = register_kernel_set(KernelSet(
     name="torch",

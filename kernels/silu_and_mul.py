@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.triton_env import check_device, fast, tl, triton
+from sits.kernels.triton_env import check_device, fast, tl, triton
 
 _BLOCK = 1024
 

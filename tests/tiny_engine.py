@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from control_plane.adapters import process
+from sits.control_plane.adapters import process
 
 
 def start_tiny_engine(workdir, role: str, service: str, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -15,7 +15,7 @@ def start_tiny_engine(workdir, role: str, service: str, *extra: str) -> tuple[su
     sock = process.listening_socket()
     port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
+    argv = [sys.executable, "-m", "sits.engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--env", role,
             "--service", service, "--port", str(port), "--listen-fd", str(sock.fileno()), "--no-access-log",
             "--log-level", "warning", *extra]
     with sock:

@@ -22,11 +22,11 @@ from typing import Callable, Mapping
 
 import requests
 
-from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
+from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
                                     compare_replays)
-from control_plane.analysis.prompts import DEFAULT_PROMPTS
-from control_plane.small_files import FileTooLargeError, read_small_file
-from control_plane.tracing import inject
+from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
+from sits.control_plane.small_files import FileTooLargeError, read_small_file
+from sits.control_plane.tracing import inject
 
 PROBE_HEADER = {"X-SITS-Probe": "1"}
 MAX_PROMPTS = 1000

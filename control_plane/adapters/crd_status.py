@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from control_plane.rollout import Phase, Rollout
+from sits.control_plane.rollout import Phase, Rollout
 
 DEFAULT_PRODUCTION_KERNELS = "torch"
 

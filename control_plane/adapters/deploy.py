@@ -1,7 +1,7 @@
 """The `Deployer` protocol: put production / baseline / canary variants of the engine into the world and split traffic.
 
-Two implementations: `control_plane.adapters.local.LocalDeployer` (subprocesses behind a weighted router, the embedded
-default) and `control_plane.adapters.kubernetes.KubernetesDeployer` (Deployments + Services, optionally a Gateway API
+Two implementations: `sits.control_plane.adapters.local.LocalDeployer` (subprocesses behind a weighted router, the embedded
+default) and `sits.control_plane.adapters.kubernetes.KubernetesDeployer` (Deployments + Services, optionally a Gateway API
 HTTPRoute). Every call is idempotent: repeating it after a crash converges to the same state.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
-from control_plane import validation as v
-from control_plane.errors import ValidationError
-from control_plane.rollout import ROLES
+from sits.control_plane import validation as v
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.rollout import ROLES
 
 
 class DeployError(Exception):

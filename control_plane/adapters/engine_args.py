@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from control_plane.errors import ValidationError
+from sits.control_plane.errors import ValidationError
 
 # flag -> takes a value
 OPERATOR_FLAGS: dict[str, bool] = {

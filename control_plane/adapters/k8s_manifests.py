@@ -10,8 +10,8 @@ import json
 import re
 from typing import Mapping
 
-from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.adapters.deploy import VariantSpec
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sits"}
 ROLE_LABEL = "sits.io/role"

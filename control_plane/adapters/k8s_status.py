@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from control_plane.adapters import k8s_manifests as m
-from control_plane.adapters.deploy import VariantStatus
+from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.adapters.deploy import VariantStatus
 
 
 def deployment_status(d: dict, role: str, *, endpoint: str) -> VariantStatus:

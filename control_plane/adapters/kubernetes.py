@@ -19,12 +19,12 @@ from typing import Mapping
 
 from kubernetes import client
 
-from control_plane.adapters import k8s_manifests as m
-from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, VariantSpec,
+from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, VariantSpec,
                                            VariantStatus, check_role, normalize_weights)
-from control_plane.adapters.k8s_api import KubeApi, load_client, merged
-from control_plane.adapters.k8s_status import deployment_status, last_log_line, log_pod, pod_problems, pods_crashing
+from sits.control_plane.adapters.k8s_api import KubeApi, load_client, merged
+from sits.control_plane.adapters.k8s_status import deployment_status, last_log_line, log_pod, pod_problems, pods_crashing
 
 log = logging.getLogger(__name__)
 # what status() reads of a not-ready variant's engine log: enough lines to find the last one with text on it, bounded

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from control_plane.adapters import process
-from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit,
+from sits.control_plane.adapters import process
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit,
                                            VariantSpec, VariantStatus, check_role, normalize_weights)
-from control_plane.adapters.local_config import LocalConfig, default_max_replicas
-from control_plane.adapters.local_replicas import Replica, ReplicaLauncher
-from control_plane.adapters.router_config import RouterConfig
-from control_plane.adapters.router import WeightedRouter
-from control_plane.adapters.router_ports import RouterPorts
+from sits.control_plane.adapters.local_config import LocalConfig, default_max_replicas
+from sits.control_plane.adapters.local_replicas import Replica, ReplicaLauncher
+from sits.control_plane.adapters.router_config import RouterConfig
+from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.adapters.router_ports import RouterPorts
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.deploy import DeployError
 
 # engine replicas get an explicit environment: these of ours (exact names, then prefixes), LocalConfig.env and the
 # spec's env. Nothing else: the worker's own secrets (SITS_PROMETHEUS_TOKEN, ..._PASSWORD, API tokens) stay here.
@@ -49,7 +49,7 @@ def _available_memory() -> int:
 class LocalConfig:
     host: str = "127.0.0.1"
     workdir: str | None = None                  # replica logs; a temp dir when None
-    engine_command: tuple[str, ...] = (sys.executable, "-m", "engine.cli")
+    engine_command: tuple[str, ...] = (sys.executable, "-m", "sits.engine.cli")
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 10.0
     drain_timeout_s: float = 30.0

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from control_plane.adapters import process
-from control_plane.adapters.deploy import DeployCancelled, NotReadyError, VariantSpec, VariantStatus
-from control_plane.adapters.local_config import LocalConfig, engine_environment
+from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy import DeployCancelled, NotReadyError, VariantSpec, VariantStatus
+from sits.control_plane.adapters.local_config import LocalConfig, engine_environment
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -1,7 +1,7 @@
 """The `MetricsSource` protocol: the histograms of each variant of a service over a time window.
 
-Two implementations: `control_plane.adapters.scrape.ScrapeSource` (GET each variant's /metrics, the embedded default)
-and `control_plane.adapters.prometheus.PrometheusSource` (PromQL over Prometheus' HTTP API). Both return WINDOW DELTAS
+Two implementations: `sits.control_plane.adapters.scrape.ScrapeSource` (GET each variant's /metrics, the embedded default)
+and `sits.control_plane.adapters.prometheus.PrometheusSource` (PromQL over Prometheus' HTTP API). Both return WINDOW DELTAS
 (not cumulative counts) per role, replicas summed, counter resets handled, as `VariantData` of the analysis core.
 
 Errors are a few named exceptions; the worker turns any `MetricsError` into an inconclusive window (no data is never a
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
-from control_plane.analysis import REQUEST_LATENCY, VariantData
+from sits.control_plane.analysis import REQUEST_LATENCY, VariantData
 
 # The inference routes whose latency and errors are compared (health checks and scrapes would dilute them).
 INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")

@@ -19,11 +19,11 @@ from typing import Callable, Mapping, Sequence
 
 import requests
 
-from control_plane.adapters.metrics import (INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, MultipleSeriesError,
+from sits.control_plane.adapters.metrics import (INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, MultipleSeriesError,
                                             NoDataError, Target)
-from control_plane.analysis import promql
-from control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
-from control_plane.redact import redact, split_credentials
+from sits.control_plane.analysis import promql
+from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
+from sits.control_plane.redact import redact, split_credentials
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import requests
 
-from control_plane.analysis import REPLAY_HEADER
+from sits.control_plane.analysis import REPLAY_HEADER
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,12 +23,12 @@ import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from control_plane.adapters import router_http as rh
-from control_plane.rollout import ROLES
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.router_config import RouterConfig
-from control_plane.adapters.router_table import RouteTable
-from control_plane.http_limits import timeout_protocol
+from sits.control_plane.adapters import router_http as rh
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.router_config import RouterConfig
+from sits.control_plane.adapters.router_table import RouteTable
+from sits.control_plane.http_limits import timeout_protocol
 
 log = logging.getLogger(__name__)
 PIN_HEADER = "x-sits-variant"

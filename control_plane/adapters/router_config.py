@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from control_plane.adapters import router_http as rh
-from control_plane.adapters.deploy import DeployError
-from control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
+from sits.control_plane.adapters import router_http as rh
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
 
 
 @dataclass(slots=True)

@@ -13,9 +13,9 @@ from typing import Mapping
 
 import httpx
 
-from control_plane.adapters import router_http as rh
-from control_plane.adapters.deploy import DeployError, normalize_weights
-from control_plane.rollout import ROLES
+from sits.control_plane.adapters import router_http as rh
+from sits.control_plane.adapters.deploy import DeployError, normalize_weights
+from sits.control_plane.rollout import ROLES
 
 
 class RouteTable:

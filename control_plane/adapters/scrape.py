@@ -18,9 +18,9 @@ from typing import Mapping, Sequence
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.adapters.metrics import INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
-from control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
-from control_plane.analysis.promql import series_key
+from sits.control_plane.adapters.metrics import INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
+from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
+from sits.control_plane.analysis.promql import series_key
 
 _EPS = 1e-6
 

@@ -9,10 +9,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from control_plane import validation as v
-from control_plane.adapters import engine_args
-from control_plane.adapters.deploy import VariantSpec
-from control_plane.errors import ValidationError
+from sits.control_plane import validation as v
+from sits.control_plane.adapters import engine_args
+from sits.control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.errors import ValidationError
 
 log = logging.getLogger(__name__)
 _WARNED: set[str] = set()

@@ -1,6 +1,6 @@
-"""`python -m control_plane.cli ...` is `sits-control ...`."""
+"""`python -m sits.control_plane.cli ...` is `sits-control ...`."""
 import sys
 
-from control_plane.cli.main import main
+from sits.control_plane.cli.main import main
 
 sys.exit(main())

@@ -7,23 +7,23 @@ import logging
 import os
 from pathlib import Path
 
-from control_plane.adapters.correctness import CorrectnessProbe
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookNotifier
-from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane.redact import redact_url
-from control_plane.store.db import Store
-from control_plane.tracing import Tracing
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
-from control_plane.worker.crd_watch import CrdApiError, CrdWatcher
+from sits.control_plane.adapters.correctness import CorrectnessProbe
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
+from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookNotifier
+from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.redact import redact_url
+from sits.control_plane.store.db import Store
+from sits.control_plane.tracing import Tracing
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
+from sits.control_plane.worker.crd_watch import CrdApiError, CrdWatcher
 
-log = logging.getLogger("control_plane.cli")
+log = logging.getLogger("sits.control_plane.cli")
 
 
 class CLIError(Exception):

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import httpx
 
-from control_plane.service import format as fmt
-from control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
+from sits.control_plane.service import format as fmt
+from sits.control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 
 
 class ApiError(SitsError):

@@ -11,24 +11,24 @@ import threading
 import yaml
 from prometheus_client import start_http_server
 
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.adapters.spec import DeploySpec
-from control_plane.analysis import Policy, PolicyError
-from control_plane.cli import client
-from control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
-from control_plane.demo.profiles import PROFILES
-from control_plane.demo.runner import DemoConfig, run_demo
-from control_plane.redact import redact
-from control_plane.service import format as fmt
-from control_plane.service import rollouts as service
-from control_plane.small_files import FileTooLargeError, read_small_file
-from control_plane.store.codec import rollout_to_dict
-from control_plane.store.db import Store
-from control_plane.web import present
-from control_plane.web.serve import ServeError, serve
-from control_plane.worker.lifecycle import shutdown
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.analysis import Policy, PolicyError
+from sits.control_plane.cli import client
+from sits.control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
+from sits.control_plane.demo.profiles import PROFILES
+from sits.control_plane.demo.runner import DemoConfig, run_demo
+from sits.control_plane.redact import redact
+from sits.control_plane.service import format as fmt
+from sits.control_plane.service import rollouts as service
+from sits.control_plane.small_files import FileTooLargeError, read_small_file
+from sits.control_plane.store.codec import rollout_to_dict
+from sits.control_plane.store.db import Store
+from sits.control_plane.web import present
+from sits.control_plane.web.serve import ServeError, serve
+from sits.control_plane.worker.lifecycle import shutdown
+from sits.control_plane.worker.loop import Worker
 
 
 MAX_POLICY_BYTES = 1 << 20   # a policy is a few hundred bytes; a 35 MB one is a mistake or an attack

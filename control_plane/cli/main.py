@@ -17,17 +17,17 @@ import sqlite3
 import sys
 from typing import Sequence
 
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.kernel_catalog import CatalogError
-from control_plane.cli.build import CLIError
-from control_plane.cli.commands import (cmd_demo, cmd_rollout_command, cmd_rollout_list, cmd_rollout_show,
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.kernel_catalog import CatalogError
+from sits.control_plane.cli.build import CLIError
+from sits.control_plane.cli.commands import (cmd_demo, cmd_rollout_command, cmd_rollout_list, cmd_rollout_show,
                                         cmd_rollout_start, cmd_serve, cmd_worker)
-from control_plane.errors import SitsError
-from control_plane.redact import redact
-from control_plane.rollout import Command
-from control_plane.store.schema import StoreError
-from control_plane.tracing import EXPORTERS
-from control_plane.validation import DEVICES
+from sits.control_plane.errors import SitsError
+from sits.control_plane.redact import redact
+from sits.control_plane.rollout import Command
+from sits.control_plane.store.schema import StoreError
+from sits.control_plane.tracing import EXPORTERS
+from sits.control_plane.validation import DEVICES
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import threading
 
 import httpx
 
-from control_plane.adapters.deploy import Deployer
+from sits.control_plane.adapters.deploy import Deployer
 
 log = logging.getLogger(__name__)
 GAUGE = "sits_device_memory_reserved_bytes"

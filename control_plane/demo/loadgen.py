@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from control_plane.demo.traffic import Planned, TrafficMix, plan
-from control_plane.rollout import ROLES
-from control_plane.tracing import SpanKind, Tracing, inject, set_attributes
+from sits.control_plane.demo.traffic import Planned, TrafficMix, plan
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.tracing import SpanKind, Tracing, inject, set_attributes
 
 OK = "ok"
 # outcomes other than OK: "http_<status>", "short" (a 200 with fewer/more tokens than asked), "stream_error" (an

@@ -8,14 +8,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.rollout import Command, Decision, EventKind, Phase
-from control_plane.service.format import format_check
-from control_plane.store.db import Store
+from sits.control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.rollout import Command, Decision, EventKind, Phase
+from sits.control_plane.service.format import format_check
+from sits.control_plane.store.db import Store
 
 if TYPE_CHECKING:
-    from control_plane.demo.runner import DemoResult
+    from sits.control_plane.demo.runner import DemoResult
 
 
 def printer(t0: float) -> Callable[[str], None]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, LowTrafficPolicy, MetricCheck, Policy
-from control_plane.demo.traffic import LengthDist, TrafficMix
-from control_plane.rollout import Phase
+from sits.control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, LowTrafficPolicy, MetricCheck, Policy
+from sits.control_plane.demo.traffic import LengthDist, TrafficMix
+from sits.control_plane.rollout import Phase
 
 
 @dataclass(slots=True, frozen=True)

@@ -10,8 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from control_plane.adapters import process
-from control_plane.adapters.deploy import Deployer
+from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy import Deployer
 
 
 class LocalPrometheus:

@@ -33,27 +33,27 @@ from pathlib import Path
 import httpx
 import waitress
 
-from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane.adapters.spec import DeploySpec
-from control_plane.analysis import Policy
-from control_plane.demo import narrate
-from control_plane.demo.gpu_memory import GpuMemorySampler
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.demo.model import resolve_model
-from control_plane.demo.profiles import PROFILES, Scenario, mps_running
-from control_plane.demo.prometheus import LocalPrometheus
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.tracing import Tracing
-from control_plane.web import create_app
-from control_plane.web.users import Users, token_sha256
-from control_plane.worker.config import WorkerConfig
-from control_plane.worker.lifecycle import shutdown
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.analysis import Policy
+from sits.control_plane.demo import narrate
+from sits.control_plane.demo.gpu_memory import GpuMemorySampler
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.demo.model import resolve_model
+from sits.control_plane.demo.profiles import PROFILES, Scenario, mps_running
+from sits.control_plane.demo.prometheus import LocalPrometheus
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.tracing import Tracing
+from sits.control_plane.web import create_app
+from sits.control_plane.web.users import Users, token_sha256
+from sits.control_plane.worker.config import WorkerConfig
+from sits.control_plane.worker.lifecycle import shutdown
+from sits.control_plane.worker.loop import Worker
 
 
 @dataclass(slots=True)

@@ -6,8 +6,8 @@ from dataclasses import fields
 from types import SimpleNamespace
 from typing import Mapping
 
-from control_plane.analysis import VariantData
-from control_plane.rollout.state import (Action, Check, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
+from sits.control_plane.analysis import VariantData
+from sits.control_plane.rollout.state import (Action, Check, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                          SetWeights, weights_for)
 
 

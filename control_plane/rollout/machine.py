@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from control_plane.analysis import CorrectnessVerdict, Guard, Outcome, VariantData, Verdict, assess
-from control_plane.rollout.state import (ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify,
+from sits.control_plane.analysis import CorrectnessVerdict, Guard, Outcome, VariantData, Verdict, assess
+from sits.control_plane.rollout.state import (ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify,
                                          Observation, Phase, Promote, Rollback, Rollout, SetWeights, weights_for)
-from control_plane.rollout.builder import Builder as _Builder, accumulate as _accumulate
+from sits.control_plane.rollout.builder import Builder as _Builder, accumulate as _accumulate
 
 __all__ = ["ROLES", "Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify", "Observation",
            "Phase", "Promote", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due", "reconcile",

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar, Mapping
 
-from control_plane.analysis import CorrectnessVerdict, Policy, VariantData, Verdict
+from sits.control_plane.analysis import CorrectnessVerdict, Policy, VariantData, Verdict
 
 ROLES = ("production", "baseline", "canary")
 

@@ -8,9 +8,9 @@ import math
 from datetime import datetime, timezone
 from typing import Mapping, Sequence
 
-from control_plane.analysis import E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT
-from control_plane.rollout import EventKind, Rollout
-from control_plane.store.db import Store
+from sits.control_plane.analysis import E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT
+from sits.control_plane.rollout import EventKind, Rollout
+from sits.control_plane.store.db import Store
 
 SHORT_NAMES = {REQUEST_LATENCY: "request latency", TTFT: "TTFT", ITL: "inter-token", E2E: "e2e"}
 

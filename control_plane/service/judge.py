@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from control_plane.adapters.metrics import MetricsQueryError, MetricsWindow, NoDataError, Target
-from control_plane.adapters.prometheus import PrometheusSource
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane import validation
-from control_plane.analysis import Outcome, Policy, Verdict, assess, promql
-from control_plane.errors import ValidationError
+from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsWindow, NoDataError, Target
+from sits.control_plane.adapters.prometheus import PrometheusSource
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane import validation
+from sits.control_plane.analysis import Outcome, Policy, Verdict, assess, promql
+from sits.control_plane.errors import ValidationError
 
 ROLES = ("canary", "baseline")
 MIN_WINDOW_S, MAX_WINDOW_S = 10.0, 86400.0

@@ -7,13 +7,13 @@ import time
 import uuid
 from typing import Any, Collection, Mapping
 
-from control_plane import validation
-from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.analysis import Policy
-from control_plane.errors import ConflictError, ValidationError
-from control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.db import Store
+from sits.control_plane import validation
+from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+from sits.control_plane.analysis import Policy
+from sits.control_plane.errors import ConflictError, ValidationError
+from sits.control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.db import Store
 
 __all__ = ["allowed_commands", "send_command", "start_rollout"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from control_plane.analysis import HistogramSnapshot, Policy, VariantData
-from control_plane.analysis.prompts import stored_prompt_set
-from control_plane.rollout import Check, Phase, Rollout
+from sits.control_plane.analysis import HistogramSnapshot, Policy, VariantData
+from sits.control_plane.analysis.prompts import stored_prompt_set
+from sits.control_plane.rollout import Check, Phase, Rollout
 
 
 def clean(x: Any) -> Any:

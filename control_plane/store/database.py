@@ -7,7 +7,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from control_plane.store.schema import StoreWriteError, connect, migrate, write_problem
+from sits.control_plane.store.schema import StoreWriteError, connect, migrate, write_problem
 
 
 class Database:

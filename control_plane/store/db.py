@@ -24,16 +24,16 @@ import time
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from control_plane.analysis import VariantData
-from control_plane.redact import redact
-from control_plane.rollout import ROLES, Action, Rollout
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
+from sits.control_plane.analysis import VariantData
+from sits.control_plane.redact import redact
+from sits.control_plane.rollout import ROLES, Action, Rollout
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
                                        state_to_dict)
-from control_plane.store.database import Database
-from control_plane.store.queues import (Commands, Deliveries, Leases, RolloutNotFoundError, Services,
+from sits.control_plane.store.database import Database
+from sits.control_plane.store.queues import (Commands, Deliveries, Leases, RolloutNotFoundError, Services,
                                         StoreConflictError)
-from control_plane.store.schema import StoreError
+from sits.control_plane.store.schema import StoreError
 
 
 class Store:

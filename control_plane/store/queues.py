@@ -8,10 +8,10 @@ import sqlite3
 import time
 from typing import Any, Mapping, Sequence
 
-from control_plane.errors import ConflictError, NotFoundError
-from control_plane.rollout import Command
-from control_plane.store.database import Database
-from control_plane.store.schema import StoreError
+from sits.control_plane.errors import ConflictError, NotFoundError
+from sits.control_plane.rollout import Command
+from sits.control_plane.store.database import Database
+from sits.control_plane.store.schema import StoreError
 
 
 class RolloutNotFoundError(StoreError, NotFoundError):

@@ -26,17 +26,17 @@ from flask import Flask, render_template, request
 from markupsafe import Markup
 from werkzeug.exceptions import HTTPException
 
-from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.errors import ConflictError, NotFoundError, ValidationError
-from control_plane.rollout import ROLES, Phase
-from control_plane.store.db import Store
-from control_plane.store.schema import StoreWriteError
-from control_plane.web import api, auth, judge, ops, ui
-from control_plane.web.common import error_response, wants_json
-from control_plane.web.present import HeadlineCache
-from control_plane.web.series import PointCache
-from control_plane.web.trace import instrument_flask
-from control_plane.web.users import LoginLimiter, SessionRevocations, Users
+from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+from sits.control_plane.errors import ConflictError, NotFoundError, ValidationError
+from sits.control_plane.rollout import ROLES, Phase
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.web import api, auth, judge, ops, ui
+from sits.control_plane.web.common import error_response, wants_json
+from sits.control_plane.web.present import HeadlineCache
+from sits.control_plane.web.series import PointCache
+from sits.control_plane.web.trace import instrument_flask
+from sits.control_plane.web.users import LoginLimiter, SessionRevocations, Users
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024

@@ -7,15 +7,15 @@ import time
 
 from flask import Blueprint, current_app, jsonify, request, url_for
 
-from control_plane.service import rollouts as service
-from control_plane.analysis import Policy
-from control_plane.errors import ValidationError
-from control_plane.rollout import Command, Phase
-from control_plane.web import catalog, present, validate
-from control_plane.web.auth import current_user, require
-from control_plane.web.common import API_PREFIX, clean, error_response, int_arg, json_body
-from control_plane.web.openapi import openapi_spec
-from control_plane.web.series import series_of
+from sits.control_plane.service import rollouts as service
+from sits.control_plane.analysis import Policy
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.rollout import Command, Phase
+from sits.control_plane.web import catalog, present, validate
+from sits.control_plane.web.auth import current_user, require
+from sits.control_plane.web.common import API_PREFIX, clean, error_response, int_arg, json_body
+from sits.control_plane.web.openapi import openapi_spec
+from sits.control_plane.web.series import series_of
 
 bp = Blueprint("api", __name__, url_prefix=API_PREFIX)
 

@@ -17,8 +17,8 @@ from flask import (Blueprint, abort, current_app, flash, g, redirect, render_tem
                    url_for)
 from flask.sessions import SecureCookieSessionInterface
 
-from control_plane.web.common import error_response, host_of, is_loopback, wants_json
-from control_plane.web.users import LOCAL_USER, LoginLimiter, SessionRevocations, User, Users
+from sits.control_plane.web.common import error_response, host_of, is_loopback, wants_json
+from sits.control_plane.web.users import LOCAL_USER, LoginLimiter, SessionRevocations, User, Users
 
 bp = Blueprint("auth", __name__)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")

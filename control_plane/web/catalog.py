@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from flask import current_app
 
-from control_plane.rollout import Phase
-from control_plane.validation import MAX_REPLICAS
-from control_plane.web.present import weights_of
+from sits.control_plane.rollout import Phase
+from sits.control_plane.validation import MAX_REPLICAS
+from sits.control_plane.web.present import weights_of
 
 
 def kernel_catalog() -> list[dict]:

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from flask import jsonify, request
 
-from control_plane.errors import ValidationError
+from sits.control_plane.errors import ValidationError
 
 API_PREFIX = "/api/v1"
 MAX_JSON_DEPTH = 32

@@ -14,15 +14,15 @@ import time
 
 from flask import Blueprint, current_app, jsonify, request
 
-from control_plane.adapters.metrics import MetricsError
-from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from control_plane.analysis import Outcome
-from control_plane.errors import ValidationError
-from control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
-from control_plane.redact import redact
-from control_plane.tracing import Tracing, set_attributes
-from control_plane.web.auth import require, use_token, users
-from control_plane.web.common import API_PREFIX, clean, error_response, json_body
+from sits.control_plane.adapters.metrics import MetricsError
+from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.analysis import Outcome
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
+from sits.control_plane.redact import redact
+from sits.control_plane.tracing import Tracing, set_attributes
+from sits.control_plane.web.auth import require, use_token, users
+from sits.control_plane.web.common import API_PREFIX, clean, error_response, json_body
 
 bp = Blueprint("judge", __name__, url_prefix=API_PREFIX)
 _LOCK = threading.Lock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from control_plane.rollout import Phase
+from sits.control_plane.rollout import Phase
 
 DURATION_BUCKETS = (60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400)
 

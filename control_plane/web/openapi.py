@@ -1,7 +1,7 @@
 """`GET /api/v1/openapi.json`: OpenAPI 3.1 description of every API route (a test keeps it in step with the URL map)."""
 from __future__ import annotations
 
-from control_plane.rollout import Command, Phase
+from sits.control_plane.rollout import Command, Phase
 
 _ERR = {"$ref": "#/components/schemas/Error"}
 

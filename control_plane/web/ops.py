@@ -8,7 +8,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from control_plane.web.metrics import StoreCollector
+from sits.control_plane.web.metrics import StoreCollector
 
 bp = Blueprint("ops", __name__)
 

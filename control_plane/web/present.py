@@ -5,9 +5,9 @@ import threading
 from collections import OrderedDict
 from typing import Mapping
 
-from control_plane.analysis import ERROR_RATE
-from control_plane.rollout import CORRECTNESS_PREFIX, ROLES, Phase, Rollout, weights_for
-from control_plane.web.common import clean
+from sits.control_plane.analysis import ERROR_RATE
+from sits.control_plane.rollout import CORRECTNESS_PREFIX, ROLES, Phase, Rollout, weights_for
+from sits.control_plane.web.common import clean
 
 SHORT = {"http_request_duration_seconds": "request latency", "sits_time_to_first_token_seconds": "TTFT",
          "sits_inter_token_latency_seconds": "inter-token latency", "sits_e2e_request_latency_seconds": "e2e latency",

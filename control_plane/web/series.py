@@ -13,10 +13,10 @@ import threading
 from collections import OrderedDict
 from typing import Iterable, Mapping, Sequence
 
-from control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, histogram_quantile
-from control_plane.rollout import ROLES
-from control_plane.web.common import num
-from control_plane.web.present import SHORT, check_label
+from sits.control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, histogram_quantile
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.web.common import num
+from sits.control_plane.web.present import SHORT, check_label
 
 CHART_METRICS = (REQUEST_LATENCY, TTFT, ITL)
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))

@@ -10,11 +10,11 @@ import threading
 
 import waitress
 
-from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
-from control_plane.web import create_app
-from control_plane.tracing import Tracing
-from control_plane.web.common import is_loopback
-from control_plane.web.users import AuthFileError, Users
+from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
+from sits.control_plane.web import create_app
+from sits.control_plane.tracing import Tracing
+from sits.control_plane.web.common import is_loopback
+from sits.control_plane.web.users import AuthFileError, Users
 
 log = logging.getLogger(__name__)
 

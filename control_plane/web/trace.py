@@ -6,7 +6,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from control_plane.tracing import PROPAGATOR, Tracing
+from sits.control_plane.tracing import PROPAGATOR, Tracing
 
 
 def instrument_flask(app: Flask, tracing: Tracing) -> None:

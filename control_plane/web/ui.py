@@ -6,10 +6,10 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, current_app, render_template
 
-from control_plane.errors import NotFoundError
-from control_plane.web import catalog
-from control_plane.web.api import detail, policy_defaults, spec_or_none, store
-from control_plane.web.auth import current_user, require
+from sits.control_plane.errors import NotFoundError
+from sits.control_plane.web import catalog
+from sits.control_plane.web.api import detail, policy_defaults, spec_or_none, store
+from sits.control_plane.web.auth import current_user, require
 
 bp = Blueprint("ui", __name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from control_plane import validation
-from control_plane.analysis import Policy
-from control_plane.errors import ValidationError
+from sits.control_plane import validation
+from sits.control_plane.analysis import Policy
+from sits.control_plane.errors import ValidationError
 
 FIELDS = {"service": str, "kernels": str, "production_kernels": str, "model": str, "replicas": int,
           "policy": dict, "args": list, "production_args": list, "gpus": int, "device": str,

@@ -12,18 +12,18 @@ import logging
 import threading
 from typing import Callable
 
-from control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError, NotReadyError
-from control_plane.adapters.notify import Notification, Notifier
-from control_plane.redact import redact
-from control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
+from sits.control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError, NotReadyError
+from sits.control_plane.adapters.notify import Notification, Notifier
+from sits.control_plane.redact import redact
+from sits.control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                    SetWeights, weights_for)
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.db import Store
-from control_plane.store.schema import StoreWriteError
-from control_plane.tracing import Tracing, set_attributes
-from control_plane.worker.config import WorkerConfig, WorkerMetrics
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.tracing import Tracing, set_attributes
+from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics
 
-log = logging.getLogger("control_plane.worker")
+log = logging.getLogger("sits.control_plane.worker")
 # the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone
 _EXPECTED = {Phase.INITIALIZING: ROLES, Phase.PROGRESSING: ROLES, Phase.PAUSED: ROLES,
              Phase.PROMOTING: ("production", "canary"), Phase.ROLLING_BACK: ("production",)}

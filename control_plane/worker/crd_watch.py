@@ -20,15 +20,15 @@ import threading
 import time
 from typing import Callable, Collection, Mapping
 
-from control_plane.adapters.crd import CrdApiError, KernelRolloutApi, WatchExpired
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.k8s_api import load_client
-from control_plane.adapters.crd_status import RolloutRequest, refused_status, rollout_status
-from control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
-from control_plane.rollout import Command, Phase, Rollout, allowed_commands
-from control_plane.service.rollouts import send_command, start_rollout
-from control_plane.store.db import Store
-from control_plane.store.schema import StoreError
+from sits.control_plane.adapters.crd import CrdApiError, KernelRolloutApi, WatchExpired
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.k8s_api import load_client
+from sits.control_plane.adapters.crd_status import RolloutRequest, refused_status, rollout_status
+from sits.control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
+from sits.control_plane.rollout import Command, Phase, Rollout, allowed_commands
+from sits.control_plane.service.rollouts import send_command, start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.schema import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 
-from control_plane.adapters.deploy import Deployer
-from control_plane.adapters.metrics import MetricsSource
-from control_plane.adapters.notify import Notifier
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.deploy import Deployer
+from sits.control_plane.adapters.metrics import MetricsSource
+from sits.control_plane.adapters.notify import Notifier
+from sits.control_plane.worker.loop import Worker
 
 log = logging.getLogger(__name__)
 

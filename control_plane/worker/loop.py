@@ -26,20 +26,20 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.adapters.correctness import CorrectnessProbe, load_prompt_set
-from control_plane.adapters.deploy import Deployer, DeployCancelled
-from control_plane.adapters.metrics import MetricsSource
-from control_plane.adapters.notify import MultiNotifier, Notifier
-from control_plane.adapters.replay_client import HTTPReplaySender, ReplaySender
-from control_plane.rollout import Command, Rollout, reconcile
-from control_plane.redact import redact
-from control_plane.store.db import Store
-from control_plane.store.schema import StoreWriteError
-from control_plane.tracing import Tracing, check_attributes, set_attributes
-from control_plane.worker.actions import ActionRunner, LeaseLostError
-from control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
-from control_plane.worker.observe import Observer
-from control_plane.worker.replay import Replayer
+from sits.control_plane.adapters.correctness import CorrectnessProbe, load_prompt_set
+from sits.control_plane.adapters.deploy import Deployer, DeployCancelled
+from sits.control_plane.adapters.metrics import MetricsSource
+from sits.control_plane.adapters.notify import MultiNotifier, Notifier
+from sits.control_plane.adapters.replay_client import HTTPReplaySender, ReplaySender
+from sits.control_plane.rollout import Command, Rollout, reconcile
+from sits.control_plane.redact import redact
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.tracing import Tracing, check_attributes, set_attributes
+from sits.control_plane.worker.actions import ActionRunner, LeaseLostError
+from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
+from sits.control_plane.worker.observe import Observer
+from sits.control_plane.worker.replay import Replayer
 
 log = logging.getLogger(__name__)
 

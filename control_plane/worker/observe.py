@@ -8,15 +8,15 @@ import dataclasses
 import logging
 from typing import Callable
 
-from control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError, ReplayInterrupted
-from control_plane.adapters.deploy import Deployer
-from control_plane.adapters.metrics import MetricsError, MetricsSource, Target
-from control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
-from control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due
-from control_plane.store.db import Store
-from control_plane.tracing import Tracing, set_attributes
+from sits.control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError, ReplayInterrupted
+from sits.control_plane.adapters.deploy import Deployer
+from sits.control_plane.adapters.metrics import MetricsError, MetricsSource, Target
+from sits.control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
+from sits.control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due
+from sits.control_plane.store.db import Store
+from sits.control_plane.tracing import Tracing, set_attributes
 
-log = logging.getLogger("control_plane.worker.loop")
+log = logging.getLogger("sits.control_plane.worker.loop")
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
 
 

@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from control_plane.adapters.replay_client import ReplaySender
-from control_plane.analysis import LowTrafficPolicy, Outcome, Verdict
-from control_plane.rollout import Phase, Rollout
-from control_plane.worker.workload import Workload, prompt
+from sits.control_plane.adapters.replay_client import ReplaySender
+from sits.control_plane.analysis import LowTrafficPolicy, Outcome, Verdict
+from sits.control_plane.rollout import Phase, Rollout
+from sits.control_plane.worker.workload import Workload, prompt
 
 log = logging.getLogger(__name__)
 VARIANTS = ("canary", "baseline")

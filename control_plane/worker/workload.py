@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from control_plane.analysis import GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot, VariantData
-from control_plane.analysis.histogram import merge_all
+from sits.control_plane.analysis import GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot, VariantData
+from sits.control_plane.analysis.histogram import merge_all
 
 DEFAULT_ROUTE = "/v1/completions"
 

@@ -29,12 +29,12 @@ from typing import Any, Callable
 import zmq
 import zmq.asyncio
 
-from engine.core import messages as m
-from engine.core.process import CoreOptions, run_engine_core
-from engine.errors import EngineError
-from engine.heap import freeze_startup_heap
-from engine.tokenizer import IncrementalDetokenizer
-from engine.server.runner import Output, Rejected
+from sits.engine.core import messages as m
+from sits.engine.core.process import CoreOptions, run_engine_core
+from sits.engine.errors import EngineError
+from sits.engine.heap import freeze_startup_heap
+from sits.engine.tokenizer import IncrementalDetokenizer
+from sits.engine.server.runner import Output, Rejected
 
 log = logging.getLogger("sits.engine.server")
 
@@ -66,8 +66,8 @@ def _ended(proc: multiprocessing.Process, timeout: float) -> bool:
 
 def load_front_tokenizer(model: str, seed: int) -> Any:
     """The tokenizer the core uses, loaded here too (tokenizing and detokenizing logprobs happen on the front)."""
-    from engine.loader import resolve_model
-    from engine.tokenizer import load_tokenizer
+    from sits.engine.loader import resolve_model
+    from sits.engine.tokenizer import load_tokenizer
 
     source = resolve_model(model, seed)
     mc = source.config

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError
-from engine.outputs import EngineStats, RequestOutput
-from engine.sampling_params import SamplingParams
+from sits.engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError
+from sits.engine.outputs import EngineStats, RequestOutput
+from sits.engine.sampling_params import SamplingParams
 
 
 class _Msg(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

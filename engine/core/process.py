@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import zmq
 
-from engine.core import messages as m
-from engine.heap import freeze_startup_heap
-from engine.errors import EngineError
+from sits.engine.core import messages as m
+from sits.engine.heap import freeze_startup_heap
+from sits.engine.errors import EngineError
 
 log = logging.getLogger("sits.engine.core")
 
@@ -98,7 +98,7 @@ class EngineCore:
 
     def load(self) -> bool:
         try:
-            from engine import LLMEngine
+            from sits.engine import LLMEngine
 
             self.engine = (self.opts.engine_factory or LLMEngine)(self.opts.engine_config)
             if self.opts.warmup:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import QuantizedWeight, quantize_weight
+from sits.kernels import QuantizedWeight, quantize_weight
 
 
 class Linear:

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from sits.engine.sampling_params import SamplingParams
 
 
 class Sampler:

@@ -12,13 +12,13 @@ import re
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
-from engine.errors import UnknownModelError
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import Linear
-from engine.layers.rotary_embedding import rope_cos_sin
-from kernels import QuantizedWeight
+from sits.engine.config import ModelConfig
+from sits.engine.errors import UnknownModelError
+from sits.engine.layers.attention import Attention, AttentionMetadata
+from sits.engine.layers.layernorm import RMSNorm
+from sits.engine.layers.linear import Linear
+from sits.engine.layers.rotary_embedding import rope_cos_sin
+from sits.kernels import QuantizedWeight
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
 _SHARDS = {  # HF sub-module -> (attribute of LlamaDecoderLayer, shard index)

@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.metrics import CONTENT_TYPE, EngineMetrics
-from engine.server import handlers
-from engine.server.errors import APIError, api_error_response, error_response
-from engine.server.runner import Runner
-from engine.server.state import ServerState
+from sits.engine.metrics import CONTENT_TYPE, EngineMetrics
+from sits.engine.server import handlers
+from sits.engine.server.errors import APIError, api_error_response, error_response
+from sits.engine.server.runner import Runner
+from sits.engine.server.state import ServerState
 
 log = logging.getLogger("sits.engine.server")
 INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")

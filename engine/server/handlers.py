@@ -12,16 +12,16 @@ from typing import Any, AsyncIterator
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError, check_context_length
-from engine.sampling_params import SamplingParams
-from engine.server.errors import APIError, error_body
-from control_plane.http_limits import MAX_BODY_BYTES
-from engine.server.logprobs import chat_logprobs, completion_logprobs
-from engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
-from engine.server.runner import Rejected, Runner
-from engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
-from engine.server.state import ServerState, server_state
-from engine.server.tracker import Tracker
+from sits.engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError, check_context_length
+from sits.engine.sampling_params import SamplingParams
+from sits.engine.server.errors import APIError, error_body
+from sits.control_plane.http_limits import MAX_BODY_BYTES
+from sits.engine.server.logprobs import chat_logprobs, completion_logprobs
+from sits.engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
+from sits.engine.server.runner import Rejected, Runner
+from sits.engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
+from sits.engine.server.state import ServerState, server_state
+from sits.engine.server.tracker import Tracker
 
 _LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop
 RETRY_AFTER_S = "1"

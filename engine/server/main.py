@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from sits.control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 log = logging.getLogger("sits.engine.server")
 
@@ -86,7 +86,7 @@ class ServerConfig:
         return self.model if self.model in PRESET_NAMES else Path(self.model).name
 
     def engine_config(self) -> Any:
-        from engine.config import EngineConfig
+        from sits.engine.config import EngineConfig
 
         return EngineConfig(model=self.model, kernels=self.kernels, device=self.device, dtype=self.dtype,
                             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
@@ -172,13 +172,13 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     """The ASGI app for `config` (the engine loads in the background when the app starts).
 
     span_exporter: send spans there instead of the configured exporter; engine_factory(EngineConfig) -> LLMEngine."""
-    from kernels.catalog import identity
-    from engine.metrics import EngineMetrics, MetricLabels
-    from engine.server.app import create_app
-    from engine.server.state import Faults, ServerState
-    from engine.server.runner import EngineRunner
-    from control_plane.tracing import TracingConfig, build_tracer_provider
-    from engine.tracing import RequestTracer
+    from sits.kernels.catalog import identity
+    from sits.engine.metrics import EngineMetrics, MetricLabels
+    from sits.engine.server.app import create_app
+    from sits.engine.server.state import Faults, ServerState
+    from sits.engine.server.runner import EngineRunner
+    from sits.control_plane.tracing import TracingConfig, build_tracer_provider
+    from sits.engine.tracing import RequestTracer
 
     engine_config = config.engine_config()   # validated now: bad flags fail before the port opens
     # the name and version label every metric and span; with the engine in its own process, this process never needs
@@ -196,7 +196,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
                     error_rate=config.fault_error_rate, seed=config.seed)
 
     if config.engine_process == "on":
-        from engine.core.client import EngineCoreClient
+        from sits.engine.core.client import EngineCoreClient
 
         if engine_factory is not None:
             try:
@@ -210,7 +210,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
                                        log_level=config.log_level)
     else:
         def make_engine() -> Any:
-            from engine import LLMEngine
+            from sits.engine import LLMEngine
 
             return (engine_factory or LLMEngine)(engine_config)
 
@@ -227,7 +227,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
 def uvicorn_config(app: Any, config: ServerConfig) -> Any:
     import uvicorn
 
-    from control_plane.http_limits import timeout_protocol
+    from sits.control_plane.http_limits import timeout_protocol
 
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           access_log=config.access_log, backlog=4096, timeout_keep_alive=30,

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.server.errors import APIError
+from sits.engine.server.errors import APIError
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from engine.heap import freeze_startup_heap
+from sits.engine.heap import freeze_startup_heap
 
 log = logging.getLogger("sits.engine.server")
 

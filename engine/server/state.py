@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from engine.metrics import EngineMetrics
-from engine.server.runner import Runner
-from engine.tracing import RequestTracer
+from sits.engine.metrics import EngineMetrics
+from sits.engine.server.runner import Runner
+from sits.engine.tracing import RequestTracer
 
 
 @dataclass(slots=True)

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.server.runner import Output
-from engine.server.state import ServerState
+from sits.engine.server.runner import Output
+from sits.engine.server.state import ServerState
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ import math
 from statistics import NormalDist
 from typing import Sequence
 
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
+from sits.control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
 
 BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))   # 5 % buckets, 1 ms .. 17 s
 _Z = NormalDist()

@@ -29,7 +29,7 @@ def get(url, token):
 @pytest.mark.solo   # its slow canary must fail on P99 too: a test beside it on the 2 cores would blur that
 def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
     log = tmp_path / "demo.log"
-    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "demo", "--scenario", "all",
+    proc = subprocess.Popen([sys.executable, "-m", "sits.control_plane.cli", "demo", "--scenario", "all",
                              "--keep-running", "--workdir", str(tmp_path / "w")], cwd=REPO,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             # a suite run as a background job starts with SIGINT ignored, and the demo (like any

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.adapters.kernel_catalog import KernelCatalog
-from control_plane.analysis import Outcome, assess
-from control_plane.cli.main import main
-from control_plane.demo.profiles import GPU, GPU_MEMORY_SHARE, gpu_policy
-from control_plane.demo.runner import DemoConfig
-from control_plane.rollout import Phase
-from control_plane.store.codec import variant_from_dict
+from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+from sits.control_plane.analysis import Outcome, assess
+from sits.control_plane.cli.main import main
+from sits.control_plane.demo.profiles import GPU, GPU_MEMORY_SHARE, gpu_policy
+from sits.control_plane.demo.runner import DemoConfig
+from sits.control_plane.rollout import Phase
+from sits.control_plane.store.codec import variant_from_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu_demo_h200_checks.json"
 
@@ -87,8 +87,8 @@ def test_gpu_memory_sampler_keeps_each_roles_peak_from_the_engines_metrics(tmp_p
     import http.server
     import threading
 
-    from control_plane.adapters.deploy import VariantStatus
-    from control_plane.demo.gpu_memory import GpuMemorySampler, gauge_value
+    from sits.control_plane.adapters.deploy import VariantStatus
+    from sits.control_plane.demo.gpu_memory import GpuMemorySampler, gauge_value
 
     values = {"/a/metrics": [2e9, 3e9, 2.5e9], "/b/metrics": [1e9]}
 

@@ -1,5 +1,5 @@
 """The demo's one-line check summary names every latency gate of the policy, in the policy's order."""
-from control_plane.demo.narrate import check_line
+from sits.control_plane.demo.narrate import check_line
 
 REQ = 'http_request_duration_seconds{route="/v1/completions"}'
 

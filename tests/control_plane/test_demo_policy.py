@@ -1,8 +1,8 @@
 """The CPU demo's policy follows its live rate: at the default 25 req/s users supply the step's samples and the slow
 set saturates, so 700 requests per variant decide P90 and P99 together; at thin rates (--rate 0.5, replayed load,
 the slow set not saturated) P99 needs 1200 (BENCHMARKS.md "Low-traffic mode")."""
-from control_plane.demo.profiles import BUSY_RATE, demo_policy
-from control_plane.demo.runner import DemoConfig
+from sits.control_plane.demo.profiles import BUSY_RATE, demo_policy
+from sits.control_plane.demo.runner import DemoConfig
 
 
 def test_the_demo_policy_needs_more_requests_per_variant_at_thin_live_rates(tmp_path):

@@ -1,9 +1,9 @@
-"""control_plane.service.format: the text views the CLI, the demo and the UI share, on evidence made by the real analysis."""
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, TTFT, MetricCheck, Policy, VariantData, assess
-from control_plane.service.format import format_check, format_deltas, rollout_report, rollout_table, series_label
-from control_plane.rollout import Check, Decision, Rollout
-from control_plane.store.db import Store
-from control_plane.store.codec import check_to_dict
+"""sits.control_plane.service.format: the text views the CLI, the demo and the UI share, on evidence made by the real analysis."""
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, TTFT, MetricCheck, Policy, VariantData, assess
+from sits.control_plane.service.format import format_check, format_deltas, rollout_report, rollout_table, series_label
+from sits.control_plane.rollout import Check, Decision, Rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.codec import check_to_dict
 from tests.control_plane.helpers import lat
 
 ROUTE = REQUEST_LATENCY + '{route="/v1/completions"}'

@@ -8,11 +8,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
-from control_plane.demo.loadgen import OK, LoadGenerator, Tally, verify_plain, verify_stream
-from control_plane.demo.traffic import LengthDist, Planned, TrafficMix, plan
+from sits.control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.demo.loadgen import OK, LoadGenerator, Tally, verify_plain, verify_stream
+from sits.control_plane.demo.traffic import LengthDist, Planned, TrafficMix, plan
 from tests.waiting import wait_for
 
 
@@ -147,7 +147,7 @@ def test_counts_come_in_role_order_whoever_answered_first():
 
 
 def test_token_latency_counts_token_events_only_per_variant_and_resets():
-    from control_plane.demo.loadgen import _timed
+    from sits.control_plane.demo.loadgen import _timed
     lines = ['data: {"choices": [{"text": "a"}]}', "", 'data: {"choices":[{"text": "b"}]}',
              'data: {"choices": [], "usage": {"completion_tokens": 2}}', "data: [DONE]"]
     arrivals: list[float] = []

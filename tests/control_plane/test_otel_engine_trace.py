@@ -5,13 +5,13 @@ import threading
 
 import pytest
 
-from control_plane.adapters.router_config import RouterConfig
-from control_plane.adapters.router import WeightedRouter
-from control_plane.analysis import Policy
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.router_config import RouterConfig
+from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.analysis import Policy
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
 from tests.control_plane.test_otel_spans import memory_tracing, named
 from tests.control_plane.worker.support import CannedSource, FixedEndpointDeployer
 from tests.engine.server.harness import BASE, RunningServer

@@ -5,12 +5,12 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from control_plane.web import create_app
-from control_plane.rollout import Phase
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.tracing import Tracing, TracingConfig
-from control_plane.worker.loop import Worker
+from sits.control_plane.web import create_app
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.tracing import Tracing, TracingConfig
+from sits.control_plane.worker.loop import Worker
 from tests.control_plane.helpers import latency_policy
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from tests.fixtures.otlp import OTLPReceiver
@@ -170,7 +170,7 @@ def test_bad_exporter_flags_are_refused(kwargs, monkeypatch):
 
 @pytest.mark.parametrize("argv", [["worker"], ["serve", "--no-worker"], ["serve"]])
 def test_cli_refuses_an_otlp_exporter_without_endpoint_in_one_line(tmp_path, capsys, monkeypatch, argv):
-    from control_plane.cli.main import main
+    from sits.control_plane.cli.main import main
 
     for var in ("SITS_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):

@@ -1,7 +1,7 @@
 """Credentials never survive into printed or stored text."""
 import pytest
 
-from control_plane.redact import redact, redact_url, split_credentials
+from sits.control_plane.redact import redact, redact_url, split_credentials
 
 URLS = [
     ("http://user:pass@prom:9090/api", "http://***@prom:9090/api"),

@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY, VariantData
-from control_plane.rollout import (Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
+from sits.control_plane.analysis import REQUEST_LATENCY, VariantData
+from sits.control_plane.rollout import (Command, Deploy, Notify, Observation, Phase, Promote, Rollback, Rollout,
                                    SetWeights, reconcile, weights_for)
 from tests.control_plane.helpers import latency_policy as Policy, lat
 

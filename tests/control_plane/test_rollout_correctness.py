@@ -2,8 +2,8 @@
 Traffic starts only after a PASS; a FAIL rolls back at once with its evidence; each step needs a PASS to advance."""
 import pytest
 
-from control_plane.analysis import CorrectnessVerdict, Outcome, Policy, PromptComparison
-from control_plane.rollout import (Observation, Phase, Rollback, Rollout, SetWeights, correctness_due, reconcile,
+from sits.control_plane.analysis import CorrectnessVerdict, Outcome, Policy, PromptComparison
+from sits.control_plane.rollout import (Observation, Phase, Rollback, Rollout, SetWeights, correctness_due, reconcile,
                                    weights_for)
 from tests.control_plane.test_rollout import window
 

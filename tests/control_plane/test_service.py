@@ -1,15 +1,15 @@
-"""control_plane.service: starting a rollout (validation naming the field, one transaction, the creation event) and
+"""sits.control_plane.service: starting a rollout (validation naming the field, one transaction, the creation event) and
 sending commands (phase checks, idempotency), with allowed_commands checked against what reconcile really does."""
 from dataclasses import replace
 
 import pytest
 
-from control_plane.errors import ConflictError, NotFoundError, ValidationError
-from control_plane.rollout import Command, EventKind, Observation, Phase, Rollout, reconcile
-from control_plane.rollout import allowed_commands
-from control_plane.service.rollouts import send_command, start_rollout
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.db import Store
+from sits.control_plane.errors import ConflictError, NotFoundError, ValidationError
+from sits.control_plane.rollout import Command, EventKind, Observation, Phase, Rollout, reconcile
+from sits.control_plane.rollout import allowed_commands
+from sits.control_plane.service.rollouts import send_command, start_rollout
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.db import Store
 
 
 @pytest.fixture

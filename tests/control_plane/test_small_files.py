@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from control_plane.small_files import FileTooLargeError, read_small_file
+from sits.control_plane.small_files import FileTooLargeError, read_small_file
 
 
 def test_reads_a_small_regular_file_and_refuses_a_larger_one(tmp_path):

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY
-from control_plane.rollout import Command, Deploy, Observation, Phase, Rollout, SetWeights, reconcile
-from control_plane.store.queues import RolloutNotFoundError, StoreConflictError
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
+from sits.control_plane.analysis import REQUEST_LATENCY
+from sits.control_plane.rollout import Command, Deploy, Observation, Phase, Rollout, SetWeights, reconcile
+from sits.control_plane.store.queues import RolloutNotFoundError, StoreConflictError
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
 from tests.control_plane.helpers import latency_policy as Policy, windows as source
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
@@ -82,8 +82,8 @@ CRASHER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
     from tests.control_plane.helpers import windows as source
-    from control_plane.rollout import Observation, reconcile
-    from control_plane.store.db import Store
+    from sits.control_plane.rollout import Observation, reconcile
+    from sits.control_plane.store.db import Store
     s = Store({db!r})
     r = s.get("r1")
     now = r.last_check_at + r.policy.check_interval_s

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from control_plane.analysis import VariantData
-from control_plane.rollout import Observation, Phase, Rollout, reconcile
-from control_plane.rollout import Notify, SetWeights
-from control_plane.store.db import Store
-from control_plane.store.queues import StoreConflictError
-from control_plane.store.codec import rollout_to_dict
+from sits.control_plane.analysis import VariantData
+from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile
+from sits.control_plane.rollout import Notify, SetWeights
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.queues import StoreConflictError
+from sits.control_plane.store.codec import rollout_to_dict
 from tests.control_plane.helpers import latency_policy as Policy, windows
 
 POLICY = Policy(steps=(10, 50, 100), check_interval_s=30, warmup_s=0)

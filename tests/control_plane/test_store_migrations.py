@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.rollout import Command, Observation, Phase, reconcile
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.schema import SCHEMA_VERSION, StoreError
-from control_plane.store.db import Store
-from control_plane.store.codec import rollout_from_dict
-from control_plane.store.schema import MIGRATIONS
+from sits.control_plane.rollout import Command, Observation, Phase, reconcile
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.schema import SCHEMA_VERSION, StoreError
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.codec import rollout_from_dict
+from sits.control_plane.store.schema import MIGRATIONS
 
 V1_SQL = (Path(__file__).parent / "fixtures" / "store_v1.sql").read_text()
 

@@ -3,12 +3,12 @@ spec in one transaction, listing with filters and pages, the command queue, work
 webhook delivery journal."""
 import pytest
 
-from control_plane.analysis import Policy
-from control_plane.rollout import Command, Event, EventKind, Phase, Rollout, reconcile
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.queues import RolloutNotFoundError, StoreConflictError
-from control_plane.store.db import Store
-from control_plane.store.schema import StoreError
+from sits.control_plane.analysis import Policy
+from sits.control_plane.rollout import Command, Event, EventKind, Phase, Rollout, reconcile
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.queues import RolloutNotFoundError, StoreConflictError
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.schema import StoreError
 
 
 @pytest.fixture(params=["file", "memory"])

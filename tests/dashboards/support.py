@@ -9,7 +9,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from control_plane.rollout import Phase
+from sits.control_plane.rollout import Phase
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}

@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from control_plane.adapters import process
-from dashboards import generate
+from sits.control_plane.adapters import process
+from sits.dashboards import generate
 from tests.dashboards.support import (CONTROL_METRICS, control_plane_timeline, exprs, finite_points, query_range,
                                       substitute)
 from tests.fixtures.prometheus import PrometheusServer, backfill

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.analysis import promql
-from dashboards import generate, rules
-from dashboards.__main__ import CHART, chart_files
+from sits.control_plane.analysis import promql
+from sits.dashboards import generate, rules
+from sits.dashboards.__main__ import CHART, chart_files
 from tests.dashboards.support import SchemaError, check_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str):
-    return subprocess.run([sys.executable, "-m", "dashboards", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sits.dashboards", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -58,7 +58,7 @@ def test_schema_check_rejects_what_grafana_would(breakage, message):
 
 def test_chart_copies_are_current():
     stale = [str(p) for p, text in chart_files().items() if not p.exists() or p.read_text() != text]
-    assert not stale, f"run `python -m dashboards chart`: stale {stale}"
+    assert not stale, f"run `python -m sits.dashboards chart`: stale {stale}"
     assert sorted(p.name for p in (CHART / "dashboards").glob("*.json")) == sorted(generate.render_all())
 
 

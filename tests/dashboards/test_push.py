@@ -1,4 +1,4 @@
-"""`python -m dashboards push` against a local double of Grafana's `POST /api/dashboards/db` that checks the request
+"""`python -m sits.dashboards push` against a local double of Grafana's `POST /api/dashboards/db` that checks the request
 shape as Grafana's HTTP API documents it (no Grafana server can be obtained here)."""
 import json
 import threading
@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dashboards import generate, push
-from dashboards.__main__ import main
+from sits.dashboards import generate, push
+from sits.dashboards.__main__ import main
 
 TOKEN = "glsa_test_0123456789abcdef"
 

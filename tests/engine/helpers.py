@@ -22,7 +22,7 @@ LOGIT_TOL = 2e-2   # fp32 logits of a correct set stay this close to torch's, st
 
 def greedy_logits(kernels: str, prompts: dict[str, list[int]], device: str, steps: int = 12) -> dict:
     """{rid: ([logits per step], tokens)} for greedy decoding of the tiny model in fp32."""
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from sits.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model="tiny", kernels=kernels, device=device, dtype="float32",
                                     num_kv_blocks=32, max_num_batched_tokens=96))  # 96: chunked prefill too
@@ -43,7 +43,7 @@ def assert_set_is_what_it_claims(name: str, device: str) -> None:
     """Greedy fp32 decoding of the tiny model with set `name` against torch. A release (regression None) and a
     "slow" example must match torch within LOGIT_TOL at every step up to a near-tie flip (at least 4 steps per
     prompt); a "wrong" example must be caught: beyond LOGIT_TOL somewhere, and different greedy tokens."""
-    import kernels
+    from sits import kernels
     import torch
 
     regression = kernels.get_kernel_set(name).regression

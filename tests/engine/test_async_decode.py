@@ -6,8 +6,8 @@ that ended on a stop token dropped after the fact."""
 
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.cuda_graphs import DecodeGraphs
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine.cuda_graphs import DecodeGraphs
 
 
 def engine(pipeline: bool, num_kv_blocks: int = 48) -> LLMEngine:

@@ -3,9 +3,9 @@ tenant limits. Torch-free, with a frozen clock."""
 
 import random
 
-from engine.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from sits.engine.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
+from sits.engine.sampling_params import SamplingParams
+from sits.engine.sequence import Sequence
 
 BS = 4
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from bench.correctness_gate import TRAINED, offline_replay
-from control_plane.analysis import CorrectnessPolicy, Outcome, compare_replays
-from control_plane.analysis.prompts import DEFAULT_PROMPTS
-from engine import LLM
+from sits.control_plane.analysis import CorrectnessPolicy, Outcome, compare_replays
+from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
+from sits.engine import LLM
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

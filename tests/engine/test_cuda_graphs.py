@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import kernels
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, graph_batch_sizes, padded_batch_size
-from engine.errors import InvalidRequestError
+from sits import kernels
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, graph_batch_sizes, padded_batch_size
+from sits.engine.errors import InvalidRequestError
 
 # prompt lengths around the 64-token block edges; each its own number of new tokens, so the batch shrinks
 PROMPTS = {f"p{n}": (n, steps) for n, steps in ((1, 9), (63, 5), (64, 12), (65, 3), (130, 7))}

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine import (EngineConfig, InvalidRequestError, LLMEngine, QueueFullError, SamplingParams,
+from sits.engine import (EngineConfig, InvalidRequestError, LLMEngine, QueueFullError, SamplingParams,
                     UnknownModelError)
-from engine.errors import ContextLengthError
+from sits.engine.errors import ContextLengthError
 from tests.engine.helpers import run_to_completion
 
 

@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-import kernels
-from engine import LLM, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from sits import kernels
+from sits.engine import LLM, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from tests.engine.helpers import assert_set_is_what_it_claims
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -117,7 +117,7 @@ def test_no_compilation_or_autotuning_after_warmup(quantization, piecewise, free
     graphs too: their pieces at the padded sizes, attention between them at the real ones)."""
     import random
 
-    from kernels.jit_watch import JitWatch
+    from sits.kernels.jit_watch import JitWatch
     engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.1", quantization=quantization, max_num_seqs=32,
                                     max_num_batched_tokens=1024, piecewise_graphs=piecewise))
     engine.warmup()
@@ -138,8 +138,8 @@ def test_no_compilation_or_autotuning_after_warmup(quantization, piecewise, free
 
 _RESTART = """
 import json
-from engine import EngineConfig, LLMEngine
-from kernels.jit_watch import JitWatch
+from sits.engine import EngineConfig, LLMEngine
+from sits.kernels.jit_watch import JitWatch
 with JitWatch() as w:
     engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.1", max_num_seqs=8, max_num_batched_tokens=256))
     engine.warmup()
@@ -166,7 +166,7 @@ def test_a_restart_takes_compiled_kernels_and_autotuning_from_disk(tmp_path):
 
 
 def test_jit_watch_sees_a_compilation():
-    from kernels.jit_watch import JitWatch
+    from sits.kernels.jit_watch import JitWatch
     ks = __import__("kernels").get_kernel_set("triton-v1")
     x = torch.randn(3, 40, device="cuda", dtype=torch.float16)  # a hidden size nothing else here uses
     with JitWatch() as watch:

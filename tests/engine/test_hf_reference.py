@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.loader import write_tiny
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine.loader import write_tiny
 from tests.engine.helpers import run_to_completion
 
 transformers = pytest.importorskip("transformers")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine import LLM, InvalidRequestError, SamplingParams
-from engine.cli import main
+from sits.engine import LLM, InvalidRequestError, SamplingParams
+from sits.engine.cli import main
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
@@ -84,7 +84,7 @@ def test_cli_errors_are_one_line(capsys):
 
 
 def test_auto_kv_cache_size_on_cpu():
-    from engine import EngineConfig, LLMEngine
+    from sits.engine import EngineConfig, LLMEngine
 
     small = LLMEngine(EngineConfig(model="tiny", device="cpu", max_num_seqs=2))
     assert small.stats().num_total_blocks == 2 * small.max_model_len // 64  # 2 full-length sequences

@@ -7,10 +7,10 @@ any size. On a GPU the captured pieces must too, and compile nothing after warm-
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.errors import InvalidRequestError
-from engine.piecewise_graphs import SIZES, PiecewiseGraphs, piecewise_sizes
-from engine.server.main import ServerConfig, build_parser
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine.errors import InvalidRequestError
+from sits.engine.piecewise_graphs import SIZES, PiecewiseGraphs, piecewise_sizes
+from sits.engine.server.main import ServerConfig, build_parser
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

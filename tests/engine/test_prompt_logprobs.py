@@ -2,8 +2,8 @@
 prefix cache, with the same numbers the sampler reports when it generates that text."""
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.errors import InvalidRequestError
+from sits.engine import LLM, SamplingParams
+from sits.engine.errors import InvalidRequestError
 
 PROMPT = "Scoring goes past one KV block of sixty-four tokens, so chunked prefill splits it over steps."
 

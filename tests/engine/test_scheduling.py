@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
 from tests.engine.helpers import run_to_completion
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

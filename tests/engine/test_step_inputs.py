@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from engine.step_inputs import build_step_inputs
+from sits.engine.sampling_params import SamplingParams
+from sits.engine.sequence import Sequence
+from sits.engine.step_inputs import build_step_inputs
 
 BS, W = 4, 6   # block size, block-table width
 

@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
 from tests.engine.helpers import run_to_completion
 
 

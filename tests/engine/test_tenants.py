@@ -4,8 +4,8 @@ eviction keeps a high-priority tenant's cached prefix under pressure that evicts
 import pytest
 import torch
 
-from engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
-from engine.sequence import Sequence
+from sits.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from sits.engine.sequence import Sequence
 from tests.engine.helpers import run_to_completion
 
 

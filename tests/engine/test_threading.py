@@ -2,7 +2,7 @@
 
 import threading
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
 
 
 def test_concurrent_submitters_and_one_stepping_thread():
@@ -58,7 +58,7 @@ def test_a_failing_kernel_aborts_only_that_step_and_the_engine_recovers():
 
     import pytest
 
-    from engine import StepError
+    from sits.engine import StepError
 
     engine = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=8))
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

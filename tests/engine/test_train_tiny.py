@@ -4,9 +4,9 @@ same logprobs as the training model (so what is trained is what the gate replays
 import torch
 from safetensors.torch import load_file
 
-from engine import LLM, SamplingParams
-from engine.loader import resolve_model
-from engine.train_tiny import TinyLlama, corpus_files, encode_corpus, train_tiny
+from sits.engine import LLM, SamplingParams
+from sits.engine.loader import resolve_model
+from sits.engine.train_tiny import TinyLlama, corpus_files, encode_corpus, train_tiny
 
 TEXT = ("def add(a, b):\n    return a + b\n\n" * 40).encode()
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-import kernels
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.cuda_graphs import graph_batch_sizes
-from engine.warmup import WarmupStep, prefill_token_counts, split, warmup_plan
+from sits import kernels
+from sits.engine import EngineConfig, LLMEngine, SamplingParams
+from sits.engine.cuda_graphs import graph_batch_sizes
+from sits.engine.warmup import WarmupStep, prefill_token_counts, split, warmup_plan
 
 
 def family(t: int) -> tuple:

@@ -69,7 +69,7 @@ def deployer_permissions() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every Kubernetes API call in control_plane/adapters/k8s_api.py:
     `self.apps.read_namespaced_deployment(...)` -> ("apps", "deployments", "get"), `read_namespaced_pod_log` -> the
     pods/log subresource; custom objects go to HTTPRoutes."""
-    from control_plane.adapters.k8s_manifests import GATEWAY_GROUP
+    from sits.control_plane.adapters.k8s_manifests import GATEWAY_GROUP
     tree = ast.parse((ROOT / "control_plane" / "adapters" / "k8s_api.py").read_text())
     perms = set()
     for node in ast.walk(tree):
@@ -94,7 +94,7 @@ def crd_watch_permissions() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every call in control_plane/adapters/crd.py (the KernelRollout watcher):
     `self.custom.list_namespaced_custom_object` -> list (and watch, when streamed by `watch.Watch`),
     `..._custom_object_status` -> the status subresource, `self.core.create_namespaced_event` -> events."""
-    from control_plane.adapters.crd import GROUP, PLURAL
+    from sits.control_plane.adapters.crd import GROUP, PLURAL
     source = (ROOT / "control_plane" / "adapters" / "crd.py").read_text()
     perms = set()
     for node in ast.walk(ast.parse(source)):

@@ -14,11 +14,11 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
-from control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
-from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from control_plane.store.db import Store
-from control_plane.worker.crd_watch import CrdWatcher
+from sits.control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
+from sits.control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.crd_watch import CrdWatcher
 from tests.helm.support import CHART, MONITORING_KINDS, helm
 from tests.waiting import wait_for
 

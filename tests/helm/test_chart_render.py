@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from control_plane.analysis import Policy
+from sits.control_plane.analysis import Policy
 from tests.fixtures.prometheus import PROMTOOL_BIN
 from tests.helm.support import (CHART, MONITORING_KINDS, ROOT, SCENARIOS, by_kind, crd_watch_permissions,
                                 deployer_permissions, helm, render, role_permissions)
@@ -121,7 +121,7 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
 def test_container_flags_are_the_clis(home, scenario):
     """After the kubelet's $(VAR) expansion from the ConfigMap, every deployer/metrics flag parses with today's
     `sits-control worker` (serve's own --host/--port/--auth-file aside) and no secret value is on the command line."""
-    from control_plane.cli.main import build_parser
+    from sits.control_plane.cli.main import build_parser
     docs = render(home, scenario)
     cm = next(d for d in by_kind(docs, "ConfigMap") if "SITS_DEPLOYER" in d["data"])
     c = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
@@ -287,7 +287,7 @@ def test_prompt_sets_are_files_the_gate_can_name(home, tmp_path):
 
 
 def test_the_control_plane_runs_the_slim_image_and_the_engines_theirs(home, tmp_path):
-    from control_plane.adapters.kernel_catalog import SHIPPED, KernelCatalog
+    from sits.control_plane.adapters.kernel_catalog import SHIPPED, KernelCatalog
 
     docs = render(home, "kubernetes-prometheus-values.yaml")
     (dep,) = [d for d in by_kind(docs, "Deployment")]
@@ -299,7 +299,7 @@ def test_the_control_plane_runs_the_slim_image_and_the_engines_theirs(home, tmp_
     assert cm["data"]["SITS_KERNEL_CATALOG"] == "/etc/sits/config/kernel-catalog.json"
     config = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
     assert {"key": "kernel-catalog.json", "path": "kernel-catalog.json"} in config["configMap"]["items"]   # mounted
-    # the chart's copy is the control plane's (python -m kernels.catalog --write writes both)
+    # the chart's copy is the control plane's (python -m sits.kernels.catalog --write writes both)
     assert cm["data"]["kernel-catalog.json"] == SHIPPED.read_text()
     (tmp_path / "c.json").write_text(cm["data"]["kernel-catalog.json"])
     assert "triton-v1.1" in KernelCatalog.from_file(tmp_path / "c.json")

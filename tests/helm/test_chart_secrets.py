@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from control_plane.cli.build import prometheus_config, webhooks
-from control_plane.cli.main import build_parser
+from sits.control_plane.cli.build import prometheus_config, webhooks
+from sits.control_plane.cli.main import build_parser
 from tests.helm.support import CHART, by_kind, helm, render
 
 K8S_VERSION = "1.30.0"

@@ -14,7 +14,7 @@ import torch
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kernels.triton_env import interpreting  # noqa: E402
+from sits.kernels.triton_env import interpreting  # noqa: E402
 
 
 def triton_device() -> str | None:

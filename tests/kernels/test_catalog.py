@@ -6,15 +6,15 @@ import sys
 
 import pytest
 
-from control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
-from control_plane.errors import ValidationError
-from kernels.catalog import SHIPPED, builtin_catalogue, catalogue
+from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
+from sits.control_plane.errors import ValidationError
+from sits.kernels.catalog import SHIPPED, builtin_catalogue, catalogue
 
 
 def test_the_committed_catalogue_equals_the_registry():
     shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
     # builtin_catalogue: the sets kernels/sets.py registers (other tests of this process register their own)
-    assert shipped == builtin_catalogue(), "regenerate it: python -m kernels.catalog --write"
+    assert shipped == builtin_catalogue(), "regenerate it: python -m sits.kernels.catalog --write"
     assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "triton-v1.2", "torch-wrong-rope",
                                             "torch-slow-attn", "triton-v1-unsplit", "triton-v1-floor-pages"]
 
@@ -29,11 +29,11 @@ def test_parents_and_overrides_follow_derive():
 
 def test_the_installed_engine_lists_a_plugin_set(tmp_path, monkeypatch):
     (tmp_path / "catalog_plugin.py").write_text(
-        "import kernels\n"
+        "from sits import kernels\n"
         "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('plugin-cat', '0.2.0'))\n")
     monkeypatch.setenv("SITS_KERNEL_PLUGINS", "catalog_plugin")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    cat = KernelCatalog.from_engine((sys.executable, "-m", "engine.cli", "kernels", "--json"))
+    cat = KernelCatalog.from_engine((sys.executable, "-m", "sits.engine.cli", "kernels", "--json"))
     info = cat.require("plugin-cat", "kernels")
     assert (info.version, info.parent, info.overrides) == ("0.2.0", "torch", ())
     assert "plugin-cat" not in KernelCatalog.shipped()
@@ -50,12 +50,12 @@ def test_a_broken_catalogue_is_a_clear_error(tmp_path):
     with pytest.raises(CatalogError, match="cannot read"):
         KernelCatalog.from_file(tmp_path / "missing.json")
     with pytest.raises(CatalogError, match="exited with 2"):
-        KernelCatalog.from_engine((sys.executable, "-m", "engine.cli", "kernels", "--no-such-flag"))
+        KernelCatalog.from_engine((sys.executable, "-m", "sits.engine.cli", "kernels", "--no-such-flag"))
 
 
 def test_discover_asks_the_engine_only_for_a_set_the_built_ins_lack(tmp_path, monkeypatch):
     (tmp_path / "need_plugin.py").write_text(
-        "import kernels\n"
+        "from sits import kernels\n"
         "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('plugin-need', '0.3.0'))\n")
     monkeypatch.setenv("SITS_KERNEL_PLUGINS", "need_plugin")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from sits.engine import LLM, SamplingParams
 from tests.kernels.conftest import triton_device
 
 PROMPTS = ["The kernel set under test", "a", "Gray release of a new attention kernel: step one, shift ten percent"]

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.cli import main as engine_cli
-from engine.layers.rotary_embedding import rope_cos_sin
-from engine.presets import preset
-from kernels import get_kernel_set, list_kernel_sets
+from sits.engine import LLM, SamplingParams
+from sits.engine.cli import main as engine_cli
+from sits.engine.layers.rotary_embedding import rope_cos_sin
+from sits.engine.presets import preset
+from sits.kernels import get_kernel_set, list_kernel_sets
 from tests.engine.helpers import assert_set_is_what_it_claims
 from tests.kernels.helpers import assert_verbose_allclose, make_paged_kv, rope_tables
 

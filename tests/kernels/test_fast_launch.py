@@ -4,8 +4,8 @@ on a GPU by test_triton_gpu.py::test_fast_launch_repeats_match_the_reference_and
 import pytest
 import torch
 
-from kernels import triton_env
-from kernels.triton_env import tl
+from sits.kernels import triton_env
+from sits.kernels.triton_env import tl
 
 
 class _Compiled:
@@ -88,7 +88,7 @@ def test_every_constexpr_and_runtime_argument_is_accounted_for():
 def test_the_real_kernels_constexprs_are_found():
     # the wrappers' own launchers are checked whenever they run (the CPU kernel tests run every one of them); here:
     # the signatures of the real kernels (string annotations under the interpreter) are read right
-    from kernels import linear, paged_decode_attention as pda, rms_norm, rope_and_cache, silu_and_mul
+    from sits.kernels import linear, paged_decode_attention as pda, rms_norm, rope_and_cache, silu_and_mul
     for fn in (linear._linear_kernel, pda._paged_decode_attention_kernel, pda._merge_splits_kernel,
                rms_norm._rms_norm_kernel, rope_and_cache._rope_and_cache_kernel, silu_and_mul._silu_and_mul_kernel):
         with pytest.raises(TypeError, match="must be given"):

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import get_kernel_set, quantize_weight
+from sits.kernels import get_kernel_set, quantize_weight
 from tests.kernels.helpers import assert_verbose_allclose, make_paged_kv, rope_tables
 
 REF = get_kernel_set("torch")
@@ -103,7 +103,7 @@ def test_decode_attention_matches_prefill_with_one_token(dtype, atol, rtol):
 
 
 def test_attention_rejects_bad_shapes():
-    from kernels.paged import PagedAttentionError
+    from sits.kernels.paged import PagedAttentionError
     kc = torch.zeros(4, 16, 3, 8)
     with pytest.raises(PagedAttentionError, match="multiple"):
         REF.paged_decode_attention(torch.zeros(1, 4, 8), kc, kc, torch.zeros(1, 2, dtype=torch.int32),

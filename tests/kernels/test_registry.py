@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-import kernels
-from kernels import KernelSetError, UnknownKernelSetError, get_kernel_set, list_kernel_sets, register_kernel_set
-from kernels.registry import OP_NAMES, unregister_kernel_set
+from sits import kernels
+from sits.kernels import KernelSetError, UnknownKernelSetError, get_kernel_set, list_kernel_sets, register_kernel_set
+from sits.kernels.registry import OP_NAMES, unregister_kernel_set
 
 
 def test_torch_set_is_registered_with_all_ops():
@@ -70,7 +70,7 @@ def test_derive_rejects_unknown_op():
 
 def test_plugin_module_registers_sets(tmp_path, monkeypatch):
     (tmp_path / "my_kernel_plugin.py").write_text(
-        "import kernels\n"
+        "from sits import kernels\n"
         "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('plugin-set', '0.1.0'))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("SITS_KERNEL_PLUGINS", "my_kernel_plugin")
@@ -83,7 +83,7 @@ def test_plugin_module_registers_sets(tmp_path, monkeypatch):
 
 
 def test_quantized_weight_validates():
-    from kernels.quant import QuantizationError, QuantizedWeight, quantize_weight
+    from sits.kernels.quant import QuantizationError, QuantizedWeight, quantize_weight
     with pytest.raises(QuantizationError):
         quantize_weight(torch.randn(4, 4), "int4")
     with pytest.raises(QuantizationError):
@@ -137,12 +137,12 @@ def test_kernels_json_lists_every_set_with_the_catalogue_fields(tmp_path):
     import sys
 
     (tmp_path / "json_plugin.py").write_text(
-        "import kernels\n"
+        "from sits import kernels\n"
         "kernels.register_kernel_set(kernels.get_kernel_set('torch').derive('json-plugin-set', '0.2.0', "
         "regression='slow', graph_safe=True))\n")
     env = {**os.environ, "SITS_KERNEL_PLUGINS": "json_plugin",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "kernels", "--json"], env=env, check=True,
+    out = subprocess.run([sys.executable, "-m", "sits.engine.cli", "kernels", "--json"], env=env, check=True,
                          capture_output=True, text=True).stdout
     entries = {e["name"]: e for e in json.loads(out)["kernel_sets"]}
     builtin = {v.name for v in vars(kernels.sets).values() if isinstance(v, kernels.KernelSet)}

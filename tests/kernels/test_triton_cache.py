@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from kernels import triton_env
-from kernels.linear import _linear_small_m
-from kernels.paged_decode_attention import _paged_decode_attention_tuned
+from sits.kernels import triton_env
+from sits.kernels.linear import _linear_small_m
+from sits.kernels.paged_decode_attention import _paged_decode_attention_tuned
 
 
 @pytest.fixture

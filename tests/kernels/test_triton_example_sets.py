@@ -5,7 +5,7 @@ Triton's interpreter, tiny shapes; GPU: compiled."""
 import pytest
 import torch
 
-from kernels import get_kernel_set, register_kernel_set, unregister_kernel_set
+from sits.kernels import get_kernel_set, register_kernel_set, unregister_kernel_set
 from tests.engine.helpers import LOGIT_TOL, greedy_logits
 from tests.kernels.helpers import assert_close_to_fp64
 from tests.kernels.test_triton_kernels import ATOL, DTYPES, _decode_args, _to, check_op
@@ -56,7 +56,7 @@ def test_launch_grids_one_program_per_sequence_and_split_kv_as_triton_v1(dev, mo
     bench/gpu_demo.sh times them on the GPU)."""
     if dev != "cpu":
         pytest.skip("records the interpreter's launches")
-    import kernels.decode_attention_regressions as bad
+    import sits.kernels.decode_attention_regressions as bad
     grids = {}
 
     class Recorder:

@@ -3,8 +3,8 @@ fp8 tensor cores."""
 import pytest
 import torch
 
-from kernels import get_kernel_set, quantize_weight
-from kernels.linear import FP8_NATIVE_MIN_M, linear_fp8_w8a8_ref
+from sits.kernels import get_kernel_set, quantize_weight
+from sits.kernels.linear import FP8_NATIVE_MIN_M, linear_fp8_w8a8_ref
 from tests.kernels.helpers import assert_close_to_fp64, make_paged_kv
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -95,7 +95,7 @@ def test_weight_only_linear_llama_shapes(kind, m, n, k):
 @pytest.mark.parametrize("m", [511, 512, 2048])  # v1's kernel below DEQUANT_MIN_M, dequantize + cuBLAS from it
 @pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)])
 def test_v1_2_many_rows_llama_shapes(m, n, k):
-    from kernels.linear_dequant import DEQUANT_MIN_M
+    from sits.kernels.linear_dequant import DEQUANT_MIN_M
     assert DEQUANT_MIN_M == 512
     g = torch.Generator().manual_seed(10)
     qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
@@ -111,7 +111,7 @@ def test_v1_2_many_rows_llama_shapes(m, n, k):
 def test_weight_only_linear_split_k(m, block_m, split_k, n, k):
     # every split-K config autotuning may pick, repeated: a missing release/acquire between the splits' partials
     # and the last split's sum would show up as a wrong or run-to-run varying result
-    from kernels.linear import linear_with_config
+    from sits.kernels.linear import linear_with_config
     g = torch.Generator().manual_seed(9)
     qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
     x = torch.randn(m, k, generator=g).bfloat16().cuda()
@@ -146,8 +146,8 @@ def test_fast_launch_repeats_match_the_reference_and_respecialize():
     """Repeated eager calls (the engine's decode loop) run through FastLauncher after the first: every call must
     still match the reference, and an argument with another specialization (a misaligned view, M = 1 vs 5) must get
     its own compiled kernel instead of reusing one built for 16-byte-aligned pointers."""
-    from kernels import linear as lin
-    from kernels.triton_env import tuned_launcher
+    from sits.kernels import linear as lin
+    from sits.kernels.triton_env import tuned_launcher
     g = torch.Generator().manual_seed(11)
     n, k = 4096, 4096
     qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import get_kernel_set, quantize_weight
-from kernels.triton_env import TritonUnavailableError
+from sits.kernels import get_kernel_set, quantize_weight
+from sits.kernels.triton_env import TritonUnavailableError
 from tests.kernels.helpers import assert_close_to_fp64, assert_verbose_allclose, make_paged_kv, rope_tables
 
 TRI = get_kernel_set("triton-v1")
@@ -143,7 +143,7 @@ def test_prefill_attention_prefix_hits_and_chunks(dev, dtype, set_name):
 def test_prefill_attention_both_kernels_ignore_stale_slots(dev, set_name):
     # v1's pointer-gather kernel and v1.1's TMA kernel (page-sized tiles; Hopper+, and the interpreter) on the same
     # prefix hits and chunks; the cache slots past each context hold NaN, as a recycled block may
-    from kernels import prefill_attention as pa
+    from sits.kernels import prefill_attention as pa
     tma = set_name == "triton-v1.1"
     ctx, qlens = [1, 64, 65, 200], [1, 64, 3, 130]
     q, k_cache, v_cache, tables, cu, lens, scale = _prefill_args(ctx, qlens, 4, 2, 64, torch.bfloat16, seed=24)
@@ -182,7 +182,7 @@ def test_paged_decode_attention(dev, dtype):
 
 @pytest.mark.parametrize("num_splits", [1, 8])
 def test_paged_decode_attention_splits(dev, num_splits):
-    from kernels.paged_decode_attention import paged_decode_attention
+    from sits.kernels.paged_decode_attention import paged_decode_attention
     args = _decode_args([1, 65, 1000], 6, 3, 32, torch.bfloat16, seed=31)
     got = paged_decode_attention(*_to(args, device=dev), num_splits=num_splits)
     same = REF.paged_decode_attention(*args)
@@ -211,7 +211,7 @@ def test_quantized_linear(dev, kind, dtype, m):
 @pytest.mark.parametrize("split_k", [1, 3, 8])
 def test_quantized_linear_split_k(dev, split_k):
     # K=100 in 32-wide steps: uneven splits, and with 8 splits the last four get no k at all
-    from kernels.linear import linear_with_config
+    from sits.kernels.linear import linear_with_config
     g = torch.Generator().manual_seed(41)
     qw = quantize_weight(torch.randn(50, 100, generator=g), "int8").to(dev)
     x = torch.randn(5, 100, generator=g).to(torch.bfloat16)
@@ -227,7 +227,7 @@ def test_quantized_linear_split_k(dev, split_k):
 def test_many_rows_dequantize_then_matmul(dev, kind, monkeypatch):
     # triton-v1.2: from DEQUANT_MIN_M rows on, the weight is dequantized into a scratch buffer and multiplied by
     # cuBLAS (CPU: torch); below it, v1's kernel
-    from kernels import linear_dequant as lin
+    from sits.kernels import linear_dequant as lin
     v12 = get_kernel_set("triton-v1.2")
     assert v12.linear is lin.linear_dequant_many_rows and v12.parent == "triton-v1.1"
     monkeypatch.setattr(lin, "DEQUANT_MIN_M", 8)

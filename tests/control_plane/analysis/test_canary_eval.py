@@ -4,7 +4,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from control_plane.analysis import Policy
+from sits.control_plane.analysis import Policy
 
 spec = importlib.util.spec_from_file_location(
     "canary_eval", Path(__file__).resolve().parents[3] / "bench" / "canary_eval.py")

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, Outcome, Policy,
+from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, Outcome, Policy,
                                     PolicyError, PromptReplay, TokenLogprob, compare_replays)
-from control_plane.analysis.correctness import compare_prompt, runner_up_margin
-from control_plane.analysis.gate_policy import Tolerances
-from control_plane.analysis.prompts import DEFAULT_PROMPTS
+from sits.control_plane.analysis.correctness import compare_prompt, runner_up_margin
+from sits.control_plane.analysis.gate_policy import Tolerances
+from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 
 POLICY = CorrectnessPolicy(max_tokens=4, compare_tokens=4)
 
@@ -313,7 +313,7 @@ def test_the_confident_statistics_round_trip_through_json():
 
 
 def test_rollout_show_prints_the_confident_positions_and_where_the_canary_disagreed():
-    from control_plane.service.format import format_correctness
+    from sits.control_plane.service.format import format_correctness
     forced = Continuation(SURE.token_ids, SURE.text, tuple(
         TokenLogprob(t.token_id, t.logprob, ((9, t.logprob + 0.1),) if i == 2 else t.top)
         for i, t in enumerate(SURE.logprobs)))

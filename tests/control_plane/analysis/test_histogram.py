@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from control_plane.analysis import HistogramError, HistogramSnapshot, histogram_quantile, merge_all
+from sits.control_plane.analysis import HistogramError, HistogramSnapshot, histogram_quantile, merge_all
 
 INF = math.inf
 B = (0.1, 0.2, 0.4, INF)

@@ -2,11 +2,11 @@
 naming the field), the replay-only rule of the verdict, and what the analysis asks replay for."""
 import pytest
 
-from control_plane.analysis import (ERROR_RATE, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot,
+from sits.control_plane.analysis import (ERROR_RATE, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot,
                                     LowTrafficPolicy, MetricCheck, Outcome, Policy, VariantData, assess,
                                     live_requests_needed)
-from control_plane.errors import ValidationError
-from control_plane.validation import policy as parse_policy
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.validation import policy as parse_policy
 
 BOUNDS = [0.05 * 1.1 ** i for i in range(60)]
 SERIES = REQUEST_LATENCY + '{route="/v1/completions"}'

@@ -1,7 +1,7 @@
 """Policy defaults, validation (typed errors naming the field) and the dict round trip."""
 import pytest
 
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy, PolicyError
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy, PolicyError
 
 
 def test_defaults_match_the_issue():
@@ -107,7 +107,7 @@ def test_a_policy_must_be_an_object(doc):
 
 
 def test_every_numeric_field_is_bounded():
-    from control_plane.analysis.policy import LIMITS
+    from sits.control_plane.analysis.policy import LIMITS
 
     numeric = {f for f, v in Policy().to_dict().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert numeric <= set(LIMITS)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from control_plane.analysis import HistogramSnapshot, promql
+from sits.control_plane.analysis import HistogramSnapshot, promql
 from tests.fixtures.prometheus import backfill, format_value, value
 
 BASE = dict(metric="http_request_duration_seconds", service="chat", env="canary", target="baseline", window="30s",
@@ -82,7 +82,7 @@ def test_templates_against_real_prometheus(prometheus_factory, tmp_path):
 
 def test_increase_with_a_counter_reset_matches_prometheus(prometheus_factory, tmp_path):
     """Five scrapes of one target that restarts after the third: our per-series reset handling == increase()."""
-    from control_plane.analysis import increase
+    from sits.control_plane.analysis import increase
     t0 = (int(time.time()) // 60) * 60 - 3600
     scrapes = [[1, 3, 4, 6], [4, 8, 10, 13], [9, 14, 18, 21], [1, 1, 2, 3], [3, 6, 7, 9]]   # reset before #4
     lines = ["# TYPE http_request_duration_seconds histogram"]

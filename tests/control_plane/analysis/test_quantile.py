@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from control_plane.analysis import histogram_quantile
+from sits.control_plane.analysis import histogram_quantile
 from tests.fixtures.prometheus import backfill, format_value
 
 INF, NAN = math.inf, math.nan

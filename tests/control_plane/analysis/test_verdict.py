@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from control_plane.analysis import (ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Outcome, Policy,
+from sits.control_plane.analysis import (ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Outcome, Policy,
                                     VariantData, assess)
 from tests.control_plane.helpers import lat
 

@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
 from tests.control_plane.worker.support import InMemoryDeployer
 
 SVC = "contract"

@@ -2,8 +2,8 @@
 check evidence in, status dicts out."""
 import pytest
 
-from control_plane.adapters.crd_status import RolloutRequest, last_check, refused_status, rollout_status
-from control_plane.rollout import Phase, Rollout
+from sits.control_plane.adapters.crd_status import RolloutRequest, last_check, refused_status, rollout_status
+from sits.control_plane.rollout import Phase, Rollout
 
 T0 = 1_780_000_000.0
 

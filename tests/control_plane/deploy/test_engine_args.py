@@ -3,13 +3,13 @@ service share it); the flags the deployer owns (listen address, labels, tracing,
 the flag."""
 import pytest
 
-from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.spec import DeploySpec
-from control_plane.errors import ValidationError
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.web import create_app
-from control_plane.web.users import Users, token_sha256
+from sits.control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.web import create_app
+from sits.control_plane.web.users import Users, token_sha256
 
 OWNED = [["--host", "0.0.0.0"], ["--port", "18799"], ["--env", "production"], ["--service", "other"],
          ["--otel-exporter", "otlp"], ["--otlp-endpoint", "http://attacker.example:4318"],

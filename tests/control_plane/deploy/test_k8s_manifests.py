@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from control_plane.adapters import k8s_manifests as m
-from control_plane.adapters.deploy import DeployError, VariantSpec, normalize_weights
+from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.adapters.deploy import DeployError, VariantSpec, normalize_weights
 
 
 @pytest.mark.parametrize("weights,total,want", [

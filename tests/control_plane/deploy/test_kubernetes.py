@@ -5,9 +5,9 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from control_plane.adapters.k8s_status import last_log_line, log_pod, pods_crashing
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
+from sits.control_plane.adapters.k8s_status import last_log_line, log_pod, pods_crashing
+from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 
 SVC = "chat"
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.adapters import local_config, process
-from control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.local_replicas import ReplicaLauncher
-from control_plane.adapters.local_config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
+from sits.control_plane.adapters import local_config, process
+from sits.control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.local_replicas import ReplicaLauncher
+from sits.control_plane.adapters.local_config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
                                                  engine_environment)
 
 GB = 1 << 30
@@ -72,7 +72,7 @@ def test_replicas_beyond_the_bound_are_refused_before_anything_starts(tmp_path):
 def test_kubernetes_policy_maximum():
     from kubernetes import client
 
-    from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+    from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 
     kd = KubernetesDeployer(KubernetesConfig(max_replicas=4), api_client=client.ApiClient())
     with pytest.raises(DeployError, match="policy maximum of 4"):   # refused before any API call
@@ -130,7 +130,7 @@ def test_engine_environment_passes_only_named_variables():
 
 def test_close_cancels_a_deploy_in_progress(tmp_path):
     # real engines behind a start-up delay, so that the deploy is certainly still waiting when close() comes
-    slow = ("sh", "-c", 'sleep 120 & wait; exec "$0" -m engine.cli "$@"', sys.executable)
+    slow = ("sh", "-c", 'sleep 120 & wait; exec "$0" -m sits.engine.cli "$@"', sys.executable)
     d = LocalDeployer(LocalConfig(workdir=str(tmp_path), engine_command=slow, max_replicas=4, start_batch=2,
                                   stop_timeout_s=5))
     outcome = {}

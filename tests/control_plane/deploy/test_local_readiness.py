@@ -2,11 +2,11 @@
 LocalConfig.ready_timeout_s), or exits first, is stopped and reported as NotReadyError with its last log line."""
 import pytest
 
-from control_plane.adapters import process
-from control_plane.adapters.deploy import InvalidVariantError, NotReadyError, VariantSpec
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.local_replicas import last_line
-from control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy import InvalidVariantError, NotReadyError, VariantSpec
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.local_replicas import last_line
+from sits.control_plane.adapters.local_config import LocalConfig
 
 
 def e_pid(tmp_path) -> int:

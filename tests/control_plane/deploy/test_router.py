@@ -7,10 +7,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.adapters import process
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.router_config import RouterConfig
-from control_plane.adapters.router import WeightedRouter
+from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.router_config import RouterConfig
+from sits.control_plane.adapters.router import WeightedRouter
 
 
 PIN_TOKEN = "test-pin-token-0123456789"

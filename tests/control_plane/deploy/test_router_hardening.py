@@ -5,10 +5,10 @@ import tracemalloc
 import httpx
 import pytest
 
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.router_config import RouterConfig
-from control_plane.adapters.router import WeightedRouter
-from control_plane.http_limits import MAX_BODY_BYTES
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.router_config import RouterConfig
+from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.http_limits import MAX_BODY_BYTES
 from tests.control_plane.deploy.test_router import router_counts
 
 TOKEN = "test-pin-token-0123456789"

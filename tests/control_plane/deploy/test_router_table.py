@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 
-from control_plane.adapters.deploy import DeployError
-from control_plane.adapters.router_table import RouteTable
+from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.adapters.router_table import RouteTable
 
 
 def test_split_is_exact_within_one_request_and_replicas_take_turns():

@@ -14,15 +14,15 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane.worker.lifecycle import shutdown
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.demo.traffic import LengthDist, TrafficMix
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.worker.lifecycle import shutdown
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.demo.traffic import LengthDist, TrafficMix
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 
 def main() -> None:

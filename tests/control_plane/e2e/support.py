@@ -1,8 +1,8 @@
 """Shared by the end-to-end fault tests: the engine processes of a service (from /proc), a short policy, waiting."""
 import os
 
-from control_plane.adapters.process import pid_alive
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from sits.control_plane.adapters.process import pid_alive
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
 
 # one step at 50 %, a check every 3 s: P90 and the error rate; latency only (the correctness gate has its own
 # end-to-end tests, and the demo's test runs it). The slow canary's injected delay is 800 ms: P90 fails at +35 %, so

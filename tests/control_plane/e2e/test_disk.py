@@ -11,13 +11,13 @@ import subprocess
 
 import pytest
 
-from control_plane.web import create_app
-from control_plane.rollout import Phase
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.store.schema import StoreWriteError
-from control_plane.web.users import Users, token_sha256
-from control_plane.worker.loop import Worker
+from sits.control_plane.web import create_app
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.web.users import Users, token_sha256
+from sits.control_plane.worker.loop import Worker
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from .support import FAST
@@ -65,7 +65,7 @@ def test_full_disk_stops_the_worker_cleanly_and_it_recovers(small_disk, caplog):
             w.run_once(30)
 
     fill(small_disk / "filler")
-    caplog.set_level(logging.ERROR, "control_plane.worker")
+    caplog.set_level(logging.ERROR, "sits.control_plane.worker")
     passes(3)
     assert store.get(r.id).phase is Phase.PENDING and deployer.calls == []      # decided nothing, did nothing
     assert "cannot be written" in (w.store_error or "") and "full" in w.store_error
@@ -164,7 +164,7 @@ def test_read_only_disk_stops_the_worker_cleanly_and_it_recovers(ext4_disk, capl
     with open(trigger, "w") as f:                                                 # the disk fails: read-only
         f.write("sits test\n")
     calls, version = len(deployer.calls), store.get(r.id).version
-    caplog.set_level(logging.ERROR, "control_plane.worker")
+    caplog.set_level(logging.ERROR, "sits.control_plane.worker")
     passes(w, 3)
     assert store.get(r.id).version == version and len(deployer.calls) == calls  # reads work, nothing changes
     assert "cannot be written" in (w.store_error or "") and "Read-only file system" in w.store_error

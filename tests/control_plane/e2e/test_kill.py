@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.rollout import Phase
-from control_plane.service.rollouts import start_rollout
-from control_plane.adapters.spec import DeploySpec
-from control_plane.store.db import Store
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.store.db import Store
 
 from tests.waiting import wait_for
 

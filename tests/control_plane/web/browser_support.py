@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import waitress
 
-from control_plane.web import create_app
-from control_plane.web.users import Users, token_sha256
+from sits.control_plane.web import create_app
+from sits.control_plane.web.users import Users, token_sha256
 
 from .conftest import NAMES, TOKENS
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.analysis import Policy
-from control_plane.web import create_app
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.web.users import Users, token_sha256
-from control_plane.worker.loop import Worker
+from sits.control_plane.analysis import Policy
+from sits.control_plane.web import create_app
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.web.users import Users, token_sha256
+from sits.control_plane.worker.loop import Worker
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from tests.control_plane.helpers import latency_policy

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from control_plane.web import create_app
-from control_plane.rollout import Phase
+from sits.control_plane.web import create_app
+from sits.control_plane.rollout import Phase
 
 from .conftest import NAMES, auth, drive, new_rollout, snapshot
 

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from control_plane.web import create_app
-from control_plane.web.users import AuthFileError, LoginLimiter, Users, token_sha256
+from sits.control_plane.web import create_app
+from sits.control_plane.web.users import AuthFileError, LoginLimiter, Users, token_sha256
 
 from .conftest import TOKENS, auth, drive, new_rollout, snapshot
 

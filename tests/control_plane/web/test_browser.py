@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.web.users import token_sha256
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.web.users import token_sha256
 
 sync_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -38,7 +38,7 @@ def service(tmp_path):
     auth = tmp_path / "users.json"
     auth.write_text(f'{{"users": [{{"name": "otto", "role": "operator", "token_sha256": "{token_sha256(TOKEN)}"}}]}}')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+    proc = subprocess.Popen([sys.executable, "-m", "sits.control_plane.cli", "serve", "--port", "0", "--auth-file",
                              str(auth),
                              "--store", str(tmp_path / "sits.db"), "--interval", "0.5", "--workdir",
                              str(tmp_path / "variants"), "--cpu-threads", "1"],

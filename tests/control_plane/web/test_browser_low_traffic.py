@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from control_plane.store.db import Store
+from sits.control_plane.store.db import Store
 from tests.control_plane.worker.test_replay_worker import ThinSource, _passes, _setup
 
 from .browser_support import Browser, Server, needs_chromium, shot

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from control_plane.analysis import CorrectnessVerdict, Outcome
-from control_plane.rollout import Observation, reconcile
+from sits.control_plane.analysis import CorrectnessVerdict, Outcome
+from sits.control_plane.rollout import Observation, reconcile
 from tests.control_plane.test_rollout import window
 
 from . import ui_scenarios
@@ -27,7 +27,7 @@ PASS = CorrectnessVerdict(Outcome.PASS, "float32 tolerances: every prompt identi
 def sc(tmp_path_factory):
     s = ui_scenarios.build(str(tmp_path_factory.mktemp("ui") / "sits.db"))
     # a correctness gate that passed before traffic (stored as the worker stores it)
-    from control_plane.service.rollouts import start_rollout
+    from sits.control_plane.service.rollouts import start_rollout
     r = start_rollout(s.store, "vision", "torch", "torch", GATED_POLICY, now=s.clock, actor="otto")
     r = s.store.save(*reconcile(r, Observation(0.0, 10.0, {}, source="scrape"), s.clock + 10))
     r = s.store.save(*reconcile(r, Observation(10.0, 20.0, window(), source="scrape", correctness=PASS),
@@ -236,7 +236,7 @@ def test_small_wording_items(browser, sc, width):
 
 
 def test_a_pending_rollout_without_a_worker_says_so_and_logout_says_signed_out(browser, sc):
-    from control_plane.service.rollouts import start_rollout
+    from sits.control_plane.service.rollouts import start_rollout
     r = start_rollout(sc.store, "idle", "torch", "torch", ui_scenarios.POLICY, now=sc.clock, actor="otto")
     with browser.page("admin", 1440) as page:
         page.goto(f"{browser.url}/rollouts/{r.id}")

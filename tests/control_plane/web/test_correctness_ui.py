@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from control_plane.analysis import CorrectnessVerdict, Outcome, PromptComparison
-from control_plane.rollout import Observation, Phase, reconcile
+from sits.control_plane.analysis import CorrectnessVerdict, Outcome, PromptComparison
+from sits.control_plane.rollout import Observation, Phase, reconcile
 from tests.control_plane.test_rollout import window
 
 from .conftest import GATED_POLICY, TOKENS, auth, new_rollout

@@ -11,10 +11,10 @@ import sys
 import httpx
 import pytest
 
-from control_plane.analysis import REQUEST_LATENCY
-from control_plane.web import create_app
-from control_plane.web.users import token_sha256
-from control_plane.adapters.prometheus import PrometheusConfig
+from sits.control_plane.analysis import REQUEST_LATENCY
+from sits.control_plane.web import create_app
+from sits.control_plane.web.users import token_sha256
+from sits.control_plane.adapters.prometheus import PrometheusConfig
 from tests.control_plane.helpers import lat
 from tests.control_plane.test_otel_spans import memory_tracing
 from tests.fixtures.prometheus import PrometheusServer, backfill, format_value
@@ -192,7 +192,7 @@ def test_serve_without_worker_judges_with_the_prometheus_its_flags_name(tmp_path
     auth_file = tmp_path / "users.json"
     auth_file.write_text(json.dumps({"users": [{"name": "argo", "role": "viewer",
                                                 "token_sha256": token_sha256(TOKENS["viewer"])}]}))
-    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--no-worker",
+    proc = subprocess.Popen([sys.executable, "-m", "sits.control_plane.cli", "serve", "--port", "0", "--no-worker",
                              "--auth-file", str(auth_file), "--store", str(tmp_path / "s.db"),
                              "--metrics", "prometheus", "--prometheus-url", prom.url],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -2,7 +2,7 @@
 the next counts exactly the requests served in between, per variant."""
 import pytest
 
-from control_plane.web import create_app
+from sits.control_plane.web import create_app
 from tests.engine.server.harness import BASE, RunningServer, http
 
 from .conftest import auth

@@ -6,9 +6,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.errors import ValidationError
-from control_plane.service.judge import SCRAPE_FAILED, parse_request
-from control_plane.web import create_app
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.service.judge import SCRAPE_FAILED, parse_request
+from sits.control_plane.web import create_app
 
 from .conftest import auth
 

@@ -6,12 +6,12 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.analysis import REQUEST_LATENCY, Policy, histogram_quantile
-from control_plane.web import create_app
-from control_plane.rollout import Phase
-from control_plane.web.series import thin
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.analysis import REQUEST_LATENCY, Policy, histogram_quantile
+from sits.control_plane.web import create_app
+from sits.control_plane.rollout import Phase
+from sits.control_plane.web.series import thin
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 

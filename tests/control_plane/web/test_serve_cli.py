@@ -14,18 +14,18 @@ import httpx
 import pytest
 import waitress
 
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.web import create_app
-from control_plane.cli.main import main
-from control_plane.cli.client import progress_line
-from control_plane.store.db import Store
-from control_plane.web.common import is_loopback
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from sits.control_plane.web import create_app
+from sits.control_plane.cli.main import main
+from sits.control_plane.cli.client import progress_line
+from sits.control_plane.store.db import Store
+from sits.control_plane.web.common import is_loopback
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
-from control_plane.web.users import token_sha256
+from sits.control_plane.web.users import token_sha256
 
 from .conftest import NAMES, TOKENS
 
@@ -68,8 +68,8 @@ def test_secret_bearing_urls_on_the_command_line_are_refused(tmp_path, capsys, c
 
 
 def test_webhook_and_prometheus_urls_from_files_and_env(tmp_path, monkeypatch):
-    from control_plane.cli.build import build_worker
-    from control_plane.cli.main import build_parser
+    from sits.control_plane.cli.build import build_worker
+    from sits.control_plane.cli.main import build_parser
     (tmp_path / "hooks").write_text("# ops\nhttps://hooks.example/a?token=t1\n\nhttps://hooks.example/b\n")
     (tmp_path / "slack").write_text("https://hooks.slack.com/services/T0/B0/s1\n")
     monkeypatch.setenv("SITS_WEBHOOK_URLS", "https://hooks.example/c?sig=t2,https://hooks.example/d")
@@ -109,7 +109,7 @@ def test_serve_refuses_a_bad_auth_file(tmp_path, capsys):
 def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, capsys):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SITS_POLICY_DEFAULTS": str(tmp_path / "policy.yaml")}
     (tmp_path / "policy.yaml").write_text("steps: [3, 30, 100]\ncheck_interval_s: 15\n")   # as the Helm chart mounts it
-    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+    proc = subprocess.Popen([sys.executable, "-m", "sits.control_plane.cli", "serve", "--port", "0", "--auth-file",
                              _auth_file(tmp_path), "--store", str(tmp_path / "s.db"), "--no-worker"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -146,7 +146,7 @@ def test_serve_process_answers_and_the_cli_talks_to_it(tmp_path, monkeypatch, ca
 def test_behind_a_trusted_proxy_each_client_has_its_own_lock_out(tmp_path):
     """Issue 26 row 7 as the chart runs it (`serve --trusted-proxy '*'` behind its Ingress): 5 wrong tokens from one
     client (X-Forwarded-For 10.0.0.1) lock out that client only, not another one behind the same proxy."""
-    proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--auth-file",
+    proc = subprocess.Popen([sys.executable, "-m", "sits.control_plane.cli", "serve", "--port", "0", "--auth-file",
                              _auth_file(tmp_path), "--store", str(tmp_path / "s.db"), "--no-worker",
                              "--trusted-proxy", "*"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -2,11 +2,11 @@
 both shows who; when the holder dies without releasing, the other takes over after the lease expires."""
 from __future__ import annotations
 
-from control_plane.web import create_app
-from control_plane.rollout import Phase
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.web import create_app
+from sits.control_plane.rollout import Phase
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 

@@ -88,7 +88,7 @@ def test_vendored_assets_are_served_with_their_licence_and_pinned_version(client
 def test_pages_give_their_scripts_the_roles_and_phases_defined_in_python(client):
     import json
     import re
-    from control_plane.rollout import ROLES, Phase
+    from sits.control_plane.rollout import ROLES, Phase
     page = client.get("/", follow_redirects=True).get_data(as_text=True)
     vocab = json.loads(re.search(r'<script type="application/json" id="sits-vocabulary">(.*?)</script>', page).group(1))
     assert vocab == {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}}
@@ -101,8 +101,8 @@ def test_pages_give_their_scripts_the_roles_and_phases_defined_in_python(client)
 # ---- issue 27: why each rollout ended, the service history, the gated-check chart columns, what fits ------------
 def test_list_says_why_each_rollout_ended(client, store):
     from tests.control_plane.worker.support import InMemoryDeployer
-    from control_plane.rollout import Command
-    from control_plane.service.rollouts import send_command
+    from sits.control_plane.rollout import Command
+    from sits.control_plane.service.rollouts import send_command
     slow = new_rollout(store, "chat")
     drive(store, slow.id, 40, scale=3.0)
     aborted = new_rollout(store, "embed")
@@ -163,9 +163,9 @@ def test_new_canary_says_how_many_replicas_fit(store, users, login_clock):
     """The local deployer's own limit (4 engines: production, baseline and canary get one each), as `serve` and the
     demo put it into the app's config; the view reads only that."""
     import dataclasses
-    from control_plane.web import create_app
-    from control_plane.adapters.local import LocalDeployer
-    from control_plane.adapters.local_config import LocalConfig
+    from sits.control_plane.web import create_app
+    from sits.control_plane.adapters.local import LocalDeployer
+    from sits.control_plane.adapters.local_config import LocalConfig
     deployer = LocalDeployer(LocalConfig(max_replicas=4))
     try:
         app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "k",
@@ -180,8 +180,8 @@ def test_new_canary_says_how_many_replicas_fit(store, users, login_clock):
 
 def test_grafana_links_name_the_generated_dashboards():
     import json as _json
-    from dashboards.generate import render_all
-    from control_plane.web.ui import DASHBOARDS
+    from sits.dashboards.generate import render_all
+    from sits.control_plane.web.ui import DASHBOARDS
     uids = {_json.loads(text)["uid"] for text in render_all().values()}
     assert {uid for _, uid in DASHBOARDS} == uids
 
@@ -200,7 +200,7 @@ def test_role_errors_use_the_right_article(client):
      "guard", "canary is crashing (restarts)"),
 ])
 def test_why_it_ended_does_not_repeat_the_kind_the_list_writes_before_it(last, kind, text):
-    from control_plane.rollout import Rollout
-    from control_plane.web.present import ending
+    from sits.control_plane.rollout import Rollout
+    from sits.control_plane.web.present import ending
     # rollouts.js writes "correctness gate failed: <text>" and "guard: <text>"
     assert ending(Rollout("r", "chat", "v2", "v1"), last, [], []) == {"kind": kind, "text": text}

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from control_plane.adapters.spec import DeploySpec
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck
-from control_plane.rollout import Command, Phase
-from control_plane.service.rollouts import send_command, start_rollout
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck
+from sits.control_plane.rollout import Command, Phase
+from sits.control_plane.service.rollouts import send_command, start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
 
 from tests.control_plane.helpers import latency_policy
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer

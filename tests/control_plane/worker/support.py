@@ -6,11 +6,11 @@ import dataclasses
 import threading
 import time
 
-from control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, NotReadyError,
+from sits.control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, NotReadyError,
                                            ReplicaLimit, VariantSpec, VariantStatus, normalize_weights)
-from control_plane.adapters.metrics import MetricsWindow, NoDataError
-from control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
-from engine.buckets import LATENCY_BUCKETS
+from sits.control_plane.adapters.metrics import MetricsWindow, NoDataError
+from sits.control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
+from sits.engine.buckets import LATENCY_BUCKETS
 from tests.control_plane.helpers import lat
 
 KEY = REQUEST_LATENCY + '{route="/v1/completions"}'

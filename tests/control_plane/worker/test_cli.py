@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from control_plane.cli.main import main
-from control_plane.rollout import Phase
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
+from sits.control_plane.cli.main import main
+from sits.control_plane.rollout import Phase
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
 
-from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+from sits.control_plane.adapters.notify import WebhookConfig, WebhookNotifier
 
 from .support import CannedSource, InMemoryDeployer
 from .test_notify import Receiver

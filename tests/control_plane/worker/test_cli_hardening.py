@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.cli.main import build_parser, main
-from control_plane.cli.build import build_worker
-from control_plane.store.db import Store
+from sits.control_plane.cli.main import build_parser, main
+from sits.control_plane.cli.build import build_worker
+from sits.control_plane.store.db import Store
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -118,7 +118,7 @@ def _unprivileged() -> list[str]:
 
 
 def _run_cli(*argv, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*_unprivileged(), sys.executable, "-m", "control_plane.cli", *argv], cwd=REPO,
+    return subprocess.run([*_unprivileged(), sys.executable, "-m", "sits.control_plane.cli", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -200,7 +200,7 @@ def test_credentials_in_the_prometheus_url_never_reach_output_or_the_store(tmp_p
     for argv in (["rollout", "show", rid], ["rollout", "show", rid, "--json"]):
         rc, out, err = cli(capsys, *argv, "--store", db)
         assert rc == 0 and "hunter2" not in out and "***@prom:9090" in out
-    p = subprocess.run([sys.executable, "-m", "control_plane.cli", "worker", "--store", db, "--metrics", "prometheus",
+    p = subprocess.run([sys.executable, "-m", "sits.control_plane.cli", "worker", "--store", db, "--metrics", "prometheus",
                         "--prometheus-url", "ftp://sits:hunter4@prom"], cwd=REPO, capture_output=True, text=True,
                        timeout=60)
     one_line_error(p.returncode, p.stderr)
@@ -224,9 +224,9 @@ def test_unknown_or_malformed_kernel_sets_are_refused_at_creation(tmp_path, caps
 
 
 def test_kernel_set_names_follow_the_registry_pattern_everywhere():
-    from control_plane.adapters.deploy import InvalidVariantError, VariantSpec
-    from control_plane.validation import _KERNEL_SET_RE
-    from kernels.registry import _NAME
+    from sits.control_plane.adapters.deploy import InvalidVariantError, VariantSpec
+    from sits.control_plane.validation import _KERNEL_SET_RE
+    from sits.kernels.registry import _NAME
 
     assert _KERNEL_SET_RE.pattern == _NAME.pattern
     with pytest.raises(InvalidVariantError, match="kernel set name"):   # a deploy from a tampered store, too

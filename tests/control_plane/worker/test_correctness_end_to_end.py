@@ -9,20 +9,20 @@ import time
 
 import pytest
 
-from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.analysis.prompts import DEFAULT_PROMPTS
-from control_plane.cli.main import main as control_cli
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.rollout import Phase
-from control_plane.service import rollouts as service
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
+from sits.control_plane.cli.main import main as control_cli
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service import rollouts as service
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 SVC = "gate"
 LOAD_PROMPT = "Write a short paragraph that explains why the sky looks blue during the day and red at sunset."

@@ -10,13 +10,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
-from control_plane.rollout import Command, Phase
-from control_plane.service.rollouts import send_command
-from control_plane.store.db import Store
-from control_plane.worker.config import WorkerConfig
-from control_plane.worker.crd_watch import CrdWatcher
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
+from sits.control_plane.rollout import Command, Phase
+from sits.control_plane.service.rollouts import send_command
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.config import WorkerConfig
+from sits.control_plane.worker.crd_watch import CrdWatcher
+from sits.control_plane.worker.loop import Worker
 from tests.waiting import wait_for, wait_http_ok
 
 from .support import CannedSource, InMemoryDeployer
@@ -209,7 +209,7 @@ def test_serve_watch_crds_runs_the_watcher(kube_cluster, kube_namespace, crd, tm
     KernelRollout into a rollout with the service's policy defaults under the resource's policy."""
     (tmp_path / "policy.yaml").write_text("check_interval_s: 42\nsteps: [5, 50]\n")
     db = str(tmp_path / "sits.db")
-    argv = [sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--no-worker", "--watch-crds",
+    argv = [sys.executable, "-m", "sits.control_plane.cli", "serve", "--port", "0", "--no-worker", "--watch-crds",
             "--namespace", kube_namespace, "--kubeconfig", kube_cluster.kubeconfig, "--store", db,
             "--policy-defaults", str(tmp_path / "policy.yaml")]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -234,7 +234,7 @@ def test_serve_watch_crds_runs_the_watcher(kube_cluster, kube_namespace, crd, tm
 
 
 def test_serve_watch_crds_without_credentials_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "control_plane.cli", "serve", "--port", "0", "--no-worker",
+    r = subprocess.run([sys.executable, "-m", "sits.control_plane.cli", "serve", "--port", "0", "--no-worker",
                         "--watch-crds", "--kubeconfig", str(tmp_path / "missing"), "--store", str(tmp_path / "s.db")],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "KUBERNETES_SERVICE_HOST": ""})
     assert r.returncode == 2 and "--watch-crds: cannot load Kubernetes credentials" in r.stderr, r.stderr

@@ -5,20 +5,20 @@ import time
 
 import pytest
 
-from control_plane.adapters.deploy import VariantSpec
-from control_plane.adapters.local_config import LocalConfig
-from control_plane.adapters.local import LocalDeployer
-from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
-from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
-from control_plane.demo.loadgen import LoadGenerator
-from control_plane.rollout import Phase
-from control_plane.store.db import Store
-from control_plane.adapters.spec import DeploySpec
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
-from control_plane.service.rollouts import start_rollout
+from sits.control_plane.adapters.deploy import VariantSpec
+from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
+from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.rollout import Phase
+from sits.control_plane.store.db import Store
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
+from sits.control_plane.service.rollouts import start_rollout
 from tests.fixtures.prometheus import DeployerDiscovery
 
 from .test_notify import Receiver

@@ -6,14 +6,14 @@ import time
 import pytest
 from kubernetes import client
 
-from control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from control_plane.analysis import Policy
-from control_plane.rollout import Phase
-from control_plane.store.db import Store
-from control_plane.service.rollouts import start_rollout
-from control_plane.adapters.spec import DeploySpec
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.analysis import Policy
+from sits.control_plane.rollout import Phase
+from sits.control_plane.store.db import Store
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 from .support import CannedSource
 

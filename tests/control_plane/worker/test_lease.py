@@ -4,11 +4,11 @@ takes over after the lease expires. First with an injected clock (deterministic)
 import threading
 
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
-from control_plane.rollout import Phase
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 from tests.waiting import wait_for
 

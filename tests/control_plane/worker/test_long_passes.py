@@ -5,12 +5,12 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from control_plane.analysis import Policy
-from control_plane.rollout import Phase
-from control_plane.service.rollouts import send_command, start_rollout
-from control_plane.store.db import Store
-from control_plane.worker.config import WorkerConfig
-from control_plane.worker.loop import Worker
+from sits.control_plane.analysis import Policy
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import send_command, start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.config import WorkerConfig
+from sits.control_plane.worker.loop import Worker
 from tests.control_plane.helpers import latency_policy
 
 from .support import CannedSource, FixedEndpointDeployer, InMemoryDeployer

@@ -6,9 +6,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.adapters.notify import (MultiNotifier, Notification, WebhookConfig, WebhookNotifier, json_body,
+from sits.control_plane.adapters.notify import (MultiNotifier, Notification, WebhookConfig, WebhookNotifier, json_body,
                                            slack_body)
-from control_plane.store.db import Store
+from sits.control_plane.store.db import Store
 
 
 class Receiver:

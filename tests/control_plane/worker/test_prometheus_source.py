@@ -11,13 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from control_plane.adapters import process
-from control_plane.adapters.metrics import MetricsQueryError, MetricsSource, MultipleSeriesError, NoDataError, Target
-from control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from control_plane.adapters.scrape import ScrapeSource
-from control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
-from control_plane.rollout import ROLES
-from engine.buckets import LATENCY_BUCKETS
+from sits.control_plane.adapters import process
+from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsSource, MultipleSeriesError, NoDataError, Target
+from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
+from sits.control_plane.rollout import ROLES
+from sits.engine.buckets import LATENCY_BUCKETS
 from tests.fixtures.prometheus import PROMETHEUS_BIN, PrometheusServer, backfill, format_value
 
 from .conftest import SERVICE, send

@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from control_plane.adapters.correctness import (MAX_PROMPT_FILE_BYTES, CorrectnessProbe, PromptSetError,
+from sits.control_plane.adapters.correctness import (MAX_PROMPT_FILE_BYTES, CorrectnessProbe, PromptSetError,
                                                 load_prompt_set)
-from control_plane.analysis import Policy, PolicyError
-from control_plane.analysis.prompts import DEFAULT_PROMPTS, MAX_INLINE_CHARS, MAX_INLINE_PROMPTS
-from control_plane.errors import ValidationError
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
+from sits.control_plane.analysis import Policy, PolicyError
+from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS, MAX_INLINE_CHARS, MAX_INLINE_PROMPTS
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
 
 
 @pytest.mark.parametrize("bad", ["/dev/zero", "/etc/shadow", "../../etc/passwd", "sets/smoke", "..", ".hidden",

@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from control_plane.adapters.replay_client import ReplayAnswer
-from control_plane.analysis import (GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot,
+from sits.control_plane.adapters.replay_client import ReplayAnswer
+from sits.control_plane.analysis import (GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot,
                                     LowTrafficPolicy, Outcome, Policy, VariantData, Verdict)
-from control_plane.analysis import TestResult as Result
-from control_plane.rollout import Check, Decision, Phase, Rollout
-from control_plane.worker.replay import ReplayPlan, Replayer, RolloutReplay, requests_wanted
-from control_plane.worker.workload import Workload, prompt
+from sits.control_plane.analysis import TestResult as Result
+from sits.control_plane.rollout import Check, Decision, Phase, Rollout
+from sits.control_plane.worker.replay import ReplayPlan, Replayer, RolloutReplay, requests_wanted
+from sits.control_plane.worker.workload import Workload, prompt
 
 
 def _plan(**kw) -> ReplayPlan:

@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from control_plane.adapters.replay_client import ReplayAnswer
-from control_plane.analysis import LowTrafficPolicy, VariantData
-from control_plane.rollout import Command, Phase
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.web import create_app
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.replay_client import ReplayAnswer
+from sits.control_plane.analysis import LowTrafficPolicy, VariantData
+from sits.control_plane.rollout import Command, Phase
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.web import create_app
+from sits.control_plane.worker.loop import Worker
 
 from tests.control_plane.helpers import latency_policy
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer

@@ -3,11 +3,11 @@ import time
 
 import pytest
 
-from control_plane.adapters.metrics import MetricsQueryError, MetricsSource, NoDataError, Target
-from control_plane.adapters.scrape import ScrapeSource, diff, parse_exposition
-from control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
-from engine.buckets import LATENCY_BUCKETS
-from engine.metrics import EngineMetrics, MetricLabels
+from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsSource, NoDataError, Target
+from sits.control_plane.adapters.scrape import ScrapeSource, diff, parse_exposition
+from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
+from sits.engine.buckets import LATENCY_BUCKETS
+from sits.engine.metrics import EngineMetrics, MetricLabels
 
 from .conftest import SERVICE, send
 

@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from control_plane.adapters.spec import DeploySpec
-from control_plane.analysis.prompts import stored_prompt_set
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
+from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.analysis.prompts import stored_prompt_set
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
 
 
 @pytest.mark.parametrize("old,new", [("/etc/sits/config/prompts-smoke.json", "smoke"), ("/etc/passwd", "passwd"),

@@ -7,13 +7,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.rollout import Command, Phase, weights_for
-from control_plane.store.db import Store
-from control_plane.service.rollouts import start_rollout
-from control_plane.adapters.spec import DeploySpec
+from sits.control_plane.rollout import Command, Phase, weights_for
+from sits.control_plane.store.db import Store
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.adapters.spec import DeploySpec
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
-from control_plane.worker.loop import Worker
-from control_plane.worker.config import WorkerConfig
+from sits.control_plane.worker.loop import Worker
+from sits.control_plane.worker.config import WorkerConfig
 
 from .support import CannedSource, InMemoryDeployer
 
@@ -133,7 +133,7 @@ def test_crash_between_any_two_steps_converges_with_no_check_lost_or_repeated(tm
 def test_journaled_webhook_sends_every_notification_once_across_crashes(tmp_path):
     # the worker's webhook queue is in the store's file and keyed by outbox action: a crash after a Notify action ran
     # but before it was marked done replays it, and the receiver still gets each notification exactly once
-    from control_plane.adapters.notify import WebhookConfig, WebhookNotifier
+    from sits.control_plane.adapters.notify import WebhookConfig, WebhookNotifier
 
     from .test_notify import Receiver
     ref = drive(str(tmp_path / "ref.db"), 1.6)

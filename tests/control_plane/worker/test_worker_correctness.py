@@ -6,12 +6,12 @@ import socket
 
 import pytest
 
-from control_plane.adapters.correctness import CorrectnessProbe
-from control_plane.analysis import Policy
-from control_plane.rollout import Phase
-from control_plane.service.rollouts import start_rollout
-from control_plane.store.db import Store
-from control_plane.worker.loop import Worker
+from sits.control_plane.adapters.correctness import CorrectnessProbe
+from sits.control_plane.analysis import Policy
+from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import start_rollout
+from sits.control_plane.store.db import Store
+from sits.control_plane.worker.loop import Worker
 
 from .support import CannedSource, FixedEndpointDeployer, InMemoryDeployer
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.adapters import process
-from control_plane.rollout import Phase
-from control_plane.store.db import Store
+from sits.control_plane.adapters import process
+from sits.control_plane.rollout import Phase
+from sits.control_plane.store.db import Store
 from tests.control_plane.deploy.test_local_limits import _engines
 from tests.waiting import wait_for
 
@@ -21,7 +21,7 @@ POLICY = {"steps": [50], "check_interval_s": 1, "warmup_s": 0, "min_samples": 10
 
 
 def _start(db: str, service: str, policy: Path, replicas: int = 1) -> str:
-    p = subprocess.run([sys.executable, "-m", "control_plane.cli", "rollout", "start", "--service", service,
+    p = subprocess.run([sys.executable, "-m", "sits.control_plane.cli", "rollout", "start", "--service", service,
                         "--kernels", "torch", "--policy", str(policy), "--replicas", str(replicas), "--store", db],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -30,7 +30,7 @@ def _start(db: str, service: str, policy: Path, replicas: int = 1) -> str:
 
 def _worker(db: str, workdir: Path, *extra: str) -> subprocess.Popen:
     workdir.mkdir()
-    return process.spawn([sys.executable, "-m", "control_plane.cli", "worker", "--store", db, "--interval", "0.2",
+    return process.spawn([sys.executable, "-m", "sits.control_plane.cli", "worker", "--store", db, "--interval", "0.2",
                           "--workdir", str(workdir), "--cpu-threads", "1", *extra],
                          log_path=workdir.parent / f"{workdir.name}.log", cwd=str(REPO))
 

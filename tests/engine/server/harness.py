@@ -11,8 +11,8 @@ import urllib.request
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from control_plane.adapters.process import listening_socket
-from engine.server.main import ServerConfig, build_app, uvicorn_config
+from sits.control_plane.adapters.process import listening_socket
+from sits.engine.server.main import ServerConfig, build_app, uvicorn_config
 
 BASE = ServerConfig(model="tiny", kernels="torch", env="test", service="engine-under-test", device="cpu",
                     max_num_seqs=64, log_level="warning", access_log=False)

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine import LLMEngine
-from control_plane.adapters.process import listening_socket
+from sits.engine import LLMEngine
+from sits.control_plane.adapters.process import listening_socket
 from tests.engine.server.harness import http
 from tests.waiting import wait_for
 
@@ -26,7 +26,7 @@ class CrashOnMarkedPrompt(LLMEngine):
 
 
 class ServeProcess:
-    """`python -m engine.cli serve` on a free port, its output in `log_path`."""
+    """`python -m sits.engine.cli serve` on a free port, its output in `log_path`."""
 
     def __init__(self, tmp_path: Path, *args: str):
         sock = listening_socket("127.0.0.1", 0)   # handed over (--listen-fd): no other process can take the port
@@ -35,7 +35,7 @@ class ServeProcess:
         self.log_path = tmp_path / "serve.log"
         with sock, open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--device", "cpu", "--port",
+                [sys.executable, "-m", "sits.engine.cli", "serve", "--model", "tiny", "--device", "cpu", "--port",
                  str(port), "--listen-fd", str(sock.fileno()), "--env", "test", "--service", "proc-test",
                  "--no-access-log", *args],
                 stdout=log, stderr=subprocess.STDOUT, pass_fds=(sock.fileno(),))

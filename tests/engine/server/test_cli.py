@@ -9,8 +9,8 @@ import time
 
 import openai
 
-from control_plane.adapters.process import listening_socket
-from engine.server.main import build_parser, main
+from sits.control_plane.adapters.process import listening_socket
+from sits.engine.server.main import build_parser, main
 from tests.engine.server.harness import http
 
 SECRET = "sk-very-secret-token-0123456789"
@@ -26,7 +26,7 @@ def test_serve_process_end_to_end(tmp_path):
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--host",
+            [sys.executable, "-m", "sits.engine.cli", "serve", "--model", "tiny", "--kernels", "torch", "--host",
              "127.0.0.1", "--port", str(port), "--env", "ci", "--service", "cli-test", "--device", "cpu"],
             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

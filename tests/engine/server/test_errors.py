@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from engine.errors import ContextLengthError
+from sits.engine.errors import ContextLengthError
 from tests.engine.server.harness import http, sample
 
 OK = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
@@ -158,7 +158,7 @@ def _up(s) -> bool:
 def test_engine_crash_fails_in_flight_streams_and_readiness(tmp_path):
     from dataclasses import replace
 
-    from engine import LLMEngine
+    from sits.engine import LLMEngine
     from tests.engine.server.harness import BASE, RunningServer
 
     class CrashingEngine(LLMEngine):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from engine.server.main import ServerConfig, build_parser
+from sits.engine.server.main import ServerConfig, build_parser
 from tests.engine.server.harness import http, sample
 
 REQ = {"model": "tiny", "prompt": "fault", "max_tokens": 6, "ignore_eos": True, "stream": True}

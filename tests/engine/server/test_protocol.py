@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.server.errors import APIError
-from engine.server.protocol import parse_chat, parse_completion, parse_json_body, parse_tenant
+from sits.engine.server.errors import APIError
+from sits.engine.server.protocol import parse_chat, parse_completion, parse_json_body, parse_tenant
 
 
 def test_completion_defaults_and_fields():

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from engine import LLMEngine
+from sits.engine import LLMEngine
 from tests.engine.server.harness import http, sample
 
 

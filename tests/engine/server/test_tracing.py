@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from control_plane.tracing import TracingConfig
+from sits.control_plane.tracing import TracingConfig
 from tests.engine.server.harness import BASE, RunningServer, http
 from tests.fixtures.otlp import OTLPReceiver
 
