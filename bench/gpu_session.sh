@@ -10,6 +10,8 @@
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
+#   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
+#                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
@@ -161,6 +163,23 @@ run_int8() {
   summary+=("int8 | rc $rc | $((SECONDS - t0)) s | tables in int8.log")
 }
 
+run_conformance() {
+  # the correctness gate's op-level conformance: every wrong release caught, every good one passing, on the tiny
+  # model trained here (cached in $SITS_CACHE_DIR) and on llama3-8b (bench/conformance.py)
+  local budget="${SITS_CONFORMANCE_BUDGET_S:-480}" t0=$SECONDS rc=0 tiny
+  tiny="${SITS_CACHE_DIR:-/tmp/sits-cache}/tiny-trained-cuda"
+  local dev=(--device cuda --tiny "$tiny")
+  if [[ "$phase" == dry-run ]]; then dev=(--device cpu); else
+    echo "== training the tiny model (bench/train_tiny.py --reuse, $tiny)"
+    timeout 120 "$py" bench/train_tiny.py --out "$tiny" --device cuda --reuse --log-every 200 2>&1 | tail -2
+  fi
+  echo "== conformance (budget ${budget} s): bench/conformance.py ${dev[*]}"
+  timeout -k 10 "$budget" "$py" bench/conformance.py "${dev[@]}" --json "$out/conformance.json" 2>&1 \
+    | tee "$out/conformance.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  summary+=("conformance | rc $rc | $((SECONDS - t0)) s | table in conformance.log")
+}
+
 versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
@@ -175,7 +194,9 @@ for ph in "${phases[@]}"; do
     profile) run_profile ;;
     throughput) run_throughput ;;
     int8) run_int8 ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|int8|all|dry-run (or a comma-separated list)"; exit 2 ;;
+    conformance) run_conformance ;;
+    *) echo "usage: $0 tests|serving|profile|throughput|int8|conformance|all|dry-run (or a comma-separated list)"
+       exit 2 ;;
   esac
 done
 

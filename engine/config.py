@@ -39,6 +39,9 @@ class EngineConfig:
     # (engine/piecewise_graphs.py), wherever decode steps use graphs; on the H200 it cut the open-loop ITL p99 by
     # 24-53 % (BENCHMARKS.md "Piecewise graphs (H200)")
     piecewise_graphs: bool = True
+    # warm-up measures every op of the kernel set that is not the reference's against it at the served shapes
+    # (engine/conformance.py); the report is served at GET /conformance for the correctness gate
+    conformance: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):

@@ -14,6 +14,7 @@ import torch
 from sits.engine.async_decode import DecodePipeline
 from sits.engine.block_manager import BlockManager
 from sits.engine.config import EngineConfig
+from sits.engine.conformance import measure_runner as measure_conformance
 from sits.engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
 from sits.engine.loader import resolve_model
 from sits.engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
@@ -52,6 +53,7 @@ class LLMEngine:
         max_len = min(config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       mc.max_position_embeddings)
         self.model_runner = ModelRunner(config, source, self.kernel_set, self.device, self.dtype, max_len)
+        self.conformance: dict | None = None   # warmup()'s op-level conformance report (engine/conformance.py)
         num_blocks = self.model_runner.num_blocks
         self.max_model_len = min(max_len, num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size,
@@ -281,6 +283,12 @@ class LLMEngine:
             runner.warmup(plan)
             log.info("warm-up ran %d step shapes in %.1f s (Triton's cache: %s)", len(plan), time.perf_counter() - t0,
                      runner.triton_cache_dir)
+            t0 = time.perf_counter()
+        if self.config.conformance:
+            self.conformance = measure_conformance(runner)
+            log.info("conformance of %s against %s: %d ops, %d cases in %.1f s (seed %d)", self.kernel_set.name,
+                     self.conformance["reference"], len(self.conformance["measured_ops"]),
+                     len(self.conformance["cases"]), self.conformance["seconds"], self.conformance["seed"])
             t0 = time.perf_counter()
         graphs = runner.capture_decode_graphs()
         if graphs:

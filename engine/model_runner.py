@@ -81,6 +81,7 @@ class ModelRunner:
             self.kv_cache = torch.zeros(mc.num_hidden_layers, 2, self.num_blocks, self.block_size,
                                         mc.num_key_value_heads, mc.head_dim, device=device, dtype=dtype)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_hidden_layers)]
+        self.max_model_len = max_model_len   # the longest context served (RoPE tables and block tables cover it)
         self.max_blocks = -(-max_model_len // self.block_size)  # block-table width of every step
         self.decode_sizes = graph_batch_sizes(config.max_num_seqs)  # decode rows are padded to one of these
         # decode-only steps replay CUDA graphs (engine/cuda_graphs.py) when the kernel set allows it

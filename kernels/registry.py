@@ -172,7 +172,11 @@ def _load_plugins() -> None:
         _plugins_loaded = True
         importlib.import_module("sits.kernels.sets")
         for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-            importlib.import_module(mod)
+            try:
+                importlib.import_module(mod)
+            except ImportError as e:
+                raise KernelSetError(f"{PLUGINS_ENV} names {mod!r}, which cannot be imported ({e}): put the "
+                                     "directory that holds it on PYTHONPATH (docs/kernels.md)") from e
 
 
 def list_kernel_sets() -> list[str]:

@@ -24,6 +24,8 @@ import requests
 
 from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
                                     compare_replays)
+from sits.control_plane.analysis.conformance import judge as judge_conformance
+from sits.control_plane.analysis.correctness import with_conformance
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
 from sits.control_plane.tracing import inject
@@ -223,4 +225,11 @@ class CorrectnessProbe:
                                             interrupted)
         # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances
         verdict = compare_replays(replays, policy, canary_dtype or dtype or "unknown")
+        if policy.conformance.enabled:
+            # what each engine measured at warm-up (engine/conformance.py); the baseline runs production's set, so
+            # its report says which ops the canary changes
+            canary_report = self._get(canary_url, "/conformance", policy.request_timeout_s) or None
+            baseline_report = self._get(baseline_url, "/conformance", policy.request_timeout_s) or None
+            verdict = with_conformance(verdict, judge_conformance(canary_report, baseline_report,
+                                                                  policy.conformance))
         return GateRun(verdict, requests=sent, tokens=tokens, seconds=time.perf_counter() - t0)

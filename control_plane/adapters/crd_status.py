@@ -55,6 +55,11 @@ def last_check(ev: Mapping | None) -> dict | None:
     out = {"seq": ev["seq"], "verdict": verdict["outcome"], "decision": str(ev["decision"]), "time": rfc3339(ev["at"])}
     if verdict.get("correctness"):
         cv = verdict["correctness"]
+        cf = cv.get("conformance") or {}
+        if cf.get("outcome") == "fail" and cf.get("failures"):   # op-level conformance: the op and its error
+            f = cf["failures"][0]
+            got = f.get("exception") or f"error {f['error']:.3g} > allowed {f['allowed']:.3g}"
+            return {**out, "metric": f"conformance:{f['op']}", "delta": got[:200], "interval": f["case"][:200]}
         frac = cv.get("identical_fraction")
         return {**out, "metric": "correctness", "delta": "-" if frac is None else f"{frac:.0%} identical",
                 "interval": f"{cv.get('diverged', 0)} of {cv.get('prompts', 0)} prompts diverged"}

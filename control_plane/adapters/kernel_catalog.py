@@ -150,7 +150,7 @@ class KernelCatalog:
             return cls.from_file(path)
         if need and all(n in (shipped := cls.shipped()) for n in need):
             return shipped
-        if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("engine") is not None:
+        if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("sits.engine") is not None:
             try:
                 return cls.from_engine()
             except CatalogError as e:

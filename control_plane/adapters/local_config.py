@@ -11,9 +11,10 @@ from sits.control_plane.adapters.deploy import DeployError
 
 # engine replicas get an explicit environment: these of ours (exact names, then prefixes), LocalConfig.env and the
 # spec's env. Nothing else: the worker's own secrets (SITS_PROMETHEUS_TOKEN, ..._PASSWORD, API tokens) stay here.
+# SITS_KERNEL_PLUGINS with PYTHONPATH: the kernel-set plugins this environment lists are the ones its engines load.
 ENV_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "HF_HOME",
-              "XDG_CACHE_HOME", "SITS_BUILD", "SITS_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME",
-              "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+              "XDG_CACHE_HOME", "SITS_BUILD", "SITS_OTEL_EXPORTER", "SITS_KERNEL_PLUGINS", "OTEL_TRACES_EXPORTER",
+              "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 ENV_PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_", "TORCHINDUCTOR_", "OMP_", "MKL_")
 MIN_PIN_TOKEN_CHARS = 16       # RouterConfig's bound too
 ENGINE_MEMORY_BYTES = 1 << 30   # what one local engine replica is budgeted (the tiny model needs ~0.4 GB RSS)
@@ -21,6 +22,9 @@ ENGINE_MEMORY_BYTES = 1 << 30   # what one local engine replica is budgeted (the
 
 def engine_environment(parent: Mapping[str, str], *extra: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in parent.items() if k in ENV_PASSED or k.startswith(ENV_PASSED_PREFIXES)}
+    if env.get("PYTHONPATH"):   # engines run in their own work dir: "." and other relative entries mean ours
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd()
+                                            for p in env["PYTHONPATH"].split(os.pathsep))
     for e in extra:
         env.update(e)
     return env

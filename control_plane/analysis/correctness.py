@@ -23,15 +23,22 @@ Verdict, in order:
   margin-aware, nothing failed, fewer than min_confident_positions confident positions -> INCONCLUSIVE: the model's
       distributions are too flat for the dtype's rounding to be told from a bug (random weights); never a pass;
   else PASS.
+Then `with_conformance(replay_verdict, conformance_verdict)` joins the op-level conformance (analysis/conformance.py):
+  either FAIL -> FAIL (reasons joined; "conformance" among `failed`);
+  conformance PASS and the replay INCONCLUSIVE only because the model is too flat to judge -> PASS: every changed op
+      was judged at the served shapes, which needs no meaningful weights;
+  otherwise the replay's outcome; the conformance verdict rides along in `conformance` either way.
 bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
 from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from .conformance import ConformanceVerdict
 from .gate_policy import CorrectnessPolicy
 from .verdict import Outcome
 
@@ -135,6 +142,8 @@ class CorrectnessVerdict:
     confident_top1: float = math.nan      # ... where the canary's top-1 is the baseline's token
     confident_drift_mean: float = math.nan
     confident_drift_max: float = math.nan
+    judgeable: bool = True                # False: the replay found nothing wrong but the model was too flat to judge
+    conformance: ConformanceVerdict | None = None   # op-level conformance (with_conformance)
 
     def to_dict(self) -> dict:
         return {"outcome": self.outcome.value, "reason": self.reason, "prompts": self.prompts, "errors": self.errors,
@@ -144,7 +153,8 @@ class CorrectnessVerdict:
                 "requests": self.requests, "seconds": _clean(self.seconds), "positions": self.positions,
                 "confident_positions": self.confident_positions, "confident_top1": _clean(self.confident_top1),
                 "confident_drift_mean": _clean(self.confident_drift_mean),
-                "confident_drift_max": _clean(self.confident_drift_max),
+                "confident_drift_max": _clean(self.confident_drift_max), "judgeable": self.judgeable,
+                "conformance": self.conformance.to_dict() if self.conformance else None,
                 "evidence": [e.to_dict() for e in self.evidence]}
 
     @classmethod
@@ -156,7 +166,8 @@ class CorrectnessVerdict:
                    tuple(PromptComparison.from_dict(e) for e in d.get("evidence", ())), d.get("diverged", 0),
                    d.get("tokens", 0), d.get("requests", 0), nan("seconds"), d.get("positions", 0),
                    d.get("confident_positions", 0), nan("confident_top1"), nan("confident_drift_mean"),
-                   nan("confident_drift_max"))
+                   nan("confident_drift_max"), d.get("judgeable", True),
+                   ConformanceVerdict.from_dict(d["conformance"]) if d.get("conformance") else None)
 
 
 def _clean(v):
@@ -304,13 +315,31 @@ def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
             Outcome.INCONCLUSIVE, f"too few confident positions to judge: {sure_n} of {forced_n} had a baseline "
             f"margin > {p.confident_margin:g} nats (the {dtype} tolerances need {p.min_confident_positions}); the "
             f"model's distributions are too flat (random weights?) to tell {dtype} rounding from a bug. Nothing "
-            f"failed: {summary}, max logprob drift {drift_max:.2g}", evidence=evidence[:_MAX_EVIDENCE], **stats)
+            f"failed: {summary}, max logprob drift {drift_max:.2g}", evidence=evidence[:_MAX_EVIDENCE],
+            judgeable=False, **stats)
     if aware:
         summary += (f"; at {sure_n} confident positions top-1 agreement {_pct(sure_top1)}, logprob drift mean "
                     f"{sure_mean:.2g} max {sure_max:.2g}")
     else:
         summary += f", max logprob drift {drift_max:.2g}"
     return CorrectnessVerdict(Outcome.PASS, summary, evidence=evidence[:_MAX_EVIDENCE], **stats)
+
+
+def with_conformance(replay: CorrectnessVerdict, conformance: ConformanceVerdict | None) -> CorrectnessVerdict:
+    """The gate's verdict: the replay's joined with the op-level conformance verdict (rules in the module docstring).
+    None: conformance is off in the policy."""
+    if conformance is None:
+        return replay
+    joined = dataclasses.replace(replay, conformance=conformance)
+    if conformance.outcome is Outcome.FAIL:
+        reason = conformance.reason if replay.outcome is not Outcome.FAIL else f"{conformance.reason}; replay: " \
+            f"{replay.reason}"
+        return dataclasses.replace(joined, outcome=Outcome.FAIL, reason=reason,
+                                   failed=("conformance",) + replay.failed)
+    if conformance.outcome is Outcome.PASS and replay.outcome is Outcome.INCONCLUSIVE and not replay.judgeable:
+        return dataclasses.replace(joined, outcome=Outcome.PASS, reason=f"{conformance.reason}. Replay: nothing "
+                                   f"failed, but the model is too flat to judge by its answers ({replay.reason})")
+    return joined
 
 
 def _pct(x: float) -> str:

@@ -1,5 +1,6 @@
 """The correctness gate's policy: `CorrectnessPolicy` (what is replayed, how often) and the `Tolerances` per dtype
-that analysis/correctness.py judges the replays by. Part of `Policy` (`policy.correctness`)."""
+that analysis/correctness.py judges the replays by, and `ConformancePolicy`, how analysis/conformance.py judges the
+engines' op-level conformance reports. Part of `Policy` (`policy.correctness`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -57,6 +58,52 @@ DEFAULT_TOLERANCES: dict[str, Tolerances] = {
 LOOSEST_DTYPE = "bfloat16"   # used for a dtype the policy has no tolerances for
 
 
+_DEFAULT_ATOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}   # the kernel tests' (tests/kernels/)
+
+
+def _default_atol() -> dict[str, float]:
+    return dict(_DEFAULT_ATOL)
+
+
+@dataclass(slots=True, frozen=True)
+class ConformancePolicy:
+    """`policy.correctness.conformance`: judge the canary engine's op-level conformance report."""
+    enabled: bool = True
+    k: float = 4.0              # times the reference's own error in the serving precision
+    atol: Mapping[str, float] = field(default_factory=_default_atol)   # dtype -> absolute slack (times max(1, |ref|))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise PolicyError("enabled", f"must be true or false, got {_short(self.enabled)}")
+        if not _num(self.k) or not 1 <= self.k <= 1000:
+            raise PolicyError("k", f"must be a number from 1 to 1000 (times the reference's own error), got "
+                              f"{_short(self.k)}")
+        if not isinstance(self.atol, Mapping) or not self.atol:
+            raise PolicyError("atol", "must map dtypes (float32, bfloat16, ...) to an absolute tolerance")
+        for dtype, v in self.atol.items():
+            if not isinstance(dtype, str) or not _num(v) or not 0 <= v <= 1:
+                raise PolicyError(f"atol.{dtype}", f"must be a number from 0 to 1, got {_short(v)}")
+        object.__setattr__(self, "atol", {**_DEFAULT_ATOL, **self.atol})
+
+    def atol_for(self, dtype: str) -> float:
+        return self.atol.get(dtype, self.atol.get(LOOSEST_DTYPE, _DEFAULT_ATOL[LOOSEST_DTYPE]))
+
+    def to_dict(self) -> dict:
+        return {"enabled": self.enabled, "k": self.k, "atol": dict(self.atol)}
+
+    @classmethod
+    def from_dict(cls, d) -> "ConformancePolicy":
+        if isinstance(d, ConformancePolicy):
+            return d
+        if not isinstance(d, Mapping):
+            raise PolicyError("", "must be an object, e.g. {\"k\": 4}")
+        unknown = sorted(str(k) for k in set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise PolicyError(unknown[0], f"is not a conformance field; fields are "
+                              f"{', '.join(f.name for f in fields(cls))}")
+        return cls(**d)
+
+
 def _default_tolerances() -> dict[str, Tolerances]:
     return dict(DEFAULT_TOLERANCES)
 
@@ -76,6 +123,8 @@ class CorrectnessPolicy:
     request_timeout_s: float = 60.0
     concurrency: int = 4                 # replay requests in flight per variant
     tolerances: Mapping[str, Tolerances] = field(default_factory=_default_tolerances)   # dtype -> tolerances
+    # op-level conformance of the canary engine's kernels at the served shapes (analysis/conformance.py)
+    conformance: ConformancePolicy = field(default_factory=ConformancePolicy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -107,13 +156,18 @@ class CorrectnessPolicy:
                 raise PolicyError("tolerances", "keys must be dtype names such as 'bfloat16'")
             tol[dtype] = t if isinstance(t, Tolerances) else _tolerances(dtype, t)
         object.__setattr__(self, "tolerances", tol)
+        try:
+            object.__setattr__(self, "conformance", ConformancePolicy.from_dict(self.conformance))
+        except PolicyError as e:
+            raise e.under("conformance") from None
 
     def tolerances_for(self, dtype: str) -> Tolerances:
         return self.tolerances.get(dtype) or self.tolerances.get(LOOSEST_DTYPE) or next(iter(self.tolerances.values()))
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tolerances"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tolerances", "conformance")}
         d["tolerances"] = {k: asdict(t) for k, t in self.tolerances.items()}
+        d["conformance"] = self.conformance.to_dict()
         return d
 
     @classmethod

@@ -52,7 +52,10 @@ def check_line(ev: dict, steps: int) -> str:
     v = ev["verdict"]
     head = f"check {ev['seq']:>2} · step {ev['step'] + 1}/{steps} at {ev['weight']:>3} %"
     if v.get("correctness") is not None:
-        return f"{head} · correctness gate: {v['correctness']['outcome'].upper()} -> {ev['decision']}"
+        cf = v["correctness"].get("conformance")
+        ops = f" (ops {cf['outcome'].upper()}{': ' + ', '.join(cf['judged_ops']) if cf.get('judged_ops') else ''})" \
+            if cf else ""
+        return f"{head} · correctness gate: {v['correctness']['outcome'].upper()}{ops} -> {ev['decision']}"
     parts = []
     for check in dict.fromkeys(r["check"] for r in v["results"] if ":p" in r["check"]):   # latency gates, in order
         r = _pick(v["results"], check)

@@ -68,6 +68,30 @@ def _ids(ids) -> str:
     return str(ids[:_MAX_IDS])[:-1] + (", ...]" if len(ids) > _MAX_IDS else "]")
 
 
+def format_conformance(cf: Mapping | None) -> list[str]:
+    """The op-level conformance part of a correctness check (analysis/conformance.py), or nothing when off."""
+    if not cf:
+        return []
+    where = " ".join(x for x in (cf.get("device"), cf.get("dtype")) if x)
+    cost = f", {cf['cases']} cases measured in {cf['seconds']:.1f} s" if cf.get("seconds") is not None else ""
+    head = f"    op-level conformance: {cf['outcome'].upper()} (the canary's engine{f' on {where}' if where else ''}" \
+           f"{cost}, k={_fmt(cf.get('k'), 'g')})"
+    lines = [head]
+    if cf.get("judged_ops"):
+        same = f"; as production: {', '.join(cf['unchanged_ops'])}" if cf.get("unchanged_ops") else ""
+        lines.append(f"      judged (changed from production's set): {', '.join(cf['judged_ops'])}{same}")
+    for f in cf.get("failures", ()):
+        got = f["exception"] if f.get("error") is None and f.get("exception") else \
+            f"error {_fmt(f.get('error'), '.3g')} > allowed {f['allowed']:.3g} (the reference's own " \
+            f"{f['reference_error']:.3g})"
+        lines.append(f"      {f['op']} at {f['case']}: {got}")
+    if cf.get("failed_cases", 0) > len(cf.get("failures", ())):
+        lines.append(f"      ... {cf['failed_cases'] - len(cf['failures'])} more case(s) out of tolerance")
+    if cf["outcome"] != "fail":
+        lines.append(f"      {cf['reason']}")
+    return lines
+
+
 def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
     """One correctness check (a check dict whose verdict has a "correctness" entry)."""
     cv, decision = ev["verdict"]["correctness"], ev["decision"]
@@ -84,6 +108,7 @@ def format_correctness(ev: Mapping, steps_total: int = 0) -> list[str]:
         lines.append(f"    at the {cv['confident_positions']} of {cv['positions']} positions where the baseline was "
                      f"sure: top-1 agreement {_fmt(cv['confident_top1'], '.1%')}, logprob drift mean "
                      f"{_fmt(cv['confident_drift_mean'], '.2g')} max {_fmt(cv['confident_drift_max'], '.2g')}")
+    lines += format_conformance(cv.get("conformance"))
     if cv["errors"]:
         lines.append(f"    {cv['errors']} prompt(s) could not be replayed")
     if cv["failed"]:

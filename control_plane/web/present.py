@@ -233,7 +233,7 @@ def correctness_summary(cv: Mapping) -> dict:
     return {k: cv.get(k) for k in ("outcome", "reason", "dtype", "prompts", "errors", "diverged", "tokens",
                                    "identical_fraction", "top1_agreement", "drift_mean", "drift_max", "failed",
                                    "requests", "seconds", "positions", "confident_positions", "confident_top1",
-                                   "confident_drift_mean", "confident_drift_max")}
+                                   "confident_drift_mean", "confident_drift_max", "conformance")}
 
 
 def correctness_of(store, r: Rollout) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -49,6 +50,7 @@ class EngineInfo:
     tokenizer: Any
     kernel_set: "KernelIdentity"   # what the core loaded: this process never imports the kernels (nor torch)
     pid: int            # the core process
+    conformance: dict | None = None   # the core's op-level conformance report (engine/conformance.py)
 
 
 @dataclass(slots=True, frozen=True)
@@ -261,7 +263,8 @@ class EngineCoreClient:
     async def _on_ready(self, info: m.CoreInfo) -> None:
         tokenizer = await asyncio.to_thread(load_front_tokenizer, self._config.model, self._config.seed)
         self.engine = EngineInfo(info.model_name, info.max_model_len, info.dtype, tokenizer,
-                                 KernelIdentity(info.kernel_set, info.kernel_version), info.pid)
+                                 KernelIdentity(info.kernel_set, info.kernel_version), info.pid,
+                                 json.loads(info.conformance) if info.conformance else None)
         freeze_startup_heap("API server")
         self.ready.set()
         log.info("engine ready: model=%s kernels=%s (engine core pid %d)", info.model_name, info.kernel_set,

@@ -48,6 +48,7 @@ class CoreInfo(msgspec.Struct, array_like=True):
     max_model_len: int
     dtype: str          # "bfloat16", "float32", ...
     pid: int
+    conformance: str = ""   # JSON of warm-up's op-level conformance report ("" when not measured)
 
 
 class Ready(_Msg):

@@ -10,6 +10,7 @@ parent-pid check while idle). A load or loop failure is sent as `Failed`, then t
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -113,7 +114,8 @@ class EngineCore:
         e = self.engine
         self._send(m.Ready(m.CoreInfo(model_name=e.model_name, kernel_set=e.kernel_set.name,
                                       kernel_version=e.kernel_set.version, max_model_len=e.max_model_len,
-                                      dtype=str(e.dtype).removeprefix("torch."), pid=os.getpid())))
+                                      dtype=str(e.dtype).removeprefix("torch."), pid=os.getpid(),
+                                      conformance=json.dumps(e.conformance) if e.conformance else "")))
         self._send(m.Idle(e.stats(), time.thread_time()))   # the baseline /metrics starts from
         log.info("engine core ready (pid %d): model=%s kernels=%s", os.getpid(), e.model_name, e.kernel_set.name)
         return True

@@ -100,6 +100,19 @@ async def _version(request: Request) -> Response:
     return JSONResponse(body)
 
 
+async def _conformance(request: Request) -> Response:
+    # warm-up's op-level conformance report (engine/conformance.py): measured, not judged -- the correctness gate
+    # judges it with its policy (control_plane/analysis/conformance.py)
+    runner: Runner = request.app.state.sits.runner
+    if not runner.ready.is_set():
+        return JSONResponse({"status": "loading"}, status_code=503)
+    report = getattr(runner.engine, "conformance", None)
+    if report is None:
+        return JSONResponse({"error": {"message": "conformance was not measured (--no-conformance or no warm-up)",
+                                       "type": "not_found"}}, status_code=404)
+    return JSONResponse(report)
+
+
 async def _metrics(request: Request) -> Response:
     # Rendering ~140 buckets x several histograms takes tens of ms under load: do it off the event loop so a scrape
     # does not stall token streaming (which would add exactly the tail noise the canary analysis measures).
@@ -133,7 +146,8 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(500, "internal server error", code="internal_error")
 
 
-ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/version", "/metrics"}
+ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/version", "/conformance",
+          "/metrics"}
 
 
 def create_app(state: ServerState) -> Starlette:
@@ -154,6 +168,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", _readyz, methods=["GET"]),
         Route("/version", _version, methods=["GET"]),
+        Route("/conformance", _conformance, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,

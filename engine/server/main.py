@@ -47,6 +47,7 @@ class ServerConfig:
     seed: int = 0
     enforce_eager: bool = False
     piecewise_graphs: bool = True
+    conformance: bool = True
     served_model_name: str | None = None
     otel_exporter: str | None = None   # None: from SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER, else "none"
     otlp_endpoint: str | None = None
@@ -95,7 +96,8 @@ class ServerConfig:
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             max_waiting=self.max_waiting, quantization=self.quantization,
                             max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed,
-                            enforce_eager=self.enforce_eager, piecewise_graphs=self.piecewise_graphs)
+                            enforce_eager=self.enforce_eager, piecewise_graphs=self.piecewise_graphs,
+                            conformance=self.conformance)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="replay steps with prefill tokens (up to 512 tokens) piecewise from CUDA graphs, attention eager between "
            "the pieces: fewer kernel launches from Python when prompts arrive among decoding streams (default: on "
            "wherever decode steps use graphs; --no-piecewise-graphs runs those steps eagerly, docs/engine.md)")
+    a("--conformance", action=argparse.BooleanOptionalAction, default=True,
+      help="at warm-up, run every op of the kernel set that differs from the reference set `torch` on random inputs at "
+           "this model's shapes and report its errors at GET /conformance, for the correctness gate (default: on; "
+           "seconds on a GPU, docs/kernels.md)")
     a("--served-model-name", default=None, help="model id clients send (default: the preset or directory name)")
     a("--otel-exporter", choices=["none", "console", "otlp"], default=None,
       help="trace exporter (default: $SITS_OTEL_EXPORTER or $OTEL_TRACES_EXPORTER or none)")

@@ -166,8 +166,9 @@ def test_a_restart_takes_compiled_kernels_and_autotuning_from_disk(tmp_path):
 
 
 def test_jit_watch_sees_a_compilation():
+    from sits.kernels import get_kernel_set
     from sits.kernels.jit_watch import JitWatch
-    ks = __import__("kernels").get_kernel_set("triton-v1")
+    ks = get_kernel_set("triton-v1")
     x = torch.randn(3, 40, device="cuda", dtype=torch.float16)  # a hidden size nothing else here uses
     with JitWatch() as watch:
         ks.rms_norm(x, torch.ones(40, device="cuda", dtype=torch.float16), 1e-5)

@@ -128,6 +128,14 @@ def test_engine_environment_passes_only_named_variables():
                    "HOME": "/h", "A": "2"}
 
 
+def test_engine_environment_passes_kernel_plugins_and_an_absolute_pythonpath(tmp_path, monkeypatch):
+    # a plugin set the control plane lists (docs/kernels.md: SITS_KERNEL_PLUGINS + PYTHONPATH) must load in the
+    # engines, which run in their own work dir: relative PYTHONPATH entries are resolved against ours
+    monkeypatch.chdir(tmp_path)
+    env = engine_environment({"SITS_KERNEL_PLUGINS": "my_kernels", "PYTHONPATH": f".{os.pathsep}/abs/lib"})
+    assert env == {"SITS_KERNEL_PLUGINS": "my_kernels", "PYTHONPATH": f"{tmp_path}{os.pathsep}/abs/lib"}
+
+
 def test_close_cancels_a_deploy_in_progress(tmp_path):
     # real engines behind a start-up delay, so that the deploy is certainly still waiting when close() comes
     slow = ("sh", "-c", 'sleep 120 & wait; exec "$0" -m sits.engine.cli "$@"', sys.executable)

@@ -8,7 +8,7 @@ const Correctness = (() => {
   const where = (c, steps) => c.step < 0 ? "before traffic" : `step ${c.step + 1}/${steps} · ${c.weight} %`;
   const outcome = (o) => el("span", { class: `badge verdict-badge v-${o}` }, `${mark[o] || ""} ${o}`);
   const TOL = { identical_fraction: "identical fraction", top1_agreement: "top-1 agreement", drift_mean: "drift mean",
-    drift_max: "drift max", flip_margin: "flip margin", max_error_fraction: "replay errors",
+    drift_max: "drift max", flip_margin: "flip margin", max_error_fraction: "replay errors", conformance: "op-level conformance",
     confident_top1: "top-1 where the baseline was sure", confident_drift_mean: "drift mean where sure",
     confident_drift_max: "drift max where sure" };
 
@@ -37,6 +37,30 @@ const Correctness = (() => {
         + ` · drift max ${num(e.drift_max)} before it, ${num(e.forced_drift_max)} fed the baseline's tokens`),
       el("div", { class: "sides" }, side("baseline", e.baseline_tokens, e.baseline_text, e.canary_text, e.baseline_margin),
         side("canary", e.canary_tokens, e.canary_text, e.baseline_text, e.canary_margin)));
+  }
+
+  // the op-level conformance of the canary engine's kernels (analysis/conformance.py): what was judged, the failures
+  function conformance(cf) {
+    if (!cf) return null;
+    const err = (f) => f.error == null ? (f.exception || "no result") : num(f.error);
+    const rows = (cf.failures || []).map((f) => el("tr", {},
+      el("td", {}, el("code", {}, f.op)), el("td", {}, f.case), el("td", { class: "num bad" }, err(f)),
+      el("td", { class: "num" }, num(f.allowed)), el("td", { class: "num" }, num(f.reference_error))));
+    const w = cf.worst;
+    return el("div", { class: "card conformance", id: "conformance" },
+      el("p", { class: "verdict-head" }, outcome(cf.outcome), " ", el("strong", {}, "Op-level conformance"),
+        el("span", { class: "muted" }, ` · the canary's engine${cf.device ? ` on ${cf.device}` : ""}${cf.dtype ? ` · ${cf.dtype}` : ""}`)),
+      el("dl", { class: "stats" },
+        el("div", {}, el("dt", {}, "Judged (changed from production)"), el("dd", {}, cf.judged_ops && cf.judged_ops.length ? cf.judged_ops.join(", ") : "none")),
+        cf.unchanged_ops && cf.unchanged_ops.length ? el("div", {}, el("dt", {}, "As production (not judged)"), el("dd", {}, cf.unchanged_ops.join(", "))) : null,
+        el("div", {}, el("dt", {}, "Cases at the served shapes"), el("dd", { class: cf.failed_cases ? "bad" : null },
+          `${cf.cases}` + (cf.failed_cases ? `, ${cf.failed_cases} out of tolerance` : "") + (cf.seconds != null ? ` · measured in ${cf.seconds.toFixed(1)} s` : ""))),
+        el("div", {}, el("dt", {}, "Bound"), el("dd", {}, `error ≤ ${cf.k != null ? cf.k : "k"} × the reference's own error + atol`)),
+        w && !cf.failed_cases ? el("div", {}, el("dt", {}, "Closest to its bound"), el("dd", {}, `${w.op}: ${num(w.error)} of ${num(w.allowed)} allowed`)) : null),
+      rows.length ? el("div", { class: "table-wrap" }, el("table", { class: "conformance-failures" },
+        el("thead", {}, el("tr", {}, ["Op", "Shape", "Error", "Allowed", "Reference's own"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, rows))) : null,
+      el("p", { class: "reason" }, cf.reason));
   }
 
   let shown = "", all = null;
@@ -73,6 +97,7 @@ const Correctness = (() => {
           stat("Failed tolerances", failed.size ? [...failed].map((f) => TOL[f] || f).join(", ") : "none", failed.size > 0),
           L.seconds != null ? stat("Cost", `${L.requests} requests in ${L.seconds.toFixed(1)} s`) : null),
         el("p", { class: "reason" }, L.reason)),
+      conformance(L.conformance),
       evidence.length ? el("h3", {}, `First divergences`, el("span", { class: "muted" }, ` · ${evidence.length} shown of the ${L.evidence_total} kept as evidence` + (L.diverged > L.evidence_total ? ` (${L.diverged} prompts diverged)` : ""))) : null,
       evidence.length ? el("ol", { class: "divergences" }, evidence.map(divergence)) : null,
       more ? el("p", { class: "center" }, more) : null,
@@ -87,6 +112,7 @@ const Correctness = (() => {
     const s = c.correctness;
     return el("div", { class: "gate-cell" }, el("strong", {}, "Correctness gate"), el("span", { class: "muted" }, ` (${s.dtype || "?"} tolerances)`), el("br"),
       `${s.prompts} prompts: ${frac(s.identical_fraction)} identical, ${s.diverged} diverged · top-1 ${frac(s.top1_agreement, 1)} · drift max ${num(s.drift_max)}`,
+      s.conformance ? ` · ops ${s.conformance.outcome}` + (s.conformance.judged_ops && s.conformance.judged_ops.length ? ` (${s.conformance.judged_ops.join(", ")})` : "") : null,
       s.failed && s.failed.length ? el("span", { class: "bad" }, ` · failed: ${s.failed.map((f) => TOL[f] || f).join(", ")}`) : null,
       " ", el("a", { href: "#correctness-h" }, "details"));
   }

@@ -1,0 +1,83 @@
+"""Op-level conformance at the served shapes (engine/conformance.py measures at warm-up, the gate's
+control_plane/analysis/conformance.py judges): every wrong fixture set (tests/fixtures/wrong_kernels.py) and the
+example wrong release are caught, naming the op; good sets pass; on CPU with the tiny model (Triton sets under
+TRITON_INTERPRET=1). The GPU run of the same is bench/conformance.py."""
+import pytest
+
+import tests.fixtures.wrong_kernels as wrong   # registers the bug-* sets
+from sits.control_plane.analysis import Outcome
+from sits.control_plane.analysis.conformance import judge
+from sits.control_plane.analysis.gate_policy import ConformancePolicy
+from sits.engine.config import EngineConfig
+from sits.engine.llm_engine import LLMEngine
+
+POLICY = ConformancePolicy()
+
+
+def _report(kernels: str, **config) -> dict:
+    engine = LLMEngine(EngineConfig(model="tiny", kernels=kernels, device="cpu", **config))
+    engine.warmup()
+    return engine.conformance
+
+
+@pytest.fixture(scope="module")
+def torch_report():
+    return _report("torch")
+
+
+@pytest.mark.parametrize("name,op,config", [
+    ("bug-softmax-scale", "paged_decode_attention", {}),
+    ("bug-context-off-by-one", "paged_decode_attention", {}),
+    ("bug-rope-interleaved", "rope_and_cache", {}),
+    ("bug-int8-per-tensor-scale", "linear", {"quantization": "int8"}),
+])
+def test_every_wrong_fixture_set_fails_naming_its_op(name, op, config, torch_report):
+    assert wrong.PARENT == "torch"   # on CPU the bugs sit on the reference set: only the buggy op differs
+    report = _report(name, **config)
+    assert report["measured_ops"] == [op] and report["device"] == "cpu" and report["dtype"] == "float32"
+    v = judge(report, torch_report, POLICY)
+    assert v.outcome is Outcome.FAIL, v.reason
+    assert v.judged_ops == (op,) and v.failed_cases >= 1 and {f.op for f in v.failures} == {op}
+    first = v.failures[0]
+    assert first.error > first.allowed and f"{op} at " in v.reason and "allowed" in v.reason
+
+
+def test_per_tensor_scale_is_exact_where_weights_are_not_quantized(torch_report):
+    # the bug only exists for quantized weights: on a bf16/fp32 model the op computes the parent's result
+    v = judge(_report("bug-int8-per-tensor-scale"), torch_report, POLICY)
+    assert v.outcome is Outcome.PASS and v.judged_ops == ("linear",) and v.cases > 0
+
+
+def test_a_good_release_passes_and_says_what_it_judged(torch_report):
+    v = judge(_report("torch-slow-attn"), torch_report, POLICY)
+    assert v.outcome is Outcome.PASS, v.reason
+    assert v.judged_ops == ("prefill_attention", "paged_decode_attention") and v.cases >= 5
+    assert v.worst is not None and v.worst.error <= v.worst.allowed
+
+
+def test_the_reference_set_measures_nothing(torch_report):
+    assert torch_report["measured_ops"] == [] and torch_report["cases"] == []
+    assert judge(torch_report, torch_report, POLICY).outcome is Outcome.PASS
+
+
+def test_shapes_cover_the_served_model():
+    report = _report("torch-slow-attn", max_model_len=1000)
+    cases = [c["case"] for c in report["cases"]]
+    decode = [c for c in cases if "context 1, 63, 64, 65" in c]
+    assert decode and "heads 4/2 x 64, page 64" in decode[0]      # tiny: 4 query / 2 KV heads, head dim 64
+    assert any("context 1000, 1" in c for c in cases)               # the longest context beside length 1
+    assert any("/1000" in c for c in cases if "new/context" in c)   # prefill at the longest context
+
+
+def test_no_conformance_flag_measures_nothing():
+    assert _report("torch-slow-attn", conformance=False) is None
+
+
+@pytest.mark.slow
+def test_triton_sets_on_the_interpreter(torch_report):
+    # triton-v1 against torch: every op judged (TRITON_INTERPRET=1 on CPU); the floor-pages example is caught
+    v1 = _report("triton-v1")
+    good = judge(v1, torch_report, POLICY)
+    assert good.outcome is Outcome.PASS and len(good.judged_ops) == 7, good.reason
+    bad = judge(_report("triton-v1-floor-pages"), v1, POLICY)   # production triton-v1: only decode attention judged
+    assert bad.outcome is Outcome.FAIL and bad.judged_ops == ("paged_decode_attention",), bad.reason
