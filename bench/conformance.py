@@ -16,10 +16,11 @@ releases (tests/fixtures/wrong_kernels.py), the example triton-v1-floor-pages, a
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,18 +55,26 @@ def cases(device: str) -> list[tuple[str, str | None, bool]]:
     return out
 
 
-def engine_report(model: str, kernels: str, device: str, quantization: str | None, mem: float | None) -> dict:
+def _serve_one(model: str, kernels: str, device: str, quantization: str | None, out: str) -> None:
+    """(In its own process) load an engine, warm it up as `sits-engine serve` does, write its conformance report."""
     t0 = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model=model, kernels=kernels, device=device, quantization=quantization,
-                                    gpu_memory_utilization=mem))
+    engine = LLMEngine(EngineConfig(model=model, kernels=kernels, device=device, quantization=quantization))
     load = time.perf_counter() - t0
     engine.warmup()
-    report = dict(engine.conformance, engine_load_s=round(load, 1), warmup_s=round(time.perf_counter() - t0 - load, 1))
-    del engine
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return report
+    Path(out).write_text(json.dumps(dict(engine.conformance, engine_load_s=round(load, 1),
+                                         warmup_s=round(time.perf_counter() - t0 - load, 1))))
+
+
+def engine_report(model: str, kernels: str, device: str, quantization: str | None) -> dict:
+    """The report of a real engine, each in a fresh process: one engine's GPU memory (weights, CUDA graph pools,
+    the allocator's cache) never crowds the next, as with engines the deployers start."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        p = subprocess.run([sys.executable, __file__, "--one", json.dumps([model, kernels, device, quantization,
+                                                                             f.name])],
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"engine {model}/{kernels} failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
+        return json.loads(Path(f.name).read_text())
 
 
 def shape_report(model: str, kernels: str, device: str, quantization: str | None) -> dict:
@@ -90,7 +99,11 @@ def main() -> int:
     p.add_argument("--tiny", default=None, help="a trained tiny checkpoint directory (default: the random preset)")
     p.add_argument("--no-llama", action="store_true", help="CUDA: skip llama3-8b")
     p.add_argument("--json", default=None, help="write every report and verdict here")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # internal: one engine in this process
     a = p.parse_args()
+    if a.one:
+        _serve_one(*json.loads(a.one))
+        return 0
     production = "triton-v1" if a.device == "cuda" else "torch"
     policy = ConformancePolicy()
     rows, dump = [], []
@@ -99,15 +112,14 @@ def main() -> int:
         models.append(("llama3-8b", "shapes"))
     for model, how in models:
         label = "tiny (trained)" if a.tiny and model == a.tiny else model
-        mem = 0.5 if model == "llama3-8b" else None
-        base = {q: engine_report(model, production, a.device, q, mem) for q in (None, "int8")}
+        base = {q: engine_report(model, production, a.device, q) for q in (None, "int8")}
         print(f"[{label}] production {production}: {len(base[None]['measured_ops'])} ops, {len(base[None]['cases'])} "
               f"cases in {base[None]['seconds']:.1f} s (engine load {base[None]['engine_load_s']} s, warm-up "
               f"{base[None]['warmup_s']} s)", flush=True)
         for kernels, quant, expect_wrong in cases(a.device):
             full = how == "engine" or kernels == "bug-softmax-scale"
             t0 = time.perf_counter()
-            report = engine_report(model, kernels, a.device, quant, mem) if full else \
+            report = engine_report(model, kernels, a.device, quant) if full else \
                 shape_report(model, kernels, a.device, quant)
             v = judge(report, base[quant], policy)
             caught = v.outcome.value == "fail"

@@ -8,7 +8,7 @@ int8, M = 1 and 16, in variants that differ only in how the weight tile becomes 
 - `fp16-magic`: inline PTX, 1 LOP3 + 2 PRMT + 2 HSUB2 per 4 values into fp16 (exact), x converted to fp16;
 - `no-arith` (wrong results, a bound): the bytes are only moved into 16-bit halves (2 PRMT per 4 values), x in fp16.
 Also the production wrapper (`linear_with_config`, same tile) as a check that the plain kernel is representative.
-Timing as in bench/kernels.py's GEMV table: CUDA-graph replay over 8 weight copies (past the L2).
+Timing as in bench/kernel_timings.py's GEMV table: CUDA-graph replay over 8 weight copies (past the L2).
 """
 from __future__ import annotations
 

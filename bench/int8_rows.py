@@ -5,7 +5,7 @@ autotuner's candidates measured, so the candidate lists can be kept to the ones 
     python3 bench/int8_rows.py [--rows 16,32,64,128,256,512,1024,2048] [--json OUT.json]
 
 Times: microseconds per call from a CUDA graph replaying calls round-robin over enough weight copies to be past the
-L2 (bench/kernels.py's `bench_graph`), each output checked against the torch reference first. "step" columns: the
+L2 (bench/kernel_timings.py's `bench_graph`), each output checked against the torch reference first. "step" columns: the
 four shapes x 32 layers, i.e. one engine step's linears. A short table last.
 """
 from __future__ import annotations

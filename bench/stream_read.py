@@ -1,5 +1,5 @@
 """A read-only streaming kernel: how fast this GPU reads a buffer of a given size once. It is the practical ceiling
-for a GEMV, which must read every weight byte; bench/kernels.py times it on the GEMV's weights, the same way."""
+for a GEMV, which must read every weight byte; bench/kernel_timings.py times it on the GEMV's weights, the same way."""
 from __future__ import annotations
 
 from sits.kernels.triton_env import tl, triton

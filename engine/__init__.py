@@ -1,6 +1,6 @@
 """SITS inference engine: a LLaMA-family model over a paged KV cache with continuous batching.
 
-Public names are imported lazily, so `import engine.errors` (or the torch-free scheduler) does not load torch.
+Public names are imported lazily, so `import sits.engine.errors` (or the torch-free scheduler) does not load torch.
 """
 
 import importlib

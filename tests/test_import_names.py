@@ -83,3 +83,14 @@ def test_sits_engine_serves_with_hugging_face_kernels_installed(where, tmp_path)
         assert httpx.get(url + "/version", timeout=5).json()["kernel_set"] == "torch"
     finally:
         process.stop(proc, 10)
+
+
+def test_no_bench_script_shadows_an_installed_package():
+    # bench/ goes on sys.path when its scripts run (and when the profile test loads them): a script named like an
+    # installed package (bench/kernels.py was, beside Hugging Face's `kernels`) would replace it there
+    bench = ROOT / "bench"
+    elsewhere = [p for p in sys.path if p and Path(p).resolve() not in (ROOT, bench)]
+    import importlib.machinery
+    clashes = [p.stem for p in bench.glob("*.py")
+               if importlib.machinery.PathFinder.find_spec(p.stem, elsewhere) is not None]
+    assert clashes == []

@@ -187,7 +187,8 @@ def test_scheduler_and_block_manager_are_torch_free():
     import subprocess
     import sys
 
-    code = ("import sys, engine.scheduler, engine.block_manager, engine.sequence, engine.sampling_params; "
+    code = ("import sys, sits.engine.scheduler, sits.engine.block_manager, sits.engine.sequence, "
+            "sits.engine.sampling_params; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

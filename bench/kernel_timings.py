@@ -1,8 +1,8 @@
 """Benchmark every triton-v1 kernel on the GPU next to what a user would use instead, against the roofline measured in
 the same run (device-to-device copy bandwidth, bf16 matmul rate), and record the results in BENCHMARKS.md.
 
-    python3 bench/kernels.py [--json OUT.json] [--markdown BENCHMARKS.md] [--quick]
-    python3 bench/kernels.py --from-json OUT.json --markdown BENCHMARKS.md   # rewrite the section, no GPU needed
+    python3 bench/kernel_timings.py [--json OUT.json] [--markdown BENCHMARKS.md] [--quick]
+    python3 bench/kernel_timings.py --from-json OUT.json --markdown BENCHMARKS.md   # rewrite the section, no GPU needed
 
 Each kernel's output is checked against the torch reference before it is timed. Times are medians of
 triton.testing.do_bench (which flushes the L2 before every call).
@@ -422,7 +422,7 @@ def _fmt(v):
 def markdown(res, notes: str = "") -> str:
     lines = [SECTION, "",
              f"Measured {res['date']} on {res['device']} (torch {res['torch']}, triton {res['triton']}) by "
-             f"`python3 bench/kernels.py`. Large kernels: medians of `triton.testing.do_bench` (L2 flushed before each "
+             f"`python3 bench/kernel_timings.py`. Large kernels: medians of `triton.testing.do_bench` (L2 flushed before each "
              f"call). Decode attention and GEMV (a few to tens of microseconds): median per call of a CUDA graph that "
              f"replays ~48 calls round-robin over several copies of the inputs (> 400 MB, so the 60 MB L2 can't hold "
              f"them), for Triton and for the torch baseline alike -- the kernel time an engine replaying CUDA graphs "
@@ -498,7 +498,7 @@ def main(argv=None) -> int:
         import torch
         import triton
         if not torch.cuda.is_available():
-            print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
+            print("bench/kernel_timings.py needs a CUDA GPU", file=sys.stderr)
             return 2
         res = {"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(),
                "torch": torch.__version__, "triton": triton.__version__}
