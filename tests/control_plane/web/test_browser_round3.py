@@ -295,5 +295,29 @@ def test_the_left_chart_card_has_no_blank_area(browser, sc, width):
         fig = page.locator('.chart-row[data-metric="http_request_duration_seconds"] .chart.latency')
         fig.wait_for()
         page.locator('.chart-row[data-metric="http_request_duration_seconds"] figure.chart.delta').nth(1).wait_for()
-        box, plot = fig.bounding_box(), fig.locator(".plot").bounding_box()
-        assert box["y"] + box["height"] - (plot["y"] + plot["height"]) < 120, (box, plot)
+        fig.locator(".dist svg").wait_for()
+        # the card ends with its content: the percentiles, then the distribution under them
+        box, last = fig.bounding_box(), fig.locator(".dist").bounding_box()
+        assert box["y"] + box["height"] - (last["y"] + last["height"]) < 40, (box, last)
+
+
+# new view: the distribution behind the percentiles -----------------------------------------------------------------
+@BOTH
+def test_the_latency_card_shows_the_newest_checks_distribution(browser, sc, width):
+    with browser.page("viewer", width) as page:
+        page.goto(f"{browser.url}/rollouts/{sc.slow}")
+        box = page.locator('.dist[data-metric="http_request_duration_seconds"]')
+        box.locator("svg").wait_for()
+        assert box.get_attribute("data-seq") == page.locator("#checks tbody tr").first.get_attribute("data-seq")
+        svg = box.locator("svg")
+        assert svg.locator("path.area.canary").count() == 1 and svg.locator("path.area.target").count() == 1
+        assert svg.locator("rect.bin").count() == int(box.get_attribute("data-bins")) > 1
+        assert any(t.endswith(" ms") for t in svg.locator("text.tick").all_text_contents())
+        # the slow canary's P99 tick sits right of the baseline's (a log axis shared by both)
+        x = {cls: float(svg.locator(f"line.q.{cls}:not([stroke-dasharray])").get_attribute("x1"))
+             for cls in ("canary", "target")}
+        assert x["canary"] > x["target"], x
+        assert "canary P99" in svg.get_attribute("aria-label")
+        b = svg.bounding_box()
+        assert b["x"] >= 0 and b["x"] + b["width"] <= width + 1 and b["height"] > 100
+        shot(page, "detail-distribution")

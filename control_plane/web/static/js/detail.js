@@ -10,6 +10,7 @@
   const id = R.id;
   const METRICS = ["http_request_duration_seconds", "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds"];
   const LABEL = { http_request_duration_seconds: "Request latency", sits_time_to_first_token_seconds: "Time to first token", sits_inter_token_latency_seconds: "Inter-token latency" };
+  let distBoxes = {}, dist = null, distSeq = 0;   // the latency cards' distribution boxes, the last one drawn
   let S = null, charts = {}, lastSeq = 0, lastEvent = 0, lastCheckRow = 0, showAll = false;
   $("more-checks").addEventListener("click", () => {
     showAll = true;
@@ -263,8 +264,12 @@
         const c = charts[metric] = { checks: {}, plots: [] };
         if (metric !== "error_rate") {
           const left = el("div", { class: "plot" });
+          // below the percentiles: the distribution behind them at the newest check (distribution.js)
+          const dist = el("div", { class: "dist", "data-metric": metric, hidden: true },
+            el("h4", {}, `Distribution: canary vs ${S.compare_to}`), el("div", { class: "dist-plot" }), el("p", { class: "small muted dist-cap" }));
+          distBoxes[metric] = dist;
           row.append(el("figure", { class: "chart latency", style: `margin:0;grid-row:span ${Math.max(1, gated.length)}` },
-            el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left));
+            el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left, dist));
           const w = Math.max(260, left.clientWidth || (box.clientWidth / 2 - 30));
           c.lat = Charts.latencyChart(left, w, markers);
           c.plots.push([c.lat, left]);
@@ -303,6 +308,7 @@
   }
   new ResizeObserver(() => {
     for (const c of Object.values(charts)) for (const [u, node] of c.plots) u.setSize({ width: node.clientWidth, height: 230 });
+    if (dist) Distribution.renderAll(dist, distBoxes);
   }).observe($("charts"));
   // ---- checks and events ---------------------------------------------------------------------------------------------
   function resultGrid(c) {
@@ -395,6 +401,16 @@
     }
   }
 
+  // the newest latency check's histograms (a correctness check has none), fetched once per new check
+  async function loadDistribution() {
+    const seq = S && S.seq.length ? S.seq[S.seq.length - 1] : 0;
+    if (!seq || seq === distSeq || !Object.keys(distBoxes).length) return;
+    const res = await api(`/rollouts/${encodeURIComponent(id)}/checks/${seq}/distribution`);
+    if (!res.ok) return;
+    distSeq = seq;
+    dist = res.data;
+    Distribution.renderAll(dist, distBoxes);
+  }
   async function refresh() {
     const res = await api(`/rollouts/${encodeURIComponent(id)}`);
     if (!res.ok) return false;
@@ -407,6 +423,7 @@
       if (s.ok && s.data.last_seq != null) { appendSeries(s.data); lastSeq = s.data.last_seq; drawCharts(); }
       await loadChecks();
     }
+    await loadDistribution();
     summary();
     await loadEvents();
     return true;
