@@ -89,6 +89,16 @@ class ReplicaLauncher:
         for r in replicas:
             process.stop(r.proc, self.config.stop_timeout_s)
 
+    def load_error(self, url: str) -> str:
+        """What the engine at url reports on /readyz when it failed to load ({"status": "failed", "error": ...}),
+        at most 300 characters; "" when it reports nothing (still loading, not answering)."""
+        try:
+            body = self._http.get(url + "/readyz").json()
+        except (httpx.HTTPError, ValueError):
+            return ""
+        err = body.get("error") if isinstance(body, dict) and body.get("status") == "failed" else None
+        return " ".join(str(err).split())[:300] if err else ""
+
     def ready(self, url: str) -> bool:
         """Whether the engine at url answers /readyz with 200 now (one probe, probe_timeout_s)."""
         if self._http.is_closed:  # used again after close()
@@ -135,9 +145,13 @@ class ReplicaLauncher:
                 line = last_line(r.log_path)
                 why = (f"engine exited with code {rc} before it was ready" if rc is not None
                        else f"engine not ready after {limit:g} s")
-                raise NotReadyError(f"{spec.service}/{spec.role}: {why}; its last log line: {line or '(none)'}\n"
-                                    f"log {r.log_path}:\n{_tail(r.log_path)}", waited_s=waited, last_line=line,
-                                    exit_code=rc)
+                # an engine that failed to load says why on /readyz (and stays up, logging probes): that is the
+                # first line then, its last log line the next
+                reported = self.load_error(r.url) if rc is None else ""
+                first = (f"{why}: it reports {reported}\nits last log line: {line or '(none)'}" if reported
+                         else f"{why}; its last log line: {line or '(none)'}")
+                raise NotReadyError(f"{spec.service}/{spec.role}: {first}\nlog {r.log_path}:\n{_tail(r.log_path)}",
+                                    waited_s=waited, last_line=line, exit_code=rc)
             if self.ready(r.url):
                 return
             self._cancelled.wait(0.1)

@@ -14,6 +14,7 @@ from sits.control_plane.rollout import Command, Phase
 from sits.control_plane.web import catalog, present, validate
 from sits.control_plane.web.auth import current_user, require
 from sits.control_plane.web.common import API_PREFIX, clean, error_response, int_arg, json_body
+from sits.control_plane.web.distribution import distributions
 from sits.control_plane.web.openapi import openapi_spec
 from sits.control_plane.web.series import series_of
 
@@ -27,7 +28,9 @@ def store():
 def _summary(r) -> dict:
     last = current_app.extensions["sits_headlines"].get(store(), r.id, r.checks)
     ended = current_app.extensions["sits_headlines"].ending(store(), r, last)
-    return present.rollout_summary(r, last, service.allowed_commands(r), ended)
+    # a FAILED rollout's traffic is where its last weight change left it (the outbox says): rare, read then only
+    actions = store().actions(r.id) if r.phase is Phase.FAILED else None
+    return present.rollout_summary(r, last, service.allowed_commands(r), ended, actions)
 
 
 def spec_or_none(rollout_id: str):
@@ -43,11 +46,12 @@ def detail(r) -> dict:
     out = _summary(r)
     last = s.checks(r.id, since_seq=r.checks - 1, limit=1) if r.checks else []
     lease = s.leases.get(r.id)
+    actions = s.actions(r.id)
     out.update(
         policy=r.policy.to_dict(), paused_from=r.paused_from.value if r.paused_from else None,
-        variants=present.variants_of(r, spec.replicas if spec else None),
+        variants=present.variants_of(r, spec.replicas if spec else None, actions),
         spec=None if spec is None else {**dataclasses.asdict(spec), "env": sorted(spec.env)},
-        steps_timeline=present.step_timeline(r, s.actions(r.id), current_app.config.get("CLOCK", time.time)()),
+        steps_timeline=present.step_timeline(r, actions, current_app.config.get("CLOCK", time.time)()),
         last_verdict=present.check_compact(last[0]) if last else None,
         correctness=present.correctness_of(s, r), low_traffic=present.low_traffic_of(r),
         pending_commands=s.commands.pending(r.id),
@@ -128,6 +132,13 @@ def rollout_checks(rollout_id: str):
 @require("viewer")
 def rollout_check(rollout_id: str, seq: int):
     return jsonify(clean(store().check(rollout_id, seq)))
+
+
+@bp.get("/rollouts/<rollout_id>/checks/<int:seq>/distribution")
+@require("viewer")
+def rollout_check_distribution(rollout_id: str, seq: int):
+    """The check's latency histograms, canary against its comparison target (web/distribution.py)."""
+    return jsonify(clean(distributions(store().check(rollout_id, seq))))
 
 
 @bp.get("/rollouts/<rollout_id>/events")

@@ -65,6 +65,13 @@ def openapi_spec() -> dict:
             "summary": "One check's raw evidence (queries, bucket counts per variant, verdict)",
             "parameters": [RID, _param("seq", "path", {"type": "integer"})],
             "responses": {"200": _resp("the check", {"type": "object"}), **read}}},
+        "/rollouts/{rollout_id}/checks/{seq}/distribution": {"get": {
+            "summary": "One check's latency distributions: canary and comparison target per bucket (shares of "
+                       "requests) on the engines' shared bounds, trimmed to the buckets used, with their P90/P99",
+            "parameters": [RID, _param("seq", "path", {"type": "integer"})],
+            "responses": {"200": _resp("distributions", {"type": "object", "properties": {
+                "seq": {"type": "integer"}, "compare_to": {"type": "string"},
+                "series": {"type": "array", "items": {"type": "object"}}}}), **read}}},
         "/rollouts/{rollout_id}/events": {"get": {
             "summary": "Events (who did what, when), the deployer's actions and the webhook deliveries",
             "parameters": [RID, _param("since_id", schema={"type": "integer"})],

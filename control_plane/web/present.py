@@ -28,12 +28,15 @@ def check_label(name: str) -> str:
 def headline(ev: Mapping) -> dict:
     """The one line a list shows for a check: the deciding (or worst) result's delta, interval and verdict."""
     v = ev["verdict"]
-    results = [r for r in v.get("results", []) if r.get("delta_rel") is not None or r.get("delta_abs") is not None]
+    results = v.get("results", [])
     rank = {"fail": 0, "inconclusive": 1, "pass": 2}
+    has_delta = lambda r: r.get("delta_rel") is not None or r.get("delta_abs") is not None   # noqa: E731
     best = None
     if results:
-        # a failing result first, then the highest quantile, then the largest delta
-        best = min(results, key=lambda r: (rank.get(r["outcome"], 3), -_quantile(r["check"]),
+        # a result with the check's own outcome (the one that made it: a fail, else an inconclusive, else a pass),
+        # one with a delta before one without, then the highest quantile, then the largest delta
+        best = min(results, key=lambda r: (r["outcome"] != v["outcome"], rank.get(r["outcome"], 3), not has_delta(r),
+                                           -_quantile(r["check"]),
                                            -(r.get("delta_rel") if r.get("delta_rel") is not None else -1e9)))
     out = {"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"], "outcome": v["outcome"],
            "decision": ev["decision"], "reason": v["reason"], "guard": v.get("guard"), "need_more": v.get("need_more"),
@@ -105,6 +108,10 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
     last check decided the rollback: its deciding result), "promoted" (every step passed), else "other" (the
     rollout's reason: a deadline, a readiness timeout)."""
     failed = [a for a in actions if a["status"] == "failed"]
+    if r.phase is Phase.FAILED and failed:
+        # a promote or rollback that failed for good: the variants stay as that action left them
+        a = failed[-1]
+        return {"kind": "failed", "action": a["kind"], "text": f"{a['kind']} failed: {first_line(a['error'])}"}
     manual = [e for e in events if e["kind"] == "phase" and e.get("actor")
               and e["phase"] in (Phase.ROLLING_BACK.value, Phase.ROLLED_BACK.value, Phase.PROMOTING.value)]
     decided = last is not None and last.get("decision") == "rollback"
@@ -112,7 +119,7 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
         a = failed[0]
         what = {"deploy": f"deploy of the {a['body'].get('role', '?')} ({a['body'].get('kernels', '?')})"}.get(
             a["kind"], a["kind"])
-        return {"kind": "deploy", "text": f"{what} failed: {a['error'] or 'no error recorded'}"}
+        return {"kind": "deploy", "text": f"{what} failed: {first_line(a['error'])}"}
     if manual and not decided:
         e = manual[-1]
         if e["phase"] == Phase.PROMOTING.value:
@@ -136,6 +143,18 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
     return {"kind": "other", "text": r.reason}
 
 
+def first_line(error: str | None, limit: int = 400) -> str:
+    """What a failed action's error says first (the deployer's own summary: an engine's log tail and its log file
+    follow on the next lines, for the detail page's outbox), without the exception's class name."""
+    line = (error or "").strip().split("\n", 1)[0].strip()
+    head, sep, rest = line.partition(": ")
+    if sep and head.isidentifier() and head[:1].isupper() and (head.endswith("Error") or head.endswith("Exception")):
+        line = rest
+    if len(line) > limit:
+        line = line[:limit - 1] + "…"
+    return line or "no error recorded"
+
+
 def _pct(x) -> str:
     return "–" if x is None else f"{x * 100:+.1f} %".replace("-", "−")
 
@@ -144,35 +163,50 @@ def _pt(x) -> str:
     return "–" if x is None else f"{x * 100:+.2f} pt".replace("-", "−")
 
 
-def weights_of(r: Rollout) -> dict[str, int]:
+def weights_of(r: Rollout, actions: list[dict] | None = None) -> dict[str, int]:
+    """The traffic split as the worker last set it. A FAILED rollout (its promote or rollback failed) left the router
+    as it was: the last set_weights action that ran (`actions`, when given), else the step's weight."""
+    if r.phase is Phase.FAILED:
+        done = [a for a in actions or () if a["kind"] == "set_weights" and a["status"] == "done"]
+        if done:
+            w = done[-1]["body"].get("weights", {})
+            return {role: int(w.get(role, 0)) for role in ("production", "baseline", "canary")}
+        if r.weight > 0:
+            return weights_for(r.weight)
     if r.phase in (Phase.PROGRESSING, Phase.PAUSED) and r.weight > 0:
         return weights_for(r.weight)
     return {"production": 100, "baseline": 0, "canary": 0}
 
 
-def rollout_summary(r: Rollout, last_check: dict | None, allowed: set, ended: dict | None = None) -> dict:
+def rollout_summary(r: Rollout, last_check: dict | None, allowed: set, ended: dict | None = None,
+                    actions: list[dict] | None = None) -> dict:
     return clean({
         "id": r.id, "service": r.service, "kernels": r.canary_kernels, "production_kernels": r.production_kernels,
         "phase": r.phase.value, "active": r.active, "reason": r.reason, "step": r.step, "steps": list(r.policy.steps),
-        "weight": r.weight, "weights": weights_of(r), "created_at": r.created_at, "phase_since": r.phase_since,
+        "weight": r.weight, "weights": weights_of(r, actions), "created_at": r.created_at, "phase_since": r.phase_since,
         "started_at": r.started_at, "checks": r.checks, "awaiting_promotion": r.awaiting_promotion,
         "compare_to": r.policy.compare_to, "last_check": last_check, "ended": ended,
         "allowed_actions": sorted(c.value for c in allowed)})
 
 
-def variants_of(r: Rollout, spec_replicas: int | None) -> dict:
+def variants_of(r: Rollout, spec_replicas: int | None, actions: list[dict] | None = None) -> dict:
+    """Each variant's kernels, weight, readiness and requests this step. "removed" after a rollback, "promoted" for a
+    promoted canary; "stranded" when the rollout FAILED (its promote or rollback failed: the variant still runs,
+    as that action left it, and nothing watches it any more)."""
     kernels = {"production": r.production_kernels, "baseline": r.production_kernels, "canary": r.canary_kernels}
+    weights = weights_of(r, actions)
     out = {}
     for role in ROLES:
         d = r.data.get(role)
-        gone = not r.active and role != "production"   # removed by the rollback, or the canary is production now
-        out[role] = {"kernels": kernels[role], "replicas": spec_replicas, "weight": weights_of(r)[role],
+        stranded = r.phase is Phase.FAILED and role != "production"
+        gone = not r.active and role != "production" and not stranded
+        out[role] = {"kernels": kernels[role], "replicas": spec_replicas, "weight": weights[role],
                      "ready": None if d is None or gone else d.ready,
                      "crashing": None if d is None or gone else d.crashing,
                      "requests": None if d is None else d.requests, "errors": None if d is None else d.errors,
                      "replayed": None if d is None else d.replayed,
                      "state": ("promoted" if r.phase is Phase.SUCCEEDED and role == "canary" else "removed")
-                     if gone else "deployed" if d is not None else "unknown"}
+                     if gone else "stranded" if stranded else "deployed" if d is not None else "unknown"}
     return out
 
 

@@ -28,7 +28,8 @@ def rollouts():
 @bp.get("/rollouts/new")
 @require("viewer")
 def new_rollout():
-    return render_template("new.html", kernels=catalog.kernel_catalog(), services=_services(),
+    sets = catalog.kernel_catalog()
+    return render_template("new.html", kernels=sets, services=_services(), default_canary=default_canary(sets),
                            defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"),
                            replica_limit=catalog.replica_limit(current_app.config))
 
@@ -40,6 +41,13 @@ def rollout(rollout_id: str):
     sets = {k["name"]: k for k in catalog.kernel_catalog()}
     return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"),
                            grafana=grafana_links(current_app.config.get("GRAFANA_URL"), r))
+
+
+def default_canary(sets: list[dict]) -> str | None:
+    """The form's preselected canary: the newest set that is not an example regression (a set bad on purpose) and
+    not the default production (the first)."""
+    good = [k["name"] for k in sets[1:] if not k.get("regression")]
+    return good[-1] if good else (sets[0]["name"] if sets else None)
 
 
 # the generated dashboards (dashboards/*.dashboard.py) by uid; tests/control_plane/web/test_ui.py checks the uids

@@ -144,11 +144,14 @@ class ActionRunner:
         self.store.mark_action(action_id, "failed", last[:4000])
 
     def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
-        if "production" not in self.deployer.status(r.service):
+        deployed = "production" in self.deployer.status(r.service)
+        if not deployed:
             self._deploy(variant(r, spec, "production", r.production_kernels))
-            router = self.deployer.router_url(r.service)
-            if router:
-                self.store.services.set_router(r.service, router)
+        # recorded also for a production someone else deployed (the demo does, before its first rollout)
+        router = self.deployer.router_url(r.service)
+        if router and self.store.services.routers().get(r.service) != router:
+            self.store.services.set_router(r.service, router)
+        if not deployed:
             log.info("service %s: production %s deployed%s", r.service, r.production_kernels,
                      f"; traffic enters at {router}" if router else "")
 

@@ -61,3 +61,33 @@ def test_spec_deadline_is_validated():
     for bad in (0, -1, True, "10", 10 ** 9):
         with pytest.raises(InvalidVariantError, match="ready_timeout_s"):
             VariantSpec(service="x", role="canary", kernels="torch", ready_timeout_s=bad)
+
+
+ENGINE_FAILED_TO_LOAD = r'''
+import http.server, json, socket, sys
+fd = int(sys.argv[sys.argv.index("--listen-fd") + 1])   # the socket the deployer bound and handed over
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "failed", "error": "ValueError: unknown model 'llama3-70b'"}).encode()
+        self.send_response(503); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+print("engine failed to load", flush=True)
+server = http.server.HTTPServer(("127.0.0.1", 0), H, bind_and_activate=False)
+server.socket = socket.socket(fileno=fd)
+server.serve_forever()
+'''
+
+
+def test_an_engine_that_failed_to_load_is_reported_by_what_its_readyz_says(tmp_path):
+    """It stays up answering 503 and logging probes: the error's first line is its own load error, not a log line."""
+    import sys
+    d = LocalDeployer(LocalConfig(workdir=str(tmp_path), engine_command=(sys.executable, "-c", ENGINE_FAILED_TO_LOAD),
+                                  ready_timeout_s=180.0, stop_timeout_s=5))
+    try:
+        with pytest.raises(NotReadyError) as ei:
+            d.deploy(VariantSpec(service="llm", role="canary", kernels="torch", ready_timeout_s=2))
+        lines = str(ei.value).splitlines()
+        assert lines[0] == "llm/canary: engine not ready after 2 s: it reports ValueError: unknown model 'llama3-70b'"
+        assert lines[1].startswith("its last log line: ")
+    finally:
+        d.close()

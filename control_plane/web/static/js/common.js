@@ -77,16 +77,17 @@ const SITS = (() => {
   // "p99 latency +3.1 % [−2.0, +8.0] ✓"
   function checkLine(c) {
     if (!c) return el("span", { class: "muted" }, "no checks yet");
-    const v = c.outcome;
-    if (c.delta === undefined) {
-      return el("span", { class: "lastcheck", title: c.reason }, el("span", { class: `verdict-${v}` }, `${mark[v] || ""} ${v}`),
-        c.need_more ? el("span", { class: "muted" }, ` · needs about ${requests(c.need_more)} more`) : null);
+    // the metric shown is the one whose verdict made the check's (present.headline): its own verdict beside it
+    const v = c.result || c.outcome;
+    const need = c.need_more ? el("span", { class: "muted" }, ` · needs about ${requests(c.need_more)} more`) : null;
+    if (!c.label) {
+      return el("span", { class: "lastcheck", title: c.reason }, el("span", { class: `verdict-${v}` }, `${mark[v] || ""} ${v}`), need);
     }
     const f = c.kind === "abs" ? pt : pct;
-    const ci = c.ci && c.ci[0] !== null ? ` [${f(c.ci[0]).replace(" %", "").replace(" pt", "")}, ${f(c.ci[1]).replace(" %", "").replace(" pt", "")}]` : "";
-    return el("span", { class: "lastcheck", title: c.reason },
-      el("span", { class: "muted" }, c.label + " "), f(c.delta), el("span", { class: "muted" }, ci), " ",
-      el("span", { class: `verdict-${v}` }, `${mark[v]} ${v}`));
+    const ci = c.ci && c.ci[0] != null ? ` [${f(c.ci[0]).replace(" %", "").replace(" pt", "")}, ${f(c.ci[1]).replace(" %", "").replace(" pt", "")}]` : "";
+    return el("span", { class: "lastcheck", title: c.reason, "data-check": c.check },
+      el("span", { class: "muted" }, c.label + " "), c.delta == null ? "–" : f(c.delta), el("span", { class: "muted" }, ci), " ",
+      el("span", { class: `verdict-${v}` }, `${mark[v]} ${v}`), c.delta == null ? need : null);
   }
 
   // one gated result as the checks table and the charts' captions write it: "+59.9 % [+36.7 %, +83.0 %] ≤ +25 %"

@@ -10,6 +10,7 @@
   const id = R.id;
   const METRICS = ["http_request_duration_seconds", "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds"];
   const LABEL = { http_request_duration_seconds: "Request latency", sits_time_to_first_token_seconds: "Time to first token", sits_inter_token_latency_seconds: "Inter-token latency" };
+  let distBoxes = {}, dist = null, distSeq = 0;   // the latency cards' distribution boxes, the last one drawn
   let S = null, charts = {}, lastSeq = 0, lastEvent = 0, lastCheckRow = 0, showAll = false;
   $("more-checks").addEventListener("click", () => {
     showAll = true;
@@ -41,24 +42,42 @@
       btn.hidden = (c === "resume" && R.phase !== SITS.PHASE.PAUSED) || (c === "pause" && R.phase === SITS.PHASE.PAUSED);
       btn.disabled = !canAct || !allowed || !!queued;
       btn.parentElement.dataset.tip = !canAct ? "needs the operator role" : queued ? `${c} queued by ${queued.actor || "someone"}`
-        : !allowed ? `not possible while ${SITS.phaseWord(R.phase)}` : "";
+        : !allowed ? (R.phase === SITS.PHASE.FAILED ? "the rollout failed: the worker takes no more commands for it (see the verdict)"
+          : `not possible while ${SITS.phaseWord(R.phase)}`) : "";
       btn.setAttribute("aria-disabled", btn.disabled ? "true" : "false");
     }
     $("pending").textContent = pending.length ? "Queued for the worker: " + pending.map((p) => `${p.command} (${p.actor || "?"})`).join(", ") : "";
   }
 
+  // the correctness gate before traffic, as the stepper's first stop: passed, failed (a wrong canary stops here),
+  // running (waiting for canary and baseline, or replaying), or not reached (the rollout ended before it ran)
+  function gateStop(failed) {
+    const c = R.correctness;
+    if (!c || !c.enabled) return null;
+    const before = (c.history || []).filter((h) => h.step < 0);
+    const last = before.length ? before[before.length - 1] : null;
+    const state = last && last.outcome === "pass" ? "done" : last && last.outcome === "fail" ? "failed"
+      : R.step >= 0 ? "done" : failed || !R.active ? "skipped" : "current";
+    const t = state === "failed" ? `✗ failed (check #${last.seq})` : state === "done" ? "✓ passed" : state === "skipped" ? "not reached"
+      : last ? "? retrying" : "…";
+    return el("li", { class: `gate ${state}`, id: "gate-stop", "data-state": state, "aria-current": state === "current" || (state === "failed" && R.step < 0) ? "step" : null },
+      el("span", { class: "dot", "aria-hidden": "true" }), el("span", { class: "w" }, "gate"), el("span", { class: "t" }, t),
+      el("span", { class: "sr-only" }, " correctness gate before traffic"));
+  }
   function stepper() {
     const failed = [SITS.PHASE.ROLLED_BACK, SITS.PHASE.ROLLING_BACK, SITS.PHASE.FAILED].includes(R.phase);
-    $("stepper").replaceChildren(...R.steps_timeline.map((s) => {
-      const cls = s.state === "current" && failed ? "failed" : s.state;
+    const gate = gateStop(failed);
+    $("stepper").replaceChildren(...[gate, ...R.steps_timeline.map((s) => {
+      const cls = s.state === "current" && failed ? "failed" : s.state === "current" && !R.active ? "done" : s.state;
       return el("li", { class: cls, "aria-current": s.state === "current" ? "step" : null },
         el("span", { class: "dot", "aria-hidden": "true" }), el("span", { class: "w" }, s.weight + " %"),
         el("span", { class: "t" }, s.seconds != null ? dur(s.seconds) : s.state === "todo" ? "" : "…"),
         el("span", { class: "sr-only" }, ` ${s.state}`));
-    }));
+    })].filter(Boolean));
     $("variants").replaceChildren(...SITS.ROLES.map((role) => {
       const v = R.variants[role];
       const ready = v.state === "removed" ? el("span", { class: "muted" }, "removed") : v.state === "promoted" ? el("span", { class: "ok" }, "promoted to production")
+        : v.state === "stranded" ? el("span", { class: "warn" }, "● still deployed, not watched")
         : v.crashing ? el("span", { class: "bad" }, "● crashing") : v.ready === true ? el("span", { class: "ok" }, "● ready")
         : v.ready === false ? el("span", { class: "bad" }, "● not ready") : el("span", { class: "muted" }, "not observed");
       return el("div", { class: `variant ${role}` }, el("div", { class: "role" }, role),
@@ -80,7 +99,13 @@
     promote: "Promote: the canary takes all traffic and becomes production now, without waiting for the remaining checks.",
     abort: "Abort: all traffic goes back to production and the canary and baseline are removed.",
   };
+  function actionError(text) {
+    $("action-error-text").textContent = text || "";
+    $("action-error").hidden = !text;
+  }
+  $("action-error-close").addEventListener("click", () => actionError(""));
   async function act(c) {
+    actionError("");
     if (CONFIRM[c]) {
       $("confirm-title").textContent = `${c[0].toUpperCase() + c.slice(1)} ${R.service}?`;
       $("confirm-text").textContent = CONFIRM[c];
@@ -92,7 +117,7 @@
       if (answer !== "ok") return;
     }
     const res = await api(`/rollouts/${encodeURIComponent(id)}/${c}`, { method: "POST" });
-    if (!res.ok) $("pending").textContent = (res.data && res.data.error && res.data.error.message) || `HTTP ${res.status}`;
+    if (!res.ok) actionError(`${c[0].toUpperCase() + c.slice(1)} refused: ${(res.data && res.data.error && res.data.error.message) || `HTTP ${res.status}`}`);
     await refresh();
   }
   for (const btn of document.querySelectorAll("#actions button")) btn.addEventListener("click", () => act(btn.dataset.command));
@@ -149,8 +174,9 @@
   // did gated check `name` decide the check at index i? A rollback: the failing checks (the inconclusive ones when
   // none failed); a promotion: every check that passed
   function decides(name, i) {
+    if (!S || i < 0) return false;   // no checks yet: nothing decided
     const c = S.gated[name];
-    if (i < 0 || !c || c.outcome[i] == null) return false;
+    if (!c || c.outcome[i] == null) return false;
     if (S.decision[i] !== "rollback") return c.outcome[i] === "pass";
     const anyFail = Object.values(S.gated).some((g) => g.outcome[i] === "fail");
     return c.outcome[i] === (anyFail ? "fail" : "inconclusive");
@@ -181,7 +207,8 @@
   // interval, threshold and verdict, from the same columns as the charts; above it the overall result
   const ENDED = { latency: "Rolled back by the latency check", error_rate: "Rolled back by the error-rate check",
     guard: "Rolled back by a guard", correctness: "Rolled back by the correctness gate", inconclusive: "Rolled back: inconclusive",
-    aborted: "Rolled back", deploy: "Rolled back", promoted: "Promoted", promoted_manually: "Promoted", other: "Ended" };
+    aborted: "Rolled back", deploy: "Rolled back", promoted: "Promoted", promoted_manually: "Promoted", other: "Ended",
+    failed: "Failed" };
   const checkName = (c) => c.metric === "error_rate" ? "error_rate" : `${c.metric}:p${+(c.quantile * 100).toFixed(3)}`.replace(".", "_");
   function summary() {
     const decided = S ? decidedIndex() : -1, rows = [];
@@ -193,11 +220,11 @@
       let i = c ? c.outcome.length - 1 : -1;
       while (i >= 0 && c.outcome[i] == null) i--;
       const o = i >= 0 ? c.outcome[i] : null;
-      const deciding = decides(name, decided);
-      if (deciding && S.decision[decided] === "rollback" && !decider) decider = label;
+      const deciding = decides(name, decided), promoted = deciding && S.decision[decided] !== "rollback";
+      if (deciding && !promoted && !decider) decider = label;
       const f = kind === "abs" ? pt : pct;
-      rows.push(el("tr", { "data-check": name, class: deciding ? "decided" : null },
-        el("th", { scope: "row" }, label, deciding ? el("span", { class: "decided-mark" }, " ◀ decided") : null),
+      rows.push(el("tr", { "data-check": name, class: deciding ? (promoted ? "decided promoted" : "decided") : null },
+        el("th", { scope: "row" }, label, deciding ? el("span", { class: "decided-mark" }, promoted ? " ◀ passed" : " ◀ decided") : null),
         el("td", { class: "num", "data-label": "Last check" }, i < 0 ? el("span", { class: "muted" }, "no check yet") : c.delta[i] == null ? el("span", { class: "muted" }, "– (too few requests)")
           : `${f(c.delta[i])}` + (c.low[i] != null ? ` [${f(c.low[i])}, ${f(c.high[i])}]` : "")),
         el("td", { class: "num", "data-label": "Threshold" }, `≤ ${SITS.threshold(kind, kind === "abs" ? pc.max_abs_delta : pc.max_rel_delta)}`),
@@ -205,11 +232,21 @@
     }
     $("summary-rows").replaceChildren(...rows);
     const e = R.ended, lc = R.last_check;
-    let text;
-    if (e) text = `${ENDED[e.kind] || "Ended"}: ${e.text}` + (decider && !["aborted", "deploy"].includes(e.kind) ? ` (deciding metric: ${decider})` : "") + ".";
-    else if (lc) text = `Running at ${R.weight} %: last check #${lc.seq} ${lc.outcome} → ${lc.decision}.`;
-    else text = "No check yet.";
-    $("overall").replaceChildren(el("span", { class: e ? (["promoted", "promoted_manually"].includes(e.kind) ? "ok" : ["aborted", "other"].includes(e.kind) ? "muted" : "bad") : "" }, text));
+    let text, extra = null;
+    const last = lc ? ` last check #${lc.seq} ${lc.outcome} → ${lc.decision}.` : " no check yet.";
+    if (e) text = `${ENDED[e.kind] || "Ended"}: ${e.text}` + (decider && !["aborted", "deploy", "failed"].includes(e.kind) ? ` (deciding metric: ${decider})` : "") + ".";
+    else if (R.phase === SITS.PHASE.PAUSED) text = `Paused at ${R.weight} % (${human(R.reason)}):` + last;
+    else if (R.phase === SITS.PHASE.PENDING || R.phase === SITS.PHASE.INITIALIZING) text = `${PHASE_TEXT[R.phase]} No traffic yet;` + last;
+    else if (R.phase === SITS.PHASE.PROMOTING) text = `Promoting at ${R.weight} %:` + last;
+    else if (R.phase === SITS.PHASE.ROLLING_BACK) text = `Rolling back from ${R.weight} %:` + last;
+    else text = `Running at ${R.weight} %:` + last;
+    if (e && e.kind === "failed") {
+      const w = R.weights;
+      extra = el("span", { class: "muted", id: "failed-help" }, ` Canary and baseline are still deployed and the router still sends them traffic as last set `
+        + `(canary ${w.canary} %, baseline ${w.baseline} %, production ${w.production} %). The worker does nothing more with this rollout: `
+        + `fix the deployment by hand, or retry it as a new rollout.`);
+    }
+    $("overall").replaceChildren(el("span", { class: e ? (["promoted", "promoted_manually"].includes(e.kind) ? "ok" : ["aborted", "other"].includes(e.kind) ? "muted" : "bad") : "" }, text), extra || "");
     $("verdict-summary").dataset.overall = e ? e.kind : "running";
   }
 
@@ -227,8 +264,12 @@
         const c = charts[metric] = { checks: {}, plots: [] };
         if (metric !== "error_rate") {
           const left = el("div", { class: "plot" });
+          // below the percentiles: the distribution behind them at the newest check (distribution.js)
+          const dist = el("div", { class: "dist", "data-metric": metric, hidden: true },
+            el("h4", {}, `Distribution: canary vs ${S.compare_to}`), el("div", { class: "dist-plot" }), el("p", { class: "small muted dist-cap" }));
+          distBoxes[metric] = dist;
           row.append(el("figure", { class: "chart latency", style: `margin:0;grid-row:span ${Math.max(1, gated.length)}` },
-            el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left));
+            el("h3", {}, LABEL[metric], el("span", { class: "muted" }, " · P90 / P99, log scale")), left, dist));
           const w = Math.max(260, left.clientWidth || (box.clientWidth / 2 - 30));
           c.lat = Charts.latencyChart(left, w, markers);
           c.plots.push([c.lat, left]);
@@ -267,6 +308,7 @@
   }
   new ResizeObserver(() => {
     for (const c of Object.values(charts)) for (const [u, node] of c.plots) u.setSize({ width: node.clientWidth, height: 230 });
+    if (dist) Distribution.renderAll(dist, distBoxes);
   }).observe($("charts"));
   // ---- checks and events ---------------------------------------------------------------------------------------------
   function resultGrid(c) {
@@ -301,7 +343,7 @@
       if (open) { tr.nextElementSibling.remove(); btn.setAttribute("aria-expanded", "false"); return; }
       const res = await api(`/rollouts/${encodeURIComponent(id)}/checks/${c.seq}`);
       const pre = el("pre", { tabindex: "0", "aria-label": `raw evidence of check ${c.seq}` }, JSON.stringify(res.data, null, 1));
-      tr.after(el("tr", { class: "evidence" }, el("td", { colspan: "5" }, el("p", { class: "small muted" }, human(c.reason)), pre)));
+      tr.after(el("tr", { class: "evidence" }, el("td", { colspan: "5" }, el("div", { class: "evidence-box" }, el("p", { class: "small muted" }, human(c.reason)), pre))));
       btn.setAttribute("aria-expanded", "true");
     });
     return tr;
@@ -327,6 +369,16 @@
     $("no-checks").hidden = lastCheckRow > 0;
     document.getElementById("checks").hidden = lastCheckRow === 0;
   }
+  // a failed action's error: its first line, the engine's log tail (the next lines) folded away
+  const openErrors = new Set();   // the outbox is redrawn on every refresh: an unfolded error stays unfolded
+  function errorText(err, key) {
+    const [first, ...rest] = err.split("\n");
+    if (!rest.length) return el("span", { class: "muted small" }, ` (${first})`);
+    const d = el("details", { class: "err small", open: openErrors.has(key) }, el("summary", {}, first),
+      el("div", { class: "evidence-box" }, el("pre", { tabindex: "0" }, rest.join("\n"))));
+    d.addEventListener("toggle", () => { if (d.open) openErrors.add(key); else openErrors.delete(key); });
+    return d;
+  }
   async function loadEvents() {
     const res = await api(`/rollouts/${encodeURIComponent(id)}/events?since_id=${lastEvent}`);
     if (!res.ok) return;
@@ -338,17 +390,27 @@
       lastEvent = Math.max(lastEvent, e.id);
     }
     const rows = [
-      ...res.data.actions.map((a) => ({ t: a.created_at, who: "worker", msg: a.what, status: a.status, err: a.error })),
+      ...res.data.actions.map((a) => ({ t: a.created_at, who: "worker", msg: a.what, status: a.status, err: a.error, key: `a${a.id}` })),
       ...res.data.notifications.map((n) => ({ t: n.at, who: "webhook", msg: `${n.event} → ${n.webhook}`, status: n.status, err: n.error })),
     ].sort((a, b) => b.t - a.t);
     if (rows.length) {
       $("outbox").replaceChildren(...rows.map((r) => el("li", {}, el("span", { class: "t" }, clock(r.t)),
         el("span", { class: "actor system" }, r.who),
         el("span", { class: "msg" }, r.msg, " ", el("span", { class: r.status === "failed" ? "bad" : r.status === "pending" ? "warn" : "ok" }, r.status),
-          r.err ? el("span", { class: "muted small" }, ` (${r.err})`) : null))));
+          r.err ? errorText(r.err, r.key || `${r.t}${r.msg}`) : null))));
     }
   }
 
+  // the newest latency check's histograms (a correctness check has none), fetched once per new check
+  async function loadDistribution() {
+    const seq = S && S.seq.length ? S.seq[S.seq.length - 1] : 0;
+    if (!seq || seq === distSeq || !Object.keys(distBoxes).length) return;
+    const res = await api(`/rollouts/${encodeURIComponent(id)}/checks/${seq}/distribution`);
+    if (!res.ok) return;
+    distSeq = seq;
+    dist = res.data;
+    Distribution.renderAll(dist, distBoxes);
+  }
   async function refresh() {
     const res = await api(`/rollouts/${encodeURIComponent(id)}`);
     if (!res.ok) return false;
@@ -361,6 +423,7 @@
       if (s.ok && s.data.last_seq != null) { appendSeries(s.data); lastSeq = s.data.last_seq; drawCharts(); }
       await loadChecks();
     }
+    await loadDistribution();
     summary();
     await loadEvents();
     return true;

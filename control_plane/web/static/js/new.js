@@ -40,6 +40,7 @@
   function updateChanges() {
     const c = byName[$("kernels").value], p = byName[$("production_kernels").value];
     const box = $("changes");
+    box.hidden = !c || !p;
     if (!c || !p) { box.textContent = ""; return; }
     const diff = Object.keys(c.ops).filter((op) => c.ops[op] !== p.ops[op]);
     box.replaceChildren(el("div", {},
@@ -72,11 +73,26 @@
     const s = services.find((x) => x.service === pre.get("service"));   // production: what the service runs now
     if (s && byName[s.production_kernels]) $("production_kernels").value = s.production_kernels;
   }
-  for (const k of ["kernels", "production_kernels"]) if (byName[pre.get(k)]) $(k).value = pre.get(k);
+  // a set the link names but the catalogue lacks: nothing is chosen for it, and the field says why
+  const unknown = [];
+  for (const k of ["kernels", "production_kernels"]) {
+    const want = pre.get(k);
+    if (want == null) continue;
+    if (byName[want]) { $(k).value = want; continue; }
+    $(k).value = "";
+    unknown.push(want);
+    const err = $(`${k}-err`);
+    err.textContent = `The link asks for kernel set “${want}”, which this catalogue does not have: choose one.`;
+    err.hidden = false;
+    $(k).setAttribute("aria-invalid", "true");
+    $(k).setAttribute("aria-describedby", err.id);
+    $(k).addEventListener("change", () => { err.hidden = true; $(k).removeAttribute("aria-invalid"); }, { once: true });
+  }
   if (pre.get("from")) {
     $("prefilled").hidden = false;
     $("prefilled-from").textContent = pre.get("from");
     $("prefilled-from").href = `/rollouts/${encodeURIComponent(pre.get("from"))}`;
+    $("prefilled-unknown").textContent = unknown.length ? ` Not prefilled: ${unknown.join(", ")} (not in the catalogue).` : "";
   }
   updateChanges();
   updateChips();
@@ -100,6 +116,7 @@
       }
     }
     if (input && err) {
+      message = inTheFormsWords(message, field, input);
       input.setAttribute("aria-invalid", "true");
       input.setAttribute("aria-describedby", err.id);
       err.textContent = message;
@@ -110,6 +127,22 @@
       $("form-error").hidden = false;
       $("form-error").focus?.();
     }
+  }
+
+  // the server names fields as its API does ("policy.min_samples must be an integer from 1 to 1e+09"): next to a
+  // field, its label says which, and numbers read as numbers
+  function inTheFormsWords(message, field, input) {
+    const label = form.querySelector(`label[for="${CSS.escape(input.id)}"]`);
+    const name = label ? label.textContent.trim() : null;
+    const key = field.split(".").pop();
+    let m = message;
+    if (name) {
+      for (const raw of [field, key]) {
+        if (m.startsWith(raw + " ")) { m = `${name}: ${m.slice(raw.length + 1)}`; break; }
+        if (m.startsWith(raw + ": ")) { m = `${name}: ${m.slice(raw.length + 2)}`; break; }
+      }
+    }
+    return m.replace(/\b(\d+(?:\.\d+)?)e\+(\d+)\b/g, (x) => Number(x).toLocaleString("en-US"));
   }
 
   // 409: the service already has an active rollout; say which, with a link to it (one rollout per service at a time)
@@ -132,10 +165,12 @@
     const svc = $("service");
     if (!svc.value.trim()) return showError("service", "Enter the service to release the canary to, e.g. chat.", []);
     if (svc.validity.patternMismatch) return showError("service", "A service name is lower-case letters, digits and dashes, starting and ending with a letter or digit.", []);
+    for (const k of ["kernels", "production_kernels"]) if (!$(k).value) return showError(k, "Choose a kernel set.", []);
     if (!steps || !steps.length) return showError("policy.steps", "Steps are whole percents, e.g. 5, 10, 25, 50, 100.", []);
     const replicas = Number($("replicas").value), maxReplicas = Number($("replicas").max);
     if (!Number.isInteger(replicas) || replicas < 1 || (maxReplicas && replicas > maxReplicas)) {
-      return showError("replicas", `Replicas per variant: a whole number from 1 to ${maxReplicas} (${$("replicas").dataset.why}).`, []);
+      const range = maxReplicas === 1 ? "1 is the only choice here" : `a whole number from 1 to ${maxReplicas}`;
+      return showError("replicas", `Replicas per variant: ${range} (${$("replicas").dataset.why}).`, []);
     }
     const checkRows = rowEls.filter((r) => r.box.checked);
     // thresholds are typed in the user's units (% for latency, points for the error rate): check them here, in those

@@ -14,10 +14,10 @@
   const ENDED = { latency: ["✗", "latency check failed"], error_rate: ["✗", "error rate check failed"],
     guard: ["✗", "guard"], correctness: ["✗", "correctness gate failed"], inconclusive: ["?", "inconclusive"],
     aborted: ["■", "aborted"], deploy: ["⚠", "deploy failed"], promoted: ["✓", "promoted"],
-    promoted_manually: ["✓", "promoted manually"], other: ["•", "ended"] };
+    promoted_manually: ["✓", "promoted manually"], failed: ["⚠", "failed"], other: ["•", "ended"] };
   function ending(e) {
     const [icon, word] = ENDED[e.kind] || ENDED.other;
-    const text = ["aborted", "promoted_manually", "deploy"].includes(e.kind) ? e.text : `${word}: ${e.text}`;
+    const text = ["aborted", "promoted_manually", "deploy", "failed"].includes(e.kind) ? e.text : `${word}: ${e.text}`;
     return el("span", { class: `ending end-${e.kind}`, "data-kind": e.kind, title: e.text }, el("span", { "aria-hidden": "true" }, icon + " "), text);
   }
 
