@@ -19,7 +19,8 @@ def args(name):
 
 def test_render_is_strict():
     assert promql.render("bucket_increase", **args("bucket_increase")) == (
-        'sum by (le) (increase(http_request_duration_seconds_bucket{service="chat",env="canary",status=~"[123].."}[30s]))')
+        'sum by (le) (increase(http_request_duration_seconds_bucket{service="chat",env="canary",'
+        'status=~"[123].."}[30s]))')
     with pytest.raises(promql.TemplateError, match="needs env"):
         promql.render("bucket_increase", metric="m", service="s", window="1m")
     with pytest.raises(promql.TemplateError, match="takes no q"):

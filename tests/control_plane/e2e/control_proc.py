@@ -5,7 +5,8 @@ processes behind the weighted router), direct scrape and a load generator throug
 
 `--die-at saved:3` SIGKILLs this process the 3rd time a pass reaches the step `saved` (Worker.step_hook names:
 loaded, observed, reconciled, saved, consumed, recover, executed:<action kind>). The router's URL is written to
-W/router-<pid> once production runs (its /_sits/ admin paths take X-SITS-Pin-Token: PIN_TOKEN); SIGTERM stops everything cleanly.
+W/router-<pid> once production runs (its /_sits/ admin paths take X-SITS-Pin-Token: PIN_TOKEN); SIGTERM stops
+everything cleanly.
 """
 import argparse
 import os
