@@ -137,11 +137,11 @@ class PrometheusSource:
                 else:
                     jobs[role, metric] = promql.render("bucket_increase_match", metric=metric, window=window,
                                                        match=match[role])
-            # every inference request (5xx included) and the 5xx among them
+            # every inference request but client errors, and the server errors among them (promql.status_class)
             jobs[role, "requests"] = promql.render("count_increase_match", metric=REQUEST_LATENCY, window=window,
-                                                   match=match[role] + routes)
+                                                   match=match[role] + routes + f',status=~"{promql.COUNTED}"')
             jobs[role, "errors"] = promql.render("count_increase_match", metric=REQUEST_LATENCY, window=window,
-                                                 match=match[role] + routes + ',status=~"5.."')
+                                                 match=match[role] + routes + f',status=~"{promql.SERVER_ERROR}"')
             # low-traffic mode: replayed requests, and live ones that streamed (engines without the counter: none)
             jobs[role, "replayed"] = promql.render("counter_increase_match", metric=INFERENCE_REQUESTS, window=window,
                                                    match=match[role] + routes + ',origin="replay"')

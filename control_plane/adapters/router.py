@@ -7,6 +7,11 @@ stream through chunk by chunk (SSE works; a request body over `max_body_bytes` i
 headers, `traceparent` included, are forwarded. Only origin-form targets are accepted. Weights and backends are
 swapped atomically: requests already in flight finish on the backend they started on. Admin paths under /_sits/:
 metrics (Prometheus text; requests per variant), weights, healthz.
+
+No client can tell which variant answered it (else it could aim slow or bad requests at one and steer the verdict):
+only trusted callers (the pin token or an allow-listed source: the control plane's own probes and load) get the
+`X-SITS-Variant` response header, /_sits/metrics and /_sits/weights, and paths outside `public_paths` (the variants'
+/metrics, /version, /readyz); anyone else gets the OpenAI API under /v1/ and /_sits/healthz.
 """
 from __future__ import annotations
 
@@ -82,12 +87,19 @@ class WeightedRouter:
         if scope["type"] != "http":
             return
         path = scope["path"]
-        if path.startswith("/_sits/"):
-            return await self._admin(path, send)
         raw = scope["headers"]
         client = (scope.get("client") or (None, 0))[0]
-        pin = next((v.decode("latin-1").strip() for k, v in raw if k.lower() == rh.PIN_HEADER), None)
         trusted = rh.pin_allowed(raw, client, self._pin_token, self._pin_sources)
+        raw_path = scope.get("raw_path") or path.encode()
+        if raw_path.startswith(b"/_sits/"):
+            return await self._admin(scope, path, send, trusted)
+        if path.startswith("/_sits/"):   # /%5fsits/...: an admin path in disguise, neither served nor forwarded
+            return await self._reject(scope, send, 404, "router admin paths are matched literally (/_sits/...); "
+                                      "a percent-encoded one is not served")
+        if not trusted and not path.startswith(self.config.public_paths):
+            return await self._reject(scope, send, 404, f"the router serves {', '.join(self.config.public_paths)} "
+                                      "to clients (the variants' other paths are for the control plane)")
+        pin = next((v.decode("latin-1").strip() for k, v in raw if k.lower() == rh.PIN_HEADER), None)
         if pin is not None and not trusted:
             return await self._reject(scope, send, 403, f"{PIN_HEADER} is honoured only with a valid "
                                       f"{PIN_TOKEN_HEADER} or from an allow-listed source")
@@ -121,7 +133,7 @@ class WeightedRouter:
                 self._requests.labels(self.config.service, role, routing, "400").inc()
                 return await self._reject(scope, send, 400, str(e))
             headers = rh.request_headers(raw, client, self._trusted_proxies, trusted)
-            await self._forward(scope, receive, send, role, routing, url, headers)
+            await self._forward(scope, receive, send, role, routing, url, headers, show=trusted)
         finally:
             self.table.done(role)
             self._inflight_g.labels(self.config.service, role).dec()
@@ -148,7 +160,8 @@ class WeightedRouter:
             if not msg.get("more_body"):
                 return
 
-    async def _forward(self, scope, receive, send, role, routing, url: httpx.URL, headers) -> None:
+    async def _forward(self, scope, receive, send, role, routing, url: httpx.URL, headers, show: bool) -> None:
+        """Proxy one request to `role` at `url`; `show`: the caller may learn the variant (X-SITS-Variant)."""
         client = self._get_client()
         gone = asyncio.Event()
         if rh.has_body(scope["headers"]):
@@ -174,12 +187,18 @@ class WeightedRouter:
                 return
             self._errors.labels(self.config.service, role, "connect").inc()
             self._requests.labels(self.config.service, role, routing, "502").inc()
+            log.warning("router %s: variant %s at %s://%s unreachable: %s", self.config.service, role, url.scheme,
+                        url.netloc.decode(), type(e).__name__)
+            if not show:
+                return await _json(send, 502, {"error": f"service {self.config.service}: the backend that took "
+                                                        f"the request is unreachable; retry"})
             return await _json(send, 502, {"error": f"variant {role} at {url.scheme}://{url.netloc.decode()} "
                                                     f"unreachable: {type(e).__name__}"}, role)
         code = str(resp.status_code)
         try:
             out = rh.response_headers(resp.headers.raw)
-            out.append((b"x-sits-variant", role.encode()))
+            if show:
+                out.append((b"x-sits-variant", role.encode()))
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
             pump = asyncio.ensure_future(self._pump(resp, send))
             watch = asyncio.ensure_future(_wait_disconnect(receive))
@@ -211,13 +230,15 @@ class WeightedRouter:
         # and the server drops the connection, so the client sees the truncation instead of a short "success"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _admin(self, path: str, send) -> None:
+    async def _admin(self, scope, path: str, send, trusted: bool) -> None:
+        if path == "/_sits/healthz":
+            return await _json(send, 200, {"status": "ok"})
+        if not trusted:   # which variant takes each request (in flight, weights) is for the control plane only
+            return await self._reject(scope, send, 403, f"{path} needs {PIN_TOKEN_HEADER} or an allow-listed source")
         if path == "/_sits/metrics":
             return await _send(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         if path == "/_sits/weights":
             return await _json(send, 200, {"service": self.config.service, **self.table.snapshot()})
-        if path == "/_sits/healthz":
-            return await _json(send, 200, {"status": "ok"})
         return await _json(send, 404, {"error": f"unknown admin path {path}"})
 
     async def _lifespan(self, receive, send) -> None:

@@ -24,10 +24,16 @@ class RouterConfig:
     max_body_bytes: int = MAX_BODY_BYTES    # the engine's limit: larger request bodies are a 413 here already
     header_timeout_s: float = HEADER_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    # path prefixes forwarded for any client (the OpenAI API); trusted callers (pin token or pin source) reach every
+    # path, the variants' /metrics, /version and probes included, and the router's own /_sits/metrics and weights
+    public_paths: tuple[str, ...] = ("/v1/",)
 
     def __post_init__(self) -> None:
         if not self.service:
             raise DeployError("router needs a service name")
+        self.public_paths = tuple(self.public_paths)
+        if not all(isinstance(p, str) and p.startswith("/") for p in self.public_paths):
+            raise DeployError(f"router public_paths must be path prefixes starting with '/', got {self.public_paths!r}")
         if not 0 <= self.port <= 65535:
             raise DeployError(f"router port {self.port} out of range")
         if self.connect_timeout <= 0 or self.read_timeout <= 0 or self.max_connections < 1:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sits.control_plane.adapters.metrics import INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
-from sits.control_plane.analysis.promql import series_key
+from sits.control_plane.analysis.promql import series_key, status_class
 
 _EPS = 1e-6
 
@@ -57,8 +57,9 @@ def parse_exposition(text: str, service: str | None, metrics: Sequence[str],
                      routes: Sequence[str] = INFERENCE_ROUTES) -> Cumulative:
     """Cumulative histograms of `metrics` (+ request/error counts from http_request_duration_seconds) in one
     Prometheus text exposition. Series of another `service` label are ignored. Request latency is keyed per route
-    and summed over status codes except 5xx (errors are counted, not timed: the same rule as the PromQL templates);
-    other histograms are summed into one series."""
+    and summed over the answered requests' status codes; server errors are counted, not timed, and client errors
+    neither (promql.status_class: the same rule as the PromQL templates); other histograms are summed into one
+    series."""
     wanted = set(metrics) | {REQUEST_LATENCY, INFERENCE_REQUESTS, INFERENCE_REQUESTS + "_total"}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
@@ -83,12 +84,12 @@ def parse_exposition(text: str, service: str | None, metrics: Sequence[str],
                 route = labels.get("route")
                 if route not in routes:
                     continue
-                error = labels.get("status", "").startswith("5")
-                if s.name.endswith("_count"):
+                kind = status_class(labels.get("status", ""))
+                if s.name.endswith("_count") and kind != "client":
                     out.requests += s.value
-                    if error:
+                    if kind == "error":
                         out.errors += s.value
-                if error or fam.name not in metrics:
+                if kind != "timed" or fam.name not in metrics:
                     continue
             key = series_key(fam.name, {"route": route} if route is not None else None)
             if s.name.endswith("_bucket"):

@@ -21,6 +21,7 @@ _METRIC_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")   # a Prometheus me
 # (low, high) of every numeric policy field: a typo or a hostile file cannot ask for 1e-300 s or 1e25 failures
 LIMITS: dict[str, tuple[float, float]] = {
     "check_interval_s": (0.1, 86400.0), "warmup_s": (0.0, 3600.0), "max_duration_s": (1.0, 30 * 86400.0),
+    "not_ready_grace_s": (0.0, 3600.0),
     "ready_timeout_s": (1.0, 86400.0), "min_samples": (1, 10 ** 9), "min_tail_samples": (1, 10 ** 6),
     "failure_limit": (1, 1000), "inconclusive_limit": (1, 100_000), "min_error_samples": (1, 10 ** 9),
     "z_fail": (0.01, 10.0), "z_pass": (0.01, 10.0), "max_error_rate": (0.0001, 1.0), "max_rel_delta": (0.0001, 100.0),
@@ -93,6 +94,7 @@ class Policy:
     on_inconclusive: str = "pause"                  # "pause" | "rollback"
     max_duration_s: float = 4 * 3600.0              # rollout deadline (paused time excluded) -> rollback
     ready_timeout_s: float = 600.0                  # deploy -> ready deadline -> rollback
+    not_ready_grace_s: float = 30.0                 # canary not ready on every observation this long -> rollback
     compare_to: str = "baseline"                    # "baseline" | "production"
     auto_promote: bool = True                       # False: wait in PAUSED for a manual promote at the last step
     z_fail: float = 2.3                             # one-sided z of each variant's bound in the fail test
@@ -121,7 +123,7 @@ class Policy:
                               f"{len(self.checks)}")
         checks = tuple(_check(c, i) for i, c in enumerate(self.checks))
         object.__setattr__(self, "checks", checks)
-        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s", "warmup_s"):
+        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s", "warmup_s", "not_ready_grace_s"):
             if not _num(getattr(self, name)) or not _within(name, getattr(self, name)):
                 lo, hi = LIMITS[name]
                 raise PolicyError(name, f"must be from {lo:g} to {hi:g} seconds, got {_short(getattr(self, name))}")

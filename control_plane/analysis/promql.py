@@ -4,8 +4,11 @@ The analysis needs bucket COUNTS per variant (not a single quantile) to bound it
 source asks for each window's increase of every bucket; the quantile expressions are what dashboards and the evidence
 view show next to the analysis' own numbers (same data, same interpolation: histogram_quantile here is Prometheus').
 Labels: env = the variant's role (production | baseline | canary), service = the rollout's service.
-Error responses (5xx) are excluded from latency and counted as errors. The Grafana dashboards (dashboards/) and the
-Helm chart's recording rules and alerts (dashboards/rules.py) are rendered from these templates too.
+Only answered requests are timed: server errors (5xx, and 429: the server refused the work) are counted as errors,
+client errors (every other 4xx: 400, 408, 413, 499, ...) are kept in their own `status` series but neither timed nor
+counted as requests of the error rate, so no client can move a verdict by sending bad or slow requests
+(docs/security.md). The Grafana dashboards (dashboards/) and the Helm chart's recording rules and alerts
+(dashboards/rules.py) are rendered from these templates too.
 
     render("bucket_increase", metric="http_request_duration_seconds", service="chat", env="canary",
            extra="", window="30s")
@@ -16,7 +19,21 @@ import re
 import string
 from typing import Mapping
 
-LATENCY_FILTER = {"http_request_duration_seconds": ',status!~"5.."'}
+# status classes of http_request_duration_seconds (label `status`), as PromQL regexes and as one Python predicate
+SERVER_ERROR = "5..|429"            # counted as errors
+COUNTED = "[1235]..|429"            # the requests of the error rate: everything but client errors
+TIMED = "[123].."                   # the judged latency: answered requests only
+LATENCY_FILTER = {"http_request_duration_seconds": f',status=~"{TIMED}"'}
+
+
+def status_class(status: str) -> str:
+    """'timed' (1xx-3xx), 'error' (5xx, 429) or 'client' (any other 4xx, or no status): the regexes above in Python."""
+    if status == "429" or status.startswith("5"):
+        return "error"
+    if status[:1] in ("1", "2", "3"):
+        return "timed"
+    return "client"
+
 
 TEMPLATES: dict[str, str] = {
     # per-window bucket counts of one variant, summed over replicas (what the analysis consumes)
@@ -31,9 +48,10 @@ TEMPLATES: dict[str, str] = {
     "count_increase_match": 'sum(increase({metric}_count{{{match}}}[{window}]))',
     # a counter's window increase (sits_inference_requests_total by origin/stream: replayed and live streamed requests)
     "counter_increase_match": 'sum(increase({metric}_total{{{match}}}[{window}]))',
-    "requests": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}"}}[{window}]))',
-    "errors": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"5.."}}'
-              '[{window}]))',
+    "requests": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",'
+                'status=~"' + COUNTED + '"}}[{window}]))',
+    "errors": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"'
+              + SERVER_ERROR + '"}}[{window}]))',
     # what a dashboard shows: the windowed quantile per variant, and the canary-vs-target relative delta
     "quantile": 'histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{service="{service}",env="{env}"{extra}}}'
                 '[{window}])))',
@@ -41,9 +59,9 @@ TEMPLATES: dict[str, str] = {
                       '{extra}}}[{window}]))) / histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{service='
                       '"{service}",env="{target}"{extra}}}[{window}])))) - 1',
     # (a variant that never answered 5xx has no 5xx series: its rate is 0, not "no data")
-    "error_rate": '(sum(rate(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"5.."'
-                  '{extra}}}[{window}])) or vector(0)) / sum(rate(http_request_duration_seconds_count{{service='
-                  '"{service}",env="{env}"{extra}}}[{window}]))',
+    "error_rate": '(sum(rate(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"'
+                  + SERVER_ERROR + '"{extra}}}[{window}])) or vector(0)) / sum(rate(http_request_duration_seconds_count'
+                  '{{service="{service}",env="{env}",status=~"' + COUNTED + '"{extra}}}[{window}]))',
     # dashboards and the Helm chart's recording rules: the same forms split by variant. `match` is a whole matcher
     # list built by matchers() (validated there), `by` the grouping labels (validated as label names)
     "quantile_by": 'histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{match}}}[{window}])))',
@@ -51,9 +69,10 @@ TEMPLATES: dict[str, str] = {
     "increase_by": 'sum by ({by}) (increase({metric}{{{match}}}[{window}]))',
     "ratio_by": 'sum by ({by}) (rate({numerator}{{{match}}}[{window}])) / sum by ({by}) (rate({denominator}'
                 '{{{match}}}[{window}]))',
-    "error_ratio_by": '(sum by ({by}) (rate(http_request_duration_seconds_count{{{match},status=~"5.."}}[{window}]))'
-                      ' or 0 * sum by ({by}) (rate(http_request_duration_seconds_count{{{match}}}[{window}])))'
-                      ' / sum by ({by}) (rate(http_request_duration_seconds_count{{{match}}}[{window}]))',
+    "error_ratio_by": '(sum by ({by}) (rate(http_request_duration_seconds_count{{{match},status=~"' + SERVER_ERROR
+                      + '"}}[{window}])) or 0 * sum by ({by}) (rate(http_request_duration_seconds_count{{{match},'
+                      'status=~"' + COUNTED + '"}}[{window}]))) / sum by ({by}) (rate('
+                      'http_request_duration_seconds_count{{{match},status=~"' + COUNTED + '"}}[{window}]))',
     "gauge_by": '{agg} by ({by}) ({metric}{{{match}}})',
     # control plane: phase transitions (a phase that is current now but was not one interval ago), rollbacks,
     # and services whose checks were all inconclusive over a window

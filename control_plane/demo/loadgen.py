@@ -105,15 +105,19 @@ class LoadGenerator:
     """`LoadGenerator(url, rate, threads, max_tokens, prompt)`: Poisson arrivals at `rate` requests/s through the
     router, sent by `threads` senders. With no `mix`, every request is the same non-streamed completion of
     `max_tokens` tokens for `prompt`; with a TrafficMix, lengths, streaming and route are drawn per request (seeded).
-    `sent`, `answered`, `tally` and `summary()` may be read while it runs; `stop()` waits for requests in flight."""
+    `sent`, `answered`, `tally` and `summary()` may be read while it runs; `stop()` waits for requests in flight.
+    The router names the variant that answered (X-SITS-Variant) only to trusted callers: `pin_token` makes this one
+    (its requests are still routed by weight), else every variant is "?"."""
 
     def __init__(self, url: str, rate: float = 20.0, threads: int = 16, max_tokens: int = 4,
                  prompt: str = "Once upon a time", *, mix: TrafficMix | None = None, seed: int = 0,
-                 model: str = "tiny", timeout_s: float = 60.0, tracing: Tracing | None = None) -> None:
+                 model: str = "tiny", timeout_s: float = 60.0, tracing: Tracing | None = None,
+                 pin_token: str | None = None) -> None:
         if not rate > 0 or threads < 1 or max_tokens < 1:
             raise ValueError("load rate must be > 0, threads and max_tokens >= 1")
         self.url, self.rate, self.threads, self.timeout_s = url.rstrip("/"), rate, threads, timeout_s
         self.tracing = tracing or Tracing()
+        self._headers = {"X-SITS-Pin-Token": pin_token} if pin_token else {}
         self.mix = mix or TrafficMix.fixed(len(prompt), max_tokens)
         self._plan = plan(rate, self.mix, seed, model=model, prompt=None if mix else prompt)
         self.sent = 0          # requests sent (answered or not)
@@ -200,7 +204,7 @@ class LoadGenerator:
         variant, status = "?", 0
         sent_at = time.monotonic()
         try:
-            with c.stream("POST", self.url + p.route, json=p.body, headers=inject()) as r:
+            with c.stream("POST", self.url + p.route, json=p.body, headers={**self._headers, **inject()}) as r:
                 variant, status = r.headers.get("x-sits-variant", "?"), r.status_code
                 if status != 200:
                     r.read()

@@ -189,7 +189,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         served = "tiny" if prof.device == "cpu" else _served_model(router)
         r = httpx.post(router + "/v1/completions", json={"model": served, "prompt": "The canary sang",
                                                           "max_tokens": 12, "temperature": 0}, timeout=60,
-                       trust_env=False)
+                       headers={"X-SITS-Pin-Token": deployer.pin_token}, trust_env=False)
         r.raise_for_status()
         weights = "random tiny weights" if model.path == "tiny" else model.label.split(" (")[0]
         out(f"      router {router}: POST /v1/completions -> {r.status_code} from {r.headers.get('x-sits-variant')}"
@@ -197,7 +197,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         m = prof.mix
         out(f"[3/4] load: Poisson {cfg.rate:g} req/s, prompts ~{m.prompt_tokens.median:g} tokens and answers "
             f"~{m.output_tokens.median:g} (lognormal), {m.stream_fraction:.0%} streamed, every token verified")
-        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=m, seed=2026, tracing=tracing, model=served).start()
+        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=m, seed=2026, tracing=tracing, model=served,
+                             pin_token=deployer.pin_token).start()
         worker.start()
         if prof.device != "cpu":
             gpu_memory = GpuMemorySampler(deployer, cfg.service).start()

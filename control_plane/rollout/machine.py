@@ -24,6 +24,7 @@ promql.series_key(metric, labels), e.g. 'http_request_duration_seconds{route="/v
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from sits.control_plane.analysis import CorrectnessVerdict, Guard, Outcome, VariantData, Verdict, assess
@@ -270,11 +271,23 @@ def _progressing(b: _Builder, obs: Observation) -> None:
     if obs.correctness is not None and _correctness_check(b, obs.correctness):
         return
     canary = obs.variants.get("canary")
-    guard_now = canary is not None and (canary.crashing or not canary.ready)
+    # one slow or failed readiness probe is not a failure (a burst of large requests can hold /readyz for seconds):
+    # the guard fires once the canary has been not ready on every observation for not_ready_grace_s
+    down = canary is not None and not canary.ready and not canary.crashing
+    since = (b.r.not_ready_since if b.r.not_ready_since is not None else b.now) if down else None
+    if since != b.r.not_ready_since:
+        b.set(not_ready_since=since)
+    sustained = since is not None and b.now - since >= p.not_ready_grace_s - _EPS
+    guard_now = canary is not None and (canary.crashing or sustained)
     if not guard_now and b.now < b.r.last_check_at + p.check_interval_s - _EPS:
         return
     data = _with_readiness(b.r.data, obs)
+    if down and not sustained:   # within the grace period: judged on its metrics, not on one probe
+        data["canary"] = dataclasses.replace(data["canary"], ready=True)
     verdict = assess(data, p)
+    if verdict.guard is Guard.NOT_READY:
+        verdict = dataclasses.replace(verdict, reason=f"canary not ready for {b.now - since:.0f} s (grace "
+                                      f"{p.not_ready_grace_s:g} s){_not_ready_why(obs)}")
     r = b.r
     decision = Decision.HOLD
     seq = r.checks + 1

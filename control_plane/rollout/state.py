@@ -205,6 +205,7 @@ class Rollout:
     step_checks: int = 0
     consecutive_failures: int = 0
     consecutive_inconclusive: int = 0
+    not_ready_since: float | None = None     # the first of a run of observations with the canary not ready
     data: Mapping[str, VariantData] = field(default_factory=dict)   # the current step's accumulated windows
     data_since: float | None = None
     observed_until: float | None = None

@@ -72,7 +72,7 @@ def variant_from_dict(d: Mapping) -> VariantData:
 _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
                  "weight", "warmup_until", "last_check_at", "checks", "step_checks", "consecutive_failures",
                  "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source",
-                 "correctness_step", "correctness_at", "replayed_requests")
+                 "correctness_step", "correctness_at", "replayed_requests", "not_ready_since")
 
 
 _CACHE_SIZE = 256
@@ -132,7 +132,7 @@ def rollout_from_dict(d: Mapping, version: int = 0, data: Mapping[str, VariantDa
     for k in ("created_at", "phase_since", "paused_total_s", "warmup_until", "last_check_at", "excluded_requests"):
         kw[k] = float(kw[k])
     kw["replayed_requests"] = float(kw.get("replayed_requests", 0.0))   # absent in states stored before it
-    for k in ("started_at", "data_since", "observed_until", "correctness_at"):
+    for k in ("started_at", "data_since", "observed_until", "correctness_at", "not_ready_since"):
         kw[k] = _f(kw.get(k))
     if data is None:
         data = data_from_dict(d.get("data", {}))

@@ -27,7 +27,11 @@ INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
 class HTTPMetricsMiddleware:
-    """Observes http_request_duration_seconds{route,status} from request start to the last byte sent."""
+    """Observes http_request_duration_seconds{route,status} from the complete request to the last byte sent.
+
+    The clock starts when the last byte of the request body has been received (at the head for a request without a
+    body, or one answered before its body was read): how fast a client uploads is the client's doing, and timing from
+    the head would let any client make a variant look slow by trickling its body (docs/security.md)."""
 
     def __init__(self, app: ASGIApp, routes: set[str], metrics: EngineMetrics) -> None:
         self.app = app
@@ -41,6 +45,13 @@ class HTTPMetricsMiddleware:
         start = time.perf_counter()
         status, stream = 500, False
 
+        async def receive_wrapper() -> Message:
+            nonlocal start
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                start = time.perf_counter()   # the request is complete: from here on the time is the server's
+            return message
+
         async def send_wrapper(message: Message) -> None:
             nonlocal status, stream
             if message["type"] == "http.response.start":
@@ -50,7 +61,7 @@ class HTTPMetricsMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
             path = scope.get("path", "")
             route = path if path in self.routes else "other"  # bounded label cardinality
@@ -68,7 +79,7 @@ class HTTPMetricsMiddleware:
 
 async def _models(request: Request) -> Response:
     state: ServerState = request.app.state.sits
-    created = int(state.runner.started_at)
+    created = int(time.time())   # as vLLM: the process start would tell a client which variant answered
     data = [{"id": name, "object": "model", "created": created, "owned_by": "sits"}
             for name in sorted(state.model_names)]
     return JSONResponse({"object": "list", "data": data})

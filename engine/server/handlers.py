@@ -44,6 +44,7 @@ class Prepared:
     params: SamplingParams
     tenant: str
     priority: int
+    arrival: float   # when the request body was complete: TTFT, queue time and e2e latency count from here
 
 
 async def _prepare(request: Request, kind: str) -> Prepared:
@@ -51,7 +52,9 @@ async def _prepare(request: Request, kind: str) -> Prepared:
     runner = state.runner
     if not runner.ready.is_set():
         raise APIError(503, runner.load_error or "the model is still loading", headers={"Retry-After": "5"})
-    body = parse_json_body(await _read_body(request))
+    raw = await _read_body(request)
+    arrival = time.perf_counter()   # the client's upload time is not the server's latency (see HTTPMetricsMiddleware)
+    body = parse_json_body(raw)
     greq = parse_chat(body) if kind == "chat" else parse_completion(body)
     if greq.model not in state.model_names:
         raise APIError(404, f"the model {greq.model!r} does not exist; this server serves "
@@ -87,7 +90,7 @@ async def _prepare(request: Request, kind: str) -> Prepared:
                                 prompt_logprobs=greq.logprobs if greq.echo else None)
     except (InvalidRequestError, ValueError) as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
-    return Prepared(greq, ids, params, tenant, priority)
+    return Prepared(greq, ids, params, tenant, priority, arrival)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -118,7 +121,6 @@ def _rejection(error: Exception) -> APIError:
 
 
 async def _generate(request: Request, kind: str) -> Response:
-    arrival = time.perf_counter()
     state = server_state(request)
     prep = await _prepare(request, kind)
     greq, ids, tenant, priority = prep.request, prep.prompt_ids, prep.tenant, prep.priority
@@ -128,7 +130,7 @@ async def _generate(request: Request, kind: str) -> Response:
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     span = state.tracer.start_request(f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
                                       request.headers, tenant=tenant, priority=priority, request_id=rid)
-    tracker = Tracker(state, span, arrival, len(ids), probe=is_probe(request.headers),
+    tracker = Tracker(state, span, prep.arrival, len(ids), probe=is_probe(request.headers),
                       replay=request.headers.get("x-sits-replay", "").strip() == "1")
     if faults.latency_s > 0:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token

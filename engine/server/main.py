@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import os
 import pickle
@@ -226,8 +227,14 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
                "build": build}
     state = ServerState(runner=runner, metrics=metrics, tracer=tracer, faults=faults,
                         model_names={config.model_name}, version=version,
-                        system_fingerprint=f"{kernel_name}-{kernel_version}")
+                        system_fingerprint=system_fingerprint(config.service))
     return create_app(state)
+
+
+def system_fingerprint(service: str) -> str:
+    """The same for every variant of a service: a client must not learn which kernel set answered it (it could aim
+    slow or bad requests at one and steer the canary's verdict). The kernel set is at /version, for operators."""
+    return "fp_" + hashlib.sha256(service.encode()).hexdigest()[:12]
 
 
 def uvicorn_config(app: Any, config: ServerConfig) -> Any:

@@ -85,7 +85,7 @@ def test_mixed_load_against_a_real_engine(tmp_path):
     with LocalDeployer(LocalConfig(workdir=str(tmp_path), cpu_threads=1)) as d:
         d.deploy(VariantSpec("lg", "production", "torch"))
         mix = TrafficMix(LengthDist(40, 0.8, 4, 200), LengthDist(4, 0.6, 1, 12), 0.5, 0.5)
-        g = LoadGenerator(d.router_url("lg"), rate=15, threads=6, mix=mix, seed=3).start()
+        g = LoadGenerator(d.router_url("lg"), rate=15, threads=6, mix=mix, seed=3, pin_token=d.pin_token).start()
         deadline = time.monotonic() + 60
         while g.finished < 40 and time.monotonic() < deadline:
             time.sleep(0.2)

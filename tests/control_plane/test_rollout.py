@@ -95,6 +95,28 @@ def test_crashing_canary_rolls_back_at_once():
     assert c.r.new_checks[0].verdict.guard == "crashing" and Rollback() in c.actions
 
 
+def test_one_failed_readiness_probe_does_not_roll_back_a_sustained_one_does():
+    c = progressing(Policy(not_ready_grace_s=25.0))
+    c.step(window())
+    messages = {"canary": "0/1 ready; weight 5%; replica 0 at http://127.0.0.1:1 not ready (/readyz)"}
+    assert c.step(window(ready=False), messages=messages) is Phase.PROGRESSING   # one slow probe (issue 39)
+    assert c.r.not_ready_since == c.t and not c.r.new_checks                     # not a check of its own
+    assert c.step(window()) is Phase.PROGRESSING and c.r.not_ready_since is None   # answered again: forgotten
+    assert c.r.new_checks and c.r.new_checks[0].verdict.guard is None             # judged on its metrics
+    # not ready on every observation: the guard fires once the grace period is over, and says how long and why
+    phases = [c.step(window(ready=False), messages=messages, dt=10.0) for _ in range(4)]
+    assert phases == [Phase.PROGRESSING] * 3 + [Phase.ROLLING_BACK]
+    assert c.r.new_checks[0].verdict.guard == "not_ready" and Rollback() in c.actions
+    assert c.r.reason == f"guard: canary not ready for 30 s (grace 25 s): canary: {messages['canary']}"
+
+
+def test_a_zero_grace_period_rolls_back_on_the_first_failed_probe():
+    c = progressing(Policy(not_ready_grace_s=0.0))
+    c.step(window())
+    assert c.step(window(ready=False)) is Phase.ROLLING_BACK
+    assert c.r.reason == "guard: canary not ready for 0 s (grace 0 s): canary: not ready"
+
+
 def test_error_rate_guard():
     c = progressing()
     c.step(window())

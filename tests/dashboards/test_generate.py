@@ -95,7 +95,7 @@ def test_recording_rules_are_promql_templates():
     recs = {r["record"]: r["expr"] for r in rules.recording_rules()}
     assert recs["sits:http_request_duration_seconds:p99_rate5m"] == promql.render(
         "quantile_by", q=0.99, metric="http_request_duration_seconds", by="namespace, service, env",
-        match='env=~"production|baseline|canary",status!~"5.."', window="5m")
+        match='env=~"production|baseline|canary",status=~"[123].."', window="5m")
     assert len(recs) == 8   # 4 latency metrics x P90/P99
 
 

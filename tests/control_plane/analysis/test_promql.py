@@ -1,6 +1,7 @@
 """PromQL templates: strict rendering, and every template evaluated by a real Prometheus on backfilled histograms,
 where the bucket increases equal HistogramSnapshot.delta and the quantile equals our histogram_quantile."""
 import math
+import re
 import time
 
 import pytest
@@ -18,7 +19,8 @@ def args(name):
 
 def test_render_is_strict():
     assert promql.render("bucket_increase", **args("bucket_increase")) == (
-        'sum by (le) (increase(http_request_duration_seconds_bucket{service="chat",env="canary",status!~"5.."}[30s]))')
+        'sum by (le) (increase(http_request_duration_seconds_bucket{service="chat",env="canary",'
+        'status=~"[123].."}[30s]))')
     with pytest.raises(promql.TemplateError, match="needs env"):
         promql.render("bucket_increase", metric="m", service="s", window="1m")
     with pytest.raises(promql.TemplateError, match="takes no q"):
@@ -28,7 +30,7 @@ def test_render_is_strict():
     with pytest.raises(promql.TemplateError, match="quotes"):
         promql.render("requests", service='x"}) or vector(1', env="canary", window="1m")
     assert promql.series_key("m", {"route": "/v1/completions"}) == 'm{route="/v1/completions"}'
-    assert promql.route_filter("/v1/x") == ',route="/v1/x",status!~"5.."'
+    assert promql.route_filter("/v1/x") == ',route="/v1/x",status=~"[123].."'
 
 
 def _histogram_lines(t: int, env: str, counts: list[int], status="200") -> list[str]:
@@ -101,10 +103,10 @@ def test_increase_with_a_counter_reset_matches_prometheus(prometheus_factory, tm
 
 def test_matchers_and_by_are_validated():
     m = promql.matchers("http_request_duration_seconds", namespace=("=~", "$namespace"), service="chat")
-    assert m == 'namespace=~"$namespace",service="chat",status!~"5.."'
+    assert m == 'namespace=~"$namespace",service="chat",status=~"[123].."'
     assert promql.matchers("sits_queue_time_seconds") == ""
     assert promql.render("rate_by", metric="m", by="env, kernel_version", match=m, window="1m") == (
-        'sum by (env, kernel_version) (rate(m{namespace=~"$namespace",service="chat",status!~"5.."}[1m]))')
+        'sum by (env, kernel_version) (rate(m{namespace=~"$namespace",service="chat",status=~"[123].."}[1m]))')
     with pytest.raises(promql.TemplateError, match="unsafe matcher"):
         promql.matchers(service='x"} or up{a="')
     with pytest.raises(promql.TemplateError, match="operator"):
@@ -130,3 +132,14 @@ def test_selector_normalises_a_users_label_selector(text, want):
 def test_selector_refuses_anything_else(text):
     with pytest.raises(promql.TemplateError):
         promql.selector(text)
+
+
+def test_status_classes_time_answers_count_server_errors_and_leave_client_errors_out():
+    cases = {"200": "timed", "204": "timed", "304": "timed", "400": "client", "408": "client", "413": "client",
+             "499": "client", "429": "error", "500": "error", "503": "error", "": "client"}
+    assert {s: promql.status_class(s) for s in cases} == cases
+    # the PromQL regexes say the same (Prometheus anchors them)
+    for status, kind in cases.items():
+        assert bool(re.fullmatch(promql.TIMED, status)) == (kind == "timed"), status
+        assert bool(re.fullmatch(promql.SERVER_ERROR, status)) == (kind == "error"), status
+        assert bool(re.fullmatch(promql.COUNTED, status)) == (kind != "client"), status

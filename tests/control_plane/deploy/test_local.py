@@ -63,16 +63,20 @@ def engine_requests(url: str) -> float:
     return n
 
 
-async def fire(url: str, n: int, concurrency: int = 12, during=None) -> list[httpx.Response]:
+async def fire(url: str, n: int, concurrency: int = 12, during=None, headers=None) -> list[httpx.Response]:
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=60) as c:
         async def one(i):
             async with sem:
-                return await c.post(url + "/v1/completions", json=BODY)
+                return await c.post(url + "/v1/completions", json=BODY, headers=headers)
         tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
         if during is not None:
             await during()
         return await asyncio.gather(*tasks)
+
+
+def trusted(local: LocalDeployer) -> dict:
+    return {"X-SITS-Pin-Token": local.pin_token}
 
 
 def test_is_a_deployer_and_reports_ready_variants(local):
@@ -93,7 +97,8 @@ def test_measured_split_matches_weights_over_1000_requests(local):
     local.set_weights(SVC, {"production": 80, "baseline": 10, "canary": 10})
     st = local.status(SVC)
     before = {r: engine_requests(s.endpoint) for r, s in st.items()}
-    resps = asyncio.run(fire(local.router_url(SVC), 1000))
+    # the pin token (no pin): routed by weight, and told the variant (X-SITS-Variant), as the control plane's load is
+    resps = asyncio.run(fire(local.router_url(SVC), 1000, headers=trusted(local)))
     assert [r.status_code for r in resps].count(200) == 1000
     by_header = collections.Counter(r.headers["x-sits-variant"] for r in resps)
     served = {r: engine_requests(s.endpoint) - before[r] for r, s in st.items()}
@@ -110,7 +115,7 @@ def test_weight_change_under_load_loses_no_request(local):
         for w in (10, 30, 50, 0):
             await asyncio.sleep(0.4)
             await asyncio.to_thread(local.set_weights, SVC, {"production": 100 - w, "canary": w})
-    resps = asyncio.run(fire(local.router_url(SVC), 400, concurrency=16, during=shift))
+    resps = asyncio.run(fire(local.router_url(SVC), 400, concurrency=16, during=shift, headers=trusted(local)))
     codes = collections.Counter(r.status_code for r in resps)
     assert codes == {200: 400}, codes
     variants = collections.Counter(r.headers["x-sits-variant"] for r in resps)
@@ -132,7 +137,7 @@ def test_pin_header_and_traceparent_reach_the_engine(local):
 def test_streaming_through_the_router(local):
     local.set_weights(SVC, {"canary": 100})
     events = []
-    with httpx.stream("POST", local.router_url(SVC) + "/v1/completions", timeout=30,
+    with httpx.stream("POST", local.router_url(SVC) + "/v1/completions", timeout=30, headers=trusted(local),
                       json={**BODY, "max_tokens": 5, "stream": True}) as r:
         assert r.status_code == 200 and r.headers["x-sits-variant"] == "canary"
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
@@ -208,7 +213,7 @@ def test_promote_moves_the_canary_spec_into_production(local):
     assert argv[argv.index("--env") + 1] == "production" and argv[argv.index("--seed") + 1] == "7"
     for p in (old_prod, canary_proc):
         assert p.poll() is not None and not process.pid_alive(p.pid)
-    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30)
+    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30, headers=trusted(local))
     assert r.status_code == 200 and r.headers["x-sits-variant"] == "production"
     local.promote(SVC)  # idempotent: nothing left to promote, production stays
     assert set(local.status(SVC)) == {"production"}
@@ -221,7 +226,7 @@ def test_deleting_a_weighted_variant_hands_its_share_over_and_close_stops_all(lo
     local.set_weights(SVC, {"production": 30, "canary": 70})
     local.delete(SVC, "production")  # production's 30% goes to the canary, the only variant left
     assert router.weights() == {"production": 0, "baseline": 0, "canary": 100}
-    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30)
+    r = httpx.post(local.router_url(SVC) + "/v1/completions", json=BODY, timeout=30, headers=trusted(local))
     assert r.status_code == 200 and r.headers["x-sits-variant"] == "canary"
     local.close()  # the last weighted variant goes too: no error, nothing left running
     assert local.status(SVC) == {} and not any(process.pid_alive(p.pid) for p in procs)

@@ -19,7 +19,8 @@ PIN = {"X-SITS-Pin-Token": PIN_TOKEN}
 
 @pytest.fixture
 def router(upstreams):
-    r = WeightedRouter(RouterConfig(service="chat", pin_token=PIN_TOKEN))
+    # the upstream test server answers on any path (/echo ...): forward every path, as public_paths=("/v1/",) does /v1/*
+    r = WeightedRouter(RouterConfig(service="chat", pin_token=PIN_TOKEN, public_paths=("/",)))
     for role, url in upstreams.items():
         r.set_backends(role, [url])
     r.start()
@@ -28,7 +29,7 @@ def router(upstreams):
 
 
 def router_counts(r: WeightedRouter) -> dict:
-    text = httpx.get(r.url + "/_sits/metrics").text
+    text = httpx.get(r.url + "/_sits/metrics", headers=PIN).text
     out = collections.Counter()
     for fam in text_string_to_metric_families(text):
         if fam.name == "sits_router_requests":
@@ -49,7 +50,7 @@ async def fire(url: str, n: int, concurrency: int = 16, path: str = "/echo", **k
 
 def test_split_follows_weights_and_metrics_count_it(router):
     router.set_weights({"production": 80, "baseline": 10, "canary": 10})
-    resps = asyncio.run(fire(router.url, 1000))
+    resps = asyncio.run(fire(router.url, 1000, headers=PIN))   # weighted, and told the variant (a trusted caller)
     assert all(r.status_code == 200 for r in resps)
     seen = collections.Counter(r.json()["name"] for r in resps)
     assert seen == {"production": 800, "baseline": 100, "canary": 100}  # smooth WRR: exact over full cycles
@@ -58,7 +59,8 @@ def test_split_follows_weights_and_metrics_count_it(router):
     counts = router_counts(router)
     assert counts[("production", "weighted", "200")] == 800
     assert counts[("canary", "weighted", "200")] == 100
-    assert json.loads(httpx.get(router.url + "/_sits/weights").text)["weights"]["canary"] == 10
+    assert json.loads(httpx.get(router.url + "/_sits/weights", headers=PIN).text)["weights"]["canary"] == 10
+    assert "x-sits-variant" not in httpx.post(router.url + "/echo", content="anyone").headers
 
 
 def test_uneven_weights_interleave(router):
@@ -146,9 +148,11 @@ def test_weight_change_under_load_loses_no_request(router):
 def test_unreachable_variant_is_502_and_counted(router):
     router.set_backends("canary", ["http://127.0.0.1:9"])  # discard port: nothing listens
     router.set_weights({"canary": 100})
-    r = httpx.get(router.url + "/echo")
+    r = httpx.get(router.url + "/echo", headers=PIN)
     assert r.status_code == 502 and "canary" in r.json()["error"]
-    assert router_counts(router)[("canary", "weighted", "502")] == 1
+    anyone = httpx.get(router.url + "/echo")   # a client is not told which variant, nor where it runs
+    assert anyone.status_code == 502 and "canary" not in anyone.text and "127.0.0.1" not in anyone.text
+    assert router_counts(router)[("canary", "weighted", "502")] == 2
 
 
 def test_client_disconnect_mid_stream_releases_the_request(router):

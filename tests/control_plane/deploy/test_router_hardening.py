@@ -21,7 +21,7 @@ def make_router(upstreams):
     routers = []
 
     def make(**overrides) -> WeightedRouter:
-        r = WeightedRouter(RouterConfig(**{"service": "chat", "pin_token": TOKEN, **overrides}))
+        r = WeightedRouter(RouterConfig(**{"service": "chat", "pin_token": TOKEN, "public_paths": ("/",), **overrides}))
         for role, url in upstreams.items():
             r.set_backends(role, [url])
         r.set_weights({"production": 100})

@@ -5,7 +5,8 @@ processes behind the weighted router), direct scrape and a load generator throug
 
 `--die-at saved:3` SIGKILLs this process the 3rd time a pass reaches the step `saved` (Worker.step_hook names:
 loaded, observed, reconciled, saved, consumed, recover, executed:<action kind>). The router's URL is written to
-W/router-<pid> once production runs; SIGTERM stops everything cleanly.
+W/router-<pid> once production runs (its /_sits/ admin paths take X-SITS-Pin-Token: PIN_TOKEN); SIGTERM stops
+everything cleanly.
 """
 import argparse
 import os
@@ -24,6 +25,8 @@ from sits.control_plane.store.db import Store
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
 
+PIN_TOKEN = "e2e-control-proc-pin-token"   # the router's admin paths (/_sits/weights) need it (or a pin source)
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -33,7 +36,7 @@ def main() -> None:
     p.add_argument("--die-at", default=None)
     p.add_argument("--rate", type=float, default=25.0)
     a = p.parse_args()
-    deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=1, ready_timeout_s=120,
+    deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=1, ready_timeout_s=120, pin_token=PIN_TOKEN,
                                          router_state=f"{a.store}.routers.json"))   # as sits-control does
     store = Store(a.store)
     worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0, action_backoff_s=0.2))
@@ -57,7 +60,8 @@ def main() -> None:
             except Exception:
                 continue
             mix = TrafficMix(LengthDist(32, 0.6, 4, 120), LengthDist(2, 0.4, 1, 6), 0.3, 0.3)
-            load = LoadGenerator(url, rate=a.rate, threads=10, mix=mix, seed=os.getpid()).start()
+            load = LoadGenerator(url, rate=a.rate, threads=10, mix=mix, seed=os.getpid(),
+                                 pin_token=PIN_TOKEN).start()
             out = Path(a.workdir) / f"router-{os.getpid()}"
             out.with_suffix(".tmp").write_text(url)
             out.with_suffix(".tmp").replace(out)

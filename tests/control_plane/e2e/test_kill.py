@@ -18,6 +18,7 @@ from sits.control_plane.store.db import Store
 
 from tests.waiting import wait_for
 
+from .control_proc import PIN_TOKEN
 from .support import FAST, SLOW, engine_pids
 
 REPO = Path(__file__).resolve().parents[3]
@@ -54,7 +55,8 @@ def test_sigkilled_control_plane_resumes_to_the_same_outcome(tmp_path, seed):
             if proc.poll() is None:
                 try:
                     url = (tmp_path / f"router-{proc.pid}").read_text()
-                    with urllib.request.urlopen(url + "/_sits/weights", timeout=10) as resp:
+                    req = urllib.request.Request(url + "/_sits/weights", headers={"X-SITS-Pin-Token": PIN_TOKEN})
+                    with urllib.request.urlopen(req, timeout=10) as resp:
                         routed = json.load(resp)
                 finally:   # never leave the control plane (and its engines) running
                     proc.send_signal(signal.SIGTERM)

@@ -26,6 +26,9 @@ def exposition(n_ok=5, n_err=2, service="chat", ttft=(0.02, 0.03, 0.5)) -> tuple
         m.observe_http("/readyz", 200, 0.0005)
     for _ in range(4):
         m.observe_http("/v1/chat/completions", 200, 0.05)
+    for status in (400, 408, 413, 499):   # client errors (a slow or bad client): neither timed nor requests
+        m.observe_http("/v1/completions", status, 60.0)
+    m.observe_http("/v1/completions", 429, 0.001)   # the server refused the work: an error
     for v in ttft:
         m.observe_ttft(v)
     return m.render().decode(), ok
@@ -35,8 +38,8 @@ def test_parse_real_client_exposition():
     text, ok = exposition()
     c = parse_exposition(text, "chat", [REQUEST_LATENCY, TTFT])
     assert set(c.histograms) == {COMPL, CHAT, TTFT}
-    # 5xx are counted as errors, not timed; health checks are neither
-    assert c.requests == 5 + 2 + 4 and c.errors == 2
+    # 5xx and 429 are counted as errors, not timed; client errors and health checks are neither
+    assert c.requests == 5 + 2 + 1 + 4 and c.errors == 2 + 1
     assert c.histograms[COMPL] == HistogramSnapshot.from_values(ok, LATENCY_BUCKETS)
     assert c.histograms[CHAT].total == 4 and c.histograms[TTFT].total == 3
     assert c.histograms[TTFT].quantile(0.5) == HistogramSnapshot.from_values([0.02, 0.03, 0.5],
@@ -56,7 +59,7 @@ def test_diff_is_the_window_and_handles_a_counter_reset():
     assert d.histograms[CHAT].total == 0
     restarted = parse_exposition(exposition(n_ok=1, n_err=0)[0], "chat", [REQUEST_LATENCY])
     r = diff(restarted, new)   # the process restarted: what it counted since is the increase
-    assert r.requests == 1 + 4 and r.errors == 0 and r.histograms[COMPL].total == 1
+    assert r.requests == 1 + 4 + 1 and r.errors == 1 and r.histograms[COMPL].total == 1   # (+ one 429)
 
 
 def test_windows_over_real_engines(engines):

@@ -205,5 +205,5 @@ def test_fuzzed_requests_get_2xx_or_4xx_and_leak_nothing(targets, via):
     assert stats.num_free_blocks == stats.num_total_blocks
     assert http("POST", engine.url + "/v1/completions", {"model": "tiny", "prompt": "still up", "max_tokens": 2})[0] \
         == 200
-    status, _, body = http("GET", router.url + "/_sits/metrics")
+    status, _, body = http("GET", router.url + "/_sits/metrics", headers={"X-SITS-Pin-Token": TOKEN})
     assert status == 200 and b'code="5' not in body
