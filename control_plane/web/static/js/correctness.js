@@ -44,8 +44,10 @@ const Correctness = (() => {
     if (!cf) return null;
     const err = (f) => f.error == null ? (f.exception || "no result") : num(f.error);
     const rows = (cf.failures || []).map((f) => el("tr", {},
-      el("td", {}, el("code", {}, f.op)), el("td", {}, f.case), el("td", { class: "num bad" }, err(f)),
-      el("td", { class: "num" }, num(f.allowed)), el("td", { class: "num" }, num(f.reference_error))));
+      el("td", { "data-label": "Op" }, el("code", {}, f.op)), el("td", { "data-label": "Shape" }, f.case),
+      el("td", { class: "num bad", "data-label": "Error" }, err(f)),
+      el("td", { class: "num", "data-label": "Allowed" }, num(f.allowed)),
+      el("td", { class: "num", "data-label": "Reference's own" }, num(f.reference_error))));
     const w = cf.worst;
     return el("div", { class: "card conformance", id: "conformance" },
       el("p", { class: "verdict-head" }, outcome(cf.outcome), " ", el("strong", {}, "Op-level conformance"),
@@ -60,7 +62,7 @@ const Correctness = (() => {
       rows.length ? el("div", { class: "table-wrap" }, el("table", { class: "conformance-failures" },
         el("thead", {}, el("tr", {}, ["Op", "Shape", "Error", "Allowed", "Reference's own"].map((h) => el("th", {}, h)))),
         el("tbody", {}, rows))) : null,
-      el("p", { class: "reason" }, cf.reason));
+      cf.outcome !== "fail" ? el("p", { class: "reason" }, cf.reason) : null);   // a failure's reason is the table
   }
 
   let shown = "", all = null;
