@@ -91,6 +91,7 @@ class LLMEngine:
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
             raise InvalidRequestError(f"priority must be an integer in [0, {MAX_PRIORITY}], got {priority!r}",
                                       "priority")
+        self._check_stop_ids(params)
         token_ids = self._prompt_ids(prompt)
         check_context_length(len(token_ids), params.max_tokens, self.max_model_len)
         total = len(token_ids) + params.max_tokens
@@ -109,6 +110,13 @@ class LLMEngine:
                 raise QueueFullError(f"the waiting queue is full ({self.config.max_waiting} requests)")
             self._live[request_id] = seq
             self._inbox.append(seq)
+
+    def _check_stop_ids(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        outside = [t for t in params.stop_token_ids if t >= vocab]
+        if outside:
+            raise InvalidRequestError(f"stop_token_ids {outside[:5]} are outside the model's vocabulary of {vocab}",
+                                      "stop_token_ids")
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from sits.engine.sampling_params import MAX_STOP_TOKEN_IDS
 from sits.engine.server.errors import APIError
 
 MAX_STOP_STRINGS = 16
@@ -153,8 +154,12 @@ def _stop(body: dict) -> list[str]:
     return list(v)
 
 
-def _token_ids(v: Any, name: str) -> list[int]:
-    if not isinstance(v, list) or not all(_is_int(t) and t >= 0 for t in v):
+def _token_ids(v: Any, name: str, limit: int | None = None) -> list[int]:
+    if not isinstance(v, list):
+        raise _bad(f"'{name}' must be a list of non-negative integer token ids", name)
+    if limit is not None and len(v) > limit:   # before looking at the items: a huge list is refused in O(1)
+        raise _bad(f"'{name}' has {len(v)} ids; at most {limit} are allowed", name)
+    if not all(_is_int(t) and t >= 0 for t in v):
         raise _bad(f"'{name}' must be a list of non-negative integer token ids", name)
     return list(v)
 
@@ -224,7 +229,8 @@ def _common(body: dict, kind: str, prompt: str | list[int], messages: list[dict[
         top_k=0 if top_k in (None, -1) else top_k,
         seed=_optional_int(body, "seed"),
         stop=_stop(body),
-        stop_token_ids=[] if stop_token_ids is None else _token_ids(stop_token_ids, "stop_token_ids"),
+        stop_token_ids=[] if stop_token_ids is None else _token_ids(stop_token_ids, "stop_token_ids",
+                                                                    MAX_STOP_TOKEN_IDS),
         ignore_eos=_bool(body, "ignore_eos"),
         stream=stream,
         include_usage=bool(stream and opts and opts.get("include_usage")),

@@ -164,3 +164,29 @@ def test_keep_alive_idle_is_not_cut_by_the_head_deadline(server):
     conn.close()
     stats = server.state.runner.stats()
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+@pytest.mark.parametrize("ids,message", [
+    (list(range(65)), "'stop_token_ids' has 65 ids; at most 64 are allowed"),
+    ([7] * 2_000_000, "'stop_token_ids' has 2000000 ids; at most 64 are allowed"),   # the 16 MB flood
+    ([1, 2, 100_000], "stop_token_ids [100000] are outside the model's vocabulary of 512"),
+    ([1, -2], "'stop_token_ids' must be a list of non-negative integer token ids"),
+], ids=["65 ids", "2M ids", "outside the vocabulary", "negative"])
+def test_stop_token_ids_are_bounded_and_checked_against_the_vocabulary(server, ids, message):
+    status, _, payload = http("POST", server.url + "/v1/completions", {**OK, "stop_token_ids": ids})
+    err = json.loads(payload)["error"]
+    assert status == 400 and err["param"] == "stop_token_ids" and err["message"] == message
+
+
+def test_stop_token_ids_within_the_limit_still_stop(server):
+    status, _, payload = http("POST", server.url + "/v1/completions",
+                              {**OK, "max_tokens": 8, "temperature": 0, "stop_token_ids": list(range(64))})
+    assert status == 200, payload[:300]
+
+
+def test_offline_sampling_params_bound_and_dedupe_stop_token_ids():
+    from sits.engine import SamplingParams
+    from sits.engine.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match="at most 64"):
+        SamplingParams(stop_token_ids=list(range(65)))
+    assert SamplingParams(stop_token_ids=[5, 3, 5, 3]).stop_token_ids == [5, 3]
