@@ -10,7 +10,9 @@ anything else is a ValidationError naming the flag. Fault injection is for tests
 """
 from __future__ import annotations
 
-from typing import Iterable
+import math
+import re
+from typing import Callable, Iterable
 
 from sits.control_plane.errors import ValidationError
 
@@ -21,6 +23,51 @@ OPERATOR_FLAGS: dict[str, bool] = {
     "--max-blocks-per-tenant": True, "--quantization": True, "--seed": True, "--enforce-eager": False,
     "--served-model-name": True, "--no-warmup": False, "--log-level": True, "--no-access-log": False,
     "--header-timeout-s": True, "--body-timeout-s": True, "--gpu-memory-utilization": True,
+}
+
+
+def _integer(lo: int, hi: int) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        if not re.fullmatch(r"-?\d{1,20}", v) or not lo <= int(v) <= hi:
+            return f"must be an integer from {lo} to {hi}"
+        return None
+    return check
+
+
+def _seconds(hi: float) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        if not _number(v) or not math.isfinite(float(v)) or not 0 < float(v) <= hi:
+            return f"must be more than 0 and at most {hi:g} seconds"
+        return None
+    return check
+
+
+def _fraction(v: str) -> str | None:
+    if not _number(v) or not math.isfinite(float(v)) or not 0 < float(v) <= 1:
+        return "must be a fraction in (0, 1]"
+    return None
+
+
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _device(v: str) -> str | None:
+    return None if v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,2}", v) else \
+        "must be auto, cpu, cuda or cuda:N"
+
+
+# the values an operator's flag may take, checked when the rollout is created (the engine would refuse the rest only
+# when it starts, or -- a header timeout of 1e9 s -- silently turn a guard off)
+FLAG_VALUES: dict[str, Callable[[str], str | None]] = {
+    "--device": _device, "--dtype": _one_of("auto", "float32", "bfloat16", "float16"),
+    "--max-num-seqs": _integer(1, 4096), "--max-waiting": _integer(1, 1_000_000),
+    "--max-num-batched-tokens": _integer(1, 1 << 20), "--max-model-len": _integer(1, 1 << 20),
+    "--num-kv-blocks": _integer(1, 1 << 22), "--max-blocks-per-tenant": _integer(1, 1 << 22),
+    "--quantization": _one_of("int8", "fp8"), "--seed": _integer(0, 2**63 - 1),
+    "--log-level": _one_of("critical", "error", "warning", "info", "debug"),
+    "--header-timeout-s": _seconds(3600), "--body-timeout-s": _seconds(3600),
+    "--gpu-memory-utilization": _fraction,
 }
 FAULT_FLAGS: dict[str, bool] = {"--fault-latency-ms": True, "--fault-token-latency-ms": True,
                                 "--fault-error-rate": True}
@@ -72,6 +119,9 @@ def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERA
                                       "characters", field)
         if takes and not value:
             raise ValidationError(f"{field}: {name} needs a value", field)
+        problem = FLAG_VALUES[name](value) if takes and name in FLAG_VALUES else None
+        if problem:
+            raise ValidationError(f"{field}: {name} {problem}, got {value[:40]!r}", field)
         i += 1
     return out
 

@@ -3,6 +3,7 @@ service share it); the flags the deployer owns (listen address, labels, tracing,
 the flag."""
 import pytest
 
+from sits.control_plane.adapters.engine_args import check_args
 from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.errors import ValidationError
@@ -140,3 +141,25 @@ def test_the_api_takes_device_and_ready_timeout_and_answers_422_naming_them(tmp_
     assert spec.device == "cuda" and spec.ready_timeout_s == 900.0
     assert r.get_json()["spec"]["device"] == "cuda"
     store.close()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--header-timeout-s", "1e9"], "--header-timeout-s must be more than 0 and at most 3600 seconds, got '1e9'"),
+    (["--body-timeout-s=-1"], "--body-timeout-s must be more than 0 and at most 3600 seconds, got '-1'"),
+    (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization must be a fraction in (0, 1], got 'nan'"),
+    (["--num-kv-blocks", "1e8"], "--num-kv-blocks must be an integer from 1 to 4194304, got '1e8'"),
+    (["--max-num-seqs", "0"], "--max-num-seqs must be an integer from 1 to 4096, got '0'"),
+    (["--dtype", "bf16"], "--dtype must be one of auto, float32, bfloat16, float16, got 'bf16'"),
+    (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+])
+def test_flag_values_are_checked_when_the_rollout_is_created(args, message):
+    # the issue's probe: all four were accepted (201) and failed, or silently disabled a guard, only in the engine
+    with pytest.raises(ValidationError) as e:
+        check_args(args, "args")
+    assert str(e.value) == f"args: {message}" and e.value.field == "args"
+
+
+def test_flag_values_in_range_pass():
+    args = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.2", "--quantization", "int8", "--device",
+            "cuda:1", "--header-timeout-s=30", "--seed", "7", "--dtype", "bfloat16"]
+    assert check_args(args, "args") == tuple(args)
