@@ -76,11 +76,15 @@ DEPLOYER_FLAGS = frozenset({"--host", "--port", "--listen-fd", "--env", "--servi
                             "--otlp-endpoint", *FAULT_FLAGS})
 MAX_ARGS = 64
 MAX_ARG_CHARS = 256
-# environment the deployer owns or that changes what code runs: SITS_* (env/service labels, build), OTEL_* (where
-# traces go), the loader's and the interpreter's
-_ENV_REFUSED_PREFIXES = ("SITS_", "OTEL_", "LD_", "PYTHON", "DYLD_")
-_ENV_REFUSED = frozenset({"PATH"})
+# environment the deployer owns or that changes what code runs or where it connects: SITS_* (env/service labels,
+# build, plugins), OTEL_* (where traces go), the loader's, the C library's and the interpreters', Triton's (its
+# interpreter and cache), proxies and TLS trust
+_ENV_REFUSED_PREFIXES = ("SITS_", "OTEL_", "LD_", "PYTHON", "DYLD_", "GLIBC_", "MALLOC_", "TRITON_", "SSL_",
+                         "REQUESTS_CA", "CURL_CA")
+_ENV_REFUSED = frozenset({"PATH", "BASH_ENV", "ENV", "SHELLOPTS", "IFS", "HOME", "TMPDIR", "HTTP_PROXY",
+                          "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "CUDA_VISIBLE_DEVICES"})
 MAX_ENV = 64
+MAX_ENV_NAME = 128
 
 
 def _printable(s: str) -> bool:
@@ -158,8 +162,9 @@ def check_env(env: dict[str, str], field: str = "env") -> dict[str, str]:
     if len(env) > MAX_ENV:
         raise ValidationError(f"{field}: at most {MAX_ENV} variables", field)
     for k, val in env.items():
-        if not k or not (k.replace("_", "a").isalnum() and k.isascii()) or k[0].isdigit():
-            raise ValidationError(f"{field}: {k[:60]!r} is not a variable name (letters, digits, '_')", field)
+        if not k or len(k) > MAX_ENV_NAME or not (k.replace("_", "a").isalnum() and k.isascii()) or k[0].isdigit():
+            raise ValidationError(f"{field}: {k[:60]!r} is not a variable name (letters, digits, '_'; at most "
+                                  f"{MAX_ENV_NAME} characters)", field)
         if k.upper() in _ENV_REFUSED or k.upper().startswith(_ENV_REFUSED_PREFIXES):
             raise ValidationError(f"{field}: {k} is set by the deployer and cannot be given", field)
         if len(val) > 4096 or not _printable(val):

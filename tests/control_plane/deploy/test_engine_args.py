@@ -163,3 +163,16 @@ def test_flag_values_in_range_pass():
     args = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.2", "--quantization", "int8", "--device",
             "cuda:1", "--header-timeout-s=30", "--seed", "7", "--dtype", "bfloat16"]
     assert check_args(args, "args") == tuple(args)
+
+
+@pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_INTERPRET", "GLIBC_TUNABLES", "HTTP_PROXY", "https_proxy",
+                                  "SSL_CERT_FILE", "BASH_ENV", "CUDA_VISIBLE_DEVICES", "SITS_KERNEL_PLUGINS"])
+def test_env_that_changes_what_runs_or_where_it_connects_is_refused(name):
+    with pytest.raises(ValidationError, match=f"{name} is set by the deployer"):
+        DeploySpec(env={name: "x"})
+
+
+def test_env_names_are_bounded():
+    with pytest.raises(ValidationError, match="at most 128 characters"):
+        DeploySpec(env={"A" * 129: "x"})
+    assert DeploySpec(env={"MY_FLAG": "1"}).env == {"MY_FLAG": "1"}
