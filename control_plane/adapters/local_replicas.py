@@ -92,12 +92,24 @@ class ReplicaLauncher:
     def load_error(self, url: str) -> str:
         """What the engine at url reports on /readyz when it failed to load ({"status": "failed", "error": ...}),
         at most 300 characters; "" when it reports nothing (still loading, not answering)."""
+        return self._probe(url)[1]
+
+    def _probe(self, url: str) -> tuple[bool, str]:
+        """One /readyz probe: (ready, the load error the engine reports or "")."""
+        if self._http.is_closed:  # used again after close()
+            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
         try:
-            body = self._http.get(url + "/readyz").json()
-        except (httpx.HTTPError, ValueError):
-            return ""
+            r = self._http.get(url + "/readyz")
+        except httpx.HTTPError:
+            return False, ""
+        if r.status_code == 200:
+            return True, ""
+        try:
+            body = r.json()
+        except ValueError:
+            return False, ""
         err = body.get("error") if isinstance(body, dict) and body.get("status") == "failed" else None
-        return " ".join(str(err).split())[:300] if err else ""
+        return False, " ".join(str(err).split())[:300] if err else ""
 
     def ready(self, url: str) -> bool:
         """Whether the engine at url answers /readyz with 200 now (one probe, probe_timeout_s)."""
@@ -140,6 +152,14 @@ class ReplicaLauncher:
         while True:
             self._check_cancelled(spec)
             rc = r.proc.poll()
+            ready, failed = self._probe(r.url) if rc is None else (False, "")
+            if ready:
+                return
+            if failed:   # the engine says it cannot load (an unknown model, ...): waiting longer changes nothing
+                line = last_line(r.log_path)
+                raise NotReadyError(f"{spec.service}/{spec.role}: engine failed to load: {failed}\nits last log line: "
+                                    f"{line or '(none)'}\nlog {r.log_path}:\n{_tail(r.log_path)}",
+                                    waited_s=time.monotonic() - started_at, last_line=line, exit_code=None)
             if rc is not None or time.monotonic() - started_at > limit:
                 waited = time.monotonic() - started_at
                 line = last_line(r.log_path)
@@ -152,8 +172,6 @@ class ReplicaLauncher:
                          else f"{why}; its last log line: {line or '(none)'}")
                 raise NotReadyError(f"{spec.service}/{spec.role}: {first}\nlog {r.log_path}:\n{_tail(r.log_path)}",
                                     waited_s=waited, last_line=line, exit_code=rc)
-            if self.ready(r.url):
-                return
             self._cancelled.wait(0.1)
 
 

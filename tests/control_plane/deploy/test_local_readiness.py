@@ -78,16 +78,18 @@ server.serve_forever()
 '''
 
 
-def test_an_engine_that_failed_to_load_is_reported_by_what_its_readyz_says(tmp_path):
-    """It stays up answering 503 and logging probes: the error's first line is its own load error, not a log line."""
+def test_an_engine_that_failed_to_load_is_reported_at_once_by_what_its_readyz_says(tmp_path):
+    """It stays up answering 503 and logging probes: the deploy fails as soon as /readyz says "failed" (not at the
+    readiness deadline, 600 s here), and the error's first line is the engine's own load error, not a log line."""
     import sys
     d = LocalDeployer(LocalConfig(workdir=str(tmp_path), engine_command=(sys.executable, "-c", ENGINE_FAILED_TO_LOAD),
-                                  ready_timeout_s=180.0, stop_timeout_s=5))
+                                  ready_timeout_s=600.0, stop_timeout_s=5))
     try:
         with pytest.raises(NotReadyError) as ei:
-            d.deploy(VariantSpec(service="llm", role="canary", kernels="torch", ready_timeout_s=2))
+            d.deploy(VariantSpec(service="llm", role="canary", kernels="torch", ready_timeout_s=600))
         lines = str(ei.value).splitlines()
-        assert lines[0] == "llm/canary: engine not ready after 2 s: it reports ValueError: unknown model 'llama3-70b'"
+        assert lines[0] == "llm/canary: engine failed to load: ValueError: unknown model 'llama3-70b'"
         assert lines[1].startswith("its last log line: ")
+        assert ei.value.waited_s < 120   # the first probe that could answer, not the 600 s deadline
     finally:
         d.close()
