@@ -1,5 +1,8 @@
 """Shared by the end-to-end fault tests: the engine processes of a service (from /proc), a short policy, waiting."""
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from sits.control_plane.adapters.process import pid_alive
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
@@ -42,3 +45,15 @@ def _cwd_under(pid: int, root) -> bool:
         return os.path.realpath(f"/proc/{pid}/cwd").startswith(os.path.realpath(root) + os.sep)
     except OSError:
         return False
+
+
+def start_control_proc(store_path, workdir, svc: str, *extra: str) -> subprocess.Popen:
+    """tests/control_plane/e2e/control_proc.py as its own process, its stderr in workdir/control.log. It imports
+    `tests.*`: the repository root goes on its PYTHONPATH (make test runs Python with -P, so the working directory
+    is not on sys.path)."""
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    argv = [sys.executable, "-m", "tests.control_plane.e2e.control_proc", "--store", str(store_path),
+            "--workdir", str(workdir), "--service", svc, *extra]
+    return subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(Path(workdir) / "control.log", "ab"))

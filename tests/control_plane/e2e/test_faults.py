@@ -41,7 +41,8 @@ def deployer(tmp_path_factory):
     assert not engine_pids(SVC)
 
 def load(d, seed, rate=25.0):
-    return LoadGenerator(d.router_url(SVC), rate=rate, threads=10, mix=MIX, seed=seed).start()
+    # the pin token: the router names the variant that answered (counted per variant below) only to trusted callers
+    return LoadGenerator(d.router_url(SVC), rate=rate, threads=10, mix=MIX, seed=seed, pin_token=d.pin_token).start()
 
 def finish(store, rid, timeout=180.0):
     def done():

@@ -4,10 +4,7 @@ The whole control plane (worker, store, LocalDeployer with its engines and route
 import json
 import random
 import signal
-import subprocess
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +16,8 @@ from sits.control_plane.store.db import Store
 from tests.waiting import wait_for
 
 from .control_proc import PIN_TOKEN
-from .support import FAST, SLOW, engine_pids
+from .support import FAST, SLOW, engine_pids, start_control_proc
 
-REPO = Path(__file__).resolve().parents[3]
 # where the first control plane dies (between the steps of a pass, after deploying, after moving traffic), and where
 # its restart dies (right after restoring the variants, after storing a check, after rolling back): Worker.step_hook
 FIRST = ("loaded:5", "reconciled:4", "saved:3", "executed:deploy:1", "executed:set_weights:1")
@@ -29,9 +25,7 @@ SECOND = ("restored:1", "saved:2", "executed:rollback:1")
 
 
 def start(store_path, workdir, svc, die_at=None):
-    argv = [sys.executable, "-m", "tests.control_plane.e2e.control_proc", "--store", str(store_path),
-            "--workdir", str(workdir), "--service", svc] + (["--die-at", die_at] if die_at else [])
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(workdir / "control.log", "ab"))
+    return start_control_proc(store_path, workdir, svc, *(["--die-at", die_at] if die_at else []))
 
 
 @pytest.mark.slow

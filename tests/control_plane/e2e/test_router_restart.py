@@ -2,12 +2,9 @@
 and a restart: the service comes back on the same router port, so clients of the old URL get it back."""
 import dataclasses
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -18,15 +15,12 @@ from sits.control_plane.store.db import Store
 
 from tests.waiting import wait_for
 
-from .support import FAST, engine_pids
+from .support import FAST, engine_pids, start_control_proc
 
-REPO = Path(__file__).resolve().parents[3]
 
 
 def start(store_path, workdir, svc):
-    argv = [sys.executable, "-m", "tests.control_plane.e2e.control_proc", "--store", str(store_path),
-            "--workdir", str(workdir), "--service", svc]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(workdir / "control.log", "ab"))
+    return start_control_proc(store_path, workdir, svc)
 
 
 def serves(url: str) -> bool:

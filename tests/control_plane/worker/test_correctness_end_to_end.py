@@ -79,13 +79,16 @@ def latency_results(check):
 
 def test_the_wrong_set_is_rolled_back_by_the_gate_and_promoted_without_it(world, tmp_path, capsys):
     store, r, checks = run(world, tmp_path, "torch-wrong-rope")
-    assert r.phase is Phase.ROLLED_BACK and "(correctness gate (check 1): float32 tolerances" in r.reason, r.reason
+    # both halves of the gate fail it: the op-level conformance names the op, the replay's float32 tolerances follow
+    assert r.phase is Phase.ROLLED_BACK and "(correctness gate (check 1): op-level conformance" in r.reason, r.reason
+    assert "in rope_and_cache" in r.reason and "replay: float32 tolerances" in r.reason
     assert r.step == -1   # no traffic ever reached the wrong canary
     (gate,) = checks
     cv = gate["verdict"]["correctness"]
     assert gate["source"] == "correctness" and gate["decision"] == "rollback" and cv["outcome"] == "fail"
     assert cv["dtype"] == "float32" and cv["prompts"] == len(PROMPTS) and cv["requests"] == 3 * len(PROMPTS)
-    assert {"drift_max", "top1_agreement"} <= set(cv["failed"])
+    assert {"conformance", "drift_max", "top1_agreement"} <= set(cv["failed"])
+    assert cv["conformance"]["judged_ops"] == ["rope_and_cache"] and cv["conformance"]["outcome"] == "fail"
     diverged = [e for e in cv["evidence"] if e["first_divergence"] is not None]
     assert diverged, cv
     e = diverged[0]

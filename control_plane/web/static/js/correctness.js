@@ -50,7 +50,7 @@ const Correctness = (() => {
       el("td", { class: "num", "data-label": "Reference's own" }, num(f.reference_error))));
     const w = cf.worst;
     return el("div", { class: "card conformance", id: "conformance" },
-      el("p", { class: "verdict-head" }, outcome(cf.outcome), " ", el("strong", {}, "Op-level conformance"),
+      el("p", { class: "conformance-head" }, outcome(cf.outcome), " ", el("strong", {}, "Op-level conformance"),
         el("span", { class: "muted" }, ` · the canary's engine${cf.device ? ` on ${cf.device}` : ""}${cf.dtype ? ` · ${cf.dtype}` : ""}`)),
       el("dl", { class: "stats" },
         el("div", {}, el("dt", {}, "Judged (changed from production)"), el("dd", {}, cf.judged_ops && cf.judged_ops.length ? cf.judged_ops.join(", ") : "none")),
