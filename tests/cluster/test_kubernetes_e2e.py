@@ -278,3 +278,33 @@ def test_worker_in_cluster_records_the_missing_verb_on_the_rollout(worker_pod):
     doc = json.loads(show.stdout)
     errors = [a["error"] or "" for a in doc["actions"] if a["status"] == "failed"]
     assert any("cannot create resource \"deployments\"" in e for e in errors), doc["actions"]
+
+
+def test_a_plugin_set_reaches_the_canary_pod_through_its_image_environment(kube_cluster, node_agent, core):
+    """docs/kernels.md, "On Kubernetes": the plugin travels in the canary's image, whose ENV names the module
+    (SITS_KERNEL_PLUGINS) and puts it on PYTHONPATH; a rollout's env may not set either. The node agent runs the
+    installed engine for every image, so the image's ENV is the pod's env here. The canary pod serves the plugin set
+    (tests/fixtures/wrong_kernels.py), its warm-up measured the op it changes, and the correctness gate's judgement
+    against production's pod fails it naming that op."""
+    from sits.control_plane.analysis import Outcome
+    from sits.control_plane.analysis.conformance import judge
+    from sits.control_plane.analysis.gate_policy import ConformancePolicy
+    image_env = {"SITS_KERNEL_PLUGINS": "tests.fixtures.wrong_kernels",
+                 "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with managed_namespace(kube_cluster, node_agent, "plugin") as ns:
+        kd = deployer(kube_cluster, ns, process.free_port())
+        kd.deploy(spec("production"))
+        kd.deploy(spec("canary", kernels="bug-softmax-scale", env=image_env))
+        wait_for("production and the plugin canary ready", lambda: (s := kd.status(SVC)) and len(s) == 2
+                 and all(v.ready for v in s.values()), timeout=120)
+        reports = {}
+        for role in ("production", "canary"):
+            lb = ServiceLoadBalancer(kube_cluster.api_client(), ns, f"{SVC}-{role}")
+            wait_for(f"the {role} pod in its Service's endpoints", lb.endpoints)
+            _, status, body = lb.request("/conformance")
+            assert status == 200, body[:300]
+            reports[role] = json.loads(body)
+        assert reports["canary"]["kernel_set"] == "bug-softmax-scale"
+        assert reports["canary"]["measured_ops"] == ["paged_decode_attention"]
+        v = judge(reports["canary"], reports["production"], ConformancePolicy())
+        assert v.outcome is Outcome.FAIL and v.judged_ops == ("paged_decode_attention",), v.reason
