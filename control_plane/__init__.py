@@ -11,5 +11,5 @@
 
 It never imports `engine` or `kernels`: kernel sets reach it as a catalogue (adapters/kernel_catalog.py), engines as
 processes or pods, so `pip install .` runs it without torch. Importing the package imports nothing heavy; pick the
-module you need (e.g. `from control_plane.worker.loop import Worker`).
+module you need (e.g. `from sits.control_plane.worker.loop import Worker`).
 """
