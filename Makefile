@@ -13,10 +13,11 @@ demo:
 	bash .ci/setup.sh demo
 	$(PY) -m sits.control_plane.cli demo
 
-# on a CUDA machine (python3 with torch and triton, the project's packages installed): the demo on its GPU, Triton
-# sets; bench/gpu_demo.sh does it in one call with carried wheels and prints a table (BENCHMARKS.md "GPU demo")
+# on a CUDA machine (python3 with torch and triton, the project's dependencies installed): the demo on its GPU, Triton
+# sets, from this checkout (on PYTHONPATH: sits/__init__.py maps the folders); bench/gpu_demo.sh does it in one call
+# with carried wheels and prints a table (BENCHMARKS.md "GPU demo")
 demo-gpu:
-	python3 -m sits.control_plane.cli demo --device cuda --exit-when-done
+	PYTHONPATH=$(CURDIR) python3 -m sits.control_plane.cli demo --device cuda --exit-when-done
 
 # Two workers (pytest-xdist; tests/conftest.py hands out whole files, all the Kubernetes ones to one worker), then the
 # `solo` tests alone. pytest exits 5 when it collects nothing: that fails here like any other error.
