@@ -18,12 +18,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SITS_CACHE_DIR=$WORK/cache
 t0=$(date +%s)
 stamp() { echo "[gpu_demo +$(( $(date +%s) - t0 ))s] $*"; }
 
-if [ -d .whl ]; then
-  python3 bench/missing_wheels.py .whl >/dev/null || exit 2   # the lock's versions only
-  python3 -m pip install -q --break-system-packages --no-index --find-links .whl flask waitress kubernetes pyyaml \
-    httpx uvicorn starlette pyzmq msgspec opentelemetry-sdk opentelemetry-exporter-otlp-proto-http safetensors \
-    tokenizers tqdm 2>&1 | grep -v "^WARNING: Running pip as" | tail -5
-fi
+bash bench/install_carried_wheels.sh || exit $?
 stamp "wheels installed"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \

@@ -15,12 +15,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SITS_KERNEL_PLUGINS=tests.fixtures.wro
 t0=$(date +%s)
 stamp() { echo "[plugin_gate +$(( $(date +%s) - t0 ))s] $*"; }
 
-if [ -d .whl ]; then
-  python3 bench/missing_wheels.py .whl >/dev/null || exit 2
-  python3 -m pip install -q --break-system-packages --no-index --find-links .whl flask waitress kubernetes pyyaml \
-    httpx uvicorn starlette pyzmq msgspec opentelemetry-sdk opentelemetry-exporter-otlp-proto-http safetensors \
-    tokenizers tqdm 2>&1 | grep -v "^WARNING: Running pip as" | tail -3
-fi
+bash bench/install_carried_wheels.sh || exit $?
 python3 -c "import sits.control_plane.cli.main, sits.engine.server.main" || { echo "missing packages"; exit 3; }
 tiny="${SITS_CACHE_DIR:-/tmp/sits-cache}/tiny-trained-cuda"
 timeout 120 python3 bench/train_tiny.py --out "$tiny" --device cuda --reuse --log-every 400 2>&1 | tail -1

@@ -113,12 +113,7 @@ class ReplicaLauncher:
 
     def ready(self, url: str) -> bool:
         """Whether the engine at url answers /readyz with 200 now (one probe, probe_timeout_s)."""
-        if self._http.is_closed:  # used again after close()
-            self._http = httpx.Client(timeout=self.config.probe_timeout_s, trust_env=False)
-        try:
-            return self._http.get(url + "/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
+        return self._probe(url)[0]
 
     def status(self, role: str, spec: VariantSpec, replicas: list[Replica], weight: int) -> VariantStatus:
         """Probe every replica: ready, not ready (/readyz), or exited (with its exit code and log tail)."""
