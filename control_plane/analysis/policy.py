@@ -25,17 +25,28 @@ LIMITS: dict[str, tuple[float, float]] = {
     "ready_timeout_s": (1.0, 86400.0), "min_samples": (1, 10 ** 9), "min_tail_samples": (1, 10 ** 6),
     "failure_limit": (1, 1000), "inconclusive_limit": (1, 100_000), "min_error_samples": (1, 10 ** 9),
     "z_fail": (0.01, 10.0), "z_pass": (0.01, 10.0), "max_error_rate": (0.0001, 1.0), "max_rel_delta": (0.0001, 100.0),
+    "alpha": (0.0001, 0.5), "min_windows": (2, 10_000), "window_requests": (1, 10 ** 7),
+    "window_tail_samples": (1, 10 ** 5), "window_s": (0.0, 86400.0),
 }
+STATISTICS = ("sequential", "fixed")
+ON_MAX_DURATION = ("rollback", "pause", "hold")
 
 
 @dataclass(slots=True, frozen=True)
 class MetricCheck:
     """One gate. Latency: relative delta of the `quantile` of `metric` (every series whose key is `metric` or
-    `metric{...}`, e.g. one per route) must be <= max_rel_delta. Error rate: canary - target <= max_abs_delta."""
+    `metric{...}`, e.g. one per route) must be <= max_rel_delta. Error rate: canary - target <= max_abs_delta.
+
+    Two boundaries (sequential statistics): max_rel_delta (max_abs_delta) is the regression that must not ship: the
+    canary passes once the upper bound is below it. ship_rel_delta (ship_abs_delta), smaller, is a change small
+    enough to ship: the canary fails once the lower bound is above it. Between the two either decision is acceptable;
+    the gap is what lets every check decide in bounded time. Default: half the large one."""
     metric: str
     quantile: float | None = None
     max_rel_delta: float | None = None
     max_abs_delta: float | None = None
+    ship_rel_delta: float | None = None
+    ship_abs_delta: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.metric, str) or not (self.metric == ERROR_RATE or _METRIC_RE.match(self.metric)):
@@ -49,6 +60,13 @@ class MetricCheck:
             if not _num(self.max_abs_delta) or not 0 <= self.max_abs_delta < 1:
                 raise PolicyError("max_abs_delta", "(the error-rate increase allowed) must be from 0 up to 100 "
                                   f"percentage points (0.01 = +1 pt), got {_points(self.max_abs_delta)}")
+            if self.ship_rel_delta is not None:
+                raise PolicyError("ship_rel_delta", "does not apply to an error_rate check (it takes ship_abs_delta)")
+            if self.ship_abs_delta is not None and (not _num(self.ship_abs_delta)
+                                                    or not 0 <= self.ship_abs_delta < self.max_abs_delta):
+                raise PolicyError("ship_abs_delta", "(an error-rate increase small enough to ship) must be from 0 up "
+                                  f"to max_abs_delta ({_points(self.max_abs_delta)}), got "
+                                  f"{_points(self.ship_abs_delta)}")
         else:
             if not _num(self.quantile) or not 0 < self.quantile < 1:
                 raise PolicyError("quantile", f"must be between 0 and 1 (0.99 = P99), got {_short(self.quantile)}")
@@ -59,12 +77,30 @@ class MetricCheck:
                                   f"{_percent(self.max_rel_delta)}")
             if self.max_abs_delta is not None:
                 raise PolicyError("max_abs_delta", "does not apply to a latency check (it takes max_rel_delta)")
+            if self.ship_abs_delta is not None:
+                raise PolicyError("ship_abs_delta", "does not apply to a latency check (it takes ship_rel_delta)")
+            if self.ship_rel_delta is not None and (not _num(self.ship_rel_delta)
+                                                    or not 0 <= self.ship_rel_delta < self.max_rel_delta):
+                raise PolicyError("ship_rel_delta", "(a change small enough to ship) must be from 0 up to "
+                                  f"max_rel_delta ({_percent(self.max_rel_delta)}), got "
+                                  f"{_percent(self.ship_rel_delta)}")
 
     @property
     def name(self) -> str:
         if self.metric == ERROR_RATE:
             return ERROR_RATE
         return f"{self.metric}:p{_pct(self.quantile)}"
+
+    @property
+    def limit(self) -> float:
+        """The regression that must not ship: relative for latency (0.25 = +25 %), points for the error rate."""
+        return self.max_abs_delta if self.metric == ERROR_RATE else self.max_rel_delta
+
+    @property
+    def ship(self) -> float:
+        """A change small enough to ship (the smaller boundary): as set, else half of `limit`."""
+        own = self.ship_abs_delta if self.metric == ERROR_RATE else self.ship_rel_delta
+        return self.limit / 2 if own is None else own
 
 
 def _percent(v) -> str:
@@ -89,16 +125,23 @@ class Policy:
     checks: tuple[MetricCheck, ...] = field(default_factory=default_checks)
     min_samples: int = 200                          # requests per variant before a latency check may decide
     min_tail_samples: int = 10                      # n * (1 - q) needed for a quantile
-    failure_limit: int = 2                          # consecutive failed checks before rolling back
-    inconclusive_limit: int = 20                    # consecutive inconclusive checks before on_inconclusive
-    on_inconclusive: str = "pause"                  # "pause" | "rollback"
-    max_duration_s: float = 4 * 3600.0              # rollout deadline (paused time excluded) -> rollback
+    statistics: str = "sequential"                  # "sequential" (analysis/sequential.py) | "fixed" (stats.py)
+    alpha: float = 0.05                             # sequential: error rate of each decision, over all checks
+    min_windows: int = 6                            # sequential: paired windows before a check may decide
+    window_requests: int = 20                       # sequential: observations per arm before a window closes
+    window_tail_samples: int = 2                    # sequential: ... and this many beyond the check's quantile
+    window_s: float = 10.0                          # sequential: ... and at least this long (drift: docs)
+    failure_limit: int = 2                          # fixed: consecutive failed checks before rolling back
+    inconclusive_limit: int = 20                    # fixed: consecutive inconclusive checks before on_inconclusive
+    on_inconclusive: str = "pause"                  # fixed: "pause" | "rollback"
+    max_duration_s: float = 4 * 3600.0              # rollout deadline (paused time excluded) -> on_max_duration
+    on_max_duration: str = "rollback"               # "rollback" | "pause" (for an operator) | "hold" (keep checking)
     ready_timeout_s: float = 600.0                  # deploy -> ready deadline -> rollback
     not_ready_grace_s: float = 30.0                 # canary not ready on every observation this long -> rollback
     compare_to: str = "baseline"                    # "baseline" | "production"
     auto_promote: bool = True                       # False: wait in PAUSED for a manual promote at the last step
-    z_fail: float = 2.3                             # one-sided z of each variant's bound in the fail test
-    z_pass: float = 1.0                             # one-sided z of each variant's bound in the pass test
+    z_fail: float = 2.3                             # fixed: one-sided z of each variant's bound in the fail test
+    z_pass: float = 1.0                             # fixed: one-sided z of each variant's bound in the pass test
     max_error_rate: float = 0.05                    # guard: canary error rate above this fails at once
     min_error_samples: int = 100                    # requests before the error-rate guard may fire
     report_metrics: tuple[str, ...] = (TTFT, ITL, E2E)  # deltas shown in every check, not decided on
@@ -123,15 +166,26 @@ class Policy:
                               f"{len(self.checks)}")
         checks = tuple(_check(c, i) for i, c in enumerate(self.checks))
         object.__setattr__(self, "checks", checks)
-        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s", "warmup_s", "not_ready_grace_s"):
+        for name in ("check_interval_s", "max_duration_s", "ready_timeout_s", "warmup_s", "not_ready_grace_s",
+                     "window_s"):
             if not _num(getattr(self, name)) or not _within(name, getattr(self, name)):
                 lo, hi = LIMITS[name]
                 raise PolicyError(name, f"must be from {lo:g} to {hi:g} seconds, got {_short(getattr(self, name))}")
-        for name in ("min_samples", "failure_limit", "inconclusive_limit", "min_error_samples", "min_tail_samples"):
+        for name in ("min_samples", "failure_limit", "inconclusive_limit", "min_error_samples", "min_tail_samples",
+                     "min_windows", "window_requests", "window_tail_samples"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not _within(name, v):
                 lo, hi = LIMITS[name]
                 raise PolicyError(name, f"must be an integer from {lo:g} to {hi:g}, got {_short(v)}")
+        if self.statistics not in STATISTICS:
+            raise PolicyError("statistics", f"must be 'sequential' or 'fixed', got {_short(self.statistics)}")
+        if self.on_max_duration not in ON_MAX_DURATION:
+            raise PolicyError("on_max_duration", "must be 'rollback', 'pause' or 'hold', got "
+                              f"{_short(self.on_max_duration)}")
+        if not _num(self.alpha) or not _within("alpha", self.alpha):
+            lo, hi = LIMITS["alpha"]
+            raise PolicyError("alpha", f"(the chance of a wrong decision) must be from {lo:g} to {hi:g} (0.05 = 5 %), "
+                              f"got {_short(self.alpha)}")
         if self.on_inconclusive not in ("pause", "rollback"):
             raise PolicyError("on_inconclusive", f"must be 'pause' or 'rollback', got {_short(self.on_inconclusive)}")
         if self.compare_to not in TARGETS:

@@ -24,6 +24,8 @@ from .deltas import Delta, compute_deltas
 from .histogram import HistogramSnapshot
 from .low_traffic import live_requests_needed
 from .policy import ERROR_RATE, MetricCheck, Policy
+from .sequential import (AA_PREFIX, SD_FLOOR, SequenceState, blocks_to_decide, estimate, mean_window_s, series_key,
+                         window_need)
 from .stats import DeltaEstimate, more_samples_needed, proportion_diff, quantile_delta
 
 if TYPE_CHECKING:   # correctness.py imports Outcome from here
@@ -84,16 +86,45 @@ class TestResult:
     need_more: int | None = None
     vs_production: tuple[float, float] | None = None  # (delta_abs, delta_rel) when production is not the target
     low_traffic: bool = False   # too few samples to decide: skipped when another series of the check decides
+    # sequential statistics (analysis/sequential.py): delta_rel, ci_low and ci_high are then the windows' mean effect
+    # and the confidence sequence's bounds (error rate: points); `ship` the smaller boundary (threshold the larger)
+    method: str = "fixed"
+    ship: float = math.nan
+    alpha: float = math.nan       # this series' share of the policy's alpha (Bonferroni)
+    windows: int = 0              # paired windows used
+    block: int = 1                # windows averaged per block (lag-1 autocorrelation above the limit doubles it)
+    lag1: float = math.nan        # lag-1 autocorrelation of the blocks
+    window_s: float = math.nan    # mean window length
+    eta_s: float | None = None    # about how long until a boundary is crossed, at the current mean and spread
 
     def to_dict(self) -> dict:
         def clean(v):
-            return None if isinstance(v, float) and math.isnan(v) else v
+            return None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v
 
         d = {k: clean(getattr(self, k)) for k in self.__slots__}
         d["outcome"] = self.outcome.value
         if self.vs_production is not None:
             d["vs_production"] = [clean(x) for x in self.vs_production]
+        if self.method == "fixed":   # evidence stored before sequential statistics has none of these
+            for k in ("ship", "alpha", "windows", "block", "lag1", "window_s", "eta_s"):
+                d.pop(k)
         return d
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaOffset:
+    """Production against baseline (the same kernels, at the same time): a live A/A. How far two identical engines
+    differ here: its bounds are what a `ship` boundary must clear. Shown, never decided on."""
+    check: str
+    series: str
+    delta: float          # relative for latency, points for the error rate
+    ci_low: float
+    ci_high: float
+    windows: int
+
+    def to_dict(self) -> dict:
+        return {k: (None if isinstance(getattr(self, k), float) and math.isnan(getattr(self, k))
+                    else getattr(self, k)) for k in self.__slots__}
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,6 +137,7 @@ class Verdict:
     need_more: int | None = None      # requests per variant, for INCONCLUSIVE
     deltas: tuple[Delta, ...] = ()    # P90/P99 of every series vs baseline and production (shown, not decided)
     correctness: "CorrectnessVerdict | None" = None   # a correctness-gate check (rollout.py), with its evidence
+    replica: tuple[ReplicaOffset, ...] = ()  # sequential: production vs baseline, the live A/A (shown only)
 
     def to_dict(self) -> dict:
         d = {"outcome": self.outcome.value, "reason": self.reason, "compare_to": self.compare_to,
@@ -113,6 +145,8 @@ class Verdict:
              "deltas": [d.to_dict() for d in self.deltas]}
         if self.correctness is not None:
             d["correctness"] = self.correctness.to_dict()
+        if self.replica:
+            d["replica"] = [o.to_dict() for o in self.replica]
         return d
 
 
@@ -202,6 +236,89 @@ def _error_rate(check: MetricCheck, c: VariantData, t: VariantData, prod: Varian
                       reason=reason, need_more=more, vs_production=vs_prod)
 
 
+def _fmt(check: MetricCheck, v: float) -> str:
+    return f"{v * 100:+.2f} pt" if check.metric == ERROR_RATE else f"{v:+.1%}"
+
+
+def _sequential(check: MetricCheck, series: str, c: VariantData, t: VariantData, prod: VariantData | None,
+                policy: Policy, seq: SequenceState, alpha: float) -> TestResult:
+    """One check series under sequential statistics: the confidence sequence of its paired windows (the whole
+    rollout's), two boundaries. A PASS also needs min_samples requests per variant in the current step (each step is
+    seen at its weight); a FAIL needs only the sequence (valid at any look)."""
+    err = check.metric == ERROR_RATE
+    ws = seq.windows.get(series_key(check.name, series), ())
+    floor = SD_FLOOR
+    if err and ws:   # windows without an error have no spread: one window's binomial spread is the floor
+        p_e = (c.errors + t.errors + 1) / (c.requests + t.requests + 2)
+        n_w = sum(min(w.n_canary, w.n_target) for w in ws) / len(ws)
+        floor = math.sqrt(p_e * (1 - p_e) * 2 / max(n_w, 1.0))
+    est = estimate([w.x for w in ws], alpha, policy.min_windows, floor)
+    # log scale for latency: the mean of log ratios; the error rate in points as it is
+    ship, limit = (check.ship, check.limit) if err else (math.log1p(check.ship), math.log1p(check.limit))
+    back = (lambda v: v) if err else math.expm1
+    if err:
+        n_c, n_t = c.requests, t.requests
+        vc = c.errors / c.requests if c.requests else math.nan
+        vt = t.errors / t.requests if t.requests else math.nan
+        vs_prod = (vc - prod.errors / prod.requests, math.nan) if prod is not None and prod.requests > 0 else None
+    else:
+        hc, ht = c.histograms.get(series), t.histograms.get(series)
+        n_c, n_t = (hc.total if hc else 0.0), (ht.total if ht else 0.0)
+        vc = hc.quantile(check.quantile) if hc and hc.total else math.nan
+        vt = ht.quantile(check.quantile) if ht and ht.total else math.nan
+        vs_prod = None
+        if prod is not None and series in prod.histograms and prod.histograms[series].total > 0:
+            pv = prod.histograms[series].quantile(check.quantile)
+            if pv > 0 and not math.isnan(vc):
+                vs_prod = (vc - pv, vc / pv - 1.0)
+    win_s = mean_window_s(ws)
+    per_window = (sum(min(w.n_canary, w.n_target) for w in ws) / len(ws) if ws else
+                  window_need(None if err else check.quantile, policy.window_requests, policy.window_tail_samples))
+    base = dict(check=check.name, series=series, threshold=check.limit, n_canary=n_c, n_target=n_t, canary=vc,
+                target=vt, delta_abs=vc - vt, vs_production=vs_prod, method="sequential", ship=check.ship,
+                alpha=alpha, windows=est.windows, block=est.block, lag1=est.lag1, window_s=win_s)
+    what = "error rate" if err else f"p{check.quantile * 100:g}"
+    bounds = f"ship {_fmt(check, check.ship)}, limit {_fmt(check, check.limit)}"
+    if math.isnan(est.lower):
+        need = int(math.ceil((policy.min_windows - est.windows) * per_window))
+        eta = (policy.min_windows - est.windows) * win_s if not math.isnan(win_s) else None
+        return TestResult(**base, delta_rel=back(est.mean) if est.windows else math.nan, outcome=Outcome.INCONCLUSIVE,
+                          need_more=max(need, 1), low_traffic=True, eta_s=eta,
+                          reason=f"{what}: {est.windows} of {policy.min_windows} windows before it may decide")
+    rel, lo, hi = back(est.mean), back(est.lower), back(est.upper)
+    vals = dict(delta_rel=rel, ci_low=lo, ci_high=hi)
+    head = f"{what} {_fmt(check, rel)} over {est.windows} windows, sequence [{_fmt(check, lo)}, {_fmt(check, hi)}]"
+    if est.lower > ship:
+        return TestResult(**base, **vals, outcome=Outcome.FAIL, eta_s=0.0,
+                          reason=f"{head}: lower bound above ship {_fmt(check, check.ship)}")
+    step_need = policy.min_samples if not err else policy.min_error_samples
+    if est.upper < limit:
+        if min(n_c, n_t) >= step_need:
+            return TestResult(**base, **vals, outcome=Outcome.PASS, eta_s=0.0,
+                              reason=f"{head}: upper bound below limit {_fmt(check, check.limit)}")
+        more = int(math.ceil(step_need - min(n_c, n_t)))
+        return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE, need_more=more, low_traffic=True,
+                          reason=f"{head}: below limit, but {min(n_c, n_t):g} of {step_need} requests at this step")
+    blocks = blocks_to_decide(est, ship, limit, alpha)
+    more = None if blocks is None else max(int(math.ceil(blocks * est.block * per_window)), 1)
+    eta = None if blocks is None or math.isnan(win_s) else blocks * est.block * win_s
+    return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE, need_more=more, eta_s=eta,
+                      reason=f"{head} between the boundaries ({bounds})")
+
+
+def _replica(policy: Policy, seq: SequenceState, alpha: float) -> tuple[ReplicaOffset, ...]:
+    out = []
+    for key in sorted(k for k in seq.windows if k.startswith(AA_PREFIX)):
+        name, _, series = key[len(AA_PREFIX):].partition("@")
+        check = next((c for c in policy.checks if c.name == name), None)
+        if check is None:
+            continue
+        est = estimate([w.x for w in seq.windows[key]], alpha, policy.min_windows)
+        back = (lambda v: v) if check.metric == ERROR_RATE else math.expm1
+        out.append(ReplicaOffset(name, series, back(est.mean), back(est.lower), back(est.upper), est.windows))
+    return tuple(out)
+
+
 def _combine(check: MetricCheck, results: list[TestResult]) -> tuple[Outcome, int | None]:
     """Series too small to decide are skipped when another series of the same check has enough data."""
     if any(r.outcome is Outcome.FAIL for r in results):
@@ -213,16 +330,21 @@ def _combine(check: MetricCheck, results: list[TestResult]) -> tuple[Outcome, in
     return Outcome.INCONCLUSIVE, max(more) if more else None
 
 
-def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
-    """Compare the canary with policy.compare_to (baseline by default); the delta vs production is shown too."""
+def assess(variants: Mapping[str, VariantData], policy: Policy, sequence: SequenceState | None = None) -> Verdict:
+    """Compare the canary with policy.compare_to (baseline by default); the delta vs production is shown too.
+    `variants`: the current step's data (guards, step minimums, values shown); `sequence`: the rollout's paired
+    windows, which decide under policy.statistics "sequential" (None: no window yet)."""
     target_role = policy.compare_to
     c, t = variants.get("canary"), variants.get(target_role)
     prod = variants.get("production") if target_role != "production" else None
 
     shown = compute_deltas(variants)
 
+    replica = (_replica(policy, sequence, policy.alpha / len(policy.checks))
+               if sequence is not None and policy.statistics == "sequential" else ())
+
     def verdict(outcome, reason, results=(), guard=None, need_more=None):
-        return Verdict(outcome, reason, target_role, tuple(results), guard, need_more, shown)
+        return Verdict(outcome, reason, target_role, tuple(results), guard, need_more, shown, replica=replica)
 
     if c is not None:
         if c.crashing:
@@ -241,8 +363,24 @@ def assess(variants: Mapping[str, VariantData], policy: Policy) -> Verdict:
         return verdict(Outcome.INCONCLUSIVE, f"{target_role} is not ready")
     results: list[TestResult] = []
     failed, pending, needs = [], [], []
+    sequential = policy.statistics == "sequential"
+    seq = sequence or SequenceState()
     for check in policy.checks:
-        if check.metric == ERROR_RATE:
+        if sequential:
+            if check.metric == ERROR_RATE:
+                keys = [ERROR_RATE]
+            else:
+                known = {k.partition("@")[2] for k in seq.windows if k.startswith(check.name + "@")}
+                keys = sorted(known | {k for k in _series_of(c, check.metric) if k in t.histograms})
+            share = policy.alpha / len(policy.checks) / max(len(keys), 1)
+            rs = [_sequential(check, k, c, t, prod, policy, seq, share) for k in keys]
+            if not rs:
+                rs = [TestResult(check=check.name, series=check.metric, outcome=Outcome.INCONCLUSIVE,
+                                 threshold=check.max_rel_delta, reason=f"no data for {check.metric}",
+                                 need_more=window_need(check.quantile, policy.window_requests,
+                                                       policy.window_tail_samples) * policy.min_windows,
+                                 low_traffic=True, method="sequential", ship=check.ship)]
+        elif check.metric == ERROR_RATE:
             rs = [_error_rate(check, c, t, prod, policy)]
         else:
             keys = [k for k in _series_of(c, check.metric) if k in t.histograms]

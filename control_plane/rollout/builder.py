@@ -61,7 +61,7 @@ class Builder:
         p = self.r.policy
         self.set(step=index, weight=weight, warmup_until=self.now + p.warmup_s, last_check_at=self.now,
                  step_checks=0, consecutive_failures=0, consecutive_inconclusive=0, data={}, data_since=None,
-                 excluded_requests=0.0)
+                 excluded_requests=0.0, sequence=self.r.sequence.without_pending())
         self.actions.append(SetWeights(weights_for(weight)))
         self.actions.append(Notify("step", f"{self.r.service}: canary at {weight} % ({reason})"))
         self.event(EventKind.PHASE, f"step {index + 1}/{len(p.steps)}: canary at {weight} % ({reason})")

@@ -28,6 +28,7 @@ import dataclasses
 from typing import Mapping
 
 from sits.control_plane.analysis import CorrectnessVerdict, Guard, Outcome, VariantData, Verdict, assess
+from sits.control_plane.analysis.sequential import observe
 from sits.control_plane.rollout.state import (ROLES, Action, Check, Command, Decision, Deploy, Event, EventKind, Notify,
                                          Observation, Phase, Promote, Rollback, Rollout, SetWeights, weights_for)
 from sits.control_plane.rollout.builder import Builder as _Builder, accumulate as _accumulate
@@ -130,7 +131,7 @@ def _on_command(b: _Builder, obs: Observation) -> bool:
         _leave_pause(b)
         # data seen while paused is dropped; the step's earlier data is kept (same weight, same comparison)
         b.set(paused_from=None, consecutive_inconclusive=0, last_check_at=b.now,
-              warmup_until=max(b.r.warmup_until, b.now))
+              warmup_until=max(b.r.warmup_until, b.now), sequence=b.r.sequence.without_pending())
         b.go(back, f"resumed{who}", "resumed")
         return True
     b.event(EventKind.COMMAND, f"{cmd.value}{who} ignored in phase {phase.value}"
@@ -245,6 +246,8 @@ def _take_window(b: _Builder, obs: Observation) -> None:
         b.event(EventKind.WINDOW, f"window [{start:.3f}, {end:.3f}] has no data from {missing}; dropped")
         return
     b.set(data=_accumulate(r.data, obs.variants), data_since=r.data_since if r.data_since is not None else start)
+    if r.policy.statistics == "sequential":
+        b.set(sequence=observe(r.sequence, obs.variants, r.policy, start, end))
 
 
 def _has_data(v: VariantData | None) -> bool:
@@ -265,8 +268,8 @@ def _with_readiness(data: Mapping[str, VariantData], obs: Observation) -> dict[s
 def _progressing(b: _Builder, obs: Observation) -> None:
     p = b.r.policy
     _take_window(b, obs)
-    if b.r.started_at is not None and b.now - b.r.started_at - b.r.paused_total_s > p.max_duration_s:
-        b.go(Phase.ROLLING_BACK, f"max duration {p.max_duration_s:g} s exceeded", "rolling_back")
+    if b.r.started_at is not None and b.now - b.r.started_at - b.r.paused_total_s > p.max_duration_s \
+            and _deadline(b, assess(b.r.data, p, b.r.sequence).reason):
         return
     if obs.correctness is not None and _correctness_check(b, obs.correctness):
         return
@@ -284,7 +287,7 @@ def _progressing(b: _Builder, obs: Observation) -> None:
     data = _with_readiness(b.r.data, obs)
     if down and not sustained:   # within the grace period: judged on its metrics, not on one probe
         data["canary"] = dataclasses.replace(data["canary"], ready=True)
-    verdict = assess(data, p)
+    verdict = assess(data, p, b.r.sequence)
     if verdict.guard is Guard.NOT_READY:
         verdict = dataclasses.replace(verdict, reason=f"canary not ready for {b.now - since:.0f} s (grace "
                                       f"{p.not_ready_grace_s:g} s){_not_ready_why(obs)}")
@@ -304,12 +307,14 @@ def _progressing(b: _Builder, obs: Observation) -> None:
     elif verdict.outcome is Outcome.FAIL:
         fails = r.consecutive_failures + 1
         b.set(consecutive_failures=fails, consecutive_inconclusive=0)
-        if verdict.guard or fails >= p.failure_limit:
+        # sequential: a FAIL is the sequence leaving a boundary, final at any look (no count of failures)
+        if verdict.guard or fails >= p.failure_limit or p.statistics == "sequential":
             decision = Decision.ROLLBACK
     else:
         incs = r.consecutive_inconclusive + 1
         b.set(consecutive_failures=0, consecutive_inconclusive=incs)
-        if incs >= p.inconclusive_limit:
+        # sequential: an inconclusive look only waits (the boundaries' gap bounds the time; max_duration_s the rest)
+        if incs >= p.inconclusive_limit and p.statistics == "fixed":
             decision = Decision.PAUSE if p.on_inconclusive == "pause" else Decision.ROLLBACK
     b.checks.append(Check(seq, b.now, r.step, r.weight, r.data_since, r.observed_until, r.source, dict(r.queries),
                           data, verdict, decision))
@@ -326,12 +331,31 @@ def _progressing(b: _Builder, obs: Observation) -> None:
         b.go(Phase.PAUSED, f"every step passed (check {seq}); awaiting manual promotion", "paused")
     elif decision is Decision.ROLLBACK:
         why = (f"guard: {verdict.reason}" if verdict.guard else
-               f"{b.r.consecutive_failures} failed check(s): {verdict.reason}" if verdict.outcome is Outcome.FAIL
+               f"check {seq}: {verdict.reason}" if verdict.outcome is Outcome.FAIL and p.statistics == "sequential"
+               else f"{b.r.consecutive_failures} failed check(s): {verdict.reason}" if verdict.outcome is Outcome.FAIL
                else f"{b.r.consecutive_inconclusive} inconclusive checks: {verdict.reason}")
         b.go(Phase.ROLLING_BACK, why, "rolling_back")
     elif decision is Decision.PAUSE:
         b.set(paused_from=Phase.PROGRESSING)
         b.go(Phase.PAUSED, f"{b.r.consecutive_inconclusive} inconclusive checks: {verdict.reason}", "paused")
+
+
+def _deadline(b: _Builder, last: str) -> bool:
+    """max_duration_s has passed (paused time excluded): policy.on_max_duration says what follows, and the reason
+    carries the last check's evidence (why nothing decided). True when the rollout left PROGRESSING."""
+    p = b.r.policy
+    why = f"max duration {p.max_duration_s:g} s reached undecided ({last})"
+    if p.on_max_duration == "rollback":
+        b.go(Phase.ROLLING_BACK, why, "rolling_back")
+        return True
+    if p.on_max_duration == "pause":
+        b.set(paused_from=Phase.PROGRESSING)
+        b.go(Phase.PAUSED, why + "; waiting for an operator to promote or abort", "paused")
+        return True
+    if not b.r.deadline_hit:   # hold: keep checking at this weight; said once
+        b.set(deadline_hit=True)
+        b.event(EventKind.PHASE, why + "; holding at the current weight (on_max_duration: hold)")
+    return False
 
 
 def _paused(b: _Builder, obs: Observation) -> None:

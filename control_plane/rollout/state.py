@@ -7,6 +7,7 @@ from enum import Enum
 from typing import ClassVar, Mapping
 
 from sits.control_plane.analysis import CorrectnessVerdict, Policy, VariantData, Verdict
+from sits.control_plane.analysis.sequential import SequenceState
 
 ROLES = ("production", "baseline", "canary")
 
@@ -207,6 +208,8 @@ class Rollout:
     consecutive_inconclusive: int = 0
     not_ready_since: float | None = None     # the first of a run of observations with the canary not ready
     data: Mapping[str, VariantData] = field(default_factory=dict)   # the current step's accumulated windows
+    sequence: SequenceState = field(default_factory=SequenceState)  # the rollout's paired windows (sequential)
+    deadline_hit: bool = False               # max_duration_s passed (on_max_duration "hold": said once)
     data_since: float | None = None
     observed_until: float | None = None
     excluded_requests: float = 0.0           # canary requests dropped as warm-up in this step

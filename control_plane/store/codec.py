@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from sits.control_plane.analysis import HistogramSnapshot, Policy, VariantData
 from sits.control_plane.analysis.prompts import stored_prompt_set
+from sits.control_plane.analysis.sequential import SequenceState
 from sits.control_plane.rollout import Check, Phase, Rollout
 
 
@@ -72,7 +73,7 @@ def variant_from_dict(d: Mapping) -> VariantData:
 _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
                  "weight", "warmup_until", "last_check_at", "checks", "step_checks", "consecutive_failures",
                  "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source",
-                 "correctness_step", "correctness_at", "replayed_requests", "not_ready_since")
+                 "correctness_step", "correctness_at", "replayed_requests", "not_ready_since", "deadline_hit")
 
 
 _CACHE_SIZE = 256
@@ -114,6 +115,8 @@ def state_to_dict(r: Rollout) -> dict:
                "paused_from": r.paused_from.value if r.paused_from else None, "queries": dict(r.queries),
                **{k: getattr(r, k) for k in _STATE_FIELDS}})
     d["policy"] = _policy_dict(r.policy)
+    if r.sequence.windows or r.sequence.pending:
+        d["sequence"] = clean(r.sequence.to_dict())
     return d
 
 
@@ -121,7 +124,7 @@ def rollout_to_dict(r: Rollout) -> dict:
     d = {"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
          "production_kernels": r.production_kernels, "policy": clean(r.policy.to_dict()), "phase": r.phase.value,
          "paused_from": r.paused_from.value if r.paused_from else None, "queries": clean(dict(r.queries)),
-         "data": data_to_dict(r.data)}
+         "data": data_to_dict(r.data), "sequence": clean(r.sequence.to_dict())}
     d.update(clean({k: getattr(r, k) for k in _STATE_FIELDS}))
     return d
 
@@ -139,7 +142,7 @@ def rollout_from_dict(d: Mapping, version: int = 0, data: Mapping[str, VariantDa
     return Rollout(id=d["id"], service=d["service"], canary_kernels=d["canary_kernels"],
                    production_kernels=d["production_kernels"], policy=_policy(d["policy"]),
                    phase=Phase(d["phase"]), paused_from=Phase(d["paused_from"]) if d.get("paused_from") else None,
-                   queries=dict(d.get("queries", {})),
+                   queries=dict(d.get("queries", {})), sequence=SequenceState.from_dict(d.get("sequence")),
                    data=data, version=version, **kw)
 
 
