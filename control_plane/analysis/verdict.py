@@ -396,7 +396,11 @@ def assess(variants: Mapping[str, VariantData], policy: Policy, sequence: Sequen
         if outcome is Outcome.FAIL:
             failed.append(next(f"{r.series} {r.reason}" for r in rs if r.outcome is Outcome.FAIL))
         elif outcome is Outcome.INCONCLUSIVE:
-            pending.append(check.name)
+            if sequential:   # what each undecided check waits for, in its own words
+                r = next(r for r in rs if r.outcome is Outcome.INCONCLUSIVE)
+                pending.append(f"{check.name}: {r.reason}")
+            else:
+                pending.append(check.name)
             if more:
                 needs.append(more)
     if failed:
@@ -409,5 +413,9 @@ def assess(variants: Mapping[str, VariantData], policy: Policy, sequence: Sequen
                            f"requests ({c.replayed:g} replayed), {live_needed} live needed to pass", results)
         return verdict(Outcome.PASS, "every check passed with confidence", results)
     need = max(needs) if needs else None
+    if sequential:
+        etas = [r.eta_s for r in results if r.outcome is Outcome.INCONCLUSIVE and r.eta_s is not None]
+        tail = f"; decides in about {max(etas):.0f} s at this rate" if etas else ""
+        return verdict(Outcome.INCONCLUSIVE, f"inconclusive ({'; '.join(pending)}){tail}", results, need_more=need)
     tail = f": need about {need} more request{'' if need == 1 else 's'} per variant" if need else ""
     return verdict(Outcome.INCONCLUSIVE, f"inconclusive ({', '.join(pending)}){tail}", results, need_more=need)

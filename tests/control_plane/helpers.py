@@ -34,5 +34,7 @@ def windows(start: float, end: float, scale: float = 1.0, rate: float = 100.0) -
 
 def latency_policy(**kw) -> Policy:
     """A Policy without the correctness gate (on by default; it needs engines to replay prompts): for tests of the
-    latency analysis driven by canned windows. The gate's own tests: test_rollout_correctness.py and the worker's."""
-    return Policy(correctness={"enabled": False}, **kw)
+    latency analysis driven by canned windows. The gate's own tests: test_rollout_correctness.py and the worker's.
+    Statistics "fixed" unless asked: canned windows repeat one histogram, which the sequential method (its own
+    tests: test_rollout_sequential.py) sees as a spread of zero."""
+    return Policy(correctness={"enabled": False}, **{"statistics": "fixed", **kw})

@@ -7,7 +7,7 @@ from sits.control_plane.store.codec import check_to_dict
 from tests.control_plane.helpers import lat
 
 ROUTE = REQUEST_LATENCY + '{route="/v1/completions"}'
-POLICY = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.1),
+POLICY = Policy(statistics="fixed", checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.1),
                         MetricCheck(ERROR_RATE, max_abs_delta=0.01)))
 
 

@@ -7,7 +7,7 @@ from sits.control_plane.rollout import (Observation, Phase, Rollback, Rollout, S
                                    weights_for)
 from tests.control_plane.test_rollout import window
 
-POLICY = Policy(steps=(10, 50, 100), check_interval_s=10.0, warmup_s=0.0)
+POLICY = Policy(steps=(10, 50, 100), check_interval_s=10.0, warmup_s=0.0, statistics="fixed")
 EVIDENCE = PromptComparison(3, "The capital of France is", 16, 2, False, 0.0, 0.0, 0.5, 2.1, 16, 3.2, 0.4,
                             (1, 2, 3), (1, 2, 9), "abc", "abj")
 PASS = CorrectnessVerdict(Outcome.PASS, "32 prompts identical", prompts=32, identical_fraction=1.0, dtype="float32")

@@ -24,20 +24,20 @@ def _same(n):   # a spread-out distribution, identical for both variants: a clea
 
 
 def _policy(**lt):
-    return Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.25),
+    return Policy(statistics="fixed", checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.25),
                           MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
                   min_samples=100, min_tail_samples=2, min_error_samples=100, low_traffic=LowTrafficPolicy(**lt))
 
 
 def test_defaults_off_and_round_trip():
-    p = Policy()
+    p = Policy(statistics="fixed")
     assert p.low_traffic.enabled is False and p.low_traffic.allow_replay_only is False
     assert PROMPT_TOKENS not in p.metrics   # off: the token histograms are not fetched
     on = Policy.from_dict({"low_traffic": {"enabled": True, "max_rps": 2.5, "prompt_set": ["a", "b"]}})
     assert on.low_traffic.max_rps == 2.5 and on.low_traffic.prompt_set == ("a", "b")
     assert on.metrics[-2:] == (PROMPT_TOKENS, GENERATION_TOKENS)
     assert Policy.from_dict(on.to_dict()) == on
-    assert Policy.from_dict({k: v for k, v in Policy().to_dict().items() if k != "low_traffic"}) == Policy()
+    assert Policy.from_dict({k: v for k, v in Policy(statistics="fixed").to_dict().items() if k != "low_traffic"}) == Policy(statistics="fixed")
 
 
 @pytest.mark.parametrize("lt,field,words", [

@@ -13,8 +13,8 @@ def var(n=20000, scale=1.0, *, errors=None, ready=True, crashing=False, tail_sca
                        crashing)
 
 
-P = Policy()
-P99_ONLY = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.10),))
+P = Policy(statistics="fixed")
+P99_ONLY = Policy(statistics="fixed", checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.10),))
 
 CASES = [
     # name, variants, policy, outcome, guard, reason fragment
@@ -79,7 +79,7 @@ def test_evidence_fields_are_consistent():
 def test_compare_to_production_decides():
     variants = {"canary": var(scale=1.5), "baseline": var(scale=1.5), "production": var()}
     assert assess(variants, P).outcome is Outcome.PASS            # same as the (slow) baseline
-    v = assess(variants, Policy(compare_to="production"))
+    v = assess(variants, Policy(statistics="fixed", compare_to="production"))
     assert v.outcome is Outcome.FAIL and v.compare_to == "production"
 
 
@@ -138,14 +138,14 @@ def test_deltas_are_shown_for_every_series_and_both_targets():
 def test_policy_metrics_lists_what_a_source_must_fetch():
     assert P.metrics == (REQUEST_LATENCY, "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds",
                          "sits_e2e_request_latency_seconds")
-    only = Policy(checks=(MetricCheck("sits_inter_token_latency_seconds", quantile=0.99, max_rel_delta=0.1),),
+    only = Policy(statistics="fixed", checks=(MetricCheck("sits_inter_token_latency_seconds", quantile=0.99, max_rel_delta=0.1),),
                   report_metrics=())
     assert only.metrics == (REQUEST_LATENCY, "sits_inter_token_latency_seconds")
 
 
 def test_sample_floor_keeps_bounds_finite():
     # min_tail_samples=1 would allow n=100 for p99, where q + z*s > 1: the floor z^2 q / (1-q) takes over
-    loose = Policy(min_samples=10, min_tail_samples=1)
+    loose = Policy(statistics="fixed", min_samples=10, min_tail_samples=1)
     v = assess({"canary": var(200), "baseline": var(200)}, loose)
     p99 = next(r for r in v.results if r.check.endswith("p99"))
     assert p99.low_traffic and p99.need_more == math.ceil(2.3 ** 2 * 0.99 / 0.01) + 1 - 200
