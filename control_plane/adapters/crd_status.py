@@ -72,8 +72,17 @@ def last_check(ev: Mapping | None) -> dict | None:
         return (r["outcome"] == "fail", isinstance(d, (int, float)) and not math.isnan(d), d if isinstance(
             d, (int, float)) and not math.isnan(d) else 0.0)
     r = max(results, key=weight)
-    return {**out, "metric": r["check"], "delta": _pct(r.get("delta_rel")),
-            "interval": f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]"}
+    err = r["check"] == "error_rate"
+    f = (lambda x: "-" if x is None else f"{float(x) * 100:+.2f} pt") if err else _pct
+    main = {**out, "metric": r["check"], "delta": f(r.get("delta_rel") if not err else r.get("delta_abs")),
+            "interval": f"[{f(r.get('ci_low'))}, {f(r.get('ci_high'))}]"}
+    if r.get("method") == "sequential":   # the confidence sequence, both boundaries, the windows, the time to decide
+        if err:
+            main["delta"] = f(r.get("delta_rel"))
+        eta = r.get("eta_s")
+        main.update(boundaries=f"{f(r.get('ship'))} / {f(r.get('threshold'))}", windows=int(r.get("windows") or 0),
+                    decidesIn="-" if r["outcome"] != "inconclusive" or eta is None else f"~{eta:.0f} s")
+    return main
 
 
 _COMPLETED_REASON = {Phase.SUCCEEDED: "Succeeded", Phase.ROLLED_BACK: "RolledBack", Phase.FAILED: "Failed"}

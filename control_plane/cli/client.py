@@ -101,9 +101,15 @@ def progress_line(r: dict) -> str:
             kind = c.get("kind", "rel")
             lo, hi = (c.get("ci") or [None, None])[:2]
             thr = c.get("threshold")
-            line += (f" · {c['label']} {_pct(c['delta'], kind)} [{_pct(lo, kind)}, {_pct(hi, kind)}]"
-                     + (f" <= {_pct(thr, kind)}" if thr is not None else ""))
-        if c.get("need_more") and c["outcome"] == "inconclusive":
+            line += f" · {c['label']} {_pct(c['delta'], kind)} [{_pct(lo, kind)}, {_pct(hi, kind)}]"
+            if c.get("method") == "sequential":   # the confidence sequence between its two boundaries
+                line += (f" ship {_pct(c.get('ship'), kind)} / limit {_pct(thr, kind)} · {c.get('windows') or 0} "
+                         "windows")
+                if c["outcome"] == "inconclusive" and c.get("eta_s") is not None:
+                    line += f" · decides in ~{c['eta_s']:.0f} s"
+            elif thr is not None:
+                line += f" <= {_pct(thr, kind)}"
+        if c.get("need_more") and c["outcome"] == "inconclusive" and c.get("method") != "sequential":
             n = c["need_more"]
             line += f" (needs about {n} more request{'' if n == 1 else 's'})"
     return line

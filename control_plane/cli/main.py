@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Poisson load through the router, requests/s (default: 25 on CPU, 40 on the GPU)")
     d.add_argument("--metrics", choices=["scrape", "prometheus"], default="scrape",
                    help="metrics source: direct scrape (default) or a local Prometheus (needs the binary)")
+    d.add_argument("--gpu-memory-share", type=float, default=None,
+                   help="with --device cuda: each engine's fraction of the GPU's memory (default 0.2: four engines at "
+                        "once; lower it to run several demos on one GPU)")
+    d.add_argument("--service", default="demo", help="the service's name (several demos on one machine: one each)")
     d.set_defaults(fn=cmd_demo)
 
     # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`

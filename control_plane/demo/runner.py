@@ -73,6 +73,7 @@ class DemoConfig:
     metrics: str = "scrape"          # "scrape" (direct, the default) | "prometheus" (a local Prometheus)
     keep_running: bool = False       # leave the UI up after the summary, until Ctrl-C
     policy: Policy | None = None     # None: the profile's demo policy
+    gpu_memory_share: float | None = None   # --device cuda: each engine's share of GPU memory; None: the profile's
 
     def __post_init__(self) -> None:
         if self.metrics not in ("scrape", "prometheus"):
@@ -87,6 +88,8 @@ class DemoConfig:
         self.policy = self.policy or prof.policy(self.rate)
         if not self.rate > 0 or self.threads < 1:
             raise ValueError("rate must be > 0 and threads >= 1")
+        if self.gpu_memory_share is not None and not 0.01 <= self.gpu_memory_share <= 0.95:
+            raise ValueError(f"gpu memory share must be from 0.01 to 0.95, got {self.gpu_memory_share:g}")
         self.scenarios = tuple(self.scenarios)
         unknown = [s for s in self.scenarios if s not in prof.scenarios]
         if unknown or not self.scenarios:
@@ -95,6 +98,14 @@ class DemoConfig:
     @property
     def profile(self):
         return PROFILES[self.device]
+
+    @property
+    def engine_args(self) -> tuple[str, ...]:
+        """Every engine's extra flags: the profile's, with --gpu-memory-utilization at gpu_memory_share if set."""
+        args = list(self.profile.engine_args)
+        if self.gpu_memory_share is not None and "--gpu-memory-utilization" in args:
+            args[args.index("--gpu-memory-utilization") + 1] = f"{self.gpu_memory_share:g}"
+        return tuple(args)
 
     def scenario(self, name: str) -> Scenario:
         return self.profile.scenarios[name]
@@ -150,11 +161,11 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     else:
         out(f"SITS demo: canaries of Triton kernel sets on this machine's GPU ({gpu_summary()}); work dir {workdir}")
         model = resolve_model(cfg.model, prof.device, out)
-        spec = DeploySpec(model=model.path, device=prof.device, production_args=prof.engine_args,
-                          canary_args=prof.engine_args)
+        spec = DeploySpec(model=model.path, device=prof.device, production_args=cfg.engine_args,
+                          canary_args=cfg.engine_args)
         out(f"      every scenario runs model {model.label}; production, baseline and canary are three "
             f"`sits-engine serve --device {prof.device}` processes sharing one GPU by {gpu_sharing()}, each with "
-            f"{' '.join(prof.engine_args)} (a promotion starts a fourth before the old production stops)")
+            f"{' '.join(cfg.engine_args)} (a promotion starts a fourth before the old production stops)")
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1 if prof.device == "cpu"
                                          else 2))
     store = Store(str(store_path))
@@ -180,7 +191,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         out(f"      API reference {result.url}api (OpenAPI {result.url}api/v1/openapi.json; calls send "
             f"Authorization: Bearer <token>), metrics {result.url}metrics; auth file {auth_path} keeps only its SHA-256")
         ks = catalog.require(cfg.production_kernels, "production_kernels")
-        flags = f" --device {prof.device} {' '.join(prof.engine_args)}" if prof.device != "cpu" else ""
+        flags = f" --device {prof.device} {' '.join(cfg.engine_args)}" if prof.device != "cpu" else ""
         out(f"[2/4] production: `sits-engine serve --model {'tiny' if model.path == 'tiny' else model.path}"
             f"{flags} --kernels {ks.name}` ({ks.version}) behind the weighted router ...")
         deployer.deploy(spec.variant(cfg.service, "production", cfg.production_kernels,

@@ -145,6 +145,8 @@ def format_check(ev: dict, steps: Sequence[int] = ()) -> list[str]:
     step = f"step {ev['step'] + 1}/{len(steps)}" if steps else f"step {ev['step'] + 1}"
     lines = [f"check {ev['seq']} · {step} · canary at {ev['weight']} %{window} · requests {n or '-'}"
              f" · {v['outcome'].upper()} -> {ev['decision']}"]
+    if any(r.get("method") == "sequential" for r in v["results"]):
+        return lines + _table(sequential_rows(v["results"], target)) + replica_lines(v) + [f"    reason: {v['reason']}"]
     rows = [("metric", "canary", target, "delta", "CI of delta", "threshold", "verdict")]
     for r in v["results"]:
         if r["check"] == ERROR_RATE:
@@ -155,6 +157,34 @@ def format_check(ev: dict, steps: Sequence[int] = ()) -> list[str]:
                     f"[{pct(r['ci_low'])}, {pct(r['ci_high'])}]", f"<= {pct(r['threshold'])}")
         rows.append((series_label(r["check"], r["series"]), *vals, r["outcome"].upper()))
     return lines + _table(rows) + [f"    reason: {v['reason']}"]
+
+
+def sequential_rows(results: Sequence[dict], target: str) -> list[tuple[str, ...]]:
+    """Sequential statistics: per series the step's values, the windows' mean effect, the confidence sequence, the two
+    boundaries (ship / limit), the windows used (and blocks when correlated windows were averaged), the time to decide."""
+    rows = [("metric", "canary", target, "effect", "sequence", "ship / limit", "windows", "decides in", "verdict")]
+    for r in results:
+        err = r["check"] == ERROR_RATE
+        f, val = (points, rate) if err else (pct, ms)
+        seq = f"[{f(r['ci_low'])}, {f(r['ci_high'])}]" if r.get("ci_low") is not None else "-"
+        windows = str(r.get("windows") or 0) + (f" (x{r['block']})" if (r.get("block") or 1) > 1 else "")
+        eta = r.get("eta_s")
+        eta = "-" if r["outcome"] != "inconclusive" or eta is None else f"~{eta:.0f} s"
+        rows.append((series_label(r["check"], r["series"]), val(r["canary"]), val(r["target"]), f(r["delta_rel"]),
+                     seq, f"{f(r['ship'])} / {f(r['threshold'])}", windows, eta, r["outcome"].upper()))
+    return rows
+
+
+def replica_lines(v: dict) -> list[str]:
+    """The live A/A: production against baseline (the same kernels, at the same time), how far two identical
+    engines differ here."""
+    out = []
+    for o in v.get("replica") or []:
+        f = points if o["check"] == ERROR_RATE else pct
+        bounds = f" [{f(o['ci_low'])}, {f(o['ci_high'])}]" if o.get("ci_low") is not None else ""
+        out.append(f"    replica offset (production vs baseline, same kernels) {series_label(o['check'], o['series'])}: "
+                   f"{f(o['delta'])}{bounds} over {o['windows']} windows")
+    return out
 
 
 def format_deltas(ev: dict) -> list[str]:

@@ -47,6 +47,9 @@ def headline(ev: Mapping) -> dict:
                    kind="abs" if is_rate else "rel",
                    delta=best["delta_abs"] if is_rate else best["delta_rel"], ci=[best["ci_low"], best["ci_high"]],
                    threshold=best["threshold"], result=best["outcome"])
+        if best.get("method") == "sequential":   # the windows' mean effect, the sequence, both boundaries
+            out.update(method="sequential", delta=best["delta_rel"], ship=best.get("ship"),
+                       windows=best.get("windows"), eta_s=best.get("eta_s"))
     return clean(out)
 
 
