@@ -16,7 +16,7 @@ from .test_notify import Receiver
 POLICY = {"steps": [50], "check_interval_s": 10, "warmup_s": 0,
           "checks": [{"metric": "http_request_duration_seconds", "quantile": 0.9, "max_rel_delta": 0.1},
                      {"metric": "error_rate", "max_abs_delta": 0.01}],
-          "correctness": {"enabled": False}}   # the in-memory deployer serves no engines to replay prompts on
+          "correctness": {"enabled": False}, "statistics": "fixed"}   # in-memory deployer: canned windows
 
 
 def cli(capsys, *argv):
