@@ -170,6 +170,7 @@ def create_app(state: ServerState) -> Starlette:
             yield
         finally:
             await asyncio.to_thread(state.runner.shutdown)
+            state.body_parser.shutdown()
             state.tracer.shutdown()
 
     routes = [
