@@ -19,7 +19,7 @@ from sits.control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind,
                                    SetWeights, weights_for)
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.store.db import Store
-from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.store.schema import StoreUnavailableError
 from sits.control_plane.tracing import Tracing, set_attributes
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics
 
@@ -130,7 +130,7 @@ class ActionRunner:
                 self._at(f"executed:{action.kind}")
                 self.store.mark_action(action_id, "done")
                 return
-            except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
+            except StoreUnavailableError:   # executed but not recorded: stays pending, repeated once the store is back
                 raise
             except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
                 log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)

@@ -34,7 +34,7 @@ from sits.control_plane.adapters.replay_client import HTTPReplaySender, ReplaySe
 from sits.control_plane.rollout import Command, Rollout, reconcile
 from sits.control_plane.redact import redact
 from sits.control_plane.store.db import Store
-from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.store.schema import StoreUnavailableError
 from sits.control_plane.tracing import Tracing, check_attributes, set_attributes
 from sits.control_plane.worker.actions import ActionRunner, LeaseLostError
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
@@ -103,7 +103,7 @@ class Worker:
         try:
             held = self.store.leases.acquire_many([rid for rid, _ in due] + keep, self.owner, self.config.lease_ttl_s,
                                              now)
-        except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
+        except StoreUnavailableError as e:   # no lease, no pass: nothing is decided that could not be recorded
             self._store_failed(e, f"round of {len(due)} rollout(s)")
             return []
         self._renewed.update(dict.fromkeys(held, now))
@@ -161,7 +161,7 @@ class Worker:
             if not t.is_alive():
                 try:
                     self._release(rid)
-                except StoreWriteError as e:
+                except StoreUnavailableError as e:
                     log.warning("rollout %s: lease not released, it expires in %g s: %s", rid,
                                 self.config.lease_ttl_s, e)
 
@@ -172,7 +172,7 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except StoreWriteError as e:
+            except StoreUnavailableError as e:
                 self._store_failed(e, "worker tick")
             except Exception:
                 log.exception("worker tick failed")
@@ -182,7 +182,7 @@ class Worker:
         try:
             self.reconcile_rollout(rollout_id, leased=True)
             self.store_error = None
-        except StoreWriteError as e:
+        except StoreUnavailableError as e:
             self._store_failed(e, f"rollout {rollout_id} ({service})")
         except LeaseLostError as e:
             log.warning("%s; this pass stops here", e)
@@ -192,12 +192,16 @@ class Worker:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
 
-    def _store_failed(self, e: StoreWriteError, where: str) -> None:
+    def _store_failed(self, e: StoreUnavailableError, where: str) -> None:
         # nothing the pass decided was stored, so nothing was done: an action runs only once its outbox row exists,
-        # and one that ran but could not be marked done stays pending and is repeated (idempotently) later
-        self.store_error = str(e)
+        # and one that ran but could not be marked done stays pending and is repeated (idempotently) later. One line
+        # when the problem starts (or changes), then quiet: /readyz and the counter keep saying it every pass
         self.metrics.store_errors.inc()
-        log.error("%s: %s; this pass stopped without acting, retried every %g s until the store can be written",
+        if str(e) == self.store_error:
+            log.debug("%s: %s (still)", where, e)
+            return
+        self.store_error = str(e)
+        log.error("%s: %s; passes stop without acting, retried every %g s until the store can be used (logged once)",
                   where, e, self.config.interval_s)
 
     def _recover(self) -> None:
