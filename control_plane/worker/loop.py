@@ -73,6 +73,7 @@ class Worker:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
+        self._idle_restore: threading.Thread | None = None   # restore_idle at the first round (see _recover)
         self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
         self.observer = Observer(store, deployer, metrics_source, self.correctness, self.tracing,
@@ -156,6 +157,8 @@ class Worker:
         deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
             self._loop.join(max(0.0, deadline - time.monotonic()))
+        if self._idle_restore is not None:   # a deploy in it stops with the deployer (DeployCancelled at close)
+            self._idle_restore.join(max(0.0, deadline - time.monotonic()))
         for rid, t in list(self._threads.items()):
             t.join(max(0.0, deadline - time.monotonic()))
             if not t.is_alive():
@@ -205,13 +208,25 @@ class Worker:
                   where, e, self.config.interval_s)
 
     def _recover(self) -> None:
-        """Finished rollouts whose last actions (notifications) never ran because of a crash."""
+        """Finished rollouts whose last actions (notifications) never ran because of a crash; and, in a thread of its
+        own (an engine takes a while to get ready; active rollouts do not wait for it), the production of every idle
+        service that a previous control plane ran (ActionRunner.restore_idle)."""
         for r in self.store.list(active=False, limit=50):
             pending = self.store.pending_actions(r.id)
             if pending and self._lease(r.id):
                 self.actions.run(r, pending)
                 self._release(r.id)
         self._recovered = True
+        self._idle_restore = threading.Thread(target=self._restore_idle, name="sits-restore-idle", daemon=True)
+        self._idle_restore.start()
+
+    def _restore_idle(self) -> None:
+        try:
+            self.actions.restore_idle()
+        except StoreUnavailableError as e:
+            self._store_failed(e, "restoring idle services")
+        except Exception as e:   # never the loop's end: the service's next rollout deploys production anyway
+            log.warning("idle services not restored: %s: %s", type(e).__name__, redact(str(e)))
 
     def _lease(self, rollout_id: str, fresh_s: float = 0.0) -> bool:
         """Take or renew the lease. `fresh_s`: renewed by this worker less than that long ago, it is still held
