@@ -16,6 +16,8 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0
 
+TIMED_OUT = "sits.timed_out"   # scope key the protocol sets ("head" or "body") on a request it answered 408: the app
+                               # records that status (engine/server/app.py), not the 400 its cut-off body would earn
 _408_BODY = b'{"error": {"message": "request not received in time", "type": "invalid_request_error"}}'
 _408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(_408_BODY), _408_BODY))
@@ -80,6 +82,8 @@ class _DeadlineH11Protocol(H11Protocol):
         self.logger.info("closing connection from %s: request %s not received in time",
                          "%s:%d" % self.client if self.client else "?", what)
         if self.cycle is None or not self.cycle.response_started:
+            if self.cycle is not None:
+                self.cycle.scope[TIMED_OUT] = what
             self.transport.write(_408)
         self.transport.close()   # the app's receive() now sees http.disconnect
 

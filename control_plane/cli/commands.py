@@ -23,12 +23,20 @@ from sits.control_plane.redact import redact
 from sits.control_plane.service import format as fmt
 from sits.control_plane.service import rollouts as service
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
+from sits.control_plane.store.backup import backup
 from sits.control_plane.store.codec import rollout_to_dict
 from sits.control_plane.store.db import Store
 from sits.control_plane.web import present
 from sits.control_plane.web.serve import ServeError, serve
 from sits.control_plane.worker.lifecycle import shutdown
 from sits.control_plane.worker.loop import Worker
+
+
+def cmd_backup(a) -> int:
+    open_store(a.store, readonly=True).close()   # the same checks (and one-line errors) as every store command
+    rollouts = backup(a.store, a.out)
+    print(f"backed up {a.store} to {a.out} ({rollouts} rollouts, checked)")
+    return 0
 
 
 MAX_POLICY_BYTES = 1 << 20   # a policy is a few hundred bytes; a 35 MB one is a mistake or an attack

@@ -6,6 +6,7 @@
                                [--production-arg '--max-num-seqs 64'] [--device cuda] [--ready-timeout 900]
     sits-control rollout list | show ID | promote ID | abort ID | pause ID | resume ID
     sits-control serve --port 8080 --auth-file users.yaml   # the web UI + JSON API, with the worker beside it
+    sits-control backup --store sits.db sits-backup.db  # a consistent copy of the live store (online backup)
     SITS_URL=http://host:8080 SITS_TOKEN=... sits-control rollout start ... --wait   # the same over the API
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Sequence
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import CatalogError
 from sits.control_plane.cli.build import CLIError
-from sits.control_plane.cli.commands import (cmd_demo, cmd_rollout_command, cmd_rollout_list, cmd_rollout_show,
+from sits.control_plane.cli.commands import (cmd_backup, cmd_demo, cmd_rollout_command, cmd_rollout_list, cmd_rollout_show,
                                         cmd_rollout_start, cmd_serve, cmd_worker)
 from sits.control_plane.errors import SitsError
 from sits.control_plane.redact import redact
@@ -150,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(docs/kubernetes.md#declarative-rollouts-kernelrollout)")
     _worker_args(v)
     v.set_defaults(fn=cmd_serve)
+
+    b = sub.add_parser("backup", help="copy the store to a new file while the service runs (SQLite's online backup, "
+                                      "checked); restore: docs/security.md#backup-and-restore")
+    b.add_argument("out", help="the backup file to write (must not exist)")
+    b.add_argument("--store", default=DEFAULT_STORE)
+    b.set_defaults(fn=cmd_backup)
 
     r = sub.add_parser("rollout", help="start, list, show and steer rollouts").add_subparsers(dest="rcmd",
                                                                                               required=True)

@@ -51,6 +51,12 @@ class Store:
         self.deliveries = Deliveries(self._db)
         self.services = Services(self._db)
 
+    @property
+    def damage(self) -> str | None:
+        """Why the file is damaged (SQLite's quick_check at open, or a corruption error since), or None: while it is
+        set, writes raise StoreDamagedError (control_plane/store/database.py)."""
+        return self._db.damage
+
     def close(self) -> None:
         self._db.close()
 

@@ -106,9 +106,18 @@ class StoreError(Exception):
     """A store operation failed."""
 
 
-class StoreWriteError(StoreError):
+class StoreUnavailableError(StoreError):
+    """The store cannot serve this now: nothing of the operation was stored (the API answers 503, the worker waits)."""
+
+
+class StoreWriteError(StoreUnavailableError):
     """The store's file cannot be written now (disk full, read-only, I/O error, locked past the timeout): the
     transaction was rolled back and nothing of it is stored."""
+
+
+class StoreDamagedError(StoreUnavailableError):
+    """The store's file is damaged (SQLite's quick_check at start, or a "malformed" / "not a database" error since):
+    nothing more is written to it until it is restored from a backup (docs/security.md#backup-and-restore)."""
 
 
 class SchemaError(StoreError):
@@ -185,13 +194,24 @@ def _migrate(db: sqlite3.Connection, name: str, readonly: bool) -> int:
     return found
 
 
-def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
+_DAMAGED_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)   # primary result codes (low byte)
+
+
+def is_damage(e: sqlite3.Error) -> bool:
+    """SQLite reports the file itself as damaged (SQLITE_CORRUPT or SQLITE_NOTADB, extended codes included)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _DAMAGED_CODES
+
+
+def connect(path: str, readonly: bool = False, *, damaged_ok: bool = False) -> sqlite3.Connection:
     """A connection to the store's file (":memory:" included: same pragmas, same schema) in autocommit mode;
     transactions are explicit (BEGIN IMMEDIATE). Read-only: the file must exist; nothing is written (no WAL switch),
-    so a read-only file or directory can still be listed. StoreError (one line) when the file cannot be used."""
+    so a read-only file or directory can still be listed. StoreError (one line) when the file cannot be used.
+    `damaged_ok` (writable only): a file SQLite calls damaged is still opened, for the caller's quick_check to name
+    the damage (a service on it stays up and says why it is not ready)."""
     try:
         if not readonly or path == ":memory:":
-            return _open(path, path, writable=True)
+            return _open(path, path, writable=True, damaged_ok=damaged_ok)
         try:
             return _open(path, f"file:{quote(path)}?mode=ro", writable=False)
         except sqlite3.OperationalError:
@@ -202,7 +222,7 @@ def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
         raise StoreError(f"store {path}: {_why(e, readonly)}") from None
 
 
-def _open(path: str, target: str, writable: bool) -> sqlite3.Connection:
+def _open(path: str, target: str, writable: bool, damaged_ok: bool = False) -> sqlite3.Connection:
     db = sqlite3.connect(target, uri=not writable, check_same_thread=False, isolation_level=None, timeout=30.0)
     try:
         db.row_factory = sqlite3.Row
@@ -211,6 +231,11 @@ def _open(path: str, target: str, writable: bool) -> sqlite3.Connection:
             db.execute("PRAGMA journal_mode = WAL")   # ":memory:" answers "memory" and stays as it is
             db.execute("PRAGMA synchronous = FULL")
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()   # reads the header: garbage fails here
+    except sqlite3.DatabaseError as e:
+        if damaged_ok and is_damage(e):
+            return db
+        db.close()
+        raise
     except BaseException:
         db.close()
         raise

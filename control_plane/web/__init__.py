@@ -30,7 +30,7 @@ from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.errors import ConflictError, NotFoundError, ValidationError
 from sits.control_plane.rollout import ROLES, Phase
 from sits.control_plane.store.db import Store
-from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.store.schema import StoreDamagedError, StoreWriteError
 from sits.control_plane.web import api, auth, judge, ops, ui
 from sits.control_plane.web.common import error_response, wants_json
 from sits.control_plane.web.present import HeadlineCache
@@ -139,6 +139,12 @@ def _register_errors(app: Flask) -> None:
         log.error("%s %s: %s", request.method, request.path, e)
         return _typed(503, "store_unavailable", "the store cannot be written now (disk full or read-only); "
                       "nothing was changed, try again later")
+
+    @app.errorhandler(StoreDamagedError)
+    def _store_damaged(e: StoreDamagedError):   # reads may still work; writes are refused until it is restored
+        log.error("%s %s: %s", request.method, request.path, e)
+        return _typed(503, "store_unavailable", "the store is damaged; nothing was changed. An administrator must "
+                      "restore it from a backup (/readyz says what is wrong)")
 
     @app.errorhandler(auth.AuthFailed)
     def _auth_failed(e: auth.AuthFailed):

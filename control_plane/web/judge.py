@@ -9,6 +9,7 @@ the viewer role, the operator role when the request names URLs to contact (prome
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -26,6 +27,7 @@ from sits.control_plane.web.common import API_PREFIX, clean, error_response, jso
 
 bp = Blueprint("judge", __name__, url_prefix=API_PREFIX)
 _LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 _UNPARSED = object()
 
 
@@ -62,6 +64,13 @@ def judge():
             j = evaluate(req, current_app.config.get("CLOCK", time.time)(), prometheus=prometheus,
                          scrape=_scrape_history() if req.source == "scrape" else None)
         except MetricsError as e:
+            if req.prometheus_url is not None:
+                # the caller's URL: what answered there (an internal page, another service's error) is never echoed,
+                # or the judge would read internal pages for anyone holding the operator role; the log has it
+                log.warning("judge: prometheus_url could not be queried: %s", redact(str(e))[:2000])
+                return error_response(502, "metrics_unavailable", "the Prometheus at prometheus_url could not be "
+                                      "queried (not reachable, not a Prometheus query API, or it failed); the "
+                                      "service log has the details")
             return error_response(502, "metrics_unavailable", redact(f"{req.source}: {e}")[:2000])
         finally:
             if own:

@@ -8,6 +8,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from sits.control_plane.store.schema import StoreError
 from sits.control_plane.web.metrics import StoreCollector
 
 bp = Blueprint("ops", __name__)
@@ -30,15 +31,21 @@ def healthz():
 @bp.get("/readyz")
 def readyz():
     problems = []
+    store = current_app.extensions["sits_store"]
     try:
-        current_app.extensions["sits_store"].count()
+        store.count()
+    except StoreError as e:   # damaged (the store says so, and why): the message names the fix
+        problems.append(f"store: {e}")
     except (sqlite3.Error, OSError) as e:
         problems.append(f"store: {type(e).__name__}: {e}")
+    if store.damage is not None and not problems:   # found at start (quick_check) or by an earlier statement
+        problems.append(f"store: damaged ({store.damage}); restore it from a backup "
+                        "(docs/security.md#backup-and-restore)")
     worker = current_app.config["WORKER"]
     if worker is not None and not worker.alive:
         problems.append("worker: its loop is not running")
-    if worker is not None and worker.store_error:   # reads may work while writes fail (disk full or read-only)
-        problems.append(f"store: {worker.store_error}")
+    if worker is not None and worker.store_error and f"store: {worker.store_error}" not in problems:
+        problems.append(f"store: {worker.store_error}")   # reads may work while writes fail (disk full, read-only)
     body = {"status": "ok" if not problems else "unavailable", "worker": worker is not None, "problems": problems}
     return jsonify(body), 200 if not problems else 503
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import re
+import stat
 import threading
 import time
 from collections import deque
@@ -103,9 +105,19 @@ class Users:
     def load(cls, path: str | Path) -> "Users":
         p = Path(path)
         try:
-            text = p.read_text()
+            with open(p, "rb") as f:   # the mode of the file read (symlinks followed), not of a name checked apart
+                mode = os.fstat(f.fileno()).st_mode
+                raw = f.read()
         except OSError as e:
             raise AuthFileError(f"cannot read auth file {p}: {e.strerror}") from None
+        if mode & 0o022:
+            # whoever can write it can make themselves admin: refused, not warned (a warning scrolls by unread)
+            raise AuthFileError(f"auth file {p} is writable by its group or by everyone (mode {stat.S_IMODE(mode):04o});"
+                                f" make it writable by its owner only: chmod go-w {p}")
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as e:
+            raise AuthFileError(f"auth file {p} is not UTF-8 text: {e.reason}") from None
         try:
             # YAML is a superset of JSON: .yaml/.yml and anything else goes through the YAML parser
             data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)

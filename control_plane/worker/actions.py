@@ -19,7 +19,7 @@ from sits.control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind,
                                    SetWeights, weights_for)
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.store.db import Store
-from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.store.schema import StoreUnavailableError
 from sits.control_plane.tracing import Tracing, set_attributes
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics
 
@@ -86,6 +86,40 @@ class ActionRunner:
         self.restored.add(r.id)
         return r
 
+    def restore_idle(self) -> list[str]:
+        """Once per worker start: every service with no active rollout whose production a previous control plane ran
+        (its router is recorded) and the deployer does not know now (local engines died with it) gets production
+        back as its last rollout left it -- the promoted canary's kernels and args after a success, production's
+        otherwise -- all traffic on it, its router recorded again. Returns the services restored; a service whose
+        deploy fails is logged and left (its next rollout deploys production first)."""
+        active = {service for _, service in self.store.active_ids()}
+        restored = []
+        for service in sorted(set(self.store.services.routers()) - active):
+            if self._stop.is_set():
+                break
+            last = self.store.list_summaries(service=service, limit=1)
+            if not last or "production" in self.deployer.status(service):
+                continue
+            r = last[0]
+            spec = self.store.spec(r.id)
+            if r.phase is Phase.SUCCEEDED:   # the canary was promoted: production is what the canary ran
+                want = dataclasses.replace(variant(r, spec, "canary", r.canary_kernels), role="production")
+            else:
+                want = variant(r, spec, "production", r.production_kernels)
+            log.warning("service %s: idle (last rollout %s %s) and production is not deployed (gone with a previous "
+                        "control plane); deploying production %s again", service, r.id, r.phase.value, want.kernels)
+            try:
+                self._deploy(want)
+                self._set_weights(service, {"production": 100})
+                router = self.deployer.router_url(service)
+                if router and self.store.services.routers().get(service) != router:
+                    self.store.services.set_router(service, router)
+            except Exception as e:
+                log.warning("service %s: production not restored: %s", service, redact(f"{type(e).__name__}: {e}"))
+                continue
+            restored.append(service)
+        return restored
+
     def run(self, r: Rollout, pending: list[tuple[int, Action]]) -> None:
         spec = self.store.spec(r.id)
         i = 0
@@ -130,7 +164,7 @@ class ActionRunner:
                 self._at(f"executed:{action.kind}")
                 self.store.mark_action(action_id, "done")
                 return
-            except StoreWriteError:   # executed but not recorded: stays pending, repeated once the store is back
+            except StoreUnavailableError:   # executed but not recorded: stays pending, repeated once the store is back
                 raise
             except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
                 log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)

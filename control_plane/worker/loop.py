@@ -34,7 +34,7 @@ from sits.control_plane.adapters.replay_client import HTTPReplaySender, ReplaySe
 from sits.control_plane.rollout import Command, Rollout, reconcile
 from sits.control_plane.redact import redact
 from sits.control_plane.store.db import Store
-from sits.control_plane.store.schema import StoreWriteError
+from sits.control_plane.store.schema import StoreUnavailableError
 from sits.control_plane.tracing import Tracing, check_attributes, set_attributes
 from sits.control_plane.worker.actions import ActionRunner, LeaseLostError
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
@@ -73,6 +73,7 @@ class Worker:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._recovered = False
+        self._idle_restore: threading.Thread | None = None   # restore_idle at the first round (see _recover)
         self._renewed: dict[str, float] = {}   # rollout id -> when (self.clock) this worker last renewed its lease
         self.store_error: str | None = None   # the last write failure, until a pass writes again (readiness)
         self.observer = Observer(store, deployer, metrics_source, self.correctness, self.tracing,
@@ -103,7 +104,7 @@ class Worker:
         try:
             held = self.store.leases.acquire_many([rid for rid, _ in due] + keep, self.owner, self.config.lease_ttl_s,
                                              now)
-        except StoreWriteError as e:   # no lease, no pass: nothing is decided that could not be recorded
+        except StoreUnavailableError as e:   # no lease, no pass: nothing is decided that could not be recorded
             self._store_failed(e, f"round of {len(due)} rollout(s)")
             return []
         self._renewed.update(dict.fromkeys(held, now))
@@ -156,12 +157,14 @@ class Worker:
         deadline = time.monotonic() + self.config.join_timeout_s
         if self._loop is not None:
             self._loop.join(max(0.0, deadline - time.monotonic()))
+        if self._idle_restore is not None:   # a deploy in it stops with the deployer (DeployCancelled at close)
+            self._idle_restore.join(max(0.0, deadline - time.monotonic()))
         for rid, t in list(self._threads.items()):
             t.join(max(0.0, deadline - time.monotonic()))
             if not t.is_alive():
                 try:
                     self._release(rid)
-                except StoreWriteError as e:
+                except StoreUnavailableError as e:
                     log.warning("rollout %s: lease not released, it expires in %g s: %s", rid,
                                 self.config.lease_ttl_s, e)
 
@@ -172,7 +175,7 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except StoreWriteError as e:
+            except StoreUnavailableError as e:
                 self._store_failed(e, "worker tick")
             except Exception:
                 log.exception("worker tick failed")
@@ -182,7 +185,7 @@ class Worker:
         try:
             self.reconcile_rollout(rollout_id, leased=True)
             self.store_error = None
-        except StoreWriteError as e:
+        except StoreUnavailableError as e:
             self._store_failed(e, f"rollout {rollout_id} ({service})")
         except LeaseLostError as e:
             log.warning("%s; this pass stops here", e)
@@ -192,22 +195,38 @@ class Worker:
             self.metrics.errors.labels(service).inc()
             log.exception("rollout %s (%s): pass failed; retried next interval", rollout_id, service)
 
-    def _store_failed(self, e: StoreWriteError, where: str) -> None:
+    def _store_failed(self, e: StoreUnavailableError, where: str) -> None:
         # nothing the pass decided was stored, so nothing was done: an action runs only once its outbox row exists,
-        # and one that ran but could not be marked done stays pending and is repeated (idempotently) later
-        self.store_error = str(e)
+        # and one that ran but could not be marked done stays pending and is repeated (idempotently) later. One line
+        # when the problem starts (or changes), then quiet: /readyz and the counter keep saying it every pass
         self.metrics.store_errors.inc()
-        log.error("%s: %s; this pass stopped without acting, retried every %g s until the store can be written",
+        if str(e) == self.store_error:
+            log.debug("%s: %s (still)", where, e)
+            return
+        self.store_error = str(e)
+        log.error("%s: %s; passes stop without acting, retried every %g s until the store can be used (logged once)",
                   where, e, self.config.interval_s)
 
     def _recover(self) -> None:
-        """Finished rollouts whose last actions (notifications) never ran because of a crash."""
+        """Finished rollouts whose last actions (notifications) never ran because of a crash; and, in a thread of its
+        own (an engine takes a while to get ready; active rollouts do not wait for it), the production of every idle
+        service that a previous control plane ran (ActionRunner.restore_idle)."""
         for r in self.store.list(active=False, limit=50):
             pending = self.store.pending_actions(r.id)
             if pending and self._lease(r.id):
                 self.actions.run(r, pending)
                 self._release(r.id)
         self._recovered = True
+        self._idle_restore = threading.Thread(target=self._restore_idle, name="sits-restore-idle", daemon=True)
+        self._idle_restore.start()
+
+    def _restore_idle(self) -> None:
+        try:
+            self.actions.restore_idle()
+        except StoreUnavailableError as e:
+            self._store_failed(e, "restoring idle services")
+        except Exception as e:   # never the loop's end: the service's next rollout deploys production anyway
+            log.warning("idle services not restored: %s: %s", type(e).__name__, redact(str(e)))
 
     def _lease(self, rollout_id: str, fresh_s: float = 0.0) -> bool:
         """Take or renew the lease. `fresh_s`: renewed by this worker less than that long ago, it is still held

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sits.control_plane.http_limits import TIMED_OUT
 from sits.engine.metrics import CONTENT_TYPE, EngineMetrics
 from sits.engine.server import handlers
 from sits.engine.server.errors import APIError, api_error_response, error_response
@@ -43,7 +44,7 @@ class HTTPMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status, stream = 500, False
+        status, stream, completed = 500, False, False
 
         async def receive_wrapper() -> Message:
             nonlocal start
@@ -53,16 +54,28 @@ class HTTPMetricsMiddleware:
             return message
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status, stream
+            nonlocal status, stream, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
                 stream = any(k == b"content-type" and v.startswith(b"text/event-stream")
                              for k, v in message.get("headers", ()))
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
             await send(message)
 
+        failed = False
         try:
             await self.app(scope, receive_wrapper, send_wrapper)
+        except BaseException:
+            failed = True
+            raise
         finally:
+            if TIMED_OUT in scope:   # answered 408 by the protocol: whatever the app made of the cut-off body
+                status = 408
+            elif not completed and status < 400:
+                # the response began but never ended: the client left mid-stream (499, as nginx records it), or the
+                # app failed after the status line went out -- neither is a 200
+                status = 500 if failed else 499
             path = scope.get("path", "")
             route = path if path in self.routes else "other"  # bounded label cardinality
             metrics = self.metrics
@@ -170,6 +183,7 @@ def create_app(state: ServerState) -> Starlette:
             yield
         finally:
             await asyncio.to_thread(state.runner.shutdown)
+            state.body_parser.shutdown()
             state.tracer.shutdown()
 
     routes = [

@@ -17,7 +17,7 @@ from sits.engine.sampling_params import SamplingParams
 from sits.engine.server.errors import APIError, error_body
 from sits.control_plane.http_limits import MAX_BODY_BYTES
 from sits.engine.server.logprobs import chat_logprobs, completion_logprobs
-from sits.engine.server.protocol import GenerationRequest, parse_chat, parse_completion, parse_json_body, parse_tenant
+from sits.engine.server.protocol import GenerationRequest, parse_tenant
 from sits.engine.server.runner import Rejected, Runner
 from sits.engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
 from sits.engine.server.state import ServerState, server_state
@@ -54,8 +54,7 @@ async def _prepare(request: Request, kind: str) -> Prepared:
         raise APIError(503, runner.load_error or "the model is still loading", headers={"Retry-After": "5"})
     raw = await _read_body(request)
     arrival = time.perf_counter()   # the client's upload time is not the server's latency (see HTTPMetricsMiddleware)
-    body = parse_json_body(raw)
-    greq = parse_chat(body) if kind == "chat" else parse_completion(body)
+    greq = await state.body_parser.parse(raw, kind)   # a large body off the event loop (engine/server/body_parser.py)
     if greq.model not in state.model_names:
         raise APIError(404, f"the model {greq.model!r} does not exist; this server serves "
                        f"{', '.join(sorted(state.model_names))}", param="model", code="model_not_found")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from sits.engine.metrics import EngineMetrics
+from sits.engine.server.body_parser import BodyParser
 from sits.engine.server.runner import Runner
 from sits.engine.tracing import RequestTracer
 
@@ -40,6 +41,7 @@ class ServerState:
     model_names: set[str]
     version: dict[str, str]
     system_fingerprint: str
+    body_parser: BodyParser = field(default_factory=BodyParser)   # large bodies are parsed off the event loop
 
 
 def server_state(request: Request) -> ServerState:

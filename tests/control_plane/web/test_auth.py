@@ -59,6 +59,21 @@ def test_unreadable_or_malformed_auth_file(tmp_path):
         Users.load(tmp_path / "bad.json")
 
 
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646])
+def test_an_auth_file_others_can_write_is_refused(tmp_path, mode):
+    f = tmp_path / "auth.json"
+    f.write_text(json.dumps({"users": [{"name": "ada", "role": "admin", "token_sha256": "a" * 64}]}))
+    f.chmod(mode)
+    with pytest.raises(AuthFileError, match=rf"writable by its group or by everyone \(mode {mode:04o}\).*chmod go-w"):
+        Users.load(f)
+    link = tmp_path / "link.json"   # through a symlink (a Kubernetes Secret mount): the file's own mode counts
+    link.symlink_to(f)
+    with pytest.raises(AuthFileError, match="writable by its group"):
+        Users.load(link)
+    f.chmod(0o644)   # readable by all is fine: it holds hashes of random tokens
+    assert Users.load(link).get("ada").role == "admin"
+
+
 def test_login_sets_an_httponly_lax_session_cookie_and_logout_ends_it(client):
     assert client.get("/").status_code == 302
     r = login(client, TOKENS["operator"], "/kernels")

@@ -90,3 +90,30 @@ def test_no_redirects_no_body_echo_and_one_error_for_every_failure(store, users,
     assert [p for port, p in Handler.hits if port == servers[1].server_port] == ["/metrics"] * 2   # its own calls only
     assert all(path == "/metrics" for _, path in Handler.hits)
     assert len(set(answers.values())) == 1 and SCRAPE_FAILED in answers["refused"], answers
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_a_prometheus_url_that_answers_something_else_is_not_echoed(client, status):
+    class Internal(BaseHTTPRequestHandler):
+        def do_POST(self):
+            data = b"SECRET-BODY of an internal page, not a Prometheus"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Internal)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = client.post("/api/v1/judge", json={"canary": {"selector": 'service="x",env="canary"'},
+                                               "baseline": {"selector": 'service="x",env="baseline"'},
+                                               "window": "5m", "prometheus_url": f"http://127.0.0.1:{srv.server_port}"},
+                        headers=auth("operator"))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.status_code == 502 and r.get_json()["error"]["code"] == "metrics_unavailable"
+    assert "SECRET" not in r.get_data(as_text=True)
