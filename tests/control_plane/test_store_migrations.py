@@ -37,7 +37,7 @@ def version(path: str) -> int:
 
 def test_the_fixture_is_a_v1_file(tmp_path):
     path = v1_file(tmp_path / "v1.db")
-    assert version(path) == 1 and SCHEMA_VERSION == 5 and sorted(MIGRATIONS) == [1, 2, 3, 4]
+    assert version(path) == 1 and SCHEMA_VERSION == 6 and sorted(MIGRATIONS) == [1, 2, 3, 4, 5]
     db = sqlite3.connect(path)
     assert "by" in {r[1] for r in db.execute("PRAGMA table_info(commands)")}
     assert "actor" not in {r[1] for r in db.execute("PRAGMA table_info(events)")}
@@ -181,7 +181,7 @@ def test_version_5_keeps_where_each_service_enters(tmp_path):
     raw.executescript(V3_SQL)
     raw.close()
     with Store(path) as s:
-        assert s.migrated_from == 3 and version(path) == 5 and s.services.routers() == {}
+        assert s.migrated_from == 3 and version(path) == SCHEMA_VERSION and s.services.routers() == {}
         s.services.set_router("chat", "http://127.0.0.1:1234", now=1.0)
         s.services.set_router("chat", "http://127.0.0.1:5678", now=2.0)   # a restarted router: the new URL wins
     with Store(path) as s:

@@ -6,7 +6,8 @@ import pytest
 from kubernetes import client, watch
 
 from sits.control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from sits.control_plane.adapters.k8s_status import last_log_line, log_pod, pods_crashing
+from sits.control_plane.adapters.k8s_status import log_pod, pods_crashing
+from sits.control_plane.adapters.log_line import last_log_line
 from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 
 SVC = "chat"
