@@ -1,0 +1,38 @@
+// The detail page's Engines section: each variant's engines (local processes or Kubernetes pods) as the worker last
+// listed them (GET /rollouts/<id>/engines): readiness, restarts, state and the last log line, one line each.
+"use strict";
+const Engines = (() => {
+  const { api, el, ago, clock } = SITS;
+  let seenAt = undefined;   // observed_at of the list drawn; an ended rollout's list no longer changes
+
+  function row(e) {
+    const ready = e.ready ? el("span", { class: "ok" }, "● ready") : el("span", { class: "bad" }, "● not ready");
+    const log = e.last_log_line ? el("code", { class: "logline", title: e.last_log_line, tabindex: "0" }, e.last_log_line)
+      : el("span", { class: "muted" }, e.log_error ? `log unavailable (${e.log_error})` : "nothing logged yet");
+    return el("tr", { "data-role": e.role, "data-name": e.name },
+      el("td", { "data-label": "Variant", class: "role-cell" }, el("span", { class: `swatch ${e.role}`, "aria-hidden": "true" }), e.role),
+      el("td", { "data-label": "Engine", class: "mono name" }, e.name),
+      el("td", { "data-label": "Ready", class: "ready" }, ready),
+      el("td", { "data-label": "Restarts", class: "num restarts" }, String(e.restarts)),
+      el("td", { "data-label": "State", class: `state${/^(running|pending)$/.test(e.state) ? "" : " warn"}` }, e.state),
+      el("td", { "data-label": "Last log line", class: "log" }, log));
+  }
+
+  // draws the list into #engines-rows; fetched on every refresh while the rollout runs, once after it ended
+  async function load(R) {
+    if (!R.active && seenAt !== undefined) return;
+    const res = await api(`/rollouts/${encodeURIComponent(R.id)}/engines`);
+    if (!res.ok) return;
+    const { engines, observed_at: at } = res.data;
+    if (at === seenAt) return;
+    seenAt = at;
+    document.getElementById("engines-rows").replaceChildren(...engines.map(row));
+    document.getElementById("engines-table").hidden = !engines.length;
+    const note = document.getElementById("engines-note");
+    note.textContent = at == null ? "Not listed yet: the worker lists the engines once the variants are being deployed."
+      : !engines.length ? `None running when the worker last looked (${clock(at)}).`
+      : R.active ? `As the worker saw them ${ago(at)} ago (${clock(at)}).`
+      : `As the worker last saw them, at ${clock(at)}, before the rollout ended.`;
+  }
+  return { load };
+})();
