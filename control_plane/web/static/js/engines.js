@@ -5,9 +5,22 @@ const Engines = (() => {
   const { api, el, ago, clock } = SITS;
   let seenAt = undefined;   // observed_at of the list drawn; an ended rollout's list no longer changes
 
+  const open = new Set();   // lines unfolded by a click or Enter: they stay so across refreshes
+  function logLine(text) {
+    const c = el("code", { class: "logline", title: text, tabindex: "0", role: "button", "aria-expanded": String(open.has(text)),
+      "aria-label": `last log line: ${text}` }, text);
+    const toggle = () => {
+      const on = c.getAttribute("aria-expanded") !== "true";
+      c.setAttribute("aria-expanded", String(on));
+      if (on) open.add(text); else open.delete(text);
+    };
+    c.addEventListener("click", toggle);
+    c.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); } });
+    return c;
+  }
   function row(e) {
     const ready = e.ready ? el("span", { class: "ok" }, "● ready") : el("span", { class: "bad" }, "● not ready");
-    const log = e.last_log_line ? el("code", { class: "logline", title: e.last_log_line, tabindex: "0" }, e.last_log_line)
+    const log = e.last_log_line ? logLine(e.last_log_line)
       : el("span", { class: "muted" }, e.log_error ? `log unavailable (${e.log_error})` : "nothing logged yet");
     return el("tr", { "data-role": e.role, "data-name": e.name },
       el("td", { "data-label": "Variant", class: "role-cell" }, el("span", { class: `swatch ${e.role}`, "aria-hidden": "true" }), e.role),
