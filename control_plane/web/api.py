@@ -82,16 +82,19 @@ def list_rollouts():
 @bp.post("/rollouts")
 @require("operator")
 def create_rollout():
-    body = json_body()
+    body, kept = json_body(), {}
     if isinstance(body, dict) and body.get("retry_of") is not None:   # the old rollout's spec and policy under it
         old = service.retry_target(store(), body["retry_of"])
-        body = validate.retry_body(body, old, store().spec(old.id).to_dict())
+        old_spec = store().spec(old.id).to_dict()
+        body = validate.retry_body(body, old, old_spec)
+        kept = {k: old_spec[k] for k in validate.RETRY_KEEPS}   # what a body cannot say: as the old rollout had it
     body = validate.create_body(body)
     policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
     production = body.get("production_kernels") or _current_production(body["service"])
     spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],
             "production_args": body.get("production_args") or []}
     spec.update({k: body[k] for k in ("replicas", "gpus", "device", "ready_timeout_s") if body.get(k) is not None})
+    spec.update(kept)
     r = service.start_rollout(store(), body["service"], body["kernels"], production, policy, spec,
                               actor=current_user().name, kernel_sets=current_app.config["KERNEL_CATALOG"],
                               retry_of=body.get("retry_of"))

@@ -41,6 +41,8 @@ def create_body(body: Any) -> dict:
 
 
 # what a retry takes from the rollout it retries when the body does not say (the spec's fields, by their body names)
+# and the spec fields no body names (images, environment, injected faults), taken as they are
+RETRY_KEEPS = ("env", "production_image", "canary_image", "canary_faults")
 RETRY_SPEC = {"model": "model", "args": "canary_args", "production_args": "production_args", "replicas": "replicas",
               "gpus": "gpus", "device": "device", "ready_timeout_s": "ready_timeout_s"}
 
