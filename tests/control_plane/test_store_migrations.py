@@ -186,3 +186,23 @@ def test_version_5_keeps_where_each_service_enters(tmp_path):
         s.services.set_router("chat", "http://127.0.0.1:5678", now=2.0)   # a restarted router: the new URL wins
     with Store(path) as s:
         assert s.services.routers() == {"chat": "http://127.0.0.1:5678"}
+
+
+def test_version_6_links_retries_and_keeps_each_rollouts_engines(tmp_path):
+    """Version 6: rollouts.retry_of (indexed, for "retried as") and rollout_engines; an older file's rollouts are
+    retries of nothing, with no engines listed, and a retry stored after the migration links both ways."""
+    path = str(tmp_path / "v3.db")
+    raw = sqlite3.connect(path)
+    raw.executescript(V3_SQL)
+    raw.close()
+    with Store(path) as s:
+        assert s.migrated_from == 3 and version(path) == SCHEMA_VERSION
+        old = s.get("chat-1")
+        assert old.retry_of is None and s.retries_of("chat-1") == [] and s.engines.get("chat-1") is None
+        s.engines.put("chat-1", [{"role": "canary", "name": "canary-0", "ready": False}], 5.0)
+        s.engines.put("chat-1", [{"role": "canary", "name": "canary-0", "ready": True}], 6.0)   # the newest wins
+    with Store(path) as s:
+        assert s.engines.get("chat-1") == ([{"role": "canary", "name": "canary-0", "ready": True}], 6.0)
+        plan = sqlite3.connect(path).execute("EXPLAIN QUERY PLAN SELECT id FROM rollouts WHERE retry_of = ?",
+                                             ("chat-1",)).fetchall()
+        assert "rollouts_retry_of" in str(plan)
