@@ -1,7 +1,8 @@
 """What one pass of the worker observes (control_plane/worker/loop.py): readiness from the deployer, the metrics
 window since the rollout's `observed_until` (a MetricsError makes it "no data": inconclusive, never a pass), the
-failed actions of the last pass, the queued command, each engine (for the detail page), and, when it is due and canary and baseline are ready, the
-correctness gate's replay (adapters/correctness), stopped between prompts by a queued abort."""
+failed actions of the last pass, the queued command, each engine (for the detail page: Observer.engines), and, when
+it is due and canary and baseline are ready, the correctness gate's replay (adapters/correctness), stopped between
+prompts by a queued abort."""
 from __future__ import annotations
 
 import dataclasses

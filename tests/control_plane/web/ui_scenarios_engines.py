@@ -18,8 +18,8 @@ from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from . import ui_scenarios
 from .ui_scenarios import POLICY
 
-CRASH_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.19 GiB total capacity; "
-              "75.31 GiB already allocated; 1.12 GiB free; 76.02 GiB reserved in total by PyTorch) If reserved memory "
+CRASH_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.19 GiB total "
+              "capacity; 75.31 GiB already allocated; 1.12 GiB free; 76.02 GiB reserved in total by PyTorch) If reserved memory "
               "is >> allocated memory try setting max_split_size_mb")[:199] + "…"   # as log_line.py cuts it
 
 
