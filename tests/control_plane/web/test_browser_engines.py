@@ -70,6 +70,14 @@ def test_an_ended_rollouts_engines_are_its_last_sight(browser, sc, width):
         page.locator("#engines-rows tr").first.wait_for()
         assert page.locator("#engines-rows tr").count() == 3
         assert page.locator("#engines-note").inner_text().startswith("As the worker last saw them, at ")
+        canary = page.locator('#engines-rows tr[data-role="canary"]')   # rolled back: removed since, not "ready"
+        assert canary.locator(".ready").inner_text() == "removed since"
+        assert canary.locator(".state").inner_text() == "was running"
+        prod = page.locator('#engines-rows tr[data-role="production"]')
+        assert prod.locator(".ready").inner_text() == "● ready" and prod.locator(".state").inner_text() == "running"
+        shot(page, "detail-engines-ended")
+        page.locator("section.engines-section").screenshot(
+            path=str(artifacts_dir() / f"detail-engines-ended-section-{width}.png"))
         page.goto(f"{browser.url}/rollouts/{sc.deploy_failed}")   # production only: the canary never deployed
         page.locator("#engines-note").wait_for()
         page.wait_for_function("document.getElementById('engines-note').textContent.length > 0")

@@ -18,16 +18,18 @@ const Engines = (() => {
     c.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); } });
     return c;
   }
-  function row(e) {
-    const ready = e.ready ? el("span", { class: "ok" }, "● ready") : el("span", { class: "bad" }, "● not ready");
+  // gone: the variant was removed (rolled back) or promoted since the worker listed it; its last sight is shown muted
+  function row(e, gone) {
+    const ready = gone ? el("span", { class: "muted" }, "removed since") : e.ready ? el("span", { class: "ok" }, "● ready")
+      : el("span", { class: "bad" }, "● not ready");
     const log = e.last_log_line ? logLine(e.last_log_line)
       : el("span", { class: "muted" }, e.log_error ? `log unavailable (${e.log_error})` : "nothing logged yet");
-    return el("tr", { "data-role": e.role, "data-name": e.name },
+    return el("tr", { "data-role": e.role, "data-name": e.name, class: gone ? "gone" : null },
       el("td", { "data-label": "Variant", class: "role-cell" }, el("span", { class: `swatch ${e.role}`, "aria-hidden": "true" }), e.role),
       el("td", { "data-label": "Engine", class: "mono name" }, e.name),
       el("td", { "data-label": "Ready", class: "ready" }, ready),
       el("td", { "data-label": "Restarts", class: "num restarts" }, String(e.restarts)),
-      el("td", { "data-label": "State", class: `state${/^(running|pending)$/.test(e.state) ? "" : " warn"}` }, e.state),
+      el("td", { "data-label": "State", class: `state${gone || /^(running|pending)$/.test(e.state) ? "" : " warn"}` }, gone ? `was ${e.state}` : e.state),
       el("td", { "data-label": "Last log line", class: "log" }, log));
   }
 
@@ -39,7 +41,8 @@ const Engines = (() => {
     const { engines, observed_at: at } = res.data;
     if (at === seenAt) return;
     seenAt = at;
-    document.getElementById("engines-rows").replaceChildren(...engines.map(row));
+    const gone = (role) => !R.active && ["removed", "promoted"].includes((R.variants[role] || {}).state);
+    document.getElementById("engines-rows").replaceChildren(...engines.map((e) => row(e, gone(e.role))));
     document.getElementById("engines-table").hidden = !engines.length;
     const note = document.getElementById("engines-note");
     note.textContent = at == null ? "Not listed yet: the worker lists the engines once the variants are being deployed."
