@@ -111,6 +111,22 @@ class VariantStatus:
     crashing: bool = False            # a replica exited (local) or crash-loops (Kubernetes), as the deployer sees it
 
 
+@dataclass(slots=True, frozen=True)
+class ReplicaStatus:
+    """One engine of a variant as the deployer sees it now: a local process or a Kubernetes pod."""
+    role: str
+    name: str                  # local: "canary-0"; Kubernetes: the pod's name
+    ready: bool                # local: answers /readyz; Kubernetes: the pod's Ready condition
+    restarts: int              # local: 0 (an exited engine stays exited); Kubernetes: the engine's restartCount
+    state: str                 # "running", "exited 2", "CrashLoopBackOff", "pending", ...: the runtime's word
+    last_log_line: str = ""    # what the engine logged last: one printable line, redacted, at most 200 characters
+    log_error: str = ""        # why the log could not be read (e.g. "403: grant get on pods/log"); "" when it was
+    address: str | None = None  # local: its URL; Kubernetes: the pod IP
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
 @runtime_checkable
 class Deployer(Protocol):
     def deploy(self, spec: VariantSpec) -> None: ...
@@ -118,6 +134,9 @@ class Deployer(Protocol):
     def set_weights(self, service: str, weights: Mapping[str, int]) -> None: ...
 
     def status(self, service: str) -> dict[str, VariantStatus]: ...
+
+    # every engine of every variant (processes or pods) with readiness, restarts and its last log line, by role
+    def replicas(self, service: str) -> list[ReplicaStatus]: ...
 
     def promote(self, service: str) -> None: ...
 

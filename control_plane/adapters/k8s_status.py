@@ -3,15 +3,13 @@
 Pure functions of the objects the API returns (plain dicts), no API calls: `deployment_status` reads readiness as
 `kubectl rollout status` does; `pod_problems` says in the kubelet's words why pods do not serve (crash loops, image
 pulls, OOM kills, a restart after a kill), and `pods_crashing` tells the crash guard whether the engine keeps dying.
-`log_pod` picks the pod whose engine log says most about a variant that is not ready, and `last_log_line` makes
-what it logged last one bounded, printable line.
+`log_pod` picks the pod whose engine log says most about a variant that is not ready (log_line.py makes what it
+logged last one bounded, printable line).
 """
 from __future__ import annotations
 
-import re
-
 from sits.control_plane.adapters import k8s_manifests as m
-from sits.control_plane.adapters.deploy import VariantStatus
+from sits.control_plane.adapters.deploy import ReplicaStatus, VariantStatus
 
 
 def deployment_status(d: dict, role: str, *, endpoint: str) -> VariantStatus:
@@ -101,16 +99,32 @@ def log_pod(pods: list[dict]) -> str | None:
         "metadata"]["name"]
 
 
-# CSI (colours, cursor moves), OSC (titles, links: up to BEL, ST or the line's end), the other escapes
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\r\n]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
+def pod_replica(pod: dict, role: str) -> ReplicaStatus:
+    """One pod as an engine of `role`: ready from its Ready condition, restarts and state from the engine container's
+    status (the waiting or termination reason in the kubelet's words; "pending" before the pod has one). No log."""
+    meta, st = pod["metadata"], pod.get("status", {})
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions", []) or [])
+    cs = next((c for c in st.get("containerStatuses", []) or [] if c.get("name") == m.ENGINE_CONTAINER), None)
+    state = "pending" if st.get("phase", "Pending") == "Pending" else str(st.get("phase", "")).lower()
+    if cs is not None:
+        s = cs.get("state") or {}
+        if "waiting" in s:
+            state = (s["waiting"] or {}).get("reason") or "waiting"
+        elif "terminated" in s:
+            t = s["terminated"] or {}
+            state = f"{t.get('reason') or 'terminated'} {t.get('exitCode', '')}".strip()
+        elif "running" in s:
+            state = "running"
+    if meta.get("deletionTimestamp"):
+        state = "terminating"
+    return ReplicaStatus(role=role, name=meta["name"], ready=ready, restarts=int((cs or {}).get("restartCount", 0)),
+                         state=state, address=st.get("podIP"))
 
 
-def last_log_line(text: str, limit: int = 200) -> str:
-    """The last line of `text` with something printable on it (a progress bar's last state after a carriage
-    return counts as a line), without terminal escapes or control characters, whitespace collapsed, at most
-    `limit` characters (cut with a trailing "…")."""
-    for raw in reversed(_ANSI.sub("", text).splitlines()):
-        line = " ".join("".join(ch if ch.isprintable() else " " for ch in raw).split())
-        if line:
-            return line if len(line) <= limit else line[:limit - 1] + "…"
-    return ""
+def has_run(pod: dict) -> bool:
+    """Whether the engine container has started at least once (the kubelet has a log of it to serve)."""
+    for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+        if cs.get("name") == m.ENGINE_CONTAINER:
+            state, last = cs.get("state") or {}, cs.get("lastState") or {}
+            return "running" in state or "terminated" in state or "terminated" in last
+    return False

@@ -21,15 +21,18 @@ from kubernetes import client
 
 from sits.control_plane.adapters import k8s_manifests as m
 from sits.control_plane.rollout import ROLES
-from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, VariantSpec,
-                                           VariantStatus, check_role, normalize_weights)
+from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, ReplicaStatus,
+                                                VariantSpec, VariantStatus, check_role, normalize_weights)
 from sits.control_plane.adapters.k8s_api import KubeApi, load_client, merged
-from sits.control_plane.adapters.k8s_status import deployment_status, last_log_line, log_pod, pod_problems, pods_crashing
+from sits.control_plane.adapters.k8s_status import (deployment_status, has_run, log_pod, pod_problems, pod_replica,
+                                                    pods_crashing)
+from sits.control_plane.adapters.log_line import shown_log_line
 
 log = logging.getLogger(__name__)
 # what status() reads of a not-ready variant's engine log: enough lines to find the last one with text on it, bounded
 # in bytes, and never waiting on a kubelet longer than this
 _LOG_TAIL_LINES, _LOG_LIMIT_BYTES, _LOG_TIMEOUT_S = 20, 64 * 1024, 5.0
+_REPLICA_LOG_LINES = 3   # replicas(): the last line of each pod, with a little room for a blank last line
 
 
 @dataclass(slots=True)
@@ -143,20 +146,43 @@ class KubernetesDeployer:
         return out
 
     def _log_line(self, pod: str | None) -> str:
-        """"; pod P last log line: ..." for the pod log_pod() chose. Best-effort: one try with a short timeout; a
-        failure (no RBAC for pods/log, a kubelet that does not answer) is said in a few words, never raised."""
+        """"; pod P last log line: ..." for the pod log_pod() chose (nothing when it logged nothing)."""
         if pod is None:
             return ""
+        line, error = self._read_log(pod, _LOG_TAIL_LINES)
+        if error:
+            return f"; pod {pod} logs unavailable ({error})"
+        return f"; pod {pod} last log line: {line}" if line else ""
+
+    def _read_log(self, pod: str, tail_lines: int) -> tuple[str, str]:
+        """(its engine's last log line, "") or ("", why it could not be read). Best-effort: one try with a short
+        timeout; a failure (no RBAC for pods/log, a kubelet that does not answer) is said in a few words, never
+        raised."""
         try:
             text = self.kube.call(f"read the log of pod {pod}", lambda: self.kube.read_pod_log(
-                pod, m.ENGINE_CONTAINER, tail_lines=_LOG_TAIL_LINES, limit_bytes=_LOG_LIMIT_BYTES,
+                pod, m.ENGINE_CONTAINER, tail_lines=tail_lines, limit_bytes=_LOG_LIMIT_BYTES,
                 timeout_s=_LOG_TIMEOUT_S), retries=0)
         except DeployError as e:
             log.debug("%s", e)
-            why = {403: "403: grant get on pods/log", None: "no answer"}.get(e.status, str(e.status))
-            return f"; pod {pod} logs unavailable ({why})"
-        line = last_log_line(text)
-        return f"; pod {pod} last log line: {line}" if line else ""
+            return "", {403: "403: grant get on pods/log", None: "no answer"}.get(e.status, str(e.status))
+        return shown_log_line(text), ""
+
+    def replicas(self, service: str) -> list[ReplicaStatus]:
+        """Every pod of the service's variants (ROLES order, then by name) with readiness, restarts and the last
+        line its engine logged (a few lines read per pod that has run; pods/log, best-effort)."""
+        sel = ",".join(f"{k}={v}" for k, v in {**m.selector(service), **m.MANAGED_BY}.items())
+        pods = self.kube.call(f"list Pods of {service}", lambda: self.kube.list_pods(sel.split(",")[0]))
+        out = []
+        for pod in pods:
+            role = pod["metadata"].get("labels", {}).get(m.ROLE_LABEL)
+            if role not in ROLES:
+                continue
+            rs = pod_replica(pod, role)
+            if has_run(pod):
+                line, error = self._read_log(rs.name, _REPLICA_LOG_LINES)
+                rs = dataclasses.replace(rs, last_log_line=line, log_error=error)
+            out.append(rs)
+        return sorted(out, key=lambda r: (ROLES.index(r.role), r.name))
 
     def promote(self, service: str) -> None:
         specs = self._specs(service)

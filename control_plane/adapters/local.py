@@ -22,7 +22,7 @@ from typing import Mapping
 
 from sits.control_plane.adapters import process
 from sits.control_plane.rollout import ROLES
-from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit,
+from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, ReplicaStatus,
                                            VariantSpec, VariantStatus, check_role, normalize_weights)
 from sits.control_plane.adapters.local_config import LocalConfig, default_max_replicas
 from sits.control_plane.adapters.local_replicas import Replica, ReplicaLauncher
@@ -113,6 +113,17 @@ class LocalDeployer:
             weights = svc.router.weights()
         return {role: self.launcher.status(role, v.spec, v.replicas, weights.get(role, 0))
                 for role, v in variants.items()}
+
+    def replicas(self, service: str) -> list[ReplicaStatus]:
+        """Every engine process of the service, variant by variant (ROLES order); [] before its first deploy."""
+        with self._lock:
+            svc = self._services.get(service)
+        if svc is None:
+            return []
+        with svc.state:
+            variants = dict(svc.variants)
+        return [rs for role in ROLES if role in variants
+                for rs in self.launcher.replica_statuses(role, variants[role].replicas)]
 
     def promote(self, service: str) -> None:
         svc = self._service(service)

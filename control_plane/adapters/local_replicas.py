@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx
 
 from sits.control_plane.adapters import process
-from sits.control_plane.adapters.deploy import DeployCancelled, NotReadyError, VariantSpec, VariantStatus
+from sits.control_plane.adapters.deploy import (DeployCancelled, NotReadyError, ReplicaStatus, VariantSpec,
+                                                VariantStatus)
+from sits.control_plane.adapters.log_line import shown_log_line
 from sits.control_plane.adapters.local_config import LocalConfig, engine_environment
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -135,6 +137,17 @@ class ReplicaLauncher:
         return VariantStatus(role=role, ready=want > 0 and ready_n == want, replicas=want, ready_replicas=ready_n,
                              endpoint=replicas[0].url if replicas else None, message=msg,
                              endpoints=tuple(r.url for r in replicas), crashing=exited > 0)
+
+    def replica_statuses(self, role: str, replicas: list[Replica]) -> list[ReplicaStatus]:
+        """Each replica now: running and ready (/readyz), running, or exited with its code; its log's last line. A
+        local engine is never restarted (restarts 0): one that exited stays so until the variant is deployed again."""
+        out = []
+        for i, r in enumerate(replicas):
+            rc = r.proc.poll()
+            out.append(ReplicaStatus(role=role, name=f"{role}-{i}", ready=rc is None and self.ready(r.url), restarts=0,
+                                     state="running" if rc is None else f"exited {rc}",
+                                     last_log_line=shown_log_line(_tail(r.log_path, 8192)), address=r.url))
+        return out
 
     def _check_cancelled(self, spec: VariantSpec) -> None:
         if self._cancelled.is_set():

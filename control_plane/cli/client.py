@@ -140,7 +140,8 @@ def client_from(a) -> ApiClient:
 def remote_start(a, body: dict) -> int:
     with client_from(a) as c:
         r = c.start(body)
-        print(f"rollout {r['id']} created for service {r['service']}: canary {r['kernels']} vs production "
+        retry = f" as a retry of {r['retry_of']}" if r.get("retry_of") else ""
+        print(f"rollout {r['id']} created{retry} for service {r['service']}: canary {r['kernels']} vs production "
               f"{r['production_kernels']} (via {a.url})", flush=True)
         return wait(lambda: c.get(r["id"])) if a.wait else 0
 

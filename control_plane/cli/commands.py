@@ -115,6 +115,26 @@ def cmd_rollout_start(a) -> int:
     return 0
 
 
+def cmd_rollout_retry(a) -> int:
+    """A new rollout linked to an ended one that did not succeed, with its spec and policy (over the API: the
+    server takes them; production is what the service runs now there, the old rollout's production here)."""
+    if a.url:
+        body = {"retry_of": a.id, "kernels": a.kernels, "production_kernels": a.production_kernels}
+        return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
+    with open_store(a.store) as store:
+        old = service.retry_target(store, a.id)
+        kernels, production = a.kernels or old.canary_kernels, a.production_kernels or old.production_kernels
+        r = service.start_rollout(store, old.service, kernels, production, old.policy, store.spec(old.id),
+                                  actor=a.by, retry_of=old.id,
+                                  kernel_sets=KernelCatalog.discover(a.kernel_catalog, need=(kernels, production)))
+        print(f"rollout {r.id} created as a retry of {old.id} ({old.phase.value}) for service {r.service}: canary "
+              f"{r.canary_kernels} vs production {r.production_kernels}; a running `sits-control worker --store "
+              f"{a.store}` (or `serve`) takes it from here", flush=True)
+        if a.wait:
+            return client.wait(lambda: _summary(store, r.id))
+    return 0
+
+
 def _summary(store: Store, rollout_id: str) -> dict:
     """What `--wait` follows, read from the store: the API's rollout summary."""
     r = store.get(rollout_id)

@@ -21,8 +21,9 @@ from typing import Sequence
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import CatalogError
 from sits.control_plane.cli.build import CLIError
-from sits.control_plane.cli.commands import (cmd_backup, cmd_demo, cmd_rollout_command, cmd_rollout_list, cmd_rollout_show,
-                                        cmd_rollout_start, cmd_serve, cmd_worker)
+from sits.control_plane.cli.commands import (cmd_backup, cmd_demo, cmd_rollout_command, cmd_rollout_list,
+                                             cmd_rollout_retry, cmd_rollout_show, cmd_rollout_start, cmd_serve,
+                                             cmd_worker)
 from sits.control_plane.errors import SitsError
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import Command
@@ -194,6 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the kernel sets the engines have (JSON, `sits-engine kernels --json`); default: ask the "
                         "installed engine, else the built-in sets")
     s.set_defaults(fn=cmd_rollout_start)
+    rt = r.add_parser("retry", help="start an ended rollout that did not succeed (rolled back, aborted, failed) "
+                                    "again: a new rollout linked to it, with its spec and policy")
+    rt.add_argument("id", help="the rollout to retry")
+    rt.add_argument("--kernels", default=None, help="another canary kernel set (default: the old rollout's)")
+    rt.add_argument("--production-kernels", default=None,
+                    help="default: the old rollout's production (over the API: what the service runs now)")
+    rt.add_argument("--by", default=os.environ.get("USER", ""), help="who (kept in the events)")
+    rt.add_argument("--store", default=DEFAULT_STORE)
+    rt.add_argument("--wait", action="store_true", help="follow the rollout until it ends (exit 0 succeeded, 1 not)")
+    rt.add_argument("--kernel-catalog", default=os.environ.get("SITS_KERNEL_CATALOG") or None,
+                    help="the kernel sets the engines have (as for `rollout start`)")
+    rt.set_defaults(fn=cmd_rollout_retry)
     ls = r.add_parser("list", help="list rollouts")
     ls.add_argument("--active", action="store_true")
     ls.add_argument("--store", default=DEFAULT_STORE)

@@ -218,6 +218,7 @@ class Rollout:
     correctness_at: float | None = None      # when the gate last ran (interval_s and retries count from here)
     source: str = ""
     queries: Mapping[str, str] = field(default_factory=dict)
+    retry_of: str | None = None              # the ended rollout this one retries (set at creation, never changed)
     new_checks: tuple[Check, ...] = ()       # produced by the last reconcile call; the store persists them
     new_events: tuple[Event, ...] = ()
     version: int = 0                         # managed by the store (optimistic concurrency)

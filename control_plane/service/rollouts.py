@@ -10,12 +10,12 @@ from typing import Any, Collection, Mapping
 from sits.control_plane import validation
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.analysis import Policy
-from sits.control_plane.errors import ConflictError, ValidationError
+from sits.control_plane.errors import ConflictError, NotFoundError, ValidationError
 from sits.control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.store.db import Store
 
-__all__ = ["allowed_commands", "send_command", "start_rollout"]
+__all__ = ["allowed_commands", "retry_target", "retryable", "send_command", "start_rollout"]
 
 
 def _kernel_set(name: object, field: str, known: Collection[str]) -> str:
@@ -36,26 +36,62 @@ def _spec(spec: DeploySpec | Mapping[str, Any] | None) -> DeploySpec:
     return DeploySpec.from_dict(spec)
 
 
+def retryable(r: Rollout) -> str | None:
+    """Why `r` cannot be retried (in the operator's words), or None: a rollout that ended without promoting its
+    canary (rolled back, aborted, failed) can be started again as a new rollout linked to it."""
+    if r.active:
+        return f"rollout {r.id} is still {r.phase.value}: only an ended rollout can be retried"
+    if r.phase is Phase.SUCCEEDED:
+        return f"rollout {r.id} succeeded: its canary is production now; start a new canary instead"
+    return None
+
+
+def retry_target(store: Store, rollout_id: object) -> Rollout:
+    """The rollout a retry names; ValidationError (field "retry_of") when there is none or it cannot be retried."""
+    if not isinstance(rollout_id, str) or not rollout_id:
+        raise ValidationError("retry_of must name a rollout (its id)", "retry_of")
+    try:
+        old = store.get(rollout_id)
+    except NotFoundError:
+        raise ValidationError(f"retry_of: no rollout {rollout_id!r}", "retry_of") from None
+    why = retryable(old)
+    if why:
+        raise ValidationError(f"retry_of: {why}", "retry_of")
+    return old
+
+
+def _retry_of(store: Store, rollout_id: object, service: str) -> Rollout:
+    old = retry_target(store, rollout_id)
+    if old.service != service:
+        raise ValidationError(f"a retry of {old.id} releases to its service {old.service!r}, not {service!r}",
+                              "service")
+    return old
+
+
 def start_rollout(store: Store, service: str, canary_kernels: str, production_kernels: str,
                   policy: Policy | Mapping[str, Any] | None = None, spec: DeploySpec | Mapping[str, Any] | None = None,
                   *, now: float | None = None,
                   rollout_id: str | None = None, actor: str = "",
-                  kernel_sets: Collection[str] | None = None) -> Rollout:
+                  kernel_sets: Collection[str] | None = None, retry_of: str | None = None) -> Rollout:
     """Create a PENDING rollout with its spec (the worker takes it from there). `policy` and `spec` may be objects
     or dicts of their fields (API bodies). ValidationError (field "service", "kernels", "production_kernels",
     "policy", or the spec's own: "model", "replicas", "args", ...) for bad input; ConflictError (StoreConflictError)
     if the service already has an active rollout. `kernel_sets`: the names that exist (a KernelCatalog;
-    default: the built-in sets)."""
+    default: the built-in sets). `retry_of`: the id of the ended rollout this one retries (ValidationError, field
+    "retry_of", unless it exists, ended and did not succeed; field "service" for another service)."""
     known = KernelCatalog.shipped() if kernel_sets is None else kernel_sets
     validation.service_name(service)
     _kernel_set(canary_kernels, "kernels", known)
     _kernel_set(production_kernels, "production_kernels", known)
     policy, spec = _policy(policy), _spec(spec)
+    if retry_of is not None:
+        _retry_of(store, retry_of, service)
     now = time.time() if now is None else now
     rid = rollout_id or f"{service}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
-    created = Event(now, EventKind.CREATED, f"created by {actor}" if actor else "created", Phase.PENDING, actor)
+    text = (f"created by {actor}" if actor else "created") + (f" as a retry of {retry_of}" if retry_of else "")
+    created = Event(now, EventKind.CREATED, text, Phase.PENDING, actor)
     return store.create_rollout(Rollout(rid, service, canary_kernels, production_kernels, policy, created_at=now,
-                                        phase_since=now, new_events=(created,)), spec)
+                                        phase_since=now, retry_of=retry_of, new_events=(created,)), spec)
 
 
 def send_command(store: Store, rollout_id: str, command: Command | str, actor: str) -> int:

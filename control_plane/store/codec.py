@@ -73,7 +73,8 @@ def variant_from_dict(d: Mapping) -> VariantData:
 _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_total_s", "awaiting_promotion", "step",
                  "weight", "warmup_until", "last_check_at", "checks", "step_checks", "consecutive_failures",
                  "consecutive_inconclusive", "data_since", "observed_until", "excluded_requests", "source",
-                 "correctness_step", "correctness_at", "replayed_requests", "not_ready_since", "deadline_hit")
+                 "correctness_step", "correctness_at", "replayed_requests", "not_ready_since", "deadline_hit",
+                 "retry_of")
 
 
 _CACHE_SIZE = 256

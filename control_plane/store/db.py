@@ -31,14 +31,15 @@ from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
                                        state_to_dict)
 from sits.control_plane.store.database import Database
-from sits.control_plane.store.queues import (Commands, Deliveries, Leases, RolloutNotFoundError, Services,
-                                        StoreConflictError)
+from sits.control_plane.store.queues import (Commands, Deliveries, Engines, Leases, RolloutNotFoundError,
+                                             Services, StoreConflictError)
 from sits.control_plane.store.schema import StoreError
 
 
 class Store:
     """`Store(path)`. Thread-safe: one connection behind a lock (Database); other processes may open the same file.
-    Its queues are objects over the same connection: `commands`, `leases`, `deliveries`, `services` (queues.py)."""
+    Its queues are objects over the same connection: `commands`, `leases`, `deliveries`, `services`, `engines`
+    (queues.py)."""
 
     def __init__(self, path: str, *, readonly: bool = False):
         self._db = Database(path, readonly=readonly)
@@ -50,6 +51,7 @@ class Store:
         self.leases = Leases(self._db)
         self.deliveries = Deliveries(self._db)
         self.services = Services(self._db)
+        self.engines = Engines(self._db)
 
     @property
     def damage(self) -> str | None:
@@ -72,10 +74,10 @@ class Store:
         now = time.time()
         try:
             with self._db.tx() as db:
-                db.execute("INSERT INTO rollouts (id, service, phase, active, version, state, created_at, updated_at)"
-                           " VALUES (?, ?, ?, ?, 1, ?, ?, ?)",
+                db.execute("INSERT INTO rollouts (id, service, phase, active, version, state, created_at, updated_at,"
+                           " retry_of) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)",
                            (rollout.id, rollout.service, rollout.phase.value, int(rollout.active),
-                            json.dumps(state_to_dict(rollout)), now, now))
+                            json.dumps(state_to_dict(rollout)), now, now, rollout.retry_of))
                 committed = self._write_data(db, rollout, 1, {})
                 db.execute("INSERT INTO rollout_specs (rollout_id, body) VALUES (?, ?)",
                            (rollout.id, json.dumps((spec or DeploySpec()).to_dict())))
@@ -96,6 +98,11 @@ class Store:
     def create(self, rollout: Rollout) -> Rollout:
         """create_rollout with the default DeploySpec."""
         return self.create_rollout(rollout)
+
+    def retries_of(self, rollout_id: str) -> list[str]:
+        """The rollouts created as retries of this one, oldest first."""
+        return [r["id"] for r in self._db.rows("SELECT id FROM rollouts WHERE retry_of = ? ORDER BY created_at, id",
+                                                (rollout_id,))]
 
     def spec(self, rollout_id: str) -> DeploySpec:
         rows = self._db.rows("SELECT body FROM rollout_specs WHERE rollout_id = ?", (rollout_id,))

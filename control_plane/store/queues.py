@@ -171,3 +171,23 @@ class Services:
 
     def routers(self) -> dict[str, str]:
         return {r["service"]: r["router_url"] for r in self._db.rows("SELECT service, router_url FROM services")}
+
+
+class Engines:
+    """Each rollout's engines (the deployer's replicas(): processes or pods, with readiness, restarts and the last
+    log line) as the worker last saw them: the detail page lists them without asking the deployer, and keeps the
+    last sight of them once the rollout ended."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def put(self, rollout_id: str, engines: list[dict], observed_at: float) -> None:
+        with self._db.tx() as db:
+            db.execute("INSERT INTO rollout_engines (rollout_id, body, observed_at) VALUES (?, ?, ?) "
+                       "ON CONFLICT(rollout_id) DO UPDATE SET body = excluded.body, observed_at = excluded.observed_at",
+                       (rollout_id, json.dumps(engines), observed_at))
+
+    def get(self, rollout_id: str) -> tuple[list[dict], float] | None:
+        """(engines, when observed), or None when the worker has not listed them yet."""
+        rows = self._db.rows("SELECT body, observed_at FROM rollout_engines WHERE rollout_id = ?", (rollout_id,))
+        return (json.loads(rows[0]["body"]), rows[0]["observed_at"]) if rows else None

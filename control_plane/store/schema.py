@@ -14,6 +14,9 @@ checks(rollout_id, outcome), so counting checks by outcome does not read 100,000
 Version 4: rollout_data, the step's accumulated data (every variant's bucket counts, ~20 KiB) in a row of its own
 instead of inside rollouts.state, with the rollout version that wrote it: a save whose data did not change leaves
 the row alone, and a load whose row version it has seen reuses the decoded data (bench/control_plane_scale.py).
+Version 5: services, where each service's traffic enters (its router's URL).
+Version 6: rollouts.retry_of (the rollout a retry repeats; indexed: the detail page shows "retried as") and
+rollout_engines, each rollout's engines (processes or pods) as the worker last saw them.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import tempfile
 from typing import Callable
 from urllib.parse import quote
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -97,9 +100,17 @@ def _v4_to_v5(db: sqlite3.Connection) -> None:
     db.execute("CREATE TABLE services (service TEXT PRIMARY KEY, router_url TEXT NOT NULL, updated_at REAL NOT NULL)")
 
 
+def _v5_to_v6(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE rollouts ADD COLUMN retry_of TEXT REFERENCES rollouts(id)")
+    db.execute("CREATE INDEX rollouts_retry_of ON rollouts(retry_of) WHERE retry_of IS NOT NULL")
+    # the deployer's replicas() of the rollout's service, written by the worker; views read it, never the deployer
+    db.execute("CREATE TABLE rollout_engines (rollout_id TEXT PRIMARY KEY REFERENCES rollouts(id), "
+               "body TEXT NOT NULL, observed_at REAL NOT NULL)")
+
+
 # MIGRATIONS[v] takes a file from version v to v + 1
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
-                                                               4: _v4_to_v5}
+                                                               4: _v4_to_v5, 5: _v5_to_v6}
 
 
 class StoreError(Exception):

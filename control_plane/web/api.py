@@ -56,7 +56,8 @@ def detail(r) -> dict:
         correctness=present.correctness_of(s, r), low_traffic=present.low_traffic_of(r),
         pending_commands=s.commands.pending(r.id),
         lease=None if lease is None else {"owner": lease[0], "expires_at": lease[1]},
-        source=r.source, warmup_until=r.warmup_until, observed_until=r.observed_until)
+        source=r.source, warmup_until=r.warmup_until, observed_until=r.observed_until,
+        retried_as=s.retries_of(r.id), retryable=service.retryable(r) is None)
     return out
 
 
@@ -81,14 +82,22 @@ def list_rollouts():
 @bp.post("/rollouts")
 @require("operator")
 def create_rollout():
-    body = validate.create_body(json_body())
+    body, kept = json_body(), {}
+    if isinstance(body, dict) and body.get("retry_of") is not None:   # the old rollout's spec and policy under it
+        old = service.retry_target(store(), body["retry_of"])
+        old_spec = store().spec(old.id).to_dict()
+        body = validate.retry_body(body, old, old_spec)
+        kept = {k: old_spec[k] for k in validate.RETRY_KEEPS}   # what a body cannot say: as the old rollout had it
+    body = validate.create_body(body)
     policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
     production = body.get("production_kernels") or _current_production(body["service"])
     spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],
             "production_args": body.get("production_args") or []}
     spec.update({k: body[k] for k in ("replicas", "gpus", "device", "ready_timeout_s") if body.get(k) is not None})
+    spec.update(kept)
     r = service.start_rollout(store(), body["service"], body["kernels"], production, policy, spec,
-                              actor=current_user().name, kernel_sets=current_app.config["KERNEL_CATALOG"])
+                              actor=current_user().name, kernel_sets=current_app.config["KERNEL_CATALOG"],
+                              retry_of=body.get("retry_of"))
     resp = jsonify(detail(r))
     resp.status_code = 201
     resp.headers["Location"] = url_for("api.get_rollout", rollout_id=r.id)
@@ -149,6 +158,15 @@ def rollout_events(rollout_id: str):
     events = store().events(rollout_id, since_id=since, limit=int_arg("limit", 5000, 1, 20000))
     return jsonify({"events": events, "actions": [present.action_row(a) for a in store().actions(rollout_id)],
                     "notifications": store().deliveries.of_rollout(rollout_id)})
+
+
+@bp.get("/rollouts/<rollout_id>/engines")
+@require("viewer")
+def rollout_engines(rollout_id: str):
+    """Each variant's engines (processes or pods) as the worker last listed them (the deployer's replicas())."""
+    store().get(rollout_id)
+    seen = store().engines.get(rollout_id)
+    return jsonify({"engines": seen[0] if seen else [], "observed_at": seen[1] if seen else None})
 
 
 @bp.get("/rollouts/<rollout_id>/series")

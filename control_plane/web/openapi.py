@@ -79,6 +79,15 @@ def openapi_spec() -> dict:
                 "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
                 "actions": {"type": "array", "items": {"type": "object"}},
                 "notifications": {"type": "array", "items": {"type": "object"}}}}), **read}}},
+        "/rollouts/{rollout_id}/engines": {"get": {
+            "summary": "Each variant's engines (local: processes; Kubernetes: pods) as the worker last listed them, "
+                       "every ~2 s while the variants are deployed: readiness, restarts, state and the last log line "
+                       "(one line, redacted, at most 200 characters); the last sight is kept once the rollout ended",
+            "parameters": [RID],
+            "responses": {"200": _resp("engines", {"type": "object", "properties": {
+                "engines": {"type": "array", "items": {"$ref": "#/components/schemas/Engine"}},
+                "observed_at": {"type": ["number", "null"], "description": "when the worker listed them; null: "
+                                "not yet"}}}), **read}}},
         "/rollouts/{rollout_id}/series": {"get": {
             "summary": "Chart data: P50/P90/P99 per variant and metric per check, deltas with intervals, and per "
                        "gated check (`gated`) the delta, interval, threshold and outcome the checks show (columnar)",
@@ -151,7 +160,14 @@ def openapi_spec() -> dict:
                                    "policy": {"type": "object", "description": "fields of Policy (steps, checks, "
                                               "check_interval_s, compare_to, ...); defaults from GET /config"},
                                    "args": {"type": "array", "items": {"type": "string"}},
-                                   "production_args": {"type": "array", "items": {"type": "string"}}}},
+                                   "production_args": {"type": "array", "items": {"type": "string"}},
+                                   "retry_of": {"type": "string", "description": "retry an ended rollout that did "
+                                                "not succeed (rolled back, aborted, failed): the new rollout is "
+                                                "linked to it (its retry_of; the old one's retried_as), and every "
+                                                "field the body leaves out comes from it (service, kernels, model, "
+                                                "replicas, args, ...; policy keys one by one); production_kernels "
+                                                "is what the service runs now. 422 (field retry_of) for an unknown, "
+                                                "active or succeeded rollout"}}},
                 "Rollout": {"type": "object", "properties": {
                     "id": {"type": "string"}, "service": {"type": "string"},
                     "phase": {"enum": [p.value for p in Phase]}, "reason": {"type": "string"},
@@ -162,7 +178,20 @@ def openapi_spec() -> dict:
                     "ended": {"type": ["object", "null"], "description": "why an ended rollout ended: {kind, text}; "
                               "kind: latency, error_rate, guard, correctness, inconclusive, aborted, deploy, promoted, "
                               "promoted_manually, other"},
-                    "allowed_actions": {"type": "array", "items": {"enum": [c.value for c in Command]}}}},
+                    "allowed_actions": {"type": "array", "items": {"enum": [c.value for c in Command]}},
+                    "retry_of": {"type": ["string", "null"], "description": "the rollout this one retries"},
+                    "retried_as": {"type": "array", "items": {"type": "string"}, "description": "the rollouts that "
+                                   "retry this one, oldest first (GET of one rollout only)"},
+                    "retryable": {"type": "boolean", "description": "whether POST /rollouts may name it in "
+                                  "retry_of (GET of one rollout only)"}}},
+                "Engine": {"type": "object", "properties": {
+                    "role": {"enum": ["production", "baseline", "canary"]},
+                    "name": {"type": "string", "description": "local: role-index; Kubernetes: the pod's name"},
+                    "ready": {"type": "boolean"}, "restarts": {"type": "integer"},
+                    "state": {"type": "string", "description": "running, exited N, pending, CrashLoopBackOff, ..."},
+                    "last_log_line": {"type": "string"},
+                    "log_error": {"type": "string", "description": "why the log could not be read, or \"\""},
+                    "address": {"type": ["string", "null"]}}},
                 "JudgeVariant": {"type": "object", "additionalProperties": False, "properties": {
                     "selector": {"type": "string", "maxLength": 1000,
                                  "description": "Prometheus label selector, e.g. {service=\"chat\",env=\"canary\"}"},

@@ -189,7 +189,7 @@ def rollout_summary(r: Rollout, last_check: dict | None, allowed: set, ended: di
         "weight": r.weight, "weights": weights_of(r, actions), "created_at": r.created_at, "phase_since": r.phase_since,
         "started_at": r.started_at, "checks": r.checks, "awaiting_promotion": r.awaiting_promotion,
         "compare_to": r.policy.compare_to, "last_check": last_check, "ended": ended,
-        "allowed_actions": sorted(c.value for c in allowed)})
+        "allowed_actions": sorted(c.value for c in allowed), "retry_of": r.retry_of})
 
 
 def variants_of(r: Rollout, spec_replicas: int | None, actions: list[dict] | None = None) -> dict:

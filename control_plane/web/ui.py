@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from flask import Blueprint, current_app, render_template
+from flask import Blueprint, current_app, render_template, request
 
-from sits.control_plane.errors import NotFoundError
+from sits.control_plane.errors import NotFoundError, ValidationError
+from sits.control_plane.service import rollouts as service
 from sits.control_plane.web import catalog
 from sits.control_plane.web.api import detail, policy_defaults, spec_or_none, store
 from sits.control_plane.web.auth import current_user, require
@@ -31,7 +32,23 @@ def new_rollout():
     sets = catalog.kernel_catalog()
     return render_template("new.html", kernels=sets, services=_services(), default_canary=default_canary(sets),
                            defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"),
-                           replica_limit=catalog.replica_limit(current_app.config))
+                           replica_limit=catalog.replica_limit(current_app.config),
+                           retry=retry_prefill(request.args.get("retry_of")))
+
+
+def retry_prefill(rollout_id: str | None) -> dict | None:
+    """What the form fills in for ?retry_of=ID: the old rollout's service, canary kernel set, spec and policy; or,
+    when it cannot be retried, only why (the form then starts empty)."""
+    if not rollout_id:
+        return None
+    try:
+        old = service.retry_target(store(), rollout_id)
+    except ValidationError as e:
+        return {"id": rollout_id, "error": str(e).removeprefix("retry_of: ")}
+    spec = store().spec(old.id)
+    return {"id": old.id, "service": old.service, "kernels": old.canary_kernels, "phase": old.phase.value,
+            "reason": old.reason, "policy": old.policy.to_dict(), "model": spec.model, "replicas": spec.replicas,
+            "args": list(spec.canary_args)}
 
 
 @bp.get("/rollouts/<rollout_id>")

@@ -10,7 +10,7 @@ from sits.control_plane.errors import ValidationError
 
 FIELDS = {"service": str, "kernels": str, "production_kernels": str, "model": str, "replicas": int,
           "policy": dict, "args": list, "production_args": list, "gpus": int, "device": str,
-          "ready_timeout_s": float}
+          "ready_timeout_s": float, "retry_of": str}
 REQUIRED = ("service", "kernels")
 
 
@@ -38,6 +38,29 @@ def create_body(body: Any) -> dict:
         if typ is list and not all(isinstance(a, str) for a in v):
             raise ValidationError(f"{key} must be a list of strings", field=key)
     return dict(body)
+
+
+# what a retry takes from the rollout it retries when the body does not say (the spec's fields, by their body names)
+# and the spec fields no body names (images, environment, injected faults), taken as they are
+RETRY_KEEPS = ("env", "production_image", "canary_image", "canary_faults")
+RETRY_SPEC = {"model": "model", "args": "canary_args", "production_args": "production_args", "replicas": "replicas",
+              "gpus": "gpus", "device": "device", "ready_timeout_s": "ready_timeout_s"}
+
+
+def retry_body(body: Mapping, old, old_spec: Mapping) -> dict:
+    """A retry's body: the old rollout's service, canary kernel set, spec and policy under what the body gives (a
+    policy key given replaces the old one's; `correctness` merges one level down). Production stays unsaid: it is
+    what the service runs now, as for any new rollout."""
+    out = {"service": old.service, "kernels": old.canary_kernels,
+           **{k: old_spec[f] for k, f in RETRY_SPEC.items() if old_spec.get(f) not in (None, [], ())}}
+    out.update({k: v for k, v in body.items() if v is not None})
+    given = body.get("policy")
+    if given is None or isinstance(given, Mapping):
+        p = {**old.policy.to_dict(), **(given or {})}
+        if isinstance((given or {}).get("correctness"), Mapping):
+            p["correctness"] = {**old.policy.to_dict().get("correctness", {}), **given["correctness"]}
+        out["policy"] = p
+    return out
 
 
 def policy(d: Mapping | None, defaults: Mapping | None = None) -> Policy:

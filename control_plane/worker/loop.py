@@ -302,6 +302,7 @@ class Worker:
         if command is not None and command[1] in (Command.PAUSE, Command.ABORT):
             self.replay.stop(r.id, f"{command[1].value} by {command[2] or 'someone'}")
         obs = self.observer.observe(r, now, command)
+        self.observer.engines(r, now)
         tc = time.perf_counter()
         obs, interrupted = self.observer.correctness(r, obs, now)
         if interrupted:   # an abort arrived during the replay: it applies in this pass

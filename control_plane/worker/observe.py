@@ -1,7 +1,8 @@
 """What one pass of the worker observes (control_plane/worker/loop.py): readiness from the deployer, the metrics
 window since the rollout's `observed_until` (a MetricsError makes it "no data": inconclusive, never a pass), the
-failed actions of the last pass, the queued command, and, when it is due and canary and baseline are ready, the
-correctness gate's replay (adapters/correctness), stopped between prompts by a queued abort."""
+failed actions of the last pass, the queued command, each engine (for the detail page: Observer.engines), and, when
+it is due and canary and baseline are ready, the correctness gate's replay (adapters/correctness), stopped between
+prompts by a queued abort."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,7 @@ from sits.control_plane.tracing import Tracing, set_attributes
 
 log = logging.getLogger("sits.control_plane.worker.loop")
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)
+ENGINES_EVERY_S = 2.0   # how often a rollout's engines are listed (each may cost a log read per pod)
 
 
 class Observer:
@@ -28,6 +30,21 @@ class Observer:
                  tracing: Tracing, *, abort_pending: Callable[[str], bool]) -> None:
         self.store, self.deployer, self.source, self.probe, self.tracing = store, deployer, source, probe, tracing
         self.abort_pending = abort_pending
+        self._engines_at: dict[str, float] = {}   # rollout id -> when its engines were last listed
+
+    def engines(self, r: Rollout, now: float) -> None:
+        """The deployer's replicas() of the rollout's service into the store (store.engines), while its variants are
+        deployed, at most every ENGINES_EVERY_S. Never fails the pass: the list is for people, not decisions."""
+        if r.phase not in _OBSERVED:
+            self._engines_at.pop(r.id, None)
+            return
+        if now - self._engines_at.get(r.id, float("-inf")) < ENGINES_EVERY_S:
+            return
+        self._engines_at[r.id] = now
+        try:
+            self.store.engines.put(r.id, [e.to_dict() for e in self.deployer.replicas(r.service)], now)
+        except Exception as e:
+            log.warning("rollout %s (%s): engines not listed: %s: %s", r.id, r.service, type(e).__name__, e)
 
     def observe(self, r: Rollout, now: float, command: tuple[int, Command, str] | None) -> Observation:
         failures = self.store.failures(r.id, r.version)

@@ -152,8 +152,9 @@ def test_a_crashing_canary_is_seen_crashing(kube_cluster, node_agent, core):
 
 
 def test_a_canary_that_never_gets_ready_shows_its_engines_last_log_line(kube_cluster, node_agent, core):
-    """An engine that logs and never serves (tests/cluster/stuck_engine): status() reads its pod's last log line
-    through the API server's pods/log (the node agent's kubelet endpoint), without escapes or control characters."""
+    """An engine that logs and never serves (tests/cluster/stuck_engine): status() and replicas() read its pod's last
+    log line through the API server's pods/log (the node agent's kubelet endpoint), without escapes or control
+    characters."""
     with managed_namespace(kube_cluster, node_agent, "stuck") as ns:
         kd = deployer(kube_cluster, ns, process.free_port())
         kd.deploy(spec("production"))
@@ -167,6 +168,11 @@ def test_a_canary_that_never_gets_ready_shows_its_engines_last_log_line(kube_clu
         assert st["canary"].message.endswith(f"; pod {pod} last log line: loading weights 3/4")
         assert "\x1b[2K" in node_agent.logs(ns, pod)   # what the engine wrote, escapes and all
         assert st["production"].ready and "log line" not in st["production"].message   # not read for a ready one
+        # replicas(): every pod with its readiness, restarts and the last line its engine logged (pods/log)
+        reps = {r.role: r for r in kd.replicas(SVC)}
+        assert reps["canary"].name == pod and not reps["canary"].ready and reps["canary"].restarts == 0
+        assert reps["canary"].state == "running" and reps["canary"].last_log_line == "loading weights 3/4"
+        assert reps["production"].ready and reps["production"].log_error == ""
 
 
 IN_CLUSTER = textwrap.dedent("""

@@ -37,7 +37,7 @@ def version(path: str) -> int:
 
 def test_the_fixture_is_a_v1_file(tmp_path):
     path = v1_file(tmp_path / "v1.db")
-    assert version(path) == 1 and SCHEMA_VERSION == 5 and sorted(MIGRATIONS) == [1, 2, 3, 4]
+    assert version(path) == 1 and SCHEMA_VERSION == 6 and sorted(MIGRATIONS) == [1, 2, 3, 4, 5]
     db = sqlite3.connect(path)
     assert "by" in {r[1] for r in db.execute("PRAGMA table_info(commands)")}
     assert "actor" not in {r[1] for r in db.execute("PRAGMA table_info(events)")}
@@ -181,8 +181,28 @@ def test_version_5_keeps_where_each_service_enters(tmp_path):
     raw.executescript(V3_SQL)
     raw.close()
     with Store(path) as s:
-        assert s.migrated_from == 3 and version(path) == 5 and s.services.routers() == {}
+        assert s.migrated_from == 3 and version(path) == SCHEMA_VERSION and s.services.routers() == {}
         s.services.set_router("chat", "http://127.0.0.1:1234", now=1.0)
         s.services.set_router("chat", "http://127.0.0.1:5678", now=2.0)   # a restarted router: the new URL wins
     with Store(path) as s:
         assert s.services.routers() == {"chat": "http://127.0.0.1:5678"}
+
+
+def test_version_6_links_retries_and_keeps_each_rollouts_engines(tmp_path):
+    """Version 6: rollouts.retry_of (indexed, for "retried as") and rollout_engines; an older file's rollouts are
+    retries of nothing, with no engines listed, and a retry stored after the migration links both ways."""
+    path = str(tmp_path / "v3.db")
+    raw = sqlite3.connect(path)
+    raw.executescript(V3_SQL)
+    raw.close()
+    with Store(path) as s:
+        assert s.migrated_from == 3 and version(path) == SCHEMA_VERSION
+        old = s.get("chat-1")
+        assert old.retry_of is None and s.retries_of("chat-1") == [] and s.engines.get("chat-1") is None
+        s.engines.put("chat-1", [{"role": "canary", "name": "canary-0", "ready": False}], 5.0)
+        s.engines.put("chat-1", [{"role": "canary", "name": "canary-0", "ready": True}], 6.0)   # the newest wins
+    with Store(path) as s:
+        assert s.engines.get("chat-1") == ([{"role": "canary", "name": "canary-0", "ready": True}], 6.0)
+        plan = sqlite3.connect(path).execute("EXPLAIN QUERY PLAN SELECT id FROM rollouts WHERE retry_of = ?",
+                                             ("chat-1",)).fetchall()
+        assert "rollouts_retry_of" in str(plan)

@@ -1,5 +1,6 @@
 """One Deployer contract, the same scenarios against the in-memory deployer the worker tests use and the real
-LocalDeployer (engine processes behind the router): deploy, weights, crashing, promote, rollback, close. The tests
+LocalDeployer (engine processes behind the router): deploy, weights, crashing, promote, rollback, close, and the
+engines each lists (replicas()). The tests
 run in order on one deployer per implementation (starting engines is the slow part)."""
 import os
 import signal
@@ -71,6 +72,11 @@ def test_deploy(impl):
     assert all(s.ready and not s.crashing and s.ready_replicas == 1 and s.endpoints for s in st.values()), st
     assert impl.weights() == {"production": 100, "baseline": 0, "canary": 0}   # a first production takes all
     assert d.router_url(SVC)
+    reps = d.replicas(SVC)   # every engine, in role order, with readiness, restarts, state and a last log line
+    assert [(r.role, r.name, r.ready, r.restarts, r.state) for r in reps] == [
+        (role, f"{role}-0", True, 0, "running") for role in ("production", "baseline", "canary")]
+    assert all(r.last_log_line and "\n" not in r.last_log_line and len(r.last_log_line) <= 200 for r in reps)
+    assert d.replicas("nothing-here") == []
 
 
 def test_weights(impl):
@@ -91,6 +97,8 @@ def test_crashing(impl):
     assert not st["canary"].ready and st["canary"].crashing and st["canary"].ready_replicas == 0
     assert st["production"].ready and not st["production"].crashing and not st["baseline"].crashing
     assert d.status(SVC)["canary"].crashing                    # nothing restarted it behind our back
+    canary = d.replicas(SVC)[-1]
+    assert canary.role == "canary" and not canary.ready and canary.state.startswith("exited ") and canary.restarts == 0
     d.deploy(spec("canary", args=CANARY_ARGS))                 # an explicit deploy converges again
     st = d.status(SVC)["canary"]
     assert st.ready and not st.crashing
@@ -115,10 +123,12 @@ def test_rollback(impl):
     assert set(d.status(SVC)) == {"production"} and impl.weights()["production"] == 100
     d.rollback(SVC)                                            # idempotent
     assert set(d.status(SVC)) == {"production"}
+    assert [r.role for r in d.replicas(SVC)] == ["production"]
 
 
 def test_close(impl):
     d = impl.d
     d.close()
     assert d.status(SVC) == {}
+    assert d.replicas(SVC) == []
     d.close()                                                  # twice is fine

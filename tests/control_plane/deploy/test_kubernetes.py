@@ -6,7 +6,8 @@ import pytest
 from kubernetes import client, watch
 
 from sits.control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from sits.control_plane.adapters.k8s_status import last_log_line, log_pod, pods_crashing
+from sits.control_plane.adapters.k8s_status import log_pod, pods_crashing
+from sits.control_plane.adapters.log_line import last_log_line
 from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
 
 SVC = "chat"
@@ -415,6 +416,32 @@ def test_a_container_restarted_after_a_kill_is_crashing_before_any_back_off(kd, 
     assert not st["canary"].ready and st["canary"].crashing
     assert "engine restarted 1 time, last exit code 137 Error" in st["canary"].message
     assert not st["production"].crashing
+
+
+def test_replicas_lists_every_pod_with_readiness_restarts_and_state(kd, kube_namespace, kube_cluster):
+    """replicas(): each pod of each variant, ready from its Ready condition, restarts and state from the engine
+    container's status; the fake node has no kubelet, so a pod that has run says why its log is missing instead."""
+    ns = kube_namespace
+    kd.deploy(spec("production", replicas=2))
+    kd.deploy(spec("canary", kernels="triton-v2"))
+    assert mark_ready(kube_cluster, kd, ns, "production").ready
+    deadline = time.monotonic() + 30
+    while not kube_cluster.crash_pods(ns, f"app={SVC},sits.io/role=canary", restarts=3, exit_code=2):
+        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
+        time.sleep(0.2)
+    core = client.CoreV1Api(kube_cluster.api_client())
+    names = {r: sorted(p.metadata.name for p in core.list_namespaced_pod(
+        ns, label_selector=f"app={SVC},sits.io/role={r}").items) for r in ("production", "canary")}
+    reps = kd.replicas(SVC)
+    assert [(r.role, r.name) for r in reps] == [("production", n) for n in names["production"]] + [
+        ("canary", names["canary"][0])]
+    for r in reps[:2]:
+        assert r.ready and r.restarts == 0 and r.state == "running" and r.address.startswith("10.244.0.")
+        assert r.last_log_line == "" and r.log_error == "500"   # the API server cannot reach a kubelet here
+    canary = reps[2]
+    assert not canary.ready and canary.restarts == 3 and canary.state == "CrashLoopBackOff"
+    assert canary.address is None   # never bound: no pod IP
+    assert kd.replicas("nothing-here") == []
 
 
 def test_a_failing_pod_log_read_never_fails_status(kd, kube_namespace, kube_cluster):

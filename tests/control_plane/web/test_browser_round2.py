@@ -306,7 +306,7 @@ def test_service_history_lists_versions_and_prefills_a_retry(browser, sc, width)
         assert page.input_value("#service") == "chat"
         assert page.input_value("#kernels") == "torch-slow-attn"
         assert page.input_value("#production_kernels") == "triton-v1"
-        assert page.locator("#prefilled").is_visible()
+        assert page.locator("#retry-banner").is_visible()   # a retry in place, linked to the rolled-back one
         page.goto(browser.url + "/services/chat")
         page.locator(f'#history tr[data-id="{sc.promoted}"] a.again').click()
         page.wait_for_url(re.compile(r"/rollouts/new\?"))

@@ -136,7 +136,7 @@ def test_service_history_page_lists_each_rollout_and_the_versions(client, store)
     assert html.index(f'data-id="{second.id}"') < html.index(f'data-id="{first.id}"')   # newest first
     assert re.findall(r'<li data-kernels="([^"]+)"', html) == ["triton-v1", "torch"]
     assert "Canary this version again" in html and "Retry" in html
-    assert f"production_kernels=triton-v1&amp;from={second.id}" in html
+    assert f"/rollouts/new?retry_of={second.id}" in html   # a retry in place, linked to the rolled-back one
     assert client.get("/services/nope").status_code == 404
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 from sits.control_plane.adapters.deploy import (DeployCancelled, DeployError, DeployNotFoundError, NotReadyError,
-                                           ReplicaLimit, VariantSpec, VariantStatus, normalize_weights)
+                                           ReplicaLimit, ReplicaStatus, VariantSpec, VariantStatus, normalize_weights)
 from sits.control_plane.adapters.metrics import MetricsWindow, NoDataError
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
 from sits.engine.buckets import LATENCY_BUCKETS
@@ -85,6 +85,13 @@ class InMemoryDeployer:
             return VariantStatus(role, False, 1, 0, url, "0/1 ready; replica 0 exited with code 1", (url,),
                                  crashing=True)
         return VariantStatus(role, True, 1, 1, url, "1/1 ready", (url,))
+
+    def replicas(self, service) -> list[ReplicaStatus]:
+        """One engine per deployed variant, as status() says it is; its last log line an access-log line."""
+        status = self.status(service)
+        return [ReplicaStatus(role, f"{role}-0", st.ready, 0, "running" if st.ready else "exited 1",
+                              f'127.0.0.1 - "GET /readyz HTTP/1.1" {200 if st.ready else 503}', address=st.endpoint)
+                for role in ("production", "baseline", "canary") if (st := status.get(role)) is not None]
 
     def crash(self, service, role) -> None:
         with self._lock:

@@ -21,6 +21,10 @@ const SITS = (() => {
     return { ok: r.ok, status: r.status, data, headers: r.headers };
   }
 
+  // a reason or event as people read it: metric names in words ("request latency on /v1/completions", "TTFT")
+  const human = (s) => (s || "").replace(/http_request_duration_seconds\{route="([^"]+)"\}/g, "request latency on $1")
+    .replace(/sits_time_to_first_token_seconds(\{[^}]*\})?/g, "TTFT").replace(/sits_inter_token_latency_seconds(\{[^}]*\})?/g, "inter-token latency")
+    .replace(/http_request_duration_seconds/g, "request latency").replace(/:p(\d+)/g, " p$1");
   const requests = (n) => `${n} request${n === 1 ? "" : "s"}`;   // "1 request", "20 requests"
 
   function el(tag, attrs = {}, ...children) {
@@ -129,5 +133,5 @@ const SITS = (() => {
     return () => clearTimeout(timer);
   }
 
-  return { ROLES, PHASE, requests, api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
+  return { ROLES, PHASE, human, requests, api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
 })();

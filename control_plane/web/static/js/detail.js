@@ -1,5 +1,6 @@
-// Rollout detail: header and actions, stepper, variants, charts, correctness (correctness.js), checks (expandable
-// evidence) and events, all refreshed every 1.5 s; only new checks/events/points are fetched after the first load.
+// Rollout detail: header and actions (retry: retry.js), stepper, variants, engines (engines.js), charts, correctness
+// (correctness.js), checks (expandable evidence) and events, all refreshed every 1.5 s; only new checks/events/points
+// are fetched after the first load.
 "use strict";
 (() => {
   const { api, el, badge, pct, pt, ms, dur, clock, poll, mark } = SITS;
@@ -11,7 +12,7 @@
   const METRICS = ["http_request_duration_seconds", "sits_time_to_first_token_seconds", "sits_inter_token_latency_seconds"];
   const LABEL = { http_request_duration_seconds: "Request latency", sits_time_to_first_token_seconds: "Time to first token", sits_inter_token_latency_seconds: "Inter-token latency" };
   let distBoxes = {}, dist = null, distSeq = 0;   // the latency cards' distribution boxes, the last one drawn
-  let S = null, charts = {}, lastSeq = 0, lastEvent = 0, lastCheckRow = 0, showAll = false;
+  let S = null, charts = {}, lastSeq = 0, lastCheckRow = 0, showAll = false;
   $("more-checks").addEventListener("click", () => {
     showAll = true;
     $("more-checks").hidden = true;
@@ -19,9 +20,7 @@
   });
 
   // ---- header ------------------------------------------------------------------------------------------------------
-  const human = (s) => (s || "").replace(/http_request_duration_seconds\{route="([^"]+)"\}/g, "request latency on $1")
-    .replace(/sits_time_to_first_token_seconds(\{[^}]*\})?/g, "TTFT").replace(/sits_inter_token_latency_seconds(\{[^}]*\})?/g, "inter-token latency")
-    .replace(/http_request_duration_seconds/g, "request latency").replace(/:p(\d+)/g, " p$1");
+  const human = SITS.human;
   const PHASE_TEXT = { pending: "Waiting for the worker to deploy the canary and baseline.", initializing: "Deploying the canary and baseline; waiting until they are ready." };
 
   function header() {
@@ -46,6 +45,7 @@
           : `not possible while ${SITS.phaseWord(R.phase)}`) : "";
       btn.setAttribute("aria-disabled", btn.disabled ? "true" : "false");
     }
+    Retry.render(R);
     $("pending").textContent = pending.length ? "Queued for the worker: " + pending.map((p) => `${p.command} (${p.actor || "?"})`).join(", ") : "";
   }
 
@@ -310,7 +310,7 @@
     for (const c of Object.values(charts)) for (const [u, node] of c.plots) u.setSize({ width: node.clientWidth, height: 230 });
     if (dist) Distribution.renderAll(dist, distBoxes);
   }).observe($("charts"));
-  // ---- checks and events ---------------------------------------------------------------------------------------------
+  // ---- checks --------------------------------------------------------------------------------------------------
   function resultGrid(c) {
     const grid = el("div", { class: "results" });
     for (const r of c.results) {
@@ -369,38 +369,6 @@
     $("no-checks").hidden = lastCheckRow > 0;
     document.getElementById("checks").hidden = lastCheckRow === 0;
   }
-  // a failed action's error: its first line, the engine's log tail (the next lines) folded away
-  const openErrors = new Set();   // the outbox is redrawn on every refresh: an unfolded error stays unfolded
-  function errorText(err, key) {
-    const [first, ...rest] = err.split("\n");
-    if (!rest.length) return el("span", { class: "muted small" }, ` (${first})`);
-    const d = el("details", { class: "err small", open: openErrors.has(key) }, el("summary", {}, first),
-      el("div", { class: "evidence-box" }, el("pre", { tabindex: "0" }, rest.join("\n"))));
-    d.addEventListener("toggle", () => { if (d.open) openErrors.add(key); else openErrors.delete(key); });
-    return d;
-  }
-  async function loadEvents() {
-    const res = await api(`/rollouts/${encodeURIComponent(id)}/events?since_id=${lastEvent}`);
-    if (!res.ok) return;
-    const list = $("events");
-    for (const e of res.data.events) {
-      if (e.kind === "check") { lastEvent = Math.max(lastEvent, e.id); continue; }   // the checks table has them
-      list.prepend(el("li", { class: `kind-${e.kind}` }, el("span", { class: "t", title: new Date(e.at * 1000).toLocaleString() }, clock(e.at)),
-        el("span", { class: "actor" + (e.actor ? "" : " system") }, e.actor || "worker"), el("span", { class: "msg" }, human(e.message))));
-      lastEvent = Math.max(lastEvent, e.id);
-    }
-    const rows = [
-      ...res.data.actions.map((a) => ({ t: a.created_at, who: "worker", msg: a.what, status: a.status, err: a.error, key: `a${a.id}` })),
-      ...res.data.notifications.map((n) => ({ t: n.at, who: "webhook", msg: `${n.event} → ${n.webhook}`, status: n.status, err: n.error })),
-    ].sort((a, b) => b.t - a.t);
-    if (rows.length) {
-      $("outbox").replaceChildren(...rows.map((r) => el("li", {}, el("span", { class: "t" }, clock(r.t)),
-        el("span", { class: "actor system" }, r.who),
-        el("span", { class: "msg" }, r.msg, " ", el("span", { class: r.status === "failed" ? "bad" : r.status === "pending" ? "warn" : "ok" }, r.status),
-          r.err ? errorText(r.err, r.key || `${r.t}${r.msg}`) : null))));
-    }
-  }
-
   // the newest latency check's histograms (a correctness check has none), fetched once per new check
   async function loadDistribution() {
     const seq = S && S.seq.length ? S.seq[S.seq.length - 1] : 0;
@@ -418,6 +386,7 @@
     header();
     stepper();
     Correctness.render($("correctness"), R);
+    await Engines.load(R);
     if (R.checks > lastSeq) {
       const s = await api(`/rollouts/${encodeURIComponent(id)}/series?since_seq=${lastSeq}`);
       if (s.ok && s.data.last_seq != null) { appendSeries(s.data); lastSeq = s.data.last_seq; drawCharts(); }
@@ -425,7 +394,7 @@
     }
     await loadDistribution();
     summary();
-    await loadEvents();
+    await Events.load(id);
     return true;
   }
   header();

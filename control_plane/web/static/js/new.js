@@ -1,4 +1,5 @@
-// New canary form: builds the POST /api/v1/rollouts body, shows the server's 422 next to the offending field.
+// New canary form: builds the POST /api/v1/rollouts body, shows the server's 422 next to the offending field; a
+// retry (?retry_of=ID) starts prefilled with the old rollout's kernel set, spec and policy.
 "use strict";
 (() => {
   const { api, el } = SITS;
@@ -93,6 +94,36 @@
     $("prefilled-from").textContent = pre.get("from");
     $("prefilled-from").href = `/rollouts/${encodeURIComponent(pre.get("from"))}`;
     $("prefilled-unknown").textContent = unknown.length ? ` Not prefilled: ${unknown.join(", ")} (not in the catalogue).` : "";
+  }
+  // "Retry…" on an ended rollout's page (?retry_of=ID): its kernel set, spec and policy, editable; production stays
+  // what the service runs now (filled in above from the service)
+  const retry = JSON.parse($("retry-data").textContent);
+  if (retry) prefillRetry(retry);
+  function prefillRetry(r) {
+    const p = r.policy;
+    $("service").value = r.service;
+    $("service").dispatchEvent(new Event("input"));
+    if (byName[r.kernels]) $("kernels").value = r.kernels;
+    $("model").value = r.model;
+    $("replicas").value = r.replicas;
+    $("args").value = r.args.join(" ");
+    if (r.args.length) document.querySelector("details.advanced").open = true;
+    $("steps").value = p.steps.join(", ");
+    form.querySelector(`input[name="compare_to"][value="${p.compare_to}"]`).checked = true;
+    for (const k of ["check_interval_s", "warmup_s", "min_samples"]) $(k).value = p[k];
+    $("correctness").checked = !!(p.correctness && p.correctness.enabled);
+    const used = new Set();
+    for (const row of rowEls) {
+      const i = p.checks.findIndex((c, j) => !used.has(j) && c.metric === row.metric && (c.quantile ?? null) === row.q);
+      row.box.checked = i >= 0;
+      row.input.disabled = i < 0;
+      if (i < 0) continue;
+      used.add(i);
+      const c = p.checks[i];
+      row.input.value = +((row.metric === "error_rate" ? c.max_abs_delta : c.max_rel_delta) * 100).toFixed(4);
+    }
+    const dropped = p.checks.length - used.size;   // checks the form has no row for: not part of the retry
+    $("retry-dropped").textContent = dropped ? ` ${dropped} of its checks ${dropped === 1 ? "has" : "have"} no row in this form and ${dropped === 1 ? "is" : "are"} left out.` : "";
   }
   updateChanges();
   updateChips();
@@ -195,6 +226,7 @@
     };
     const args = $("args").value.trim();
     if (args) body.args = args.split(/\s+/);
+    if (retry) { body.retry_of = retry.id; body.args = body.args || []; }   // emptied args: none, not the old ones
     $("start").disabled = true;
     try {
       const res = await api("/rollouts", { method: "POST", body });
