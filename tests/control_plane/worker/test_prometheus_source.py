@@ -17,7 +17,7 @@ from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusS
 from sits.control_plane.adapters.scrape import ScrapeSource
 from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
 from sits.control_plane.rollout import ROLES
-from sits.engine.buckets import LATENCY_BUCKETS
+from sits.wire.buckets import LATENCY_BUCKETS
 from tests.fixtures.prometheus import PROMETHEUS_BIN, PrometheusServer, backfill, format_value
 
 from .conftest import SERVICE, send
