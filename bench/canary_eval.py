@@ -27,9 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sits.control_plane.analysis import HistogramSnapshot, Policy, VariantData, histogram_quantile  # noqa: E402
 from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
 from sits.wire.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.wire.metrics import REQUEST_LATENCY  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
-KEY = "http_request_duration_seconds"
+KEY = REQUEST_LATENCY
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 

@@ -64,24 +64,24 @@ class _StatsCollector(Collector):
         stats = self._get_stats()
         if stats is not None:
             counters = [
-                ("sits_prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
-                ("sits_generation_tokens", "Tokens generated.", stats.generation_tokens_total),
-                ("sits_num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
+                (m.PROMPT_TOKENS_TOTAL, "Prompt tokens processed.", stats.prompt_tokens_total),
+                (m.GENERATION_TOKENS_TOTAL, "Tokens generated.", stats.generation_tokens_total),
+                (m.PREEMPTIONS, "Sequences preempted (recomputed later) for lack of KV blocks.",
                  stats.num_preemptions),
-                ("sits_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                (m.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
                  stats.prefix_cache_queries),
-                ("sits_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+                (m.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ]
             for name, doc, value in counters:
                 family = CounterMetricFamily(name, doc, labels=names)
                 family.add_metric(values, float(value))
                 yield family
             gauges = [
-                ("sits_num_requests_running", "Requests in the running batch.", stats.num_running),
-                ("sits_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-                ("sits_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", stats.kv_cache_usage),
-                ("sits_kv_cache_free_blocks", "KV-cache blocks free.", stats.num_free_blocks),
-                ("sits_kv_cache_total_blocks", "KV-cache blocks in total.", stats.num_total_blocks),
+                (m.REQUESTS_RUNNING, "Requests in the running batch.", stats.num_running),
+                (m.REQUESTS_WAITING, "Requests waiting to be scheduled.", stats.num_waiting),
+                (m.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0..1).", stats.kv_cache_usage),
+                (m.KV_CACHE_FREE_BLOCKS, "KV-cache blocks free.", stats.num_free_blocks),
+                (m.KV_CACHE_TOTAL_BLOCKS, "KV-cache blocks in total.", stats.num_total_blocks),
             ]
             if stats.device_memory_bytes:
                 gauges.append((m.DEVICE_MEMORY, "GPU memory held by the engine's CUDA caching "

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from sits.engine.metrics import EngineMetrics, MetricLabels
 from sits.wire import headers, metrics
@@ -70,12 +71,21 @@ def test_the_engine_exposes_every_contract_metric_with_its_labels():
     m.observe_tokens(5, 7)
     m.count_inference("/v1/completions", replay=True, stream=False)
     m.count_probe(200)
+    m.set_stats_source(lambda: SimpleNamespace(
+        prompt_tokens_total=5, generation_tokens_total=7, num_preemptions=0, prefix_cache_queries=5,
+        prefix_cache_hits=0, num_running=1, num_waiting=0, kv_cache_usage=0.1, num_free_blocks=9, num_total_blocks=10,
+        device_memory_bytes=1 << 20))
     text = m.render().decode()
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     assert set(metrics.LATENCY_HISTOGRAMS) | {metrics.PROMPT_TOKENS, metrics.GENERATION_TOKENS} <= families
     # counters are exposed with _total, the info metric with _info
     assert {metrics.INFERENCE_REQUESTS + "_total", metrics.PROBE_REQUESTS + "_total", metrics.ENGINE_INFO_METRIC} \
         <= families
+    engine_state = {metrics.PROMPT_TOKENS_TOTAL, metrics.GENERATION_TOKENS_TOTAL, metrics.PREEMPTIONS,
+                    metrics.PREFIX_CACHE_QUERIES, metrics.PREFIX_CACHE_HITS}
+    assert {name + "_total" for name in engine_state} | {
+        metrics.REQUESTS_RUNNING, metrics.REQUESTS_WAITING, metrics.KV_CACHE_USAGE, metrics.KV_CACHE_FREE_BLOCKS,
+        metrics.KV_CACHE_TOTAL_BLOCKS, metrics.DEVICE_MEMORY} <= families
     assert _labels(text, metrics.REQUEST_LATENCY + "_count") == set(metrics.HTTP_LABELS)
     for name in (metrics.TTFT, metrics.ITL, metrics.E2E, metrics.QUEUE_TIME):
         assert _labels(text, name + "_count") == set(metrics.ENGINE_LABELS), name

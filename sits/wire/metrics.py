@@ -34,6 +34,19 @@ PROBE_REQUESTS = "sits_probe_requests"
 ORIGIN = "origin"
 ORIGIN_LIVE, ORIGIN_REPLAY = "live", "replay"
 
+# the engine's own state, read at scrape time (ENGINE_LABELS): counters (exposed with _total) and gauges; the
+# dashboards' engine panels
+PROMPT_TOKENS_TOTAL = "sits_prompt_tokens"
+GENERATION_TOKENS_TOTAL = "sits_generation_tokens"
+PREEMPTIONS = "sits_num_preemptions"
+PREFIX_CACHE_QUERIES = "sits_prefix_cache_queries"
+PREFIX_CACHE_HITS = "sits_prefix_cache_hits"
+REQUESTS_RUNNING = "sits_num_requests_running"
+REQUESTS_WAITING = "sits_num_requests_waiting"
+KV_CACHE_USAGE = "sits_kv_cache_usage_perc"
+KV_CACHE_FREE_BLOCKS = "sits_kv_cache_free_blocks"
+KV_CACHE_TOTAL_BLOCKS = "sits_kv_cache_total_blocks"
+
 # the engine build: an info metric, exposed as ENGINE_INFO + "_info" (labels kernel_version, kernel_set, model, env,
 # service, build); and the GPU memory gauge the GPU demo reads
 ENGINE_INFO = "sits_engine"
