@@ -2,13 +2,14 @@
 namespace, `sits` (control_plane/ is `sits.control_plane`, engine/ `sits.engine`, kernels/ `sits.kernels`,
 dashboards/ `sits.dashboards`). Bare `kernels`, `engine` and `dashboards` are names other packages claim (Hugging
 Face's `kernels`, which transformers requires), so the folders are never importable under their own names from an
-install, editable or not. Everything else (metadata, dependencies, package data) is in pyproject.toml.
+install, editable or not. Packages inside sits/ itself (sits.wire, the contract both sides import) are ordinary
+subpackages. Everything else (metadata, dependencies, package data) is in pyproject.toml.
 """
 from setuptools import find_packages, setup
 
 FOLDERS = ("control_plane", "engine", "kernels", "dashboards")
 
-packages, package_dir = ["sits"], {"sits": "sits"}
+packages, package_dir = ["sits", *(f"sits.{sub}" for sub in find_packages("sits"))], {"sits": "sits"}
 for folder in FOLDERS:
     name = f"sits.{folder}"
     packages.append(name)

@@ -32,7 +32,7 @@ from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  #
 from sits.control_plane.adapters.spec import DeploySpec  # noqa: E402
 from sits.control_plane.store.db import Store  # noqa: E402
 from sits.control_plane.web.users import Users, token_sha256  # noqa: E402
-from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.wire.buckets import LATENCY_BUCKETS  # noqa: E402
 
 TOKEN = "bench-token"
 KEYS = {REQUEST_LATENCY + '{route="/v1/completions"}': 0.05, REQUEST_LATENCY + '{route="/v1/chat/completions"}': 0.08,

@@ -1,7 +1,7 @@
 """Evaluation harness for the canary analysis: the real Policy + reconcile() on simulated traffic, simulated clock.
 
 Latencies (lognormal, and a bimodal long-tail mix) are observed through the engine's real bucket layout
-(engine.buckets.LATENCY_BUCKETS): a window of n ~ Poisson(rate * dt) requests per variant lands in the buckets as a
+(sits.wire.buckets.LATENCY_BUCKETS): a window of n ~ Poisson(rate * dt) requests per variant lands in the buckets as a
 Multinomial(n, P(bucket)), which is exactly what n independent observations produce. Every `tick` seconds the worker's
 observation (window deltas, readiness) goes through `reconcile`; the request rate per variant is held constant.
 
@@ -26,10 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sits.control_plane.analysis import HistogramSnapshot, Policy, VariantData, histogram_quantile  # noqa: E402
 from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
-from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.wire.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.wire.metrics import REQUEST_LATENCY  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
-KEY = "http_request_duration_seconds"
+KEY = REQUEST_LATENCY
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 

@@ -42,7 +42,7 @@ from sits.control_plane.service.rollouts import start_rollout  # noqa: E402
 from sits.control_plane.store.db import Store  # noqa: E402
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
-from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.wire.buckets import LATENCY_BUCKETS  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
 # metric -> (median seconds, sigma): a small model on a GPU

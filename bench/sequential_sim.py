@@ -10,7 +10,7 @@ statistics" for the figures behind the defaults):
     x exp(common drift)  AR(1) shared by every engine (load, host): cancels in a paired window
     x exp(offset)        persistent per-engine offset, N(0, --offset-sd) per engine and run (start order, placement)
     x (1 + effect)       canary only
-Each engine's requests land in the engine's real buckets (engine.buckets.LATENCY_BUCKETS); the worker observes window
+Each engine's requests land in the engine's real buckets (sits/wire/buckets.py LATENCY_BUCKETS); the worker observes window
 deltas every --poll s and the policy checks every check_interval_s. The true effect a run's sequence should cover is
 log(1 + effect) + offset_canary - offset_baseline (every factor is a scale: the quantiles move by exactly that).
 
@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sits.control_plane.analysis import HistogramSnapshot, MetricCheck, Policy, VariantData  # noqa: E402
 from sits.control_plane.analysis.sequential import AA_PREFIX, estimate  # noqa: E402
 from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
-from sits.engine.buckets import LATENCY_BUCKETS  # noqa: E402
+from sits.wire.buckets import LATENCY_BUCKETS  # noqa: E402
 
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
 EDGES = np.array(LATENCY_BUCKETS)

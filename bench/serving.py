@@ -39,8 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from sits.control_plane.analysis.quantile import histogram_quantile  # noqa: E402
+from sits.wire.metrics import ENGINE_STEP, ITL, TTFT  # noqa: E402
 
-HISTOGRAMS = ("sits_inter_token_latency_seconds", "sits_time_to_first_token_seconds", "sits_engine_step_seconds")
+HISTOGRAMS = (ITL, TTFT, ENGINE_STEP)
 
 
 def _prompt(i: int) -> str:

@@ -1,6 +1,7 @@
 """Canary: production, baseline and canary side by side, the P90/P99 deltas the analysis judges, the canary's weight."""
 from sits.control_plane.analysis import promql
 from sits.dashboards.common import LATENCY, NS, RATE, VARIANTS, dashboard, q_name, stat, timeseries, variables
+from sits.wire.metrics import REQUEST_LATENCY
 
 DELTA_QUANTILES = (0.9, 0.99)
 NAMESPACE = ',namespace=~"$namespace"'
@@ -28,13 +29,12 @@ def _deltas(metric: str, title: str):
 
 _weight = promql.render("gauge_by", agg="max", metric="sits_canary_weight_percent", by="service",
                         match=promql.matchers(namespace=NS, service="$service"))
-_req = "http_request_duration_seconds"
 
 panels = [
     stat("Canary weight", _weight, "{{service}}", unit="percent"),
     *[stat(f"Request latency {q_name(q)} vs baseline",
-           promql.render("quantile_delta", q=q, metric=_req, service="$service", target="baseline",
-                         extra=_extra(_req), window=RATE), unit="percentunit") for q in DELTA_QUANTILES],
+           promql.render("quantile_delta", q=q, metric=REQUEST_LATENCY, service="$service", target="baseline",
+                         extra=_extra(REQUEST_LATENCY), window=RATE), unit="percentunit") for q in DELTA_QUANTILES],
     stat("Error rate (canary)", promql.render("error_rate", service="$service", env="canary", extra=NAMESPACE,
                                               window=RATE), unit="percentunit"),
     timeseries("Canary weight over time", [(_weight, "{{service}}")], unit="percent", width=24),
@@ -47,7 +47,7 @@ panels += [
         for env in VARIANTS],
         unit="percentunit"),
     timeseries("Requests / s per variant", [
-        (promql.render("rate_by", metric="http_request_duration_seconds_count", by="env",
+        (promql.render("rate_by", metric=REQUEST_LATENCY + "_count", by="env",
                        match=promql.matchers(namespace=NS, service="$service"), window=RATE), "{{env}}")],
         unit="reqps"),
 ]

@@ -10,6 +10,7 @@ from typing import Iterable, Sequence
 from grafanalib.core import (Annotations, Dashboard, GridPos, Stat, Target, Template, Templating, Time, TimeSeries)
 
 from sits.control_plane.analysis import promql
+from sits.wire.metrics import E2E, ENGINE_INFO_METRIC, ITL, REQUEST_LATENCY, TTFT
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 37              # panels with gridPos, fieldConfig and data-source references (Grafana >= 8.5)
@@ -18,12 +19,8 @@ VARIANTS = ("production", "baseline", "canary")
 QUANTILES = (0.5, 0.9, 0.99)
 NS = ("=~", "$namespace")
 
-LATENCY = {  # metric -> panel title
-    "http_request_duration_seconds": "Request latency",
-    "sits_time_to_first_token_seconds": "Time to first token",
-    "sits_inter_token_latency_seconds": "Inter-token latency",
-    "sits_e2e_request_latency_seconds": "End-to-end latency",
-}
+LATENCY = {REQUEST_LATENCY: "Request latency", TTFT: "Time to first token", ITL: "Inter-token latency",  # panel titles
+           E2E: "End-to-end latency"}
 
 
 def q_name(q: float) -> str:
@@ -65,7 +62,7 @@ def layout(panels: Sequence) -> list:
     return list(panels)
 
 
-def variables(service_metric: str = "sits_engine_info", multi_service: bool = False) -> Templating:
+def variables(service_metric: str = ENGINE_INFO_METRIC, multi_service: bool = False) -> Templating:
     """$datasource (any Prometheus), $namespace (several, or all) and $service (from `service_metric`)."""
     return Templating(list=[
         Template(name="datasource", label="Data source", type="datasource", query="prometheus", default="Prometheus"),

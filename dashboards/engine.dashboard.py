@@ -1,6 +1,8 @@
 """Engine: every variant (env, kernel_version) of one service: traffic, latency percentiles, the scheduler's state."""
 from sits.control_plane.analysis import promql
 from sits.dashboards.common import (LATENCY, NS, QUANTILES, RATE, dashboard, q_name, timeseries, variables)
+from sits.wire import metrics as m
+from sits.wire.metrics import QUEUE_TIME, REQUEST_LATENCY
 
 VARIANT = "env, kernel_version"   # the engine's own histograms carry the kernel version; HTTP ones only env
 
@@ -10,7 +12,7 @@ def _match(metric: str = "") -> str:
 
 
 def _latency(metric: str, title: str):
-    by = "env" if metric == "http_request_duration_seconds" else VARIANT
+    by = "env" if metric == REQUEST_LATENCY else VARIANT
     legend = "{{env}}" if by == "env" else "{{env}} {{kernel_version}}"
     return timeseries(f"{title} P50 / P90 / P99", [
         (promql.render("quantile_by", q=q, metric=metric, by=by, match=_match(metric), window=RATE),
@@ -23,28 +25,28 @@ def _per_variant(title: str, template: str, unit: str, **values):
 
 
 panels = [
-    timeseries("Request rate", [(promql.render("rate_by", metric="http_request_duration_seconds_count", by="env",
+    timeseries("Request rate", [(promql.render("rate_by", metric=REQUEST_LATENCY + "_count", by="env",
                                                match=_match(), window=RATE), "{{env}}")], unit="reqps"),
     timeseries("Error ratio (5xx)", [(promql.render("error_ratio_by", by="env", match=_match(), window=RATE),
                                       "{{env}}")], unit="percentunit"),
     *[_latency(metric, title) for metric, title in LATENCY.items()],
-    _latency("sits_queue_time_seconds", "Queue time"),
+    _latency(QUEUE_TIME, "Queue time"),
     timeseries("Requests running / waiting", [
-        (promql.render("gauge_by", agg="sum", metric="sits_num_requests_running", by=VARIANT, match=_match()),
+        (promql.render("gauge_by", agg="sum", metric=m.REQUESTS_RUNNING, by=VARIANT, match=_match()),
          "running {{env}} {{kernel_version}}"),
-        (promql.render("gauge_by", agg="sum", metric="sits_num_requests_waiting", by=VARIANT, match=_match()),
+        (promql.render("gauge_by", agg="sum", metric=m.REQUESTS_WAITING, by=VARIANT, match=_match()),
          "waiting {{env}} {{kernel_version}}")]),
     _per_variant("KV-cache usage (busiest replica)", "gauge_by", "percentunit", agg="max",
-                 metric="sits_kv_cache_usage_perc"),
+                 metric=m.KV_CACHE_USAGE),
     timeseries("Tokens / s", [
-        (promql.render("rate_by", metric="sits_generation_tokens_total", by=VARIANT, match=_match(), window=RATE),
+        (promql.render("rate_by", metric=m.GENERATION_TOKENS_TOTAL + "_total", by=VARIANT, match=_match(), window=RATE),
          "generated {{env}} {{kernel_version}}"),
-        (promql.render("rate_by", metric="sits_prompt_tokens_total", by=VARIANT, match=_match(), window=RATE),
+        (promql.render("rate_by", metric=m.PROMPT_TOKENS_TOTAL + "_total", by=VARIANT, match=_match(), window=RATE),
          "prompt {{env}} {{kernel_version}}")], unit="short"),
     _per_variant("Prefix-cache hit rate (prompt tokens)", "ratio_by", "percentunit",
-                 numerator="sits_prefix_cache_hits_total", denominator="sits_prefix_cache_queries_total",
+                 numerator=m.PREFIX_CACHE_HITS + "_total", denominator=m.PREFIX_CACHE_QUERIES + "_total",
                  window=RATE),
-    _per_variant("Preemptions", "increase_by", "short", metric="sits_num_preemptions_total", window=RATE),
+    _per_variant("Preemptions", "increase_by", "short", metric=m.PREEMPTIONS + "_total", window=RATE),
 ]
 
 dashboard = dashboard(

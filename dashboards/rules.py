@@ -7,6 +7,7 @@ import yaml
 
 from sits.control_plane.analysis import promql
 from sits.dashboards.common import LATENCY, VARIANTS
+from sits.wire.metrics import REQUEST_LATENCY
 
 NAMESPACE, JOB = "__NAMESPACE__", "__JOB__"                       # replaced by the chart's template
 ROLLBACK_WINDOW, INCONCLUSIVE_WINDOW = "__ROLLBACK_WINDOW__", "__INCONCLUSIVE_WINDOW__"
@@ -21,7 +22,7 @@ def record_name(metric: str, q: float) -> str:
 def recording_rules() -> list[dict]:
     rules = []
     for metric in LATENCY:
-        by = "namespace, service, env" + ("" if metric == "http_request_duration_seconds" else ", kernel_version")
+        by = "namespace, service, env" + ("" if metric == REQUEST_LATENCY else ", kernel_version")
         match = promql.matchers(metric, env=("=~", "|".join(VARIANTS)))
         for q in RECORD_QUANTILES:
             rules.append({"record": record_name(metric, q),

@@ -1,7 +1,7 @@
 """Prometheus metrics of one engine server process.
 
 Every server owns its own `CollectorRegistry` (several servers may live in one test process). Latency histograms use
-`sits.engine.buckets.LATENCY_BUCKETS` (geometric, 2**(1/8) apart, from 0.49 ms to 64 s: see that module for why). Engine
+`sits.wire.buckets.LATENCY_BUCKETS` (geometric, 2**(1/8) apart, from 0.49 ms to 64 s: see that module for why). Engine
 counters that the engine keeps itself (tokens, preemptions, prefix-cache queries/hits) and the gauges (running/waiting
 requests, KV usage) are read from `LLMEngine.stats()` (thread-safe) at scrape time, so they can never drift from the
 engine's own numbers.
@@ -18,7 +18,8 @@ from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sits.engine.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
+from sits.wire import metrics as m
+from sits.wire.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -58,32 +59,32 @@ class _StatsCollector(Collector):
         self._get_threads = get_threads
 
     def collect(self) -> Iterable[Any]:
-        names = ["env", "service", "kernel_version"]
+        names = list(m.ENGINE_LABELS)
         values = [self._labels.env, self._labels.service, self._labels.kernel_version]
         stats = self._get_stats()
         if stats is not None:
             counters = [
-                ("sits_prompt_tokens", "Prompt tokens processed.", stats.prompt_tokens_total),
-                ("sits_generation_tokens", "Tokens generated.", stats.generation_tokens_total),
-                ("sits_num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
+                (m.PROMPT_TOKENS_TOTAL, "Prompt tokens processed.", stats.prompt_tokens_total),
+                (m.GENERATION_TOKENS_TOTAL, "Tokens generated.", stats.generation_tokens_total),
+                (m.PREEMPTIONS, "Sequences preempted (recomputed later) for lack of KV blocks.",
                  stats.num_preemptions),
-                ("sits_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                (m.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
                  stats.prefix_cache_queries),
-                ("sits_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+                (m.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ]
             for name, doc, value in counters:
                 family = CounterMetricFamily(name, doc, labels=names)
                 family.add_metric(values, float(value))
                 yield family
             gauges = [
-                ("sits_num_requests_running", "Requests in the running batch.", stats.num_running),
-                ("sits_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-                ("sits_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", stats.kv_cache_usage),
-                ("sits_kv_cache_free_blocks", "KV-cache blocks free.", stats.num_free_blocks),
-                ("sits_kv_cache_total_blocks", "KV-cache blocks in total.", stats.num_total_blocks),
+                (m.REQUESTS_RUNNING, "Requests in the running batch.", stats.num_running),
+                (m.REQUESTS_WAITING, "Requests waiting to be scheduled.", stats.num_waiting),
+                (m.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0..1).", stats.kv_cache_usage),
+                (m.KV_CACHE_FREE_BLOCKS, "KV-cache blocks free.", stats.num_free_blocks),
+                (m.KV_CACHE_TOTAL_BLOCKS, "KV-cache blocks in total.", stats.num_total_blocks),
             ]
             if stats.device_memory_bytes:
-                gauges.append(("sits_device_memory_reserved_bytes", "GPU memory held by the engine's CUDA caching "
+                gauges.append((m.DEVICE_MEMORY, "GPU memory held by the engine's CUDA caching "
                                "allocator: weights, KV cache and activations (the CUDA context not counted).",
                                stats.device_memory_bytes))
             for name, doc, value in gauges:
@@ -110,41 +111,41 @@ class EngineMetrics:
         self.labels = labels
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        eng = ["env", "service", "kernel_version"]
+        eng = list(m.ENGINE_LABELS)
         self.http_request_duration = Histogram(
-            "http_request_duration_seconds", "HTTP request duration, from request start to the last byte sent.",
-            ["env", "service", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("sits_time_to_first_token_seconds", "Time from request arrival to its first token.",
+            m.REQUEST_LATENCY, "HTTP request duration, from request start to the last byte sent.",
+            list(m.HTTP_LABELS), buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(m.TTFT, "Time from request arrival to its first token.",
                               eng, buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("sits_inter_token_latency_seconds", "Time between consecutive output tokens.",
+        self.itl = Histogram(m.ITL, "Time between consecutive output tokens.",
                              eng, buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("sits_e2e_request_latency_seconds", "Time from request arrival to its last token.",
+        self.e2e = Histogram(m.E2E, "Time from request arrival to its last token.",
                              eng, buckets=LATENCY_BUCKETS, registry=r)
         # the engine API reports no scheduling timestamps: this is arrival -> start of the step that produced the
         # first token, so for prompts longer than one step's token budget it includes the earlier prefill chunks
-        self.queue_time = Histogram("sits_queue_time_seconds", "Time from request arrival to the start of the "
+        self.queue_time = Histogram(m.QUEUE_TIME, "Time from request arrival to the start of the "
                                     "engine step that produced its first token.",
                                     eng, buckets=LATENCY_BUCKETS, registry=r)
-        self.step_time = Histogram("sits_engine_step_seconds", "Wall time of one engine scheduler step.",
+        self.step_time = Histogram(m.ENGINE_STEP, "Wall time of one engine scheduler step.",
                                    eng, buckets=LATENCY_BUCKETS, registry=r)
         self.request_success = Counter("sits_request_success", "Finished requests by finish reason.",
                                        eng + ["finished_reason"], registry=r)
-        self.probe_requests = Counter("sits_probe_requests", "Requests marked X-SITS-Probe: 1 (the control plane's "
+        self.probe_requests = Counter(m.PROBE_REQUESTS, "Requests marked X-SITS-Probe: 1 (the control plane's "
                                       "correctness probes); kept out of every latency histogram and error count.",
-                                      ["env", "service", "status"], registry=r)
+                                      [m.ENV, m.SERVICE, m.STATUS], registry=r)
         # every inference request but probes, by origin ("replay": X-SITS-Replay: 1, the control plane's low-traffic
         # replay; "live" otherwise) and whether it streamed: replayed and live counts, the live streamed share
-        self.inference_requests = Counter("sits_inference_requests", "Inference requests (probes excluded) by route, "
+        self.inference_requests = Counter(m.INFERENCE_REQUESTS, "Inference requests (probes excluded) by route, "
                                           "origin (live | replay) and whether the answer streamed.",
-                                          ["env", "service", "route", "origin", "stream"], registry=r)
+                                          [m.ENV, m.SERVICE, m.ROUTE, m.ORIGIN, "stream"], registry=r)
         # live requests' token counts (replayed ones excluded): the workload low-traffic replay is drawn from
-        self.prompt_tokens = Histogram("sits_request_prompt_tokens", "Prompt tokens of each finished live request.",
+        self.prompt_tokens = Histogram(m.PROMPT_TOKENS, "Prompt tokens of each finished live request.",
                                        eng, buckets=TOKEN_BUCKETS, registry=r)
-        self.generation_tokens = Histogram("sits_request_generation_tokens", "Tokens generated for each finished live "
+        self.generation_tokens = Histogram(m.GENERATION_TOKENS, "Tokens generated for each finished live "
                                            "request.", eng, buckets=TOKEN_BUCKETS, registry=r)
         self.request_errors = Counter("sits_request_errors", "Requests answered with an error, by HTTP status code.",
                                       eng + ["code"], registry=r)
-        self.info = Info("sits_engine", "The engine build serving this endpoint.", registry=r)
+        self.info = Info(m.ENGINE_INFO, "The engine build serving this endpoint.", registry=r)
         self.info.info({"kernel_version": labels.kernel_version, "kernel_set": kernel_set, "model": model,
                         "env": labels.env, "service": labels.service, "build": build})
         self._eng_values = (labels.env, labels.service, labels.kernel_version)
@@ -194,7 +195,7 @@ class EngineMetrics:
         self.probe_requests.labels(self.labels.env, self.labels.service, str(status)).inc()
 
     def count_inference(self, route: str, replay: bool, stream: bool) -> None:
-        self.inference_requests.labels(self.labels.env, self.labels.service, route, "replay" if replay else "live",
+        self.inference_requests.labels(self.labels.env, self.labels.service, route, m.ORIGIN_REPLAY if replay else m.ORIGIN_LIVE,
                                        "true" if stream else "false").inc()
 
     def observe_tokens(self, prompt_tokens: int, generation_tokens: int) -> None:

@@ -2,7 +2,7 @@
 
 Exporter: "none" (default: no provider, spans are non-recording and cost ~nothing), "console" (JSON lines on stdout),
 or "otlp" (OTLP/HTTP protobuf to `otlp_endpoint`, e.g. http://collector:4318): `TracingConfig` and
-`build_tracer_provider`, shared with the control plane (control_plane/tracing.py, which imports nothing of the engine).
+`build_tracer_provider`, shared with the control plane (sits/wire/tracing.py, which imports neither side).
 The server never installs a global provider, so several servers (or tests) in one process keep their spans apart.
 """
 
@@ -14,9 +14,8 @@ from typing import Mapping
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-_PROPAGATOR = TraceContextTextMapPropagator()
+from sits.wire.tracing import PROPAGATOR
 
 
 class RequestTracer:
@@ -32,7 +31,7 @@ class RequestTracer:
                       request_id: str) -> trace.Span:
         # headers: a case-insensitive mapping (starlette Headers); only traceparent/tracestate are read
         carrier = {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
-        context = _PROPAGATOR.extract(carrier=carrier)
+        context = PROPAGATOR.extract(carrier=carrier)
         attrs = {**self._static, "sits.tenant": tenant, "sits.priority": priority, "sits.request_id": request_id}
         return self._tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attrs,
                                        start_time=time.time_ns())

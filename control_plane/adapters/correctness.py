@@ -28,9 +28,9 @@ from sits.control_plane.analysis.conformance import judge as judge_conformance
 from sits.control_plane.analysis.correctness import with_conformance
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
-from sits.control_plane.tracing import inject
+from sits.wire.headers import MARK, PROBE_HEADER
+from sits.wire.tracing import inject
 
-PROBE_HEADER = {"X-SITS-Probe": "1"}
 MAX_PROMPTS = 1000
 MAX_PROMPT_CHARS = 100_000
 
@@ -197,7 +197,7 @@ class CorrectnessProbe:
         returns (replays, tokens, requests). Every request carries the caller's traceparent (read here: the pool's
         threads do not inherit the caller's context). `interrupted()` is asked before each prompt: once it says
         True no further prompt starts, and ReplayInterrupted is raised when those in flight are done."""
-        headers = inject(PROBE_HEADER)
+        headers = inject({PROBE_HEADER: MARK})
         stop = threading.Event()
 
         def one(prompt: str):

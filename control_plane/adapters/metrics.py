@@ -17,9 +17,6 @@ from sits.control_plane.analysis import REQUEST_LATENCY, VariantData
 
 # The inference routes whose latency and errors are compared (health checks and scrapes would dilute them).
 INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
-# the engines' counter of inference requests by origin (live | replay) and stream (true | false): VariantData's
-# `replayed` and `streamed` (low-traffic mode)
-INFERENCE_REQUESTS = "sits_inference_requests"
 
 
 class MetricsError(Exception):

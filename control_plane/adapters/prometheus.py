@@ -19,11 +19,12 @@ from typing import Callable, Mapping, Sequence
 
 import requests
 
-from sits.control_plane.adapters.metrics import (INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, MultipleSeriesError,
+from sits.control_plane.adapters.metrics import (INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, MultipleSeriesError,
                                             NoDataError, Target)
 from sits.control_plane.analysis import promql
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
 from sits.control_plane.redact import redact, split_credentials
+from sits.wire.metrics import INFERENCE_REQUESTS, ORIGIN, ORIGIN_LIVE, ORIGIN_REPLAY
 
 
 @dataclass(slots=True)
@@ -144,9 +145,9 @@ class PrometheusSource:
                                                  match=match[role] + routes + f',status=~"{promql.SERVER_ERROR}"')
             # low-traffic mode: replayed requests, and live ones that streamed (engines without the counter: none)
             jobs[role, "replayed"] = promql.render("counter_increase_match", metric=INFERENCE_REQUESTS, window=window,
-                                                   match=match[role] + routes + ',origin="replay"')
+                                                   match=match[role] + routes + f',{ORIGIN}="{ORIGIN_REPLAY}"')
             jobs[role, "streamed"] = promql.render("counter_increase_match", metric=INFERENCE_REQUESTS, window=window,
-                                                   match=match[role] + routes + ',origin="live",stream="true"')
+                                                   match=match[role] + routes + f',{ORIGIN}="{ORIGIN_LIVE}",stream="true"')
         results = self._all(jobs, at)
         variants: dict[str, VariantData] = {}
         for role in roles:

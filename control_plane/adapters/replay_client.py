@@ -10,7 +10,7 @@ from typing import Protocol
 
 import requests
 
-from sits.control_plane.analysis import REPLAY_HEADER
+from sits.wire.headers import MARK, REPLAY_HEADER
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,7 +57,7 @@ class HTTPReplaySender:
         if stream:
             body["stream_options"] = {"include_usage": True}
         try:
-            with self._session().post(url.rstrip("/") + route, json=body, headers={REPLAY_HEADER: "1"},
+            with self._session().post(url.rstrip("/") + route, json=body, headers={REPLAY_HEADER: MARK},
                                       timeout=timeout, stream=stream) as r:
                 if r.status_code != 200:
                     return ReplayAnswer(False, error=f"HTTP {r.status_code}")

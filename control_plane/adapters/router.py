@@ -33,7 +33,7 @@ from sits.control_plane.rollout import ROLES
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.router_config import RouterConfig
 from sits.control_plane.adapters.router_table import RouteTable
-from sits.control_plane.http_limits import timeout_protocol
+from sits.wire.http_limits import timeout_protocol
 
 log = logging.getLogger(__name__)
 PIN_HEADER = "x-sits-variant"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from sits.control_plane.adapters import router_http as rh
 from sits.control_plane.adapters.deploy import DeployError
-from sits.control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
+from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
 
 
 @dataclass(slots=True)

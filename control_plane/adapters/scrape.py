@@ -18,9 +18,10 @@ from typing import Mapping, Sequence
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from sits.control_plane.adapters.metrics import INFERENCE_REQUESTS, INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
+from sits.control_plane.adapters.metrics import INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
 from sits.control_plane.analysis.promql import series_key, status_class
+from sits.wire.metrics import INFERENCE_REQUESTS, ORIGIN, ORIGIN_REPLAY
 
 _EPS = 1e-6
 
@@ -115,7 +116,7 @@ def _count_origins(fam, service: str | None, routes: Sequence[str], out: Cumulat
         if not s.name.endswith("_total") or labels.get("route") not in routes \
                 or (service is not None and labels.get("service", service) != service):
             continue
-        if labels.get("origin") == "replay":
+        if labels.get(ORIGIN) == ORIGIN_REPLAY:
             out.replayed += s.value
         elif labels.get("stream") == "true":
             out.streamed += s.value

@@ -7,8 +7,7 @@ from .correctness import (CorrectnessVerdict, Continuation, PromptComparison, Pr
 from .deltas import Delta, compute_deltas
 from .histogram import HistogramError, HistogramSnapshot, increase, merge_all
 from .gate_policy import CorrectnessPolicy
-from .low_traffic import (GENERATION_TOKENS, PROMPT_TOKENS, REPLAY_HEADER, WORKLOAD_METRICS, LowTrafficPolicy,
-                          live_requests_needed)
+from .low_traffic import GENERATION_TOKENS, PROMPT_TOKENS, WORKLOAD_METRICS, LowTrafficPolicy, live_requests_needed
 from .policy import (E2E, ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy, default_checks)
 from .policy_error import PolicyError
 from .quantile import histogram_quantile
@@ -21,7 +20,6 @@ __all__ = [
     "REQUEST_LATENCY", "TTFT", "ITL", "E2E", "ERROR_RATE",
     "QuantileBounds", "DeltaEstimate", "quantile_bounds", "quantile_delta", "proportion_diff",
     "LowTrafficPolicy", "live_requests_needed", "PROMPT_TOKENS", "GENERATION_TOKENS", "WORKLOAD_METRICS",
-    "REPLAY_HEADER",
     "CorrectnessPolicy", "CorrectnessVerdict", "Continuation", "PromptComparison", "PromptReplay", "TokenLogprob",
     "compare_replays",
     "Guard", "Outcome", "TestResult", "VariantData", "Verdict", "assess", "Delta", "compute_deltas",

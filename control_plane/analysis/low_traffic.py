@@ -8,14 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping
 
+from sits.wire.metrics import GENERATION_TOKENS, PROMPT_TOKENS
+
 from .policy_error import PolicyError, _name, _num, _short
 from .prompts import prompt_set_problem
 
-# engine histograms of each live request's token counts (engine/metrics.py): what replayed requests are drawn from
-PROMPT_TOKENS = "sits_request_prompt_tokens"
-GENERATION_TOKENS = "sits_request_generation_tokens"
+# engine histograms of each live request's token counts: what replayed requests are drawn from
 WORKLOAD_METRICS = (PROMPT_TOKENS, GENERATION_TOKENS)
-REPLAY_HEADER = "X-SITS-Replay"   # "1" on every replayed request: engines count them apart (origin="replay")
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,14 +5,12 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
+from sits.wire.metrics import E2E, ITL, REQUEST_LATENCY, TTFT
+
 from .gate_policy import CorrectnessPolicy
 from .low_traffic import WORKLOAD_METRICS, LowTrafficPolicy
 from .policy_error import PolicyError, _name, _num, _short
 
-REQUEST_LATENCY = "http_request_duration_seconds"
-TTFT = "sits_time_to_first_token_seconds"
-ITL = "sits_inter_token_latency_seconds"
-E2E = "sits_e2e_request_latency_seconds"
 ERROR_RATE = "error_rate"  # pseudo-metric: errors / requests of the variant
 TARGETS = ("baseline", "production")
 MAX_CHECKS = 32

@@ -19,11 +19,14 @@ import re
 import string
 from typing import Mapping
 
+from sits.wire.metrics import REQUEST_LATENCY
+
 # status classes of http_request_duration_seconds (label `status`), as PromQL regexes and as one Python predicate
 SERVER_ERROR = "5..|429"            # counted as errors
 COUNTED = "[1235]..|429"            # the requests of the error rate: everything but client errors
 TIMED = "[123].."                   # the judged latency: answered requests only
-LATENCY_FILTER = {"http_request_duration_seconds": f',status=~"{TIMED}"'}
+LATENCY_FILTER = {REQUEST_LATENCY: f',status=~"{TIMED}"'}
+_REQUESTS = REQUEST_LATENCY + "_count"   # every answered request, by status
 
 
 def status_class(status: str) -> str:
@@ -48,10 +51,10 @@ TEMPLATES: dict[str, str] = {
     "count_increase_match": 'sum(increase({metric}_count{{{match}}}[{window}]))',
     # a counter's window increase (sits_inference_requests_total by origin/stream: replayed and live streamed requests)
     "counter_increase_match": 'sum(increase({metric}_total{{{match}}}[{window}]))',
-    "requests": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",'
-                'status=~"' + COUNTED + '"}}[{window}]))',
-    "errors": 'sum(increase(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"'
-              + SERVER_ERROR + '"}}[{window}]))',
+    "requests": 'sum(increase(' + _REQUESTS + '{{service="{service}",env="{env}",status=~"' + COUNTED
+                + '"}}[{window}]))',
+    "errors": 'sum(increase(' + _REQUESTS + '{{service="{service}",env="{env}",status=~"' + SERVER_ERROR
+              + '"}}[{window}]))',
     # what a dashboard shows: the windowed quantile per variant, and the canary-vs-target relative delta
     "quantile": 'histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{service="{service}",env="{env}"{extra}}}'
                 '[{window}])))',
@@ -59,9 +62,9 @@ TEMPLATES: dict[str, str] = {
                       '{extra}}}[{window}]))) / histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{service='
                       '"{service}",env="{target}"{extra}}}[{window}])))) - 1',
     # (a variant that never answered 5xx has no 5xx series: its rate is 0, not "no data")
-    "error_rate": '(sum(rate(http_request_duration_seconds_count{{service="{service}",env="{env}",status=~"'
-                  + SERVER_ERROR + '"{extra}}}[{window}])) or vector(0)) / sum(rate(http_request_duration_seconds_count'
-                  '{{service="{service}",env="{env}",status=~"' + COUNTED + '"{extra}}}[{window}]))',
+    "error_rate": '(sum(rate(' + _REQUESTS + '{{service="{service}",env="{env}",status=~"' + SERVER_ERROR
+                  + '"{extra}}}[{window}])) or vector(0)) / sum(rate(' + _REQUESTS
+                  + '{{service="{service}",env="{env}",status=~"' + COUNTED + '"{extra}}}[{window}]))',
     # dashboards and the Helm chart's recording rules: the same forms split by variant. `match` is a whole matcher
     # list built by matchers() (validated there), `by` the grouping labels (validated as label names)
     "quantile_by": 'histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{match}}}[{window}])))',
@@ -69,10 +72,10 @@ TEMPLATES: dict[str, str] = {
     "increase_by": 'sum by ({by}) (increase({metric}{{{match}}}[{window}]))',
     "ratio_by": 'sum by ({by}) (rate({numerator}{{{match}}}[{window}])) / sum by ({by}) (rate({denominator}'
                 '{{{match}}}[{window}]))',
-    "error_ratio_by": '(sum by ({by}) (rate(http_request_duration_seconds_count{{{match},status=~"' + SERVER_ERROR
-                      + '"}}[{window}])) or 0 * sum by ({by}) (rate(http_request_duration_seconds_count{{{match},'
-                      'status=~"' + COUNTED + '"}}[{window}]))) / sum by ({by}) (rate('
-                      'http_request_duration_seconds_count{{{match},status=~"' + COUNTED + '"}}[{window}]))',
+    "error_ratio_by": '(sum by ({by}) (rate(' + _REQUESTS + '{{{match},status=~"' + SERVER_ERROR
+                      + '"}}[{window}])) or 0 * sum by ({by}) (rate(' + _REQUESTS + '{{{match},status=~"' + COUNTED
+                      + '"}}[{window}]))) / sum by ({by}) (rate(' + _REQUESTS + '{{{match},status=~"' + COUNTED
+                      + '"}}[{window}]))',
     "gauge_by": '{agg} by ({by}) ({metric}{{{match}}})',
     # control plane: phase transitions (a phase that is current now but was not one interval ago), rollbacks,
     # and services whose checks were all inconclusive over a window
@@ -168,7 +171,7 @@ def route_filter(route: str) -> str:
     """The `extra` matcher selecting one route (plus the latency filter), e.g. for a per-route series."""
     if not _SAFE_VALUE.match(route):
         raise TemplateError(f"route may not contain quotes, backslashes, braces or newlines: {route!r}")
-    return f',route="{route}"' + LATENCY_FILTER["http_request_duration_seconds"]
+    return f',route="{route}"' + LATENCY_FILTER[REQUEST_LATENCY]
 
 
 def series_key(metric: str, labels: Mapping[str, str] | None = None) -> str:

@@ -18,10 +18,10 @@ from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusS
 from sits.control_plane.adapters.scrape import ScrapeSource
 from sits.control_plane.redact import redact_url
 from sits.control_plane.store.db import Store
-from sits.control_plane.tracing import Tracing
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
 from sits.control_plane.worker.crd_watch import CrdApiError, CrdWatcher
+from sits.wire.tracing import Tracing
 
 log = logging.getLogger("sits.control_plane.cli")
 

@@ -28,8 +28,8 @@ from sits.control_plane.errors import SitsError
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import Command
 from sits.control_plane.store.schema import StoreError
-from sits.control_plane.tracing import EXPORTERS
 from sits.control_plane.validation import DEVICES
+from sits.wire.tracing import EXPORTERS
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
 log = logging.getLogger(__name__)

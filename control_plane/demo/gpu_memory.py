@@ -10,15 +10,15 @@ import threading
 import httpx
 
 from sits.control_plane.adapters.deploy import Deployer
+from sits.wire.metrics import DEVICE_MEMORY
 
 log = logging.getLogger(__name__)
-GAUGE = "sits_device_memory_reserved_bytes"
 
 
 def gauge_value(text: str) -> float | None:
     """The gauge's value in a Prometheus text exposition, None when the engine does not export it (CPU)."""
     for line in text.splitlines():
-        if line.startswith(GAUGE + "{") or line.startswith(GAUGE + " "):
+        if line.startswith(DEVICE_MEMORY + "{") or line.startswith(DEVICE_MEMORY + " "):
             try:
                 return float(line.rsplit(None, 1)[1])
             except (IndexError, ValueError):

@@ -25,7 +25,7 @@ import httpx
 
 from sits.control_plane.demo.traffic import Planned, TrafficMix, plan
 from sits.control_plane.rollout import ROLES
-from sits.control_plane.tracing import SpanKind, Tracing, inject, set_attributes
+from sits.wire.tracing import SpanKind, Tracing, inject, set_attributes
 
 OK = "ok"
 # outcomes other than OK: "http_<status>", "short" (a 200 with fewer/more tokens than asked), "stream_error" (an

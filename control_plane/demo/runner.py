@@ -48,12 +48,12 @@ from sits.control_plane.demo.profiles import PROFILES, Scenario, mps_running
 from sits.control_plane.demo.prometheus import LocalPrometheus
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
-from sits.control_plane.tracing import Tracing
 from sits.control_plane.web import create_app
 from sits.control_plane.web.users import Users, token_sha256
 from sits.control_plane.worker.config import WorkerConfig
 from sits.control_plane.worker.lifecycle import shutdown
 from sits.control_plane.worker.loop import Worker
+from sits.wire.tracing import Tracing
 
 
 @dataclass(slots=True)

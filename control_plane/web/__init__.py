@@ -8,7 +8,7 @@ Config keys (besides Flask's own):
     LOGIN_LIMIT / LOGIN_WINDOW_S / LOGIN_CLOCK   failed-login limit (5 per 300 s per address, backoff; web.users)
     SERIES_MAX_POINTS   points per chart series before thinning (300)
     POLICY_DEFAULTS     Policy fields (a dict) new rollouts get unless their body gives them (`--policy-defaults`)
-    TRACING             a control_plane.tracing.Tracing: one span per request (default: the worker's, else off)
+    TRACING             a sits.wire.tracing.Tracing: one span per request (default: the worker's, else off)
     JUDGE_PROMETHEUS    a PrometheusConfig `POST /api/v1/judge` queries (default: the worker's Prometheus source)
     KERNEL_CATALOG      the KernelCatalog shown and validated against (default: the built-in sets; `sits-control
                         serve` passes KernelCatalog.discover(--kernel-catalog))

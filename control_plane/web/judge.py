@@ -21,9 +21,9 @@ from sits.control_plane.analysis import Outcome
 from sits.control_plane.errors import ValidationError
 from sits.control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
 from sits.control_plane.redact import redact
-from sits.control_plane.tracing import Tracing, set_attributes
 from sits.control_plane.web.auth import require, use_token, users
 from sits.control_plane.web.common import API_PREFIX, clean, error_response, json_body
+from sits.wire.tracing import Tracing, set_attributes
 
 bp = Blueprint("judge", __name__, url_prefix=API_PREFIX)
 _LOCK = threading.Lock()

@@ -8,9 +8,9 @@ from typing import Mapping
 from sits.control_plane.analysis import ERROR_RATE
 from sits.control_plane.rollout import CORRECTNESS_PREFIX, ROLES, Phase, Rollout, weights_for
 from sits.control_plane.web.common import clean
+from sits.wire.metrics import E2E, ITL, REQUEST_LATENCY, TTFT
 
-SHORT = {"http_request_duration_seconds": "request latency", "sits_time_to_first_token_seconds": "TTFT",
-         "sits_inter_token_latency_seconds": "inter-token latency", "sits_e2e_request_latency_seconds": "e2e latency",
+SHORT = {REQUEST_LATENCY: "request latency", TTFT: "TTFT", ITL: "inter-token latency", E2E: "e2e latency",
          ERROR_RATE: "error rate"}
 
 

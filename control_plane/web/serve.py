@@ -12,9 +12,9 @@ import waitress
 
 from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
 from sits.control_plane.web import create_app
-from sits.control_plane.tracing import Tracing
 from sits.control_plane.web.common import is_loopback
 from sits.control_plane.web.users import AuthFileError, Users
+from sits.wire.tracing import Tracing
 
 log = logging.getLogger(__name__)
 

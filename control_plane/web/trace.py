@@ -1,4 +1,4 @@
-"""One OpenTelemetry SERVER span per API/UI request of the Flask app (control_plane/tracing.py has the tracer)."""
+"""One OpenTelemetry SERVER span per API/UI request of the Flask app (sits/wire/tracing.py has the tracer)."""
 from __future__ import annotations
 
 from flask import Flask, g, request
@@ -6,7 +6,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from sits.control_plane.tracing import PROPAGATOR, Tracing
+from sits.wire.tracing import PROPAGATOR, Tracing
 
 
 def instrument_flask(app: Flask, tracing: Tracing) -> None:

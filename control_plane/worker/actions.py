@@ -20,8 +20,8 @@ from sits.control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind,
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.schema import StoreUnavailableError
-from sits.control_plane.tracing import Tracing, set_attributes
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics
+from sits.wire.tracing import Tracing, set_attributes
 
 log = logging.getLogger("sits.control_plane.worker")
 # the variants a rollout in this phase has deployed (or is deploying): restored when a restart finds them gone

@@ -35,11 +35,12 @@ from sits.control_plane.rollout import Command, Rollout, reconcile
 from sits.control_plane.redact import redact
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.schema import StoreUnavailableError
-from sits.control_plane.tracing import Tracing, check_attributes, set_attributes
 from sits.control_plane.worker.actions import ActionRunner, LeaseLostError
+from sits.control_plane.worker.check_span import check_attributes
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics, default_owner
 from sits.control_plane.worker.observe import Observer
 from sits.control_plane.worker.replay import Replayer
+from sits.wire.tracing import Tracing, set_attributes
 
 log = logging.getLogger(__name__)
 

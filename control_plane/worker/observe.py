@@ -15,7 +15,7 @@ from sits.control_plane.adapters.metrics import MetricsError, MetricsSource, Tar
 from sits.control_plane.analysis import CorrectnessVerdict, Outcome, VariantData
 from sits.control_plane.rollout import Command, Observation, Phase, Rollout, correctness_due
 from sits.control_plane.store.db import Store
-from sits.control_plane.tracing import Tracing, set_attributes
+from sits.wire.tracing import Tracing, set_attributes
 
 log = logging.getLogger("sits.control_plane.worker.loop")
 _OBSERVED = (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED)

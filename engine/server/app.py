@@ -16,12 +16,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sits.control_plane.http_limits import TIMED_OUT
+from sits.wire.http_limits import TIMED_OUT
 from sits.engine.metrics import CONTENT_TYPE, EngineMetrics
 from sits.engine.server import handlers
 from sits.engine.server.errors import APIError, api_error_response, error_response
 from sits.engine.server.runner import Runner
 from sits.engine.server.state import ServerState
+from sits.wire.headers import PROBE_HEADER, REPLAY_HEADER, marked_raw
 
 log = logging.getLogger("sits.engine.server")
 INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -80,12 +81,12 @@ class HTTPMetricsMiddleware:
             route = path if path in self.routes else "other"  # bounded label cardinality
             metrics = self.metrics
             headers = scope.get("headers", ())
-            if (b"x-sits-probe", b"1") in headers:
+            if marked_raw(headers, PROBE_HEADER):
                 metrics.count_probe(status)   # a correctness probe: never part of the latency the canary is judged on
             else:
                 metrics.observe_http(route, status, time.perf_counter() - start)
                 if route in INFERENCE_ROUTES:   # replayed (low-traffic mode) or live, streamed or not
-                    metrics.count_inference(route, (b"x-sits-replay", b"1") in headers, stream)
+                    metrics.count_inference(route, marked_raw(headers, REPLAY_HEADER), stream)
                 if status >= 400 and path.startswith("/v1/"):
                     metrics.count_error(status)
 

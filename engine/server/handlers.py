@@ -15,13 +15,14 @@ from starlette.responses import JSONResponse, Response
 from sits.engine.errors import ContextLengthError, EngineError, InvalidRequestError, QueueFullError, check_context_length
 from sits.engine.sampling_params import SamplingParams
 from sits.engine.server.errors import APIError, error_body
-from sits.control_plane.http_limits import MAX_BODY_BYTES
 from sits.engine.server.logprobs import chat_logprobs, completion_logprobs
 from sits.engine.server.protocol import GenerationRequest, parse_tenant
 from sits.engine.server.runner import Rejected, Runner
 from sits.engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
 from sits.engine.server.state import ServerState, server_state
 from sits.engine.server.tracker import Tracker
+from sits.wire.headers import PROBE_HEADER, REPLAY_HEADER, marked
+from sits.wire.http_limits import MAX_BODY_BYTES
 
 _LONG_PROMPT_CHARS = 8192  # tokenize longer prompts in a worker thread, not on the event loop
 RETRY_AFTER_S = "1"
@@ -130,7 +131,7 @@ async def _generate(request: Request, kind: str) -> Response:
     span = state.tracer.start_request(f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
                                       request.headers, tenant=tenant, priority=priority, request_id=rid)
     tracker = Tracker(state, span, prep.arrival, len(ids), probe=is_probe(request.headers),
-                      replay=request.headers.get("x-sits-replay", "").strip() == "1")
+                      replay=marked(request.headers, REPLAY_HEADER))
     if faults.latency_s > 0:
         await asyncio.sleep(faults.latency_s)  # fault injection: once per request, before the first token
     runner = state.runner
@@ -225,7 +226,7 @@ def _completion_choice(greq: GenerationRequest, ids: list[int], text: str, track
 
 
 def is_probe(headers: Any) -> bool:
-    return headers.get("x-sits-probe", "").strip() == "1"
+    return marked(headers, PROBE_HEADER)
 
 
 async def _stream(greq: GenerationRequest, rid: str, created: int, queue: asyncio.Queue, tracker: Tracker,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from sits.control_plane.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 log = logging.getLogger("sits.engine.server")
 
@@ -184,8 +184,8 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     from sits.engine.server.app import create_app
     from sits.engine.server.state import Faults, ServerState
     from sits.engine.server.runner import EngineRunner
-    from sits.control_plane.tracing import TracingConfig, build_tracer_provider
     from sits.engine.tracing import RequestTracer
+    from sits.wire.tracing import TracingConfig, build_tracer_provider
 
     engine_config = config.engine_config()   # validated now: bad flags fail before the port opens
     # the name and version label every metric and span; with the engine in its own process, this process never needs
@@ -240,7 +240,7 @@ def system_fingerprint(service: str) -> str:
 def uvicorn_config(app: Any, config: ServerConfig) -> Any:
     import uvicorn
 
-    from sits.control_plane.http_limits import timeout_protocol
+    from sits.wire.http_limits import timeout_protocol
 
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                           access_log=config.access_log, backlog=4096, timeout_keep_alive=30,

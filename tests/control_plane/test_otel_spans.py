@@ -9,8 +9,8 @@ from sits.control_plane.web import create_app
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
-from sits.control_plane.tracing import Tracing, TracingConfig
 from sits.control_plane.worker.loop import Worker
+from sits.wire.tracing import Tracing, TracingConfig
 from tests.control_plane.helpers import latency_policy
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from tests.fixtures.otlp import OTLPReceiver

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -80,10 +79,8 @@ def test_install_creates_every_object_and_uninstall_removes_them(home, kube_clus
     assert f"kubectl -n {ns} port-forward svc/rel-sits-control 8080:8080" in notes
     assert "sha256sum" in notes and "Authorization: Bearer" in notes and "nobody can log in" in notes
     helm("uninstall", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig)
-    deadline = time.monotonic() + 30
-    while any(_exists(dyn, d) for d in docs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [d["kind"] for d in docs if _exists(dyn, d)]
+    wait_for(lambda: f"uninstall to delete {[d['kind'] for d in docs if _exists(dyn, d)]}",
+             lambda: not any(_exists(dyn, d) for d in docs), timeout=30, interval=0.2)
 
 
 def test_existing_secret_scenario_installs(home, kube_cluster):
@@ -129,29 +126,28 @@ def test_monitoring_objects_created_with_crds(home, kube_cluster):
     for crd in sorted(CRDS.glob("*.yaml")):
         kube_cluster.install_crd(crd)
     ns = _namespace(kube_cluster)
-    deadline = time.monotonic() + 30   # helm reads the served kinds from discovery, which may lag the CRD
-    while True:
+    def installed_with_monitoring():
         docs, notes = _install(home, kube_cluster, ns, "monitoring-values.yaml")
-        if set(MONITORING_KINDS) <= {d["kind"] for d in docs} or time.monotonic() > deadline:
-            break
+        if set(MONITORING_KINDS) <= {d["kind"] for d in docs}:
+            return docs, notes
         helm("uninstall", "rel", "--namespace", ns, home=home, kubeconfig=kube_cluster.kubeconfig)
-        time.sleep(1)
-    assert set(MONITORING_KINDS) <= {d["kind"] for d in docs} and "WARNING" not in notes
+        return None
+    # helm reads the served kinds from discovery, which may lag the CRD
+    docs, notes = wait_for("an install with the monitoring kinds", installed_with_monitoring, timeout=30, interval=1)
+    assert "WARNING" not in notes
     assert all(_exists(dynamic.DynamicClient(kube_cluster.api_client()), d) for d in docs)
 
 
 def _service_account_client(kube_cluster, ns: str, name: str, timeout: float = 30) -> client.ApiClient:
     """An API client holding the ServiceAccount's token (the token controller writes it into a Secret)."""
     core = client.CoreV1Api(kube_cluster.api_client())
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for s in core.list_namespaced_secret(ns).items:
-            if s.type == "kubernetes.io/service-account-token" and \
-                    (s.metadata.annotations or {}).get("kubernetes.io/service-account.name") == name and \
-                    (s.data or {}).get("token"):
-                return kube_cluster.api_client(token=base64.b64decode(s.data["token"]).decode())
-        time.sleep(0.2)
-    raise TimeoutError(f"no token Secret for ServiceAccount {ns}/{name}")
+
+    def token() -> str | None:
+        return next((base64.b64decode(s.data["token"]).decode() for s in core.list_namespaced_secret(ns).items
+                     if s.type == "kubernetes.io/service-account-token" and (s.data or {}).get("token")
+                     and (s.metadata.annotations or {}).get("kubernetes.io/service-account.name") == name), None)
+    return kube_cluster.api_client(token=wait_for(f"a token Secret for ServiceAccount {ns}/{name}", token, timeout,
+                                                  0.2, error=TimeoutError))
 
 
 def test_service_account_can_deploy_and_nothing_more(home, kube_cluster):

@@ -1,7 +1,8 @@
 """What the images install (`pip install .`, not editable) holds every file the packages read at run time: the UI's
 templates and static files, the kernel catalogue, the CRDs. A missing one only shows in a pod, so build the wheel.
 Every folder lands under the one import namespace, `sits` (control_plane/ as sits/control_plane/, ...), and nothing
-at the top level that another package could claim (Hugging Face's `kernels`)."""
+at the top level that another package could claim (Hugging Face's `kernels`); sits/'s own subpackages (sits.wire) are
+in it too."""
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import zipfile
 
 from tests.helm.support import ROOT
 
-PACKAGES = ("engine", "kernels", "control_plane", "dashboards")
+PACKAGES = ("engine", "kernels", "control_plane", "dashboards")   # each lands as sits/<folder>/
 
 
 def test_the_wheel_holds_every_tracked_file_of_the_packages(tmp_path):
@@ -17,13 +18,16 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages(tmp_path):
                              check=True).stdout.split()
     wanted = {p for p in tracked if not p.endswith(".py")}
     assert "control_plane/web/templates/base.html" in wanted and "control_plane/adapters/kernel_catalog.json" in wanted
+    own = subprocess.run(["git", "ls-files", "sits"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()   # sits/ itself: the namespace and its own subpackages
+    assert "sits/__init__.py" in own and "sits/wire/metrics.py" in own
     src = tmp_path / "src"   # setuptools writes build/ into the tree it builds: build a copy of the tracked files
-    for p in tracked + ["pyproject.toml", "setup.py", "README.md", "sits/__init__.py"]:
+    for p in tracked + own + ["pyproject.toml", "setup.py", "README.md"]:
         (src / p).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / p, src / p)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=600)
     (wheel,) = tmp_path.glob("sits-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert sorted({f"sits/{p}" for p in tracked} - names) == []
+    assert sorted(({f"sits/{p}" for p in tracked} | set(own)) - names) == []
     assert {n.split("/")[0] for n in names if not n.startswith("sits-")} == {"sits"}

@@ -9,6 +9,7 @@ from sits.control_plane.adapters.deploy import DeployConflictError, DeployError,
 from sits.control_plane.adapters.k8s_status import log_pod, pods_crashing
 from sits.control_plane.adapters.log_line import last_log_line
 from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from tests.waiting import wait_for
 
 SVC = "chat"
 
@@ -48,13 +49,11 @@ def names(apps, ns):
 def mark_ready(kube_cluster, kd, ns, role, timeout=30.0):
     """Pods of the variant become Ready (kubelet's part, see make_pods_ready); the real controllers then set the
     Deployment status. Returns the deployer's status once it says ready."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def ready():
         kube_cluster.make_pods_ready(ns, f"app={SVC},sits.io/role={role}")
         st = kd.status(SVC)[role]
-        if st.ready or time.monotonic() > deadline:
-            return st
-        time.sleep(0.2)
+        return st if st.ready else None
+    return wait_for(lambda: f"{role} ready: {kd.status(SVC)[role].message}", ready, timeout, 0.2)
 
 
 def test_deploy_creates_labelled_deployment_and_services(kd, kube_namespace, apps, core):
@@ -359,16 +358,14 @@ def test_5xx_is_retried_with_backoff_then_reported(kube_cluster, kube_namespace)
                                      "service": {"namespace": kube_namespace, "name": "nowhere", "port": 443}}})
     try:
         custom = client.CustomObjectsApi(kube_cluster.api_client())
-        deadline = time.monotonic() + 20
-        while True:  # the aggregator picks the APIService up asynchronously
+        def unavailable() -> bool:   # the aggregator picks the APIService up asynchronously
             try:
                 custom.list_namespaced_custom_object("gateway.networking.k8s.io", "v1alpha9", kube_namespace,
                                                      "httproutes")
             except client.exceptions.ApiException as e:
-                if e.status == 503:
-                    break
-            assert time.monotonic() < deadline, "the aggregated API never answered 503"
-            time.sleep(0.2)
+                return e.status == 503
+            return False
+        wait_for("the aggregated API to answer 503", unavailable, timeout=20, interval=0.2, retry_on=())
         kd = make(kube_cluster, kube_namespace, traffic="httproute", gateway="gw", httproute_version="v1alpha9",
                   retries=3)
         sleeps = []
@@ -386,11 +383,9 @@ def test_crash_looping_pods_are_named_in_the_status(kd, kube_namespace, kube_clu
     kd.deploy(spec("canary", kernels="triton-v2"))
     assert mark_ready(kube_cluster, kd, ns, "production").ready
     assert not kd.status(SVC)["canary"].crashing                   # pending, not crashing
-    deadline = time.monotonic() + 30
     # what a kubelet reports for an engine that exits at start-up (e.g. an unknown kernel set)
-    while not kube_cluster.crash_pods(ns, f"app={SVC},sits.io/role=canary", restarts=4, exit_code=2):
-        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
-        time.sleep(0.2)
+    wait_for("the ReplicaSet controller to create the canary pod", lambda: kube_cluster.crash_pods(
+        ns, f"app={SVC},sits.io/role=canary", restarts=4, exit_code=2), timeout=30, interval=0.2)
     pod = client.CoreV1Api(kube_cluster.api_client()).list_namespaced_pod(
         ns, label_selector=f"app={SVC},sits.io/role=canary").items[0]
     st = kd.status(SVC)
@@ -408,10 +403,8 @@ def test_a_container_restarted_after_a_kill_is_crashing_before_any_back_off(kd, 
     kd.deploy(spec("production"))
     kd.deploy(spec("canary", kernels="triton-v2"))
     assert mark_ready(kube_cluster, kd, ns, "production").ready
-    deadline = time.monotonic() + 30
-    while not kube_cluster.crash_pods(ns, f"app={SVC},sits.io/role=canary", restarts=1, exit_code=137, backoff=False):
-        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
-        time.sleep(0.2)
+    wait_for("the ReplicaSet controller to create the canary pod", lambda: kube_cluster.crash_pods(
+        ns, f"app={SVC},sits.io/role=canary", restarts=1, exit_code=137, backoff=False), timeout=30, interval=0.2)
     st = kd.status(SVC)
     assert not st["canary"].ready and st["canary"].crashing
     assert "engine restarted 1 time, last exit code 137 Error" in st["canary"].message
@@ -462,18 +455,17 @@ def test_a_failing_pod_log_read_never_fails_status(kd, kube_namespace, kube_clus
     sleeps = []
     kd.kube.sleep = no_logs.kube.sleep = sleeps.append
     sel = f"app={SVC},sits.io/role=canary"
-    deadline = time.monotonic() + 30
-    while not kube_cluster.make_pods_ready(ns, sel):   # bound to the fake node, which has no address
-        assert time.monotonic() < deadline, "the ReplicaSet controller never created the canary pod"
-        time.sleep(0.2)
+    wait_for("the ReplicaSet controller to create the canary pod",   # bound to the fake node, which has no address
+             lambda: kube_cluster.make_pods_ready(ns, sel), timeout=30, interval=0.2)
     kube_cluster.crash_pods(ns, sel, restarts=1, exit_code=137, backoff=False)   # running again, not ready
     core = client.CoreV1Api(kube_cluster.api_client())
     pod = core.list_namespaced_pod(ns, label_selector=sel).items[0].metadata.name
     core.patch_namespaced_pod_status(pod, ns, {"status": {"conditions": [
         {"type": t, "status": "False"} for t in ("ContainersReady", "Ready")]}})
-    while (st := no_logs.status(SVC)["canary"]).ready:   # until the controllers saw the pod go unready
-        assert time.monotonic() < deadline + 30, "the Deployment never lost its ready replica"
-        time.sleep(0.2)
+    def unready():   # the controllers saw the pod go unready
+        got = no_logs.status(SVC)["canary"]
+        return None if got.ready else got
+    st = wait_for("the Deployment to lose its ready replica", unready, timeout=60, interval=0.2)
     assert not st.ready and st.crashing and "engine restarted 1 time, last exit code 137 Error" in st.message
     assert st.message.endswith(f"; pod {pod} logs unavailable (403: grant get on pods/log)")
     st = kd.status(SVC)["canary"]

@@ -11,6 +11,7 @@ from sits.control_plane.adapters import process
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.router_config import RouterConfig
 from sits.control_plane.adapters.router import WeightedRouter
+from tests.waiting import wait_for
 
 
 PIN_TOKEN = "test-pin-token-0123456789"
@@ -161,10 +162,7 @@ def test_client_disconnect_mid_stream_releases_the_request(router):
         lines = r.iter_lines()  # keep a reference: a discarded line iterator closes the response
         next(lines)
         assert router.in_flight("baseline") == 1
-    deadline = time.monotonic() + 5
-    while router.in_flight("baseline") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert router.in_flight("baseline") == 0
+    wait_for("the request to be released", lambda: router.in_flight("baseline") == 0, timeout=5)
     assert router_counts(router)[("baseline", "weighted", "499")] == 1
 
 

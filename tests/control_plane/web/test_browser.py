@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ import pytest
 
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.web.users import token_sha256
+from tests.waiting import wait_for
 
 sync_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -55,14 +55,12 @@ def service(tmp_path):
             raise
 
 
-def _router(url: str, deadline: float) -> str:
+def _router(url: str, timeout: float) -> str:
     """The service's router address, once the worker has deployed production."""
-    while time.monotonic() < deadline:
+    def deployed() -> str | None:
         svcs = httpx.get(url + "/api/v1/services", headers={"Authorization": f"Bearer {TOKEN}"}).json()["services"]
-        if svcs and svcs[0]["router_url"]:
-            return svcs[0]["router_url"]
-        time.sleep(0.3)
-    raise AssertionError("production was not deployed in time")
+        return svcs[0]["router_url"] if svcs and svcs[0]["router_url"] else None
+    return wait_for("production to be deployed", deployed, timeout, 0.3, retry_on=())
 
 
 def test_start_watch_and_abort_a_canary_in_a_real_browser(service, artifacts):
@@ -111,8 +109,7 @@ def test_start_watch_and_abort_a_canary_in_a_real_browser(service, artifacts):
             page.wait_for_url(re.compile(r"/rollouts/chat-"))
             rollout_id = page.url.rsplit("/", 1)[1]
 
-            deadline = time.monotonic() + 120
-            load = LoadGenerator(_router(url, deadline), rate=12.0, threads=4, max_tokens=2).start()
+            load = LoadGenerator(_router(url, 120), rate=12.0, threads=4, max_tokens=2).start()
             page.wait_for_selector("#phase.phase-progressing", timeout=120_000)
             # at least two checks drawn in the request-latency charts, and the checks table holding them
             page.wait_for_selector('.chart-row[data-metric="http_request_duration_seconds"][data-points]',

@@ -10,7 +10,7 @@ from sits.control_plane.adapters.deploy import (DeployCancelled, DeployError, De
                                            ReplicaLimit, ReplicaStatus, VariantSpec, VariantStatus, normalize_weights)
 from sits.control_plane.adapters.metrics import MetricsWindow, NoDataError
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, VariantData
-from sits.engine.buckets import LATENCY_BUCKETS
+from sits.wire.buckets import LATENCY_BUCKETS
 from tests.control_plane.helpers import lat
 
 KEY = REQUEST_LATENCY + '{route="/v1/completions"}'

@@ -8,9 +8,9 @@ from sits.control_plane.adapters.notify import MultiNotifier
 from sits.control_plane.rollout import Deploy
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
-from sits.control_plane.tracing import Tracing
 from sits.control_plane.worker.actions import ActionRunner, LeaseLostError
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics
+from sits.wire.tracing import Tracing
 from tests.control_plane.helpers import latency_policy
 
 from .support import InMemoryDeployer

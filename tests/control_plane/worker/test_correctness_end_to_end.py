@@ -5,7 +5,6 @@ load through the router, the real worker with its HTTP correctness probe, store 
   same canary without the gate is promoted: latency alone cannot see it;
 - torch-slow-attn (same answers, slower) passes the gate and is rolled back by the latency checks;
 - torch against itself passes both and is promoted."""
-import time
 
 import pytest
 
@@ -23,6 +22,7 @@ from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
+from tests.waiting import wait_for
 
 SVC = "gate"
 LOAD_PROMPT = "Write a short paragraph that explains why the sky looks blue during the day and red at sunset."
@@ -58,17 +58,19 @@ def run(world, tmp_path, canary, gate=True, timeout=120.0, **policy):
     r = start_rollout(store, SVC, canary, "torch", Policy(**{**FAST, **policy}, correctness={
         **GATE, "enabled": gate, "prompt_set": list(PROMPTS)}))
     worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0)).start()
+    aborted = False
+
+    def ended():
+        nonlocal aborted
+        got = store.get(r.id)
+        if got.awaiting_promotion and not aborted:
+            aborted = service.send_command(store, r.id, "abort", "test") > 0
+        elif not got.active and not store.pending_actions(r.id):
+            return store, got, store.checks(r.id)
+        return None
     try:
-        deadline, aborted = time.monotonic() + timeout, False
-        while time.monotonic() < deadline:
-            got = store.get(r.id)
-            if got.awaiting_promotion and not aborted:
-                aborted = service.send_command(store, r.id, "abort", "test") > 0
-            elif not got.active and not store.pending_actions(r.id):
-                return store, got, store.checks(r.id)
-            time.sleep(0.25)
-        raise AssertionError(f"rollout still {store.get(r.id).phase.value} after {timeout}s: "
-                             f"{[e['message'] for e in store.events(r.id)]}")
+        return wait_for(lambda: f"rollout to end, still {store.get(r.id).phase.value}: "
+                                f"{[e['message'] for e in store.events(r.id)]}", ended, timeout, interval=0.25)
     finally:
         worker.stop()
 

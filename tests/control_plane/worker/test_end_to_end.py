@@ -1,7 +1,6 @@
 """End to end on this machine: the real LocalDeployer (engine processes behind the weighted router), load through the
 router, the real worker, store and analysis. A kernel version with injected latency rolls back on its own and a good
 one is promoted: with direct scrape, and with the Prometheus source against a real Prometheus scraping the variants."""
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
 from sits.control_plane.service.rollouts import start_rollout
 from tests.fixtures.prometheus import DeployerDiscovery
+from tests.waiting import wait_for
 
 from .test_notify import Receiver
 
@@ -49,15 +49,13 @@ def world(tmp_path_factory):
 def run(store, worker, args, timeout=180.0):
     r = start_rollout(store, SVC, "torch", "torch", FAST, DeploySpec(canary_faults=args))
     worker.start()
+
+    def ended():
+        got = store.get(r.id)
+        return got if not got.active and not store.pending_actions(r.id) else None
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = store.get(r.id)
-            if not got.active and not store.pending_actions(r.id):
-                return got
-            time.sleep(0.25)
-        raise AssertionError(f"rollout still {store.get(r.id).phase.value} after {timeout}s: "
-                             f"{[e['message'] for e in store.events(r.id)]}")
+        return wait_for(lambda: f"rollout to end, still {store.get(r.id).phase.value}: "
+                                f"{[e['message'] for e in store.events(r.id)]}", ended, timeout, interval=0.25)
     finally:
         worker.stop()
 

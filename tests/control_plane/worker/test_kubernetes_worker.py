@@ -1,7 +1,6 @@
 """The worker driving the real KubernetesDeployer against a real kube-apiserver + controller-manager (pods never run
 there: a thread does the kubelet's part, the real controllers derive the Deployment status). Metrics are canned."""
 import threading
-import time
 
 import pytest
 from kubernetes import client
@@ -14,6 +13,7 @@ from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
+from tests.waiting import wait_for
 
 from .support import CannedSource
 
@@ -42,9 +42,8 @@ def test_worker_rolls_out_on_kubernetes(kube_cluster, kube_namespace, tmp_path, 
                   rollout_id="r1")
     w = Worker(store, kd, CannedSource(rate=2000, scale={SVC: scale}), config=WorkerConfig(interval_s=0.2)).start()
     try:
-        deadline = time.monotonic() + 90
-        while store.get("r1").active and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: f"rollout r1 to end: {[e['message'] for e in store.events('r1')]}",
+                 lambda: not store.get("r1").active, timeout=90, interval=0.2)
     finally:
         w.stop()
         stop.set()

@@ -9,6 +9,7 @@ import pytest
 from sits.control_plane.adapters.notify import (MultiNotifier, Notification, WebhookConfig, WebhookNotifier, json_body,
                                            slack_body)
 from sits.control_plane.store.db import Store
+from tests.waiting import wait_for
 
 
 class Receiver:
@@ -158,9 +159,7 @@ def test_journal_outlives_the_notifier_and_replays_are_no_ops(receiver, tmp_path
     first = WebhookNotifier(WebhookConfig(rx.url, retries=1000, backoff_s=0.02, max_backoff_s=0.02), journal=db.deliveries)
     keyed = Notification("rolled_back", "chat", "chat-1", "restored", key="chat-1:7")
     first.notify(keyed)
-    deadline = time.monotonic() + 5
-    while len(rx.hits) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for("two delivery attempts", lambda: len(rx.hits) >= 2, timeout=5, interval=0.01)
     first.close(timeout=0.1)   # stops mid-retry: the row stays pending
     assert len(rx.hits) >= 2 and rx.bodies == [] and first.sent == 0
     rx.script.clear()

@@ -17,8 +17,9 @@ from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusS
 from sits.control_plane.adapters.scrape import ScrapeSource
 from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
 from sits.control_plane.rollout import ROLES
-from sits.engine.buckets import LATENCY_BUCKETS
+from sits.wire.buckets import LATENCY_BUCKETS
 from tests.fixtures.prometheus import PROMETHEUS_BIN, PrometheusServer, backfill, format_value
+from tests.waiting import wait_for
 
 from .conftest import SERVICE, send
 
@@ -135,13 +136,20 @@ def test_agrees_with_direct_scrape_on_the_same_traffic(engines, prometheus_facto
     def counts():
         """The engines' request counts once they stop moving: an engine observes a request's duration after its
         response went out, so a count read right after the last answer can still grow."""
-        last = None
-        while True:
+        last = {}
+
+        def settled():
             now = {r: scrape.scrape(u, SERVICE, [REQUEST_LATENCY]).requests for r, u in engines.items()}
-            if now == last:
-                return now
-            last = now
-            time.sleep(0.3)
+            same, last["counts"] = now == last.get("counts"), now
+            return now if same else None
+        return wait_for("the engines' request counts to settle", settled, timeout=30, interval=0.3)
+
+    def samples_since(t: float) -> float:
+        """The fewest samples Prometheus holds since `t` of any series of the request counts (0 before a scrape)."""
+        span = f"{max(1, round((time.time() - t) * 1000))}ms"
+        got = prom.query(f'count_over_time(http_request_duration_seconds_count{{route="/v1/completions"}}[{span}])')
+        return min((float(x["value"][1]) for x in got), default=0.0) \
+            if {x["metric"]["env"] for x in got} == {"baseline", "canary"} else 0.0
 
     before = counts()
     t0 = time.time()
@@ -149,7 +157,9 @@ def test_agrees_with_direct_scrape_on_the_same_traffic(engines, prometheus_facto
     scraped_by_prometheus(t0, before)
     send(engines["baseline"], 60)
     send(engines["canary"], 60)
-    time.sleep(2.0)   # a longer window holds more scrapes, which bounds increase()'s extrapolation tighter (tol)
+    # a window holding more scrapes bounds increase()'s extrapolation tighter (tol, below): wait for 8 of each series
+    wait_for("8 scrapes of every series since the window began", lambda: samples_since(t0) >= 8, timeout=30,
+             interval=0.2)
     final = counts()
     assert final == {r: before[r] + 60 for r in before}, (before, final)
     after = time.time()

@@ -6,8 +6,8 @@ import pytest
 from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsSource, NoDataError, Target
 from sits.control_plane.adapters.scrape import ScrapeSource, diff, parse_exposition
 from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
-from sits.engine.buckets import LATENCY_BUCKETS
 from sits.engine.metrics import EngineMetrics, MetricLabels
+from sits.wire.buckets import LATENCY_BUCKETS
 
 from .conftest import SERVICE, send
 

@@ -1,7 +1,6 @@
 """The worker loop with the real store and reconcile, an in-memory deployer and a deterministic metrics source:
 crash safety between every two steps, commands, failed actions, concurrency, exported latency."""
 import threading
-import time
 
 import pytest
 from prometheus_client import generate_latest
@@ -14,6 +13,7 @@ from sits.control_plane.adapters.spec import DeploySpec
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
+from tests.waiting import wait_for
 
 from .support import CannedSource, InMemoryDeployer
 
@@ -288,14 +288,11 @@ def test_slow_deployer_or_metrics_source_blocks_no_other_rollout(tmp_path):
         start_rollout(store, svc, "triton-v1", "torch", fast, rollout_id=svc)
     w = Worker(store, deployer, source, config=WorkerConfig(interval_s=0.05, join_timeout_s=5)).start()
     try:
-        deadline = time.monotonic() + 30
-        while store.get("fast").phase is not Phase.SUCCEEDED and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert store.get("fast").phase is Phase.SUCCEEDED
+        wait_for("the fast rollout to succeed", lambda: store.get("fast").phase is Phase.SUCCEEDED, timeout=30)
         assert store.get("stuck").phase is Phase.INITIALIZING          # its deploy is still hanging
         deployer.gates["stuck"].set()
-        while any(store.get(s).active for s in ("stuck", "slowmetrics")) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for("stuck and slowmetrics to end", lambda: not any(store.get(s).active for s in ("stuck", "slowmetrics")),
+                 timeout=30)
         assert store.get("stuck").phase is Phase.SUCCEEDED and store.get("slowmetrics").phase is Phase.SUCCEEDED
     finally:
         deployer.gates["stuck"].set()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -13,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sits.control_plane.adapters.process import listening_socket
 from sits.engine.server.main import ServerConfig, build_app, uvicorn_config
+from tests.waiting import wait_for
 
 BASE = ServerConfig(model="tiny", kernels="torch", env="test", service="engine-under-test", device="cpu",
                     max_num_seqs=64, log_level="warning", access_log=False)
@@ -49,17 +49,12 @@ class RunningServer:
         return self.app.state.sits
 
     def wait_ready(self, timeout: float = 120) -> "RunningServer":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if http("GET", self.url + "/readyz", timeout=2)[0] == 200:
-                    return self
-            except OSError:
-                pass
+        def ready() -> bool:
             if not self.thread.is_alive():
                 raise RuntimeError("server thread exited")
-            time.sleep(0.05)
-        raise TimeoutError("server not ready")
+            return http("GET", self.url + "/readyz", timeout=2)[0] == 200
+        wait_for("server ready", ready, timeout, error=TimeoutError, retry_on=(OSError,))
+        return self
 
     def metrics(self) -> dict[str, list]:
         """{family name: [samples]} from /metrics."""
@@ -83,12 +78,12 @@ def sample(metrics: dict, family: str, name: str | None = None, **labels) -> flo
 def wait_idle(server, timeout: float = 30) -> dict:
     """Poll `server.metrics()` until nothing runs or waits and every KV block is free again; returns those metrics.
     Fails (naming the counts) if that takes longer than `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
+    state: tuple = ()
+
+    def idle() -> dict | None:
+        nonlocal state
         m = server.metrics()
         state = (sample(m, "sits_num_requests_running"), sample(m, "sits_num_requests_waiting"),
                  sample(m, "sits_kv_cache_free_blocks"), sample(m, "sits_kv_cache_total_blocks"))
-        if state[0] == 0 and state[1] == 0 and state[2] == state[3]:
-            return m
-        assert time.monotonic() < deadline, f"not idle: running, waiting, free, total = {state}"
-        time.sleep(0.05)
+        return m if state[0] == 0 and state[1] == 0 and state[2] == state[3] else None
+    return wait_for(lambda: f"idle (running, waiting, free, total = {state})", idle, timeout)

@@ -5,13 +5,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import openai
 
 from sits.control_plane.adapters.process import listening_socket
 from sits.engine.server.main import build_parser, main
 from tests.engine.server.harness import http
+from tests.waiting import wait_for
 
 SECRET = "sk-very-secret-token-0123456789"
 
@@ -31,16 +31,9 @@ def test_serve_process_end_to_end(tmp_path):
             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if http("GET", url + "/readyz", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
+        wait_for(lambda: f"the server to answer /readyz: {log_path.read_text()}",
+                 lambda: http("GET", url + "/readyz", timeout=2)[0] == 200, timeout=90, interval=0.1, proc=proc,
+                 retry_on=(OSError,))
         client = openai.OpenAI(base_url=url + "/v1", api_key=SECRET, max_retries=0)
         r = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 4

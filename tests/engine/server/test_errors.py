@@ -4,7 +4,6 @@ import json
 import re
 import socket
 import threading
-import time
 
 import httpx
 import openai
@@ -12,6 +11,7 @@ import pytest
 
 from sits.engine.errors import ContextLengthError
 from tests.engine.server.harness import http, sample
+from tests.waiting import wait_for
 
 OK = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
 LONG = "x" * 5000  # > the tiny model's 4096-token context with the byte tokenizer
@@ -111,10 +111,8 @@ def test_full_waiting_queue_gets_429_with_retry_after(serve):
             http("POST", s.url + "/v1/completions", {**OK, "max_tokens": 1})[0])) for _ in range(2)]
         for t in waiters:
             t.start()
-        deadline = time.monotonic() + 20
-        while sample(s.metrics(), "sits_num_requests_waiting") < 2:
-            assert time.monotonic() < deadline, "the two waiters never queued"
-            time.sleep(0.02)
+        wait_for("the two waiters to queue", lambda: sample(s.metrics(), "sits_num_requests_waiting") >= 2,
+                 timeout=20, interval=0.02)
         status, headers, payload = http("POST", s.url + "/v1/completions", OK)
         assert status == 429 and int(headers["retry-after"]) >= 1
         assert json.loads(payload)["error"]["code"] == "queue_full"
@@ -132,13 +130,10 @@ def test_engine_that_fails_to_load_is_never_ready(serve, tmp_path):
 
     s = RunningServer(replace(BASE, model=str(tmp_path / "no-such-checkpoint")))
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def failed() -> bool:
             status, _, body = http("GET", s.url + "/readyz", timeout=5) if _up(s) else (None, None, b"")
-            if status == 503 and json.loads(body)["status"] == "failed":
-                break
-            assert time.monotonic() < deadline, body
-            time.sleep(0.05)
+            return status == 503 and json.loads(body)["status"] == "failed"
+        wait_for("/readyz to say the engine failed", failed, timeout=30, retry_on=())
         assert http("GET", s.url + "/healthz")[0] == 503
         status, headers, body = http("POST", s.url + "/v1/completions", OK)
         assert status == 503 and "retry-after" in {k.lower() for k in headers}

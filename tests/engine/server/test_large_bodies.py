@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sits.control_plane.http_limits import MAX_BODY_BYTES
+from sits.wire.http_limits import MAX_BODY_BYTES
 from sits.engine.server.body_parser import BodyParser
 from sits.engine.server.errors import APIError
 from tests.engine.server.harness import http

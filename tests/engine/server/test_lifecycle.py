@@ -3,7 +3,6 @@
 import asyncio
 import json
 import socket
-import time
 
 import httpx
 
@@ -96,10 +95,8 @@ def test_non_streaming_client_that_disconnects_is_aborted(serve):
     sock = socket.create_connection((host, int(port)))
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    deadline = time.monotonic() + 20
-    while sample(s.metrics(), "sits_num_requests_running") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for("the request to run", lambda: sample(s.metrics(), "sits_num_requests_running") >= 1, timeout=20,
+             interval=0.02)
     sock.close()
     m = wait_idle(s, timeout=10)
     assert sample(m, "sits_request_success", "sits_request_success_total", finished_reason="abort") == 1

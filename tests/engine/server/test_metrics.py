@@ -2,7 +2,7 @@
 
 import math
 
-from sits.engine.buckets import LATENCY_BUCKETS
+from sits.wire.buckets import LATENCY_BUCKETS
 from tests.engine.server.harness import http, sample
 
 ENG = {"env": "test", "service": "engine-under-test"}

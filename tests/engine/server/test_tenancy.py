@@ -5,12 +5,12 @@ injected clock."""
 import itertools
 import json
 import threading
-import time
 
 import httpx
 
 from sits.engine import LLMEngine
 from tests.engine.server.harness import http, sample
+from tests.waiting import wait_for
 
 
 class StepClock:
@@ -38,10 +38,8 @@ def _post_async(url, body, headers, done: list, name: str) -> threading.Thread:
 
 
 def _wait_waiting(server, n, timeout=20):
-    deadline = time.monotonic() + timeout
-    while sample(server.metrics(), "sits_num_requests_waiting") < n:
-        assert time.monotonic() < deadline, f"fewer than {n} requests queued"
-        time.sleep(0.02)
+    wait_for(f"{n} requests queued", lambda: sample(server.metrics(), "sits_num_requests_waiting") >= n, timeout,
+             interval=0.02)
 
 
 def _order(server, priorities):

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sits.control_plane.tracing import TracingConfig
+from sits.wire.tracing import TracingConfig
 from tests.engine.server.harness import BASE, RunningServer, http
 from tests.fixtures.otlp import OTLPReceiver
 

@@ -1,5 +1,6 @@
-"""More rollouts for the round-3 browser tests (issue 40), on top of ui_scenarios.build and in the same store, driven
-by the real worker and state machine (in-memory deployer, canned metrics, frozen clock):
+"""More rollouts for the browser tests of rollout states (test_browser_rollout_states.py, issue 40), on top of
+ui_scenarios.build and in the same store, driven by the real worker and state machine (in-memory deployer, canned
+metrics, frozen clock):
 
 - ads: every step passed, then the deployer's promote failed for good: FAILED, canary and baseline still routed;
 - llm: the canary never got ready (its engine reported an unknown model), the error with 30 lines of engine log

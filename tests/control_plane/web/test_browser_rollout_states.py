@@ -1,12 +1,12 @@
 """Issue 40 (the web UI, round 3) in a real browser (Debian Chromium via Playwright), at 1440 and 390 px, console
 errors and uncaught exceptions failing the test: one app server and one browser for the module, over rollouts built
-by the real worker, state machine and analysis (ui_scenarios.py, ui_scenarios3.py). Screenshots go to
+by the real worker, state machine and analysis (ui_scenarios.py, ui_scenarios_states.py). Screenshots go to
 artifacts/browser/ ($SITS_ARTIFACTS)."""
 from __future__ import annotations
 
 import pytest
 
-from . import ui_scenarios3
+from . import ui_scenarios_states
 from .browser_support import Browser, Server, needs_chromium, shot
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -16,7 +16,7 @@ BOTH = pytest.mark.parametrize("width", [1440, 390])
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    s = ui_scenarios3.build(str(tmp_path_factory.mktemp("ui3") / "sits.db"))
+    s = ui_scenarios_states.build(str(tmp_path_factory.mktemp("ui3") / "sits.db"))
     yield s
     s.store.close()
 
@@ -93,7 +93,7 @@ def test_a_deploy_that_never_got_ready_says_why_in_one_line(browser, sc, width):
         cell.locator(".ending").wait_for()
         text = cell.inner_text()
         assert "unknown model 'llama3-70b'" in text
-        assert "GET /readyz" not in text and ui_scenarios3.LOG_PATH not in text and "NotReadyError" not in text
+        assert "GET /readyz" not in text and ui_scenarios_states.LOG_PATH not in text and "NotReadyError" not in text
         assert cell.bounding_box()["height"] < 120
         page.goto(f"{browser.url}/rollouts/{sc.unknown_model}")
         err = page.locator("#outbox details.err").first
@@ -101,7 +101,7 @@ def test_a_deploy_that_never_got_ready_says_why_in_one_line(browser, sc, width):
         assert "unknown model" in err.locator("summary").inner_text()
         assert not err.locator("pre").is_visible()                  # the log tail is folded away
         err.locator("summary").click()
-        assert ui_scenarios3.LOG_PATH in err.locator("pre").inner_text()
+        assert ui_scenarios_states.LOG_PATH in err.locator("pre").inner_text()
         _polls(page, 1)
         assert page.locator("#outbox details.err").first.locator("pre").is_visible()   # a refresh keeps it open
         assert page.evaluate("document.documentElement.scrollWidth") <= width + 1

@@ -1,11 +1,14 @@
-"""OpenTelemetry in the control plane: spans for each reconcile pass, check, deploy action and API request, and the
-W3C `traceparent` on the requests the control plane sends (correctness replays, the demo's load generator), so the
-engine's request spans (engine/tracing.py) continue the same trace; the router forwards the header untouched.
+"""OpenTelemetry set-up shared by the engine and the control plane: exporter selection, the tracer provider, the W3C
+`traceparent` propagator, and the control plane's tracer. The control plane spans each reconcile pass, check, deploy
+action and API request and sends `traceparent` on its requests to engines (correctness probes, replays, the demo's
+load generator), so the engine's request spans (engine/tracing.py) continue the same trace; the router forwards the
+header untouched.
 
-Exporter selection (`TracingConfig`, `build_tracer_provider`, shared with the engine): "none" (default:
-non-recording spans, nothing exported, no traceparent sent), "console" or "otlp" (OTLP/HTTP protobuf). `sits-control worker|serve
---otel-exporter/--otlp-endpoint`, else SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP_ENDPOINT.
-No global provider is installed: several workers or apps in one process (tests) keep their spans apart.
+Exporter selection (`TracingConfig`, `build_tracer_provider`): "none" (default: non-recording spans, nothing
+exported, no traceparent sent), "console" or "otlp" (OTLP/HTTP protobuf). `sits-engine serve` and `sits-control
+worker|serve` take `--otel-exporter/--otlp-endpoint`, else SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER and
+OTEL_EXPORTER_OTLP_ENDPOINT. No global provider is installed: several servers, workers or apps in one process (tests)
+keep their spans apart.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import Iterator, Mapping
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -23,11 +26,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-if TYPE_CHECKING:
-    from sits.control_plane.rollout import Check
-
-__all__ = ["EXPORTERS", "PROPAGATOR", "SpanKind", "Tracing", "TracingConfig", "check_attributes", "inject",
-           "set_attributes"]
+__all__ = ["EXPORTERS", "PROPAGATOR", "SpanKind", "Tracing", "TracingConfig", "build_tracer_provider",
+           "clean_attributes", "inject", "set_attributes"]
 PROPAGATOR = TraceContextTextMapPropagator()
 EXPORTERS = ("none", "console", "otlp")
 
@@ -81,8 +81,6 @@ def build_tracer_provider(config: TracingConfig, *, resource_attrs: Mapping[str,
     return provider
 
 
-
-
 class Tracing:
     """The control plane's tracer: `Tracing.from_config(TracingConfig.from_env(...))`, or `Tracing()` (off)."""
 
@@ -110,14 +108,14 @@ class Tracing:
         """A span that is current inside the block (children and `inject()` see it); an exception marks it ERROR
         and is re-raised."""
         # no provider (exporter "none"): non-recording spans, so the attributes are not even cleaned
-        attrs = _clean(attributes) if attributes and self.provider is not None else None
+        attrs = clean_attributes(attributes) if attributes and self.provider is not None else None
         with self._tracer.start_as_current_span(name, kind=kind, attributes=attrs,
                                                 record_exception=True, set_status_on_exception=True) as s:
             yield s
 
     def start_span(self, name: str, *, kind: SpanKind, context=None,
                    attributes: Mapping[str, object] | None = None) -> trace.Span:
-        attrs = _clean(attributes) if attributes and self.provider is not None else None
+        attrs = clean_attributes(attributes) if attributes and self.provider is not None else None
         return self._tracer.start_span(name, context=context, kind=kind, attributes=attrs)
 
     def shutdown(self) -> None:
@@ -127,10 +125,10 @@ class Tracing:
 
 def set_attributes(span: trace.Span, attributes: Mapping[str, object]) -> None:
     if span.is_recording():
-        span.set_attributes(_clean(attributes))
+        span.set_attributes(clean_attributes(attributes))
 
 
-def _clean(attributes: Mapping[str, object]) -> dict:
+def clean_attributes(attributes: Mapping[str, object]) -> dict:
     """OTel attribute values are str/bool/int/float: None and NaN are left out, enums give their value."""
     out = {}
     for k, v in attributes.items():
@@ -139,32 +137,6 @@ def _clean(attributes: Mapping[str, object]) -> dict:
             continue
         out[k] = v if isinstance(v, (str, bool, int, float)) else str(v)
     return out
-
-
-def check_attributes(check: "Check") -> dict[str, object]:
-    """A check's verdict as span attributes: outcome, decision, reason; per test (check name and series) the
-    relative delta with its interval; the shown P90/P99 deltas vs baseline and production; the correctness gate's
-    verdict and figures when the check is the gate's."""
-    v = check.verdict
-    out: dict[str, object] = {"sits.check.seq": check.seq, "sits.check.source": check.source,
-                              "sits.step": check.step, "sits.weight": check.weight, "sits.verdict": v.outcome,
-                              "sits.decision": check.decision, "sits.reason": v.reason[:500],
-                              "sits.compare_to": v.compare_to, "sits.guard": v.guard, "sits.need_more": v.need_more}
-    for t in v.results:
-        key = f"sits.test.{t.check}.{t.series}"
-        out.update({f"{key}.outcome": t.outcome, f"{key}.delta_rel": t.delta_rel, f"{key}.ci_low": t.ci_low,
-                    f"{key}.ci_high": t.ci_high, f"{key}.n_canary": t.n_canary})
-    for d in v.deltas:
-        if d.quantile in (0.9, 0.99):
-            key = f"sits.delta.p{d.quantile * 100:g}.{d.series}"
-            out.update({f"{key}.vs_baseline_rel": d.vs_baseline_rel, f"{key}.vs_production_rel": d.vs_production_rel})
-    c = v.correctness
-    if c is not None:
-        out.update({"sits.correctness.verdict": c.outcome, "sits.correctness.reason": c.reason[:500],
-                    "sits.correctness.prompts": c.prompts, "sits.correctness.identical_fraction":
-                    c.identical_fraction, "sits.correctness.top1_agreement": c.top1_agreement,
-                    "sits.correctness.drift_max": c.drift_max})
-    return _clean(out)
 
 
 def inject(headers: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -8,7 +8,7 @@ import pytest
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.router_config import RouterConfig
 from sits.control_plane.adapters.router import WeightedRouter
-from sits.control_plane.http_limits import MAX_BODY_BYTES
+from sits.wire.http_limits import MAX_BODY_BYTES
 from tests.control_plane.deploy.test_router import router_counts
 
 TOKEN = "test-pin-token-0123456789"

@@ -1,4 +1,4 @@
-"""Histogram bucket layout shared by every engine latency histogram.
+"""Histogram bucket layouts of the engine's metrics: every latency histogram, and the token-count ones.
 
 Upper bounds grow geometrically by 2**(1/8) (~9.05 % per bucket: the layout of Prometheus native histograms at
 schema 3) from 2**-11 s (0.488 ms) to 2**6 s (64 s): 137 finite bounds, then +Inf. Why so fine: the canary analysis

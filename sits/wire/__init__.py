@@ -1,0 +1,7 @@
+"""The wire contract between the engine and the control plane, imported by both and importing neither.
+
+`metrics` (metric and label names), `buckets` (histogram bucket layouts), `headers` (the request marks the control
+plane sends and the engine reads), `http_limits` (the deadlines and body limit every SITS HTTP server applies) and
+`tracing` (the OpenTelemetry set-up). `metrics`, `buckets` and `headers` are pure data: the decision core imports
+them. tests/test_wire.py holds the boundary.
+"""
