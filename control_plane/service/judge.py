@@ -17,7 +17,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
@@ -26,6 +26,7 @@ from sits.control_plane.adapters.prometheus import PrometheusSource
 from sits.control_plane.adapters.scrape import ScrapeSource
 from sits.control_plane import validation
 from sits.control_plane.analysis import Outcome, Policy, Verdict, assess, promql
+from sits.control_plane.analysis.sequential import SequenceState, observe
 from sits.control_plane.errors import ValidationError
 
 ROLES = ("canary", "baseline")
@@ -244,23 +245,50 @@ def evaluate(req: JudgeRequest, now: float, *, prometheus: PrometheusSource | No
              scrape: ScrapeHistory | None = None) -> Judgement:
     """One verdict over [now - window, now]. A MetricsError other than NoDataError (Prometheus unreachable, a
     scrape failed) propagates: the caller answers it as an error, not as a verdict."""
+    policy, seq = req.policy, None
     try:
         if req.canary.match is not None:
             if prometheus is None:
                 raise ValidationError("no Prometheus to query: give prometheus_url (or run the service with "
                                       "--metrics prometheus --prometheus-url)", "prometheus_url")
-            w = prometheus.window_for({"canary": req.canary.match, "baseline": req.baseline.match},
-                                      now - req.window_s, now, req.policy.metrics, ROLES)
+            match = {"canary": req.canary.match, "baseline": req.baseline.match}
+            w = prometheus.window_for(match, now - req.window_s, now, policy.metrics, ROLES)
+            if policy.statistics == "sequential":
+                seq = _sequence(prometheus, match, policy, now - req.window_s, now)
         else:
             if scrape is None:
                 raise ValidationError("direct scrape is not available here", "scrape_urls")
             w = scrape.window(req, now)
+            # one delta since the earliest scrape in the window: no paired windows to build a sequence from
+            policy = replace(policy, statistics="fixed")
     except NoDataError as e:
         return _nothing(req, now, str(e))
     if w.start is None:
         return _nothing(req, now, "first scrape of these URLs recorded: the next call compares against it (call "
                         f"again within the {req.window_s:g} s window)", w)
-    return Judgement(assess(dict(w.variants), req.policy), w, req)
+    return Judgement(assess(dict(w.variants), policy, seq), w, req)
+
+
+SUB_WINDOW_MIN_S = 30.0   # a Prometheus increase() needs a few scrapes (15 s apart by default) in each sub-window
+SUB_WINDOWS_MAX = 40      # Prometheus queries per judgement: (1 + this) x the metrics
+
+
+def _sequence(prometheus: PrometheusSource, match: Mapping[str, str], policy: Policy, start: float,
+              end: float) -> SequenceState:
+    """Sequential statistics for one judgement: the window cut into paired sub-windows (at least
+    max(policy.window_s, SUB_WINDOW_MIN_S) long, at most SUB_WINDOWS_MAX of them), each queried on its own and fed to
+    the sequence in order, as the worker's polls are. A sub-window without data on both sides is skipped."""
+    span = end - start
+    n = max(1, min(SUB_WINDOWS_MAX, int(span // max(policy.window_s, SUB_WINDOW_MIN_S))))
+    step, seq = span / n, SequenceState()
+    for i in range(n):
+        a, b = start + i * step, start + (i + 1) * step
+        try:
+            sub = prometheus.window_for(match, a, b, policy.metrics, ROLES)
+        except NoDataError:
+            continue
+        seq = observe(seq, sub.variants, policy, a, b)
+    return seq
 
 
 def _nothing(req: JudgeRequest, now: float, note: str, w: MetricsWindow | None = None) -> Judgement:
