@@ -2,6 +2,7 @@
 start/list/show and the commands, worker, serve, demo. Each returns the process's exit status."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import signal
@@ -15,6 +16,7 @@ from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.analysis import Policy, PolicyError
+from sits.control_plane.analysis.sequential import calibrate
 from sits.control_plane.cli import client
 from sits.control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
 from sits.control_plane.demo.profiles import PROFILES
@@ -24,7 +26,7 @@ from sits.control_plane.service import format as fmt
 from sits.control_plane.service import rollouts as service
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
 from sits.control_plane.store.backup import backup
-from sits.control_plane.store.codec import rollout_to_dict
+from sits.control_plane.store.codec import clean, rollout_to_dict
 from sits.control_plane.store.db import Store
 from sits.control_plane.web import present
 from sits.control_plane.web.serve import ServeError, serve
@@ -147,6 +149,33 @@ def cmd_rollout_list(a) -> int:
         return client.remote_list(a)
     with open_store(a.store, readonly=True) as store:
         print("\n".join(fmt.rollout_table(store.list(active=True if a.active else None))))
+    return 0
+
+
+def cmd_rollout_calibrate(a) -> int:
+    """`sits-control rollout calibrate ID`: the replica offset per check series and the ship boundary that clears it."""
+    with open_store(a.store, readonly=True) as store:
+        r = store.get(a.id)
+    rows = calibrate(r.sequence, r.policy, aa=r.canary_kernels == r.production_kernels)
+    if a.json:
+        print(json.dumps([clean(dataclasses.asdict(c)) for c in rows], indent=1))
+        return 0
+    if not rows:
+        print(f"rollout {r.id}: no windows of identical engines (canary {r.canary_kernels} against production "
+              f"{r.production_kernels}, and no production traffic beside the baseline): run an A/A rollout, e.g. "
+              f"`sits-control rollout start --service {r.service} --kernels {r.production_kernels}`")
+        return 1
+    print(f"rollout {r.id} ({r.service}): replica offset, {r.policy.alpha:g} alpha over "
+          f"{len(r.policy.checks)} checks")
+    for c in rows:
+        f = fmt.points if c.check == "error_rate" else fmt.pct
+        ship = "more windows needed" if c.suggested_ship is None else (
+            f"ship_{'abs' if c.check == 'error_rate' else 'rel'}_delta {c.suggested_ship:g}"
+            + ("" if c.suggested_ship < c.limit else f" (NOT below the limit {c.limit:g}: more windows narrow the "
+                                                      "bounds; else raise the limit or reduce the noise)"))
+        bounds = "" if c.suggested_ship is None else f" [{f(c.ci_low)}, {f(c.ci_high)}]"
+        print(f"  {fmt.series_label(c.check, c.series)} [{c.source}]: {f(c.delta)}{bounds} over {c.windows} "
+              f"windows -> {ship}")
     return 0
 
 

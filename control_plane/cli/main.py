@@ -21,8 +21,8 @@ from typing import Sequence
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import CatalogError
 from sits.control_plane.cli.build import CLIError
-from sits.control_plane.cli.commands import (cmd_backup, cmd_demo, cmd_rollout_command, cmd_rollout_list,
-                                             cmd_rollout_retry, cmd_rollout_show, cmd_rollout_start, cmd_serve,
+from sits.control_plane.cli.commands import (cmd_backup, cmd_demo, cmd_rollout_calibrate, cmd_rollout_command,
+                                             cmd_rollout_list, cmd_rollout_retry, cmd_rollout_show, cmd_rollout_start, cmd_serve,
                                              cmd_worker)
 from sits.control_plane.errors import SitsError
 from sits.control_plane.redact import redact
@@ -211,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--active", action="store_true")
     ls.add_argument("--store", default=DEFAULT_STORE)
     ls.set_defaults(fn=cmd_rollout_list)
+    cal = r.add_parser("calibrate", help="replica noise: how far engines with the same kernels differed in a "
+                                         "rollout (an A/A run, or production vs baseline), and the ship boundary "
+                                         "per check that clears it")
+    cal.add_argument("id", help="the rollout (an A/A: canary kernels = production kernels, or any rollout with "
+                                "production traffic)")
+    cal.add_argument("--store", default=DEFAULT_STORE)
+    cal.add_argument("--json", action="store_true")
+    cal.set_defaults(fn=cmd_rollout_calibrate)
     sh = r.add_parser("show", help="a rollout with its events and every check's evidence")
     sh.add_argument("id")
     sh.add_argument("--json", action="store_true", help="everything stored, as JSON")

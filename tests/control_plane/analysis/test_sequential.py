@@ -171,3 +171,18 @@ def test_ship_must_be_below_the_limit():
     assert (c.ship, c.limit) == (0.005, 0.02)
     assert P90.ship == 0.125
     assert Policy.from_dict(Policy(checks=(c,)).to_dict()) == Policy(checks=(c,))
+
+
+def test_calibration_suggests_a_ship_boundary_that_clears_the_replica_offset():
+    from sits.control_plane.analysis.sequential import calibrate
+    p = Policy(checks=(P90,), min_windows=6)
+    offset = [math.log(1.06) + 0.02 * (-1) ** i for i in range(20)]
+    state = SequenceState({KEY: tuple(Window(x, 200, 200, i, i + 1) for i, x in enumerate(offset)),
+                           AA_PREFIX + KEY: tuple(Window(0.0, 200, 2000, i, i + 1) for i in range(3))})
+    aa = calibrate(state, p, aa=True)
+    (seq, live) = sorted(aa, key=lambda c: c.source)
+    assert seq.source.startswith("canary vs baseline") and seq.delta == pytest.approx(0.06, abs=0.002)
+    assert seq.suggested_ship >= max(abs(seq.ci_low), abs(seq.ci_high)) and seq.suggested_ship < P90.limit
+    assert round(seq.suggested_ship / 0.025, 6) == int(round(seq.suggested_ship / 0.025))
+    assert live.suggested_ship is None and live.windows == 3        # too few windows yet
+    assert [c.source for c in calibrate(state, p, aa=False)] == ["production vs baseline (live A/A)"]

@@ -126,3 +126,23 @@ def test_an_unclosed_quote_in_an_engine_arg_is_one_line_naming_the_flag(tmp_path
     rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--store",
                   str(tmp_path / "s.db"), "--production-arg", "--served-model-name 'x")
     assert rc == 2 and "--production-arg" in out and "quotation" in out and len(out.strip().splitlines()) == 1
+
+
+def test_calibrate_prints_the_replica_offset_and_a_ship_boundary(tmp_path, capsys):
+    import dataclasses
+    import math
+    from sits.control_plane.analysis import Policy
+    from sits.control_plane.analysis.sequential import SequenceState, Window, series_key
+    from sits.control_plane.rollout import Rollout
+    db = str(tmp_path / "s.db")
+    store = Store(db)
+    r = store.create(Rollout("aa1", "chat", "torch", "torch", Policy.from_dict(POLICY)))
+    key = series_key("http_request_duration_seconds:p90", "http_request_duration_seconds")
+    ws = tuple(Window(math.log(1.04) + 0.01 * (-1) ** i, 300, 300, 10.0 * i, 10.0 * i + 10) for i in range(12))
+    store.save(dataclasses.replace(r, sequence=SequenceState({key: ws})))
+    store.close()
+    rc, out = cli(capsys, "rollout", "calibrate", "aa1", "--store", db)
+    assert rc == 0, out
+    assert "request latency p90 [canary vs baseline (A/A)]: +4.0 % [" in out and "ship_rel_delta 0.075" in out
+    rc, out = cli(capsys, "rollout", "calibrate", "aa1", "--store", db, "--json")
+    assert rc == 0 and '"suggested_ship": 0.075' in out
