@@ -168,8 +168,8 @@ def main(argv=None) -> int:
             large = [r for r in runs if r.truth >= LIMIT]
             k_bad_rb = sum(r.outcome == "rolled_back" for r in small)
             k_bad_pr = sum(r.outcome == "promoted" for r in large)
-            wrong = (f"rollback|truth<=ship {k_bad_rb}/{len(small)} (CP95 {clopper_pearson_upper(k_bad_rb, len(small)):.1%})"
-                     if small else "") + (f" promote|truth>=limit {k_bad_pr}/{len(large)} "
+            wrong = (f"rollback when truth<=ship {k_bad_rb}/{len(small)} (CP95 {clopper_pearson_upper(k_bad_rb, len(small)):.1%})"
+                     if small else "") + (f" promote when truth>=limit {k_bad_pr}/{len(large)} "
                                          f"(CP95 {clopper_pearson_upper(k_bad_pr, len(large)):.1%})" if large else "")
             row = (method, effect, k_rb / n, clopper_pearson_upper(k_rb, n), k_pr / n, k_to / n, miss, med, p90, wrong)
             rows.append(row)
