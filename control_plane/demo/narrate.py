@@ -61,7 +61,14 @@ def check_line(ev: dict, steps: int) -> str:
         r = _pick(v["results"], check)
         metric, q = check.rsplit(":", 1)
         label = f"{_SHORT.get(metric, metric)} {q.upper()}".lstrip()
-        if not isinstance(r.get("delta_rel"), (int, float)):
+        if r.get("method") == "sequential":   # the confidence sequence between its two boundaries
+            if r.get("ci_low") is None:
+                parts.append(f"{label} not yet ({r.get('windows') or 0} windows)")
+            else:
+                parts.append(f"{label} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]"
+                             f" (ship +{r['ship'] * 100:g} % / limit +{r['threshold'] * 100:g} %, "
+                             f"{r.get('windows')} windows)")
+        elif not isinstance(r.get("delta_rel"), (int, float)):
             parts.append(f"{label} not yet (too few {'tokens' if metric == ITL else 'requests'})")
         else:
             parts.append(f"{label} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "

@@ -49,14 +49,16 @@ BUSY_RATE = 10.0
 
 def demo_policy(rate: float = 25.0) -> Policy:
     """Short steps for a few-minute demo on 2 CPU cores, sequential statistics (analysis/sequential.py). One checked
-    step at 50 %. Two boundaries per latency check: P99 ships below +30 % and must not reach +60 %, P90 +20 % / +40 %:
-    two identical engine processes sharing 2 busy cores differ by ~20 % at P99 and up to ~17 % at P90 for minutes at
-    a time, the slow set is ~1.7x slower in decode and ~2.7x in prefill. Low-traffic mode is on: at a thin live rate
+    step at 50 %. Request latency is gated at P99 with two boundaries: a change below +50 % ships, +150 % must not:
+    two identical engine processes sharing 2 busy cores differ by ~20 % at P99 for minutes at a time, and their
+    per-window P99s spread by ~0.37 in log (a window holds ~100 requests per variant, ~6 s), so an A/A's upper bound
+    falls below +150 % from the sixth window on (below +100 % only after ~15: a 4-minute demo could not wait); the slow
+    set (~1.7x slower in decode, ~2.7x in prefill) sits at +300-600 %, its lower bound above +50 % from the sixth.
+    P90 is shown (every check's deltas), not gated: with both gated, whichever left its boundary first decided. Low-traffic mode is on: at a thin live rate
     (--rate 0.5) replayed requests supply the samples (4 in flight per variant); a pass still needs 200 live canary
     requests. Below BUSY_RATE the checks also gate inter-token latency at P99 (+100 %): replayed load does not
     saturate the slow set, whose ITL P99 is +180..+330 % there (BENCHMARKS.md "Low-traffic mode")."""
-    checks = (MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.60, ship_rel_delta=0.30),
-              MetricCheck(REQUEST_LATENCY, quantile=0.90, max_rel_delta=0.40, ship_rel_delta=0.20),
+    checks = (MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=1.50, ship_rel_delta=0.50),
               MetricCheck(ERROR_RATE, max_abs_delta=0.02))
     if rate < BUSY_RATE:
         checks += (MetricCheck(ITL, quantile=0.99, max_rel_delta=1.00),)

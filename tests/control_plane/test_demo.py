@@ -48,7 +48,7 @@ def test_demo_scenarios_end_as_expected_and_are_served_by_the_api(tmp_path):
         checks = {r["kernels"]: get(url + f"api/v1/rollouts/{r['id']}/checks", token)["checks"]
                   for r in (slow, wrong, good)}
         last = checks["torch-slow-attn"][-1]
-        assert last["decision"] == "rollback" and {"p90", "p99"} <= {
+        assert last["decision"] == "rollback" and "p99" in {
             x["check"].split(":")[-1] for x in last["verdict"]["results"] if x["outcome"] == "fail"}
         assert re.search(r"low-traffic mode replayed \d+ requests to the canary", text)
         gate = checks["torch-wrong-rope"][-1]

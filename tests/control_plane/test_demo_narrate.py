@@ -37,3 +37,12 @@ def test_a_correctness_check_is_one_verdict():
     ev = evidence([], outcome="pass", decision="pass")
     ev["verdict"]["correctness"] = {"outcome": "pass"}
     assert check_line(ev, 2).endswith("correctness gate: PASS -> pass")
+
+
+def test_a_sequential_check_line_shows_both_boundaries_and_its_windows():
+    seq = dict(result("http_request_duration_seconds:p99", REQ, 5.927, 1.659, 17.043, 1.5, "fail"),
+               method="sequential", ship=0.5, windows=7)
+    early = dict(result("http_request_duration_seconds:p99", REQ), method="sequential", ship=0.5, windows=3,
+                 ci_low=None, ci_high=None)
+    assert "P99 +592.7 % [+165.9, +1704.3] (ship +50 % / limit +150 %, 7 windows)" in check_line(evidence([seq]), 2)
+    assert "P99 not yet (3 windows)" in check_line(evidence([early]), 2)
