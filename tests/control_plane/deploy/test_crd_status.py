@@ -31,6 +31,20 @@ def test_last_check_names_the_failed_test_else_the_largest_delta():
     assert last_check(None) is None
 
 
+def test_a_sequential_check_shows_its_sequence_both_boundaries_windows_and_time_to_decide():
+    r = {**result("lat:p90", "inconclusive", 0.18, 0.037, 0.342), "method": "sequential", "ship": 0.125,
+         "threshold": 0.25, "windows": 8, "eta_s": 310.4}
+    got = last_check(evidence(r, outcome="inconclusive", decision="hold"))
+    assert got["interval"] == "[+3.7 %, +34.2 %]" and got["boundaries"] == "+12.5 % / +25.0 %"
+    assert got["windows"] == 8 and got["decidesIn"] == "~310 s"
+    err = {"check": "error_rate", "series": "error_rate", "outcome": "fail", "delta_rel": 0.031, "delta_abs": 0.031,
+           "ci_low": 0.012, "ci_high": 0.05, "method": "sequential", "ship": 0.01, "threshold": 0.02, "windows": 9}
+    got = last_check(evidence(err))
+    assert (got["delta"], got["interval"], got["boundaries"]) == ("+3.10 pt", "[+1.20 pt, +5.00 pt]",
+                                                                  "+1.00 pt / +2.00 pt")
+    assert got["decidesIn"] == "-"
+
+
 @pytest.mark.parametrize("phase,completed,degraded", [(Phase.PROGRESSING, "False", "False"),
                                                       (Phase.SUCCEEDED, "True", "False"),
                                                       (Phase.ROLLED_BACK, "True", "True"),

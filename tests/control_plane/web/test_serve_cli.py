@@ -212,6 +212,16 @@ def test_progress_line_shows_step_weight_delta_interval_and_verdict():
                                 "latency +3.1 % [-2.0 %, +8.0 %] <= +10.0 % (needs about 640 more requests)")
 
 
+def test_progress_line_shows_the_sequence_between_its_boundaries():
+    r = {"phase": "progressing", "step": 0, "steps": [50, 100], "weight": 50,
+         "last_check": {"seq": 9, "outcome": "inconclusive", "decision": "hold", "label": "p90 request latency",
+                        "delta": 0.18, "ci": [0.037, 0.342], "threshold": 0.25, "kind": "rel", "need_more": 640,
+                        "method": "sequential", "ship": 0.125, "windows": 8, "eta_s": 310.4}}
+    assert progress_line(r) == ("progressing · step 1/2 at 50 % · check 9: inconclusive -> hold · p90 request latency "
+                                "+18.0 % [+3.7 %, +34.2 %] ship +12.5 % / limit +25.0 % · 8 windows · decides in "
+                                "~310 s")
+
+
 def test_start_wait_follows_the_store_when_no_url_is_given(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SITS_URL", raising=False)
     db = str(tmp_path / "s.db")
