@@ -45,7 +45,7 @@ def browser(server):
 def _same(text: str) -> str:
     """The CLI's and the page's spelling of one value, made comparable: the page writes a minus sign and whole
     boundaries without ".0" ("+25 %"), the CLI a hyphen and one decimal ("+25.0 %")."""
-    return re.sub(r"\.0 ", " ", text.replace("−", "-")).strip()
+    return re.sub(r"\.0 ", " ", text.replace("−", "-").replace("–", "-")).strip()
 
 
 def _last(sc, rid):
@@ -74,7 +74,7 @@ def test_the_checks_table_shows_effect_sequence_both_boundaries_windows_and_time
         # a passed series has no time to decide; the error rate's boundaries in points
         err = row.locator('.delta.seq[data-check="error_rate"]')
         assert err.locator(".bounds").inner_text() == "ship +0.50 pt / limit +1.00 pt"
-        assert "Boundaries" in page.locator("#summary-threshold-h").inner_text()
+        assert page.locator("#summary-threshold-h").text_content() == "Boundaries"
         summary = page.locator(f'#summary-rows tr[data-check="{P90}"]')
         assert "ship +10 % / limit +25 %" in summary.inner_text()
         assert f"decides in ~{p90['eta_s']:.0f} s" in summary.inner_text()
@@ -169,7 +169,7 @@ def test_fixed_statistics_keep_todays_columns(browser, sc, width):
         fig.locator(".u-legend").wait_for()
         assert fig.get_attribute("data-method") == "fixed" and "threshold +25 %" in fig.locator("h3").inner_text()
         assert "ship" not in [t.strip() for t in fig.locator(".u-legend .u-label").all_inner_texts()]
-        assert page.locator("#summary-threshold-h").inner_text() == "Threshold"
+        assert page.locator("#summary-threshold-h").text_content() == "Threshold"
         row.locator("button", has_text="Evidence").click()
         page.locator("#checks tr.evidence pre").wait_for()
         assert page.locator("#checks tr.evidence .seq-table").count() == 0

@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.adapters.metrics import MetricsWindow
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Policy, VariantData
@@ -45,18 +46,20 @@ class NoisySource:
     name = "noisy"
 
     def __init__(self, rate: float = 20.0, scale: dict | None = None, seed: int = 7) -> None:
-        self.rate, self.scale, self.rng = rate, scale or {}, random.Random(seed)
+        self.rate, self.scale, self.seed = rate, scale or {}, seed
 
     def window(self, service, targets, start, end, metrics=(REQUEST_LATENCY,), required=()):
         if start is None:
             return MetricsWindow(None, end, {}, self.name, {})
         n = int(round((end - start) * self.rate))
         variants = {}
-        for role in targets:
+        for role in sorted(targets):
+            # one stream per (window, role): the same draws whatever order the deployer lists the variants in
+            rng = random.Random(f"{self.seed}/{service}/{role}/{end - T0:.0f}")
             s = {"canary": self.scale.get(service, 1.0), "production": 1.03}.get(role, 1.0)
-            vals = [0.05 * s * math.exp(0.4 * self.rng.gauss(0, 1)) for _ in range(n)]
+            vals = [0.05 * s * math.exp(0.4 * rng.gauss(0, 1)) for _ in range(n)]
             h = HistogramSnapshot.from_values(vals, LATENCY_BUCKETS) if n else HistogramSnapshot.empty(LATENCY_BUCKETS)
-            errors = float(sum(self.rng.random() < 0.002 for _ in range(n)))
+            errors = float(sum(rng.random() < 0.002 for _ in range(n)))
             variants[role] = VariantData({KEY: h}, float(n), errors)
         return MetricsWindow(start, end, variants, self.name, {r: f"noisy://{service}/{r}" for r in targets})
 
@@ -91,12 +94,10 @@ def build(path: str) -> Scenario:
     t = T0
 
     def start(service, policy=POLICY, at=0.0):
-        # production deployed first (as the demo does): its windows against the baseline's are the live A/A
-        deployer.deploy_production = None
         return start_rollout(store, service, "triton-v1.1", "triton-v1", policy, DeploySpec(), now=at,
                              actor="otto").id
 
-    from sits.control_plane.adapters.deploy import VariantSpec
+    # production deployed first (as the demo does): its windows against the baseline's are the live A/A
     for svc in ("chat", "rank", "embed", "fixed"):
         deployer.deploy(VariantSpec(service=svc, role="production", kernels="triton-v1"))
     ended = lambda r: not r.active   # noqa: E731
@@ -112,4 +113,8 @@ def build(path: str) -> Scenario:
                        (undecided, Phase.PROGRESSING)):
         got = store.get(rid)
         assert got.phase is phase, (rid, got.phase, got.reason)
+    last = store.check(undecided, store.get(undecided).checks)["verdict"]
+    p90 = next(r for r in last["results"] if r["check"] == CHECKS[1].name)
+    assert p90["outcome"] == "inconclusive" and p90["eta_s"], p90   # between its boundaries, an expected time
+    assert last["replica"], last
     return Scenario(store, slow, undecided, promoted, fixed, t)
