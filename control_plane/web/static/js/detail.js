@@ -324,7 +324,7 @@
   }).observe($("charts"));
   // ---- checks --------------------------------------------------------------------------------------------------
   function resultGrid(c) {
-    const grid = el("div", { class: "results" });
+    const grid = el("div", { class: c.results.some(Sequence.isSeq) ? "results seq" : "results" });
     for (const r of c.results) {
       const rate = r.check === "error_rate";
       const val = rate ? (x) => x == null ? "–" : (x * 100).toFixed(2) + " %" : ms;

@@ -41,7 +41,7 @@
       input.addEventListener("input", half);
       half();
       shipRow = el("span", { class: "unit ship" }, el("label", { for: ship.id, class: "sr-only" }, `${label} ship boundary`),
-        el("span", { class: "muted" }, "ship below +"), ship, "%",
+        el("span", { class: "muted pre" }, "ship below +"), ship, "%",
         el("span", { class: "sr-only", id: `${id}-ship-help` }, "optional: a change small enough to ship; empty is half the limit"));
     }
     box.addEventListener("change", () => { input.disabled = !box.checked; if (ship) ship.disabled = !box.checked; });
@@ -49,7 +49,7 @@
     if (ship) ship.disabled = !box.checked;
     const wrap = el("div", { class: "threshold" },
       el("label", { class: "check name", for: `${id}-on` }, box, label),
-      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted" }, sequential ? "limit +" : "at most +"), input, unit === "%" ? "%" : "points"),
+      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted pre" }, sequential ? "limit +" : "at most +"), input, unit === "%" ? "%" : "points"),
       err, shipRow, shipErr);
     thresholds.append(wrap);
     return { metric, q, input, box, err, label, ship, shipErr };

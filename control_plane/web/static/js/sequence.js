@@ -42,7 +42,8 @@ const Sequence = (() => {
   // boundaries, the windows and the time to decide
   function deltaCell(r) {
     return el("span", { class: "delta seq", "data-check": r.check, "data-method": "sequential" },
-      el("span", { class: "eff" }, effect(r)),
+      el("span", { class: "eff" }, el("span", {}, r.delta_rel != null ? fmt(r.check)(r.delta_rel) : "–"),
+        r.ci_low != null ? [" ", el("span", {}, `[${fmt(r.check)(r.ci_low)}, ${fmt(r.check)(r.ci_high)}]`)] : null),
       el("span", { class: "seq-meta" },
         el("span", { class: "bounds" }, boundaries(r.check, r.ship, r.threshold)),
         el("span", { class: "windows", title: blockTip(r) }, windows(r)),
@@ -61,19 +62,22 @@ const Sequence = (() => {
     const rows = results.filter(isSeq).map((r) => {
       const f = fmt(r.check), val = isRate(r.check) ? rate : ms;
       const e = eta(r);
+      // data-label: a phone shows each series as a card, every value under its column's name
+      const td = (i, text, attrs = {}) => el("td", { class: "num", "data-label": head[i], ...attrs }, text);
       return el("tr", { "data-check": r.check },
         el("th", { scope: "row" }, seriesLabel(r.label || r.check, r.series)),
-        el("td", { class: "num" }, val(r.canary)), el("td", { class: "num" }, val(r.target)),
-        el("td", { class: "num" }, r.delta_rel != null ? f(r.delta_rel) : "–"),
-        el("td", { class: "num" }, r.ci_low != null ? `[${f(r.ci_low)}, ${f(r.ci_high)}]` : "–"),
-        el("td", { class: "num" }, `${bound(r.check, r.ship)} / ${bound(r.check, r.threshold)}`),
-        el("td", { class: "num", title: blockTip(r) }, String(r.windows || 0) + ((r.block || 1) > 1 ? ` (x${r.block})` : "")),
-        el("td", { class: "num" }, e ? e.replace("decides in ", "") : "–"),
-        el("td", {}, el("span", { class: `verdict-${r.outcome}` }, `${mark[r.outcome]} ${r.outcome}`)));
+        td(1, val(r.canary)), td(2, val(r.target)),
+        td(3, r.delta_rel != null ? f(r.delta_rel) : "–"),
+        td(4, r.ci_low != null ? `[${f(r.ci_low)}, ${f(r.ci_high)}]` : "–"),
+        td(5, `${bound(r.check, r.ship)} / ${bound(r.check, r.threshold)}`),
+        td(6, String(r.windows || 0) + ((r.block || 1) > 1 ? ` (x${r.block})` : ""), { title: blockTip(r) }),
+        td(7, e ? e.replace("decides in ", "") : "–"),
+        el("td", { "data-label": head[8] }, el("span", { class: `verdict-${r.outcome}` }, `${mark[r.outcome]} ${r.outcome}`)));
     });
     if (!rows.length) return null;
-    return el("div", { class: "seq-table-wrap" }, el("table", { class: "seq-table" },
-      el("caption", { class: "small muted" }, `Sequential statistics: the windows' mean effect, its confidence sequence (alpha ${fmtAlpha(results)}), both boundaries`),
+    return el("div", { class: "seq-table-wrap" },
+      el("p", { class: "small muted seq-caption" }, `Sequential statistics: the windows' mean effect, its confidence sequence (alpha ${fmtAlpha(results)}), both boundaries`),
+      el("table", { class: "seq-table" },
       el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col" }, h)))), el("tbody", {}, ...rows)));
   }
   function fmtAlpha(results) {
