@@ -224,3 +224,41 @@ def test_the_new_canary_form_takes_a_ship_boundary_per_latency_check(browser, sc
         p90 = next(c for c in checks if c.get("quantile") == 0.9)
         p99 = next(c for c in checks if c.get("quantile") == 0.99 and c["metric"] == "http_request_duration_seconds")
         assert p90["ship_rel_delta"] == 0.075 and "ship_rel_delta" not in p99     # empty: half the limit
+
+
+def test_a_retry_prefills_the_ship_boundaries_and_a_422_on_one_shows_next_to_it(browser, sc):
+    import json
+    with browser.page("operator", 1440, allow_status=(422,)) as page:
+        page.goto(f"{browser.url}/rollouts/new?retry_of={sc.slow}")
+        page.locator("#retry-banner").wait_for()
+        assert page.input_value("#thr-1") == "25" and page.input_value("#thr-1-ship") == "10"   # as the policy set it
+        assert page.input_value("#thr-0-ship") == "" and page.get_attribute("#thr-0-ship", "placeholder") == "25"
+
+        def tamper(route):   # past the form's own check: the server's 422 names policy.checks[1].ship_rel_delta
+            body = json.loads(route.request.post_data)
+            body["policy"]["checks"][1]["ship_rel_delta"] = 0.3
+            route.continue_(post_data=json.dumps(body))
+        page.route("**/api/v1/rollouts", tamper)
+        page.click("#start")
+        err = page.locator("#thr-1-ship-err")
+        err.wait_for(state="visible")
+        assert err.inner_text().startswith("Request latency P90 ship boundary: "), err.inner_text()
+        assert err.inner_text() == "Request latency P90 ship boundary: must be from 0 up to the limit (+25 %), got +30 %"
+        assert page.get_attribute("#thr-1-ship", "aria-invalid") == "true"
+        page.locator("#thresholds").screenshot(path=str(_art("seq-new-canary-422-1440.png")))
+
+
+def test_blocks_of_correlated_windows_read_x2_as_the_cli_writes_them(browser, sc):
+    """No scenario here has correlated windows: the rendering of a result with block 2, against sequential_rows."""
+    ev = _last(sc, sc.undecided)
+    r = dict(next(x for x in ev["verdict"]["results"] if x["check"] == P90), windows=12, block=2, lag1=0.41,
+             label="p90 request latency")
+    want = sequential_rows([r], "baseline")[1]
+    with browser.page("viewer", 1440) as page:
+        page.goto(f"{browser.url}/rollouts/{sc.undecided}")
+        page.locator("#checks tbody tr").first.wait_for()
+        got = page.evaluate("""(r) => { const c = Sequence.deltaCell(r), t = Sequence.table([r], "baseline");
+            return { windows: c.querySelector(".windows").textContent, tip: c.querySelector(".windows").title,
+                     cell: t.querySelector("tbody td:nth-of-type(6)").textContent }; }""", r)
+        assert got["windows"] == "12 windows (x2)" and got["cell"] == want[6] == "12 (x2)"
+        assert "blocks of 2" in got["tip"] and "0.41" in got["tip"]

@@ -197,6 +197,10 @@
         if (m.startsWith(raw + ": ")) { m = `${name}: ${m.slice(raw.length + 2)}`; break; }
       }
     }
+    // the label names the field: the server's parenthetical gloss of it goes ("ship_rel_delta (a change small enough
+    // to ship) must be ..."), and a field it is compared with is named as the form names it
+    if (name && m.startsWith(name + ": (")) m = m.replace(/^([^:]+: )\([^)]*\) /, "$1");
+    m = m.replace(/\bmax_rel_delta\b/g, "the limit").replace(/\bmax_abs_delta\b/g, "the limit");
     return m.replace(/\b(\d+(?:\.\d+)?)e\+(\d+)\b/g, (x) => Number(x).toLocaleString("en-US"));
   }
 
