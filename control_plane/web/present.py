@@ -138,8 +138,11 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
             f = _pt if last.get("kind") == "abs" else _pct
             ci = last.get("ci") or [None, None]
             bounds = f" [{f(ci[0])}, {f(ci[1])}]" if ci[0] is not None else ""
+            # sequential: the lower bound crossed the ship boundary (the smaller one), not the limit
+            over = (f"ship {f(last['ship'])}" if last.get("method") == "sequential" and last.get("ship") is not None
+                    else f(last["threshold"]))
             return {"kind": "latency" if last.get("kind") != "abs" else "error_rate",
-                    "text": f"{last['label']} {f(last.get('delta'))}{bounds} > {f(last['threshold'])}"}
+                    "text": f"{last['label']} {f(last.get('delta'))}{bounds} > {over}"}
         return {"kind": "inconclusive", "text": last["reason"]}
     if r.phase is Phase.SUCCEEDED:
         return {"kind": "promoted", "text": "every step passed"}
@@ -257,7 +260,9 @@ def check_compact(ev: Mapping) -> dict:
                   "need_more": v.get("need_more"), "compare_to": v.get("compare_to"), "variants": variants,
                   "source": ev.get("source"),
                   "correctness": correctness_summary(v["correctness"]) if v.get("correctness") else None,
-                  "results": [dict(r, label=check_label(r["check"])) for r in v.get("results", [])]})
+                  "results": [dict(r, label=check_label(r["check"])) for r in v.get("results", [])],
+                  # sequential statistics: production against baseline (same kernels), the live A/A
+                  "replica": [dict(o, label=check_label(o["check"])) for o in v.get("replica") or []] or None})
 
 
 # ---- the correctness gate ----------------------------------------------------------------------------------------

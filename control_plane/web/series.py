@@ -100,11 +100,17 @@ def gated(ev: Mapping) -> dict[str, dict]:
     best: dict[str, tuple] = {}
     for r in ev["verdict"].get("results", []):
         name, is_rate = r["check"], r["check"] == ERROR_RATE
-        delta = r.get("delta_abs") if is_rate else r.get("delta_rel")
+        seq = r.get("method") == "sequential"
+        # sequential: the windows' mean effect (points for the error rate), the centre of its sequence
+        delta = r.get("delta_abs") if is_rate and not seq else r.get("delta_rel")
         key = (RANK.get(r["outcome"], 3), -(delta if delta is not None else -1e18))
         if name not in best or key < best[name][0]:
-            best[name] = (key, {"delta": delta, "low": r.get("ci_low"), "high": r.get("ci_high"),
-                                "threshold": r["threshold"], "outcome": r["outcome"], "series": r["series"]})
+            d = {"delta": delta, "low": r.get("ci_low"), "high": r.get("ci_high"), "threshold": r["threshold"],
+                 "outcome": r["outcome"], "series": r["series"]}
+            if seq:   # both boundaries, the windows used and the time to decide
+                d.update(method="sequential", ship=r.get("ship"), windows=r.get("windows"), block=r.get("block"),
+                         eta_s=r.get("eta_s"))
+            best[name] = (key, d)
     return {name: d for name, (_, d) in best.items()}
 
 
@@ -213,6 +219,12 @@ def _gated_columns(pts: Sequence[dict]) -> dict[str, dict]:
                                         "delta": [None] * n, "low": [None] * n, "high": [None] * n,
                                         "outcome": [None] * n})
             col["threshold"] = d["threshold"]
+            # the newest point's method, boundary and windows (a rollout's checks share one policy)
+            for k in ("method", "ship", "windows", "block", "eta_s"):
+                if k in d:
+                    col[k] = num(d[k]) if k in ("ship", "eta_s") else d[k]
+                elif d.get("method") is None:
+                    col.pop(k, None)
             for k in ("delta", "low", "high"):
                 col[k][i] = num(d[k])
             col["outcome"][i] = d["outcome"]

@@ -108,8 +108,10 @@ const Charts = (() => {
 
   // one gated check (a quantile of a metric, or the error rate) against the target: the same delta, interval and
   // outcome as the checks table's row for it, the band between the bounds, the threshold dashed red, a dot per check
-  // coloured by its verdict, and a ring on the check that decided the rollout's end
-  function checkChart(node, width, getMarkers, kind) {
+  // coloured by its verdict, and a ring on the check that decided the rollout's end. Sequential statistics (`seq`):
+  // the band is the confidence sequence, and both boundaries are drawn: the limit dashed red, the ship boundary
+  // (a change small enough to ship; the canary fails once the sequence's lower bound is above it) dotted amber
+  function checkChart(node, width, getMarkers, kind, seq = false) {
     const bad = css("--bad"), ok = css("--ok"), grey = css("--muted"), canary = css("--canary");
     const f = kind === "abs" ? SITS.pt : SITS.pct;
     const v = (u, x) => f(x);
@@ -120,10 +122,11 @@ const Charts = (() => {
       { label: "low", stroke: "transparent", width: 0, value: v, points: { show: false } },
       { label: "high", stroke: "transparent", width: 0, value: v, points: { show: false } },
       { label: "delta", stroke: canary, width: 2, value: v },
-      { label: "threshold", stroke: bad, width: 1.5, dash: [7, 5], value: v, points: { show: false } },
+      { label: seq ? "limit" : "threshold", stroke: bad, width: 1.5, dash: [7, 5], value: v, points: { show: false } },
       dots("pass", ok), dots("inconclusive", grey), dots("fail", bad),
       dots("decided", css("--text"), 17, "transparent"),
     ];
+    if (seq) series.push({ label: "ship", stroke: css("--warn"), width: 1.5, dash: [2, 3], value: v, points: { show: false } });
     const opts = {
       width, height: 230, series, axes: axes((x) => kind === "abs" ? SITS.pt(x) : SITS.pct(x, 0)),
       plugins: [markerPlugin(getMarkers)], bands: [{ series: [2, 1], fill: "rgba(224,112,26,0.18)" }],
@@ -140,14 +143,15 @@ const Charts = (() => {
   }
 
   // S.gated[name] -> checkChart's data; `decided`: the index of the check that ended the rollout (or -1)
-  function checkData(s, name, decided = -1) {
+  // (sequential: one more column, the ship boundary)
+  function checkData(s, name, decided = -1, seq = false) {
     const c = s.gated[name];
     const none = s.t.map(() => null);
-    if (!c) return [s.t, none, none, none, none, none, none, none, none];
+    if (!c) return [s.t, none, none, none, none, none, none, none, none, ...(seq ? [none] : [])];
     // a check without a delta (too few requests) has no dot: the table shows "–" for it too
     const at = (o) => c.delta.map((x, i) => c.outcome[i] === o ? x : null);
     return [s.t, c.low, c.high, c.delta, s.t.map(() => c.threshold), at("pass"), at("inconclusive"), at("fail"),
-      c.delta.map((x, i) => i === decided ? x : null)];
+      c.delta.map((x, i) => i === decided ? x : null), ...(seq ? [s.t.map(() => c.ship ?? null)] : [])];
   }
 
   // data of one metric -> the two charts' data arrays

@@ -89,9 +89,15 @@ const SITS = (() => {
     }
     const f = c.kind === "abs" ? pt : pct;
     const ci = c.ci && c.ci[0] != null ? ` [${f(c.ci[0]).replace(" %", "").replace(" pt", "")}, ${f(c.ci[1]).replace(" %", "").replace(" pt", "")}]` : "";
-    return el("span", { class: "lastcheck", title: c.reason, "data-check": c.check },
+    // sequential statistics (present.headline): the windows' mean effect, its sequence; under it both boundaries and,
+    // while undecided, the time to decide
+    const seq = c.method === "sequential";
+    const eta = seq && v === "inconclusive" && c.eta_s != null ? ` · decides in ~${Math.round(c.eta_s)} s` : "";
+    const bounds = seq && c.ship != null ? el("span", { class: "muted seqline" },
+      el("span", { class: "bounds" }, `ship ${threshold(c.kind, c.ship)} / limit ${threshold(c.kind, c.threshold)}`), eta) : null;
+    return el("span", { class: "lastcheck", title: c.reason, "data-check": c.check, "data-method": seq ? "sequential" : null },
       el("span", { class: "muted" }, c.label + " "), c.delta == null ? "–" : f(c.delta), el("span", { class: "muted" }, ci), " ",
-      el("span", { class: `verdict-${v}` }, `${mark[v]} ${v}`), c.delta == null ? need : null);
+      el("span", { class: `verdict-${v}` }, `${mark[v]} ${v}`), c.delta == null ? need : null, bounds);
   }
 
   // one gated result as the checks table and the charts' captions write it: "+59.9 % [+36.7 %, +83.0 %] ≤ +25 %"

@@ -1,5 +1,5 @@
 // Rollout detail: header and actions (retry: retry.js), stepper, variants, engines (engines.js), charts, correctness
-// (correctness.js), checks (expandable evidence) and events, all refreshed every 1.5 s; only new checks/events/points
+// (correctness.js), checks (expandable evidence; sequential statistics: sequence.js) and events, all refreshed every 1.5 s; only new checks/events/points
 // are fetched after the first load.
 "use strict";
 (() => {
@@ -144,6 +144,7 @@
       const h = S.gated[name] || (S.gated[name] = { ...c, delta: [], low: [], high: [], outcome: [] });
       for (const k of ["delta", "low", "high", "outcome"]) h[k] = pad(h[k], len).concat(c[k]);
       h.threshold = c.threshold;
+      for (const k of ["method", "ship", "windows", "block", "eta_s"]) if (k in c) h[k] = c[k];
     }
     for (const c of Object.values(S.gated)) for (const k of ["delta", "low", "high", "outcome"]) pad(c[k], len + add);
     for (const [metric, m] of Object.entries(n.metrics)) {
@@ -181,11 +182,13 @@
     const anyFail = Object.values(S.gated).some((g) => g.outcome[i] === "fail");
     return c.outcome[i] === (anyFail ? "fail" : "inconclusive");
   }
+  const seqCheck = (c) => c.method === "sequential";
   function checkFigure(name) {
     const c = S.gated[name], node = el("div", { class: "plot" });
     const title = c.kind === "abs" ? "Error rate" : `${LABEL[c.metric] || c.metric} ${c.quantile.toUpperCase()}`;
-    const fig = el("figure", { class: "chart delta", "data-check": name, style: "margin:0" },
-      el("h3", {}, `${title}: canary vs ${S.compare_to}`, el("span", { class: "muted" }, ` · gated, threshold ${SITS.threshold(c.kind, c.threshold)}`)),
+    const sub = seqCheck(c) ? ` · gated, ${Sequence.boundaries(name, c.ship, c.threshold)}` : ` · gated, threshold ${SITS.threshold(c.kind, c.threshold)}`;
+    const fig = el("figure", { class: "chart delta", "data-check": name, "data-method": seqCheck(c) ? "sequential" : "fixed", style: "margin:0" },
+      el("h3", {}, `${title}: canary vs ${S.compare_to}`, el("span", { class: "muted sub" }, sub)),
       node, el("figcaption", { class: "small cap" }));
     return { fig, node };
   }
@@ -194,10 +197,13 @@
     let i = c.outcome.length - 1;
     while (i >= 0 && c.outcome[i] == null) i--;
     if (i < 0) { fig.querySelector(".cap").textContent = ""; return; }
-    const o = c.outcome[i], ring = decides(name, decided);
+    const o = c.outcome[i], ring = decides(name, decided), seq = seqCheck(c);
+    const last = i === c.outcome.length - 1;   // the sequence's windows and time to decide are the newest point's
     fig.querySelector(".cap").replaceChildren(...[el("span", { class: "muted" }, `Check #${S.seq[i]}: `),
-      el("span", { class: "val" }, SITS.resultText(c.kind, c.delta[i], c.low[i], c.high[i], c.threshold)), " ",
+      el("span", { class: "val" }, seq ? Sequence.captionText(name, c.delta[i], c.low[i], c.high[i], c.ship, c.threshold)
+        : SITS.resultText(c.kind, c.delta[i], c.low[i], c.high[i], c.threshold)), " ",
       el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`), c.delta[i] == null ? el("span", { class: "muted" }, " (no delta yet: too few requests)") : null,
+      seq && last && c.windows != null ? el("span", { class: "muted seq-cap" }, ` · ${Sequence.windows(c)}` + (Sequence.eta({ ...c, outcome: o }) ? ` · ${Sequence.eta({ ...c, outcome: o })}` : "")) : null,
       ring ? el("span", { class: "decided" }, ` · ◯ check #${S.seq[decided]} decided: ${S.decision[decided]}`) : null].filter(Boolean));
     const fails = c.outcome.filter((x, j) => x === "fail" && c.delta[j] != null).length;
     Object.assign(fig.dataset, { fails, band: c.low.filter((x, j) => x != null && c.high[j] != null).length, decided: ring ? S.seq[decided] : "" });
@@ -223,12 +229,18 @@
       const deciding = decides(name, decided), promoted = deciding && S.decision[decided] !== "rollback";
       if (deciding && !promoted && !decider) decider = label;
       const f = kind === "abs" ? pt : pct;
+      const limit = kind === "abs" ? pc.max_abs_delta : pc.max_rel_delta;
+      const seq = R.policy.statistics === "sequential";
+      // sequential: the ship boundary as set, else half the limit (analysis/policy.py MetricCheck.ship)
+      const ship = (kind === "abs" ? pc.ship_abs_delta : pc.ship_rel_delta) ?? limit / 2;
+      const eta = c && i >= 0 && seqCheck(c) && i === c.outcome.length - 1 ? Sequence.eta({ ...c, outcome: o }) : "";
       rows.push(el("tr", { "data-check": name, class: deciding ? (promoted ? "decided promoted" : "decided") : null },
         el("th", { scope: "row" }, label, deciding ? el("span", { class: "decided-mark" }, promoted ? " ◀ passed" : " ◀ decided") : null),
         el("td", { class: "num", "data-label": "Last check" }, i < 0 ? el("span", { class: "muted" }, "no check yet") : c.delta[i] == null ? el("span", { class: "muted" }, "– (too few requests)")
           : `${f(c.delta[i])}` + (c.low[i] != null ? ` [${f(c.low[i])}, ${f(c.high[i])}]` : "")),
-        el("td", { class: "num", "data-label": "Threshold" }, `≤ ${SITS.threshold(kind, kind === "abs" ? pc.max_abs_delta : pc.max_rel_delta)}`),
-        el("td", { "data-label": "Verdict" }, o ? el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`) : el("span", { class: "muted" }, "–"))));
+        el("td", { class: "num", "data-label": seq ? "Boundaries" : "Threshold" }, seq ? Sequence.boundaries(name, ship, limit) : `≤ ${SITS.threshold(kind, limit)}`),
+        el("td", { "data-label": "Verdict" }, o ? el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`) : el("span", { class: "muted" }, "–"),
+          eta ? el("span", { class: "need eta" }, eta) : null)));
     }
     $("summary-rows").replaceChildren(...rows);
     const e = R.ended, lc = R.last_check;
@@ -288,13 +300,13 @@
           const { fig, node } = checkFigure(name);
           row.append(fig);
           const w = Math.max(260, node.clientWidth || (box.clientWidth / 2 - 30));
-          c.checks[name] = { u: Charts.checkChart(node, w, markers, S.gated[name].kind), fig };
+          c.checks[name] = { u: Charts.checkChart(node, w, markers, S.gated[name].kind, seqCheck(S.gated[name])), fig };
           c.plots.push([c.checks[name].u, node]);
           const lat = row.querySelector(".chart.latency");
           if (lat) lat.style.gridRow = `span ${Object.keys(c.checks).length}`;
         }
         const ring = caption(c.checks[name].fig, name, decided);
-        c.checks[name].u.setData(Charts.checkData(S, name, ring ? decided : -1));
+        c.checks[name].u.setData(Charts.checkData(S, name, ring ? decided : -1, seqCheck(S.gated[name])));
       }
       if (c.lat) {
         c.lat.setData(Charts.latencyData(S, metric));
@@ -312,7 +324,7 @@
   }).observe($("charts"));
   // ---- checks --------------------------------------------------------------------------------------------------
   function resultGrid(c) {
-    const grid = el("div", { class: "results" });
+    const grid = el("div", { class: c.results.some(Sequence.isSeq) ? "results seq" : "results" });
     for (const r of c.results) {
       const rate = r.check === "error_rate";
       const val = rate ? (x) => x == null ? "–" : (x * 100).toFixed(2) + " %" : ms;
@@ -320,7 +332,8 @@
       const delta = rate ? r.delta_abs : r.delta_rel;
       grid.append(el("span", { class: "lbl" }, r.label.replace("request latency", "latency"), route ? el("small", {}, " " + route) : null),
         el("span", {}, `${val(r.canary)} vs ${val(r.target)}`),
-        el("span", { class: "delta", "data-check": r.check }, SITS.resultText(rate ? "abs" : "rel", delta, r.ci_low, r.ci_high, r.threshold)),
+        Sequence.isSeq(r) ? Sequence.deltaCell(r)
+          : el("span", { class: "delta", "data-check": r.check }, SITS.resultText(rate ? "abs" : "rel", delta, r.ci_low, r.ci_high, r.threshold)),
         el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more ? el("span", { class: "need" }, `needs about ${SITS.requests(r.need_more)} more`) : null));
     }
     return grid;
@@ -343,7 +356,8 @@
       if (open) { tr.nextElementSibling.remove(); btn.setAttribute("aria-expanded", "false"); return; }
       const res = await api(`/rollouts/${encodeURIComponent(id)}/checks/${c.seq}`);
       const pre = el("pre", { tabindex: "0", "aria-label": `raw evidence of check ${c.seq}` }, JSON.stringify(res.data, null, 1));
-      tr.after(el("tr", { class: "evidence" }, el("td", { colspan: "5" }, el("div", { class: "evidence-box" }, el("p", { class: "small muted" }, human(c.reason)), pre))));
+      tr.after(el("tr", { class: "evidence" }, el("td", { colspan: "5" }, el("div", { class: "evidence-box" }, el("p", { class: "small muted" }, human(c.reason)),
+        Sequence.table(c.results, target), Sequence.replica(c.replica), pre))));
       btn.setAttribute("aria-expanded", "true");
     });
     return tr;
@@ -361,7 +375,11 @@
     if (!res.ok) return;
     const body = document.querySelector("#checks tbody");
     if (all) body.replaceChildren();
-    for (const c of res.data.checks) { body.prepend(checkRow(c)); lastCheckRow = Math.max(lastCheckRow, c.seq); }
+    for (const c of res.data.checks) {
+      body.prepend(checkRow(c));
+      if (c.seq > lastCheckRow && !c.correctness) $("replica").replaceChildren(Sequence.replica(c.replica) || "");
+      lastCheckRow = Math.max(lastCheckRow, c.seq);
+    }
     const rows = [...body.querySelectorAll("tr:not(.evidence)")];
     rows.forEach((tr, i) => { tr.hidden = !showAll && i >= 10; });
     $("more-checks").hidden = showAll || R.checks <= 10;
@@ -401,5 +419,10 @@
   stepper();
   Correctness.render($("correctness"), R);
   document.getElementById("checks").hidden = true;
+  if (R.policy.statistics === "sequential") {   // the table's header in the sequence's words
+    $("checks-results-h").textContent = `Per metric: canary vs ${R.compare_to}, effect [confidence sequence]; ship / limit; windows`;
+    $("summary-delta-h").textContent = "Last check: effect [sequence]";
+    $("summary-threshold-h").textContent = "Boundaries";
+  }
   poll(refresh, 1500);
 })();

@@ -20,6 +20,9 @@
     ["error_rate", null, "Error rate", "pt"],
   ];
   const thresholds = $("thresholds");
+  // sequential statistics (the default): a latency check has two boundaries, the limit (a regression that must not
+  // ship) and, optional, the ship boundary (a change small enough to ship; empty: half the limit)
+  const sequential = defaults.statistics === "sequential";
   const rowEls = ROWS.map(([metric, q, label, unit], i) => {
     const d = defaults.checks.find((c) => c.metric === metric && (c.quantile ?? null) === q);
     const value = d ? (metric === "error_rate" ? d.max_abs_delta : d.max_rel_delta) * 100 : 10;
@@ -28,15 +31,30 @@
     const input = el("input", { type: "number", id, step: "any", value: +value.toFixed(4), inputmode: "decimal" });
     const err = el("p", { class: "field-error", id: `${id}-err`, hidden: true });
     input.setAttribute("aria-describedby", err.id);
-    box.addEventListener("change", () => { input.disabled = !box.checked; });
+    let ship = null, shipErr = null, shipRow = null;
+    if (sequential && metric !== "error_rate") {
+      const given = d && d.ship_rel_delta != null ? +(d.ship_rel_delta * 100).toFixed(4) : "";
+      ship = el("input", { type: "number", id: `${id}-ship`, step: "any", value: given, inputmode: "decimal", min: "0",
+        placeholder: "", "aria-describedby": `${id}-ship-help` });
+      shipErr = el("p", { class: "field-error", id: `${id}-ship-err`, hidden: true });
+      const half = () => { const v = Number(input.value); ship.placeholder = input.value !== "" && Number.isFinite(v) ? String(+(v / 2).toFixed(4)) : ""; };
+      input.addEventListener("input", half);
+      half();
+      shipRow = el("span", { class: "unit ship" }, el("label", { for: ship.id, class: "sr-only" }, `${label} ship boundary`),
+        el("span", { class: "muted pre" }, "ship below +"), ship, "%",
+        el("span", { class: "sr-only", id: `${id}-ship-help` }, "optional: a change small enough to ship; empty is half the limit"));
+    }
+    box.addEventListener("change", () => { input.disabled = !box.checked; if (ship) ship.disabled = !box.checked; });
     input.disabled = !box.checked;
+    if (ship) ship.disabled = !box.checked;
     const wrap = el("div", { class: "threshold" },
       el("label", { class: "check name", for: `${id}-on` }, box, label),
-      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted" }, "at most +"), input, unit === "%" ? "%" : "points"),
-      err);
+      el("span", { class: "unit" }, el("label", { for: id, class: "sr-only" }, `${label} threshold`), el("span", { class: "muted pre" }, sequential ? "limit +" : "at most +"), input, unit === "%" ? "%" : "points"),
+      err, shipRow, shipErr);
     thresholds.append(wrap);
-    return { metric, q, input, box, err, label };
+    return { metric, q, input, box, err, label, ship, shipErr };
   });
+  if (sequential) $("thresholds-help").hidden = false;
 
   function updateChanges() {
     const c = byName[$("kernels").value], p = byName[$("production_kernels").value];
@@ -121,6 +139,10 @@
       used.add(i);
       const c = p.checks[i];
       row.input.value = +((row.metric === "error_rate" ? c.max_abs_delta : c.max_rel_delta) * 100).toFixed(4);
+      if (row.ship) {
+        row.ship.value = c.ship_rel_delta != null ? +(c.ship_rel_delta * 100).toFixed(4) : "";
+        row.input.dispatchEvent(new Event("input"));   // the placeholder: half the new limit
+      }
     }
     const dropped = p.checks.length - used.size;   // checks the form has no row for: not part of the retry
     $("retry-dropped").textContent = dropped ? ` ${dropped} of its checks ${dropped === 1 ? "has" : "have"} no row in this form and ${dropped === 1 ? "is" : "are"} left out.` : "";
@@ -136,7 +158,9 @@
   function showError(field, message, checkRows) {
     let input = null, err = null;
     const m = field && field.match(/^policy\.checks\[(\d+)\]/);
-    if (m && checkRows[+m[1]]) {
+    if (m && checkRows[+m[1]] && /\.ship_rel_delta$/.test(field) && checkRows[+m[1]].ship) {
+      ({ ship: input, shipErr: err } = checkRows[+m[1]]);   // the ship boundary's own input
+    } else if (m && checkRows[+m[1]]) {
       ({ input, err } = checkRows[+m[1]]);
     } else if (field) {
       if (field.startsWith("policy.correctness")) field = "policy.correctness.enabled";   // the form's only gate field
@@ -173,6 +197,10 @@
         if (m.startsWith(raw + ": ")) { m = `${name}: ${m.slice(raw.length + 2)}`; break; }
       }
     }
+    // the label names the field: the server's parenthetical gloss of it goes ("ship_rel_delta (a change small enough
+    // to ship) must be ..."), and a field it is compared with is named as the form names it
+    if (name && m.startsWith(name + ": (")) m = m.replace(/^([^:]+: )\([^)]*\) /, "$1");
+    m = m.replace(/\bmax_rel_delta\b/g, "the limit").replace(/\bmax_abs_delta\b/g, "the limit");
     return m.replace(/\b(\d+(?:\.\d+)?)e\+(\d+)\b/g, (x) => Number(x).toLocaleString("en-US"));
   }
 
@@ -210,6 +238,11 @@
       const [lo, hi, unit] = r.metric === "error_rate" ? [0, 100, " points"] : [LIMITS.max_rel_delta[0] * 100, LIMITS.max_rel_delta[1] * 100, " %"];
       const ok = Number.isFinite(v) && v >= lo && (r.metric === "error_rate" ? v < hi : v <= hi);
       if (!ok) return showError(`policy.checks[${i}]`, `${r.label}: the threshold must be between +${lo}${unit} and +${hi}${unit}${r.metric === "error_rate" ? " (exclusive)" : ""}; you typed ${r.input.value === "" ? "nothing" : r.input.value + unit}.`, checkRows);
+      // the ship boundary (optional): from +0 % up to, not including, the limit
+      if (r.ship && r.ship.value !== "") {
+        const s = Number(r.ship.value);
+        if (!Number.isFinite(s) || s < 0 || s >= v) return showError(`policy.checks[${i}].ship_rel_delta`, `${r.label}: the ship boundary must be from +0 % up to below the limit (+${v} %), or empty for half the limit; you typed ${r.ship.value} %.`, checkRows);
+      }
     }
     const num = (id) => $(id).value === "" ? undefined : Number($(id).value);
     const policy = {
@@ -218,7 +251,8 @@
       correctness: { enabled: $("correctness").checked },
       checks: checkRows.map((r) => r.metric === "error_rate"
         ? { metric: r.metric, max_abs_delta: Number(r.input.value) / 100 }
-        : { metric: r.metric, quantile: r.q, max_rel_delta: Number(r.input.value) / 100 }),
+        : { metric: r.metric, quantile: r.q, max_rel_delta: Number(r.input.value) / 100,
+          ...(r.ship && r.ship.value !== "" ? { ship_rel_delta: Number(r.ship.value) / 100 } : {}) }),
     };
     const body = {
       service: $("service").value.trim(), kernels: $("kernels").value, production_kernels: $("production_kernels").value,
