@@ -90,24 +90,36 @@ class Pending:
 class SequenceState:
     """Every check series' closed windows and open window, for the whole rollout (steps do not reset it: one
     sequence, so its guarantee holds across steps). Keys: `series_key(check_name, series)`; live A/A keys (production
-    against baseline, when both run the same kernels) start with AA_PREFIX."""
+    against baseline, when both run the same kernels) start with AA_PREFIX. `running`: per key the intersection of
+    the sequence's bounds after every window so far (log scale; points for the error rate): a confidence sequence
+    stays one when intersected over time, so bounds never widen again and a boundary once cleared stays cleared."""
     windows: Mapping[str, tuple[Window, ...]] = field(default_factory=dict)
     pending: Mapping[str, Pending] = field(default_factory=dict)
+    running: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"windows": {k: [w.to_dict() for w in ws] for k, ws in self.windows.items()},
-                "pending": {k: p.to_dict() for k, p in self.pending.items()}}
+                "pending": {k: p.to_dict() for k, p in self.pending.items()},
+                "running": {k: list(b) for k, b in self.running.items()}}
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "SequenceState":
         if not d:
             return cls()
         return cls({k: tuple(Window.from_dict(w) for w in ws) for k, ws in d.get("windows", {}).items()},
-                   {k: Pending.from_dict(p) for k, p in d.get("pending", {}).items()})
+                   {k: Pending.from_dict(p) for k, p in d.get("pending", {}).items()},
+                   {k: (float(b[0]), float(b[1])) for k, b in d.get("running", {}).items()})
 
     def without_pending(self) -> "SequenceState":
         """After a weight change or a pause: the open windows straddle it and are dropped; closed ones stay."""
-        return SequenceState(self.windows, {}) if self.pending else self
+        return SequenceState(self.windows, {}, self.running) if self.pending else self
+
+    def bounds(self, key: str, est: "Bounds") -> tuple[float, float]:
+        """The estimate's bounds intersected with the running ones (NaN while the estimate has none)."""
+        if math.isnan(est.lower):
+            return est.lower, est.upper
+        lo, hi = self.running.get(key, (-math.inf, math.inf))
+        return max(est.lower, lo), min(est.upper, hi)
 
 
 AA_PREFIX = "aa:"
@@ -308,7 +320,18 @@ def observe(state: SequenceState, variants: Mapping, policy, start: float, end: 
                 x = close_latency(p, check.quantile)
                 if not math.isnan(x):
                     windows[key] = (*windows.get(key, ()), Window(x, p.canary.total, p.target.total, p.start, end))
-    return SequenceState(windows, pending)
+    running = dict(state.running)
+    for key, ws in windows.items():
+        if ws is state.windows.get(key):
+            continue   # no new window for this key
+        name = key[len(AA_PREFIX):] if key.startswith(AA_PREFIX) else key
+        check = name.partition("@")[0]
+        n_series = sum(1 for k in windows if k.startswith(check + "@")) or 1
+        est = estimate([w.x for w in ws], policy.alpha / len(policy.checks) / n_series, policy.min_windows)
+        if not math.isnan(est.lower):
+            lo, hi = running.get(key, (-math.inf, math.inf))
+            running[key] = (max(lo, est.lower), min(hi, est.upper))
+    return SequenceState(windows, pending, running)
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,6 +15,7 @@ default) is INCONCLUSIVE unless low_traffic.allow_replay_only: replay may fail a
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -285,6 +286,8 @@ def _sequential(check: MetricCheck, series: str, c: VariantData, t: VariantData,
         return TestResult(**base, delta_rel=back(est.mean) if est.windows else math.nan, outcome=Outcome.INCONCLUSIVE,
                           need_more=max(need, 1), low_traffic=True, eta_s=eta,
                           reason=f"{what}: {est.windows} of {policy.min_windows} windows before it may decide")
+    lower, upper = seq.bounds(series_key(check.name, series), est)
+    est = dataclasses.replace(est, lower=lower, upper=upper)
     rel, lo, hi = back(est.mean), back(est.lower), back(est.upper)
     vals = dict(delta_rel=rel, ci_low=lo, ci_high=hi)
     head = f"{what} {_fmt(check, rel)} over {est.windows} windows, sequence [{_fmt(check, lo)}, {_fmt(check, hi)}]"
@@ -314,8 +317,9 @@ def _replica(policy: Policy, seq: SequenceState, alpha: float) -> tuple[ReplicaO
         if check is None:
             continue
         est = estimate([w.x for w in seq.windows[key]], alpha, policy.min_windows)
+        lower, upper = seq.bounds(key, est)
         back = (lambda v: v) if check.metric == ERROR_RATE else math.expm1
-        out.append(ReplicaOffset(name, series, back(est.mean), back(est.lower), back(est.upper), est.windows))
+        out.append(ReplicaOffset(name, series, back(est.mean), back(lower), back(upper), est.windows))
     return tuple(out)
 
 

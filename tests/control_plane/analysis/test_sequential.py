@@ -186,3 +186,20 @@ def test_calibration_suggests_a_ship_boundary_that_clears_the_replica_offset():
     assert round(seq.suggested_ship / 0.025, 6) == int(round(seq.suggested_ship / 0.025))
     assert live.suggested_ship is None and live.windows == 3        # too few windows yet
     assert [c.source for c in calibrate(state, p, aa=False)] == ["production vs baseline (live A/A)"]
+
+
+def test_bounds_never_widen_again_a_cleared_boundary_stays_cleared():
+    """The running intersection: after a quiet stretch the sequence passed; a noisy window widens a fresh estimate,
+    but the intersection of every look's bounds is still a valid sequence and keeps the pass."""
+    p = Policy(checks=(P90,), min_samples=100, min_windows=6, window_s=0.0, window_requests=1, window_tail_samples=1)
+    s, t = SequenceState(), 0.0
+    for i in range(12):
+        s = observe(s, _variants(400, 1.0 + 0.01 * (-1) ** i), p, t, t + 10)
+        t += 10
+    quiet = s.running[KEY]
+    assert assess(_variants(400), p, s).outcome is Outcome.PASS
+    s = observe(s, _variants(400, 1.6), p, t, t + 10)          # one wild window: the fresh estimate widens
+    fresh = estimate([w.x for w in s.windows[KEY]], p.alpha, p.min_windows)
+    assert fresh.upper - fresh.lower > quiet[1] - quiet[0]
+    assert s.running[KEY][1] <= quiet[1] and assess(_variants(400), p, s).outcome is Outcome.PASS
+    assert SequenceState.from_dict(s.to_dict()) == s
