@@ -23,7 +23,7 @@ from .support import CannedSource, InMemoryDeployer
 
 CRD = Path(__file__).resolve().parents[3] / "helm" / "sits-control" / "crds" / "kernelrollouts.sits.dev.yaml"
 FAST = {"steps": [50], "check_interval_s": 0.3, "warmup_s": 0.0, "min_samples": 50, "failure_limit": 1,
-        "correctness": {"enabled": False}}
+        "window_s": 0.0, "min_windows": 4, "correctness": {"enabled": False}}   # sequential: windows by count
 SLOW = {**FAST, "steps": [10, 50], "check_interval_s": 3600.0}   # stays at its first step: time to edit it
 
 
