@@ -25,7 +25,7 @@ class Hung(InMemoryDeployer):
         super().__init__()
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def deploy(self, spec):
+    def deploy(self, spec, interrupted=None):
         self.entered.set()
         assert self.release.wait(60)
         super().deploy(spec)
@@ -132,7 +132,7 @@ def test_a_failing_deploy_is_not_retried_with_an_abort_pending(tmp_path):
     class FailingCanary(InMemoryDeployer):
         attempts = 0
 
-        def deploy(self, spec):
+        def deploy(self, spec, interrupted=None):
             if spec.role == "canary":
                 type(self).attempts += 1
                 if self.attempts == 1:
