@@ -167,7 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--production-kernels", default=None,
                    help="the kernel set production runs now (default: torch; over the API, what the service runs)")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
-    s.add_argument("--model", default="tiny")
+    s.add_argument("--model", default="tiny", help="a preset (tiny, llama3-8b) or a checkpoint directory's absolute "
+                                                  "path (no URLs)")
+    s.add_argument("--deployer", choices=["local", "kubernetes"], default="local",
+                   help="the worker's deployer (without --url): local checks that a --model path is a directory on "
+                        "this machine; kubernetes only that it is a well-formed absolute path (the pods' filesystem)")
     s.add_argument("--replicas", type=_count, default=1)
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
