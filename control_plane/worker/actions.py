@@ -34,8 +34,8 @@ _ABORTABLE = (Deploy, SetWeights)   # what a pending abort supersedes (a rollbac
 
 
 class NoProductionError(Exception):
-    """A rollback found no production to give the traffic back to (it never got ready, or is gone): the rollout
-    cannot say production was restored, and an operator has to act."""
+    """A rollback found no production and none ever ran for the service (it never got ready): nothing can be
+    restored, and the rollout must not say production was; an operator has to act."""
 
 
 class LeaseLostError(Exception):
@@ -208,10 +208,11 @@ class ActionRunner:
         self.metrics.action_failures.labels(r.service, action.kind).inc()
         self.store.mark_action(action_id, "failed", text[:4000])
 
-    def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
+    def _ensure_production(self, r: Rollout, spec: DeploySpec, interruptible: bool = True) -> None:
         deployed = "production" in self.deployer.status(r.service)
         if not deployed:
-            self._deploy(variant(r, spec, "production", r.production_kernels), self._interrupted(r))
+            self._deploy(variant(r, spec, "production", r.production_kernels),
+                         self._interrupted(r) if interruptible else None)
         # recorded also for a production someone else deployed (the demo does, before its first rollout)
         router = self.deployer.router_url(r.service)
         if router and self.store.services.routers().get(r.service) != router:
@@ -230,14 +231,19 @@ class ActionRunner:
         elif isinstance(action, Promote):
             self._deployer_call("promote", r.service, "canary", self.deployer.promote, r.service)
         elif isinstance(action, Rollback):
-            has_production = "production" in self.deployer.status(r.service)
+            # the rollout will say "production restored": production gone (with a previous control plane) is
+            # deployed again first; one that never ran here (it never got ready) fails the rollback, saying why
+            ran_before = r.service in self.store.services.routers()
+            if ran_before:
+                self._ensure_production(r, spec, interruptible=False)
+            has_production = ran_before or "production" in self.deployer.status(r.service)
             try:
                 self._deployer_call("rollback", r.service, "canary", self.deployer.rollback, r.service)
             except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
                 log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
-            if not has_production:   # canary and baseline are gone; "production restored" would not be true
-                raise NoProductionError(f"service {r.service}: no production to restore (production "
-                                        f"{r.production_kernels} is not deployed; {r.reason or 'no reason given'})")
+            if not has_production:
+                raise NoProductionError(f"service {r.service}: no production to restore: production "
+                                        f"{r.production_kernels} never ran here ({r.reason or 'no reason given'})")
         elif isinstance(action, Notify):
             # the key makes a replayed Notify action (crash before it was marked done) a no-op in a journal
             self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,

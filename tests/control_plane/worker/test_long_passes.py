@@ -230,10 +230,10 @@ def test_an_abort_queued_while_a_local_deploy_waits_for_its_engines_applies_with
         d.close()
 
 
-def test_a_rollback_with_no_production_to_restore_never_says_it_restored_one(tmp_path):
-    """Production itself never got ready (its engine could not load): production is tried once for the whole group
-    of deploys, not once per deploy; the rollback that follows cannot restore a production that never existed, so
-    the rollout fails (needs an operator) naming the engine's load error, never "production torch restored"."""
+def test_a_rollback_with_no_production_that_ever_ran_never_claims_to_restore_it(tmp_path):
+    """Production itself never gets ready (its engine cannot load): it is tried once for the whole group of
+    deploys, not once per deploy; the rollback has no production to restore, so the rollout fails (needs an
+    operator) naming the engine's load error, never "production torch restored"."""
     t = [0.0]
 
     class NoProduction(InMemoryDeployer):
@@ -253,6 +253,29 @@ def test_a_rollback_with_no_production_to_restore_never_says_it_restored_one(tmp
             r = w.reconcile_rollout("r1")
         assert [spec.role for spec in d.deploy_calls] == ["production"]
         assert r.phase is Phase.FAILED, r.reason
-        assert "restored" not in r.reason and "engine failed to load: UnknownModelError: unknown model" in r.reason
+        assert "restored" not in r.reason and "log x.log" not in r.reason
         assert r.reason.startswith("rollback failed during rolling_back: NoProductionError: service chat: no "
-                                   "production to restore"), r.reason
+                                   "production to restore: production torch never ran here (deploy, deploy failed: "
+                                   "NotReadyError: chat/production: engine failed to load: UnknownModelError: "
+                                   "unknown model '/models/nope'"), r.reason
+
+
+def test_a_rollback_that_finds_production_gone_deploys_it_before_saying_it_is_restored(tmp_path):
+    """The variants died with a previous control plane and an abort was pending (no restore first): the rollback
+    deploys production again, so the rollout's "production torch restored" is true."""
+    t = [0.0]
+    with Store(str(tmp_path / "g.db")) as s:
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
+        w1 = Worker(s, InMemoryDeployer(), CannedSource(), clock=lambda: t[0], owner="w1")
+        while s.get("r1").phase is not Phase.PROGRESSING:
+            t[0] += 5
+            w1.reconcile_rollout("r1")
+        send_command(s, "r1", "abort", "api-user")
+        t[0] += 30
+        fresh = InMemoryDeployer()
+        w2 = Worker(s, fresh, CannedSource(), clock=lambda: t[0], owner="w2")
+        for _ in range(3):
+            t[0] += 5
+            r = w2.reconcile_rollout("r1")
+        assert r.phase is Phase.ROLLED_BACK and r.reason.startswith("production torch restored (aborted by api-user")
+        assert "production" in fresh.status("chat") and fresh.services["chat"]["weights"]["production"] == 100
