@@ -70,7 +70,7 @@ class SimDeployer:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def deploy(self, spec) -> None:
+    def deploy(self, spec, interrupted=None) -> None:
         with self._lock:
             self.calls += 1
             self.variants.setdefault(spec.service, {})[spec.role] = spec.kernels

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from sits.control_plane.analysis.policy import Policy
 from sits.control_plane.analysis.policy_error import PolicyError
 from sits.control_plane.errors import ValidationError
+from sits.wire.models import MAX_MODEL_PATH, PRESET_NAMES
 
 # DNS-1035 label: the service name becomes part of Kubernetes object names (`<service>-<role>`) and of label values
 _SERVICE_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -31,9 +32,36 @@ def kernel_set_name(v: Any, field: str = "kernels") -> str:
     return v
 
 
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_PRESETS = ", ".join(PRESET_NAMES)
+
+
 def model(v: Any, field: str = "model") -> str:
+    """A preset name (sits.wire.models.PRESET_NAMES) or a well-formed checkpoint path: absolute, no '..'
+    component, no control character, at most MAX_MODEL_PATH characters. URLs are refused: the engine loads a
+    preset or a local directory, nothing else. Whether the directory exists is the caller's check (only the
+    local deployer sees the engines' filesystem: service.rollouts)."""
     if not isinstance(v, str) or not v:
-        raise ValidationError("model must be 'tiny', 'llama3-8b' or a checkpoint path", field)
+        raise ValidationError(f"{field} must be a preset ({_PRESETS}) or an absolute checkpoint directory path",
+                              field)
+    if v in PRESET_NAMES:
+        return v
+    shown = repr(v[:80]) + ("..." if len(v) > 80 else "")
+    if len(v) > MAX_MODEL_PATH:
+        raise ValidationError(f"{field}: a checkpoint path of {len(v)} characters; at most {MAX_MODEL_PATH}", field)
+    if any(not ch.isprintable() for ch in v):
+        raise ValidationError(f"{field} {shown} contains control characters", field)
+    if _URL_SCHEME.match(v):
+        raise ValidationError(f"{field} {shown}: URLs are not supported (the engine loads a preset, {_PRESETS}, "
+                              "or a checkpoint directory on its own filesystem); download the checkpoint and give "
+                              "its absolute path", field)
+    if v.startswith("-"):
+        raise ValidationError(f"{field} {shown} must not start with '-' (the engine would read it as a flag)", field)
+    if not v.startswith("/"):
+        raise ValidationError(f"{field} {shown} is neither a preset ({_PRESETS}) nor an absolute checkpoint path "
+                              "(one starting with /)", field)
+    if ".." in v.split("/"):
+        raise ValidationError(f"{field} {shown}: a checkpoint path must not contain '..' components", field)
     return v
 
 

@@ -13,7 +13,7 @@ from sits.wire import headers, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WIRE = ROOT / "sits" / "wire"
-DATA_MODULES = ("metrics.py", "buckets.py", "headers.py")
+DATA_MODULES = ("metrics.py", "buckets.py", "headers.py", "models.py")
 
 
 def _sits_imports(path: Path) -> set[str]:
@@ -103,3 +103,11 @@ def test_the_marks_are_read_case_insensitively_and_only_as_1():
     assert headers.marked_raw(asgi, headers.PROBE_HEADER) and not headers.marked_raw(asgi, headers.REPLAY_HEADER)
     assert headers.marked({headers.REPLAY_HEADER: " 1 "}, headers.REPLAY_HEADER)
     assert not headers.marked({headers.REPLAY_HEADER: "yes"}, headers.REPLAY_HEADER)
+
+
+def test_the_engines_presets_are_the_names_the_contract_gives():
+    # the control plane accepts a rollout's model by these names (control_plane/validation.py)
+    from sits.engine.presets import PRESETS
+    from sits.engine.server.main import PRESET_NAMES as served
+    from sits.wire.models import PRESET_NAMES
+    assert set(PRESETS) == set(PRESET_NAMES) and served is PRESET_NAMES

@@ -7,7 +7,7 @@ HTTPRoute). Every call is idempotent: repeating it after a crash converges to th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Callable, Mapping, Protocol, runtime_checkable
 
 from sits.control_plane import validation as v
 from sits.control_plane.errors import ValidationError
@@ -42,6 +42,11 @@ class NotReadyError(DeployError):
 class DeployCancelled(DeployError):
     """deploy() stopped because cancel()/close() was called (SIGTERM/SIGINT): what it started is stopped again, and
     the caller leaves the action pending for the next worker instead of counting a failure."""
+
+
+class DeployInterrupted(DeployError):
+    """deploy() stopped waiting because its `interrupted()` callback said so (the worker: an abort is queued for the
+    rollout): what it started is stopped again; the action is superseded, not failed, and the abort applies."""
 
 
 class InvalidVariantError(DeployError, ValidationError):
@@ -129,7 +134,9 @@ class ReplicaStatus:
 
 @runtime_checkable
 class Deployer(Protocol):
-    def deploy(self, spec: VariantSpec) -> None: ...
+    # `interrupted`: asked every second or so while the deploy waits for its engines; True makes it stop them and
+    # raise DeployInterrupted (a deployer that never waits may ignore it)
+    def deploy(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None) -> None: ...
 
     def set_weights(self, service: str, weights: Mapping[str, int]) -> None: ...
 

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from kubernetes import client
 
@@ -85,7 +85,9 @@ class KubernetesDeployer:
     def cancel(self) -> None:
         """Nothing to cancel: deploy() applies objects and returns; readiness is observed, never waited for here."""
 
-    def deploy(self, spec: VariantSpec) -> None:
+    def deploy(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None) -> None:
+        """Apply the variant's objects and return: readiness is observed later, never waited for (`interrupted`
+        has nothing to stop)."""
         ns, name = self.config.namespace, m.variant_name(spec.service, spec.role)
         if spec.replicas > self.config.max_replicas:
             raise DeployError(f"{spec.service}/{spec.role}: {spec.replicas} replicas exceed the policy maximum of "

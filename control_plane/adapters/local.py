@@ -18,7 +18,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from sits.control_plane.adapters import process
 from sits.control_plane.rollout import ROLES
@@ -72,7 +72,10 @@ class LocalDeployer:
         atexit.register(_close_ref, weakref.ref(self))
 
     # ---- Deployer protocol ----
-    def deploy(self, spec: VariantSpec) -> None:
+    def deploy(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None) -> None:
+        """Start spec's replicas, wait until every one answers /readyz, then swap them in. NotReadyError when one
+        exits, says it failed to load, or misses the readiness deadline; DeployInterrupted as soon as
+        `interrupted()` (asked about every second) says so; DeployCancelled on cancel()/close()."""
         svc = self._service(spec.service, create=True)
         with svc.role_locks[spec.role]:
             cur = svc.variants.get(spec.role)
@@ -80,7 +83,8 @@ class LocalDeployer:
                 return  # already as desired
             self._reserve(spec)
             try:
-                new = self.launcher.start(spec)  # raises (and cleans up) if they never get ready or on close()
+                # raises (and cleans up) if they never get ready, when interrupted, or on close()
+                new = self.launcher.start(spec, interrupted)
             finally:
                 with self._lock:
                     self._starting -= spec.replicas

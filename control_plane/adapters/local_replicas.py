@@ -5,7 +5,8 @@ local_config.engine_environment) in bounded batches, and waits for each batch to
 next, so a machine never loads more models at once than it has cores. A replica that exits, or is not ready by
 its readiness deadline (the spec's ready_timeout_s, else LocalConfig.ready_timeout_s), fails the start with
 NotReadyError (its exit code, its engine's last log line and the log tail), and every replica this start began is
-stopped. `cancel()` makes starts in progress (other threads) stop starting and waiting and raise DeployCancelled.
+stopped. `cancel()` makes starts in progress (other threads) stop starting and waiting and raise DeployCancelled;
+a start's own `interrupted()` callback (an abort queued for its rollout) makes that start stop: DeployInterrupted.
 """
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
 from sits.control_plane.adapters import process
-from sits.control_plane.adapters.deploy import (DeployCancelled, NotReadyError, ReplicaStatus, VariantSpec,
-                                                VariantStatus)
-from sits.control_plane.adapters.log_line import shown_log_line
+from sits.control_plane.adapters.deploy import (DeployCancelled, DeployInterrupted, NotReadyError, ReplicaStatus,
+                                                VariantSpec, VariantStatus)
+from sits.control_plane.adapters.log_line import (collapse_repeats, is_probe_line, shown_log_line,
+                                                  without_probe_lines)
 from sits.control_plane.adapters.local_config import LocalConfig, engine_environment
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+PROBE_FIRST_S, PROBE_MAX_S = 0.1, 1.0   # /readyz probes while an engine loads: 0.1 s apart, slowing down to 1 s
+INTERRUPT_POLL_S = 1.0                  # how often a deploy asks its `interrupted()` (a store query) while waiting
 
 
 @dataclass(slots=True)
@@ -50,8 +55,9 @@ class ReplicaLauncher:
         self._http.close()
         self._cancelled.clear()
 
-    def start(self, spec: VariantSpec) -> list[Replica]:
-        """spec.replicas engines, every one ready, or DeployError/DeployCancelled with none of them left running."""
+    def start(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None) -> list[Replica]:
+        """spec.replicas engines, every one ready, or DeployError/DeployCancelled/DeployInterrupted with none of them
+        left running. `interrupted()` is asked about every INTERRUPT_POLL_S while they load."""
         started: list[Replica] = []
         try:
             for first in range(0, spec.replicas, self.start_batch):   # bounded batches: start some, wait, repeat
@@ -62,7 +68,7 @@ class ReplicaLauncher:
                     started.append(batch[-1])
                 started_at = time.monotonic()
                 for r in batch:
-                    self._wait_ready(spec, r, started_at)
+                    self._wait_ready(spec, r, started_at, interrupted)
         except BaseException:
             self.stop(started)
             raise
@@ -90,11 +96,6 @@ class ReplicaLauncher:
     def stop(self, replicas: list[Replica]) -> None:
         for r in replicas:
             process.stop(r.proc, self.config.stop_timeout_s)
-
-    def load_error(self, url: str) -> str:
-        """What the engine at url reports on /readyz when it failed to load ({"status": "failed", "error": ...}),
-        at most 300 characters; "" when it reports nothing (still loading, not answering)."""
-        return self._probe(url)[1]
 
     def _probe(self, url: str) -> tuple[bool, str]:
         """One /readyz probe: (ready, the load error the engine reports or "")."""
@@ -125,7 +126,7 @@ class ReplicaLauncher:
             if rc is not None:
                 exited += 1
                 problems.append(f"replica {i} (pid {r.proc.pid}) exited with code {rc}; "
-                                f"log {r.log_path}:\n{_tail(r.log_path, 800)}")
+                                f"log {r.log_path}:\n{log_tail(r.log_path, 800)}")
             elif self.ready(r.url):
                 ready_n += 1
             else:
@@ -146,19 +147,28 @@ class ReplicaLauncher:
             rc = r.proc.poll()
             out.append(ReplicaStatus(role=role, name=f"{role}-{i}", ready=rc is None and self.ready(r.url), restarts=0,
                                      state="running" if rc is None else f"exited {rc}",
-                                     last_log_line=shown_log_line(_tail(r.log_path, 8192)), address=r.url))
+                                     last_log_line=shown_log_line(without_probe_lines(_tail(r.log_path, 8192))), address=r.url))
         return out
 
     def _check_cancelled(self, spec: VariantSpec) -> None:
         if self._cancelled.is_set():
             raise DeployCancelled(f"{spec.service}/{spec.role}: deploy cancelled (the deployer is shutting down)")
 
-    def _wait_ready(self, spec: VariantSpec, r: Replica, started_at: float) -> None:
-        """Until r answers /readyz; NotReadyError (its engine's last log line in it) once it exits or the spec's
-        readiness deadline (else LocalConfig.ready_timeout_s) has passed since its batch started."""
+    def _wait_ready(self, spec: VariantSpec, r: Replica, started_at: float,
+                    interrupted: Callable[[], bool] | None = None) -> None:
+        """Until r answers /readyz; NotReadyError (its engine's own load error, else its last log line) once it
+        exits, its /readyz says it failed to load, or the spec's readiness deadline (else
+        LocalConfig.ready_timeout_s) has passed since its batch started; DeployInterrupted once `interrupted()`
+        says so. Probes start 0.1 s apart and slow down to 1 s (an engine logs each one it answers)."""
         limit = spec.ready_timeout_s or self.config.ready_timeout_s
+        pause, asked = PROBE_FIRST_S, time.monotonic()
         while True:
             self._check_cancelled(spec)
+            if interrupted is not None and time.monotonic() - asked >= INTERRUPT_POLL_S:
+                asked = time.monotonic()
+                if interrupted():
+                    raise DeployInterrupted(f"{spec.service}/{spec.role}: deploy interrupted after "
+                                            f"{asked - started_at:.0f} s of its engines loading (an abort is queued)")
             rc = r.proc.poll()
             ready, failed = self._probe(r.url) if rc is None else (False, "")
             if ready:
@@ -166,27 +176,31 @@ class ReplicaLauncher:
             if failed:   # the engine says it cannot load (an unknown model, ...): waiting longer changes nothing
                 line = last_line(r.log_path)
                 raise NotReadyError(f"{spec.service}/{spec.role}: engine failed to load: {failed}\nits last log line: "
-                                    f"{line or '(none)'}\nlog {r.log_path}:\n{_tail(r.log_path)}",
+                                    f"{line or '(none)'}\nlog {r.log_path}:\n{log_tail(r.log_path)}",
                                     waited_s=time.monotonic() - started_at, last_line=line, exit_code=None)
             if rc is not None or time.monotonic() - started_at > limit:
                 waited = time.monotonic() - started_at
                 line = last_line(r.log_path)
                 why = (f"engine exited with code {rc} before it was ready" if rc is not None
                        else f"engine not ready after {limit:g} s")
-                # an engine that failed to load says why on /readyz (and stays up, logging probes): that is the
-                # first line then, its last log line the next
-                reported = self.load_error(r.url) if rc is None else ""
-                first = (f"{why}: it reports {reported}\nits last log line: {line or '(none)'}" if reported
-                         else f"{why}; its last log line: {line or '(none)'}")
-                raise NotReadyError(f"{spec.service}/{spec.role}: {first}\nlog {r.log_path}:\n{_tail(r.log_path)}",
+                raise NotReadyError(f"{spec.service}/{spec.role}: {why}; its last log line: {line or '(none)'}\n"
+                                    f"log {r.log_path}:\n{log_tail(r.log_path)}",
                                     waited_s=waited, last_line=line, exit_code=rc)
-            self._cancelled.wait(0.1)
+            self._cancelled.wait(pause)
+            pause = min(PROBE_MAX_S, pause * 1.5)
 
 
 def last_line(path: Path, limit: int = 300) -> str:
-    """The last non-empty line of a replica's log (what its engine said last), at most `limit` characters."""
-    lines = [x.strip() for x in _tail(path, 8192).splitlines() if x.strip()]
+    """The last non-empty line of a replica's log that is not an access line of a probe (what its engine said
+    last, not that it answered /readyz), at most `limit` characters."""
+    lines = [x.strip() for x in _tail(path, 8192).splitlines() if x.strip() and not is_probe_line(x)]
     return lines[-1][:limit] if lines else ""
+
+
+def log_tail(path: Path, n: int = 2000) -> str:
+    """The end of a replica's log for an error message: runs of repeated lines (probe access lines, ...) collapsed
+    into one with a count, at most about n characters."""
+    return collapse_repeats(_tail(path, 4 * n))[-n:]
 
 
 def _tail(path: Path, n: int = 2000) -> str:

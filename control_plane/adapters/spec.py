@@ -66,7 +66,8 @@ class DeploySpec:
     def from_stored(cls, d: Mapping[str, Any]) -> "DeploySpec":
         """A spec as the store holds it, including one stored before engine flags were allow-listed: fault flags
         of the canary move to canary_faults (the behaviour it was started with); any other flag the allow-list
-        refuses now is dropped, with a warning (it never reaches an engine)."""
+        refuses now is dropped, with a warning (it never reaches an engine); a model the checks refuse now is kept as
+        stored (shown as it is; the engine refuses to load it), with a warning."""
         d = dict(d)
         faults = list(d.get("canary_faults") or ())
         for key, field_name in (("canary_args", "args"), ("production_args", "production_args")):
@@ -76,6 +77,15 @@ class DeploySpec:
                 log.warning("stored spec: %s dropped (not allowed since issue 26)", why)
             d[key] = kept
         d["canary_faults"] = faults
+        try:
+            v.model(d.get("model", "tiny"))
+        except ValidationError as e:   # stored before models were checked (issue 39): kept as it is, to be shown
+            if (why := f"model {str(d['model'])[:80]!r}") not in _WARNED:
+                _WARNED.add(why)
+                log.warning("stored spec: %s would be refused now (%s); kept as stored", why, e)
+            spec = cls.from_dict({**d, "model": "tiny"})
+            object.__setattr__(spec, "model", d["model"])
+            return spec
         return cls.from_dict(d)
 
     @classmethod

@@ -157,7 +157,7 @@ def start_crd_watcher(a, policy_defaults=None) -> CrdWatcher:
     try:
         catalog = KernelCatalog.discover(a.kernel_catalog)
         return CrdWatcher.open(a.store, a.namespace, kubeconfig=a.kubeconfig, kernel_sets=catalog,
-                               policy_defaults=policy_defaults.to_dict() if policy_defaults is not None else None
-                               ).start()
+                               policy_defaults=policy_defaults.to_dict() if policy_defaults is not None else None,
+                               local_models=a.deployer == "local").start()
     except (CrdApiError, CatalogError) as e:
         raise CLIError(str(e)) from None

@@ -108,7 +108,8 @@ def cmd_rollout_start(a) -> int:
     with open_store(a.store, must_exist=False) as store:
         production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
         r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,
-                                  kernel_sets=KernelCatalog.discover(a.kernel_catalog, need=(a.kernels, production)))
+                                  kernel_sets=KernelCatalog.discover(a.kernel_catalog, need=(a.kernels, production)),
+                                  local_models=a.deployer == "local")
         print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
               f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
               "from here", flush=True)

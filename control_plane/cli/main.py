@@ -161,13 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rollout", help="start, list, show and steer rollouts").add_subparsers(dest="rcmd",
                                                                                               required=True)
-    s = r.add_parser("start", help="create a rollout of a kernel set (the worker deploys and analyses it)")
+    s = r.add_parser("start", help="create a rollout of a kernel set (the worker deploys and analyses it)",
+                     usage="sits-control rollout start --service NAME --kernels SET [options] (see --help)")
     s.add_argument("--service", required=True)
     s.add_argument("--kernels", required=True, help="the canary's kernel set")
     s.add_argument("--production-kernels", default=None,
                    help="the kernel set production runs now (default: torch; over the API, what the service runs)")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
-    s.add_argument("--model", default="tiny")
+    s.add_argument("--model", default="tiny", help="a preset (tiny, llama3-8b) or a checkpoint directory's absolute "
+                                                  "path (no URLs)")
+    s.add_argument("--deployer", choices=["local", "kubernetes"], default="local", metavar="KIND",
+                   help="the worker's deployer, local or kubernetes (without --url): local checks that a --model path "
+                        "is a directory on this machine; kubernetes only that it is a well-formed absolute path")
     s.add_argument("--replicas", type=_count, default=1)
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")

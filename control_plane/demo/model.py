@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sits.wire.models import PRESET_NAMES
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAINED = "tiny-trained"
 TRAIN_STEPS = 400
@@ -24,15 +26,16 @@ class DemoModel:
 
 def cache_dir(device: str) -> Path:
     """$SITS_CACHE_DIR/tiny-trained-<device> (default: the repository's .cache, git-ignored)."""
-    return Path(os.environ.get("SITS_CACHE_DIR") or _REPO_ROOT / ".cache") / f"{TRAINED}-{device}"
+    return (Path(os.environ.get("SITS_CACHE_DIR") or _REPO_ROOT / ".cache") / f"{TRAINED}-{device}").resolve()
 
 
 def resolve_model(name: str, device: str, out: Callable[[str], None], *, steps: int | None = None,
                   timeout_s: float = 600.0) -> DemoModel:
     """`name` as it is, or for `tiny-trained` the checkpoint trained on `device` (kept from an earlier run when
     cached). ValueError when it cannot be trained (no bench/train_tiny.py in an installed copy, or training failed)."""
-    if name != TRAINED:
-        return DemoModel(name, name)
+    if name != TRAINED:   # a checkpoint path as the rollout needs it: absolute (the engines run here)
+        path = name if name in PRESET_NAMES or "://" in name else os.path.abspath(name)
+        return DemoModel(path, name)
     steps = steps or TRAIN_STEPS
     out_dir = cache_dir(device)
     script = _REPO_ROOT / "bench" / "train_tiny.py"

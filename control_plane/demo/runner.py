@@ -183,7 +183,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         auth_path, token = _auth_file(workdir)
         app = create_app({"STORE": store, "SITS_USERS": Users.load(str(auth_path)), "WORKER": worker,
                           "REPLICA_LIMIT": dataclasses.asdict(deployer.replica_limit()),
-                          "SECRET_KEY": secrets.token_hex(32), "KERNEL_CATALOG": catalog})
+                          "SECRET_KEY": secrets.token_hex(32), "KERNEL_CATALOG": catalog, "LOCAL_MODELS": True})
         server = waitress.create_server(app, host=cfg.host, port=cfg.port, threads=8, ident="sits")
         threading.Thread(target=server.run, name="sits-demo-ui", daemon=True).start()
         result.url = f"http://{cfg.host}:{server.effective_port}/"
@@ -222,7 +222,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             out("")
             out(f"[4/4] canary {i + 1}/{len(cfg.scenarios)} ({name}): {sc.kernels} - {sc.what}")
             ro = start_rollout(store, cfg.service, sc.kernels, cfg.production_kernels, p, spec, actor="demo",
-                               kernel_sets=catalog)
+                               kernel_sets=catalog, local_models=True)
             out(f"      rollout {ro.id}: {result.url}rollouts/{ro.id}")
             before = load.counts()
             phase = narrate.follow(store, ro.id, load, cfg.policy, cfg.rollout_timeout_s, out)

@@ -3,6 +3,7 @@ say which commands its phase allows. Validates input once (typed errors naming t
 store; the worker does the rest."""
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Any, Collection, Mapping
@@ -14,6 +15,7 @@ from sits.control_plane.errors import ConflictError, NotFoundError, ValidationEr
 from sits.control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.store.db import Store
+from sits.wire.models import PRESET_NAMES
 
 __all__ = ["allowed_commands", "retry_target", "retryable", "send_command", "start_rollout"]
 
@@ -34,6 +36,14 @@ def _spec(spec: DeploySpec | Mapping[str, Any] | None) -> DeploySpec:
     if spec is None or isinstance(spec, DeploySpec):
         return spec or DeploySpec()
     return DeploySpec.from_dict(spec)
+
+
+def _model_here(spec: DeploySpec) -> None:
+    """The local deployer's engines run on this machine: a checkpoint path must be a directory here (presets load
+    from no file)."""
+    if spec.model not in PRESET_NAMES and not os.path.isdir(spec.model):
+        raise ValidationError(f"model {spec.model[:200]!r}: no checkpoint directory at that path on this machine "
+                              "(the local deployer's engines load it from here)", "model")
 
 
 def retryable(r: Rollout) -> str | None:
@@ -72,18 +82,24 @@ def start_rollout(store: Store, service: str, canary_kernels: str, production_ke
                   policy: Policy | Mapping[str, Any] | None = None, spec: DeploySpec | Mapping[str, Any] | None = None,
                   *, now: float | None = None,
                   rollout_id: str | None = None, actor: str = "",
-                  kernel_sets: Collection[str] | None = None, retry_of: str | None = None) -> Rollout:
+                  kernel_sets: Collection[str] | None = None, retry_of: str | None = None,
+                  local_models: bool = False) -> Rollout:
     """Create a PENDING rollout with its spec (the worker takes it from there). `policy` and `spec` may be objects
     or dicts of their fields (API bodies). ValidationError (field "service", "kernels", "production_kernels",
     "policy", or the spec's own: "model", "replicas", "args", ...) for bad input; ConflictError (StoreConflictError)
     if the service already has an active rollout. `kernel_sets`: the names that exist (a KernelCatalog;
     default: the built-in sets). `retry_of`: the id of the ended rollout this one retries (ValidationError, field
-    "retry_of", unless it exists, ended and did not succeed; field "service" for another service)."""
+    "retry_of", unless it exists, ended and did not succeed; field "service" for another service).
+    `local_models`: the engines run on this machine (the local deployer), so a checkpoint path must be a directory
+    here (field "model"); elsewhere (Kubernetes: the pod's filesystem) a well-formed absolute path is all that
+    can be checked."""
     known = KernelCatalog.shipped() if kernel_sets is None else kernel_sets
     validation.service_name(service)
     _kernel_set(canary_kernels, "kernels", known)
     _kernel_set(production_kernels, "production_kernels", known)
     policy, spec = _policy(policy), _spec(spec)
+    if local_models:
+        _model_here(spec)
     if retry_of is not None:
         _retry_of(store, retry_of, service)
     now = time.time() if now is None else now

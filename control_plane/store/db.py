@@ -253,8 +253,10 @@ class Store:
         return [(r["id"], Action.from_dict(json.loads(r["body"]))) for r in rows]
 
     def mark_action(self, action_id: int, status: str = "done", error: str | None = None) -> None:
-        if status not in ("done", "failed"):
-            raise StoreError("action status must be 'done' or 'failed'")
+        """`status`: done, failed (for good: the next reconcile is told), or superseded (given way to a queued abort:
+        neither done nor a failure; `error` says why)."""
+        if status not in ("done", "failed", "superseded"):
+            raise StoreError("action status must be 'done', 'failed' or 'superseded'")
         with self._db.tx() as db:
             db.execute("UPDATE actions SET status = ?, error = ?, done_at = ? WHERE id = ?",
                        (status, None if error is None else redact(error), time.time(), action_id))

@@ -12,6 +12,8 @@ Config keys (besides Flask's own):
     JUDGE_PROMETHEUS    a PrometheusConfig `POST /api/v1/judge` queries (default: the worker's Prometheus source)
     KERNEL_CATALOG      the KernelCatalog shown and validated against (default: the built-in sets; `sits-control
                         serve` passes KernelCatalog.discover(--kernel-catalog))
+    LOCAL_MODELS        the engines run on this machine (the local deployer): a rollout's checkpoint path must be
+                        a directory here (default False: a well-formed absolute path is all that is checked)
 Views only read and write the store; the worker does everything else.
 """
 from __future__ import annotations
@@ -50,7 +52,7 @@ def create_app(config: dict | None = None) -> Flask:
     app.config.update(
         SECRET_KEY=secrets.token_hex(32), STORE="sits.db", AUTH_FILE=None, SITS_USERS=None, WORKER=None,
         LOGIN_LIMIT=5, LOGIN_WINDOW_S=300.0, LOGIN_CLOCK=time.monotonic, SERIES_MAX_POINTS=300, POLICY_DEFAULTS=None,
-        TRACING=None, JUDGE_PROMETHEUS=None, KERNEL_CATALOG=None,
+        TRACING=None, JUDGE_PROMETHEUS=None, KERNEL_CATALOG=None, LOCAL_MODELS=False,
         MAX_CONTENT_LENGTH=MAX_BODY, SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_NAME="sits_session", PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
         JSON_SORT_KEYS=False)

@@ -97,7 +97,7 @@ def create_rollout():
     spec.update(kept)
     r = service.start_rollout(store(), body["service"], body["kernels"], production, policy, spec,
                               actor=current_user().name, kernel_sets=current_app.config["KERNEL_CATALOG"],
-                              retry_of=body.get("retry_of"))
+                              retry_of=body.get("retry_of"), local_models=current_app.config["LOCAL_MODELS"])
     resp = jsonify(detail(r))
     resp.status_code = 201
     resp.headers["Location"] = url_for("api.get_rollout", rollout_id=r.id)

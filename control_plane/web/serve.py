@@ -56,7 +56,7 @@ def serve(a, build_worker, stop_worker, policy_defaults=None, judge_prometheus=N
         raise ServeError(str(e)) from None
     limit = dataclasses.asdict(worker.deployer.replica_limit()) if worker is not None else None
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker, "KERNEL_CATALOG": catalog,
-                      "REPLICA_LIMIT": limit,
+                      "REPLICA_LIMIT": limit, "LOCAL_MODELS": a.deployer == "local",
                       "SECRET_KEY": os.environ.get("SITS_SECRET_KEY") or os.urandom(32).hex(),
                       "SESSION_COOKIE_SECURE": bool(a.secure_cookies), "TRACING": tracing,
                       "JUDGE_PROMETHEUS": judge_prometheus, "GRAFANA_URL": a.grafana_url,

@@ -12,7 +12,8 @@ import logging
 import threading
 from typing import Callable
 
-from sits.control_plane.adapters.deploy import DeployCancelled, Deployer, DeployNotFoundError, NotReadyError
+from sits.control_plane.adapters.deploy import (DeployCancelled, Deployer, DeployInterrupted, DeployNotFoundError,
+                                                NotReadyError)
 from sits.control_plane.adapters.notify import Notification, Notifier
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
@@ -30,6 +31,11 @@ _EXPECTED = {Phase.INITIALIZING: ROLES, Phase.PROGRESSING: ROLES, Phase.PAUSED: 
 
 
 _ABORTABLE = (Deploy, SetWeights)   # what a pending abort supersedes (a rollback, a promote or a notification runs)
+
+
+class NoProductionError(Exception):
+    """A rollback found no production and none ever ran for the service (it never got ready): nothing can be
+    restored, and the rollout must not say production was; an operator has to act."""
 
 
 class LeaseLostError(Exception):
@@ -115,7 +121,8 @@ class ActionRunner:
                 if router and self.store.services.routers().get(service) != router:
                     self.store.services.set_router(service, router)
             except Exception as e:
-                log.warning("service %s: production not restored: %s", service, redact(f"{type(e).__name__}: {e}"))
+                log.warning("service %s: production not restored: %s", service,
+                            first_line(redact(f"{type(e).__name__}: {e}")))
                 continue
             restored.append(service)
         return restored
@@ -132,9 +139,14 @@ class ActionRunner:
             if parallel:   # variants start in parallel (production first if the service has none)
                 try:
                     self._ensure_production(r, spec)
+                except (NotReadyError, DeployInterrupted) as e:   # each action would wait for production again
+                    for action_id, action in group:
+                        self._finish(r, action_id, action, e)
+                    i += len(group)
+                    continue
                 except Exception as e:   # e.g. RBAC forbids it: one at a time, so each action retries and records it
                     log.warning("rollout %s: production could not be deployed (%s): the deploy actions run one at a "
-                                "time", r.id, redact(f"{type(e).__name__}: {e}"))
+                                "time", r.id, first_line(redact(f"{type(e).__name__}: {e}")))
                     parallel = False
             if parallel:
                 # re-raised in this thread (a simulated crash must stop the pass)
@@ -147,10 +159,13 @@ class ActionRunner:
         c, last = self.config, ""
         for attempt in range(c.action_retries + 1):
             if isinstance(action, _ABORTABLE) and self.abort_pending(r.id):
-                # traffic moves and deploys wait for no retry with an abort queued: the action fails for good now,
-                # and the next pass applies the abort (rolls back)
-                last = (f"{last}; " if last else "") + f"{'not retried' if attempt else 'not run'}: an abort is pending"
-                log.warning("rollout %s: %s %s", r.id, action.kind, last)
+                # traffic moves and deploys wait for no retry with an abort queued: the next pass applies the abort
+                # (rolls back). Not run at all, the action is superseded; after a failure, it failed for good
+                if not attempt:
+                    self._finish(r, action_id, action, DeployInterrupted("not run: an abort is pending"))
+                    return
+                last = f"{last}; not retried: an abort is pending"
+                log.warning("rollout %s: %s %s", r.id, action.kind, first_line(last))
                 break
             if attempt:
                 self._stop.wait(c.action_backoff_s * 2 ** (attempt - 1))
@@ -166,21 +181,38 @@ class ActionRunner:
                 return
             except StoreUnavailableError:   # executed but not recorded: stays pending, repeated once the store is back
                 raise
+            except DeployInterrupted as e:   # an abort is queued: it applies next pass, this action gives way
+                self._finish(r, action_id, action, e)
+                return
             except DeployCancelled as e:   # shutting down: the action stays pending for the next worker (not failed)
                 log.info("rollout %s: %s left pending: %s", r.id, action.kind, e)
                 raise
             except Exception as e:
                 last = redact(f"{type(e).__name__}: {e}")
-                log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, last)
-                if isinstance(e, NotReadyError):   # it had the rollout's whole readiness deadline: failed for good
+                # one line per attempt (the whole error, with the engine's log tail, is stored with the action)
+                log.warning("rollout %s: %s failed (attempt %d): %s", r.id, action.kind, attempt + 1, first_line(last))
+                if isinstance(e, (NotReadyError, NoProductionError)):   # retrying changes nothing: failed for good
                     break
         self.metrics.action_failures.labels(r.service, action.kind).inc()
         self.store.mark_action(action_id, "failed", last[:4000])
 
-    def _ensure_production(self, r: Rollout, spec: DeploySpec) -> None:
+    def _finish(self, r: Rollout, action_id: int, action: Action, e: Exception) -> None:
+        """Record an action that ends without running to completion: superseded by a queued abort
+        (DeployInterrupted: not a failure, the abort applies next pass), else failed for good with e."""
+        text = redact(f"{type(e).__name__}: {e}")
+        if isinstance(e, DeployInterrupted):
+            log.warning("rollout %s: %s superseded: %s", r.id, action.kind, first_line(text))
+            self.store.mark_action(action_id, "superseded", text[:4000])
+            return
+        log.warning("rollout %s: %s failed: %s", r.id, action.kind, first_line(text))
+        self.metrics.action_failures.labels(r.service, action.kind).inc()
+        self.store.mark_action(action_id, "failed", text[:4000])
+
+    def _ensure_production(self, r: Rollout, spec: DeploySpec, interruptible: bool = True) -> None:
         deployed = "production" in self.deployer.status(r.service)
         if not deployed:
-            self._deploy(variant(r, spec, "production", r.production_kernels))
+            self._deploy(variant(r, spec, "production", r.production_kernels),
+                         self._interrupted(r) if interruptible else None)
         # recorded also for a production someone else deployed (the demo does, before its first rollout)
         router = self.deployer.router_url(r.service)
         if router and self.store.services.routers().get(r.service) != router:
@@ -193,16 +225,25 @@ class ActionRunner:
         if isinstance(action, Deploy):
             if action.role != "production":
                 self._ensure_production(r, spec)
-            self._deploy(variant(r, spec, action.role, action.kernels))
+            self._deploy(variant(r, spec, action.role, action.kernels), self._interrupted(r))
         elif isinstance(action, SetWeights):
             self._set_weights(r.service, dict(action.weights))
         elif isinstance(action, Promote):
             self._deployer_call("promote", r.service, "canary", self.deployer.promote, r.service)
         elif isinstance(action, Rollback):
+            # the rollout will say "production restored": production gone (with a previous control plane) is
+            # deployed again first; one that never ran here (it never got ready) fails the rollback, saying why
+            ran_before = r.service in self.store.services.routers()
+            if ran_before:
+                self._ensure_production(r, spec, interruptible=False)
+            has_production = ran_before or "production" in self.deployer.status(r.service)
             try:
                 self._deployer_call("rollback", r.service, "canary", self.deployer.rollback, r.service)
             except DeployNotFoundError as e:   # nothing deployed: no canary to take traffic from, already rolled back
                 log.warning("rollout %s: rollback found nothing to roll back (%s)", r.id, e)
+            if not has_production:
+                raise NoProductionError(f"service {r.service}: no production to restore: production "
+                                        f"{r.production_kernels} never ran here ({r.reason or 'no reason given'})")
         elif isinstance(action, Notify):
             # the key makes a replayed Notify action (crash before it was marked done) a no-op in a journal
             self.notifier.notify(Notification(action.event, r.service, r.id, action.message, r.phase.value,
@@ -213,9 +254,13 @@ class ActionRunner:
             raise ValueError(f"unknown action {action!r}")
 
     # ---- deployer calls, one span each ---------------------------------------------------------------------------
-    def _deploy(self, spec) -> None:
-        self._deployer_call("deploy", spec.service, spec.role, self.deployer.deploy, spec,
+    def _deploy(self, spec, interrupted: Callable[[], bool] | None = None) -> None:
+        self._deployer_call("deploy", spec.service, spec.role, self.deployer.deploy, spec, interrupted,
                             attributes={"sits.kernels": spec.kernels, "sits.replicas": spec.replicas})
+
+    def _interrupted(self, r: Rollout) -> Callable[[], bool]:
+        """What a deploy of r's asks while its engines load: an abort queued for r makes it stop (DeployInterrupted)."""
+        return lambda: self.abort_pending(r.id)
 
     def _set_weights(self, service: str, weights: dict) -> None:
         self._deployer_call("set_weights", service, "canary", self.deployer.set_weights, service, weights,
@@ -231,6 +276,12 @@ class ActionRunner:
                 set_attributes(s, {"sits.result": type(e).__name__})
                 raise
             set_attributes(s, {"sits.result": "ok"})
+
+
+def first_line(text: str) -> str:
+    """The first line of an error (its log tail follows on the next ones), with how many lines were left out."""
+    lines = text.strip().splitlines() or [""]
+    return lines[0] + (f" [+{len(lines) - 1} lines]" if len(lines) > 1 else "")
 
 
 def variant(r: Rollout, spec: DeploySpec, role: str, kernels: str):

@@ -38,12 +38,14 @@ class CrdWatcher:
     resource. `relists` counts lists (the first, 410s, resyncs), `api_errors` failed watches."""
 
     def __init__(self, store: Store, api: KernelRolloutApi, *, kernel_sets: Collection[str] | None = None,
-                 policy_defaults: Mapping | None = None, sync_interval_s: float = 1.0, watch_timeout_s: int = 60,
+                 policy_defaults: Mapping | None = None, local_models: bool = False,
+                 sync_interval_s: float = 1.0, watch_timeout_s: int = 60,
                  relist_s: float = 300.0, backoff_s: float = 0.5, clock: Callable[[], float] = time.time) -> None:
         if not sync_interval_s > 0 or watch_timeout_s < 1 or not relist_s > 0:
             raise ValueError("sync_interval_s and relist_s must be > 0, watch_timeout_s >= 1")
         self.store, self.api = store, api
         self.kernel_sets, self.policy_defaults = kernel_sets, dict(policy_defaults or {})
+        self.local_models = local_models   # start_rollout's: a checkpoint path must be a directory on this machine
         self.sync_interval_s, self.watch_timeout_s, self.relist_s = sync_interval_s, watch_timeout_s, relist_s
         self.backoff_s, self.clock = backoff_s, clock
         self.cache: dict[str, dict] = {}
@@ -60,7 +62,8 @@ class CrdWatcher:
 
     @classmethod
     def open(cls, store_path: str, namespace: str, *, kubeconfig: str | None = None,
-             kernel_sets: Collection[str] | None = None, policy_defaults: Mapping | None = None) -> "CrdWatcher":
+             kernel_sets: Collection[str] | None = None, policy_defaults: Mapping | None = None,
+             local_models: bool = False) -> "CrdWatcher":
         """What `sits-control serve --watch-crds` runs: its own connection to the store, the in-cluster service
         account (or `kubeconfig`) for the API. CrdApiError when the credentials cannot be loaded."""
         try:
@@ -68,7 +71,7 @@ class CrdWatcher:
         except DeployError as e:
             raise CrdApiError(f"--watch-crds: {e}") from None
         return cls(Store(store_path), KernelRolloutApi(api_client, namespace), kernel_sets=kernel_sets,
-                   policy_defaults=policy_defaults)
+                   policy_defaults=policy_defaults, local_models=local_models)
 
     def close(self) -> None:
         self.stop()
@@ -257,7 +260,7 @@ class CrdWatcher:
         try:
             r = start_rollout(self.store, req.service, req.kernels, req.production_kernels,
                               self._policy(req.policy), req.spec, rollout_id=self._rollout_id(obj),
-                              actor=self._actor(obj), kernel_sets=self.kernel_sets)
+                              actor=self._actor(obj), kernel_sets=self.kernel_sets, local_models=self.local_models)
         except (ValidationError, ConflictError) as e:
             busy = isinstance(e, ConflictError)
             msg, reason = f"refused: {e}", "ServiceBusy" if busy else "InvalidSpec"

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from sits.wire.models import PRESET_NAMES
 
 log = logging.getLogger("sits.engine.server")
 
-PRESET_NAMES = ("tiny", "llama3-8b")
 ENGINE_PROCESS_MODES = ("on", "off")
 # after the engine core dies, the server answers 503 (readyz included) this long, then exits non-zero
 FATAL_EXIT_GRACE_S = 5.0

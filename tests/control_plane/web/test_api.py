@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from sits.control_plane.adapters.spec import DeploySpec
+
 from sits.control_plane.web import create_app
 from sits.control_plane.rollout import Phase
 
@@ -199,7 +201,9 @@ def test_nul_and_lone_surrogates_are_422_naming_the_field(client, store, caplog,
 def test_services_never_500_on_odd_stored_data(client, store, caplog):
     """Issue 26 row 9: a model with a lone surrogate or NUL that reached the store another way (an older version,
     the operator's CLI) is shown escaped, never a 500 for every user."""
-    new_rollout(store, "odd", spec={"model": "\ud800x\x00"})
+    odd = DeploySpec()
+    object.__setattr__(odd, "model", "\ud800x\x00")   # as an older version stored it (refused at creation now)
+    new_rollout(store, "odd", spec=odd)
     r = client.get("/api/v1/services", headers=auth("viewer"))
     assert r.status_code == 200, r.get_data(as_text=True)[:300]
     (svc,) = r.get_json()["services"]

@@ -46,7 +46,7 @@ class UnknownModel(InMemoryDeployer):
     """The canary's engine never gets ready: the NotReadyError the local deployer raises for an engine that failed
     to load (adapters/local_replicas.py): what its /readyz reported on the first line, its log tail after it."""
 
-    def deploy(self, spec: VariantSpec) -> None:
+    def deploy(self, spec: VariantSpec, interrupted=None) -> None:
         if spec.service == "llm" and spec.role == "canary":
             tail = "\n".join(ACCESS.format(port=40000 + i) for i in range(30))
             raise NotReadyError(f"llm/canary: engine not ready after 60 s: it reports {CAUSE}\nits last log line: "

@@ -40,7 +40,7 @@ class InMemoryDeployer:
             raise DeployNotFoundError(f"service {service!r} is not deployed")
         return self.services.setdefault(service, {"variants": {}, "weights": {}})
 
-    def deploy(self, spec: VariantSpec) -> None:
+    def deploy(self, spec: VariantSpec, interrupted=None) -> None:
         gate = self.gates.get(spec.service)
         while gate is not None and not gate.wait(0.01) and not self._cancelled.is_set():
             pass

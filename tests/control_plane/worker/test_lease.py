@@ -152,7 +152,7 @@ def test_actions_reuse_a_lease_renewed_moments_ago_and_renew_an_older_one(tmp_pa
     t, log = [100.0], []
 
     class SlowDeploys(InMemoryDeployer):
-        def deploy(self, spec):                                # each deploy takes 2 s of the injected clock
+        def deploy(self, spec, interrupted=None):                                # each deploy takes 2 s of the injected clock
             t[0] += 2
             super().deploy(spec)
 

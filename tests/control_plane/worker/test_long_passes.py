@@ -5,6 +5,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from sits.control_plane.adapters.deploy import NotReadyError
 from sits.control_plane.analysis import Policy
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import send_command, start_rollout
@@ -25,7 +26,7 @@ class Hung(InMemoryDeployer):
         super().__init__()
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def deploy(self, spec):
+    def deploy(self, spec, interrupted=None):
         self.entered.set()
         assert self.release.wait(60)
         super().deploy(spec)
@@ -132,7 +133,7 @@ def test_a_failing_deploy_is_not_retried_with_an_abort_pending(tmp_path):
     class FailingCanary(InMemoryDeployer):
         attempts = 0
 
-        def deploy(self, spec):
+        def deploy(self, spec, interrupted=None):
             if spec.role == "canary":
                 type(self).attempts += 1
                 if self.attempts == 1:
@@ -176,3 +177,105 @@ def test_a_restart_applies_a_pending_abort_before_restoring(tmp_path):
         r = w2.reconcile_rollout("r1")
         assert r.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK), r.reason
         assert [c for c in fresh.calls if c[0] == "deploy"] == [] and s.commands.pending("r1") == []
+
+
+NEVER_READY = r'''
+import http.server, socket, sys
+fd = int(sys.argv[sys.argv.index("--listen-fd") + 1])
+class H(http.server.BaseHTTPRequestHandler):   # loading forever: /readyz 503
+    def do_GET(self):
+        self.send_response(503); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a):
+        pass
+print("loading", flush=True)
+server = http.server.HTTPServer(("127.0.0.1", 0), H, bind_and_activate=False)
+server.socket = socket.socket(fileno=fd)
+server.serve_forever()
+'''
+
+
+def test_an_abort_queued_while_a_local_deploy_waits_for_its_engines_applies_within_seconds(tmp_path):
+    """The local deployer waits for engines that never get ready (deadline 600 s); an abort queued through another
+    connection to the store stops that wait within a few seconds: the deploy actions are superseded (not failed),
+    the rollout rolls back as aborted by its sender, and no engine is left running."""
+    import sys
+    from sits.control_plane.adapters.local import LocalDeployer
+    from sits.control_plane.adapters.local_config import LocalConfig
+    from tests.waiting import wait_for
+
+    db, t = str(tmp_path / "a.db"), [0.0]
+    d = LocalDeployer(LocalConfig(workdir=str(tmp_path / "w"), ready_timeout_s=600.0, stop_timeout_s=5,
+                                  engine_command=(sys.executable, "-c", NEVER_READY)))
+    api = Store(db)
+    try:
+        with Store(db) as s:
+            start_rollout(s, "chat", "triton-v1", "torch", latency_policy(steps=(50, 100), ready_timeout_s=600.0),
+                          now=0.0, rollout_id="r1")
+            w = Worker(s, d, CannedSource(), clock=lambda: t[0], config=WorkerConfig(interval_s=5))
+            t[0] = 1
+            first = threading.Thread(target=w.reconcile_rollout, args=("r1",))
+            first.start()                                              # deploys production, then the others
+            wait_for("an engine loading", lambda: "loading" in "".join(
+                p.read_text() for p in (tmp_path / "w").glob("*.log")))
+            send_command(api, "r1", "abort", "api-user")
+            first.join(30)
+            assert not first.is_alive()                                # not the 600 s deadline
+            assert {a["status"] for a in s.actions("r1") if a["kind"] == "deploy"} == {"superseded"}
+            assert d.status("chat") == {}                              # the loading engines were stopped
+            t[0] = 6
+            r = w.reconcile_rollout("r1")
+            assert r.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK) and r.reason == "aborted by api-user", r.reason
+    finally:
+        api.close()
+        d.close()
+
+
+def test_a_rollback_with_no_production_that_ever_ran_never_claims_to_restore_it(tmp_path):
+    """Production itself never gets ready (its engine cannot load): it is tried once for the whole group of
+    deploys, not once per deploy; the rollback has no production to restore, so the rollout fails (needs an
+    operator) naming the engine's load error, never "production torch restored"."""
+    t = [0.0]
+
+    class NoProduction(InMemoryDeployer):
+        def deploy(self, spec, interrupted=None):
+            if spec.role == "production":
+                self.deploy_calls.append(spec)
+                raise NotReadyError("chat/production: engine failed to load: UnknownModelError: unknown model "
+                                    "'/models/nope'\nits last log line: loading\nlog x.log:\nloading", waited_s=2.0)
+            super().deploy(spec, interrupted)
+
+    d = NoProduction()
+    with Store(str(tmp_path / "p.db")) as s:
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
+        w = Worker(s, d, CannedSource(), clock=lambda: t[0], config=WorkerConfig(action_retries=2, action_backoff_s=0))
+        for _ in range(4):
+            t[0] += 5
+            r = w.reconcile_rollout("r1")
+        assert [spec.role for spec in d.deploy_calls] == ["production"]
+        assert r.phase is Phase.FAILED, r.reason
+        assert "restored" not in r.reason and "log x.log" not in r.reason
+        assert r.reason.startswith("rollback failed during rolling_back: NoProductionError: service chat: no "
+                                   "production to restore: production torch never ran here (deploy, deploy failed: "
+                                   "NotReadyError: chat/production: engine failed to load: UnknownModelError: "
+                                   "unknown model '/models/nope'"), r.reason
+
+
+def test_a_rollback_that_finds_production_gone_deploys_it_before_saying_it_is_restored(tmp_path):
+    """The variants died with a previous control plane and an abort was pending (no restore first): the rollback
+    deploys production again, so the rollout's "production torch restored" is true."""
+    t = [0.0]
+    with Store(str(tmp_path / "g.db")) as s:
+        start_rollout(s, "chat", "triton-v1", "torch", POLICY, now=0.0, rollout_id="r1")
+        w1 = Worker(s, InMemoryDeployer(), CannedSource(), clock=lambda: t[0], owner="w1")
+        while s.get("r1").phase is not Phase.PROGRESSING:
+            t[0] += 5
+            w1.reconcile_rollout("r1")
+        send_command(s, "r1", "abort", "api-user")
+        t[0] += 30
+        fresh = InMemoryDeployer()
+        w2 = Worker(s, fresh, CannedSource(), clock=lambda: t[0], owner="w2")
+        for _ in range(3):
+            t[0] += 5
+            r = w2.reconcile_rollout("r1")
+        assert r.phase is Phase.ROLLED_BACK and r.reason.startswith("production torch restored (aborted by api-user")
+        assert "production" in fresh.status("chat") and fresh.services["chat"]["weights"]["production"] == 100

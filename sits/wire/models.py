@@ -1,0 +1,7 @@
+"""The models an engine can load by name, and the bounds of a checkpoint path: the engine's presets
+(engine/presets.py, a test keeps the two equal) and what the control plane accepts as a rollout's `model`
+(control_plane/validation.py). Pure data."""
+from __future__ import annotations
+
+PRESET_NAMES = ("tiny", "llama3-8b")   # random-weight presets (engine/presets.py PRESETS)
+MAX_MODEL_PATH = 4096                  # characters of a checkpoint path (Linux PATH_MAX)
