@@ -32,7 +32,7 @@ NORMAL, SLOW_UPLOADS, STALLED = 80, 18, 3   # per variant; the attack is ~20 % o
 BODY = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 2}).encode()
 # a loose gate (identical CPU engines differ by ~20 %), yet a trickled P90 (+2 s on ~30 ms) fails it 50 times over
 POLICY = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=1.0),), min_samples=20,
-                min_tail_samples=3)
+                min_tail_samples=3, statistics="fixed")   # one pooled window per verdict: what is recorded is tested
 
 
 @pytest.fixture(scope="module")
