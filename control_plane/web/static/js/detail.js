@@ -334,7 +334,7 @@
         el("span", {}, `${val(r.canary)} vs ${val(r.target)}`),
         Sequence.isSeq(r) ? Sequence.deltaCell(r)
           : el("span", { class: "delta", "data-check": r.check }, SITS.resultText(rate ? "abs" : "rel", delta, r.ci_low, r.ci_high, r.threshold)),
-        el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more ? el("span", { class: "need" }, `needs about ${SITS.requests(r.need_more)} more`) : null));
+        el("span", { class: `verdict-${r.outcome}`, title: r.reason }, `${mark[r.outcome]} ${r.outcome}`, r.need_more && !Sequence.isSeq(r) ? el("span", { class: "need" }, `needs about ${SITS.requests(r.need_more)} more`) : null));
     }
     return grid;
   }
@@ -350,7 +350,8 @@
         : el("td", { class: "when" }, `${req("canary")}`, el("br"), el("span", { class: "muted" }, `${req(target)}`)),
       el("td", { class: "results-cell" }, gate ? Correctness.cell(c) : resultGrid(c)),
       el("td", { class: "verdict" }, el("strong", { class: `verdict-${c.outcome}` }, `${mark[c.outcome]} ${c.outcome}`), el("div", { class: "muted small" }, `→ ${c.decision}`),
-        c.need_more ? el("span", { class: "need" }, `needs about ${SITS.requests(c.need_more)} more per variant`) : null, btn));
+        // sequential checks say "decides in ~N s" per metric instead of a request count
+        c.need_more && !(c.results || []).some(Sequence.isSeq) ? el("span", { class: "need" }, `needs about ${SITS.requests(c.need_more)} more per variant`) : null, btn));
     btn.addEventListener("click", async () => {
       const open = tr.nextElementSibling && tr.nextElementSibling.classList.contains("evidence");
       if (open) { tr.nextElementSibling.remove(); btn.setAttribute("aria-expanded", "false"); return; }
