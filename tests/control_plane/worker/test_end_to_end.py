@@ -30,7 +30,8 @@ FAST = Policy(steps=(50,), check_interval_s=3.0, warmup_s=1.0,
                       MetricCheck(ERROR_RATE, max_abs_delta=0.02)),
               min_samples=60, min_tail_samples=2, failure_limit=2, inconclusive_limit=40,
               on_inconclusive="rollback", max_duration_s=240.0, ready_timeout_s=240.0, min_error_samples=60,
-              correctness={"enabled": False})   # latency only here; the gate: test_correctness_end_to_end.py
+              correctness={"enabled": False},   # latency only here; the gate: test_correctness_end_to_end.py
+              statistics="fixed")   # the wiring is tested here (per-look: seconds); sequential: the demo's test
 SLOW = ("--fault-latency-ms", "300")
 
 
