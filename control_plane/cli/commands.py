@@ -16,7 +16,7 @@ from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.analysis import Policy, PolicyError
-from sits.control_plane.analysis.sequential import calibrate
+from sits.control_plane.analysis.calibration import calibrate
 from sits.control_plane.cli import client
 from sits.control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
 from sits.control_plane.demo.profiles import PROFILES

@@ -174,7 +174,7 @@ def test_ship_must_be_below_the_limit():
 
 
 def test_calibration_suggests_a_ship_boundary_that_clears_the_replica_offset():
-    from sits.control_plane.analysis.sequential import calibrate
+    from sits.control_plane.analysis.calibration import calibrate
     p = Policy(checks=(P90,), min_windows=6)
     offset = [math.log(1.06) + 0.02 * (-1) ** i for i in range(20)]
     state = SequenceState({KEY: tuple(Window(x, 200, 200, i, i + 1) for i, x in enumerate(offset)),
