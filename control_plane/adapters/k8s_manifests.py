@@ -66,6 +66,8 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
         "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],   # the image's HOME and Triton cache: all it writes
+        # an engine that cannot load exits 1 with its error as its last log line: the pod's status then carries it
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # /readyz is 200 only once the model is loaded and warmed up; /healthz only says the process serves HTTP
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "failureThreshold": 3},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sits.control_plane.adapters import k8s_manifests as m
 from sits.control_plane.adapters.deploy import ReplicaStatus, VariantStatus
+from sits.wire.models import LOAD_FAILED
 
 
 def deployment_status(d: dict, role: str, *, endpoint: str) -> VariantStatus:
@@ -72,14 +73,21 @@ def pod_problems(pods: list[dict]) -> str:
                 if cs.get("restartCount"):
                     msg += f" (restarted {cs['restartCount']} times"
                     msg += f", last exit code {last['exitCode']} {last.get('reason', '')})" if last else ")"
-                out.append(msg.rstrip())
+                out.append(msg.rstrip() + load_failure(last))
             elif last.get("reason") == "OOMKilled":
                 out.append(f"pod {pod['metadata']['name']}: {cs['name']} OOMKilled")
             elif cs.get("restartCount") and last.get("exitCode") and not cs.get("ready"):   # restarted, not up yet
                 n = cs["restartCount"]
                 out.append(f"pod {pod['metadata']['name']}: {cs['name']} restarted {n} time{'s' if n != 1 else ''}, "
-                           f"last exit code {last['exitCode']} {last.get('reason', '')}".rstrip())
+                           f"last exit code {last['exitCode']} {last.get('reason', '')}".rstrip() + load_failure(last))
     return "; ".join(out[:5]) + (f"; ... {len(out) - 5} more" if len(out) > 5 else "")
+
+
+def load_failure(terminated: dict) -> str:
+    """": engine failed to load: <its error>" when a container's termination message (its log's end, by the
+    manifest's FallbackToLogsOnError) holds the line an engine writes last when it cannot load; else ""."""
+    lines = [x for x in str(terminated.get("message") or "").splitlines() if x.startswith(LOAD_FAILED)]
+    return f": engine failed to load: {lines[-1][len(LOAD_FAILED):][:300]}" if lines else ""
 
 
 def log_pod(pods: list[dict]) -> str | None:

@@ -25,6 +25,7 @@ from sits.control_plane.adapters.deploy import (DeployCancelled, DeployInterrupt
 from sits.control_plane.adapters.log_line import (collapse_repeats, is_probe_line, shown_log_line,
                                                   without_probe_lines)
 from sits.control_plane.adapters.local_config import LocalConfig, engine_environment
+from sits.wire.models import LOAD_FAILED
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 PROBE_FIRST_S, PROBE_MAX_S = 0.1, 1.0   # /readyz probes while an engine loads: 0.1 s apart, slowing down to 1 s
@@ -181,6 +182,11 @@ class ReplicaLauncher:
             if rc is not None or time.monotonic() - started_at > limit:
                 waited = time.monotonic() - started_at
                 line = last_line(r.log_path)
+                if rc is not None and line.startswith(LOAD_FAILED):   # the engine's own words for why it exited
+                    raise NotReadyError(f"{spec.service}/{spec.role}: engine failed to load: "
+                                        f"{line[len(LOAD_FAILED):]} (it exited with code {rc})\n"
+                                        f"log {r.log_path}:\n{log_tail(r.log_path)}",
+                                        waited_s=waited, last_line=line, exit_code=rc)
                 why = (f"engine exited with code {rc} before it was ready" if rc is not None
                        else f"engine not ready after {limit:g} s")
                 raise NotReadyError(f"{spec.service}/{spec.role}: {why}; its last log line: {line or '(none)'}\n"

@@ -271,9 +271,7 @@ class EngineCoreClient:
                  info.pid)
 
     def _on_failed(self, msg: m.Failed) -> None:
-        self.load_error = msg.error
-        if not msg.loading:
-            self._fatal(msg.error)
+        self._fatal(msg.error, loading=msg.loading)
 
     def _on_exit(self) -> None:
         """The core process ended (its sentinel fd became readable)."""
@@ -284,10 +282,12 @@ class EngineCoreClient:
             return
         if self.ready.is_set() or self.failed:
             self._fatal(self.load_error if self.failed else f"engine core process exited with code {code}")
-        elif self.load_error is None:
-            self.load_error = f"engine core process exited with code {code} while loading"
+        else:
+            self._fatal(f"engine core process exited with code {code} while loading", loading=True)
 
-    def _fatal(self, error: str) -> None:
+    def _fatal(self, error: str, *, loading: bool = False) -> None:
+        """The engine cannot serve (it failed to load, or its core died): fail what is in flight, then the server
+        exits non-zero (`on_fatal(loading)`: the server decides how soon)."""
         first = not self.failed
         self.failed = True
         self.load_error = error
@@ -296,7 +296,7 @@ class EngineCoreClient:
         if first:
             log.error("%s; the server exits", error)
             if self.on_fatal is not None:
-                self.on_fatal()
+                self.on_fatal(loading)
 
     def _fail_all(self, error: Exception) -> None:
         if self._loop is None or self._loop.is_closed():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
-from sits.wire.models import PRESET_NAMES
+from sits.wire.models import LOAD_FAILED, PRESET_NAMES
 
 log = logging.getLogger("sits.engine.server")
 
@@ -267,8 +267,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(uvicorn_config(app, config))
     runner = app.state.sits.runner
 
-    def on_fatal() -> None:   # on the event loop: the engine core died; say so for a while, then exit non-zero
-        asyncio.get_running_loop().call_later(FATAL_EXIT_GRACE_S, setattr, server, "should_exit", True)
+    never_loaded = False
+
+    def on_fatal(loading: bool) -> None:
+        """On the event loop: the engine cannot serve. One that never loaded exits at once (nothing waits on it;
+        an orchestrator learns the cause from the exit and the last line); one that served says so with 503s for
+        a while first, then exits non-zero."""
+        nonlocal never_loaded
+        never_loaded = loading
+        asyncio.get_running_loop().call_later(0.0 if loading else FATAL_EXIT_GRACE_S, setattr, server,
+                                              "should_exit", True)
 
     runner.on_fatal = on_fatal
     # uvicorn drains connections on SIGINT/SIGTERM, then re-raises the signal to these handlers: exit 0, no traceback
@@ -279,6 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Shutdown:
         pass
     if runner.failed:
+        # the last line of the log: what a deployer shows as the reason (sits.wire.models.LOAD_FAILED)
+        said = LOAD_FAILED if never_loaded else "sits-engine serve: error: "
+        print(said + " ".join(str(runner.load_error).split()), file=sys.stderr, flush=True)
         return 1
     return 0 if server.started else 1
 

@@ -64,10 +64,11 @@ class EngineRunner:
         self.engine: Any = None
         self.ready = threading.Event()
         self.load_error: str | None = None
-        # an in-process loop crash keeps the process up, reporting it (readyz/healthz 503); only the engine-core
-        # process mode exits on a crash
+        # set when the engine failed to load: the server says so (/readyz 503 "failed") and exits non-zero at once.
+        # An in-process loop crash after it was ready keeps the process up, reporting it (readyz/healthz 503); only
+        # the engine-core process mode exits on a crash
         self.failed = False
-        self.on_fatal: Callable[[], None] | None = None
+        self.on_fatal: Callable[[bool], None] | None = None   # on the event loop; True: it never loaded
         self._cv = threading.Condition()
         self._stop = False
         self._queues: dict[str, asyncio.Queue] = {}
@@ -128,9 +129,12 @@ class EngineRunner:
                 self._warm_up()
             if self._metrics is not None:
                 self._metrics.set_stats_source(self.engine.stats)
-        except Exception as e:  # reported by /readyz; the process stays up so the failure is visible
+        except Exception as e:  # /readyz says so while the server shuts down; it exits non-zero with this error
             log.exception("engine failed to load")
             self.load_error = f"{type(e).__name__}: {e}"
+            self.failed = True
+            if self.on_fatal is not None and self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.on_fatal, True)
             return
         freeze_startup_heap("server")
         self.ready.set()

@@ -6,9 +6,11 @@ import pytest
 from kubernetes import client, watch
 
 from sits.control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from sits.control_plane.adapters.k8s_status import log_pod, pods_crashing
+from sits.control_plane.adapters.k8s_manifests import deployment
+from sits.control_plane.adapters.k8s_status import log_pod, pod_problems, pods_crashing
 from sits.control_plane.adapters.log_line import last_log_line
 from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.wire.models import LOAD_FAILED
 from tests.waiting import wait_for
 
 SVC = "chat"
@@ -526,3 +528,20 @@ def test_log_pod_is_the_newest_not_ready_pod_whose_engine_has_run():
     crashed["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 1}}
     assert log_pod([old, crashed]) == "crashed"                                      # the run that ended
     assert log_pod([_pod("done", "2026-01-01T00:00:03Z", terminated={"exitCode": 0})]) == "done"
+
+
+def test_a_crash_looping_engine_that_cannot_load_is_named_with_its_load_error():
+    """The engine exits 1 with its load error as its last log line; the manifest's FallbackToLogsOnError puts the
+    log's end into the termination message, and the variant's problem names the error, not only the exit code."""
+    message = ("INFO loading /models/llama\nTraceback ...\n"
+               f"{LOAD_FAILED}ValueError: /models/llama has no config.json\n")
+    pod = _pod("p", "2026-01-01T00:00:01Z", waiting={"reason": "CrashLoopBackOff"})
+    cs = pod["status"]["containerStatuses"][0]
+    cs["restartCount"], cs["lastState"] = 3, {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
+    assert pod_problems([pod]) == ("pod p: engine CrashLoopBackOff (restarted 3 times, last exit code 1 Error): "
+                                   "engine failed to load: ValueError: /models/llama has no config.json")
+    cs["lastState"]["terminated"]["message"] = "Killed\n"   # no load error line: the exit code alone, as before
+    assert pod_problems([pod]) == "pod p: engine CrashLoopBackOff (restarted 3 times, last exit code 1 Error)"
+    manifest = deployment(VariantSpec(service="llm", role="canary", kernels="torch", model="tiny"), image="sits:dev",
+                          port=8000, replicas=1, gpu_resource="nvidia.com/gpu")
+    assert manifest["spec"]["template"]["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"

@@ -8,7 +8,9 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
+from sits.wire.models import LOAD_FAILED
 from tests.engine.server.harness import http, sample, wait_idle
 from tests.waiting import wait_for
 from tests.engine.server.processes import CRASH_TOKEN, CrashOnMarkedPrompt, ServeProcess, alive
@@ -69,7 +71,7 @@ def test_admission_errors_come_from_the_core_before_the_response_starts(serve):
 def test_a_crash_in_the_core_loop_fails_requests_and_readiness(serve):
     s = serve(engine_process="on", engine_factory=CrashOnMarkedPrompt)
     fatal = threading.Event()
-    s.state.runner.on_fatal = fatal.set
+    s.state.runner.on_fatal = lambda loading: fatal.set()
     core_pid = s.state.runner.engine.pid
     with httpx.Client(base_url=s.url, timeout=30) as c, c.stream("POST", "/v1/completions",
                                                                   json={**LONG, "stream": True}) as stream:
@@ -201,3 +203,19 @@ def test_a_broken_channel_from_the_core_is_a_crash_not_a_hang(serve):
     assert "lost the engine core's outputs" in json.loads(events[-1][6:])["error"]["message"]
     assert runner.failed and http("GET", s.url + "/readyz")[0] == 503
     wait_for("the core to exit", lambda: not alive(core_pid))
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_an_engine_that_cannot_load_exits_non_zero_at_once_with_its_error_last(tmp_path, mode):
+    """No waiting for a readiness deadline: the process ends with code 1 as soon as the load fails, and its last
+    line is the load error (what the deployers show as the reason), whichever process the engine ran in."""
+    empty = tmp_path / "not-a-checkpoint"
+    empty.mkdir()
+    # argparse keeps the last --model: this one, not ServeProcess's tiny
+    server = ServeProcess(tmp_path, "--no-warmup", "--engine-process", mode, "--model", str(empty))
+    try:
+        assert server.proc.wait(60) == 1, server.logs()
+    finally:
+        server.stop()
+    last = server.logs().strip().splitlines()[-1]
+    assert last.startswith(LOAD_FAILED) and "has no config.json" in last, server.logs()
