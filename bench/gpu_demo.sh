@@ -28,20 +28,8 @@ python3 -c "import sits.control_plane.cli.main, flask, waitress, kubernetes, htt
 
 # CUDA MPS, where it can be started (SITS_MPS=off: time-slicing): the engines' kernels then share the SMs at once
 # instead of taking turns; the demo reads CUDA_MPS_PIPE_DIRECTORY and says which it ran under
-SHARING="time-slicing (no MPS)"
-if [ "${SITS_MPS:-auto}" != off ] && command -v nvidia-cuda-mps-control >/dev/null; then
-  export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps-pipe CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if nvidia-cuda-mps-control -d && timeout 60 python3 -c "import torch; assert torch.ones(4, device='cuda').sum().item() == 4"; then
-    SHARING="CUDA MPS"
-  else
-    echo quit | nvidia-cuda-mps-control 2>/dev/null; sleep 1
-    tail -n 5 "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  fi
-elif [ "${SITS_MPS:-auto}" != off ]; then
-  echo "no nvidia-cuda-mps-control here"
-fi
+source bench/mps.sh
+mps_start "$WORK"
 stamp "GPU sharing: $SHARING" | tee -a "$OUT/versions.txt"
 
 stamp "decode attention: triton-v1 vs triton-v1-unsplit vs triton-v1-floor-pages"
@@ -66,7 +54,7 @@ timeout "$DEMO_TIMEOUT" python3 -m sits.control_plane.cli demo --device cuda --s
   --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
 rc=${PIPESTATUS[0]}
 kill "$SAMPLER" 2>/dev/null
-[ "$SHARING" = "CUDA MPS" ] && { echo quit | nvidia-cuda-mps-control; }
+mps_stop
 stamp "demo exit status $rc"
 
 # the store, consistent (sqlite backup API), and the engines' logs' last lines
