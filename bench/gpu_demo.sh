@@ -54,7 +54,7 @@ timeout "$DEMO_TIMEOUT" python3 -m sits.control_plane.cli demo --device cuda --s
   --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
 rc=${PIPESTATUS[0]}
 kill "$SAMPLER" 2>/dev/null
-mps_stop
+mps_stop "$OUT"
 stamp "demo exit status $rc"
 
 # the store, consistent (sqlite backup API), and the engines' logs' last lines

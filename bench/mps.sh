@@ -1,7 +1,8 @@
 # Sourced by the GPU scripts (bench/gpu_demo.sh, bench/replica_offset.sh): `mps_start DIR` starts a CUDA MPS daemon
 # for this machine's GPU where it can (SITS_MPS=off: time-slicing), exporting its pipe and log directories under DIR
 # so every CUDA process started after it is an MPS client; it sets SHARING to what the engines run under.
-# `mps_stop` quits the daemon it started.
+# `mps_stop [DIR]` quits the daemon it started, first keeping the end of its control and server logs in DIR/mps-*.log
+# (where a client's "CUDA error 805" is explained).
 mps_start() {
   SHARING="time-slicing (no MPS)"
   if [ "${SITS_MPS:-auto}" != off ] && command -v nvidia-cuda-mps-control >/dev/null; then
@@ -20,6 +21,10 @@ mps_start() {
 }
 
 mps_stop() {
-  [ "$SHARING" = "CUDA MPS" ] && { echo quit | nvidia-cuda-mps-control; }
+  [ "$SHARING" = "CUDA MPS" ] || return 0
+  if [ -n "${1:-}" ]; then
+    for f in "$CUDA_MPS_LOG_DIRECTORY"/*.log; do [ -f "$f" ] && tail -n 200 "$f" > "$1/mps-$(basename "$f")"; done
+  fi
+  echo quit | nvidia-cuda-mps-control
   return 0
 }

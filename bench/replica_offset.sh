@@ -19,6 +19,6 @@ mps_start "$WORK"
 timeout 540 python3 bench/replica_offset.py --device cuda --seconds "${1:-40}" --rate "${2:-10}" \
   --json "$OUT/replica-offset.json" --log-dir "$WORK/logs"
 rc=$?
-mps_stop
+mps_stop "$OUT"
 grep -hiE "error|traceback" "$WORK"/logs/*.log 2>/dev/null | head -10
 exit $rc
