@@ -9,7 +9,7 @@ production's report (triton-v1 on CUDA, torch on CPU).
 Models: the tiny architecture (a trained checkpoint with --tiny, else random weights: the measurement uses random
 inputs, never the weights) with a full engine per set; on CUDA also llama3-8b (random bf16 weights), where production
 and one wrong set run a full engine and the rest are measured at the engine's exact shapes without loading 16 GB of
-weights each time (engine/conformance.py `measure`, the function warm-up calls). Sets: the four wrong fixture
+weights each time (engine/execution/conformance.py `measure`, the function warm-up calls). Sets: the four wrong fixture
 releases (tests/fixtures/wrong_kernels.py), the example triton-v1-floor-pages, and the good triton-v1.1 / triton-v1.2
 (bf16 and int8 weights). A short table last.
 """
@@ -32,11 +32,11 @@ import torch  # noqa: E402
 
 from sits.control_plane.analysis.conformance import judge  # noqa: E402
 from sits.control_plane.analysis.gate_policy import ConformancePolicy  # noqa: E402
-from sits.engine import conformance  # noqa: E402
+from sits.engine.execution import conformance  # noqa: E402
 from sits.engine.config import EngineConfig  # noqa: E402
-from sits.engine.layers.rotary_embedding import rope_cos_sin  # noqa: E402
+from sits.engine.model.layers.rotary_embedding import rope_cos_sin  # noqa: E402
 from sits.engine.llm_engine import DEFAULT_MAX_MODEL_LEN, LLMEngine  # noqa: E402
-from sits.engine.presets import PRESETS  # noqa: E402
+from sits.engine.model.presets import PRESETS  # noqa: E402
 from sits.kernels import get_kernel_set  # noqa: E402
 
 WRONG = ("bug-softmax-scale", "bug-context-off-by-one", "bug-rope-interleaved", "bug-int8-per-tensor-scale",

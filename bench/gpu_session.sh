@@ -110,7 +110,8 @@ run_profile() {
   else
     rc=1; echo "no time left for the int8 profile"
   fi
-  # the arrival steps again without piecewise graphs (engine/piecewise_graphs.py, on by default): the eager baseline
+  # the arrival steps again without piecewise graphs (engine/execution/piecewise_graphs.py, on by default): the
+  # eager baseline
   local pw=(--cases arrivals,ttft --no-piecewise-graphs)
   [[ "$phase" == dry-run ]] && pw=(--smoke --cases arrivals --no-piecewise-graphs)
   left=$((budget - (SECONDS - t0)))

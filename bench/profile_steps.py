@@ -5,7 +5,7 @@ kernel, next to the step's wall time and its floor (issue 23: "profile first, th
     .venv/bin/python bench/profile_steps.py --smoke        # tiny model on CPU, small shapes: a test of this script
                                                             # (its "kernels" are the innermost aten ops)
 
-Cases (llama3-8b preset, random weights and prompt tokens, kernel set triton-v1.1, after `sits.engine.warmup()`):
+Cases (llama3-8b preset, random weights and prompt tokens, kernel set triton-v1.1, after `LLMEngine.warmup()`):
 - decode1: one 128-token prompt decoding (the batch-1 rows); decode steps replay CUDA graphs;
 - ttft: one 2048-token prompt, max_tokens 1 (the TTFT row): one prefill step;
 - b32: 32 x 2048-token prompts (the 32 x 2048/512 row): its 2048-token prefill steps, then decode steps at 32;
@@ -309,8 +309,9 @@ def main(argv=None) -> int:
     p.add_argument("--quantization", choices=["int8", "fp8"], default=None)
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="steps with prefill tokens replayed piecewise from CUDA graphs (engine/piecewise_graphs.py; "
-                        "the engine's default); --no-piecewise-graphs runs them eagerly")
+                   help="steps with prefill tokens replayed piecewise from CUDA graphs "
+                        "(engine/execution/piecewise_graphs.py; the engine's default); --no-piecewise-graphs runs "
+                        "them eagerly")
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU, small shapes (aten ops stand in for kernels)")
     args = p.parse_args(argv)
     unknown = set(args.cases) - set(CASES)

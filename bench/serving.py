@@ -247,10 +247,10 @@ def main() -> None:
                    help="open-loop Poisson arrival rates (requests/s) to run after the closed loop, e.g. 8,16,32")
     p.add_argument("--open-requests", type=int, default=128, help="requests per open-loop rate")
     p.add_argument("--gc-compare", action="store_true",
-                   help="also run the core-process server with SITS_GC_FREEZE=off (engine/heap.py) for comparison")
+                   help="also run the core-process server with SITS_GC_FREEZE=off (engine/core/heap.py) for comparison")
     p.add_argument("--piecewise-compare", action="store_true",
                    help="also run the core-process server with --no-piecewise-graphs: steps with prefill tokens "
-                        "run eagerly (engine/piecewise_graphs.py, on by default)")
+                        "run eagerly (engine/execution/piecewise_graphs.py, on by default)")
     p.add_argument("--prefill-caps", type=_caps, default=[None],
                    help="comma-separated --max-prefill-tokens-while-decoding values for the core-process server, "
                         "none = left out (default: none)")

@@ -1,6 +1,6 @@
-"""Host time to build an eager step's inputs (engine/step_inputs.py) against the per-field builder it replaced (each
-field a Python list, then its own tensor), on the shape of an arrival step: D sequences decoding at random contexts
-plus one P-token prompt, block tables at the full width of max_model_len / 64. On a GPU it also times the whole
+"""Host time to build an eager step's inputs (engine/execution/step_inputs.py) against the per-field builder it replaced
+(each field a Python list, then its own tensor), on the shape of an arrival step: D sequences decoding at random
+contexts plus one P-token prompt, block tables at the full width of max_model_len / 64. On a GPU it also times the whole
 build-and-copy with the stream busy (a matmul queued first), where each of the old builder's copies from pageable
 memory waits for the stream.
 
@@ -20,14 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from sits.engine.sampling_params import SamplingParams  # noqa: E402
-from sits.engine.sequence import Sequence  # noqa: E402
-from sits.engine.step_inputs import build_step_inputs  # noqa: E402
+from sits.engine.scheduling.sequence import Sequence  # noqa: E402
+from sits.engine.execution.step_inputs import build_step_inputs  # noqa: E402
 
 BS = 64
 
 
 def per_field(prefill, decode, w, dev):
-    """The former builder (engine/model_runner.py before step_inputs.py): lists, then one tensor per field."""
+    """The former builder (engine/execution/model_runner.py before step_inputs.py): lists, then one tensor per field."""
     ids, pos, slots, rows = [], [], [], []
     for s, n in prefill + [(s, 1) for s in decode]:
         a = s.num_computed_tokens
@@ -84,7 +84,7 @@ def main() -> None:
         m = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
         busy = lambda: m @ m   # noqa: E731  (~1.4 ms of work ahead of the copies on an H200)
     rows = []
-    for name, f in (("per-field lists (before)", per_field), ("packed (engine/step_inputs.py)", packed)) * 2:
+    for name, f in (("per-field lists (before)", per_field), ("packed (engine/execution/step_inputs.py)", packed)) * 2:
         times = []
         for i in range(a.iters + 20):
             if busy is not None:

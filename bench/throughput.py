@@ -1,4 +1,4 @@
-"""Offline throughput as a user sees it: `LLM(...).generate(...)` after `sits.engine.warmup()`, the first run after the
+"""Offline throughput as a user sees it: `LLM(...).generate(...)` after `LLMEngine.warmup()`, the first run after the
 warm-up counted, each figure next to its floor and (batch-1 decode) Hugging Face transformers on the same shape.
 
     python3 bench/throughput.py [--rows hf,ttft,decode1,b32,b256,decode1-int8,b32-int8] [--json OUT.json] [--profile-log F]
@@ -128,7 +128,7 @@ class StepMeter:
     def step(self):
         sched = self.engine.scheduler
         n = len(sched.running)
-        # decoding: one token to compute, or none while its step is in flight (engine/async_decode.py)
+        # decoding: one token to compute, or none while its step is in flight (engine/execution/async_decode.py)
         decode_only = n > 0 and not sched.waiting and all(s.num_uncomputed_tokens <= 1 for s in sched.running)
         prof = None
         if decode_only and self.profile_at and n == self.profile_at and self.profiled < self.profile_steps:
@@ -273,7 +273,7 @@ def run_hf(args, sz, device, copy, tflops, out_rows) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sits.engine.presets import PRESETS
+    from sits.engine.model.presets import PRESETS
     mc = PRESETS[args.model] if args.model in PRESETS else None
     if mc is None:
         return

@@ -7,7 +7,8 @@ import sys
 
 
 def _generate(args) -> int:
-    from sits.engine import LLM, SamplingParams
+    from sits.engine.llm import LLM
+    from sits.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=args.stop or [], ignore_eos=args.ignore_eos)
@@ -38,7 +39,7 @@ def _kernels(args) -> int:
 
 
 def _write_tiny(args) -> int:
-    from sits.engine.loader import write_tiny
+    from sits.engine.model.loader import write_tiny
 
     path = write_tiny(args.dir, shards=args.shards, seed=args.seed, tie_word_embeddings=args.tie_word_embeddings)
     print(f"wrote a tiny random LLaMA checkpoint to {path}")

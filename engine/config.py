@@ -26,7 +26,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
     # prefill tokens a step may carry while decodes ride along (None: the whole budget); smaller bounds the
-    # inter-token gaps that prefills open, at the cost of time to first token under bursts (engine/scheduler.py)
+    # inter-token gaps that prefills open, at the cost of time to first token under bursts
+    # (engine/scheduling/scheduler.py)
     max_prefill_tokens_while_decoding: int | None = None
     max_model_len: int | None = None  # None = min(max_position_embeddings, 8192)
     enable_prefix_caching: bool = True
@@ -36,11 +37,11 @@ class EngineConfig:
     seed: int = 0  # seeds the weights of presets and the sampler of unseeded requests
     enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch every kernel from Python)
     # steps with prefill tokens (up to 512) replayed piecewise from CUDA graphs, attention eager between the pieces
-    # (engine/piecewise_graphs.py), wherever decode steps use graphs; on the H200 it cut the open-loop ITL p99 by
-    # 24-53 % (BENCHMARKS.md "Piecewise graphs (H200)")
+    # (engine/execution/piecewise_graphs.py), wherever decode steps use graphs; on the H200 it cut the open-loop ITL p99
+    # by 24-53 % (BENCHMARKS.md "Piecewise graphs (H200)")
     piecewise_graphs: bool = True
     # warm-up measures every op of the kernel set that is not the reference's against it at the served shapes
-    # (engine/conformance.py); the report is served at GET /conformance for the correctness gate
+    # (engine/execution/conformance.py); the report is served at GET /conformance for the correctness gate
     conformance: bool = True
 
     def __post_init__(self) -> None:

@@ -11,20 +11,20 @@ import time
 
 import torch
 
-from sits.engine.async_decode import DecodePipeline
-from sits.engine.block_manager import BlockManager
+from sits.engine.execution.async_decode import DecodePipeline
+from sits.engine.scheduling.block_manager import BlockManager
 from sits.engine.config import EngineConfig
-from sits.engine.conformance import measure_runner as measure_conformance
+from sits.engine.execution.conformance import measure_runner as measure_conformance
 from sits.engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
-from sits.engine.loader import resolve_model
-from sits.engine.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
-from sits.engine.presets import GPU_ONLY, num_params
+from sits.engine.model.loader import resolve_model
+from sits.engine.execution.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
+from sits.engine.model.presets import GPU_ONLY, num_params
 from sits.engine.outputs import EngineStats, RequestOutput
 from sits.engine.sampling_params import SamplingParams
-from sits.engine.scheduler import Scheduler
-from sits.engine.sequence import Sequence
-from sits.engine.tokenizer import detokenize_incrementally, load_tokenizer
-from sits.engine.warmup import warmup_plan
+from sits.engine.scheduling.scheduler import Scheduler
+from sits.engine.scheduling.sequence import Sequence
+from sits.engine.model.tokenizer import detokenize_incrementally, load_tokenizer
+from sits.engine.execution.warmup import warmup_plan
 
 log = logging.getLogger("sits.engine")
 
@@ -53,7 +53,8 @@ class LLMEngine:
         max_len = min(config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       mc.max_position_embeddings)
         self.model_runner = ModelRunner(config, source, self.kernel_set, self.device, self.dtype, max_len)
-        self.conformance: dict | None = None   # warmup()'s op-level conformance report (engine/conformance.py)
+        # warmup()'s op-level conformance report (engine/execution/conformance.py)
+        self.conformance: dict | None = None
         num_blocks = self.model_runner.num_blocks
         self.max_model_len = min(max_len, num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size,
@@ -205,7 +206,7 @@ class LLMEngine:
                 self.scheduler.update_computed(batch)
                 for seq, token, logprob in results:
                     outputs.append(self._append_token(seq, token, logprob))
-        if pipe.inflight is not None:  # decode steps one ahead (engine/async_decode.py)
+        if pipe.inflight is not None:  # decode steps one ahead (engine/execution/async_decode.py)
             outputs += pipe.advance()
         with self._lock:
             self._num_waiting = len(self.scheduler.waiting)
@@ -276,8 +277,8 @@ class LLMEngine:
 
     def warmup(self, max_tokens: int = 4) -> None:
         """Run one short request to completion (first kernel launches/compiles), then on a GPU one dummy step of
-        every shape family a request can produce (engine/warmup.py), and capture the decode CUDA graphs of every
-        batch size (when the engine uses them); call before serving."""
+        every shape family a request can produce (engine/execution/warmup.py), and capture the decode CUDA graphs of
+        every batch size (when the engine uses them); call before serving."""
         rid = f"__warmup__{id(self)}"
         self.add_request(rid, [self.model_config.bos_token_id or 0] * 3,
                          SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))

@@ -71,7 +71,7 @@ class KernelSet:
     paged_decode_attention: Callable
     linear: Callable
     # the ops never wait on the GPU from the host and launch the same kernels for the same shapes, so the engine may
-    # capture decode steps in CUDA graphs (engine/cuda_graphs.py); derived sets inherit it
+    # capture decode steps in CUDA graphs (engine/execution/cuda_graphs.py); derived sets inherit it
     graph_safe: bool = False
     # None for a real release; "wrong" or "slow" for an example regression (REGRESSIONS); derived sets inherit it
     regression: str | None = None

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from sits.engine.metrics import EngineMetrics, MetricLabels
+from sits.engine.server.metrics import EngineMetrics, MetricLabels
 from sits.wire import headers, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +56,8 @@ def test_the_contract_data_modules_import_only_the_standard_typing():
 
 
 def test_the_engine_server_loads_no_control_plane_module():
-    code = ("import sys, json; import sits.engine.server.main, sits.engine.server.app, sits.engine.metrics, "
-            "sits.engine.tracing; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, json; import sits.engine.server.main, sits.engine.server.app, sits.engine.server.metrics, "
+            "sits.engine.server.tracing; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('flask', 'kubernetes', 'grafanalib') or m.startswith(('sits.control_plane', 'sits.dashboards')))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == []
@@ -107,7 +107,7 @@ def test_the_marks_are_read_case_insensitively_and_only_as_1():
 
 def test_the_engines_presets_are_the_names_the_contract_gives():
     # the control plane accepts a rollout's model by these names (control_plane/validation.py)
-    from sits.engine.presets import PRESETS
+    from sits.engine.model.presets import PRESETS
     from sits.engine.server.main import PRESET_NAMES as served
     from sits.wire.models import PRESET_NAMES
     assert set(PRESETS) == set(PRESET_NAMES) and served is PRESET_NAMES

@@ -226,8 +226,8 @@ class CorrectnessProbe:
         # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances
         verdict = compare_replays(replays, policy, canary_dtype or dtype or "unknown")
         if policy.conformance.enabled:
-            # what each engine measured at warm-up (engine/conformance.py); the baseline runs production's set, so
-            # its report says which ops the canary changes
+            # what each engine measured at warm-up (engine/execution/conformance.py); the baseline runs production's
+            # set, so its report says which ops the canary changes
             canary_report = self._get(canary_url, "/conformance", policy.request_timeout_s) or None
             baseline_report = self._get(baseline_url, "/conformance", policy.request_timeout_s) or None
             verdict = with_conformance(verdict, judge_conformance(canary_report, baseline_report,

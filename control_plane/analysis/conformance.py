@@ -2,8 +2,9 @@
 
 Each engine measures at warm-up every op of its kernel set that is not the reference set's (`torch`) on fresh random
 inputs at the served model's shapes, on its own device, and serves the report at GET /conformance
-(engine/conformance.py). Per case the report has the kernel's largest error against the fp64 reference (`error`),
-the reference's own error in the serving precision (`reference_error`) and the largest reference value (`scale`).
+(engine/execution/conformance.py). Per case the report has the kernel's largest error against the fp64 reference
+(`error`), the reference's own error in the serving precision (`reference_error`) and the largest reference value
+(`scale`).
 
 The gate judges the ops the canary's set changes relative to production's: an op is changed when the canary's
 engine and the baseline's (which runs production's set) name different implementations for it; without the

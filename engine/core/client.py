@@ -1,7 +1,7 @@
 """The API server's side of the engine-core process (engine/core/process.py): spawn it, send it requests, route its
 outputs to per-request asyncio queues on the event loop, and report its crash.
 
-Same surface as engine/server/runner.EngineRunner (the in-process engine thread), so the handlers do not know which
+Same surface as engine/core/runner.EngineRunner (the in-process engine thread), so the handlers do not know which
 one serves them: `ready`, `load_error`, `engine` (here an `EngineInfo`: tokenizer, max_model_len, kernel set, dtype
 -- what the front needs, without the model), `start`, `shutdown`, `submit` (awaits the core's admission, so
 QueueFullError and friends still come before any response starts) and `abort`.
@@ -33,9 +33,9 @@ import zmq.asyncio
 from sits.engine.core import messages as m
 from sits.engine.core.process import CoreOptions, run_engine_core
 from sits.engine.errors import EngineError
-from sits.engine.heap import freeze_startup_heap
-from sits.engine.tokenizer import IncrementalDetokenizer
-from sits.engine.server.runner import Output, Rejected
+from sits.engine.core.heap import freeze_startup_heap
+from sits.engine.model.tokenizer import IncrementalDetokenizer
+from sits.engine.core.runner import Output, Rejected
 
 log = logging.getLogger("sits.engine.server")
 
@@ -50,7 +50,7 @@ class EngineInfo:
     tokenizer: Any
     kernel_set: "KernelIdentity"   # what the core loaded: this process never imports the kernels (nor torch)
     pid: int            # the core process
-    conformance: dict | None = None   # the core's op-level conformance report (engine/conformance.py)
+    conformance: dict | None = None   # the core's op-level conformance report (engine/execution/conformance.py)
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,8 +68,8 @@ def _ended(proc: multiprocessing.Process, timeout: float) -> bool:
 
 def load_front_tokenizer(model: str, seed: int) -> Any:
     """The tokenizer the core uses, loaded here too (tokenizing and detokenizing logprobs happen on the front)."""
-    from sits.engine.loader import resolve_model
-    from sits.engine.tokenizer import load_tokenizer
+    from sits.engine.model.loader import resolve_model
+    from sits.engine.model.tokenizer import load_tokenizer
 
     source = resolve_model(model, seed)
     mc = source.config

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import zmq
 
 from sits.engine.core import messages as m
-from sits.engine.heap import freeze_startup_heap
+from sits.engine.core.heap import freeze_startup_heap
 from sits.engine.errors import EngineError
 
 log = logging.getLogger("sits.engine.core")
@@ -99,7 +99,7 @@ class EngineCore:
 
     def load(self) -> bool:
         try:
-            from sits.engine import LLMEngine
+            from sits.engine.llm_engine import LLMEngine
 
             self.engine = (self.opts.engine_factory or LLMEngine)(self.opts.engine_config)
             if self.opts.warmup:

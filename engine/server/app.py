@@ -17,10 +17,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sits.wire.http_limits import TIMED_OUT
-from sits.engine.metrics import CONTENT_TYPE, EngineMetrics
+from sits.engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from sits.engine.server import handlers
 from sits.engine.server.errors import APIError, api_error_response, error_response
-from sits.engine.server.runner import Runner
+from sits.engine.core.runner import Runner
 from sits.engine.server.state import ServerState
 from sits.wire.headers import PROBE_HEADER, REPLAY_HEADER, marked_raw
 
@@ -126,8 +126,8 @@ async def _version(request: Request) -> Response:
 
 
 async def _conformance(request: Request) -> Response:
-    # warm-up's op-level conformance report (engine/conformance.py): measured, not judged -- the correctness gate
-    # judges it with its policy (control_plane/analysis/conformance.py)
+    # warm-up's op-level conformance report (engine/execution/conformance.py): measured, not judged -- the correctness
+    # gate judges it with its policy (control_plane/analysis/conformance.py)
     runner: Runner = request.app.state.sits.runner
     if not runner.ready.is_set():
         return JSONResponse({"status": "loading"}, status_code=503)

@@ -17,7 +17,7 @@ from sits.engine.sampling_params import SamplingParams
 from sits.engine.server.errors import APIError, error_body
 from sits.engine.server.logprobs import chat_logprobs, completion_logprobs
 from sits.engine.server.protocol import GenerationRequest, parse_tenant
-from sits.engine.server.runner import Rejected, Runner
+from sits.engine.core.runner import Rejected, Runner
 from sits.engine.server.sse import SSE_DONE, SSEResponse, sse_event, wait_for_disconnect
 from sits.engine.server.state import ServerState, server_state
 from sits.engine.server.tracker import Tracker

@@ -1,6 +1,6 @@
 """OpenAI `logprobs` objects from the engine's per-token logprob entries.
 
-An entry (one per generated token, see engine/layers/sampler.py) is {"token_id", "logprob", "top_logprobs":
+An entry (one per generated token, see engine/model/layers/sampler.py) is {"token_id", "logprob", "top_logprobs":
 [(token_id, logprob), ...]}, taken from the model's raw distribution. Token strings are the tokenizer's decoding of
 the single token, so a byte-level token that is not valid UTF-8 on its own shows as U+FFFD (its `bytes` are exact).
 """

@@ -180,11 +180,11 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
 
     span_exporter: send spans there instead of the configured exporter; engine_factory(EngineConfig) -> LLMEngine."""
     from sits.kernels.catalog import identity
-    from sits.engine.metrics import EngineMetrics, MetricLabels
+    from sits.engine.server.metrics import EngineMetrics, MetricLabels
     from sits.engine.server.app import create_app
     from sits.engine.server.state import Faults, ServerState
-    from sits.engine.server.runner import EngineRunner
-    from sits.engine.tracing import RequestTracer
+    from sits.engine.core.runner import EngineRunner
+    from sits.engine.server.tracing import RequestTracer
     from sits.wire.tracing import TracingConfig, build_tracer_provider
 
     engine_config = config.engine_config()   # validated now: bad flags fail before the port opens
@@ -217,7 +217,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
                                        log_level=config.log_level)
     else:
         def make_engine() -> Any:
-            from sits.engine import LLMEngine
+            from sits.engine.llm_engine import LLMEngine
 
             return (engine_factory or LLMEngine)(engine_config)
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from sits.engine.metrics import EngineMetrics
+from sits.engine.server.metrics import EngineMetrics
 from sits.engine.server.body_parser import BodyParser
-from sits.engine.server.runner import Runner
-from sits.engine.tracing import RequestTracer
+from sits.engine.core.runner import Runner
+from sits.engine.server.tracing import RequestTracer
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sits.engine.server.runner import Output
+from sits.engine.core.runner import Output
 from sits.engine.server.state import ServerState
 
 

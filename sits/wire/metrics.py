@@ -1,8 +1,8 @@
 """Names of the metrics every engine exposes and the control plane, the dashboards and the chart's rules query.
 
 One definition for both sides (ARCHITECTURE.md, "Wire contract"): the engine registers its collectors under these
-names (engine/metrics.py), the analysis gates on them (control_plane/analysis/policy.py, promql.py), the UI and the
-dashboards label them. Histograms are in seconds unless named for tokens; their buckets are in `buckets`.
+names (engine/server/metrics.py), the analysis gates on them (control_plane/analysis/policy.py, promql.py), the UI and
+the dashboards label them. Histograms are in seconds unless named for tokens; their buckets are in `buckets`.
 """
 
 # labels

@@ -1,8 +1,8 @@
 """OpenTelemetry set-up shared by the engine and the control plane: exporter selection, the tracer provider, the W3C
 `traceparent` propagator, and the control plane's tracer. The control plane spans each reconcile pass, check, deploy
 action and API request and sends `traceparent` on its requests to engines (correctness probes, replays, the demo's
-load generator), so the engine's request spans (engine/tracing.py) continue the same trace; the router forwards the
-header untouched.
+load generator), so the engine's request spans (engine/server/tracing.py) continue the same trace; the router forwards
+the header untouched.
 
 Exporter selection (`TracingConfig`, `build_tracer_provider`): "none" (default: non-recording spans, nothing
 exported, no traceparent sent), "console" or "otlp" (OTLP/HTTP protobuf). `sits-engine serve` and `sits-control

@@ -1,6 +1,6 @@
 import pytest
 
-from sits.engine.loader import write_tiny
+from sits.engine.model.loader import write_tiny
 
 
 @pytest.fixture(scope="session")

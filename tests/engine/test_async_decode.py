@@ -1,4 +1,4 @@
-"""Decode steps launched one ahead (engine/async_decode.py) must give exactly what synchronous steps give.
+"""Decode steps launched one ahead (engine/execution/async_decode.py) must give exactly what synchronous steps give.
 
 On CPU the graphs' static-buffer path runs eagerly (DecodeGraphs(capture=False)), so the same code runs as on a GPU:
 input tokens gathered on the device from the previous step's tokens, blocks taken a step ahead, rows of sequences
@@ -7,7 +7,7 @@ that ended on a stop token dropped after the fact."""
 import torch
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
-from sits.engine.cuda_graphs import DecodeGraphs
+from sits.engine.execution.cuda_graphs import DecodeGraphs
 
 
 def engine(pipeline: bool, num_kv_blocks: int = 48) -> LLMEngine:

@@ -3,9 +3,9 @@ tenant limits. Torch-free, with a frozen clock."""
 
 import random
 
-from sits.engine.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
+from sits.engine.scheduling.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
 from sits.engine.sampling_params import SamplingParams
-from sits.engine.sequence import Sequence
+from sits.engine.scheduling.sequence import Sequence
 
 BS = 4
 
@@ -187,8 +187,8 @@ def test_scheduler_and_block_manager_are_torch_free():
     import subprocess
     import sys
 
-    code = ("import sys, sits.engine.scheduler, sits.engine.block_manager, sits.engine.sequence, "
-            "sits.engine.sampling_params; "
+    code = ("import sys, sits.engine.scheduling.scheduler, sits.engine.scheduling.block_manager, "
+            "sits.engine.scheduling.sequence, sits.engine.sampling_params; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

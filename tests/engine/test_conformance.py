@@ -1,4 +1,4 @@
-"""Op-level conformance at the served shapes (engine/conformance.py measures at warm-up, the gate's
+"""Op-level conformance at the served shapes (engine/execution/conformance.py measures at warm-up, the gate's
 control_plane/analysis/conformance.py judges): every wrong fixture set (tests/fixtures/wrong_kernels.py) and the
 example wrong release are caught, naming the op; good sets pass; on CPU with the tiny model (Triton sets under
 TRITON_INTERPRET=1). The GPU run of the same is bench/conformance.py."""

@@ -1,4 +1,4 @@
-"""Decode steps through static buffers and CUDA graphs (engine/cuda_graphs.py).
+"""Decode steps through static buffers and CUDA graphs (engine/execution/cuda_graphs.py).
 
 On CPU the padded, static-buffer path runs eagerly (DecodeGraphs(capture=False)) and must give what the normal
 eager path gives; on a GPU the captured graphs must too."""
@@ -10,7 +10,7 @@ import torch
 
 from sits import kernels
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
-from sits.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, graph_batch_sizes, padded_batch_size
+from sits.engine.execution.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, graph_batch_sizes, padded_batch_size
 from sits.engine.errors import InvalidRequestError
 
 # prompt lengths around the 64-token block edges; each its own number of new tokens, so the batch shrinks

@@ -1,8 +1,8 @@
-"""Text decoded outside the engine (the API server does it for the engine-core process: engine/tokenizer.py
+"""Text decoded outside the engine (the API server does it for the engine-core process: engine/model/tokenizer.py
 IncrementalDetokenizer) is the text the engine itself produces, byte for byte, held-back partial UTF-8 included."""
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
-from sits.engine.tokenizer import IncrementalDetokenizer
+from sits.engine.model.tokenizer import IncrementalDetokenizer
 from tests.engine.helpers import run_to_completion
 
 

@@ -180,7 +180,8 @@ def test_jit_watch_sees_a_compilation():
 
 
 def test_decode_steps_launched_ahead_match_synchronous_steps_on_the_gpu(free_gpu):
-    """engine/async_decode.py with captured graphs: same greedy tokens and finish reasons as synchronous steps."""
+    """engine/execution/async_decode.py with captured graphs: same greedy tokens and finish reasons as synchronous
+    steps."""
     def run(pipeline: bool) -> dict:
         e = LLMEngine(EngineConfig(model="tiny", dtype="float32", kernels="triton-v1.1", max_num_seqs=16))
         e._pipeline.enabled = pipeline

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
-from sits.engine.loader import write_tiny
+from sits.engine.model.loader import write_tiny
 from tests.engine.helpers import run_to_completion
 
 transformers = pytest.importorskip("transformers")

@@ -7,9 +7,9 @@ import torch
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams, UnknownModelError
 from sits.engine.config import ModelConfig
-from sits.engine.loader import write_tiny
-from sits.engine.presets import preset
-from sits.engine.tokenizer import ByteTokenizer, HFTokenizer
+from sits.engine.model.loader import write_tiny
+from sits.engine.model.presets import preset
+from sits.engine.model.tokenizer import ByteTokenizer, HFTokenizer
 from tests.engine.helpers import run_to_completion
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""Steps with prefill tokens replayed piecewise (engine/piecewise_graphs.py).
+"""Steps with prefill tokens replayed piecewise (engine/execution/piecewise_graphs.py).
 
 On CPU the pieces run eagerly through the same static buffers (PiecewiseGraphs(capture=False)) and must give what
 the model's own forward gives: mixed prefill + decode steps, chunked prompts, padding to a size, steps too large for
@@ -9,7 +9,7 @@ import torch
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
 from sits.engine.errors import InvalidRequestError
-from sits.engine.piecewise_graphs import SIZES, PiecewiseGraphs, piecewise_sizes
+from sits.engine.execution.piecewise_graphs import SIZES, PiecewiseGraphs, piecewise_sizes
 from sits.engine.server.main import ServerConfig, build_parser
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

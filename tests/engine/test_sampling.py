@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
-from sits.engine.layers.sampler import Sampler
-from sits.engine.loader import write_tiny
+from sits.engine.model.layers.sampler import Sampler
+from sits.engine.model.loader import write_tiny
 from tests.engine.helpers import run_to_completion
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))

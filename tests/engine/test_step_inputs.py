@@ -1,13 +1,14 @@
-"""engine/step_inputs.py: an eager step's inputs packed into two staging buffers equal, field by field, what plain
-per-field lists give; every segment 64-byte aligned (Triton's pointer specialization); padding and warm-up rows."""
+"""engine/execution/step_inputs.py: an eager step's inputs packed into two staging buffers equal, field by field, what
+plain per-field lists give; every segment 64-byte aligned (Triton's pointer specialization); padding and warm-up
+rows."""
 import random
 
 import pytest
 import torch
 
 from sits.engine.sampling_params import SamplingParams
-from sits.engine.sequence import Sequence
-from sits.engine.step_inputs import build_step_inputs
+from sits.engine.scheduling.sequence import Sequence
+from sits.engine.execution.step_inputs import build_step_inputs
 
 BS, W = 4, 6   # block size, block-table width
 

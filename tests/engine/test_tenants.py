@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sits.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
-from sits.engine.sequence import Sequence
+from sits.engine.scheduling.sequence import Sequence
 from tests.engine.helpers import run_to_completion
 
 

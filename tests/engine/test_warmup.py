@@ -1,12 +1,12 @@
-"""Warm-up shape plan (engine/warmup.py) and the fixed shapes the runner gives kernels (CPU)."""
+"""Warm-up shape plan (engine/execution/warmup.py) and the fixed shapes the runner gives kernels (CPU)."""
 
 import pytest
 import torch
 
 from sits import kernels
 from sits.engine import EngineConfig, LLMEngine, SamplingParams
-from sits.engine.cuda_graphs import graph_batch_sizes
-from sits.engine.warmup import WarmupStep, prefill_token_counts, split, warmup_plan
+from sits.engine.execution.cuda_graphs import graph_batch_sizes
+from sits.engine.execution.warmup import WarmupStep, prefill_token_counts, split, warmup_plan
 
 
 def family(t: int) -> tuple:

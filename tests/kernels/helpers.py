@@ -1,7 +1,23 @@
-"""Shared test helpers: paged-cache builders and verbose error checks."""
+"""Shared kernel-test helpers: paged-cache builders, verbose error checks, and the comparison every op's file runs
+(the kernel's error vs the fp64 reference at most 2x the torch reference's own error in the kernel's precision, plus
+a small atol scaled by the output's magnitude: flash-attention's criterion)."""
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
+
+from sits.kernels import get_kernel_set
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+# the torch reference against independent fp64 formulations: (dtype, atol, rtol)
+REF_DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 2e-3), (torch.bfloat16, 2e-2, 2e-2)]
+
+
+def on_gpu(test):
+    """A full-size test on a GPU: marked `gpu` (bench/gpu_session.sh runs `-m gpu`), skipped without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
 
 
 def assert_verbose_allclose(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float,
@@ -58,3 +74,69 @@ def rope_tables(max_pos: int, head_dim: int, theta: float = 10000.0):
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
     return ang.cos().float(), ang.sin().float()
+
+
+def args_to(args, dtype=None, device=None):
+    """The tensors of `args` on `device`, floating-point ones cast to `dtype`; other arguments as they are."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            a = a.to(device) if device is not None else a
+            if dtype is not None and a.is_floating_point():
+                a = a.to(dtype)
+        out.append(a)
+    return out
+
+
+def check_op(name, args, dtype, dev, index=None, atol_scale=1.0, kernel_set=None):
+    """Run op `name` of `kernel_set` (triton-v1) on `dev` and compare with torch-in-dtype and torch-in-fp64 (CPU)."""
+    kernel_set = kernel_set or get_kernel_set("triton-v1")
+    ref = get_kernel_set("torch")
+    pick = (lambda r: r) if index is None else (lambda r: r[index])
+    got = pick(getattr(kernel_set, name)(*args_to(args, device=dev)))
+    same = pick(getattr(ref, name)(*args_to(args, device=dev)))
+    ref64 = pick(getattr(ref, name)(*args_to(args, dtype=torch.float64, device="cpu")))
+    assert got.dtype == dtype and got.shape == ref64.shape
+    atol = ATOL[dtype] * atol_scale * max(1.0, ref64.abs().max().item())
+    assert_close_to_fp64(got, same, ref64, atol)
+    return got
+
+
+def check_op_on_gpu(name, args, dtype, atol_scale=1.0, kernel_set=None):
+    """check_op at full size on the GPU: the fp64 reference runs there too (first output of a tuple)."""
+    kernel_set = kernel_set or get_kernel_set("triton-v1")
+    ref = get_kernel_set("torch")
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    got = getattr(kernel_set, name)(*args)
+    same = getattr(ref, name)(*args)
+    ref64 = getattr(ref, name)(*args_to(args, dtype=torch.float64))
+    got, same, ref64 = (r[0] if isinstance(r, tuple) else r for r in (got, same, ref64))
+    assert_close_to_fp64(got, same, ref64, ATOL[dtype] * atol_scale * max(1.0, ref64.abs().max().item()))
+
+
+def prefill_args(ctx, qlens, hq, hkv, d, dtype, seed):
+    """prefill_attention's arguments: new tokens `qlens` at the end of contexts `ctx`, 64-token pages (CPU)."""
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
+    q = torch.randn(sum(qlens), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    return q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
+
+
+def decode_args(ctx, hq, hkv, d, dtype, seed):
+    """paged_decode_attention's arguments: one query per sequence of context `ctx`, 64-token pages (CPU)."""
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    return q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
+
+
+def sdpa_masked(q, k, v, scale):
+    """Causal attention in fp64 by SDPA, the n queries at the end of the L positions."""
+    # q: [n, Hq, D], k/v: [L, Hkv, D] contiguous
+    n, hq, _ = q.shape
+    length, hkv, _ = k.shape
+    k = k.repeat_interleave(hq // hkv, 1)
+    v = v.repeat_interleave(hq // hkv, 1)
+    mask = torch.arange(length)[None, :] <= torch.arange(length - n, length)[:, None]
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).double(), k.transpose(0, 1).double(),
+                                       v.transpose(0, 1).double(), attn_mask=mask, scale=scale)
+    return o.transpose(0, 1)

@@ -5,8 +5,8 @@ import torch
 
 from sits.engine import LLM, SamplingParams
 from sits.engine.cli import main as engine_cli
-from sits.engine.layers.rotary_embedding import rope_cos_sin
-from sits.engine.presets import preset
+from sits.engine.model.layers.rotary_embedding import rope_cos_sin
+from sits.engine.model.presets import preset
 from sits.kernels import get_kernel_set, list_kernel_sets
 from tests.engine.helpers import assert_set_is_what_it_claims
 from tests.kernels.helpers import assert_verbose_allclose, make_paged_kv, rope_tables

@@ -1,11 +1,12 @@
-"""FastLauncher's dispatch logic on CPU with a stand-in for Triton's compiled kernel and the CUDA device and stream
-given through triton_env's own current_device/current_raw_stream (the real launch is exercised
-on a GPU by test_triton_gpu.py::test_fast_launch_repeats_match_the_reference_and_respecialize)."""
+"""FastLauncher (kernels/triton_env.py): its dispatch logic on CPU with a stand-in for Triton's compiled kernel and the
+CUDA device and stream given through triton_env's own current_device/current_raw_stream, and the real launch on a GPU
+(the last test)."""
 import pytest
 import torch
 
-from sits.kernels import triton_env
+from sits.kernels import get_kernel_set, quantize_weight, triton_env
 from sits.kernels.triton_env import tl
+from tests.kernels.helpers import ATOL, assert_close_to_fp64, check_op_on_gpu, on_gpu
 
 
 class _Compiled:
@@ -126,3 +127,33 @@ def test_fast_tuned_tunes_once_then_launches_the_winner_with_derived_constexprs(
     launcher = triton_env.tuned_launcher(tuned, key)
     assert launcher.constexprs == {"BLOCK": 32, "num_warps": 2, "FLAG": True}
     assert jit.log[0][0] == "jit" and jit.log[-1] == ("run", (4, 1, 1), (x, 32, 32, 0.5, True))
+
+
+@on_gpu
+def test_fast_launch_repeats_match_the_reference_and_respecialize():
+    """Repeated eager calls (the engine's decode loop) run through FastLauncher after the first: every call must
+    still match the reference, and an argument with another specialization (a misaligned view, M = 1 vs 5) must get
+    its own compiled kernel instead of reusing one built for 16-byte-aligned pointers."""
+    from sits.kernels import linear as lin
+    from sits.kernels.triton_env import tuned_launcher
+    TRI, REF = get_kernel_set("triton-v1"), get_kernel_set("torch")
+    g = torch.Generator().manual_seed(11)
+    n, k = 4096, 4096
+    qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "int8").to("cuda")
+    buf = torch.randn(8 * k + 1, generator=g).bfloat16().cuda()
+    tol = ATOL[torch.bfloat16]
+    for m in (1, 5, 1, 5):
+        for x in (buf[:m * k].view(m, k), buf[1:1 + m * k].view(m, k)):  # aligned, then 2 bytes off
+            assert x.is_contiguous()
+            ref64 = REF.linear(x.double(), qw)
+            assert_close_to_fp64(TRI.linear(x, qw), REF.linear(x, qw), ref64, tol * max(1.0, ref64.abs().max().item()))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    launcher = tuned_launcher(lin._linear_small_m, (dev, n, k, torch.bfloat16, False, "tf32"))
+    # M=1 vs M=5 (an int arg equal to 1 is specialized) x aligned vs not: four kernels, each reused on the repeats
+    assert len(launcher.compiled) == 4
+    h = torch.randn(3, 4096, generator=g).bfloat16().cuda()
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).bfloat16().cuda()
+    for _ in range(3):
+        check_op_on_gpu("rms_norm", (h, w, 1e-5), torch.bfloat16)
+        check_op_on_gpu("fused_add_rms_norm", (h, h.flip(0), w, 1e-5), torch.bfloat16)
+        check_op_on_gpu("silu_and_mul", (torch.randn(5, 2 * 1024, generator=g).bfloat16(),), torch.bfloat16)

@@ -9,6 +9,8 @@ import pytest
 from tests.kernels.conftest import triton_device
 
 ROOT = Path(__file__).resolve().parents[2]
+# one file per op: the reference, Triton on CPU and on a GPU (Liger-Kernel's test/transformers/test_<op>.py)
+OPS = ("rms_norm", "silu_and_mul", "rope_and_cache", "prefill_attention", "paged_decode_attention", "linear")
 
 
 @pytest.mark.skipif(triton_device() is not None, reason="kernel tests run in this process")
@@ -16,7 +18,7 @@ def test_kernel_tests_in_fresh_interpreter_process():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
-         "tests/kernels/test_triton_kernels.py", "tests/kernels/test_engine_triton.py",
+         *(f"tests/kernels/test_{op}.py" for op in OPS), "tests/kernels/test_engine_triton.py",
          "tests/kernels/test_triton_example_sets.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -92,6 +92,14 @@ def test_quantized_weight_validates():
         QuantizedWeight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(4), "fp8")
 
 
+def test_triton_v1_is_registered():
+    TRI, REF = get_kernel_set("triton-v1"), get_kernel_set("torch")
+    assert TRI.version == "1.0.0" and set(TRI.devices) == {"cuda", "cpu"}
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache", "prefill_attention",
+               "paged_decode_attention", "linear"):
+        assert getattr(TRI, op) is not getattr(REF, op), op
+
+
 def test_triton_v1_1_replaces_only_the_prefill_kernel():
     # a new version is a new set: v1 keeps its kernels, v1.1 shares every op but prefill_attention with it
     v1, v11 = get_kernel_set("triton-v1"), get_kernel_set("triton-v1.1")

@@ -7,8 +7,7 @@ import torch
 
 from sits.kernels import get_kernel_set, register_kernel_set, unregister_kernel_set
 from tests.engine.helpers import LOGIT_TOL, greedy_logits
-from tests.kernels.helpers import assert_close_to_fp64
-from tests.kernels.test_triton_kernels import ATOL, DTYPES, _decode_args, _to, check_op
+from tests.kernels.helpers import ATOL, DTYPES, args_to, assert_close_to_fp64, check_op, decode_args
 
 REF = get_kernel_set("torch")
 V1 = get_kernel_set("triton-v1")
@@ -28,20 +27,20 @@ def test_both_derive_from_triton_v1_replace_decode_attention_only_and_are_flagge
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_unsplit_decode_attention_is_correct(dev, dtype):
-    check_op("paged_decode_attention", _decode_args(CTX, 8, 2, 64, dtype, seed=40), dtype, dev, kernel_set=SLOW)
+    check_op("paged_decode_attention", decode_args(CTX, 8, 2, 64, dtype, seed=40), dtype, dev, kernel_set=SLOW)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_floor_pages_attends_over_whole_pages_only(dev, dtype):
-    q, k, v, tables, lens, scale = _decode_args(CTX, 8, 2, 64, dtype, seed=41)
-    got = WRONG.paged_decode_attention(*_to((q, k, v, tables, lens, scale), device=dev)).cpu()
+    q, k, v, tables, lens, scale = decode_args(CTX, 8, 2, 64, dtype, seed=41)
+    got = WRONG.paged_decode_attention(*args_to((q, k, v, tables, lens, scale), device=dev)).cpu()
     # what it computes: the reference over ctx // PAGE * PAGE tokens once there is a full page
     floored = torch.tensor([n // PAGE * PAGE if n > PAGE else n for n in CTX], dtype=torch.int32)
     same = REF.paged_decode_attention(q, k, v, tables, floored, scale)
-    ref64 = REF.paged_decode_attention(*_to((q, k, v, tables, floored, scale), dtype=torch.float64))
+    ref64 = REF.paged_decode_attention(*args_to((q, k, v, tables, floored, scale), dtype=torch.float64))
     assert_close_to_fp64(got, same, ref64, ATOL[dtype])
     # against the right answer: exact where no page is partly filled, far off everywhere else
-    right = REF.paged_decode_attention(*_to((q, k, v, tables, lens, scale), dtype=torch.float64))
+    right = REF.paged_decode_attention(*args_to((q, k, v, tables, lens, scale), dtype=torch.float64))
     err = (got.double() - right).abs().amax(dim=(1, 2))
     for n, e in zip(CTX, err.tolist()):
         if n <= PAGE or n % PAGE == 0:
@@ -68,7 +67,7 @@ def test_launch_grids_one_program_per_sequence_and_split_kv_as_triton_v1(dev, mo
             return self.kernel[grid]
     for name in ("_paged_decode_attention_per_seq_kernel", "_paged_decode_attention_floor_pages_kernel"):
         monkeypatch.setattr(bad, name, Recorder(name))
-    q, k, v, tables, lens, scale = _decode_args([300, 300, 300], 8, 2, 64, torch.float32, seed=42)
+    q, k, v, tables, lens, scale = decode_args([300, 300, 300], 8, 2, 64, torch.float32, seed=42)
     SLOW.paged_decode_attention(q, k, v, tables, lens, scale)
     WRONG.paged_decode_attention(q, k, v, tables, lens, scale)
     assert grids == {"_paged_decode_attention_per_seq_kernel": (3,),

@@ -6,7 +6,7 @@ import pytest
 from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsSource, NoDataError, Target
 from sits.control_plane.adapters.scrape import ScrapeSource, diff, parse_exposition
 from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
-from sits.engine.metrics import EngineMetrics, MetricLabels
+from sits.engine.server.metrics import EngineMetrics, MetricLabels
 from sits.wire.buckets import LATENCY_BUCKETS
 
 from .conftest import SERVICE, send

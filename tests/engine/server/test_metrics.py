@@ -122,7 +122,7 @@ def test_device_memory_gauge_is_exported_when_the_engine_holds_gpu_memory():
     """The collector turns EngineStats.device_memory_bytes (a CUDA engine's allocator hold) into a gauge."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from sits.engine.metrics import MetricLabels, _StatsCollector
+    from sits.engine.server.metrics import MetricLabels, _StatsCollector
     from sits.engine.outputs import EngineStats
 
     stats = EngineStats(1, 0, 90, 100, 0.1, 0, 0, 0, 5, 7, device_memory_bytes=1_500_000_000)

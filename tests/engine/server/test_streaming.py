@@ -5,12 +5,12 @@ import json
 import time
 from types import SimpleNamespace
 
-from sits.engine.metrics import EngineMetrics, MetricLabels
+from sits.engine.server.metrics import EngineMetrics, MetricLabels
 from sits.engine.outputs import RequestOutput
 from sits.engine.server.handlers import Tracker, _stream
 from sits.engine.server.protocol import parse_completion
-from sits.engine.server.runner import Output, Rejected
-from sits.engine.tracing import RequestTracer
+from sits.engine.core.runner import Output, Rejected
+from sits.engine.server.tracing import RequestTracer
 
 
 def _state():

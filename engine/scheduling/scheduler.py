@@ -21,8 +21,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from sits.engine.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
-from sits.engine.sequence import Sequence, SequenceStatus
+from sits.engine.scheduling.block_manager import NO_FREE_BLOCKS, TENANT_LIMIT, BlockManager
+from sits.engine.scheduling.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from sits.engine.layers.attention import AttentionMetadata
+from sits.engine.model.layers.attention import AttentionMetadata
 
 log = logging.getLogger("sits.engine")
 
@@ -66,8 +66,8 @@ class DecodeGraphs:
         # (+ b: where each row's input token sits in the previous step's sampled tokens, when they stay on the GPU)
         self.stage = torch.zeros(6 * b + 2 * b * w, dtype=torch.int64, device=device)
         pin = device.type == "cuda"
-        # two pinned staging buffers, used in turn: with a step launched one ahead (engine/async_decode.py) the
-        # previous step's copy may not have run yet when the next one is staged
+        # two pinned staging buffers, used in turn: with a step launched one ahead (engine/execution/async_decode.py)
+        # the previous step's copy may not have run yet when the next one is staged
         self.hosts = [torch.zeros(self.stage.numel(), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._host_flip = 0
         self.lens = torch.ones(b, dtype=torch.int32, device=device)
@@ -92,7 +92,7 @@ class DecodeGraphs:
     def run(self, seqs, ids_from: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Forward one decode token of each sequence (at position num_computed_tokens); returns the final hidden
         states [len(seqs), H]. The token is token_ids[num_computed_tokens], or with `ids_from` = (tokens on the
-        device, index of each row in them) taken on the device (engine/async_decode.py: not on the host yet).
+        device, index of each row in them) taken on the device (engine/execution/async_decode.py: not on the host yet).
         Caller checks usable(seqs) first (or, with ids_from, what async_decode checks)."""
         n = len(seqs)
         b = padded_batch_size(n, self.sizes)

@@ -14,7 +14,7 @@ import itertools
 import time
 from collections import Counter, deque
 
-from sits.engine.sequence import Sequence
+from sits.engine.scheduling.sequence import Sequence
 
 NO_FREE_BLOCKS = "no_free_blocks"
 TENANT_LIMIT = "tenant_limit"

@@ -1,13 +1,15 @@
-"""Triton's on-disk cache is keyed by the GPU model and driver (kernels/triton_env.py: use_device_cache_dir); the
-autotuners persist their winners there (tests/engine/test_gpu.py checks a second process tunes nothing)."""
+"""kernels/triton_env.py: Triton's on-disk cache is keyed by the GPU model and driver (use_device_cache_dir), the
+autotuners persist their winners there (tests/engine/test_gpu.py checks a second process tunes nothing), and a kernel
+refuses a device Triton cannot run on. FastLauncher, also there: test_fast_launch.py."""
 import os
 
 import pytest
 import torch
 
-from sits.kernels import triton_env
+from sits.kernels import get_kernel_set, triton_env
 from sits.kernels.linear import _linear_small_m
 from sits.kernels.paged_decode_attention import _paged_decode_attention_tuned
+from sits.kernels.triton_env import TritonUnavailableError
 
 
 @pytest.fixture
@@ -51,3 +53,9 @@ def test_autotuners_persist_their_results(monkeypatch):
     # compiled, the kernels' autotuners keep it (Triton's interpreter turns disk caching off)
     for tuned in (_linear_small_m, _paged_decode_attention_tuned):
         assert tuned.cache_results == (not triton_env.interpreting())
+
+
+def test_kernels_reject_unsupported_device():
+    x = torch.empty(2, 8, device="meta")
+    with pytest.raises(TritonUnavailableError, match="meta"):
+        get_kernel_set("triton-v1").rms_norm(x, torch.empty(8, device="meta"), 1e-5)

@@ -1,12 +1,12 @@
-"""engine/train_tiny.py: the trained tiny checkpoint the correctness gate's bf16 measurements use. A few steps on a
+"""bench/train_tiny.py: the trained tiny checkpoint the correctness gate's bf16 measurements use. A few steps on a
 small corpus: the loss falls, training is deterministic, and the engine serving the written checkpoint computes the
 same logprobs as the training model (so what is trained is what the gate replays)."""
 import torch
 from safetensors.torch import load_file
 
+from bench.train_tiny import TinyLlama, corpus_files, encode_corpus, train_tiny
 from sits.engine import LLM, SamplingParams
-from sits.engine.loader import resolve_model
-from sits.engine.train_tiny import TinyLlama, corpus_files, encode_corpus, train_tiny
+from sits.engine.model.loader import resolve_model
 
 TEXT = ("def add(a, b):\n    return a + b\n\n" * 40).encode()
 

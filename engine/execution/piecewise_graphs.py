@@ -1,7 +1,7 @@
 """Steps with prefill tokens replayed piece by piece from CUDA graphs, attention run eagerly between the pieces.
 
-A step that prefills cannot replay a decode graph (engine/cuda_graphs.py): its attention depends on how its tokens
-split into sequences. Launched kernel by kernel from Python it is host-bound when it is small: an "arrival" step
+A step that prefills cannot replay a decode graph (engine/execution/cuda_graphs.py): its attention depends on how its
+tokens split into sequences. Launched kernel by kernel from Python it is host-bound when it is small: an "arrival" step
 (128 sequences decoding, one short prompt) took 19.6 ms on an H200 with the GPU busy 8.6 ms (BENCHMARKS.md "Where the
 engine's time goes"). Everything outside attention treats tokens row by row, so, as vLLM v1 does with its piecewise
 graphs, that part is captured per padded token count and only attention runs eagerly:
@@ -32,7 +32,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from sits.engine.layers.attention import AttentionMetadata
+from sits.engine.model.layers.attention import AttentionMetadata
 
 log = logging.getLogger("sits.engine")
 

@@ -5,7 +5,7 @@ tensor's dtype and alignment) and autotuned once per autotune key (kernels/*.py 
 powers of two, and the int8 linear picks its tile family by rows: <= 16, <= 32, <= 64, more). The engine keeps
 everything else fixed:
 - block tables always have the full width (max_model_len / block_size), so no stride or width varies;
-- the decode rows of every step are padded to a decode CUDA-graph batch size (engine/cuda_graphs.py), so eager
+- the decode rows of every step are padded to a decode CUDA-graph batch size (engine/execution/cuda_graphs.py), so eager
   (mixed) steps launch decode attention with exactly the shapes the graph captures compiled.
 What is left is the number of prefill tokens in a step (t), the number of prefilling sequences (b) and whether
 decodes ride along. `warmup_plan` covers every power-of-two bucket of the prefill count up to the step's token budget with

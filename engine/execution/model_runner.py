@@ -9,17 +9,17 @@ import torch
 
 from sits import kernels
 from sits.engine.config import EngineConfig, ModelConfig
-from sits.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
+from sits.engine.execution.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
 from sits.engine.errors import InvalidRequestError
-from sits.engine.layers.sampler import Sampler
-from sits.engine.loader import ModelSource
-from sits.engine.models.llama import LlamaForCausalLM
-from sits.engine.piecewise_graphs import PiecewiseGraphs
+from sits.engine.model.layers.sampler import Sampler
+from sits.engine.model.loader import ModelSource
+from sits.engine.model.llama import LlamaForCausalLM
+from sits.engine.execution.piecewise_graphs import PiecewiseGraphs
 from sits.engine.sampling_params import SamplingParams
-from sits.engine.scheduler import ScheduledBatch
-from sits.engine.sequence import Sequence
-from sits.engine.step_inputs import build_step_inputs
-from sits.engine.warmup import WarmupStep
+from sits.engine.scheduling.scheduler import ScheduledBatch
+from sits.engine.scheduling.sequence import Sequence
+from sits.engine.execution.step_inputs import build_step_inputs
+from sits.engine.execution.warmup import WarmupStep
 from sits.kernels.triton_env import use_device_cache_dir
 
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
@@ -84,13 +84,13 @@ class ModelRunner:
         self.max_model_len = max_model_len   # the longest context served (RoPE tables and block tables cover it)
         self.max_blocks = -(-max_model_len // self.block_size)  # block-table width of every step
         self.decode_sizes = graph_batch_sizes(config.max_num_seqs)  # decode rows are padded to one of these
-        # decode-only steps replay CUDA graphs (engine/cuda_graphs.py) when the kernel set allows it
+        # decode-only steps replay CUDA graphs (engine/execution/cuda_graphs.py) when the kernel set allows it
         self.decode_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager and kernel_set.graph_safe:
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=config.max_num_seqs,
                                               max_blocks_per_seq=self.max_blocks,
                                               block_size=self.block_size, device=device)
-        # steps with prefill tokens replay piecewise graphs when asked for (engine/piecewise_graphs.py)
+        # steps with prefill tokens replay piecewise graphs when asked for (engine/execution/piecewise_graphs.py)
         self.piecewise: PiecewiseGraphs | None = None
         if self.decode_graphs is not None and config.piecewise_graphs:
             self.piecewise = PiecewiseGraphs(self.model, self.kv_caches, max_tokens=config.max_num_batched_tokens,
@@ -173,7 +173,7 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self, steps: list[WarmupStep]) -> None:
         """Run each step's shape once on dummy tokens (no KV written, nothing returned): Triton compiles and
-        autotunes here instead of inside a request (engine/warmup.py)."""
+        autotunes here instead of inside a request (engine/execution/warmup.py)."""
         greedy = SamplingParams(max_tokens=1, temperature=0.0)
         for step in steps:
             prefill = [(Sequence("__warmup__", [0] * n, greedy), n) for n in step.prefill_lens]
@@ -227,7 +227,8 @@ class ModelRunner:
     @torch.inference_mode()
     def launch_decode(self, seqs: list[Sequence], ids_from=None) -> InflightDecode:
         """Launch a decode step through the graphs and sample on the GPU, copying the tokens to the host
-        asynchronously; `collect` waits for them (engine/async_decode.py). `ids_from`: see DecodeGraphs.run."""
+        asynchronously; `collect` waits for them (engine/execution/async_decode.py). `ids_from`: see
+        DecodeGraphs.run."""
         logits = self.model.compute_logits(self.decode_graphs.run(seqs, ids_from))
         tokens = self.sampler.sample_tokens(logits, [s.params for s in seqs], self._generators(seqs))
         if self._host_tokens is None:  # two pinned buffers: a step's copy lands while the previous one is read

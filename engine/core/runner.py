@@ -1,5 +1,6 @@
-"""The engine loop in its own thread, bridged to asyncio (`--engine-process off`; the default runs the engine in its
-own process instead, engine/core/client.py, behind the same `Runner` surface).
+"""What the server needs of an engine (`Runner`, and the `Output` / `Rejected` items its queues yield), and the engine
+loop in a thread of the server, bridged to asyncio (`EngineRunner`, `--engine-process off`; the default runs the
+engine in its own process instead, engine/core/client.py, behind the same surface).
 
 Handlers call the engine's thread-safe `add_request`/`abort_request` directly (they only take the engine's short
 inbox lock, so admission errors such as QueueFullError are raised synchronously, before any response starts) and
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from sits.engine.heap import freeze_startup_heap
+from sits.engine.core.heap import freeze_startup_heap
 
 log = logging.getLogger("sits.engine.server")
 

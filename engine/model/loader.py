@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from sits.engine.config import ModelConfig
 from sits.engine.errors import UnknownModelError
-from sits.engine.presets import PRESETS, preset, random_weights
+from sits.engine.model.presets import PRESETS, preset, random_weights
 
 if TYPE_CHECKING:   # resolving a model and its tokenizer needs no torch (the engine's API front); the weights do
     import torch

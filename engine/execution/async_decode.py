@@ -14,10 +14,10 @@ tokens and turns them into outputs (detokenize, stop checks, finishing) while th
 """
 from __future__ import annotations
 
-from sits.engine.cuda_graphs import padded_batch_size
+from sits.engine.execution.cuda_graphs import padded_batch_size
 from sits.engine.outputs import RequestOutput
-from sits.engine.scheduler import ScheduledBatch
-from sits.engine.sequence import Sequence
+from sits.engine.scheduling.scheduler import ScheduledBatch
+from sits.engine.scheduling.sequence import Sequence
 
 
 def token_decided(seq: Sequence) -> bool:

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from sits.engine.config import ModelConfig
 from sits.engine.errors import UnknownModelError
-from sits.engine.layers.attention import Attention, AttentionMetadata
-from sits.engine.layers.layernorm import RMSNorm
-from sits.engine.layers.linear import Linear
-from sits.engine.layers.rotary_embedding import rope_cos_sin
+from sits.engine.model.layers.attention import Attention, AttentionMetadata
+from sits.engine.model.layers.layernorm import RMSNorm
+from sits.engine.model.layers.linear import Linear
+from sits.engine.model.layers.rotary_embedding import rope_cos_sin
 from sits.kernels import QuantizedWeight
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
@@ -47,8 +47,8 @@ class LlamaDecoderLayer:
         qkv, residual = self.qkv(hidden, residual)
         return self.after_attention(self.attention(qkv, positions, cos, sin, k_cache, v_cache, meta), residual)
 
-    # the three parts of a layer, also run apart: engine/piecewise_graphs.py captures qkv and after_attention in CUDA
-    # graphs and runs attention (whose shapes follow the batch's layout) between them
+    # the three parts of a layer, also run apart: engine/execution/piecewise_graphs.py captures qkv and after_attention
+    # in CUDA graphs and runs attention (whose shapes follow the batch's layout) between them
     def qkv(self, hidden, residual):
         """(input norm, with the residual add from the layer before) and the q/k/v projection -> (qkv, residual)."""
         if residual is None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sits.engine.layers.attention import AttentionMetadata
-from sits.engine.sequence import Sequence
+from sits.engine.model.layers.attention import AttentionMetadata
+from sits.engine.scheduling.sequence import Sequence
 
 _ALIGN = 16   # elements: 64 bytes of int32, 128 of int64
 

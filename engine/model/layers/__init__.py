@@ -1,0 +1,1 @@
+"""The layers of the model; each calls the active kernel set for its op."""

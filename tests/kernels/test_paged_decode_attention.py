@@ -1,0 +1,68 @@
+"""Paged decode attention (`paged_decode_attention`, the op every kernel set must have;
+kernels/paged_decode_attention.py): the torch reference against SDPA and against prefill with one token, the Triton
+kernel on CPU and GPU (split KV), and large batches and a 32k context on a GPU."""
+import pytest
+import torch
+
+from sits.kernels import get_kernel_set
+from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_close_to_fp64, assert_verbose_allclose,
+                                   check_op, check_op_on_gpu, decode_args, make_paged_kv, on_gpu, sdpa_masked)
+
+REF = get_kernel_set("torch")
+
+
+# ---- the torch reference against independent fp64 formulations ----
+
+@pytest.mark.parametrize("dtype, atol, rtol", REF_DTYPES)
+def test_reference_decode_attention_matches_prefill_with_one_token(dtype, atol, rtol):
+    ctx = [1, 63, 64, 65, 200]
+    hq, hkv, d, bs = 12, 4, 32, 64
+    k_cache, v_cache, tables, ks, vs = make_paged_kv(ctx, hkv, d, bs, dtype, "cpu", seed=6)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(7)).to(dtype)
+    lens = torch.tensor(ctx, dtype=torch.int32)
+    out = REF.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    for b in range(len(ctx)):
+        assert_verbose_allclose(out[b:b + 1], sdpa_masked(q[b:b + 1], ks[b], vs[b], 0.125), atol, rtol)
+    cu = torch.arange(len(ctx) + 1, dtype=torch.int32)
+    assert_verbose_allclose(out, REF.prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.125), atol, rtol)
+
+
+def test_reference_attention_rejects_bad_shapes():
+    from sits.kernels.paged import PagedAttentionError
+    kc = torch.zeros(4, 16, 3, 8)
+    with pytest.raises(PagedAttentionError, match="multiple"):
+        REF.paged_decode_attention(torch.zeros(1, 4, 8), kc, kc, torch.zeros(1, 2, dtype=torch.int32),
+                                   torch.ones(1, dtype=torch.int32), 1.0)
+    with pytest.raises(PagedAttentionError, match="context_lens"):
+        REF.paged_decode_attention(torch.zeros(2, 6, 8), kc, kc, torch.zeros(2, 2, dtype=torch.int32),
+                                   torch.ones(3, dtype=torch.int32), 1.0)
+
+
+# ---- Triton against the reference: CPU through Triton's interpreter (TRITON_INTERPRET=1), compiled on a GPU ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_decode_attention(dev, dtype):
+    check_op("paged_decode_attention", decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=30), dtype, dev)
+
+
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_paged_decode_attention_splits(dev, num_splits):
+    from sits.kernels.paged_decode_attention import paged_decode_attention
+    args = decode_args([1, 65, 1000], 6, 3, 32, torch.bfloat16, seed=31)
+    got = paged_decode_attention(*args_to(args, device=dev), num_splits=num_splits)
+    same = REF.paged_decode_attention(*args)
+    ref64 = REF.paged_decode_attention(*args_to(args, dtype=torch.float64))
+    assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16])
+
+
+# ---- on a GPU at Llama-3-8B shapes (marked gpu, skipped without CUDA) ----
+
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("ctx", [[1, 63, 64, 65, 1000, 4096] * 11, [32768]])
+def test_paged_decode_attention_batches(dtype, ctx):
+    hq, hkv, d = 32, 8, 128
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cuda", seed=4)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(5)).to(dtype)
+    args = (q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5)
+    check_op_on_gpu("paged_decode_attention", args, dtype)

@@ -1,0 +1,113 @@
+"""RoPE fused with the KV-cache write (`rope_and_cache`; kernels/rope_and_cache.py): the torch reference against a
+complex rotation, the Triton kernel on CPU and GPU (sentinel slots untouched, views of a fused qkv), and at a
+Llama-3-8B shape on a GPU."""
+import pytest
+import torch
+
+from sits.kernels import get_kernel_set
+from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_close_to_fp64, assert_verbose_allclose,
+                                   on_gpu, rope_tables)
+
+REF = get_kernel_set("torch")
+TRI = get_kernel_set("triton-v1")
+
+
+# ---- the torch reference against independent fp64 formulations ----
+
+@pytest.mark.parametrize("dtype, atol, rtol", REF_DTYPES)
+def test_reference_rope_and_cache_matches_complex_rotation_and_writes_slots(dtype, atol, rtol):
+    t, hq, hkv, d, bs = 6, 6, 2, 16, 4
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    positions = torch.tensor([0, 1, 2, 17, 40, 63])
+    slots = torch.tensor([5, 6, -1, 0, 11, 3])
+    cos, sin = rope_tables(64, d)
+    kc = torch.zeros(3, bs, hkv, d, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    q_out, k_out = REF.rope_and_cache(q, k, v, positions, cos, sin, kc, vc, slots)
+
+    def complex_rot(x):
+        z = torch.complex(x[..., : d // 2].double(), x[..., d // 2:].double())
+        z = z * torch.polar(torch.ones_like(cos[positions].double()), torch.atan2(sin[positions], cos[positions]).double())[:, None]
+        return torch.cat((z.real, z.imag), -1)
+
+    assert_verbose_allclose(q_out, complex_rot(q), atol, rtol)
+    assert_verbose_allclose(k_out, complex_rot(k), atol, rtol)
+    flat_k, flat_v = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(flat_k[s], k_out[i]) and torch.equal(flat_v[s], v[i])
+    written = {s for s in slots.tolist() if s >= 0}
+    for s in set(range(flat_k.shape[0])) - written:
+        assert not flat_k[s].any() and not flat_v[s].any(), f"slot {s} written but not in slot_mapping"
+
+
+# ---- Triton against the reference: CPU through Triton's interpreter (TRITON_INTERPRET=1), compiled on a GPU ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t, hq, hkv, d", [(7, 6, 2, 64), (3, 5, 5, 16), (1, 3, 1, 128)])
+def test_rope_and_cache(dev, t, hq, hkv, d, dtype):
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    positions = torch.randint(0, 300, (t,), generator=g)
+    slots = torch.randperm(4 * 8, generator=g)[:t]
+    slots[t // 2] = -1  # not written
+    cos, sin = rope_tables(300, d)
+    kc = torch.full((4, 8, hkv, d), 7.0, dtype=dtype, device=dev)  # sentinel: must survive where no slot points
+    vc = kc.clone()
+    args = (q, k, v, positions, cos, sin)
+    q_out, k_out = TRI.rope_and_cache(*args_to(args, device=dev), kc, vc, slots.to(dev))
+    q64, k64 = REF.rope_and_cache(*args_to(args, dtype=torch.float64), torch.zeros(4, 8, hkv, d, dtype=torch.float64),
+                                  torch.zeros(4, 8, hkv, d, dtype=torch.float64), slots)
+    q_same, k_same = REF.rope_and_cache(*args, torch.zeros(4, 8, hkv, d, dtype=dtype),
+                                        torch.zeros(4, 8, hkv, d, dtype=dtype), slots)
+    atol = ATOL[dtype] * 4
+    assert_close_to_fp64(q_out, q_same, q64, atol)
+    assert_close_to_fp64(k_out, k_same, k64, atol)
+    flat_k, flat_v = kc.view(-1, hkv, d).cpu(), vc.view(-1, hkv, d).cpu()
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(flat_k[s], k_out[i].cpu()), f"k of token {i} not in slot {s}"
+            assert torch.equal(flat_v[s], v[i]), f"v of token {i} not in slot {s}"
+    untouched = sorted(set(range(flat_k.shape[0])) - {s for s in slots.tolist() if s >= 0})
+    assert (flat_k[untouched] == 7.0).all() and (flat_v[untouched] == 7.0).all()
+
+
+def test_rope_and_cache_takes_views_of_a_fused_qkv(dev):
+    # the model passes q/k/v as strided views into its fused qkv projection (no copies)
+    t, hq, hkv, d = 5, 4, 2, 64
+    g = torch.Generator().manual_seed(17)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g)
+    q, k, v = (qkv[:, a * d:b * d].view(t, b - a, d) for a, b in ((0, hq), (hq, hq + hkv), (hq + hkv, hq + 2 * hkv)))
+    assert not q.is_contiguous() and not v.is_contiguous()
+    positions = torch.arange(t) * 7
+    slots = torch.arange(t) * 3
+    cos, sin = rope_tables(64, d)
+    caches = [torch.zeros(2, 8, hkv, d, device=dev) for _ in range(4)]
+    q_out, k_out = TRI.rope_and_cache(*args_to((q, k, v, positions, cos, sin), device=dev), *caches[:2], slots.to(dev))
+    q_ref, k_ref = REF.rope_and_cache(*args_to((q.contiguous(), k.contiguous(), v.contiguous(), positions, cos, sin),
+                                           device=dev), *caches[2:], slots.to(dev))
+    torch.testing.assert_close(q_out, q_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_out, k_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[0], caches[2], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[1], caches[3])  # v is copied as is
+
+
+# ---- on a GPU at Llama-3-8B shapes (marked gpu, skipped without CUDA) ----
+
+@on_gpu
+def test_rope_and_cache_llama_shape():
+    t, hq, hkv, d = 300, 32, 8, 128
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(t, h, d, generator=g).bfloat16().cuda() for h in (hq, hkv, hkv))
+    pos = torch.randint(0, 8192, (t,), generator=g).cuda()
+    slots = torch.randperm(64 * 64, generator=g)[:t].cuda()
+    cos, sin = (c.cuda() for c in rope_tables(8192, d, 500000.0))
+    kc, vc = torch.zeros(64, 64, hkv, d, dtype=torch.bfloat16, device="cuda"), None
+    vc = torch.zeros_like(kc)
+    kc2, vc2 = kc.clone(), vc.clone()
+    qo, ko = TRI.rope_and_cache(q, k, v, pos, cos, sin, kc, vc, slots)
+    qr, kr = REF.rope_and_cache(q, k, v, pos, cos, sin, kc2, vc2, slots)
+    # both compute in fp32 and round once: identical up to fp32 rounding of the products
+    assert (qo.float() - qr.float()).abs().max() <= 2 ** -6
+    assert (kc.float() - kc2.float()).abs().max() <= 2 ** -6 and torch.equal(vc, vc2)
