@@ -253,7 +253,7 @@ def cmd_demo(a) -> int:
     try:
         cfg = DemoConfig(workdir=a.workdir, scenarios=scenarios, rate=a.rate, metrics=a.metrics, port=a.port,
                          keep_running=keep, device=a.device, model=a.model, production_kernels=a.production_kernels,
-                         gpu_memory_share=a.gpu_memory_share, service=a.service)
+                         gpu_memory_share=a.gpu_memory_share, service=a.service, parallel=a.parallel)
     except ValueError as e:
         raise CLIError(str(e)) from None
     try:

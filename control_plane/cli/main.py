@@ -1,6 +1,7 @@
 """`sits-control`: demo, the worker loop, and rollouts (start, list, show with evidence, promote/abort/pause/resume).
 
     sits-control demo                                   # the README's main command (CPU, no cluster)
+    sits-control demo --device cuda --scenario aa,aa,aa --parallel 3   # three A/A lanes side by side on one GPU
     sits-control worker --store sits.db                 # run the control loop (local deployer + direct scrape)
     sits-control rollout start --service chat --kernels triton-v2 [--policy policy.json] [--arg '--seed 7']
                                [--production-arg '--max-num-seqs 64'] [--device cuda] [--ready-timeout 900]
@@ -118,7 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--gpu-memory-share", type=float, default=None,
                    help="with --device cuda: each engine's fraction of the GPU's memory (default 0.2: four engines at "
                         "once; lower it to run several demos on one GPU)")
-    d.add_argument("--service", default="demo", help="the service's name (several demos on one machine: one each)")
+    d.add_argument("--service", default="demo", help="the service's name (several demos on one machine: one each; "
+                                                     "with --parallel K the lanes' are SERVICE-1 ... SERVICE-K)")
+    d.add_argument("--parallel", type=int, default=1, metavar="K",
+                   help="deal the scenarios round-robin to K lanes that run side by side (1 to the number of "
+                        "scenarios; default 1: one after another), each its own service with its own production "
+                        "engine, router and load at --rate; store, worker, UI and Prometheus shared. For campaigns "
+                        "of many runs (A/A on the GPU: --scenario aa,aa,aa,aa,aa,aa --parallel 3): more decisions "
+                        "per GPU-minute, and the lanes' engines contend for the machine (harsher sharing; each "
+                        "engine's --gpu-memory-share defaults to 0.2/K)")
     d.set_defaults(fn=cmd_demo)
 
     # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`

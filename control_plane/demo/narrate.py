@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
 from sits.control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy
@@ -129,23 +130,29 @@ def scenario_load(load: LoadGenerator, before: dict, out, gpu_memory: dict[str, 
             + (", ".join(f"{role} {b / 2**20:,.0f} MiB" for role, b in sorted(gpu_memory.items())) or "not read"))
 
 
-def summary(result: DemoResult, store: Store, load: LoadGenerator, out, replayed) -> None:
-    """Each rollout's outcome and why, what was replayed, the load per variant, where the UI and the store are."""
+def summary(result: DemoResult, store: Store, loads: list[tuple[str, LoadGenerator]], out, replayed) -> None:
+    """Each rollout's outcome and why, what was replayed, the load per variant, where the UI and the store are.
+    `loads`: (lane tag, its load generator) per lane; one lane has the tag ''."""
     out("")
     out(f"Summary ({result.seconds / 60:.1f} min):")
     for i, (rid, sc, phase) in enumerate(result.rollouts):
         r = store.get(rid)
         ok = "OK" if phase == sc.expected.value else f"UNEXPECTED (wanted {sc.expected.value})"
-        out(f"  {i + 1}. {sc.name:5s} {sc.kernels:16s} {phase:11s} after {r.checks} checks, "
+        lane = f"[{r.service}] " if len(loads) > 1 else ""
+        out(f"  {i + 1}. {lane}{sc.name:5s} {sc.kernels:16s} {phase:11s} after {r.checks} checks, "
             f"{r.phase_since - r.created_at:.0f} s - {ok}")
         out(f"     why: {r.reason}")
         if r.replayed_requests:
             out(f"     low-traffic mode replayed {r.replayed_requests:.0f} requests to the canary (and as many to the "
                 "baseline) next to the live ones")
-    counts = load.counts()
-    out("  load: " + "; ".join(f"{v} {c['answered']} answered / {c['failed']} failed" for v, c in counts.items())
-        + f" ({load.sent} sent, every token verified)")
-    total = {s.labels["variant"]: s.value for m in replayed.collect() for s in m.samples if s.name.endswith("_total")}
+    for tag, load in loads:
+        counts = load.counts()
+        out(f"  load{f' [{tag}]' if tag else ''}: " + "; ".join(
+            f"{v} {c['answered']} answered / {c['failed']} failed" for v, c in counts.items())
+            + f" ({load.sent} sent, every token verified)")
+    total: Counter = Counter()   # per variant, over every lane's service
+    for s in (s for m in replayed.collect() for s in m.samples if s.name.endswith("_total")):
+        total[s.labels["variant"]] += s.value
     out("  replayed (low-traffic mode, sits_replayed_requests_total): " + (", ".join(
         f"{v} {n:.0f}" for v, n in sorted(total.items())) or "none"))
     out(f"  UI {result.url} · store {result.store_path}")

@@ -1,6 +1,6 @@
 """The demo's optional local Prometheus (`sits-control demo --metrics prometheus`): the Debian package's binary scraping
-every variant every 500 ms, finding them through a file_sd file that follows the deployer's status (what Kubernetes
-service discovery does in a cluster)."""
+every variant of every service (one per lane) every 500 ms, finding them through a file_sd file that follows the
+deployer's status (what Kubernetes service discovery does in a cluster)."""
 from __future__ import annotations
 
 import json
@@ -9,20 +9,21 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 from sits.control_plane.adapters import process
 from sits.control_plane.adapters.deploy import Deployer
 
 
 class LocalPrometheus:
-    """A real Prometheus (the Debian package's binary) scraping the demo's variants every 500 ms. It finds them
+    """A real Prometheus (the Debian package's binary) scraping the variants of `services` every 500 ms. It finds them
     through a file_sd file that follows the deployer's status (what Kubernetes service discovery does in a cluster)."""
 
-    def __init__(self, workdir: Path, deployer: Deployer, service: str) -> None:
+    def __init__(self, workdir: Path, deployer: Deployer, services: Sequence[str]) -> None:
         binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         if not Path(binary).exists():
             raise ValueError("--metrics prometheus needs the prometheus binary (Debian: apt-get install prometheus)")
-        self.deployer, self.service, self.sd = deployer, service, workdir / "prometheus-targets.json"
+        self.deployer, self.services, self.sd = deployer, tuple(services), workdir / "prometheus-targets.json"
         self._write_targets()
         cfg = workdir / "prometheus.yml"
         cfg.write_text(json.dumps({"global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
@@ -50,11 +51,10 @@ class LocalPrometheus:
 
     def _write_targets(self) -> None:
         try:
-            st = self.deployer.status(self.service)
+            targets = scrape_targets(self.deployer, self.services)
         except Exception:
             return
-        text = json.dumps([{"targets": sorted(u.removeprefix("http://") for v in st.values() for u in v.endpoints),
-                            "labels": {}}])
+        text = json.dumps([{"targets": targets, "labels": {}}])
         if not self.sd.exists() or self.sd.read_text() != text:
             tmp = self.sd.with_suffix(".tmp")
             tmp.write_text(text)
@@ -68,3 +68,9 @@ class LocalPrometheus:
         self._stop.set()
         self._thread.join(5)
         process.stop(self.proc, 10)
+
+
+def scrape_targets(deployer: Deployer, services: Sequence[str]) -> list[str]:
+    """host:port of every endpoint of every variant of each service, sorted (what the file_sd file lists)."""
+    return sorted(u.removeprefix("http://") for s in services for v in deployer.status(s).values()
+                  for u in v.endpoints)

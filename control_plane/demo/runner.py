@@ -16,6 +16,9 @@ GPU_MEMORY_SHARE of its memory), with Triton sets -- triton-v1 in production, tr
 triton-v1-floor-pages (wrong), triton-v1.1 (good), and `aa` runs of triton-v1 against itself -- on a tiny model
 trained on the device first (control_plane/demo/model.py) unless --model names another. What it prints (a line per
 check, the evidence, the summary) is control_plane/demo/narrate.py.
+
+`--parallel K` deals the scenarios to K lanes that run side by side, each its own service with its own production
+engine, router and load (control_plane/demo/lanes.py); the store, worker, UI and Prometheus are shared.
 """
 from __future__ import annotations
 
@@ -30,26 +33,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import waitress
 
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.local_config import LocalConfig, default_max_replicas
 from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
 from sits.control_plane.adapters.scrape import ScrapeSource
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.analysis import Policy
 from sits.control_plane.demo import narrate
-from sits.control_plane.demo.gpu_memory import GpuMemorySampler
-from sits.control_plane.demo.loadgen import LoadGenerator
+from sits.control_plane.demo.lanes import ENGINES_PER_LANE, Lane, deal, lane_services
 from sits.control_plane.demo.model import resolve_model
 from sits.control_plane.demo.profiles import PROFILES, Scenario, mps_running
 from sits.control_plane.demo.prometheus import LocalPrometheus
-from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
+from sits.control_plane.validation import service_name
 from sits.control_plane.web import create_app
 from sits.control_plane.web.users import Users, token_sha256
+from sits.control_plane.worker.actions import in_parallel
 from sits.control_plane.worker.config import WorkerConfig
 from sits.control_plane.worker.lifecycle import shutdown
 from sits.control_plane.worker.loop import Worker
@@ -74,6 +76,7 @@ class DemoConfig:
     keep_running: bool = False       # leave the UI up after the summary, until Ctrl-C
     policy: Policy | None = None     # None: the profile's demo policy
     gpu_memory_share: float | None = None   # --device cuda: each engine's share of GPU memory; None: the profile's
+    parallel: int = 1                # lanes side by side, each its own service (control_plane/demo/lanes.py)
 
     def __post_init__(self) -> None:
         if self.metrics not in ("scrape", "prometheus"):
@@ -88,12 +91,19 @@ class DemoConfig:
         self.policy = self.policy or prof.policy(self.rate)
         if not self.rate > 0 or self.threads < 1:
             raise ValueError("rate must be > 0 and threads >= 1")
+        if self.gpu_memory_share is None and self.parallel > 1 and "--gpu-memory-utilization" in prof.engine_args:
+            # the lanes' engines split what one lane's would take
+            share = float(prof.engine_args[prof.engine_args.index("--gpu-memory-utilization") + 1])
+            self.gpu_memory_share = round(share / self.parallel, 4)
         if self.gpu_memory_share is not None and not 0.01 <= self.gpu_memory_share <= 0.95:
             raise ValueError(f"gpu memory share must be from 0.01 to 0.95, got {self.gpu_memory_share:g}")
         self.scenarios = tuple(self.scenarios)
         unknown = [s for s in self.scenarios if s not in prof.scenarios]
         if unknown or not self.scenarios:
             raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(prof.scenarios)} or all")
+        deal(self.scenarios, self.parallel)   # ValueError unless 1 <= parallel <= len(scenarios)
+        for name in lane_services(self.service, self.parallel):
+            service_name(name, "service")
 
     @property
     def profile(self):
@@ -106,6 +116,11 @@ class DemoConfig:
         if self.gpu_memory_share is not None and "--gpu-memory-utilization" in args:
             args[args.index("--gpu-memory-utilization") + 1] = f"{self.gpu_memory_share:g}"
         return tuple(args)
+
+    @property
+    def lanes(self) -> list[tuple[str, ...]]:
+        """Each lane's scenarios, in turn (lanes.deal)."""
+        return deal(self.scenarios, self.parallel)
 
     def scenario(self, name: str) -> Scenario:
         return self.profile.scenarios[name]
@@ -166,15 +181,24 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         out(f"      every scenario runs model {model.label}; production, baseline and canary are three "
             f"`sits-engine serve --device {prof.device}` processes sharing one GPU by {gpu_sharing()}, each with "
             f"{' '.join(cfg.engine_args)} (a promotion starts a fourth before the old production stops)")
+    services = lane_services(cfg.service, cfg.parallel)
+    if cfg.parallel > 1:
+        out(f"      {cfg.parallel} lanes side by side, each its own service ({', '.join(services)}) with its own "
+            f"production engine, weighted router and load at {cfg.rate:g} req/s, its scenarios in turn; they share "
+            f"the store, the worker, the UI{' and Prometheus' if cfg.metrics == 'prometheus' else ''} and the "
+            "machine: the engines of all lanes share "
+            + ("its CPU cores" if prof.device == "cpu" else "the GPU"))
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1 if prof.device == "cpu"
-                                         else 2))
+                                         else 2, max_replicas=None if cfg.parallel == 1 else
+                                         max(default_max_replicas(), ENGINES_PER_LANE * cfg.parallel)))
     store = Store(str(store_path))
-    load = worker = prom = server = gpu_memory = None
+    worker = prom = server = None
+    lanes: list[Lane] = []
     source = ScrapeSource()
     tracing = Tracing.from_flags()
     try:
         if cfg.metrics == "prometheus":
-            prom = LocalPrometheus(workdir, deployer, cfg.service)
+            prom = LocalPrometheus(workdir, deployer, services)
             source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0))
             out(f"      Prometheus at {prom.url} scrapes every variant")
         # traces by the environment (OTEL_TRACES_EXPORTER=otlp, OTEL_EXPORTER_OTLP_ENDPOINT=...): the load
@@ -190,57 +214,23 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         out(f"[1/4] control plane up: UI {result.url}  (log in with token {token})")
         out(f"      API reference {result.url}api (OpenAPI {result.url}api/v1/openapi.json; calls send "
             f"Authorization: Bearer <token>), metrics {result.url}metrics; auth file {auth_path} keeps only its SHA-256")
-        ks = catalog.require(cfg.production_kernels, "production_kernels")
-        flags = f" --device {prof.device} {' '.join(cfg.engine_args)}" if prof.device != "cpu" else ""
-        out(f"[2/4] production: `sits-engine serve --model {'tiny' if model.path == 'tiny' else model.path}"
-            f"{flags} --kernels {ks.name}` ({ks.version}) behind the weighted router ...")
-        deployer.deploy(spec.variant(cfg.service, "production", cfg.production_kernels,
-                                     ready_timeout_s=cfg.policy.ready_timeout_s if prof.device != "cpu" else None))
-        router = deployer.router_url(cfg.service)
-        served = "tiny" if prof.device == "cpu" else _served_model(router)
-        r = httpx.post(router + "/v1/completions", json={"model": served, "prompt": "The canary sang",
-                                                          "max_tokens": 12, "temperature": 0}, timeout=60,
-                       headers={"X-SITS-Pin-Token": deployer.pin_token}, trust_env=False)
-        r.raise_for_status()
-        weights = "random tiny weights" if model.path == "tiny" else model.label.split(" (")[0]
-        out(f"      router {router}: POST /v1/completions -> {r.status_code} from {r.headers.get('x-sits-variant')}"
-            f" ({weights}): {r.json()['choices'][0]['text']!r}")
-        m = prof.mix
-        out(f"[3/4] load: Poisson {cfg.rate:g} req/s, prompts ~{m.prompt_tokens.median:g} tokens and answers "
-            f"~{m.output_tokens.median:g} (lognormal), {m.stream_fraction:.0%} streamed, every token verified")
-        load = LoadGenerator(router, cfg.rate, cfg.threads, mix=m, seed=2026, tracing=tracing, model=served,
-                             pin_token=deployer.pin_token).start()
+        lanes = [Lane(cfg, i, scenarios, out, deployer=deployer, store=store, catalog=catalog, spec=spec,
+                      tracing=tracing) for i, scenarios in enumerate(cfg.lanes)]
+        in_parallel(lambda lane: lane.start(model), [(lane,) for lane in lanes], daemon=True)
         worker.start()
-        if prof.device != "cpu":
-            gpu_memory = GpuMemorySampler(deployer, cfg.service).start()
         p = cfg.policy
         out(f"      worker every {cfg.interval_s:g} s; demo policy: steps {list(p.steps)} %, a check every "
             f"{p.check_interval_s:g} s, " + ", ".join(narrate.gate(c) for c in p.checks)
             + f" vs {p.compare_to}, rollback after {p.failure_limit} failed checks; correctness gate on")
-        for i, name in enumerate(cfg.scenarios):
-            sc = cfg.scenario(name)
-            out("")
-            out(f"[4/4] canary {i + 1}/{len(cfg.scenarios)} ({name}): {sc.kernels} - {sc.what}")
-            ro = start_rollout(store, cfg.service, sc.kernels, cfg.production_kernels, p, spec, actor="demo",
-                               kernel_sets=catalog, local_models=True)
-            out(f"      rollout {ro.id}: {result.url}rollouts/{ro.id}")
-            before = load.counts()
-            phase = narrate.follow(store, ro.id, load, cfg.policy, cfg.rollout_timeout_s, out)
-            result.rollouts.append((ro.id, sc, phase))
-            if prof.device != "cpu":
-                narrate.scenario_load(load, before, out, gpu_memory.take() if gpu_memory else None)
-            verdict = "as expected" if phase == sc.expected.value else "NOT the expected " + sc.expected.value
-            out(f"      => {phase.replace('_', ' ').upper()} ({verdict})")
+        in_parallel(lambda lane: lane.run(result.url), [(lane,) for lane in lanes], daemon=True)
+        result.rollouts = [r for lane in lanes for r in lane.rollouts]
         result.seconds = time.monotonic() - t0
-        narrate.summary(result, store, load, out, worker.metrics.replayed)
+        narrate.summary(result, store, [(lane.tag, lane.load) for lane in lanes], out, worker.metrics.replayed)
         if cfg.keep_running:
             out(f"UI still up at {result.url} (token above); Ctrl-C to stop")
             threading.Event().wait()
     finally:
-        if gpu_memory is not None:
-            gpu_memory.stop()
-        if load is not None:
-            load.stop(20)
+        in_parallel(Lane.stop, [(lane,) for lane in lanes])
         shutdown(deployer, worker=worker, source=source)   # every variant stops here
         if server is not None:
             server.close()
@@ -264,11 +254,3 @@ def gpu_summary() -> str:
 def gpu_sharing() -> str:
     """How the engines share the GPU: CUDA MPS when its control daemon runs (profiles.mps_running), else time-slicing."""
     return "CUDA MPS (their kernels run side by side)" if mps_running() else "time-slicing (no MPS daemon)"
-
-
-def _served_model(router: str) -> str:
-    r = httpx.get(router + "/v1/models", timeout=30, trust_env=False)
-    r.raise_for_status()
-    return r.json()["data"][0]["id"]
-
-

@@ -289,8 +289,9 @@ def variant(r: Rollout, spec: DeploySpec, role: str, kernels: str):
     return spec.variant(r.service, role, kernels, ready_timeout_s=spec.ready_timeout_s or r.policy.ready_timeout_s)
 
 
-def in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
-    """fn(*args) for every args in its own thread; waits for all, then re-raises the first exception raised."""
+def in_parallel(fn: Callable[..., None], calls: list[tuple], *, daemon: bool = False) -> None:
+    """fn(*args) for every args in its own thread; waits for all, then re-raises the first exception raised.
+    `daemon`: threads that do not keep the process alive (the caller's Ctrl-C ends the wait; the demo's lanes)."""
     raised: list[BaseException] = []
 
     def run(*args) -> None:
@@ -299,7 +300,8 @@ def in_parallel(fn: Callable[..., None], calls: list[tuple]) -> None:
         except BaseException as e:
             raised.append(e)
     # each thread runs in a copy of the caller's context: the caller's span stays the parent of what they trace
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, *args)) for args in calls]
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, *args), daemon=daemon)
+               for args in calls]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,0 +1,107 @@
+"""`sits-control demo --parallel K`: scenarios dealt round-robin to K lanes, one service each (control_plane/demo/
+lanes.py); the flag validated; every lane's engines scraped by the local Prometheus; and one short real run of two
+lanes."""
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sits.control_plane.adapters.deploy import VariantStatus
+from sits.control_plane.cli.main import main
+from sits.control_plane.demo.lanes import deal, lane_services, tagged
+from sits.control_plane.demo.profiles import GPU_MEMORY_SHARE
+from sits.control_plane.demo.prometheus import scrape_targets
+from sits.control_plane.demo.runner import DemoConfig
+from tests.control_plane.e2e.support import engine_pids
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("scenarios,k,lanes", [
+    (("slow", "wrong", "good", "aa", "aa"), 2, [("slow", "good", "aa"), ("wrong", "aa")]),
+    (("aa",) * 7, 3, [("aa",) * 3, ("aa",) * 2, ("aa",) * 2]),
+    (("slow", "wrong", "good"), 1, [("slow", "wrong", "good")]),
+    (("slow", "wrong", "good"), 3, [("slow",), ("wrong",), ("good",)]),
+])
+def test_scenarios_are_dealt_round_robin_each_lane_keeping_their_order(scenarios, k, lanes):
+    assert deal(scenarios, k) == lanes
+
+
+@pytest.mark.parametrize("k", [0, -1, 3])
+def test_a_lane_count_outside_one_to_the_number_of_scenarios_is_refused(k):
+    with pytest.raises(ValueError, match=rf"from 1 to the number of scenarios \(2\), got {k}"):
+        deal(("slow", "good"), k)
+    with pytest.raises(ValueError, match="number of scenarios"):
+        DemoConfig(scenarios=("slow", "good"), parallel=k)
+
+
+def test_the_cli_names_a_bad_parallel_and_a_lane_service_that_is_no_dns_label(capsys):
+    assert main(["demo", "--scenario", "wrong,good", "--parallel", "3"]) == 2
+    assert "--parallel) must be from 1 to the number of scenarios (2), got 3" in capsys.readouterr().err
+    assert main(["demo", "--scenario", "wrong,good", "--parallel", "2", "--service", "x" * 39]) == 2
+    assert f"service '{'x' * 39}-1' must be a DNS label" in capsys.readouterr().err
+
+
+def test_one_lane_is_the_service_itself_more_are_numbered():
+    assert lane_services("demo", 1) == ["demo"]
+    assert lane_services("chat", 3) == ["chat-1", "chat-2", "chat-3"]
+    cfg = DemoConfig(scenarios=("wrong", "good", "wrong"), parallel=2)
+    assert cfg.lanes == [("wrong", "wrong"), ("good",)] and DemoConfig().lanes == [("slow", "wrong", "good")]
+
+
+def test_lanes_split_the_gpu_memory_share_unless_one_is_given():
+    assert DemoConfig(device="cuda", scenarios=("aa",) * 6).engine_args[:2] == (
+        "--gpu-memory-utilization", str(GPU_MEMORY_SHARE))           # one lane: as before
+    three = DemoConfig(device="cuda", scenarios=("aa",) * 6, parallel=3)
+    assert three.engine_args[:2] == ("--gpu-memory-utilization", f"{round(GPU_MEMORY_SHARE / 3, 4):g}")
+    given = DemoConfig(device="cuda", scenarios=("aa",) * 6, parallel=3, gpu_memory_share=0.1)
+    assert given.engine_args[:2] == ("--gpu-memory-utilization", "0.1")
+    assert DemoConfig(scenarios=("good", "good"), parallel=2).engine_args == ()   # CPU engines take no share
+
+
+def test_a_lane_tags_its_lines_and_one_lane_prints_as_before():
+    lines = []
+    plain = lines.append
+    out = tagged(plain, "demo-2")
+    out("      => PROMOTED")
+    out("")
+    assert lines == ["[demo-2]       => PROMOTED", ""]
+    assert tagged(plain, "") is plain
+
+
+def test_the_local_prometheus_scrapes_every_lanes_variants():
+    class Deployer:
+        def status(self, service):
+            return {"demo-1": {"production": VariantStatus("production", True, 1, 1, "http://127.0.0.1:9001",
+                                                           endpoints=("http://127.0.0.1:9001",))},
+                    "demo-2": {"production": VariantStatus("production", True, 2, 2, None,
+                                                           endpoints=("http://127.0.0.1:9003", "http://127.0.0.1:9002")),
+                               "canary": VariantStatus("canary", False, 1, 0, None)}}.get(service, {})
+    assert scrape_targets(Deployer(), ["demo-1", "demo-2"]) == ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
+    assert scrape_targets(Deployer(), ["demo-1"]) == ["127.0.0.1:9001"]
+
+
+@pytest.mark.slow   # ~1 min alone on 2 cores: two lanes, each a production engine, a wrong canary and its baseline
+def test_two_lanes_run_side_by_side_and_the_summary_covers_both(tmp_path):
+    """The correctness gate decides `wrong` before traffic (op-level conformance, not latency): cheap and not blurred
+    by what runs beside it."""
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, "-m", "sits.control_plane.cli", "demo", "--scenario", "wrong,wrong",
+                           "--parallel", "2", "--rate", "5", "--exit-when-done", "--workdir", str(work)],
+                          cwd=REPO, capture_output=True, text=True, timeout=540)
+    text = proc.stdout
+    assert proc.returncode == 0 and "demo passed" in text, text[-3000:] + proc.stderr[-2000:]
+    assert "2 lanes side by side, each its own service (demo-1, demo-2)" in text
+    for svc in ("demo-1", "demo-2"):
+        assert f"[{svc}] [2/4] production:" in text and f"[{svc}] [4/4] canary 1/1 (wrong)" in text
+        assert f"[{svc}]       => ROLLED BACK (as expected)" in text
+        assert f"  load [{svc}]: production " in text
+    summary = text[text.index("Summary ("):]
+    assert re.findall(r"\d\. \[(demo-\d)\] wrong +torch-wrong-rope +rolled_back", summary) == ["demo-1", "demo-2"]
+    with sqlite3.connect(work / "sits-demo.db") as db:
+        rows = sorted(db.execute("SELECT service, phase FROM rollouts"))
+    assert rows == [("demo-1", "rolled_back"), ("demo-2", "rolled_back")]
+    assert not engine_pids("demo-1", under=tmp_path) and not engine_pids("demo-2", under=tmp_path)
