@@ -3,7 +3,14 @@
 # two example regressions (bench/gpu_demo_kernels.py), run `sits-control demo --device cuda` from this tree while
 # sampling GPU memory per engine, then copy the demo's store and print a short table last.
 #
-#   bash bench/gpu_demo.sh [SCENARIOS] [DEMO_TIMEOUT_S]     # default: slow,wrong,good,aa  430
+#   bash bench/gpu_demo.sh [SCENARIOS] [DEMO_TIMEOUT_S] [PARALLEL]   # default: slow,wrong,good,aa  430  1
+#
+# PARALLEL (or $SITS_DEMO_PARALLEL) is the demo's --parallel K: the scenarios dealt round-robin to K lanes that run
+# side by side, each its own service (demo-1 ... demo-K) with its own production engine, router and load, all of them
+# sharing the GPU (each engine 0.2/K of its memory). For A/A campaigns: one call of 9.5 min gives 3-4 A/A decisions
+# with one lane, up to K times as many with K (less what the contention slows each), under harsher sharing:
+#   bash bench/gpu_demo.sh aa,aa,aa,aa,aa,aa,aa,aa,aa,aa,aa,aa 540 3
+# The table at the end counts the decisions per scenario over every lane (bench/gpu_demo_report.py).
 #
 # Wheels: .whl/ (bash bench/fetch_wheels.sh: the lock's versions of flask, waitress, kubernetes, pyyaml, httpx, uvicorn, starlette, pyzmq, msgspec,
 # opentelemetry-sdk/-exporter-otlp-proto-http, safetensors, tokenizers, tqdm; see BENCHMARKS.md "GPU demo").
@@ -11,6 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SCENARIOS=${1:-slow,wrong,good,aa}
 DEMO_TIMEOUT=${2:-430}
+PARALLEL=${3:-${SITS_DEMO_PARALLEL:-1}}
 OUT=${OUT:-/tmp/sits-gpu-demo-out}
 WORK=/tmp/sits-gpu-demo
 mkdir -p "$OUT" "$WORK"
@@ -35,23 +43,24 @@ stamp "GPU sharing: $SHARING" | tee -a "$OUT/versions.txt"
 stamp "decode attention: triton-v1 vs triton-v1-unsplit vs triton-v1-floor-pages"
 timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
 
-# GPU memory per process, every 5 s: timestamp, pid, MiB, role/kernels (from /proc where the pid maps)
+# GPU memory per process, every 5 s: timestamp, pid, MiB, service/role/kernels (from /proc where the pid maps)
 (
   while true; do
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
     while IFS=', ' read -r pid mem; do
       args=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)
       role=$(sed -n 's/.*--env \([a-z]*\).*/\1/p' <<<"$args"); ks=$(sed -n 's/.*--kernels \([^ ]*\).*/\1/p' <<<"$args")
-      echo "$(date +%s),$pid,$mem,${role:-other}/${ks:-?}"
+      svc=$(sed -n 's/.*--service \([^ ]*\).*/\1/p' <<<"$args")
+      echo "$(date +%s),$pid,$mem,${svc:-?}/${role:-other}/${ks:-?}"
     done
     sleep 5
   done
 ) > "$OUT/gpumem.csv" &
 SAMPLER=$!
 
-stamp "demo: --device cuda --scenario $SCENARIOS (timeout ${DEMO_TIMEOUT}s)"
+stamp "demo: --device cuda --scenario $SCENARIOS --parallel $PARALLEL (timeout ${DEMO_TIMEOUT}s)"
 timeout "$DEMO_TIMEOUT" python3 -m sits.control_plane.cli demo --device cuda --scenario "$SCENARIOS" --exit-when-done \
-  --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
+  --parallel "$PARALLEL" --workdir "$WORK/demo" 2>&1 | tee "$OUT/demo.log"
 rc=${PIPESTATUS[0]}
 kill "$SAMPLER" 2>/dev/null
 mps_stop "$OUT"
@@ -66,7 +75,7 @@ for f in "$WORK"/demo/variants/*.log; do echo "== $f"; tail -n 3 "$f"; done > "$
 grep -h "" "$WORK"/demo/variants/*.log 2>/dev/null | grep -iE "error|traceback|warn" | head -40 > "$OUT/engine-errors.txt"
 
 echo
-echo "==== GPU demo: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $SHARING; scenarios $SCENARIOS; exit $rc; $(( $(date +%s) - t0 )) s in all"
+echo "==== GPU demo: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $SHARING; scenarios $SCENARIOS in $PARALLEL lane(s); exit $rc; $(( $(date +%s) - t0 )) s in all"
 cat "$OUT/versions.txt"
 grep -E "^shape|triton-v1" "$OUT/kernels.txt" | head -20
 python3 bench/gpu_demo_report.py "$OUT/sits-demo.db" "$OUT/demo.log" "$OUT/gpumem.csv" | tee "$OUT/report.txt"

@@ -2,21 +2,23 @@
 
     python3 bench/gpu_demo_report.py STORE DEMO_LOG GPUMEM_CSV
 
-Per rollout (oldest first): kernels, outcome, checks, seconds from creation to the deciding check, the deciding
-check's deltas with their intervals (or the correctness gate's verdict), requests answered/failed per variant and
-client TTFT/ITL P50/P99 as the demo printed them; the engines' own peak allocator memory per
-role (as the demo printed it), then nvidia-smi's per-process peaks (CUDA contexts included, roles unknown).
+Per rollout (oldest first, its lane's service with `--parallel`): kernels, outcome, checks, seconds from creation to
+the deciding check, the deciding check's deltas with their intervals (or the correctness gate's verdict), requests
+answered/failed per variant and client TTFT/ITL P50/P99 as the demo printed them; the engines' own peak allocator
+memory per role (as the demo printed it), then nvidia-smi's per-process peaks (CUDA contexts included, roles unknown);
+last, the decisions per scenario over every lane (an A/A campaign's count of false rollbacks).
 """
 from __future__ import annotations
 
 import csv
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sits.control_plane.demo.profiles import GPU_SCENARIOS, SCENARIOS  # noqa: E402
 from sits.control_plane.store.db import Store  # noqa: E402
 
 
@@ -39,26 +41,68 @@ def deciding(check: dict) -> str:
     return "; ".join(parts) or v.get("reason", "")[:120]
 
 
+def per_lane(log: str, pattern: str, services: list[str]) -> dict[str, list[str]]:
+    """What `pattern` (one group) caught in the demo's log, in order, per service: a lane prefixes its lines with
+    `[service] `; with one lane (no prefix) every line is its."""
+    caught: dict[str, list[str]] = defaultdict(list)
+    for line in log.splitlines():
+        m = re.search(pattern, line)
+        if m:
+            svc = next((s for s in services if f"] [{s}] " in line), services[0] if len(services) == 1 else "?")
+            caught[svc].append(m.group(1))
+    return caught
+
+
+def scenario_of(kernels: str) -> tuple[str, str]:
+    """(scenario name, expected phase) of a canary's kernel set (the GPU demo's, else the CPU demo's), else (kernels, ?)."""
+    for table in (GPU_SCENARIOS, SCENARIOS):
+        sc = next((s for s in table.values() if s.kernels == kernels), None)
+        if sc is not None:
+            return sc.name, sc.expected.value
+    return kernels, "?"
+
+
+def decisions(rollouts) -> list[str]:
+    """One line per scenario: its runs, how the decided ones ended and how many as expected (an A/A run rolled back
+    is a false rollback), and those still running when the demo stopped (its timeout)."""
+    runs: dict[tuple[str, str, str], Counter] = defaultdict(Counter)
+    for r in rollouts:
+        runs[(r.canary_kernels, *scenario_of(r.canary_kernels))]["unfinished" if r.active else r.phase.value] += 1
+    lines = [f"{'scenario':8} {'canary':22} {'runs':>4} {'promoted':>8} {'rolled back':>11} {'other':>5} "
+             f"{'unfinished':>10}  as expected"]
+    for (kernels, name, expected), n in sorted(runs.items(), key=lambda kv: kv[0][1]):
+        total, done = sum(n.values()), sum(n.values()) - n["unfinished"]
+        lines.append(f"{name:8} {kernels:22} {total:4d} {n['succeeded']:8d} {n['rolled_back']:11d} "
+                     f"{done - n['succeeded'] - n['rolled_back']:5d} {n['unfinished']:10d}  {n[expected]}/{done}")
+    return lines
+
+
 def main(store_path: str, log_path: str, mem_path: str) -> int:
     log = Path(log_path).read_text(errors="replace") if Path(log_path).is_file() else ""
-    loads = re.findall(r"scenario load: (.*)", log)
-    lats = re.findall(r"client TTFT p50/p99, ITL p50/p99 \(ms\): (.*)", log)
-    mems = re.findall(r"GPU memory per engine \(peak held by its CUDA allocator[^:]*: (.*)", log)
     with Store(store_path) as s:
         rollouts = sorted(s.list(active=None), key=lambda r: r.created_at)
-        print(f"{'#':>2} {'canary':22} {'outcome':12} {'checks':>6} {'decided s':>9}  deciding evidence")
+        services = sorted({r.service for r in rollouts})
+        loads = per_lane(log, r"scenario load: (.*)", services)
+        lats = per_lane(log, r"client TTFT p50/p99, ITL p50/p99 \(ms\): (.*)", services)
+        mems = per_lane(log, r"GPU memory per engine \(peak held by its CUDA allocator[^:]*: (.*)", services)
+        width = max(map(len, services)) if len(services) > 1 else 0   # a lane column with --parallel
+        print(f"{'#':>2}{' ' + 'lane'.ljust(width) if width else ''} {'canary':22} {'outcome':12} {'checks':>6} "
+              f"{'decided s':>9}  deciding evidence")
+        seen: Counter = Counter()   # the rollouts of each service so far: its i-th matches its lane's i-th lines
         for i, r in enumerate(rollouts):
             checks = s.checks(r.id)
             last = checks[-1] if checks else None
             t = f"{last['at'] - r.created_at:9.0f}" if last else "        -"
-            print(f"{i + 1:2d} {r.canary_kernels:22} {r.phase.value:12} {r.checks:6d} {t}  "
+            j = seen[r.service]
+            seen[r.service] += 1
+            tag = " " + r.service.ljust(width) if width else ""
+            print(f"{i + 1:2d}{tag} {r.canary_kernels:22} {r.phase.value:12} {r.checks:6d} {t}  "
                   f"{deciding(last) if last else r.reason[:120]}")
-            if i < len(loads):
-                print(f"{'':3}load: {loads[i]}")
-            if i < len(lats):
-                print(f"{'':3}client TTFT/ITL p50/p99 ms: {lats[i]}")
-            if i < len(mems):
-                print(f"{'':3}GPU memory (engine allocators, peak): {mems[i]}")
+            for label, lines in (("load", loads), ("client TTFT/ITL p50/p99 ms", lats),
+                                 ("GPU memory (engine allocators, peak)", mems)):
+                if j < len(lines[r.service]):
+                    print(f"{'':3}{label}: {lines[r.service][j]}")
+        counted = decisions(rollouts)
     # nvidia-smi's per-process figures include each CUDA context; its pids are the host's, so no roles
     peak: dict[str, int] = defaultdict(int)
     if Path(mem_path).is_file():
@@ -67,6 +111,9 @@ def main(store_path: str, log_path: str, mem_path: str) -> int:
                 peak[row[1].strip()] = max(peak[row[1].strip()], int(row[2]))
     print(f"GPU memory per process (nvidia-smi, context included): {len(peak)} processes, peak "
           + (f"{min(peak.values())}-{max(peak.values())} MiB" if peak else "not visible"))
+    print(f"decisions per scenario ({len(rollouts)} rollouts, {len(services)} lane(s)):")
+    for line in counted:
+        print("  " + line)
     return 0
 
 

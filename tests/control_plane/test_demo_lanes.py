@@ -1,6 +1,7 @@
 """`sits-control demo --parallel K`: scenarios dealt round-robin to K lanes, one service each (control_plane/demo/
-lanes.py); the flag validated; every lane's engines scraped by the local Prometheus; and one short real run of two
-lanes."""
+lanes.py); the flag validated; every lane's engines scraped by the local Prometheus; the GPU demo's report counting
+decisions per scenario over every lane; and one short real run of two lanes."""
+import importlib.util
 import re
 import sqlite3
 import subprocess
@@ -15,6 +16,8 @@ from sits.control_plane.demo.lanes import deal, lane_services, tagged
 from sits.control_plane.demo.profiles import GPU_MEMORY_SHARE
 from sits.control_plane.demo.prometheus import scrape_targets
 from sits.control_plane.demo.runner import DemoConfig
+from sits.control_plane.rollout import Phase, Rollout
+from sits.control_plane.store.db import Store
 from tests.control_plane.e2e.support import engine_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +85,36 @@ def test_the_local_prometheus_scrapes_every_lanes_variants():
                                "canary": VariantStatus("canary", False, 1, 0, None)}}.get(service, {})
     assert scrape_targets(Deployer(), ["demo-1", "demo-2"]) == ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
     assert scrape_targets(Deployer(), ["demo-1"]) == ["127.0.0.1:9001"]
+
+
+def _report_module():
+    spec = importlib.util.spec_from_file_location("gpu_demo_report", REPO / "bench" / "gpu_demo_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gpu_demo_report_matches_each_lanes_lines_and_counts_decisions_per_scenario(tmp_path, capsys):
+    runs = [("demo-1", "triton-v1", Phase.SUCCEEDED), ("demo-2", "triton-v1", Phase.ROLLED_BACK),
+            ("demo-1", "triton-v1-unsplit", Phase.ROLLED_BACK), ("demo-2", "triton-v1", Phase.SUCCEEDED),
+            ("demo-1", "triton-v1", Phase.PROGRESSING)]   # still running at the demo's timeout
+    with Store(str(tmp_path / "s.db")) as s:
+        for i, (svc, ks, phase) in enumerate(runs):
+            s.create_rollout(Rollout(f"r{i}", svc, ks, "triton-v1", phase=phase, created_at=100.0 + i))
+    # the lanes' lines interleave: demo-2 finished its first scenario before demo-1 did
+    log = tmp_path / "demo.log"
+    log.write_text("[  90.0s] [demo-2]       scenario load: B1\n[  95.0s] [demo-1]       scenario load: A1\n"
+                   "[ 150.0s] [demo-1]       scenario load: A2\n[ 160.0s] [demo-2]       scenario load: B2\n")
+    assert _report_module().main(str(tmp_path / "s.db"), str(log), str(tmp_path / "none.csv")) == 0
+    text = capsys.readouterr().out
+    assert [line.split()[-1] for line in text.splitlines() if "load:" in line] == ["A1", "B1", "A2", "B2"]
+    rows = [line.split()[:4] for line in text.splitlines() if line[:2].strip().isdigit()]
+    assert rows == [["1", "demo-1", "triton-v1", "succeeded"], ["2", "demo-2", "triton-v1", "rolled_back"],
+                    ["3", "demo-1", "triton-v1-unsplit", "rolled_back"], ["4", "demo-2", "triton-v1", "succeeded"],
+                    ["5", "demo-1", "triton-v1", "progressing"]]
+    table = text[text.index("decisions per scenario (5 rollouts, 2 lane(s)):"):].splitlines()
+    assert table[2].split() == ["aa", "triton-v1", "4", "2", "1", "0", "1", "2/3"]   # one false rollback of three
+    assert table[3].split() == ["slow", "triton-v1-unsplit", "1", "0", "1", "0", "0", "1/1"]
 
 
 @pytest.mark.slow   # ~1 min alone on 2 cores: two lanes, each a production engine, a wrong canary and its baseline
