@@ -1,0 +1,121 @@
+"""How SITS writes a number, in one place: signed percent deltas ("+3.1 %"), point deltas of rates ("+0.20 pt"),
+intervals, rates, milliseconds, seconds, counts and the policy's own limits ("+25 %"). Every renderer of a check (the
+CLI's text, the demo's lines, the web UI's sentences, a KernelRollout's status) formats through these.
+
+Two typographies, one rule: PLAIN (ASCII: terminals, Kubernetes status) and TYPESET (the web page: U+2212 minus and
+an en dash for "no value"). A missing or NaN value is the style's `none`; an infinite one "+inf" / "-inf"."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    minus: str
+    none: str
+
+
+PLAIN = Style(minus="-", none="-")
+TYPESET = Style(minus="\u2212", none="\u2013")
+
+REL, ABS = "rel", "abs"   # a relative delta (latency: 0.1 = +10 %) or an absolute one (error rate: 0.01 = 1 point)
+
+
+def finite(x: Any) -> float | None:
+    """`x` as a float; None for None, NaN and anything that is not a number (the store's "NaN" string included).
+    Infinities stay (the store writes them "+Inf" / "-Inf")."""
+    if x is None or isinstance(x, bool):
+        return None
+    if isinstance(x, str):
+        return {"+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}.get(x)
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _signed(v: float, digits: int, style: Style) -> str:
+    text = f"{v:+.{digits}f}"
+    return text if style.minus == "-" else text.replace("-", style.minus)
+
+
+def percent(x: Any, style: Style = PLAIN, digits: int = 1, unit: bool = True) -> str:
+    """A relative delta: 0.031 -> "+3.1 %" (unit False: "+3.1")."""
+    v = finite(x)
+    if v is None:
+        return style.none
+    if math.isinf(v):
+        return "+inf" if v > 0 else style.minus + "inf"
+    return _signed(v * 100, digits, style) + (" %" if unit else "")
+
+
+def points(x: Any, style: Style = PLAIN) -> str:
+    """An absolute delta of a rate: 0.002 -> "+0.20 pt"."""
+    v = finite(x)
+    if v is None:
+        return style.none
+    if math.isinf(v):
+        return "+inf" if v > 0 else style.minus + "inf"
+    return _signed(v * 100, 2, style) + " pt"
+
+
+def delta(kind: str, x: Any, style: Style = PLAIN) -> str:
+    """A delta of either kind: points for ABS (the error rate), percent for REL (latency)."""
+    return points(x, style) if kind == ABS else percent(x, style)
+
+
+def interval(kind: str, low: Any, high: Any, style: Style = PLAIN) -> str:
+    """"[-2.0 %, +8.0 %]"."""
+    return f"[{delta(kind, low, style)}, {delta(kind, high, style)}]"
+
+
+def limit(kind: str, x: Any, style: Style = PLAIN) -> str:
+    """A boundary as a policy writes it: 0.25 -> "+25 %", 0.005 -> "+0.5 pt" (no trailing zeros)."""
+    v = finite(x)
+    if v is None:
+        return style.none
+    return f"+{v * 100:g} " + ("pt" if kind == ABS else "%")
+
+
+def rate(x: Any, style: Style = PLAIN) -> str:
+    """A rate, unsigned: 0.005 -> "0.50 %"."""
+    v = finite(x)
+    return style.none if v is None else f"{v * 100:.2f} %"
+
+
+def ms(x: Any, style: Style = PLAIN) -> str:
+    """Seconds as milliseconds: 0.1235 -> "123.5 ms"."""
+    v = finite(x)
+    return style.none if v is None else f"{v * 1000:.1f} ms"
+
+
+def seconds(x: Any, style: Style = PLAIN, digits: int = 1) -> str:
+    """"60.0 s"."""
+    v = finite(x)
+    return style.none if v is None else f"{v:.{digits}f} s"
+
+
+def eta(x: Any, style: Style = PLAIN) -> str:
+    """About how long until a sequential check decides: 310.4 -> "~310 s"."""
+    v = finite(x)
+    return style.none if v is None else f"~{v:.0f} s"
+
+
+def count(x: Any, style: Style = PLAIN) -> str:
+    """A count of requests (stored as floats): 263.0 -> "263"."""
+    v = finite(x)
+    return style.none if v is None else f"{v:.0f}"
+
+
+def plural(n: int, word: str) -> str:
+    """"1 request", "20 requests"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def number(x: Any, spec: str, style: Style = PLAIN) -> str:
+    """Any other number by a format spec (".0%", ".3g"), the style's `none` when missing."""
+    v = finite(x)
+    return style.none if v is None else format(v, spec)
