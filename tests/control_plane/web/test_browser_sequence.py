@@ -11,6 +11,7 @@ import re
 import pytest
 
 from sits.control_plane.service.format import replica_lines, sequential_rows
+from sits.control_plane.view import decode_check, decode_result
 
 from . import ui_scenarios_sequence
 from .browser_support import Browser, Server, needs_chromium, shot
@@ -86,9 +87,9 @@ def test_the_checks_table_shows_effect_sequence_both_boundaries_windows_and_time
 @BOTH
 def test_the_evidence_shows_the_clis_sequential_rows_and_replica_offset(browser, sc, width):
     ev = _last(sc, sc.undecided)
-    rows = sequential_rows(ev["verdict"]["results"], "baseline")[1:]
+    rows = sequential_rows(decode_check(ev).results, "baseline")[1:]
     replica = ev["verdict"]["replica"]
-    assert replica and len(replica_lines(ev["verdict"])) == len(replica)
+    assert replica and len(replica_lines(decode_check(ev).replica)) == len(replica)
     with browser.page("viewer", width) as page:
         page.goto(f"{browser.url}/rollouts/{sc.undecided}")
         row = page.locator("#checks tbody tr").first
@@ -253,7 +254,7 @@ def test_blocks_of_correlated_windows_read_x2_as_the_cli_writes_them(browser, sc
     ev = _last(sc, sc.undecided)
     r = dict(next(x for x in ev["verdict"]["results"] if x["check"] == P90), windows=12, block=2, lag1=0.41,
              label="p90 request latency")
-    want = sequential_rows([r], "baseline")[1]
+    want = sequential_rows([decode_result(r)], "baseline")[1]
     with browser.page("viewer", 1440) as page:
         page.goto(f"{browser.url}/rollouts/{sc.undecided}")
         page.locator("#checks tbody tr").first.wait_for()

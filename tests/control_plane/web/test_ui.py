@@ -201,6 +201,7 @@ def test_role_errors_use_the_right_article(client):
 ])
 def test_why_it_ended_does_not_repeat_the_kind_the_list_writes_before_it(last, kind, text):
     from sits.control_plane.rollout import Rollout
+    from sits.control_plane.view import Headline
     from sits.control_plane.web.present import ending
     # rollouts.js writes "correctness gate failed: <text>" and "guard: <text>"
-    assert ending(Rollout("r", "chat", "v2", "v1"), last, [], []) == {"kind": kind, "text": text}
+    assert ending(Rollout("r", "chat", "v2", "v1"), Headline.from_dict(last), [], []) == {"kind": kind, "text": text}
