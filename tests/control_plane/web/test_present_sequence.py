@@ -90,3 +90,13 @@ def test_the_series_api_sends_the_boundaries_the_charts_draw(client, sc):
     rows = client.get("/api/v1/rollouts", headers=auth("viewer")).get_json()["rollouts"]
     last = next(r for r in rows if r["id"] == sc.undecided)["last_check"]
     assert last["method"] == "sequential" and last["ship"] is not None and last["eta_s"] is not None
+
+
+def test_the_series_say_which_gated_checks_decided_each_check(client, sc):
+    """The charts ring the checks that decided (detail.js decides): the server's CheckView.deciding, not the page's."""
+    s = client.get(f"/api/v1/rollouts/{sc.slow}/series", headers=auth("viewer")).get_json()
+    assert len(s["decided_by"]) == len(s["t"]) and s["decision"][-1] == "rollback"
+    last = _last(sc, sc.slow)
+    failing = {r["check"] for r in last["verdict"]["results"] if r["outcome"] == "fail"}
+    assert failing and set(s["decided_by"][-1]) == failing
+    assert all(set(d) <= set(s["gated"]) for d in s["decided_by"])

@@ -85,13 +85,14 @@ def test_vendored_assets_are_served_with_their_licence_and_pinned_version(client
 
 
 
-def test_pages_give_their_scripts_the_roles_and_phases_defined_in_python(client):
+def test_pages_give_their_scripts_the_roles_phases_and_metric_names_defined_in_python(client):
     import json
     import re
     from sits.control_plane.rollout import ROLES, Phase
     page = client.get("/", follow_redirects=True).get_data(as_text=True)
     vocab = json.loads(re.search(r'<script type="application/json" id="sits-vocabulary">(.*?)</script>', page).group(1))
-    assert vocab == {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}}
+    from sits.control_plane.view.names import SHORT_NAMES
+    assert vocab == {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}, "metrics": SHORT_NAMES}
     # the scripts compare against SITS.ROLES / SITS.PHASE, never a list of their own
     for js in (STATIC / "js").glob("*.js"):
         text = js.read_text()
