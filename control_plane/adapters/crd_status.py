@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sits.control_plane.rollout import Phase, Rollout
-from sits.control_plane.view import decode_check, headline_of, numbers
+from sits.control_plane import numbers
+from sits.control_plane.view import decode_check, headline_of
 
 DEFAULT_PRODUCTION_KERNELS = "torch"
 

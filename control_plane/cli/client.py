@@ -12,7 +12,8 @@ from typing import Any, Callable
 import httpx
 
 from sits.control_plane.service import format as fmt
-from sits.control_plane.view import Headline, decode_check, numbers
+from sits.control_plane import numbers
+from sits.control_plane.view import Headline, decode_check
 from sits.control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 
 

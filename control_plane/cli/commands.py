@@ -17,6 +17,7 @@ from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.analysis import Policy, PolicyError
 from sits.control_plane.analysis.calibration import calibrate
+from sits.control_plane import numbers
 from sits.control_plane.cli import client
 from sits.control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
 from sits.control_plane.demo.profiles import PROFILES
@@ -28,7 +29,7 @@ from sits.control_plane.small_files import FileTooLargeError, read_small_file
 from sits.control_plane.store.backup import backup
 from sits.control_plane.store.codec import nonfinite_to_strings, rollout_to_dict
 from sits.control_plane.store.db import Store
-from sits.control_plane.view import decode_check, headline_of, numbers
+from sits.control_plane.view import decode_check, headline_of
 from sits.control_plane.view.names import series_label
 from sits.control_plane.web import present
 from sits.control_plane.web.serve import ServeError, serve

@@ -16,7 +16,7 @@ from sits.control_plane.service.format import format_check
 from sits.control_plane.store.db import Store
 from sits.control_plane.view import CheckView, ResultView, VariantView, decode_check
 from sits.control_plane.view.names import terse_label
-from sits.control_plane.view.numbers import ABS, REL, count, limit, percent, plural
+from sits.control_plane.numbers import ABS, REL, count, limit, percent, plural
 
 if TYPE_CHECKING:
     from sits.control_plane.demo.runner import DemoResult

@@ -2,7 +2,7 @@
 metric, delta, its confidence interval, threshold, verdict), every measured percentile against both baseline and
 production, a correctness-gate check (its diverged prompts with both continuations), the rollout list and `rollout
 show`. Input is a check's view (view.decode_check of what the store or the API returns); numbers are written by
-view/numbers.py."""
+control_plane/numbers.py."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -12,7 +12,7 @@ from sits.control_plane.rollout import EventKind, Rollout
 from sits.control_plane.store.db import Store
 from sits.control_plane.view import CheckView, ReplicaView, ResultView, decode_check
 from sits.control_plane.view.correctness import ConformanceView
-from sits.control_plane.view.numbers import (ABS, count, delta, eta, interval, ms, number, percent, points, rate,
+from sits.control_plane.numbers import (ABS, count, delta, eta, interval, ms, number, percent, points, rate,
                                              seconds)
 
 

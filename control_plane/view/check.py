@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from sits.control_plane.analysis import ERROR_RATE
 from sits.control_plane.view.correctness import CorrectnessView, decode_correctness
 from sits.control_plane.view.names import check_label, metric_of, quantile_of, series_label
-from sits.control_plane.view.numbers import ABS, REL, finite
+from sits.control_plane.numbers import ABS, REL, finite
 
 SEQUENTIAL = "sequential"
 

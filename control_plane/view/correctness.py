@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sits.control_plane.view.numbers import finite, number
+from sits.control_plane.numbers import finite, number
 
 
 def _i(d: Mapping, k: str) -> int:

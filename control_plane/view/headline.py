@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from sits.control_plane.view.check import SEQUENTIAL, CheckView, ResultView
 from sits.control_plane.view.names import check_label
-from sits.control_plane.view.numbers import ABS, REL, finite
+from sits.control_plane.numbers import ABS, REL, finite
 
 RANK = {"fail": 0, "inconclusive": 1, "pass": 2}
 

@@ -8,7 +8,7 @@ from typing import Mapping
 from sits.control_plane.rollout import CORRECTNESS_PREFIX, ROLES, Phase, Rollout, weights_for
 from sits.control_plane.view import Headline, decode_check, headline_of
 from sits.control_plane.view.names import check_label
-from sits.control_plane.view.numbers import ABS, TYPESET, delta
+from sits.control_plane.numbers import ABS, TYPESET, delta
 from sits.control_plane.web.common import nonfinite_to_null
 
 class HeadlineCache:

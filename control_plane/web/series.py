@@ -18,7 +18,7 @@ from sits.control_plane.rollout import ROLES
 from sits.control_plane.web.common import num
 from sits.control_plane.view import CheckView, ResultView, decode_check, lead
 from sits.control_plane.view.names import check_label, short_name
-from sits.control_plane.view.numbers import ABS, REL
+from sits.control_plane.numbers import ABS, REL
 
 CHART_METRICS = (REQUEST_LATENCY, TTFT, ITL)
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))

@@ -8,7 +8,7 @@ from sits.control_plane.analysis.sequential import AA_PREFIX, SequenceState, Win
 from sits.control_plane.rollout import Check, Decision
 from sits.control_plane.store.codec import check_to_dict
 from sits.control_plane.view import ResultView, decode_check
-from sits.control_plane.view.numbers import ABS, REL
+from sits.control_plane.numbers import ABS, REL
 from tests.control_plane.helpers import lat
 
 ROUTE = REQUEST_LATENCY + '{route="/v1/completions"}'

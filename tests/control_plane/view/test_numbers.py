@@ -1,9 +1,9 @@
-"""control_plane/view/numbers.py: how every renderer writes a number, on literal values."""
+"""control_plane/numbers.py: how every renderer writes a number, on literal values."""
 import math
 
 import pytest
 
-from sits.control_plane.view.numbers import (ABS, PLAIN, REL, TYPESET, count, delta, eta, finite, interval, limit, ms,
+from sits.control_plane.numbers import (ABS, PLAIN, REL, TYPESET, count, delta, eta, finite, interval, limit, ms,
                                              number, percent, plural, points, rate, seconds)
 
 

@@ -1,6 +1,7 @@
 """How SITS writes a number, in one place: signed percent deltas ("+3.1 %"), point deltas of rates ("+0.20 pt"),
-intervals, rates, milliseconds, seconds, counts and the policy's own limits ("+25 %"). Every renderer of a check (the
-CLI's text, the demo's lines, the web UI's sentences, a KernelRollout's status) formats through these.
+intervals, rates, milliseconds, seconds, counts and the policy's own limits ("+25 %"). The analysis' reasons and
+every renderer of a check (the CLI's text, the demo's lines, the web UI's sentences, a KernelRollout's status) format
+through these: like errors.py and validation.py, a vocabulary every layer shares, pure and importing nothing.
 
 Two typographies, one rule: PLAIN (ASCII: terminals, Kubernetes status) and TYPESET (the web page: U+2212 minus and
 an en dash for "no value"). A missing or NaN value is the style's `none`; an infinite one "+inf" / "-inf"."""
