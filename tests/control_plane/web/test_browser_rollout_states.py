@@ -4,35 +4,12 @@ by the real worker, state machine and analysis (ui_scenarios.py, ui_scenarios_st
 artifacts/browser/ ($SITS_ARTIFACTS)."""
 from __future__ import annotations
 
-import pytest
-
 from . import ui_scenarios_states
-from .browser_support import Browser, Server, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, shot
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
-
-
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios_states.build(str(tmp_path_factory.mktemp("ui3") / "sits.db"))
-    yield s
-    s.store.close()
-
-
-@pytest.fixture(scope="module")
-def server(sc):
-    srv = Server(sc.store, REPLICA_LIMIT={"per_variant": 1, "why": "4 engines fit on this machine in all"})
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    b = Browser(sync_api, server.url)
-    yield b
-    b.close()
+pytestmark = BROWSER_TESTS
+SCENARIO = ui_scenarios_states.build
+APP_CONFIG = {"REPLICA_LIMIT": {"per_variant": 1, "why": "4 engines fit on this machine in all"}}
 
 
 def _polls(page, n: int = 2) -> None:

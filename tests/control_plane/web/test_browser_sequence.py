@@ -8,39 +8,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from sits.control_plane.service.format import replica_lines, sequential_rows
 from sits.control_plane.view import decode_check, decode_result
 
 from . import ui_scenarios_sequence
-from .browser_support import Browser, Server, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, shot
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
+pytestmark = BROWSER_TESTS
+SCENARIO = ui_scenarios_sequence.build
 P90 = "http_request_duration_seconds:p90"
-
-
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios_sequence.build(str(tmp_path_factory.mktemp("seq") / "sits.db"))
-    yield s
-    s.store.close()
-
-
-@pytest.fixture(scope="module")
-def server(sc):
-    srv = Server(sc.store)
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    b = Browser(sync_api, server.url)
-    yield b
-    b.close()
 
 
 def _same(text: str) -> str:
