@@ -38,29 +38,26 @@ def finite(x: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _signed(v: float, digits: int, style: Style) -> str:
-    text = f"{v:+.{digits}f}"
-    return text if style.minus == "-" else text.replace("-", style.minus)
+def number(x: Any, spec: str, style: Style = PLAIN, scale: float = 1.0, prefix: str = "", suffix: str = "") -> str:
+    """`x` times `scale` by a format spec (".0%", "+.1f"), between `prefix` and `suffix`; the style's `none` when
+    missing, "+inf" / "-inf" when infinite. Every formatter below is this one with its spec."""
+    v = finite(x)
+    if v is None:
+        return style.none
+    if math.isinf(v):
+        return ("+" if v > 0 else style.minus) + "inf"
+    text = format(v * scale, spec)
+    return prefix + (text if style.minus == "-" else text.replace("-", style.minus)) + suffix
 
 
 def percent(x: Any, style: Style = PLAIN, digits: int = 1, unit: bool = True) -> str:
     """A relative delta: 0.031 -> "+3.1 %" (unit False: "+3.1")."""
-    v = finite(x)
-    if v is None:
-        return style.none
-    if math.isinf(v):
-        return "+inf" if v > 0 else style.minus + "inf"
-    return _signed(v * 100, digits, style) + (" %" if unit else "")
+    return number(x, f"+.{digits}f", style, 100, suffix=" %" if unit else "")
 
 
 def points(x: Any, style: Style = PLAIN) -> str:
     """An absolute delta of a rate: 0.002 -> "+0.20 pt"."""
-    v = finite(x)
-    if v is None:
-        return style.none
-    if math.isinf(v):
-        return "+inf" if v > 0 else style.minus + "inf"
-    return _signed(v * 100, 2, style) + " pt"
+    return number(x, "+.2f", style, 100, suffix=" pt")
 
 
 def delta(kind: str, x: Any, style: Style = PLAIN) -> str:
@@ -75,48 +72,34 @@ def interval(kind: str, low: Any, high: Any, style: Style = PLAIN) -> str:
 
 def limit(kind: str, x: Any, style: Style = PLAIN) -> str:
     """A boundary as a policy writes it: 0.25 -> "+25 %", 0.005 -> "+0.5 pt" (no trailing zeros)."""
-    v = finite(x)
-    if v is None:
-        return style.none
-    return f"+{v * 100:g} " + ("pt" if kind == ABS else "%")
+    return number(x, "g", style, 100, prefix="+", suffix=" pt" if kind == ABS else " %")
 
 
 def rate(x: Any, style: Style = PLAIN) -> str:
     """A rate, unsigned: 0.005 -> "0.50 %"."""
-    v = finite(x)
-    return style.none if v is None else f"{v * 100:.2f} %"
+    return number(x, ".2f", style, 100, suffix=" %")
 
 
 def ms(x: Any, style: Style = PLAIN) -> str:
     """Seconds as milliseconds: 0.1235 -> "123.5 ms"."""
-    v = finite(x)
-    return style.none if v is None else f"{v * 1000:.1f} ms"
+    return number(x, ".1f", style, 1000, suffix=" ms")
 
 
 def seconds(x: Any, style: Style = PLAIN, digits: int = 1) -> str:
     """"60.0 s"."""
-    v = finite(x)
-    return style.none if v is None else f"{v:.{digits}f} s"
+    return number(x, f".{digits}f", style, suffix=" s")
 
 
 def eta(x: Any, style: Style = PLAIN) -> str:
     """About how long until a sequential check decides: 310.4 -> "~310 s"."""
-    v = finite(x)
-    return style.none if v is None else f"~{v:.0f} s"
+    return number(x, ".0f", style, prefix="~", suffix=" s")
 
 
 def count(x: Any, style: Style = PLAIN) -> str:
     """A count of requests (stored as floats): 263.0 -> "263"."""
-    v = finite(x)
-    return style.none if v is None else f"{v:.0f}"
+    return number(x, ".0f", style)
 
 
 def plural(n: int, word: str) -> str:
     """"1 request", "20 requests"."""
     return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def number(x: Any, spec: str, style: Style = PLAIN) -> str:
-    """Any other number by a format spec (".0%", ".3g"), the style's `none` when missing."""
-    v = finite(x)
-    return style.none if v is None else format(v, spec)

@@ -1,17 +1,10 @@
 """control_plane/view/check.py: a stored check decoded once into a typed view, for checks as the analysis writes them
 now (fixed and sequential statistics, the correctness gate) and as older stores hold them (keys missing, the store's
 "NaN" strings)."""
-import math
-
-from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy, VariantData, assess
-from sits.control_plane.analysis.sequential import AA_PREFIX, SequenceState, Window, series_key
-from sits.control_plane.rollout import Check, Decision
-from sits.control_plane.store.codec import check_to_dict
-from sits.control_plane.view import ResultView, decode_check
+from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY
 from sits.control_plane.numbers import ABS, REL
-from tests.control_plane.helpers import lat
-
-ROUTE = REQUEST_LATENCY + '{route="/v1/completions"}'
+from sits.control_plane.view import ResultView, decode_check
+from tests.control_plane.helpers import sequential_check
 
 # a check as a store written before sequential statistics, low-traffic counts and the correctness gate holds it
 OLD = {"rollout_id": "r1", "seq": 2, "at": 1013.0, "step": 0, "weight": 10, "window_start": 1002, "window_end": 1013,
@@ -44,14 +37,7 @@ def test_an_old_fixed_check_decodes_with_defaults_for_what_it_lacks():
 
 
 def test_a_sequential_check_from_the_analysis_keeps_its_sequence_boundaries_and_replica_offset():
-    policy = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.25),), min_samples=100)
-    data = {role: VariantData({ROUTE: lat(2000, 1.18 if role == "canary" else 1.0)}, 2000.0, 0.0)
-            for role in ("canary", "baseline", "production")}
-    key = series_key(policy.checks[0].name, ROUTE)
-    ws = tuple(Window(math.log(1.18) + 0.08 * (-1) ** i, 200, 200, 10.0 * i, 10.0 * i + 10) for i in range(8))
-    aa = tuple(Window(0.01 * (-1) ** i, 200, 2000, 10.0 * i, 10.0 * i + 10) for i in range(8))
-    verdict = assess(data, policy, SequenceState({key: ws, AA_PREFIX + key: aa}))
-    stored = check_to_dict("r1", Check(4, 100.0, 0, 50, 20.0, 100.0, "scrape", {}, data, verdict, Decision.HOLD))
+    verdict, stored = sequential_check()
     v = decode_check(stored)
     (r,) = v.results
     want = verdict.results[0]

@@ -90,6 +90,17 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(artifacts_dir() / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
 
 
+def open_newest_evidence(page, url: str):
+    """Open a rollout's page at `url` and its newest check's evidence: that check's row, and the checks table's width
+    before it opened."""
+    page.goto(url)
+    row = page.locator("#checks tbody tr").first
+    row.wait_for()
+    before = page.locator("#checks").bounding_box()["width"]
+    row.locator("button", has_text="Evidence").click()
+    return row, before
+
+
 def needs_chromium():
     return pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian chromium (.ci/install-browser.sh)")
 

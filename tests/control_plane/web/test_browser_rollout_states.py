@@ -5,7 +5,7 @@ artifacts/browser/ ($SITS_ARTIFACTS)."""
 from __future__ import annotations
 
 from . import ui_scenarios_states
-from .browser_support import BOTH, BROWSER_TESTS, shot
+from .browser_support import BOTH, BROWSER_TESTS, open_newest_evidence, shot
 
 pytestmark = BROWSER_TESTS
 SCENARIO = ui_scenarios_states.build
@@ -89,11 +89,7 @@ def test_a_deploy_that_never_got_ready_says_why_in_one_line(browser, sc, width):
 @BOTH
 def test_opening_evidence_keeps_the_checks_table_width(browser, sc, width):
     with browser.page("viewer", width) as page:
-        page.goto(f"{browser.url}/rollouts/{sc.slow}")
-        row = page.locator("#checks tbody tr").first
-        row.wait_for()
-        before = page.locator("#checks").bounding_box()["width"]
-        row.locator("button", has_text="Evidence").click()
+        row, before = open_newest_evidence(page, f"{browser.url}/rollouts/{sc.slow}")
         page.locator("#checks tr.evidence pre").wait_for()
         assert page.locator("#checks").bounding_box()["width"] <= before + 1
         btn = row.locator("button", has_text="Evidence").bounding_box()

@@ -12,7 +12,7 @@ from sits.control_plane.service.format import replica_lines, sequential_rows
 from sits.control_plane.view import decode_check, decode_result
 
 from . import ui_scenarios_sequence
-from .browser_support import BOTH, BROWSER_TESTS, shot
+from .browser_support import BOTH, BROWSER_TESTS, open_newest_evidence, shot
 
 pytestmark = BROWSER_TESTS
 SCENARIO = ui_scenarios_sequence.build
@@ -63,15 +63,12 @@ def test_the_checks_table_shows_effect_sequence_both_boundaries_windows_and_time
 @BOTH
 def test_the_evidence_shows_the_clis_sequential_rows_and_replica_offset(browser, sc, width):
     ev = _last(sc, sc.undecided)
-    rows = sequential_rows(decode_check(ev).results, "baseline")[1:]
+    view = decode_check(ev)
+    rows = sequential_rows(view.results, "baseline")[1:]
     replica = ev["verdict"]["replica"]
-    assert replica and len(replica_lines(decode_check(ev).replica)) == len(replica)
+    assert replica and len(replica_lines(view.replica)) == len(replica)
     with browser.page("viewer", width) as page:
-        page.goto(f"{browser.url}/rollouts/{sc.undecided}")
-        row = page.locator("#checks tbody tr").first
-        row.wait_for()
-        before = page.locator("#checks").bounding_box()["width"]
-        row.locator("button", has_text="Evidence").click()
+        _, before = open_newest_evidence(page, f"{browser.url}/rollouts/{sc.undecided}")
         table = page.locator("#checks tr.evidence .seq-table")
         table.wait_for()
         got = table.locator("tbody tr")
