@@ -101,13 +101,13 @@ class TestResult:
     eta_s: float | None = None    # about how long until a boundary is crossed, at the current mean and spread
 
     def to_dict(self) -> dict:
-        def clean(v):
+        def finite_or_none(v):
             return None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v
 
-        d = {k: clean(getattr(self, k)) for k in self.__slots__}
+        d = {k: finite_or_none(getattr(self, k)) for k in self.__slots__}
         d["outcome"] = self.outcome.value
         if self.vs_production is not None:
-            d["vs_production"] = [clean(x) for x in self.vs_production]
+            d["vs_production"] = [finite_or_none(x) for x in self.vs_production]
         if self.method == "fixed":   # evidence stored before sequential statistics has none of these
             for k in ("ship", "alpha", "windows", "block", "lag1", "window_s", "eta_s"):
                 d.pop(k)
