@@ -19,7 +19,7 @@ from sits.control_plane.worker.loop import Worker
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from tests.control_plane.helpers import latency_policy
 
-from .accounts import NAMES, TOKENS, app_users
+from .accounts import TOKENS, app_users
 from .browser_support import Browser, Server
 POLICY = latency_policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)   # canned windows: no engines for the gate
 GATED_POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)     # the correctness gate on (default)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TOKENS, drive, new_rollout
+from .accounts import TOKENS
+from .conftest import drive, new_rollout
 from .test_auth import login
 
 STATIC = Path(__file__).resolve().parents[3] / "control_plane" / "web" / "static"
