@@ -7,7 +7,10 @@
     store/     the SQLite store (the only code that opens the file)
     adapters/  deployers, metrics sources, notifiers, the correctness replay, the kernel catalogue, DeploySpec
     rollout/   the pure state machine `reconcile(rollout, observation, now)` and its types
+    view/      the pure read model of a stored check (`decode_check` -> CheckView) and its one headline rule
     analysis/  the pure analysis core: quantiles, confidence bounds, verdicts, policies
+
+errors.py, validation.py and numbers.py (how every layer writes a number) are vocabularies every layer shares.
 
 It never imports `engine` or `kernels`: kernel sets reach it as a catalogue (adapters/kernel_catalog.py), engines as
 processes or pods, so `pip install .` runs it without torch. Importing the package imports nothing heavy; pick the

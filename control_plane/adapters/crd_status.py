@@ -3,12 +3,13 @@
 lastTransitionTime moves only when their status does. No I/O."""
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sits.control_plane.rollout import Phase, Rollout
+from sits.control_plane import numbers
+from sits.control_plane.view import decode_check, headline_of
 
 DEFAULT_PRODUCTION_KERNELS = "torch"
 
@@ -38,50 +39,31 @@ def rfc3339(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _pct(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, str):   # the store's JSON keeps infinities as "+Inf" / "-Inf"
-        return x
-    return "-" if math.isnan(x) else f"{x * 100:+.1f} %"
-
-
 def last_check(ev: Mapping | None) -> dict | None:
-    """The check that says most: a failed test, else the largest delta; a correctness check says how many prompts
-    matched. `ev`: a check's evidence as the store keeps it."""
+    """The check's headline (view.headline_of: the result that made its outcome) in words; a correctness check says
+    how many prompts matched, or which op failed its conformance. `ev`: a check's evidence as the store keeps it."""
     if not ev:
         return None
-    verdict = ev["verdict"]
-    out = {"seq": ev["seq"], "verdict": verdict["outcome"], "decision": str(ev["decision"]), "time": rfc3339(ev["at"])}
-    if verdict.get("correctness"):
-        cv = verdict["correctness"]
-        cf = cv.get("conformance") or {}
-        if cf.get("outcome") == "fail" and cf.get("failures"):   # op-level conformance: the op and its error
-            f = cf["failures"][0]
-            got = f.get("exception") or f"error {f['error']:.3g} > allowed {f['allowed']:.3g}"
-            return {**out, "metric": f"conformance:{f['op']}", "delta": got[:200], "interval": f["case"][:200]}
-        frac = cv.get("identical_fraction")
-        return {**out, "metric": "correctness", "delta": "-" if frac is None else f"{frac:.0%} identical",
-                "interval": f"{cv.get('diverged', 0)} of {cv.get('prompts', 0)} prompts diverged"}
-    results = [r for r in verdict.get("results", []) if not r.get("low_traffic")] or verdict.get("results", [])
-    if not results:
-        return {**out, "metric": verdict.get("guard") or "-", "delta": "-", "interval": verdict.get("reason", "")[:200]}
-
-    def weight(r: Mapping) -> tuple:
-        d = r.get("delta_rel")
-        return (r["outcome"] == "fail", isinstance(d, (int, float)) and not math.isnan(d), d if isinstance(
-            d, (int, float)) and not math.isnan(d) else 0.0)
-    r = max(results, key=weight)
-    err = r["check"] == "error_rate"
-    f = (lambda x: "-" if x is None else f"{float(x) * 100:+.2f} pt") if err else _pct
-    main = {**out, "metric": r["check"], "delta": f(r.get("delta_rel") if not err else r.get("delta_abs")),
-            "interval": f"[{f(r.get('ci_low'))}, {f(r.get('ci_high'))}]"}
-    if r.get("method") == "sequential":   # the confidence sequence, both boundaries, the windows, the time to decide
-        if err:
-            main["delta"] = f(r.get("delta_rel"))
-        eta = r.get("eta_s")
-        main.update(boundaries=f"{f(r.get('ship'))} / {f(r.get('threshold'))}", windows=int(r.get("windows") or 0),
-                    decidesIn="-" if r["outcome"] != "inconclusive" or eta is None else f"~{eta:.0f} s")
+    view = decode_check(ev)
+    out = {"seq": view.seq, "verdict": view.outcome, "decision": view.decision, "time": rfc3339(view.at)}
+    cv = view.correctness
+    if cv is not None:
+        cf = cv.conformance
+        if cf is not None and cf.outcome == "fail" and cf.failures:   # op-level conformance: the op and its error
+            f = cf.failures[0]
+            return {**out, "metric": f"conformance:{f.op}", "delta": f.problem[:200], "interval": f.case[:200]}
+        return {**out, "metric": "correctness", "delta": f"{numbers.number(cv.identical_fraction, '.0%')} identical"
+                if cv.identical_fraction is not None else "-",
+                "interval": f"{cv.diverged} of {cv.prompts} prompts diverged"}
+    h = headline_of(view)
+    if h.check is None:
+        return {**out, "metric": view.guard or "-", "delta": "-", "interval": view.reason[:200]}
+    main = {**out, "metric": h.check, "delta": numbers.delta(h.kind, h.delta),
+            "interval": numbers.interval(h.kind, h.ci_low, h.ci_high)}
+    if h.sequential:   # the confidence sequence, both boundaries, the windows, the time to decide
+        main.update(boundaries=f"{numbers.delta(h.kind, h.ship)} / {numbers.delta(h.kind, h.threshold)}",
+                    windows=h.windows or 0,
+                    decidesIn=numbers.eta(h.eta_s) if h.result == "inconclusive" else "-")
     return main
 
 

@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from sits.control_plane.numbers import number
+
 from .conformance import ConformanceVerdict
 from .gate_policy import CorrectnessPolicy
 from .verdict import Outcome
@@ -309,7 +311,7 @@ def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
         return CorrectnessVerdict(Outcome.FAIL, f"{dtype} tolerances: " + "; ".join(why), failed=tuple(failed),
                                   evidence=evidence[:_MAX_EVIDENCE], **stats)
     summary = (f"{len(ok)} prompts: {identical:.0%} identical over {policy.compare_tokens} tokens, {len(diverged)} "
-               f"diverged{' (all near-ties)' if diverged else ''}, top-1 agreement {_pct(top1)}")
+               f"diverged{' (all near-ties)' if diverged else ''}, top-1 agreement {number(top1, '.1%')}")
     if not judgeable:
         return CorrectnessVerdict(
             Outcome.INCONCLUSIVE, f"too few confident positions to judge: {sure_n} of {forced_n} had a baseline "
@@ -318,7 +320,7 @@ def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,
             f"failed: {summary}, max logprob drift {drift_max:.2g}", evidence=evidence[:_MAX_EVIDENCE],
             judgeable=False, **stats)
     if aware:
-        summary += (f"; at {sure_n} confident positions top-1 agreement {_pct(sure_top1)}, logprob drift mean "
+        summary += (f"; at {sure_n} confident positions top-1 agreement {number(sure_top1, '.1%')}, logprob drift mean "
                     f"{sure_mean:.2g} max {sure_max:.2g}")
     else:
         summary += f", max logprob drift {drift_max:.2g}"
@@ -340,7 +342,3 @@ def with_conformance(replay: CorrectnessVerdict, conformance: ConformanceVerdict
         return dataclasses.replace(joined, outcome=Outcome.PASS, reason=f"{conformance.reason}. Replay: nothing "
                                    f"failed, but the model is too flat to judge by its answers ({replay.reason})")
     return joined
-
-
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.1%}"

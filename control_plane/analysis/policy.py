@@ -87,7 +87,7 @@ class MetricCheck:
     def name(self) -> str:
         if self.metric == ERROR_RATE:
             return ERROR_RATE
-        return f"{self.metric}:p{_pct(self.quantile)}"
+        return f"{self.metric}:p{_quantile_suffix(self.quantile)}"
 
     @property
     def limit(self) -> float:
@@ -287,5 +287,6 @@ def _within(name: str, v: float) -> bool:
     return lo <= v <= hi
 
 
-def _pct(q: float) -> str:
+def _quantile_suffix(q: float) -> str:
+    """0.999 -> '99_9': the quantile as a check's name writes it (no dots in names)."""
     return f"{q * 100:g}".replace(".", "_")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Mapping
 
+from sits.control_plane.numbers import ABS, REL, delta, interval, limit, percent, points, rate
+
 from .deltas import Delta, compute_deltas
 from .histogram import HistogramSnapshot
 from .low_traffic import live_requests_needed
@@ -99,13 +101,13 @@ class TestResult:
     eta_s: float | None = None    # about how long until a boundary is crossed, at the current mean and spread
 
     def to_dict(self) -> dict:
-        def clean(v):
+        def finite_or_none(v):
             return None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v
 
-        d = {k: clean(getattr(self, k)) for k in self.__slots__}
+        d = {k: finite_or_none(getattr(self, k)) for k in self.__slots__}
         d["outcome"] = self.outcome.value
         if self.vs_production is not None:
-            d["vs_production"] = [clean(x) for x in self.vs_production]
+            d["vs_production"] = [finite_or_none(x) for x in self.vs_production]
         if self.method == "fixed":   # evidence stored before sequential statistics has none of these
             for k in ("ship", "alpha", "windows", "block", "lag1", "window_s", "eta_s"):
                 d.pop(k)
@@ -201,11 +203,11 @@ def _latency(check: MetricCheck, series: str, c: VariantData, t: VariantData, pr
     outcome, more = _decide(fail_est, pass_est, bound, min(n_c, n_t))
     rel, lo, hi = math.expm1(fail_est.d), math.expm1(fail_est.lower), math.expm1(pass_est.upper)
     if outcome is Outcome.FAIL:
-        reason = f"p{q * 100:g} {rel:+.1%} (lower bound {lo:+.1%}) > +{thr:.0%}"
+        reason = f"p{q * 100:g} {percent(rel)} (lower bound {percent(lo)}) > {limit(REL, thr)}"
     elif outcome is Outcome.PASS:
-        reason = f"p{q * 100:g} {rel:+.1%} (upper bound {hi:+.1%}) <= +{thr:.0%}"
+        reason = f"p{q * 100:g} {percent(rel)} (upper bound {percent(hi)}) <= {limit(REL, thr)}"
     else:
-        reason = f"p{q * 100:g} {rel:+.1%}, bounds [{lo:+.1%}, {hi:+.1%}] straddle +{thr:.0%}"
+        reason = f"p{q * 100:g} {percent(rel)}, bounds {interval(REL, lo, hi)} straddle {limit(REL, thr)}"
     return TestResult(**base, **vals, delta_rel=rel, ci_low=lo, ci_high=hi, outcome=outcome, reason=reason,
                       need_more=more)
 
@@ -226,19 +228,19 @@ def _error_rate(check: MetricCheck, c: VariantData, t: VariantData, prod: Varian
         vs_prod = (rc - prod.errors / prod.requests, math.nan)
     outcome, more = _decide(fail_est, pass_est, thr, n)
     lo, hi = fail_est.lower, pass_est.upper
-    head = f"error rate {rc:.2%} vs {rt:.2%}"
+    head = f"error rate {rate(rc)} vs {rate(rt)}"
     if outcome is Outcome.FAIL:
-        reason = f"{head}: {fail_est.d * 100:+.2f} pt (lower {lo * 100:+.2f}) > +{thr * 100:g} pt"
+        reason = f"{head}: {points(fail_est.d)} (lower {points(lo)}) > {limit(ABS, thr)}"
     elif outcome is Outcome.PASS:
-        reason = f"{head}: upper bound {hi * 100:+.2f} pt <= +{thr * 100:g} pt"
+        reason = f"{head}: upper bound {points(hi)} <= {limit(ABS, thr)}"
     else:
-        reason = f"{head}: [{lo * 100:+.2f}, {hi * 100:+.2f}] pt straddles +{thr * 100:g} pt"
+        reason = f"{head}: {interval(ABS, lo, hi)} straddles {limit(ABS, thr)}"
     return TestResult(**base, canary=rc, target=rt, delta_abs=fail_est.d, ci_low=lo, ci_high=hi, outcome=outcome,
                       reason=reason, need_more=more, vs_production=vs_prod)
 
 
 def _fmt(check: MetricCheck, v: float) -> str:
-    return f"{v * 100:+.2f} pt" if check.metric == ERROR_RATE else f"{v:+.1%}"
+    return delta(ABS if check.metric == ERROR_RATE else REL, v)
 
 
 def _sequential(check: MetricCheck, series: str, c: VariantData, t: VariantData, prod: VariantData | None,
@@ -358,8 +360,8 @@ def assess(variants: Mapping[str, VariantData], policy: Policy, sequence: Sequen
         if _has_nan(c) or (t is not None and _has_nan(t)):
             return verdict(Outcome.FAIL, "NaN in the canary's or target's metrics", guard=Guard.NAN)
         if c.requests >= policy.min_error_samples and c.errors / c.requests > policy.max_error_rate:
-            return verdict(Outcome.FAIL, f"canary error rate {c.errors / c.requests:.2%} above the limit "
-                           f"{policy.max_error_rate:.2%}", guard=Guard.ERROR_RATE)
+            return verdict(Outcome.FAIL, f"canary error rate {rate(c.errors / c.requests)} above the limit "
+                           f"{rate(policy.max_error_rate)}", guard=Guard.ERROR_RATE)
     if c is None or t is None:
         missing = "canary" if c is None else target_role
         return verdict(Outcome.INCONCLUSIVE, f"no data from {missing}")

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any, Callable
@@ -13,6 +12,8 @@ from typing import Any, Callable
 import httpx
 
 from sits.control_plane.service import format as fmt
+from sits.control_plane import numbers
+from sits.control_plane.view import Headline, decode_check
 from sits.control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 
 
@@ -81,12 +82,6 @@ class ApiClient:
 
 
 # ---- progress of a rollout until it ends (store or API) -------------------------------------------------------------
-def _pct(x, kind: str = "rel") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x * 100:+.2f} pt" if kind == "abs" else f"{x * 100:+.1f} %"
-
-
 def progress_line(r: dict) -> str:
     """'progressing · step 2/5 at 10 % · check 4: pass -> advance · p99 request latency +3.1 % [-2.0 %, +8.0 %] <=
     +10.0 %'"""
@@ -94,24 +89,21 @@ def progress_line(r: dict) -> str:
     step = (f"step {r['step'] + 1}/{len(steps)} at {r['weight']} %" if r.get("step", -1) >= 0
             else "before the first step")
     line = f"{r['phase']} · {step}"
-    c = r.get("last_check")
-    if c:
-        line += f" · check {c['seq']}: {c['outcome']} -> {c['decision']}"
-        if c.get("delta") is not None:
-            kind = c.get("kind", "rel")
-            lo, hi = (c.get("ci") or [None, None])[:2]
-            thr = c.get("threshold")
-            line += f" · {c['label']} {_pct(c['delta'], kind)} [{_pct(lo, kind)}, {_pct(hi, kind)}]"
-            if c.get("method") == "sequential":   # the confidence sequence between its two boundaries
-                line += (f" ship {_pct(c.get('ship'), kind)} / limit {_pct(thr, kind)} · {c.get('windows') or 0} "
-                         "windows")
-                if c["outcome"] == "inconclusive" and c.get("eta_s") is not None:
-                    line += f" · decides in ~{c['eta_s']:.0f} s"
-            elif thr is not None:
-                line += f" <= {_pct(thr, kind)}"
-        if c.get("need_more") and c["outcome"] == "inconclusive" and c.get("method") != "sequential":
-            n = c["need_more"]
-            line += f" (needs about {n} more request{'' if n == 1 else 's'})"
+    if not r.get("last_check"):
+        return line
+    c = Headline.from_dict(r["last_check"])
+    line += f" · check {c.seq}: {c.outcome} -> {c.decision}"
+    if c.delta is not None:
+        line += f" · {c.label} {numbers.delta(c.kind, c.delta)} {numbers.interval(c.kind, c.ci_low, c.ci_high)}"
+        if c.sequential:   # the confidence sequence between its two boundaries
+            line += (f" ship {numbers.delta(c.kind, c.ship)} / limit {numbers.delta(c.kind, c.threshold)} · "
+                     f"{numbers.plural(c.windows or 0, 'window')}")
+            if c.outcome == "inconclusive" and c.eta_s is not None:
+                line += f" · decides in {numbers.eta(c.eta_s)}"
+        elif c.threshold is not None:
+            line += f" <= {numbers.delta(c.kind, c.threshold)}"
+    if c.need_more and c.outcome == "inconclusive" and not c.sequential:
+        line += f" (needs about {c.need_more} more request{'' if c.need_more == 1 else 's'})"
     return line
 
 
@@ -174,7 +166,7 @@ def remote_show(a) -> int:
             print(f"  {fmt.when(e['at'])}  [{e['phase']}] {e['message']}" + (f"  ({e['actor']})" if e["actor"] else ""))
     print("checks:")
     for ev in checks:
-        for line in fmt.format_check(ev, r["steps"]):
+        for line in fmt.format_check(decode_check(ev), r["steps"]):
             print("  " + line)
     return 0
 

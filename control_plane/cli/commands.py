@@ -17,6 +17,7 @@ from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.analysis import Policy, PolicyError
 from sits.control_plane.analysis.calibration import calibrate
+from sits.control_plane import numbers
 from sits.control_plane.cli import client
 from sits.control_plane.cli.build import CLIError, build_worker, open_store, prometheus_config, start_crd_watcher
 from sits.control_plane.demo.profiles import PROFILES
@@ -26,8 +27,10 @@ from sits.control_plane.service import format as fmt
 from sits.control_plane.service import rollouts as service
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
 from sits.control_plane.store.backup import backup
-from sits.control_plane.store.codec import clean, rollout_to_dict
+from sits.control_plane.store.codec import nonfinite_to_strings, rollout_to_dict
 from sits.control_plane.store.db import Store
+from sits.control_plane.view import decode_check, headline_of
+from sits.control_plane.view.names import series_label
 from sits.control_plane.web import present
 from sits.control_plane.web.serve import ServeError, serve
 from sits.control_plane.worker.lifecycle import shutdown
@@ -141,7 +144,7 @@ def cmd_rollout_retry(a) -> int:
 def _summary(store: Store, rollout_id: str) -> dict:
     """What `--wait` follows, read from the store: the API's rollout summary."""
     r = store.get(rollout_id)
-    last = present.headline(store.check(r.id, r.checks)) if r.checks else None
+    last = headline_of(decode_check(store.check(r.id, r.checks))) if r.checks else None
     return present.rollout_summary(r, last, service.allowed_commands(r))
 
 
@@ -159,7 +162,7 @@ def cmd_rollout_calibrate(a) -> int:
         r = store.get(a.id)
     rows = calibrate(r.sequence, r.policy, aa=r.canary_kernels == r.production_kernels)
     if a.json:
-        print(json.dumps([clean(dataclasses.asdict(c)) for c in rows], indent=1))
+        print(json.dumps([nonfinite_to_strings(dataclasses.asdict(c)) for c in rows], indent=1))
         return 0
     if not rows:
         print(f"rollout {r.id}: no windows of identical engines (canary {r.canary_kernels} against production "
@@ -169,14 +172,14 @@ def cmd_rollout_calibrate(a) -> int:
     print(f"rollout {r.id} ({r.service}): replica offset, {r.policy.alpha:g} alpha over "
           f"{len(r.policy.checks)} checks")
     for c in rows:
-        f = fmt.points if c.check == "error_rate" else fmt.pct
+        kind = numbers.ABS if c.check == "error_rate" else numbers.REL
         ship = "more windows needed" if c.suggested_ship is None else (
             f"ship_{'abs' if c.check == 'error_rate' else 'rel'}_delta {c.suggested_ship:g}"
             + ("" if c.suggested_ship < c.limit else f" (NOT below the limit {c.limit:g}: more windows narrow the "
                                                       "bounds; else raise the limit or reduce the noise)"))
-        bounds = "" if c.suggested_ship is None else f" [{f(c.ci_low)}, {f(c.ci_high)}]"
-        print(f"  {fmt.series_label(c.check, c.series)} [{c.source}]: {f(c.delta)}{bounds} over {c.windows} "
-              f"windows -> {ship}")
+        bounds = "" if c.suggested_ship is None else " " + numbers.interval(kind, c.ci_low, c.ci_high)
+        print(f"  {series_label(c.check, c.series)} [{c.source}]: {numbers.delta(kind, c.delta)}{bounds} over "
+              f"{c.windows} windows -> {ship}")
     return 0
 
 

@@ -7,13 +7,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from sits.control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, MetricCheck, Policy
+from sits.control_plane.analysis import ITL, MetricCheck, Policy
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.rollout import Command, Decision, EventKind, Phase
 from sits.control_plane.service.format import format_check
 from sits.control_plane.store.db import Store
+from sits.control_plane.view import CheckView, ResultView, VariantView, decode_check
+from sits.control_plane.view.names import terse_label
+from sits.control_plane.numbers import ABS, REL, count, limit, percent, plural
 
 if TYPE_CHECKING:
     from sits.control_plane.demo.runner import DemoResult
@@ -30,54 +33,47 @@ def printer(t0: float) -> Callable[[str], None]:
 
 def gate(c: MetricCheck) -> str:
     if c.max_rel_delta is not None:
-        return f"{c.name} <= +{c.max_rel_delta * 100:g} %"
-    return f"{c.name} <= +{c.max_abs_delta * 100:g} pt"
+        return f"{c.name} <= {limit(REL, c.max_rel_delta)}"
+    return f"{c.name} <= {limit(ABS, c.max_abs_delta)}"
 
 
-# how a check line names a latency metric: request latency needs no name (P99, P90), the others a short one
-_SHORT = {REQUEST_LATENCY: "", ITL: "ITL", TTFT: "TTFT"}
+def _pick(results: Sequence[ResultView], check: str) -> ResultView:
+    """The series a check's line shows: /v1/completions when the check has it, else its first."""
+    rows = [r for r in results if r.check == check]
+    return next((r for r in rows if '"/v1/completions"' in r.series), rows[0])
 
 
-def _pick(results: list[dict], check: str) -> dict | None:
-    rows = [r for r in results if r["check"] == check]
-    return next((r for r in rows if '"/v1/completions"' in r.get("series", "")), rows[0] if rows else None)
+def _effect(r: ResultView) -> str:
+    """"+195.1 % [+167.7, +203.8]": the delta and its interval, the interval without units."""
+    return f"{percent(r.delta_rel)} [{percent(r.ci_low, unit=False)}, {percent(r.ci_high, unit=False)}]"
 
 
-def _pct(x) -> str:
-    return "-" if x is None or isinstance(x, str) else f"{x * 100:+.1f}"
-
-
-def check_line(ev: dict, steps: int) -> str:
+def check_line(view: CheckView, steps: int) -> str:
     """One check in one line: step, weight, each latency gate's delta with its interval (request latency's P99 and
     P90 unnamed, others named: ITL P99), verdict and decision."""
-    v = ev["verdict"]
-    head = f"check {ev['seq']:>2} · step {ev['step'] + 1}/{steps} at {ev['weight']:>3} %"
-    if v.get("correctness") is not None:
-        cf = v["correctness"].get("conformance")
-        ops = f" (ops {cf['outcome'].upper()}{': ' + ', '.join(cf['judged_ops']) if cf.get('judged_ops') else ''})" \
-            if cf else ""
-        return f"{head} · correctness gate: {v['correctness']['outcome'].upper()}{ops} -> {ev['decision']}"
+    head = f"check {view.seq:>2} · step {view.step + 1}/{steps} at {view.weight:>3} %"
+    cv = view.correctness
+    if cv is not None:
+        cf = cv.conformance
+        ops = f" (ops {cf.outcome.upper()}{': ' + ', '.join(cf.judged_ops) if cf.judged_ops else ''})" if cf else ""
+        return f"{head} · correctness gate: {cv.outcome.upper()}{ops} -> {view.decision}"
     parts = []
-    for check in dict.fromkeys(r["check"] for r in v["results"] if ":p" in r["check"]):   # latency gates, in order
-        r = _pick(v["results"], check)
-        metric, q = check.rsplit(":", 1)
-        label = f"{_SHORT.get(metric, metric)} {q.upper()}".lstrip()
-        if r.get("method") == "sequential":   # the confidence sequence between its two boundaries
-            if r.get("ci_low") is None:
-                parts.append(f"{label} not yet ({r.get('windows') or 0} windows)")
+    for check in dict.fromkeys(r.check for r in view.results if ":p" in r.check):   # latency gates, in order
+        r = _pick(view.results, check)
+        label = terse_label(check)
+        if r.sequential:   # the confidence sequence between its two boundaries
+            if r.ci_low is None:
+                parts.append(f"{label} not yet ({plural(r.windows, 'window')})")
             else:
-                parts.append(f"{label} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]"
-                             f" (ship +{r['ship'] * 100:g} % / limit +{r['threshold'] * 100:g} %, "
-                             f"{r.get('windows')} windows)")
-        elif not isinstance(r.get("delta_rel"), (int, float)):
-            parts.append(f"{label} not yet (too few {'tokens' if metric == ITL else 'requests'})")
+                parts.append(f"{label} {_effect(r)} (ship {limit(REL, r.ship)} / limit {limit(REL, r.threshold)}, "
+                             f"{plural(r.windows, 'window')})")
+        elif r.delta_rel is None:
+            parts.append(f"{label} not yet (too few {'tokens' if r.metric == ITL else 'requests'})")
         else:
-            parts.append(f"{label} {_pct(r.get('delta_rel'))} % [{_pct(r.get('ci_low'))}, "
-                         f"{_pct(r.get('ci_high'))}] (<= +{r['threshold'] * 100:g} %)")
-    c = ev.get("variants", {}).get("canary", {})
-    n, rep = c.get("requests", 0), c.get("replayed", 0)
-    return (f"{head} · {' · '.join(parts)} · {n:.0f} canary req ({rep:.0f} replayed) · {v['outcome'].upper()} -> "
-            f"{ev['decision']}")
+            parts.append(f"{label} {_effect(r)} (<= {limit(REL, r.threshold)})")
+    c = view.variants.get("canary") or VariantView(0.0)
+    return (f"{head} · {' · '.join(parts)} · {count(c.requests or 0)} canary req ({count(c.replayed)} replayed) · "
+            f"{view.outcome.upper()} -> {view.decision}")
 
 
 def follow(store: Store, rollout_id: str, load: LoadGenerator, policy: Policy, timeout_s: float, out) -> str:
@@ -92,11 +88,11 @@ def follow(store: Store, rollout_id: str, load: LoadGenerator, policy: Policy, t
             seen_event = e["id"]
             if e["kind"] in (EventKind.PHASE, EventKind.COMMAND):
                 out(f"      {e['message']}")
-        for ev in store.checks(rollout_id, since_seq=seen_check):
-            seen_check = ev["seq"]
-            out("      " + check_line(ev, steps))
-            if ev["decision"] in (Decision.ROLLBACK, Decision.PROMOTE):
-                for line in format_check(ev, policy.steps)[1:]:
+        for view in (decode_check(ev) for ev in store.checks(rollout_id, since_seq=seen_check)):
+            seen_check = view.seq
+            out("      " + check_line(view, steps))
+            if view.decision in (Decision.ROLLBACK, Decision.PROMOTE):
+                for line in format_check(view, policy.steps)[1:]:
                     out("        " + line)
         if not r.active and not store.pending_actions(rollout_id):
             return r.phase.value

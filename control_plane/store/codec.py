@@ -14,21 +14,22 @@ from sits.control_plane.analysis.sequential import SequenceState
 from sits.control_plane.rollout import Check, Phase, Rollout
 
 
-def clean(x: Any) -> Any:
-    """JSON-safe: non-finite floats become Prometheus' strings ("NaN", "+Inf", "-Inf"); enums their values."""
+def nonfinite_to_strings(x: Any) -> Any:
+    """JSON-safe for the store: non-finite floats become Prometheus' strings ("NaN", "+Inf", "-Inf"); enums their
+    values (web/common.py `nonfinite_to_null` is the API's direction: None)."""
     t = type(x)   # exact types first: evidence is ~10^4 plain numbers per check, and ABC isinstance() is slow
     if t is float:
         return x if x - x == 0 else ("NaN" if x != x else ("+Inf" if x > 0 else "-Inf"))
     if t is int or t is str or t is bool or x is None:
         return x
     if t is list or t is tuple:
-        return [clean(v) for v in x]
+        return [nonfinite_to_strings(v) for v in x]
     if t is dict or isinstance(x, Mapping):
-        return {str(k): clean(v) for k, v in x.items()}
+        return {str(k): nonfinite_to_strings(v) for k, v in x.items()}
     if isinstance(x, float):
-        return clean(float(x))
+        return nonfinite_to_strings(float(x))
     if isinstance(x, (list, tuple)):
-        return [clean(v) for v in x]
+        return [nonfinite_to_strings(v) for v in x]
     return x
 
 
@@ -37,7 +38,7 @@ def _f(x: Any) -> float | None:
 
 
 def variant_to_dict(v: VariantData, memo: dict[int, dict] | None = None) -> dict:
-    """JSON-safe as it is (HistogramSnapshot.to_dict already is: no clean() pass over ~10^3 numbers per variant).
+    """JSON-safe as it is (HistogramSnapshot.to_dict already is: no nonfinite_to_strings() pass over ~10^3 numbers per variant).
     `memo`: id(snapshot) -> its dict, shared by the encodings of one save (a check's evidence and the step's data
     hold the same snapshots); the caller keeps the snapshots alive while it is used."""
     if memo is None:
@@ -49,10 +50,10 @@ def variant_to_dict(v: VariantData, memo: dict[int, dict] | None = None) -> dict
             if d is None:
                 d = memo[id(h)] = h.to_dict()
             hists[str(k)] = d
-    d = {"histograms": hists, "requests": clean(v.requests), "errors": clean(v.errors), "ready": clean(v.ready),
-         "crashing": clean(v.crashing)}
+    d = {"histograms": hists, "requests": nonfinite_to_strings(v.requests), "errors": nonfinite_to_strings(v.errors), "ready": nonfinite_to_strings(v.ready),
+         "crashing": nonfinite_to_strings(v.crashing)}
     if v.replayed or v.streamed:   # low-traffic mode's counts; absent (0) in data stored before it
-        d.update(replayed=clean(v.replayed), streamed=clean(v.streamed))
+        d.update(replayed=nonfinite_to_strings(v.replayed), streamed=nonfinite_to_strings(v.streamed))
     return d
 
 
@@ -78,16 +79,16 @@ _STATE_FIELDS = ("reason", "created_at", "phase_since", "started_at", "paused_to
 
 
 _CACHE_SIZE = 256
-_POLICY_DICTS: dict[int, tuple[Policy, dict]] = {}   # id(policy) -> (policy, its clean dict); the policy kept alive
+_POLICY_DICTS: dict[int, tuple[Policy, dict]] = {}   # id(policy) -> (policy, its encoded dict); the policy kept alive
 _POLICIES: dict[str, Policy] = {}                    # repr(policy dict) -> Policy
 
 
 def _policy_dict(p: Policy) -> dict:
-    """clean(p.to_dict()), shared: only for encoders whose result goes straight to json.dumps (never mutated)."""
+    """nonfinite_to_strings(p.to_dict()), shared: only for encoders whose result goes straight to json.dumps (never mutated)."""
     hit = _POLICY_DICTS.get(id(p))
     if hit is not None and hit[0] is p:
         return hit[1]
-    d = clean(p.to_dict())
+    d = nonfinite_to_strings(p.to_dict())
     if len(_POLICY_DICTS) >= _CACHE_SIZE:
         _POLICY_DICTS.clear()
     _POLICY_DICTS[id(p)] = (p, d)
@@ -111,22 +112,22 @@ def _policy(d: Mapping) -> Policy:
 def state_to_dict(r: Rollout) -> dict:
     """The rollout without its step data (stored in a row of its own, see data_to_dict). For json.dumps only: the
     policy's dict inside is shared with other encodings of the same policy."""
-    d = clean({"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
+    d = nonfinite_to_strings({"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
                "production_kernels": r.production_kernels, "policy": None, "phase": r.phase.value,
                "paused_from": r.paused_from.value if r.paused_from else None, "queries": dict(r.queries),
                **{k: getattr(r, k) for k in _STATE_FIELDS}})
     d["policy"] = _policy_dict(r.policy)
     if r.sequence.windows or r.sequence.pending:
-        d["sequence"] = clean(r.sequence.to_dict())
+        d["sequence"] = nonfinite_to_strings(r.sequence.to_dict())
     return d
 
 
 def rollout_to_dict(r: Rollout) -> dict:
     d = {"id": r.id, "service": r.service, "canary_kernels": r.canary_kernels,
-         "production_kernels": r.production_kernels, "policy": clean(r.policy.to_dict()), "phase": r.phase.value,
-         "paused_from": r.paused_from.value if r.paused_from else None, "queries": clean(dict(r.queries)),
-         "data": data_to_dict(r.data), "sequence": clean(r.sequence.to_dict())}
-    d.update(clean({k: getattr(r, k) for k in _STATE_FIELDS}))
+         "production_kernels": r.production_kernels, "policy": nonfinite_to_strings(r.policy.to_dict()), "phase": r.phase.value,
+         "paused_from": r.paused_from.value if r.paused_from else None, "queries": nonfinite_to_strings(dict(r.queries)),
+         "data": data_to_dict(r.data), "sequence": nonfinite_to_strings(r.sequence.to_dict())}
+    d.update(nonfinite_to_strings({k: getattr(r, k) for k in _STATE_FIELDS}))
     return d
 
 
@@ -150,7 +151,7 @@ def rollout_from_dict(d: Mapping, version: int = 0, data: Mapping[str, VariantDa
 def check_to_dict(rollout_id: str, c: Check, memo: dict[int, dict] | None = None) -> dict:
     """The evidence of one check: raw bucket counts per variant, the queries, estimates, bounds, verdict, decision.
     `memo`: as in variant_to_dict."""
-    d = clean({"rollout_id": rollout_id, "seq": c.seq, "at": c.at, "step": c.step, "weight": c.weight,
+    d = nonfinite_to_strings({"rollout_id": rollout_id, "seq": c.seq, "at": c.at, "step": c.step, "weight": c.weight,
                "window_start": c.window_start, "window_end": c.window_end, "source": c.source,
                "queries": dict(c.queries), "decision": c.decision.value, "verdict": c.verdict.to_dict()})
     d["variants"] = data_to_dict(c.data, memo)

@@ -28,8 +28,8 @@ from sits.control_plane.analysis import VariantData
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import ROLES, Action, Rollout
 from sits.control_plane.adapters.spec import DeploySpec
-from sits.control_plane.store.codec import (check_to_dict, clean, data_from_dict, data_to_dict, rollout_from_dict,
-                                       state_to_dict)
+from sits.control_plane.store.codec import (check_to_dict, data_from_dict, data_to_dict, nonfinite_to_strings,
+                                       rollout_from_dict, state_to_dict)
 from sits.control_plane.store.database import Database
 from sits.control_plane.store.queues import (Commands, Deliveries, Engines, Leases, RolloutNotFoundError,
                                              Services, StoreConflictError)
@@ -219,7 +219,7 @@ class Store:
         now = time.time()
         for a in actions:
             db.execute("INSERT INTO actions (rollout_id, version, kind, body, created_at) VALUES (?, ?, ?, ?, ?)",
-                       (r.id, version, a.kind, json.dumps(clean(a.to_dict())), now))
+                       (r.id, version, a.kind, json.dumps(nonfinite_to_strings(a.to_dict())), now))
 
     # ---- records ----------------------------------------------------------------------------------------------
     def checks(self, rollout_id: str, *, since_seq: int = 0, limit: int = 1000) -> list[dict]:

@@ -33,6 +33,7 @@ from sits.control_plane.errors import ConflictError, NotFoundError, ValidationEr
 from sits.control_plane.rollout import ROLES, Phase
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.schema import StoreDamagedError, StoreWriteError
+from sits.control_plane.view.names import SHORT_NAMES
 from sits.control_plane.web import api, auth, judge, ops, ui
 from sits.control_plane.web.common import error_response, wants_json
 from sits.control_plane.web.present import HeadlineCache
@@ -42,8 +43,9 @@ from sits.control_plane.web.users import LoginLimiter, SessionRevocations, Users
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
-# what the pages' scripts compare against (common.js: SITS.ROLES, SITS.PHASE.PAUSED), from the one definition
-VOCABULARY = {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}}
+# what the pages' scripts compare against (common.js: SITS.ROLES, SITS.PHASE.PAUSED) and the metric names they write
+# in words (SITS.human), from the one definition
+VOCABULARY = {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}, "metrics": SHORT_NAMES}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -13,7 +13,7 @@ from sits.control_plane.errors import ValidationError
 from sits.control_plane.rollout import Command, Phase
 from sits.control_plane.web import catalog, present, validate
 from sits.control_plane.web.auth import current_user, require
-from sits.control_plane.web.common import API_PREFIX, clean, error_response, int_arg, json_body
+from sits.control_plane.web.common import API_PREFIX, error_response, int_arg, json_body, nonfinite_to_null
 from sits.control_plane.web.distribution import distributions
 from sits.control_plane.web.openapi import openapi_spec
 from sits.control_plane.web.series import series_of
@@ -134,20 +134,20 @@ def rollout_checks(rollout_id: str):
                                                                                     limit=limit)]
     else:
         checks = store().checks(rollout_id, since_seq=since, limit=limit)
-    return jsonify({"checks": clean(checks)})
+    return jsonify({"checks": nonfinite_to_null(checks)})
 
 
 @bp.get("/rollouts/<rollout_id>/checks/<int:seq>")
 @require("viewer")
 def rollout_check(rollout_id: str, seq: int):
-    return jsonify(clean(store().check(rollout_id, seq)))
+    return jsonify(nonfinite_to_null(store().check(rollout_id, seq)))
 
 
 @bp.get("/rollouts/<rollout_id>/checks/<int:seq>/distribution")
 @require("viewer")
 def rollout_check_distribution(rollout_id: str, seq: int):
     """The check's latency histograms, canary against its comparison target (web/distribution.py)."""
-    return jsonify(clean(distributions(store().check(rollout_id, seq))))
+    return jsonify(nonfinite_to_null(distributions(store().check(rollout_id, seq))))
 
 
 @bp.get("/rollouts/<rollout_id>/events")

@@ -1,5 +1,5 @@
-"""What every blueprint shares: the one error response, the one JSON body parser, query-parameter parsing, JSON
-number cleaning."""
+"""What every blueprint shares: the one error response, the one JSON body parser, query-parameter parsing, numbers
+made JSON-safe for the wire (`num`, `nonfinite_to_null`)."""
 from __future__ import annotations
 
 import ipaddress
@@ -136,13 +136,14 @@ def num(x: Any, digits: int = 4) -> Any:
     return x
 
 
-def clean(x: Any) -> Any:
-    """JSON-safe deep copy: NaN/inf floats (and the store's "NaN"/"+Inf" strings where a number belongs) stay as the
-    store wrote them, real floats are left exact. Only non-finite Python floats are replaced (by None)."""
+def nonfinite_to_null(x: Any) -> Any:
+    """JSON-safe deep copy for the API: non-finite Python floats become None (JSON has neither NaN nor inf); real
+    floats stay exact and the store's "NaN"/"+Inf" strings stay as it wrote them (store/codec.py
+    `nonfinite_to_strings` is the store's direction)."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, Mapping):
-        return {str(k): clean(v) for k, v in x.items()}
+        return {str(k): nonfinite_to_null(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [clean(v) for v in x]
+        return [nonfinite_to_null(v) for v in x]
     return x

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from sits.control_plane.web.present import SHORT, metric_of
+from sits.control_plane.view.names import metric_of, short_name
 
 MAX_BINS = 48
 
@@ -42,7 +42,7 @@ def distributions(ev: Mapping, max_bins: int = MAX_BINS) -> dict:
                      bins[i][2] + (bins[i + 1][2] if i + 1 < len(bins) else 0.0),
                      bins[i][3] + (bins[i + 1][3] if i + 1 < len(bins) else 0.0)) for i in range(0, len(bins), 2)]
         metric = metric_of(series)
-        out.append({"series": series, "metric": metric, "label": SHORT.get(metric, metric),
+        out.append({"series": series, "metric": metric, "label": short_name(metric),
                     "lower": [b[0] for b in bins], "upper": [None if math.isinf(b[1]) else b[1] for b in bins],
                     "canary": [b[2] / nc for b in bins], "target": [b[3] / nt for b in bins],
                     "n_canary": nc, "n_target": nt, "quantiles": quantiles.get(series, {})})

@@ -22,7 +22,7 @@ from sits.control_plane.errors import ValidationError
 from sits.control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request
 from sits.control_plane.redact import redact
 from sits.control_plane.web.auth import require, use_token, users
-from sits.control_plane.web.common import API_PREFIX, clean, error_response, json_body
+from sits.control_plane.web.common import API_PREFIX, error_response, json_body, nonfinite_to_null
 from sits.wire.tracing import Tracing, set_attributes
 
 bp = Blueprint("judge", __name__, url_prefix=API_PREFIX)
@@ -122,5 +122,5 @@ def _answer(j: Judgement):
     out.update({"pass": v.outcome is Outcome.PASS, "fail": v.outcome is Outcome.FAIL,
                 "inconclusive": v.outcome is Outcome.INCONCLUSIVE,
                 "variants": {role: {"requests": d.requests, "errors": d.errors} for role, d in w.variants.items()},
-                "queries": dict(w.queries), "evidence": clean(v.to_dict())})
+                "queries": dict(w.queries), "evidence": nonfinite_to_null(v.to_dict())})
     return jsonify(out), 200

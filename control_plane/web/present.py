@@ -5,71 +5,22 @@ import threading
 from collections import OrderedDict
 from typing import Mapping
 
-from sits.control_plane.analysis import ERROR_RATE
 from sits.control_plane.rollout import CORRECTNESS_PREFIX, ROLES, Phase, Rollout, weights_for
-from sits.control_plane.web.common import clean
-from sits.wire.metrics import E2E, ITL, REQUEST_LATENCY, TTFT
-
-SHORT = {REQUEST_LATENCY: "request latency", TTFT: "TTFT", ITL: "inter-token latency", E2E: "e2e latency",
-         ERROR_RATE: "error rate"}
-
-
-def metric_of(series: str) -> str:
-    return series.split("{", 1)[0]
-
-
-def check_label(name: str) -> str:
-    """'http_request_duration_seconds:p99' -> 'p99 request latency'."""
-    metric, _, q = name.partition(":p")
-    short = SHORT.get(metric, metric)
-    return f"p{q.replace('_', '.')} {short}" if q else short
-
-
-def headline(ev: Mapping) -> dict:
-    """The one line a list shows for a check: the deciding (or worst) result's delta, interval and verdict."""
-    v = ev["verdict"]
-    results = v.get("results", [])
-    rank = {"fail": 0, "inconclusive": 1, "pass": 2}
-    has_delta = lambda r: r.get("delta_rel") is not None or r.get("delta_abs") is not None   # noqa: E731
-    best = None
-    if results:
-        # a result with the check's own outcome (the one that made it: a fail, else an inconclusive, else a pass),
-        # one with a delta before one without, then the highest quantile, then the largest delta
-        best = min(results, key=lambda r: (r["outcome"] != v["outcome"], rank.get(r["outcome"], 3), not has_delta(r),
-                                           -_quantile(r["check"]),
-                                           -(r.get("delta_rel") if r.get("delta_rel") is not None else -1e9)))
-    out = {"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"], "outcome": v["outcome"],
-           "decision": ev["decision"], "reason": v["reason"], "guard": v.get("guard"), "need_more": v.get("need_more"),
-           "compare_to": v.get("compare_to"), "source": ev.get("source")}
-    if best is not None:
-        is_rate = best["check"] == ERROR_RATE
-        out.update(check=best["check"], label=check_label(best["check"]), series=best["series"],
-                   kind="abs" if is_rate else "rel",
-                   delta=best["delta_abs"] if is_rate else best["delta_rel"], ci=[best["ci_low"], best["ci_high"]],
-                   threshold=best["threshold"], result=best["outcome"])
-        if best.get("method") == "sequential":   # the windows' mean effect, the sequence, both boundaries
-            out.update(method="sequential", delta=best["delta_rel"], ship=best.get("ship"),
-                       windows=best.get("windows"), eta_s=best.get("eta_s"))
-    return clean(out)
-
-
-def _quantile(name: str) -> float:
-    _, _, q = name.partition(":p")
-    try:
-        return float(q.replace("_", ".")) if q else 0.0
-    except ValueError:
-        return 0.0
-
+from sits.control_plane.view import Headline, decode_check, headline_of
+from sits.control_plane.view.names import check_label
+from sits.control_plane.numbers import ABS, TYPESET, delta
+from sits.control_plane.web.common import nonfinite_to_null
 
 class HeadlineCache:
-    """Checks never change once stored: their headline is computed once per (store, rollout, seq)."""
+    """Checks never change once stored: their headline (view.headline_of) is computed once per (store, rollout,
+    seq)."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._d: OrderedDict[tuple, dict] = OrderedDict()
+        self._d: OrderedDict[tuple, Headline | dict] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
-    def get(self, store, rollout_id: str, seq: int) -> dict | None:
+    def get(self, store, rollout_id: str, seq: int) -> Headline | None:
         if seq <= 0:
             return None
         key = (store.path, rollout_id, seq)
@@ -79,7 +30,7 @@ class HeadlineCache:
                 self._d.move_to_end(key)
                 return hit
         try:
-            h = headline(store.check(rollout_id, seq))
+            h = headline_of(decode_check(store.check(rollout_id, seq)))
         except KeyError:
             return None
         with self._lock:
@@ -89,7 +40,7 @@ class HeadlineCache:
         return h
 
 
-    def ending(self, store, r: Rollout, last: dict | None) -> dict | None:
+    def ending(self, store, r: Rollout, last: Headline | None) -> dict | None:
         """ending() of an ended rollout, computed once (an ended rollout never changes); None while it runs."""
         if r.active:
             return None
@@ -105,7 +56,7 @@ class HeadlineCache:
         return hit
 
 
-def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict]) -> dict:
+def ending(r: Rollout, last: Headline | None, events: list[dict], actions: list[dict]) -> dict:
     """Why an ended rollout ended, as {"kind", "text"}: "deploy" (an action failed for good: its error), "aborted" or
     "promoted_manually" (a person's command: their name), "latency" / "guard" / "correctness" / "inconclusive" (the
     last check decided the rollback: its deciding result), "promoted" (every step passed), else "other" (the
@@ -117,7 +68,7 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
         return {"kind": "failed", "action": a["kind"], "text": f"{a['kind']} failed: {first_line(a['error'])}"}
     manual = [e for e in events if e["kind"] == "phase" and e.get("actor")
               and e["phase"] in (Phase.ROLLING_BACK.value, Phase.ROLLED_BACK.value, Phase.PROMOTING.value)]
-    decided = last is not None and last.get("decision") == "rollback"
+    decided = last is not None and last.decision == "rollback"
     if failed and not decided:
         a = failed[0]
         what = {"deploy": f"deploy of the {a['body'].get('role', '?')} ({a['body'].get('kernels', '?')})"}.get(
@@ -130,20 +81,19 @@ def ending(r: Rollout, last: dict | None, events: list[dict], actions: list[dict
         return {"kind": "aborted", "text": f"aborted by {e['actor']}"}
     if decided:
         # the list puts the kind in words before the text ("correctness gate failed: ...", "guard: ..."): no repeat
-        if last.get("source") == "correctness":
-            return {"kind": "correctness", "text": last["reason"].removeprefix(CORRECTNESS_PREFIX)}
-        if last.get("guard"):
-            return {"kind": "guard", "text": last["reason"]}
-        if last.get("outcome") == "fail" and last.get("label"):
-            f = _pt if last.get("kind") == "abs" else _pct
-            ci = last.get("ci") or [None, None]
-            bounds = f" [{f(ci[0])}, {f(ci[1])}]" if ci[0] is not None else ""
+        if last.source == "correctness":
+            return {"kind": "correctness", "text": last.reason.removeprefix(CORRECTNESS_PREFIX)}
+        if last.guard:
+            return {"kind": "guard", "text": last.reason}
+        if last.outcome == "fail" and last.label:
+            def f(x):
+                return delta(last.kind, x, TYPESET)
+            bounds = f" [{f(last.ci_low)}, {f(last.ci_high)}]" if last.ci_low is not None else ""
             # sequential: the lower bound crossed the ship boundary (the smaller one), not the limit
-            over = (f"ship {f(last['ship'])}" if last.get("method") == "sequential" and last.get("ship") is not None
-                    else f(last["threshold"]))
-            return {"kind": "latency" if last.get("kind") != "abs" else "error_rate",
-                    "text": f"{last['label']} {f(last.get('delta'))}{bounds} > {over}"}
-        return {"kind": "inconclusive", "text": last["reason"]}
+            over = f"ship {f(last.ship)}" if last.sequential and last.ship is not None else f(last.threshold)
+            return {"kind": "error_rate" if last.kind == ABS else "latency",
+                    "text": f"{last.label} {f(last.delta)}{bounds} > {over}"}
+        return {"kind": "inconclusive", "text": last.reason}
     if r.phase is Phase.SUCCEEDED:
         return {"kind": "promoted", "text": "every step passed"}
     return {"kind": "other", "text": r.reason}
@@ -161,14 +111,6 @@ def first_line(error: str | None, limit: int = 400) -> str:
     return line or "no error recorded"
 
 
-def _pct(x) -> str:
-    return "–" if x is None else f"{x * 100:+.1f} %".replace("-", "−")
-
-
-def _pt(x) -> str:
-    return "–" if x is None else f"{x * 100:+.2f} pt".replace("-", "−")
-
-
 def weights_of(r: Rollout, actions: list[dict] | None = None) -> dict[str, int]:
     """The traffic split as the worker last set it. A FAILED rollout (its promote or rollback failed) left the router
     as it was: the last set_weights action that ran (`actions`, when given), else the step's weight."""
@@ -184,14 +126,15 @@ def weights_of(r: Rollout, actions: list[dict] | None = None) -> dict[str, int]:
     return {"production": 100, "baseline": 0, "canary": 0}
 
 
-def rollout_summary(r: Rollout, last_check: dict | None, allowed: set, ended: dict | None = None,
+def rollout_summary(r: Rollout, last_check: Headline | None, allowed: set, ended: dict | None = None,
                     actions: list[dict] | None = None) -> dict:
-    return clean({
+    """A rollout in the API's list: `last_check` its last check's headline."""
+    return nonfinite_to_null({
         "id": r.id, "service": r.service, "kernels": r.canary_kernels, "production_kernels": r.production_kernels,
         "phase": r.phase.value, "active": r.active, "reason": r.reason, "step": r.step, "steps": list(r.policy.steps),
         "weight": r.weight, "weights": weights_of(r, actions), "created_at": r.created_at, "phase_since": r.phase_since,
         "started_at": r.started_at, "checks": r.checks, "awaiting_promotion": r.awaiting_promotion,
-        "compare_to": r.policy.compare_to, "last_check": last_check, "ended": ended,
+        "compare_to": r.policy.compare_to, "last_check": last_check.to_dict() if last_check else None, "ended": ended,
         "allowed_actions": sorted(c.value for c in allowed), "retry_of": r.retry_of})
 
 
@@ -254,7 +197,7 @@ def check_compact(ev: Mapping) -> dict:
     variants = {role: {"requests": d.get("requests"), "errors": d.get("errors"), "ready": d.get("ready"),
                        "crashing": d.get("crashing"), "replayed": d.get("replayed", 0)}
                 for role, d in ev.get("variants", {}).items()}
-    return clean({"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"],
+    return nonfinite_to_null({"seq": ev["seq"], "at": ev["at"], "step": ev["step"], "weight": ev["weight"],
                   "window_start": ev.get("window_start"), "window_end": ev.get("window_end"),
                   "decision": ev["decision"], "outcome": v["outcome"], "reason": v["reason"], "guard": v.get("guard"),
                   "need_more": v.get("need_more"), "compare_to": v.get("compare_to"), "variants": variants,

@@ -16,7 +16,9 @@ from typing import Iterable, Mapping, Sequence
 from sits.control_plane.analysis import ERROR_RATE, ITL, REQUEST_LATENCY, TTFT, histogram_quantile
 from sits.control_plane.rollout import ROLES
 from sits.control_plane.web.common import num
-from sits.control_plane.web.present import SHORT, check_label
+from sits.control_plane.view import CheckView, ResultView, decode_check, lead
+from sits.control_plane.view.names import check_label, short_name
+from sits.control_plane.numbers import ABS, REL
 
 CHART_METRICS = (REQUEST_LATENCY, TTFT, ITL)
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -64,25 +66,23 @@ def _q_of(check_name: str) -> str:
     return "p" + check_name.partition(":p")[2].replace("_", ".")
 
 
-def _deltas(ev: Mapping, metric: str) -> dict[str, dict]:
+def _deltas(view: CheckView, metric: str) -> dict[str, dict]:
     """Per quantile: the worst series' delta of this metric. Checked quantiles come with their interval, threshold
     and outcome; the others (shown, not decided) are the relative delta against the same target, without bounds."""
-    v = ev["verdict"]
     out: dict[str, dict] = {}
-    for r in v.get("results", []):
-        if metric_matches(r["series"], metric) and r["check"] != ERROR_RATE:
-            q = _q_of(r["check"])
+    for r in view.results:
+        if metric_matches(r.series, metric) and r.kind == REL:
+            q = _q_of(r.check)
             # a checked quantile without a delta (too little data) stays empty: the table shows "–" for it too
-            if q not in out or (r.get("delta_rel") is not None and (out[q]["delta"] is None
-                                                                     or r["delta_rel"] > out[q]["delta"])):
-                out[q] = {"delta": r.get("delta_rel"), "low": r.get("ci_low"), "high": r.get("ci_high"),
-                          "threshold": r["threshold"], "outcome": r["outcome"], "checked": True}
-    target = v.get("compare_to") or "baseline"
-    for d in v.get("deltas", []):
-        if d.get("quantile") is None or not metric_matches(d["series"], metric):
+            if q not in out or (r.delta_rel is not None and (out[q]["delta"] is None
+                                                             or r.delta_rel > out[q]["delta"])):
+                out[q] = {"delta": r.delta_rel, "low": r.ci_low, "high": r.ci_high, "threshold": r.threshold,
+                          "outcome": r.outcome, "checked": True}
+    for d in view.deltas:
+        if d.quantile is None or not metric_matches(d.series, metric):
             continue
-        q = f"p{d['quantile'] * 100:g}"
-        rel = d.get(f"vs_{target}_rel")
+        q = f"p{d.quantile * 100:g}"
+        rel = d.vs_production_rel if view.compare_to == "production" else d.vs_baseline_rel
         if rel is None or (q in out and out[q]["checked"]):
             continue
         if q not in out or out[q]["delta"] is None or rel > out[q]["delta"]:
@@ -90,28 +90,23 @@ def _deltas(ev: Mapping, metric: str) -> dict[str, dict]:
     return out
 
 
-RANK = {"fail": 0, "inconclusive": 1, "pass": 2}
-
-
-def gated(ev: Mapping) -> dict[str, dict]:
-    """Per gated check of this check's verdict (`http_request_duration_seconds:p99`, `error_rate`, ...): its worst
-    result (a failing series first, then the largest delta), with the delta, interval, threshold and outcome the
-    checks table shows for it. Latency deltas are relative, the error rate's absolute (kind "abs")."""
-    best: dict[str, tuple] = {}
-    for r in ev["verdict"].get("results", []):
-        name, is_rate = r["check"], r["check"] == ERROR_RATE
-        seq = r.get("method") == "sequential"
-        # sequential: the windows' mean effect (points for the error rate), the centre of its sequence
-        delta = r.get("delta_abs") if is_rate and not seq else r.get("delta_rel")
-        key = (RANK.get(r["outcome"], 3), -(delta if delta is not None else -1e18))
-        if name not in best or key < best[name][0]:
-            d = {"delta": delta, "low": r.get("ci_low"), "high": r.get("ci_high"), "threshold": r["threshold"],
-                 "outcome": r["outcome"], "series": r["series"]}
-            if seq:   # both boundaries, the windows used and the time to decide
-                d.update(method="sequential", ship=r.get("ship"), windows=r.get("windows"), block=r.get("block"),
-                         eta_s=r.get("eta_s"))
-            best[name] = (key, d)
-    return {name: d for name, (_, d) in best.items()}
+def gated(view: CheckView) -> dict[str, dict]:
+    """Per gated check of this check's verdict (`http_request_duration_seconds:p99`, `error_rate`, ...): its lead
+    result (view.headline.lead: a failing series first), with the delta, interval, threshold and outcome the checks
+    table shows for it. Latency deltas are relative, the error rate's absolute (kind "abs"); under sequential
+    statistics the windows' mean effect (points for the error rate), the centre of its sequence."""
+    by_check: dict[str, list[ResultView]] = {}
+    for r in view.results:
+        by_check.setdefault(r.check, []).append(r)
+    out = {}
+    for name, results in by_check.items():
+        r = lead(results)
+        d = {"delta": r.effect, "low": r.ci_low, "high": r.ci_high, "threshold": r.threshold, "outcome": r.outcome,
+             "series": r.series}
+        if r.sequential:   # both boundaries, the windows used and the time to decide
+            d.update(method="sequential", ship=r.ship, windows=r.windows, block=r.block, eta_s=r.eta_s)
+        out[name] = d
+    return out
 
 
 def metric_matches(series: str, metric: str) -> bool:
@@ -121,11 +116,13 @@ def metric_matches(series: str, metric: str) -> bool:
 def point(ev: Mapping, metrics: Sequence[str] = CHART_METRICS) -> dict:
     """One check's chart values: per metric, P50/P90/P99 of each variant and the deltas per quantile."""
     variants = ev.get("variants", {})
-    out = {"t": ev["at"], "seq": ev["seq"], "weight": ev["weight"], "outcome": ev["verdict"]["outcome"],
-           "decision": ev["decision"], "metrics": {}, "checks": gated(ev)}
+    view = decode_check(ev)
+    # decided_by: the gated checks that made the check's outcome (the charts ring them at the deciding check)
+    out = {"t": view.at, "seq": view.seq, "weight": view.weight, "outcome": view.outcome,
+           "decision": view.decision, "decided_by": sorted(view.deciding), "metrics": {}, "checks": gated(view)}
     for metric in metrics:
         qs = {role: _quantiles(_merged(variants.get(role, {}).get("histograms", {}), metric)) for role in ROLES}
-        deltas = _deltas(ev, metric)
+        deltas = _deltas(view, metric)
         if deltas or any(x is not None for v in qs.values() for x in v):
             out["metrics"][metric] = {"q": qs, "d": deltas}
     return out
@@ -179,7 +176,8 @@ def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHAR
     n = len(pts)
     out = {"compare_to": compare_to, "points": n, "t": [p["t"] for p in pts], "seq": [p["seq"] for p in pts],
            "weight": [p["weight"] for p in pts], "outcome": [p["outcome"] for p in pts],
-           "decision": [p.get("decision") for p in pts], "metrics": {}, "gated": _gated_columns(pts)}
+           "decision": [p.get("decision") for p in pts], "decided_by": [p.get("decided_by", []) for p in pts],
+           "metrics": {}, "gated": _gated_columns(pts)}
     for metric in metrics:
         if not any(metric in p["metrics"] for p in pts):
             continue
@@ -201,7 +199,7 @@ def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHAR
                 for k in ("delta", "low", "high"):
                     col[k][i] = num(d[k])
                 col["outcome"][i] = d["outcome"]
-        out["metrics"][metric] = {"label": SHORT.get(metric, metric), "quantiles": qs,
+        out["metrics"][metric] = {"label": short_name(metric), "quantiles": qs,
                                   "deltas": dict(sorted(deltas.items(), key=lambda kv: -_qf(kv[0])))}
     return out
 
@@ -215,7 +213,7 @@ def _gated_columns(pts: Sequence[dict]) -> dict[str, dict]:
             metric, _, q = name.partition(":p")
             col = out.setdefault(name, {"label": check_label(name), "metric": metric,
                                         "quantile": "p" + q.replace("_", ".") if q else None,
-                                        "kind": "abs" if name == ERROR_RATE else "rel", "threshold": d["threshold"],
+                                        "kind": ABS if name == ERROR_RATE else REL, "threshold": d["threshold"],
                                         "delta": [None] * n, "low": [None] * n, "high": [None] * n,
                                         "outcome": [None] * n})
             col["threshold"] = d["threshold"]

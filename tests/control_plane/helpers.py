@@ -5,7 +5,10 @@ import math
 from statistics import NormalDist
 from typing import Sequence
 
-from sits.control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, Policy, VariantData
+from sits.control_plane.analysis import REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Policy, VariantData, assess
+from sits.control_plane.analysis.sequential import AA_PREFIX, SequenceState, Window, series_key
+from sits.control_plane.rollout import Check, Decision
+from sits.control_plane.store.codec import check_to_dict
 
 BOUNDS = tuple(0.001 * 1.05 ** k for k in range(200))   # 5 % buckets, 1 ms .. 17 s
 _Z = NormalDist()
@@ -38,3 +41,19 @@ def latency_policy(**kw) -> Policy:
     Statistics "fixed" unless asked: canned windows repeat one histogram, which the sequential method (its own
     tests: test_rollout_sequential.py) sees as a spread of zero."""
     return Policy(correctness={"enabled": False}, **{"statistics": "fixed", **kw})
+
+
+def sequential_check(scale: float = 1.18, windows: int = 8):
+    """A check stored as the worker stores it (check_to_dict) under sequential statistics: one P90 check (limit +25 %,
+    ship +12.5 %) on /v1/completions with a canary `scale` times slower, `windows` paired windows of it around
+    log(scale) and as many A/A windows (production against baseline). Returns (verdict, the stored dict)."""
+    route = REQUEST_LATENCY + '{route="/v1/completions"}'
+    policy = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.25),), min_samples=100)
+    data = {role: VariantData({route: lat(2000, scale if role == "canary" else 1.0)}, 2000.0, 0.0)
+            for role in ("canary", "baseline", "production")}
+    key = series_key(policy.checks[0].name, route)
+    ws = tuple(Window(math.log(scale) + 0.08 * (-1) ** i, 200, 200, 10.0 * i, 10.0 * i + 10) for i in range(windows))
+    aa = tuple(Window(0.01 * (-1) ** i, 200, 2000, 10.0 * i, 10.0 * i + 10) for i in range(windows))
+    verdict = assess(data, policy, SequenceState({key: ws, AA_PREFIX + key: aa}))
+    return verdict, check_to_dict("r1", Check(4, 100.0, 0, 50, 20.0, 100.0, "scrape", {}, data, verdict,
+                                              Decision.HOLD))

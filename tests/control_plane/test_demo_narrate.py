@@ -1,7 +1,12 @@
 """The demo's one-line check summary names every latency gate of the policy, in the policy's order."""
-from sits.control_plane.demo.narrate import check_line
+from sits.control_plane.demo.narrate import check_line as _check_line
+from sits.control_plane.view import decode_check
 
 REQ = 'http_request_duration_seconds{route="/v1/completions"}'
+
+
+def check_line(ev: dict, steps: int) -> str:
+    return _check_line(decode_check(ev), steps)
 
 
 def result(check: str, series: str, delta=None, lo=None, hi=None, thr=0.5, outcome="inconclusive") -> dict:

@@ -1,10 +1,12 @@
 """sits.control_plane.service.format: the text views the CLI, the demo and the UI share, on evidence made by the real analysis."""
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, TTFT, MetricCheck, Policy, VariantData, assess
-from sits.control_plane.service.format import format_check, format_deltas, rollout_report, rollout_table, series_label
+from sits.control_plane.service.format import format_check, format_deltas, rollout_report, rollout_table
 from sits.control_plane.rollout import Check, Decision, Rollout
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.codec import check_to_dict
-from tests.control_plane.helpers import lat
+from sits.control_plane.view import decode_check
+from sits.control_plane.view.names import series_label
+from tests.control_plane.helpers import lat, sequential_check
 
 ROUTE = REQUEST_LATENCY + '{route="/v1/completions"}'
 POLICY = Policy(statistics="fixed", checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.1),
@@ -17,7 +19,7 @@ def evidence(scale: float) -> dict:
     verdict = assess(data, POLICY)
     check = Check(3, 100.0, 1, 10, 40.0, 100.0, "scrape", {}, data, verdict,
                   Decision.ROLLBACK if scale > 1 else Decision.ADVANCE)
-    return check_to_dict("r1", check)
+    return decode_check(check_to_dict("r1", check))
 
 
 def test_labels_come_from_the_metric_names():
@@ -58,16 +60,8 @@ def test_rollout_list_and_report():
 
 
 def test_a_sequential_check_shows_its_sequence_boundaries_windows_and_replica_offset():
-    import math as _m
-    from sits.control_plane.analysis.sequential import AA_PREFIX, SequenceState, Window, series_key
-    policy = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.9, max_rel_delta=0.25),), min_samples=100)
-    data = {role: VariantData({ROUTE: lat(2000, 1.18 if role == "canary" else 1.0)}, 2000.0, 0.0)
-            for role in ("canary", "baseline", "production")}
-    key = series_key(policy.checks[0].name, ROUTE)
-    ws = tuple(Window(_m.log(1.18) + 0.08 * (-1) ** i, 200, 200, 10.0 * i, 10.0 * i + 10) for i in range(8))
-    aa = tuple(Window(0.01 * (-1) ** i, 200, 2000, 10.0 * i, 10.0 * i + 10) for i in range(8))
-    verdict = assess(data, policy, SequenceState({key: ws, AA_PREFIX + key: aa}))
-    ev = check_to_dict("r1", Check(4, 100.0, 0, 50, 20.0, 100.0, "scrape", {}, data, verdict, Decision.HOLD))
+    _, stored = sequential_check()
+    ev = decode_check(stored)
     lines = format_check(ev, (50, 100))
     text = "\n".join(lines)
     assert lines[1].split()[:9] == ["metric", "canary", "baseline", "effect", "sequence", "ship", "/", "limit",

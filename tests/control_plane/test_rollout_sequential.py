@@ -71,7 +71,7 @@ def test_a_slow_canary_is_rolled_back_by_its_first_failed_check():
     assert d.r.phase is Phase.ROLLING_BACK
     assert [c.verdict.outcome.value for c in checks][-1] == "fail"
     assert sum(c.verdict.outcome.value == "fail" for c in checks) == 1       # final: no failure count
-    assert "lower bound above ship +12.5%" in d.r.reason and d.r.reason.startswith(f"check {checks[-1].seq}:")
+    assert "lower bound above ship +12.5 %" in d.r.reason and d.r.reason.startswith(f"check {checks[-1].seq}:")
 
 
 @pytest.mark.parametrize("then,phase", [("rollback", Phase.ROLLING_BACK), ("pause", Phase.PAUSED),

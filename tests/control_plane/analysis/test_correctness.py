@@ -318,7 +318,8 @@ def test_rollout_show_prints_the_confident_positions_and_where_the_canary_disagr
         TokenLogprob(t.token_id, t.logprob, ((9, t.logprob + 0.1),) if i == 2 else t.top)
         for i, t in enumerate(SURE.logprobs)))
     v = compare_replays([replay(SURE, SURE)] * 6 + [replay(SURE, SURE, forced)] * 2, AWARE_POLICY, "bfloat16")
-    lines = format_correctness({"verdict": {"correctness": json.loads(json.dumps(v.to_dict()))}, "decision": "rollback",
-                                "step": -1, "seq": 1, "weight": 0})
+    from sits.control_plane.view import decode_check
+    lines = format_correctness(decode_check({"verdict": {"correctness": json.loads(json.dumps(v.to_dict()))},
+                                             "decision": "rollback", "step": -1, "seq": 1, "weight": 0}))
     assert "at the 32 of 32 positions where the baseline was sure: top-1 agreement 93.8%" in lines[2]
     assert sum("top-1 differed at 1 position(s) where the baseline was sure" in line for line in lines) == 2

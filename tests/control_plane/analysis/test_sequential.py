@@ -122,18 +122,18 @@ def test_two_boundaries_fail_above_ship_and_pass_below_limit():
     p = Policy(checks=(P90,), min_samples=100, min_windows=6)
     data = _variants(400)
     slow = assess(data, p, _sequence([math.log(1.4) + 0.01 * (-1) ** i for i in range(8)]))
-    assert slow.outcome is Outcome.FAIL and "lower bound above ship +12.5%" in slow.reason
+    assert slow.outcome is Outcome.FAIL and "lower bound above ship +12.5 %" in slow.reason
     r = slow.results[0]
     assert r.method == "sequential" and r.ship == 0.125 and r.threshold == 0.25 and r.windows == 8
     assert r.ci_low > 0.125 and r.delta_rel == pytest.approx(0.4, abs=0.01)
     same = assess(data, p, _sequence([0.01 * (-1) ** i for i in range(8)]))
-    assert same.outcome is Outcome.PASS and "upper bound below limit +25.0%" in same.results[0].reason
+    assert same.outcome is Outcome.PASS and "upper bound below limit +25.0 %" in same.results[0].reason
     early = assess(data, p, _sequence([0.0] * 3))
     assert early.outcome is Outcome.INCONCLUSIVE and "3 of 6 windows" in early.reason
     between = assess(data, p, _sequence([math.log(1.18) + 0.06 * (-1) ** i for i in range(8)]))
     r = between.results[0]
     assert between.outcome is Outcome.INCONCLUSIVE and r.eta_s > 0 and r.need_more > 0
-    assert "between the boundaries (ship +12.5%, limit +25.0%)" in between.reason
+    assert "between the boundaries (ship +12.5 %, limit +25.0 %)" in between.reason
     d = r.to_dict()
     assert {"ship", "windows", "block", "lag1", "eta_s", "alpha"} <= set(d) and d["method"] == "sequential"
 

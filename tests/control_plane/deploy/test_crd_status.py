@@ -18,13 +18,18 @@ def evidence(*results, outcome="fail", decision="rollback", seq=3):
             "verdict": {"outcome": outcome, "reason": "x", "results": list(results)}}
 
 
-def test_last_check_names_the_failed_test_else_the_largest_delta():
+def test_last_check_names_the_result_that_made_the_checks_outcome_as_the_ui_does():
     ev = evidence(result("lat:p99", "pass", 0.30, 0.1, 0.4), result("lat:p90", "fail", 0.25, 0.2, 0.3))
     assert last_check(ev) == {"seq": 3, "verdict": "fail", "decision": "rollback", "time": "2026-05-28T20:26:40Z",
                               "metric": "lat:p90", "delta": "+25.0 %", "interval": "[+20.0 %, +30.0 %]"}
     ev = evidence(result("lat:p99", "pass", 0.01, -0.02, 0.04), result("lat:p90", "pass", 0.03, -0.01, 0.05),
                   result("err", "inconclusive", 0.9, None, None, low_traffic=True), outcome="pass", decision="pass")
-    assert last_check(ev)["metric"] == "lat:p90" and last_check(ev)["interval"] == "[-1.0 %, +5.0 %]"
+    # a passed check: a passing result, the highest quantile (view.headline.lead, the list's and the CLI's rule)
+    assert last_check(ev)["metric"] == "lat:p99" and last_check(ev)["interval"] == "[-2.0 %, +4.0 %]"
+    # an inconclusive check: the inconclusive result, never a larger passing delta beside it
+    ev = evidence(result("lat:p99", "pass", 0.30, 0.1, 0.4), result("lat:p90", "inconclusive", 0.02, -0.1, 0.3),
+                  outcome="inconclusive", decision="hold")
+    assert (last_check(ev)["metric"], last_check(ev)["delta"]) == ("lat:p90", "+2.0 %")
     gate = {**evidence(), "verdict": {"outcome": "fail", "correctness": {"identical_fraction": 0.78, "diverged": 11,
                                                                        "prompts": 50}}}
     assert last_check(gate)["metric"] == "correctness" and last_check(gate)["delta"] == "78% identical"

@@ -1,5 +1,7 @@
 """One app server (waitress in a thread, over a store of rollouts built by ui_scenarios) and one headless Chromium
-per test module; pages signed in as a role, at a width, with console errors and page errors collected."""
+per test module; pages signed in as a role, at a width, with console errors and page errors collected. The fixtures
+over them (`sc`, `server`, `browser`) are in conftest.py; a browser test module starts with
+`pytestmark = BROWSER_TESTS`."""
 from __future__ import annotations
 
 import os
@@ -11,9 +13,8 @@ import pytest
 import waitress
 
 from sits.control_plane.web import create_app
-from sits.control_plane.web.users import Users, token_sha256
 
-from .conftest import NAMES, TOKENS
+from .accounts import TOKENS, app_users
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,9 +29,7 @@ def artifacts_dir() -> Path:
 
 class Server:
     def __init__(self, store, **config) -> None:
-        users = Users.from_dict({"users": [{"name": NAMES[r], "role": r, "token_sha256": token_sha256(t)}
-                                           for r, t in TOKENS.items()]})
-        self.app = create_app({"STORE": store, "SITS_USERS": users, "SECRET_KEY": "browser-test", **config})
+        self.app = create_app({"STORE": store, "SITS_USERS": app_users(), "SECRET_KEY": "browser-test", **config})
         self.server = waitress.create_server(self.app, host="127.0.0.1", port=0, threads=4, ident="sits")
         self.url = f"http://127.0.0.1:{self.server.effective_port}"
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -91,5 +90,20 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(artifacts_dir() / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
 
 
+def open_newest_evidence(page, url: str):
+    """Open a rollout's page at `url` and its newest check's evidence: that check's row, and the checks table's width
+    before it opened."""
+    page.goto(url)
+    row = page.locator("#checks tbody tr").first
+    row.wait_for()
+    before = page.locator("#checks").bounding_box()["width"]
+    row.locator("button", has_text="Evidence").click()
+    return row, before
+
+
 def needs_chromium():
     return pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian chromium (.ci/install-browser.sh)")
+
+
+BROWSER_TESTS = [needs_chromium(), pytest.mark.timeout(300)]   # a browser test module's pytestmark
+BOTH = pytest.mark.parametrize("width", [1440, 390])            # a phone's width and a desktop's

@@ -1,6 +1,10 @@
 """Fixtures of the web tests: an app on a real SQLite store with three users (viewer, operator, admin), and rollouts
 driven by the real worker and state machine (in-memory deployer, canned metrics, frozen clock) so checks hold real
-evidence."""
+evidence.
+
+Browser tests (test_browser_*.py): a module names its rollouts, `SCENARIO = <ui_scenarios*.build>` (built once into
+`sc`), and optionally `APP_CONFIG` for the app; `server` serves them, `browser` is one Chromium signed in per role
+(browser_support.py)."""
 from __future__ import annotations
 
 import pytest
@@ -9,15 +13,14 @@ from sits.control_plane.analysis import Policy
 from sits.control_plane.web import create_app
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
-from sits.control_plane.web.users import Users, token_sha256
+from sits.control_plane.web.users import Users
 from sits.control_plane.worker.loop import Worker
 
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 from tests.control_plane.helpers import latency_policy
 
-TOKENS = {"viewer": "viewer-token-0123456789", "operator": "operator-token-0123456789",
-          "admin": "admin-token-0123456789"}
-NAMES = {"viewer": "vera", "operator": "otto", "admin": "ada"}
+from .accounts import TOKENS, app_users
+from .browser_support import Browser, Server
 POLICY = latency_policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)   # canned windows: no engines for the gate
 GATED_POLICY = Policy(steps=(10, 50, 100), check_interval_s=10, warmup_s=5)     # the correctness gate on (default)
 
@@ -36,8 +39,31 @@ class FakeClock:
 
 @pytest.fixture
 def users() -> Users:
-    return Users.from_dict({"users": [{"name": NAMES[r], "role": r, "token_sha256": token_sha256(t)}
-                                      for r, t in TOKENS.items()]})
+    return app_users()
+
+
+# ---- browser tests: the module's rollouts, an app server over them, one Chromium -------------------------------------
+@pytest.fixture(scope="module")
+def sc(request, tmp_path_factory):
+    """The module's SCENARIO built once into a fresh store (the real worker, state machine and analysis)."""
+    s = request.module.SCENARIO(str(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]) / "sits.db"))
+    yield s
+    s.store.close()
+
+
+@pytest.fixture(scope="module")
+def server(request, sc):
+    """The app (waitress, in a thread) over the scenario's store, with the module's APP_CONFIG."""
+    srv = Server(sc.store, **getattr(request.module, "APP_CONFIG", {}))
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    b = Browser(pytest.importorskip("playwright.sync_api"), server.url)
+    yield b
+    b.close()
 
 
 @pytest.fixture

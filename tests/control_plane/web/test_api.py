@@ -12,7 +12,8 @@ from sits.control_plane.adapters.spec import DeploySpec
 from sits.control_plane.web import create_app
 from sits.control_plane.rollout import Phase
 
-from .conftest import NAMES, auth, drive, new_rollout, snapshot
+from .accounts import NAMES
+from .conftest import auth, drive, new_rollout, snapshot
 
 
 def test_list_is_newest_first_filtered_and_paginated(client, store):

@@ -11,7 +11,8 @@ import pytest
 from sits.control_plane.web import create_app
 from sits.control_plane.web.users import AuthFileError, LoginLimiter, Users, token_sha256
 
-from .conftest import TOKENS, auth, drive, new_rollout, snapshot
+from .accounts import TOKENS
+from .conftest import auth, drive, new_rollout, snapshot
 
 
 def login(client, token: str, next_url: str = "/"):

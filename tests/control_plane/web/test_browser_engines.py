@@ -4,30 +4,11 @@ an ellipsis, the whole line on hover and focus), as the worker last listed them.
 artifacts/browser/."""
 from __future__ import annotations
 
-import pytest
-
 from . import ui_scenarios_engines
-from .browser_support import Browser, Server, artifacts_dir, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, artifacts_dir, shot
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
-
-
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios_engines.build(str(tmp_path_factory.mktemp("engines") / "sits.db"))
-    yield s
-    s.store.close()
-
-
-@pytest.fixture(scope="module")
-def browser(sc):
-    srv = Server(sc.store)
-    b = Browser(sync_api, srv.url)
-    yield b
-    b.close()
-    srv.close()
+pytestmark = BROWSER_TESTS
+SCENARIO = ui_scenarios_engines.build
 
 
 @BOTH

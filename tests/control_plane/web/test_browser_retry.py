@@ -4,30 +4,12 @@ policy, editable; the new rollout links back ("retry of") and the old one forwar
 Retry button; a promoted or running rollout offers none. Screenshots go to artifacts/browser/."""
 from __future__ import annotations
 
-import pytest
-
 from . import ui_scenarios_engines
-from .browser_support import Browser, Server, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, shot
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
-
-
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios_engines.build(str(tmp_path_factory.mktemp("retry") / "sits.db"))
-    yield s
-    s.store.close()
-
-
-@pytest.fixture(scope="module")
-def browser(sc):
-    srv = Server(sc.store, REPLICA_LIMIT={"per_variant": 4, "why": "12 engines fit on this machine in all"})
-    b = Browser(sync_api, srv.url)
-    yield b
-    b.close()
-    srv.close()
+pytestmark = BROWSER_TESTS
+SCENARIO = ui_scenarios_engines.build
+APP_CONFIG = {"REPLICA_LIMIT": {"per_variant": 4, "why": "12 engines fit on this machine in all"}}
 
 
 @BOTH

@@ -5,51 +5,35 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from sits.control_plane.analysis import CorrectnessVerdict, Outcome
 from sits.control_plane.rollout import Observation, reconcile
+from sits.control_plane.service.rollouts import start_rollout
 from tests.control_plane.test_rollout import window
 
 from . import ui_scenarios
-from .browser_support import Browser, Server, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, shot
 from .conftest import GATED_POLICY
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
+pytestmark = BROWSER_TESTS
 PASS = CorrectnessVerdict(Outcome.PASS, "float32 tolerances: every prompt identical", prompts=32,
                           identical_fraction=1.0, top1_agreement=1.0, drift_mean=0.0, drift_max=0.0, failed=(),
                           dtype="float32", evidence=(), diverged=0, tokens=1024, requests=64, seconds=1.5)
 
 
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios.build(str(tmp_path_factory.mktemp("ui") / "sits.db"))
-    # a correctness gate that passed before traffic (stored as the worker stores it)
-    from sits.control_plane.service.rollouts import start_rollout
+def with_a_passed_gate(path: str) -> ui_scenarios.Scenario:
+    """ui_scenarios' rollouts and one whose correctness gate passed before traffic (stored as the worker does)."""
+    s = ui_scenarios.build(path)
     r = start_rollout(s.store, "vision", "torch", "torch", GATED_POLICY, now=s.clock, actor="otto")
     r = s.store.save(*reconcile(r, Observation(0.0, 10.0, {}, source="scrape"), s.clock + 10))
     r = s.store.save(*reconcile(r, Observation(10.0, 20.0, window(), source="scrape", correctness=PASS),
                                 s.clock + 20))
     s.gated = r.id
-    yield s
-    s.store.close()
+    return s
 
 
-@pytest.fixture(scope="module")
-def server(sc):
-    srv = Server(sc.store, REPLICA_LIMIT={"per_variant": 1, "why": "4 engines fit on this machine in all"},
-                 GRAFANA_URL="http://grafana.example:3000/")
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    b = Browser(sync_api, server.url)
-    yield b
-    b.close()
+SCENARIO = with_a_passed_gate
+APP_CONFIG = {"REPLICA_LIMIT": {"per_variant": 1, "why": "4 engines fit on this machine in all"},
+              "GRAFANA_URL": "http://grafana.example:3000/"}
 
 
 def _box(page, selector):

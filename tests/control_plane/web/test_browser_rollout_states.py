@@ -4,35 +4,12 @@ by the real worker, state machine and analysis (ui_scenarios.py, ui_scenarios_st
 artifacts/browser/ ($SITS_ARTIFACTS)."""
 from __future__ import annotations
 
-import pytest
-
 from . import ui_scenarios_states
-from .browser_support import Browser, Server, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, open_newest_evidence, shot
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
-
-
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios_states.build(str(tmp_path_factory.mktemp("ui3") / "sits.db"))
-    yield s
-    s.store.close()
-
-
-@pytest.fixture(scope="module")
-def server(sc):
-    srv = Server(sc.store, REPLICA_LIMIT={"per_variant": 1, "why": "4 engines fit on this machine in all"})
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    b = Browser(sync_api, server.url)
-    yield b
-    b.close()
+pytestmark = BROWSER_TESTS
+SCENARIO = ui_scenarios_states.build
+APP_CONFIG = {"REPLICA_LIMIT": {"per_variant": 1, "why": "4 engines fit on this machine in all"}}
 
 
 def _polls(page, n: int = 2) -> None:
@@ -112,11 +89,7 @@ def test_a_deploy_that_never_got_ready_says_why_in_one_line(browser, sc, width):
 @BOTH
 def test_opening_evidence_keeps_the_checks_table_width(browser, sc, width):
     with browser.page("viewer", width) as page:
-        page.goto(f"{browser.url}/rollouts/{sc.slow}")
-        row = page.locator("#checks tbody tr").first
-        row.wait_for()
-        before = page.locator("#checks").bounding_box()["width"]
-        row.locator("button", has_text="Evidence").click()
+        row, before = open_newest_evidence(page, f"{browser.url}/rollouts/{sc.slow}")
         page.locator("#checks tr.evidence pre").wait_for()
         assert page.locator("#checks").bounding_box()["width"] <= before + 1
         btn = row.locator("button", has_text="Evidence").bounding_box()

@@ -8,38 +8,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from sits.control_plane.service.format import replica_lines, sequential_rows
+from sits.control_plane.view import decode_check, decode_result
 
 from . import ui_scenarios_sequence
-from .browser_support import Browser, Server, needs_chromium, shot
+from .browser_support import BOTH, BROWSER_TESTS, open_newest_evidence, shot
 
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium(), pytest.mark.timeout(300)]
-BOTH = pytest.mark.parametrize("width", [1440, 390])
+pytestmark = BROWSER_TESTS
+SCENARIO = ui_scenarios_sequence.build
 P90 = "http_request_duration_seconds:p90"
-
-
-@pytest.fixture(scope="module")
-def sc(tmp_path_factory):
-    s = ui_scenarios_sequence.build(str(tmp_path_factory.mktemp("seq") / "sits.db"))
-    yield s
-    s.store.close()
-
-
-@pytest.fixture(scope="module")
-def server(sc):
-    srv = Server(sc.store)
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    b = Browser(sync_api, server.url)
-    yield b
-    b.close()
 
 
 def _same(text: str) -> str:
@@ -86,15 +63,12 @@ def test_the_checks_table_shows_effect_sequence_both_boundaries_windows_and_time
 @BOTH
 def test_the_evidence_shows_the_clis_sequential_rows_and_replica_offset(browser, sc, width):
     ev = _last(sc, sc.undecided)
-    rows = sequential_rows(ev["verdict"]["results"], "baseline")[1:]
+    view = decode_check(ev)
+    rows = sequential_rows(view.results, "baseline")[1:]
     replica = ev["verdict"]["replica"]
-    assert replica and len(replica_lines(ev["verdict"])) == len(replica)
+    assert replica and len(replica_lines(view.replica)) == len(replica)
     with browser.page("viewer", width) as page:
-        page.goto(f"{browser.url}/rollouts/{sc.undecided}")
-        row = page.locator("#checks tbody tr").first
-        row.wait_for()
-        before = page.locator("#checks").bounding_box()["width"]
-        row.locator("button", has_text="Evidence").click()
+        _, before = open_newest_evidence(page, f"{browser.url}/rollouts/{sc.undecided}")
         table = page.locator("#checks tr.evidence .seq-table")
         table.wait_for()
         got = table.locator("tbody tr")
@@ -253,7 +227,7 @@ def test_blocks_of_correlated_windows_read_x2_as_the_cli_writes_them(browser, sc
     ev = _last(sc, sc.undecided)
     r = dict(next(x for x in ev["verdict"]["results"] if x["check"] == P90), windows=12, block=2, lag1=0.41,
              label="p90 request latency")
-    want = sequential_rows([r], "baseline")[1]
+    want = sequential_rows([decode_result(r)], "baseline")[1]
     with browser.page("viewer", 1440) as page:
         page.goto(f"{browser.url}/rollouts/{sc.undecided}")
         page.locator("#checks tbody tr").first.wait_for()

@@ -10,7 +10,8 @@ from sits.control_plane.analysis import CorrectnessVerdict, Outcome, PromptCompa
 from sits.control_plane.rollout import Observation, Phase, reconcile
 from tests.control_plane.test_rollout import window
 
-from .conftest import GATED_POLICY, TOKENS, auth, new_rollout
+from .accounts import TOKENS
+from .conftest import GATED_POLICY, auth, new_rollout
 from .test_auth import login
 
 

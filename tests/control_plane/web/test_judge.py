@@ -19,7 +19,8 @@ from tests.control_plane.helpers import lat
 from tests.control_plane.test_otel_spans import memory_tracing
 from tests.fixtures.prometheus import PrometheusServer, backfill, format_value
 
-from .conftest import TOKENS, auth
+from .accounts import TOKENS
+from .conftest import auth
 
 T0 = 1_700_000_000
 T_END = T0 + 300

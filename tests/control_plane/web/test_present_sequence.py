@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sits.control_plane.web import create_app
-from sits.control_plane.web.present import check_compact, ending, headline
+from sits.control_plane.view import decode_check, headline_of
+from sits.control_plane.web.present import check_compact, ending
 from sits.control_plane.web.series import gated
 
 from . import ui_scenarios_sequence
@@ -32,6 +33,11 @@ def _last(sc, rid):
     return sc.store.check(rid, sc.store.get(rid).checks)
 
 
+def headline(ev: dict) -> dict:
+    """The API's `last_check` of a stored check."""
+    return headline_of(decode_check(ev)).to_dict()
+
+
 def test_the_headline_of_an_undecided_sequential_check_has_both_boundaries_and_a_time_to_decide(sc):
     h = headline(_last(sc, sc.undecided))
     assert h["method"] == "sequential" and h["result"] == "inconclusive" and h["eta_s"] > 0 and h["windows"] >= 6
@@ -42,7 +48,8 @@ def test_the_headline_of_an_undecided_sequential_check_has_both_boundaries_and_a
 def test_a_sequential_rollback_ends_on_its_ship_boundary_a_fixed_one_on_its_threshold(sc):
     for rid, tail in ((sc.slow, "> ship +10.0 %"), (sc.fixed, "> +25.0 %")):
         r = sc.store.get(rid)
-        e = ending(r, headline(_last(sc, rid)), sc.store.events(rid, limit=1000), sc.store.actions(rid))
+        e = ending(r, headline_of(decode_check(_last(sc, rid))), sc.store.events(rid, limit=1000),
+                   sc.store.actions(rid))
         assert e["kind"] == "latency" and e["text"].startswith("p90 request latency ") and e["text"].endswith(tail), e
 
 
@@ -62,12 +69,12 @@ def test_compact_checks_carry_the_sequence_and_the_replica_offset_with_labels(sc
 
 def test_gated_chart_columns_have_both_boundaries_and_the_error_rates_mean_effect(sc):
     ev = _last(sc, sc.undecided)
-    g = gated(ev)
+    g = gated(decode_check(ev))
     assert g[P90]["method"] == "sequential" and (g[P90]["ship"], g[P90]["threshold"]) == (0.1, 0.25)
     assert g[P90]["eta_s"] > 0 and g[P90]["windows"] >= 6
     err = next(r for r in ev["verdict"]["results"] if r["check"] == "error_rate")
     assert g["error_rate"]["delta"] == err["delta_rel"]            # the sequence's centre, not this step's rates
-    assert "ship" not in gated(_last(sc, sc.fixed))[P90]
+    assert "ship" not in gated(decode_check(_last(sc, sc.fixed)))[P90]
 
 
 def test_the_series_api_sends_the_boundaries_the_charts_draw(client, sc):
@@ -83,3 +90,13 @@ def test_the_series_api_sends_the_boundaries_the_charts_draw(client, sc):
     rows = client.get("/api/v1/rollouts", headers=auth("viewer")).get_json()["rollouts"]
     last = next(r for r in rows if r["id"] == sc.undecided)["last_check"]
     assert last["method"] == "sequential" and last["ship"] is not None and last["eta_s"] is not None
+
+
+def test_the_series_say_which_gated_checks_decided_each_check(client, sc):
+    """The charts ring the checks that decided (detail.js decides): the server's CheckView.deciding, not the page's."""
+    s = client.get(f"/api/v1/rollouts/{sc.slow}/series", headers=auth("viewer")).get_json()
+    assert len(s["decided_by"]) == len(s["t"]) and s["decision"][-1] == "rollback"
+    last = _last(sc, sc.slow)
+    failing = {r["check"] for r in last["verdict"]["results"] if r["outcome"] == "fail"}
+    assert failing and set(s["decided_by"][-1]) == failing
+    assert all(set(d) <= set(s["gated"]) for d in s["decided_by"])

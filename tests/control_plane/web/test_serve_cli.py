@@ -27,7 +27,7 @@ from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
 from sits.control_plane.web.users import token_sha256
 
-from .conftest import NAMES, TOKENS
+from .accounts import NAMES, TOKENS
 
 
 def _auth_file(tmp_path) -> str:

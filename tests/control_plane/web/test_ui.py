@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TOKENS, drive, new_rollout
+from .accounts import TOKENS
+from .conftest import drive, new_rollout
 from .test_auth import login
 
 STATIC = Path(__file__).resolve().parents[3] / "control_plane" / "web" / "static"
@@ -85,13 +86,14 @@ def test_vendored_assets_are_served_with_their_licence_and_pinned_version(client
 
 
 
-def test_pages_give_their_scripts_the_roles_and_phases_defined_in_python(client):
+def test_pages_give_their_scripts_the_roles_phases_and_metric_names_defined_in_python(client):
     import json
     import re
     from sits.control_plane.rollout import ROLES, Phase
     page = client.get("/", follow_redirects=True).get_data(as_text=True)
     vocab = json.loads(re.search(r'<script type="application/json" id="sits-vocabulary">(.*?)</script>', page).group(1))
-    assert vocab == {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}}
+    from sits.control_plane.view.names import SHORT_NAMES
+    assert vocab == {"roles": list(ROLES), "phases": {p.name: p.value for p in Phase}, "metrics": SHORT_NAMES}
     # the scripts compare against SITS.ROLES / SITS.PHASE, never a list of their own
     for js in (STATIC / "js").glob("*.js"):
         text = js.read_text()
@@ -201,6 +203,7 @@ def test_role_errors_use_the_right_article(client):
 ])
 def test_why_it_ended_does_not_repeat_the_kind_the_list_writes_before_it(last, kind, text):
     from sits.control_plane.rollout import Rollout
+    from sits.control_plane.view import Headline
     from sits.control_plane.web.present import ending
     # rollouts.js writes "correctness gate failed: <text>" and "guard: <text>"
-    assert ending(Rollout("r", "chat", "v2", "v1"), last, [], []) == {"kind": kind, "text": text}
+    assert ending(Rollout("r", "chat", "v2", "v1"), Headline.from_dict(last), [], []) == {"kind": kind, "text": text}

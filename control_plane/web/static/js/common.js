@@ -2,8 +2,9 @@
 "use strict";
 const SITS = (() => {
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
-  // roles and phases as the server defines them (control_plane/rollout/state.py): named once, in Python
-  const { roles: ROLES, phases: PHASE } = JSON.parse(document.getElementById("sits-vocabulary").textContent);
+  // roles and phases as the server defines them (control_plane/rollout/state.py), metric names in words
+  // (control_plane/view/names.py): named once, in Python
+  const { roles: ROLES, phases: PHASE, metrics: METRICS } = JSON.parse(document.getElementById("sits-vocabulary").textContent);
 
   async function api(path, opts = {}) {
     const init = { method: opts.method || "GET", headers: { "Accept": "application/json" }, credentials: "same-origin" };
@@ -22,9 +23,11 @@ const SITS = (() => {
   }
 
   // a reason or event as people read it: metric names in words ("request latency on /v1/completions", "TTFT")
-  const human = (s) => (s || "").replace(/http_request_duration_seconds\{route="([^"]+)"\}/g, "request latency on $1")
-    .replace(/sits_time_to_first_token_seconds(\{[^}]*\})?/g, "TTFT").replace(/sits_inter_token_latency_seconds(\{[^}]*\})?/g, "inter-token latency")
-    .replace(/http_request_duration_seconds/g, "request latency").replace(/:p(\d+)/g, " p$1");
+  const SERIES = new RegExp(`\\b(${Object.keys(METRICS).join("|")})(\\{[^}]*\\})?`, "g");
+  const human = (s) => (s || "").replace(SERIES, (_, metric, labels) => {
+    const route = ((labels || "").match(/route="([^"]+)"/) || [])[1];
+    return METRICS[metric] + (route ? " on " + route : "");
+  }).replace(/:p(\d+)/g, " p$1");
   const requests = (n) => `${n} request${n === 1 ? "" : "s"}`;   // "1 request", "20 requests"
 
   function el(tag, attrs = {}, ...children) {
@@ -56,6 +59,7 @@ const SITS = (() => {
     const v = x * 100;
     return (v >= 0 ? "+" : "−") + Math.abs(v).toFixed(2) + " pt";
   }
+  const rate = (x) => x === null || x === undefined ? "–" : (x * 100).toFixed(2) + " %";   // 0.005 -> "0.50 %"
   function ms(x) {
     if (x === null || x === undefined) return "–";
     const v = x * 1000;
@@ -139,5 +143,5 @@ const SITS = (() => {
     return () => clearTimeout(timer);
   }
 
-  return { ROLES, PHASE, human, requests, api, el, badge, pct, pt, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
+  return { ROLES, PHASE, human, requests, api, el, badge, pct, pt, rate, ms, ago, dur, clock, checkLine, weightBar, poll, phaseWord, mark, csrf, resultText, threshold };
 })();

@@ -138,7 +138,7 @@
   function appendSeries(n) {
     if (!S) { S = n; return; }
     const len = S.t.length, add = n.t.length;
-    for (const k of ["t", "seq", "weight", "outcome", "decision"]) S[k].push(...n[k]);
+    for (const k of ["t", "seq", "weight", "outcome", "decision", "decided_by"]) S[k].push(...n[k]);
     const pad = (arr, to) => { while (arr.length < to) arr.push(null); return arr; };
     for (const [name, c] of Object.entries(n.gated)) {
       const h = S.gated[name] || (S.gated[name] = { ...c, delta: [], low: [], high: [], outcome: [] });
@@ -172,15 +172,11 @@
     const i = S.t.length - 1;
     return !R.active && i >= 0 && ["rollback", "promote", "gate"].includes(S.decision[i]) ? i : -1;
   }
-  // did gated check `name` decide the check at index i? A rollback: the failing checks (the inconclusive ones when
-  // none failed); a promotion: every check that passed
+  // did gated check `name` decide the check at index i? The server says (series decided_by, view CheckView.deciding):
+  // a rollback's failing checks (the inconclusive ones when none failed), a promotion's passing ones
   function decides(name, i) {
     if (!S || i < 0) return false;   // no checks yet: nothing decided
-    const c = S.gated[name];
-    if (!c || c.outcome[i] == null) return false;
-    if (S.decision[i] !== "rollback") return c.outcome[i] === "pass";
-    const anyFail = Object.values(S.gated).some((g) => g.outcome[i] === "fail");
-    return c.outcome[i] === (anyFail ? "fail" : "inconclusive");
+    return (S.decided_by[i] || []).includes(name);
   }
   const seqCheck = (c) => c.method === "sequential";
   function checkFigure(name) {
@@ -327,7 +323,7 @@
     const grid = el("div", { class: c.results.some(Sequence.isSeq) ? "results seq" : "results" });
     for (const r of c.results) {
       const rate = r.check === "error_rate";
-      const val = rate ? (x) => x == null ? "–" : (x * 100).toFixed(2) + " %" : ms;
+      const val = rate ? SITS.rate : ms;
       const route = (r.series.match(/route="([^"]+)"/) || [])[1];
       const delta = rate ? r.delta_abs : r.delta_rel;
       grid.append(el("span", { class: "lbl" }, r.label.replace("request latency", "latency"), route ? el("small", {}, " " + route) : null),

@@ -6,11 +6,10 @@
 // method (older rollouts, statistics "fixed") carry no `method: "sequential"` and keep the fixed columns.
 "use strict";
 const Sequence = (() => {
-  const { el, pct, pt, ms, mark } = SITS;
+  const { el, pct, pt, rate, ms, mark } = SITS;
   const isSeq = (r) => !!r && r.method === "sequential";
   const isRate = (check) => check === "error_rate";
   const fmt = (check) => isRate(check) ? pt : pct;
-  const rate = (x) => x == null ? "–" : (x * 100).toFixed(2) + " %";
 
   // "p90 request latency /v1/completions" (format.py series_label), "error rate"
   function seriesLabel(label, series) {
