@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sits.control_plane.analysis import ITL, REQUEST_LATENCY, TTFT, HistogramSnapshot, Policy, VariantData  # noqa: E402
 from sits.control_plane.web import create_app  # noqa: E402
 from sits.control_plane.rollout import Observation, Phase, Rollout, reconcile  # noqa: E402
-from sits.control_plane.adapters.spec import DeploySpec  # noqa: E402
+from sits.control_plane.adapters.deploy.spec import DeploySpec  # noqa: E402
 from sits.control_plane.store.db import Store  # noqa: E402
 from sits.control_plane.web.users import Users, token_sha256  # noqa: E402
 from sits.wire.buckets import LATENCY_BUCKETS  # noqa: E402

@@ -11,7 +11,7 @@
 .cache/tiny-trained is trained first); --dtype is the engines' compute dtype and the tolerances applied.
 
 cost: two `sits-engine serve` processes (torch, torch), one gate replay of the default prompt set through
-    adapters/correctness.py: requests, tokens, wall seconds.
+    adapters/inference/correctness.py: requests, tokens, wall seconds.
 equivalence: the torch set against itself in-process (offline engine), the baseline run one prompt at a time, the
     canary with the prompt set shuffled into random batches next to random filler requests (a different batch
     composition every replay); the false-fail rate of the default policy, plus the drift statistics.
@@ -305,10 +305,10 @@ def cost(args) -> dict:
     the worker's own probe: requests, tokens and seconds of one gate replay of the default prompt set."""
     import tempfile
 
-    from sits.control_plane.adapters.correctness import CorrectnessProbe
+    from sits.control_plane.adapters.inference.correctness import CorrectnessProbe
     from sits.control_plane.adapters.deploy import VariantSpec
-    from sits.control_plane.adapters.local_config import LocalConfig
-    from sits.control_plane.adapters.local import LocalDeployer
+    from sits.control_plane.adapters.deploy.local.config import LocalConfig
+    from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
     policy = CorrectnessPolicy()
     d = LocalDeployer(LocalConfig(workdir=tempfile.mkdtemp(prefix="sits-gate-"), cpu_threads=1, ready_timeout_s=240))
     out = {}

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from sits.control_plane.adapters.scrape import parse_exposition
+from sits.control_plane.adapters.metrics.scrape import parse_exposition
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.demo.profiles import GPU, GPU_MIX, DEMO_MIX
 from sits.wire.metrics import ITL, TTFT

@@ -17,7 +17,7 @@ pytest_plugins = ["tests.fixtures.prometheus", "tests.fixtures.kube", "tests.fix
 KUBE_FIXTURES = {"kube_cluster", "node_agent"}
 KUBE_FILES = frozenset({
     "tests/cluster/test_helm_e2e.py", "tests/cluster/test_kubernetes_e2e.py", "tests/cluster/test_node_agent.py",
-    "tests/control_plane/deploy/test_kubernetes.py", "tests/control_plane/worker/test_crd_watch.py",
+    "tests/control_plane/deploy/test_kubernetes.py", "tests/control_plane/crd/test_crd_watch.py",
     "tests/control_plane/worker/test_kubernetes_worker.py", "tests/helm/test_chart_install.py"})
 
 

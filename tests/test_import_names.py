@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

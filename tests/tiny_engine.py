@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 
 
 def start_tiny_engine(workdir, role: str, service: str, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -1,8 +1,8 @@
 """`compare_replays(replays, policy) -> CorrectnessVerdict`: does the canary still compute the baseline's model?
 
-Input per prompt (gathered by adapters/correctness.py): each variant's greedy continuation with the logprob of every
-chosen token and the top-N alternatives, and the canary's logprobs of the BASELINE's continuation (teacher forcing:
-the canary is fed the baseline's tokens, so positions after a divergence are still comparable).
+Input per prompt (gathered by adapters/inference/correctness.py): each variant's greedy continuation with the logprob
+of every chosen token and the top-N alternatives, and the canary's logprobs of the BASELINE's continuation (teacher
+forcing: the canary is fed the baseline's tokens, so positions after a divergence are still comparable).
 
 Per prompt: the first position where the greedy tokens differ; whether the first K tokens are identical; the drift
 |canary - baseline| of the chosen tokens' logprobs up to the first divergence (mean, max); under teacher forcing the

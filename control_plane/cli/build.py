@@ -7,20 +7,20 @@ import logging
 import os
 from pathlib import Path
 
-from sits.control_plane.adapters.correctness import CorrectnessProbe
+from sits.control_plane.adapters.inference.correctness import CorrectnessProbe
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
-from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 from sits.control_plane.adapters.notify import MultiNotifier, WebhookConfig, WebhookNotifier
-from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.redact import redact_url
 from sits.control_plane.store.db import Store
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
-from sits.control_plane.worker.crd_watch import CrdApiError, CrdWatcher
+from sits.control_plane.crd.watch import CrdApiError, CrdWatcher
 from sits.wire.tracing import Tracing
 
 log = logging.getLogger("sits.control_plane.cli")

@@ -14,7 +14,7 @@ from prometheus_client import start_http_server
 
 from sits.control_plane.adapters.deploy import DeployError
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis import Policy, PolicyError
 from sits.control_plane.analysis.calibration import calibrate
 from sits.control_plane import numbers

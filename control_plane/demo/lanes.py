@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import httpx
 
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.demo import narrate
 from sits.control_plane.demo.gpu_memory import GpuMemorySampler
 from sits.control_plane.demo.loadgen import LoadGenerator

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy import Deployer
 
 

@@ -36,11 +36,11 @@ from pathlib import Path
 import waitress
 
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.local_config import LocalConfig, default_max_replicas
-from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from sits.control_plane.adapters.scrape import ScrapeSource
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.deploy.local.config import LocalConfig, default_max_replicas
+from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis import Policy
 from sits.control_plane.demo import narrate
 from sits.control_plane.demo.lanes import ENGINES_PER_LANE, Lane, deal, lane_services

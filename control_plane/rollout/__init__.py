@@ -5,8 +5,8 @@ No I/O and no flask/kubernetes/requests/torch/engine imports (tests/control_plan
 """
 from .machine import (CORRECTNESS_PREFIX, allowed_commands, correctness_due, reconcile)
 from .state import (ROLES, Phase, Command, Decision, EventKind, Action, Deploy, SetWeights, Promote, Rollback,
-    Notify, weights_for, Observation, Check, Event, Rollout)
+    Notify, weights_for, traffic_split, Observation, Check, Event, Rollout)
 
 __all__ = ["CORRECTNESS_PREFIX", "Action", "Check", "Command", "Decision", "Deploy", "Event", "EventKind", "Notify",
     "Observation", "Phase", "Promote", "ROLES", "Rollback", "Rollout", "SetWeights", "allowed_commands", "correctness_due",
-    "reconcile", "weights_for"]
+    "reconcile", "traffic_split", "weights_for"]

@@ -109,6 +109,23 @@ def weights_for(percent: int) -> dict[str, int]:
     return {"production": 100 - percent - baseline, "baseline": baseline, "canary": percent}
 
 
+def traffic_split(weights: Mapping[str, int | float]) -> dict[str, int]:
+    """A traffic split {role: percent} checked: known roles, integers 0..100 summing to 100; missing roles get 0.
+    ValueError saying what is wrong (the deployers raise it as DeployError, the router as RouterError)."""
+    if not isinstance(weights, Mapping) or not weights:
+        raise ValueError("weights must be a non-empty mapping {role: percent}")
+    out = {r: 0 for r in ROLES}
+    for role, w in weights.items():
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r} in weights; roles are {', '.join(ROLES)}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w != int(w) or not 0 <= w <= 100:
+            raise ValueError(f"weight of {role} must be an integer percent 0..100, got {w!r}")
+        out[role] = int(w)
+    if sum(out.values()) != 100:
+        raise ValueError(f"weights must sum to 100, got {sum(out.values())} ({out})")
+    return out
+
+
 # ---- observation, records, rollout ------------------------------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class Observation:

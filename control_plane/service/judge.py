@@ -22,8 +22,8 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsWindow, NoDataError, Target
-from sits.control_plane.adapters.prometheus import PrometheusSource
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.metrics.prometheus import PrometheusSource
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane import validation
 from sits.control_plane.analysis import Outcome, Policy, Verdict, assess, promql
 from sits.control_plane.analysis.sequential import SequenceState, observe

@@ -13,7 +13,7 @@ from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.analysis import Policy
 from sits.control_plane.errors import ConflictError, NotFoundError, ValidationError
 from sits.control_plane.rollout import Command, Event, EventKind, Phase, Rollout, allowed_commands
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.db import Store
 from sits.wire.models import PRESET_NAMES
 

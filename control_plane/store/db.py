@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 from sits.control_plane.analysis import VariantData
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import ROLES, Action, Rollout
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.codec import (check_to_dict, data_from_dict, data_to_dict, nonfinite_to_strings,
                                        rollout_from_dict, state_to_dict)
 from sits.control_plane.store.database import Database

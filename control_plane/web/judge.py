@@ -16,7 +16,7 @@ import time
 from flask import Blueprint, current_app, jsonify, request
 
 from sits.control_plane.adapters.metrics import MetricsError
-from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig, PrometheusSource
 from sits.control_plane.analysis import Outcome
 from sits.control_plane.errors import ValidationError
 from sits.control_plane.service.judge import Judgement, JudgeRequest, ScrapeHistory, evaluate, parse_request

@@ -18,7 +18,7 @@ from sits.control_plane.adapters.notify import Notification, Notifier
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import (ROLES, Action, Deploy, Event, EventKind, Notify, Phase, Promote, Rollback, Rollout,
                                    SetWeights, weights_for)
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.schema import StoreUnavailableError
 from sits.control_plane.worker.config import WorkerConfig, WorkerMetrics

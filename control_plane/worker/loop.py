@@ -6,7 +6,7 @@ source delays only its own rollout):
        `observed_until` from the metrics source (a MetricsError makes the window "no data": inconclusive, never a
        pass), a queued manual command, and the actions of the last pass that failed for good; when
        `correctness_due` and both variants are ready, the correctness gate's replay of the prompt set against canary
-       and baseline (adapters/correctness), stopped between prompts by a queued abort
+       and baseline (adapters/inference/correctness.py), stopped between prompts by a queued abort
     3. reconcile(rollout, observation, now)                                   (pure)
     4. persist the new state + its checks + events + actions in ONE transaction (Store.save)
     5. run the actions through the deployer (each retried, then marked done/failed in the outbox) and the notifier
@@ -26,11 +26,11 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from sits.control_plane.adapters.correctness import CorrectnessProbe, load_prompt_set
+from sits.control_plane.adapters.inference.correctness import CorrectnessProbe, load_prompt_set
 from sits.control_plane.adapters.deploy import Deployer, DeployCancelled
 from sits.control_plane.adapters.metrics import MetricsSource
 from sits.control_plane.adapters.notify import MultiNotifier, Notifier
-from sits.control_plane.adapters.replay_client import HTTPReplaySender, ReplaySender
+from sits.control_plane.adapters.inference.replay import HTTPReplaySender, ReplaySender
 from sits.control_plane.rollout import Command, Rollout, reconcile
 from sits.control_plane.redact import redact
 from sits.control_plane.store.db import Store

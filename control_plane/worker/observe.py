@@ -1,15 +1,16 @@
 """What one pass of the worker observes (control_plane/worker/loop.py): readiness from the deployer, the metrics
 window since the rollout's `observed_until` (a MetricsError makes it "no data": inconclusive, never a pass), the
 failed actions of the last pass, the queued command, each engine (for the detail page: Observer.engines), and, when
-it is due and canary and baseline are ready, the correctness gate's replay (adapters/correctness), stopped between
-prompts by a queued abort."""
+it is due and canary and baseline are ready, the correctness gate's replay (adapters/inference/correctness.py),
+stopped between prompts by a queued abort."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 from typing import Callable
 
-from sits.control_plane.adapters.correctness import CorrectnessProbe, GateRun, PromptSetError, ReplayInterrupted
+from sits.control_plane.adapters.inference.correctness import (CorrectnessProbe, GateRun, PromptSetError,
+                                                               ReplayInterrupted)
 from sits.control_plane.adapters.deploy import Deployer
 from sits.control_plane.adapters.metrics import MetricsError, MetricsSource, Target
 from sits.control_plane.analysis import CorrectnessVerdict, Outcome, VariantData

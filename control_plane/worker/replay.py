@@ -11,7 +11,7 @@ Three pieces, each with its own state:
                     pause or abort is queued (no new request after that; at most `concurrency` pairs in flight finish)
   `Replayer`        the worker's part: one RolloutReplay per rollout, started and fed after each pass, stopped when the
                     rollout leaves PROGRESSING; counts `sits_replayed_requests_total{service,variant}`
-The clock and the wait are injected (tests drive them); the HTTP goes through an adapters.replay_client sender.
+The clock and the wait are injected (tests drive them); the HTTP goes through an adapters.inference.replay sender.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from sits.control_plane.adapters.replay_client import ReplaySender
+from sits.control_plane.adapters.inference.replay import ReplaySender
 from sits.control_plane.analysis import LowTrafficPolicy, Outcome, Verdict
 from sits.control_plane.rollout import Phase, Rollout
 from sits.control_plane.worker.workload import Workload, prompt

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy import VariantSpec
-from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
 from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import ServiceLoadBalancer
 from tests.fixtures.node_agent import managed_namespace
@@ -178,7 +178,7 @@ def test_a_canary_that_never_gets_ready_shows_its_engines_last_log_line(kube_clu
 IN_CLUSTER = textwrap.dedent("""
     import json, sys
     from sits.control_plane.adapters.deploy import DeployError, VariantSpec
-    from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+    from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
     kd = KubernetesDeployer(KubernetesConfig(namespace=sys.argv[1], port=int(sys.argv[2]), retries=1, backoff_s=0.05))
     out = {"host": kd.kube.api.configuration.host}
     kd.deploy(VariantSpec(service="chat", role="production", kernels="torch", replicas=0))

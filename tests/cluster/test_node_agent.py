@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from tests.cluster.support import container_status, pid_alive, pod
 from tests.waiting import wait_for
 from tests.fixtures.kube_proxy import ServiceLoadBalancer

@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sits.control_plane.adapters.deploy import VariantSpec
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 from sits.control_plane.demo.loadgen import OK, LoadGenerator, Tally, verify_plain, verify_stream
 from sits.control_plane.demo.traffic import LengthDist, Planned, TrafficMix, plan
 from tests.waiting import wait_for

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.router.proxy import WeightedRouter
 from sits.control_plane.analysis import Policy
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.service.rollouts import start_rollout

@@ -8,7 +8,7 @@ from sits.control_plane.errors import ConflictError, NotFoundError, ValidationEr
 from sits.control_plane.rollout import Command, EventKind, Observation, Phase, Rollout, reconcile
 from sits.control_plane.rollout import allowed_commands
 from sits.control_plane.service.rollouts import send_command, start_rollout
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.db import Store
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sits.control_plane.rollout import Command, Observation, Phase, reconcile
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.schema import SCHEMA_VERSION, StoreError
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.codec import rollout_from_dict

@@ -5,7 +5,7 @@ import pytest
 
 from sits.control_plane.analysis import Policy
 from sits.control_plane.rollout import Command, Event, EventKind, Phase, Rollout, reconcile
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.queues import RolloutNotFoundError, StoreConflictError
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.schema import StoreError

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.dashboards import generate
 from tests.dashboards.support import (CONTROL_METRICS, control_plane_timeline, exprs, finite_points, query_range,
                                       substitute)

@@ -63,14 +63,17 @@ _VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update"
           "patch": "patch", "get": "get", "watch": "watch"}
 _API_GROUPS = {"apps": "apps", "core": ""}
 _PLURAL = {"deployment": "deployments", "service": "services", "pod": "pods", "pod_log": "pods/log"}
+# the only two modules that call the Kubernetes API: the deployer's and the KernelRollout watcher's
+DEPLOYER_API = ROOT / "control_plane" / "adapters" / "deploy" / "kubernetes" / "api.py"
+CRD_API = ROOT / "control_plane" / "crd" / "api.py"
 
 
 def deployer_permissions() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) for every Kubernetes API call in control_plane/adapters/k8s_api.py:
+    """(apiGroup, resource, verb) for every Kubernetes API call in DEPLOYER_API:
     `self.apps.read_namespaced_deployment(...)` -> ("apps", "deployments", "get"), `read_namespaced_pod_log` -> the
     pods/log subresource; custom objects go to HTTPRoutes."""
-    from sits.control_plane.adapters.k8s_manifests import GATEWAY_GROUP
-    tree = ast.parse((ROOT / "control_plane" / "adapters" / "k8s_api.py").read_text())
+    from sits.control_plane.adapters.deploy.kubernetes.manifests import GATEWAY_GROUP
+    tree = ast.parse(DEPLOYER_API.read_text())
     perms = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
@@ -91,11 +94,11 @@ def role_permissions(role: dict) -> set[tuple[str, str, str]]:
 
 
 def crd_watch_permissions() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) for every call in control_plane/adapters/crd.py (the KernelRollout watcher):
+    """(apiGroup, resource, verb) for every call in CRD_API (the KernelRollout watcher's):
     `self.custom.list_namespaced_custom_object` -> list (and watch, when streamed by `watch.Watch`),
     `..._custom_object_status` -> the status subresource, `self.core.create_namespaced_event` -> events."""
-    from sits.control_plane.adapters.crd import GROUP, PLURAL
-    source = (ROOT / "control_plane" / "adapters" / "crd.py").read_text()
+    from sits.control_plane.crd.api import GROUP, PLURAL
+    source = CRD_API.read_text()
     perms = set()
     for node in ast.walk(ast.parse(source)):
         if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)

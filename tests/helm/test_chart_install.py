@@ -13,11 +13,11 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
-from sits.control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
+from sits.control_plane.crd.api import GROUP, PLURAL, VERSION, KernelRolloutApi
 from sits.control_plane.adapters.deploy import VariantSpec
-from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
 from sits.control_plane.store.db import Store
-from sits.control_plane.worker.crd_watch import CrdWatcher
+from sits.control_plane.crd.watch import CrdWatcher
 from tests.helm.support import CHART, MONITORING_KINDS, helm
 from tests.waiting import wait_for
 

@@ -15,8 +15,8 @@ import yaml
 
 from sits.control_plane.analysis import Policy
 from tests.fixtures.prometheus import PROMTOOL_BIN
-from tests.helm.support import (CHART, MONITORING_KINDS, ROOT, SCENARIOS, by_kind, crd_watch_permissions,
-                                deployer_permissions, helm, render, role_permissions)
+from tests.helm.support import (CHART, CRD_API, DEPLOYER_API, MONITORING_KINDS, ROOT, SCENARIOS, by_kind,
+                                crd_watch_permissions, deployer_permissions, helm, render, role_permissions)
 
 K8S_VERSION = "1.30.0"
 
@@ -164,9 +164,11 @@ def test_role_is_exactly_what_the_deployer_calls(home):
     assert role_permissions(with_routes) == code
     no_watch = by_kind(render(home, None, "--set", "deployer.watchCrds=false"), "Role")[0]
     assert role_permissions(no_watch) == code - httproutes - crd
-    # no other adapter module talks to the API server directly
-    for path in (ROOT / "control_plane" / "adapters").glob("*.py"):
-        if path.name not in ("k8s_api.py", "crd.py"):
+    # no other control-plane module talks to the API server directly
+    modules = sorted((ROOT / "control_plane").rglob("*.py"))
+    assert DEPLOYER_API in modules and CRD_API in modules
+    for path in modules:
+        if path not in (DEPLOYER_API, CRD_API):
             assert "_namespaced_" not in path.read_text(), path
     # the RoleBinding gives the Role to the chart's ServiceAccount, in the deployer's namespace
     docs = render(home, "kubernetes-prometheus-values.yaml")

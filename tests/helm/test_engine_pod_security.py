@@ -5,7 +5,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.adapters.deploy.kubernetes import manifests as m
 from sits.control_plane.adapters.deploy import VariantSpec
 
 K8S_VERSION = "1.30.0"

@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from sits.control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 from tests.control_plane.worker.support import InMemoryDeployer
 
 SVC = "contract"

@@ -3,9 +3,9 @@ service share it); the flags the deployer owns (listen address, labels, tracing,
 the flag."""
 import pytest
 
-from sits.control_plane.adapters.engine_args import check_args
+from sits.control_plane.adapters.deploy.engine_args import check_args
 from sits.control_plane.adapters.deploy import VariantSpec
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.errors import ValidationError
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.adapters.deploy.kubernetes import manifests as m
 from sits.control_plane.adapters.deploy import DeployError, VariantSpec, normalize_weights
 
 

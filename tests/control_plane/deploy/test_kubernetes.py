@@ -6,10 +6,10 @@ import pytest
 from kubernetes import client, watch
 
 from sits.control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError, Deployer, VariantSpec
-from sits.control_plane.adapters.k8s_manifests import deployment
-from sits.control_plane.adapters.k8s_status import log_pod, pod_problems, pods_crashing
-from sits.control_plane.adapters.log_line import last_log_line
-from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.deploy.kubernetes.manifests import deployment
+from sits.control_plane.adapters.deploy.kubernetes.status import log_pod, pod_problems, pods_crashing
+from sits.control_plane.adapters.deploy.log_line import last_log_line
+from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
 from sits.wire.models import LOAD_FAILED
 from tests.waiting import wait_for
 

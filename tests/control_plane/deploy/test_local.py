@@ -13,10 +13,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy import Deployer, DeployError, DeployNotFoundError, VariantSpec
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 
 SVC = "chat"
 BODY = {"model": "tiny", "prompt": "hi", "max_tokens": 1, "temperature": 0}
@@ -245,7 +245,7 @@ def test_bad_kernel_set_fails_deploy_with_the_engine_message(tmp_path):
 PARENT = textwrap.dedent("""
     import json, sys, time
     from sits.control_plane.adapters.deploy import VariantSpec
-    from sits.control_plane.adapters.local import LocalConfig, LocalDeployer
+    from sits.control_plane.adapters.deploy.local.deployer import LocalConfig, LocalDeployer
     d = LocalDeployer(LocalConfig(workdir=sys.argv[1], cpu_threads=1, ready_timeout_s=240))
     d.deploy(VariantSpec(service="orphan", role="production", kernels="torch"))
     v = d._services["orphan"].variants["production"].replicas[0]

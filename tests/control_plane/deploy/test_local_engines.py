@@ -3,10 +3,10 @@ the last line its log holds, one printable line with URL credentials masked. Eng
 servers on the socket the deployer hands over (as sits-engine serves), so no model loads."""
 import sys
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy import ReplicaStatus, VariantSpec
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
 
 # an engine that logs a line quoting a URL with credentials and a progress bar redrawn after \r, then serves /readyz
 ENGINE = r'''

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from sits.control_plane.adapters import local_config, process
+from sits.control_plane.adapters.deploy.local import config as local_config, process
 from sits.control_plane.adapters.deploy import DeployCancelled, DeployError, VariantSpec
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.local_replicas import ReplicaLauncher
-from sits.control_plane.adapters.local_config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
-                                                 engine_environment)
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.deploy.local.replicas import ReplicaLauncher
+from sits.control_plane.adapters.deploy.local.config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
+                                                             engine_environment)
 
 GB = 1 << 30
 
@@ -72,7 +72,7 @@ def test_replicas_beyond_the_bound_are_refused_before_anything_starts(tmp_path):
 def test_kubernetes_policy_maximum():
     from kubernetes import client
 
-    from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+    from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
 
     kd = KubernetesDeployer(KubernetesConfig(max_replicas=4), api_client=client.ApiClient())
     with pytest.raises(DeployError, match="policy maximum of 4"):   # refused before any API call

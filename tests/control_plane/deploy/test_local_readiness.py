@@ -2,11 +2,11 @@
 LocalConfig.ready_timeout_s), or exits first, is stopped and reported as NotReadyError with its last log line."""
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy import DeployInterrupted, InvalidVariantError, NotReadyError, VariantSpec
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.local_replicas import last_line
-from sits.control_plane.adapters.local_config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.deploy.local.replicas import last_line
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
 
 
 def e_pid(tmp_path) -> int:

@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.metrics import Target
-from sits.control_plane.adapters.router import WeightedRouter
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.router.proxy import WeightedRouter
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.analysis import REQUEST_LATENCY, Outcome, assess
 from sits.control_plane.analysis.policy import MetricCheck, Policy
 from tests.tiny_engine import start_tiny_engine

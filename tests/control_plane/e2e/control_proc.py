@@ -15,9 +15,9 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.worker.lifecycle import shutdown
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.demo.traffic import LengthDist, TrafficMix

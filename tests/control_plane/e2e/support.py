@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sits.control_plane.adapters.process import pid_alive
+from sits.control_plane.adapters.deploy.local.process import pid_alive
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
 
 # one step at 50 %, a check every 3 s: P90 and the error rate; latency only (the correctness gate has its own

@@ -9,16 +9,16 @@ import time
 import pytest
 
 from sits.control_plane.adapters.deploy import VariantSpec
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.analysis import Policy
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.demo.traffic import LengthDist, TrafficMix
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.db import Store
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig

@@ -10,7 +10,7 @@ import pytest
 
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.store.db import Store
 
 from tests.waiting import wait_for

@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from sits.control_plane.adapters.router_ports import RouterPorts
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.router.ports import RouterPorts
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
 

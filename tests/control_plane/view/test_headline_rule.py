@@ -3,7 +3,7 @@ naming the same result for the same check: the web list (API `last_check`), `sit
 KernelRollout's status and the charts' gated columns."""
 import pytest
 
-from sits.control_plane.adapters.crd_status import last_check
+from sits.control_plane.crd.status import last_check
 from sits.control_plane.cli.client import progress_line
 from sits.control_plane.view import Headline, ResultView, decode_check, headline_of, lead
 from sits.control_plane.web.series import gated

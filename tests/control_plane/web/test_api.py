@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 
 from sits.control_plane.web import create_app
 from sits.control_plane.rollout import Phase

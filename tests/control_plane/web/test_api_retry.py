@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck
 from sits.control_plane.rollout import Command, Phase
 from sits.control_plane.service.rollouts import send_command

@@ -14,7 +14,7 @@ import pytest
 from sits.control_plane.analysis import REQUEST_LATENCY
 from sits.control_plane.web import create_app
 from sits.control_plane.web.users import token_sha256
-from sits.control_plane.adapters.prometheus import PrometheusConfig
+from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig
 from tests.control_plane.helpers import lat
 from tests.control_plane.test_otel_spans import memory_tracing
 from tests.fixtures.prometheus import PrometheusServer, backfill, format_value

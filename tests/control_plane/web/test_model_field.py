@@ -8,7 +8,7 @@ from sits.control_plane.errors import ValidationError
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
 from sits.control_plane.web import create_app
-from sits.control_plane.worker.crd_watch import CrdWatcher
+from sits.control_plane.crd.watch import CrdWatcher
 from sits.wire.models import PRESET_NAMES
 from .conftest import auth
 

@@ -166,8 +166,8 @@ def test_new_canary_says_how_many_replicas_fit(store, users, login_clock):
     demo put it into the app's config; the view reads only that."""
     import dataclasses
     from sits.control_plane.web import create_app
-    from sits.control_plane.adapters.local import LocalDeployer
-    from sits.control_plane.adapters.local_config import LocalConfig
+    from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+    from sits.control_plane.adapters.deploy.local.config import LocalConfig
     deployer = LocalDeployer(LocalConfig(max_replicas=4))
     try:
         app = create_app({"TESTING": True, "STORE": store, "SITS_USERS": users, "SECRET_KEY": "k",

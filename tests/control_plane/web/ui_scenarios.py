@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck
 from sits.control_plane.rollout import Command, Phase
 from sits.control_plane.service.rollouts import send_command, start_rollout

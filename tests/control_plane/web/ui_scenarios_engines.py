@@ -8,7 +8,7 @@ real worker and state machine (frozen clock, canned metrics):
 from __future__ import annotations
 
 from sits.control_plane.adapters.deploy import ReplicaStatus
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.worker.loop import Worker

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.adapters.metrics import MetricsWindow
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, HistogramSnapshot, MetricCheck, Policy, VariantData
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout

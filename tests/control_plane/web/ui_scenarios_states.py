@@ -13,7 +13,7 @@ metrics, frozen clock):
 from __future__ import annotations
 
 from sits.control_plane.adapters.deploy import DeployError, NotReadyError, VariantSpec
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis import CorrectnessVerdict, Outcome
 from sits.control_plane.rollout import Command, Observation, Phase, reconcile
 from sits.control_plane.service.rollouts import send_command, start_rollout
@@ -44,7 +44,7 @@ class FailingPromote(InMemoryDeployer):
 
 class UnknownModel(InMemoryDeployer):
     """The canary's engine never gets ready: the NotReadyError the local deployer raises for an engine that failed
-    to load (adapters/local_replicas.py): what its /readyz reported on the first line, its log tail after it."""
+    to load (adapters/deploy/local/replicas.py): what its /readyz reported on the first line, its log tail after it."""
 
     def deploy(self, spec: VariantSpec, interrupted=None) -> None:
         if spec.service == "llm" and spec.role == "canary":

@@ -3,7 +3,7 @@ import asyncio
 import httpx
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from tests.tiny_engine import start_tiny_engine
 from tests.waiting import wait_http_ok
 

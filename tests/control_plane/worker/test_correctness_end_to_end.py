@@ -9,9 +9,9 @@ load through the router, the real worker with its HTTP correctness probe, store 
 import pytest
 
 from sits.control_plane.adapters.deploy import VariantSpec
-from sits.control_plane.adapters.local_config import LocalConfig
-from sits.control_plane.adapters.local import LocalDeployer
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.deploy.local.config import LocalConfig
+from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 from sits.control_plane.cli.main import main as control_cli

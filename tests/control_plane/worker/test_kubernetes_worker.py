@@ -5,12 +5,12 @@ import threading
 import pytest
 from kubernetes import client
 
-from sits.control_plane.adapters.kubernetes import KubernetesConfig, KubernetesDeployer
+from sits.control_plane.adapters.deploy.kubernetes.deployer import KubernetesConfig, KubernetesDeployer
 from sits.control_plane.analysis import Policy
 from sits.control_plane.rollout import Phase
 from sits.control_plane.store.db import Store
 from sits.control_plane.service.rollouts import start_rollout
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
 from tests.waiting import wait_for

@@ -199,8 +199,8 @@ def test_an_abort_queued_while_a_local_deploy_waits_for_its_engines_applies_with
     connection to the store stops that wait within a few seconds: the deploy actions are superseded (not failed),
     the rollout rolls back as aborted by its sender, and no engine is left running."""
     import sys
-    from sits.control_plane.adapters.local import LocalDeployer
-    from sits.control_plane.adapters.local_config import LocalConfig
+    from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+    from sits.control_plane.adapters.deploy.local.config import LocalConfig
     from tests.waiting import wait_for
 
     db, t = str(tmp_path / "a.db"), [0.0]

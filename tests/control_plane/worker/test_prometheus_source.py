@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsSource, MultipleSeriesError, NoDataError, Target
-from sits.control_plane.adapters.prometheus import PrometheusConfig, PrometheusSource
-from sits.control_plane.adapters.scrape import ScrapeSource
+from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig, PrometheusSource
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
 from sits.control_plane.rollout import ROLES
 from sits.wire.buckets import LATENCY_BUCKETS

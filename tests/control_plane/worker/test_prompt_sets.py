@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from sits.control_plane.adapters.correctness import (MAX_PROMPT_FILE_BYTES, CorrectnessProbe, PromptSetError,
-                                                load_prompt_set)
+from sits.control_plane.adapters.inference.correctness import (MAX_PROMPT_FILE_BYTES, CorrectnessProbe, PromptSetError,
+                                                               load_prompt_set)
 from sits.control_plane.analysis import Policy, PolicyError
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS, MAX_INLINE_CHARS, MAX_INLINE_PROMPTS
 from sits.control_plane.errors import ValidationError

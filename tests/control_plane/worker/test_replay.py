@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sits.control_plane.adapters.replay_client import ReplayAnswer
+from sits.control_plane.adapters.inference.replay import ReplayAnswer
 from sits.control_plane.analysis import (GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_LATENCY, HistogramSnapshot,
                                     LowTrafficPolicy, Outcome, Policy, VariantData, Verdict)
 from sits.control_plane.analysis import TestResult as Result

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sits.control_plane.adapters.replay_client import ReplayAnswer
+from sits.control_plane.adapters.inference.replay import ReplayAnswer
 from sits.control_plane.analysis import LowTrafficPolicy, VariantData
 from sits.control_plane.rollout import Command, Phase
 from sits.control_plane.service.rollouts import start_rollout

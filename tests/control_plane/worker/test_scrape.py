@@ -4,7 +4,7 @@ import time
 import pytest
 
 from sits.control_plane.adapters.metrics import MetricsQueryError, MetricsSource, NoDataError, Target
-from sits.control_plane.adapters.scrape import ScrapeSource, diff, parse_exposition
+from sits.control_plane.adapters.metrics.scrape import ScrapeSource, diff, parse_exposition
 from sits.control_plane.analysis import REQUEST_LATENCY, TTFT, HistogramSnapshot
 from sits.engine.server.metrics import EngineMetrics, MetricLabels
 from sits.wire.buckets import LATENCY_BUCKETS

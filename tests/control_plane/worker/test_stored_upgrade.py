@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.analysis.prompts import stored_prompt_set
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store

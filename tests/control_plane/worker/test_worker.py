@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sits.control_plane.rollout import Command, Phase, weights_for
 from sits.control_plane.store.db import Store
 from sits.control_plane.service.rollouts import start_rollout
-from sits.control_plane.adapters.spec import DeploySpec
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from tests.control_plane.helpers import latency_policy as Policy   # in-memory deployer: no engines, no gate
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig

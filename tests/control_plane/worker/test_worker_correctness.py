@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from sits.control_plane.adapters.correctness import CorrectnessProbe
+from sits.control_plane.adapters.inference.correctness import CorrectnessProbe
 from sits.control_plane.analysis import Policy
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.rollout import Phase
 from sits.control_plane.store.db import Store
 from tests.control_plane.deploy.test_local_limits import _engines

@@ -10,7 +10,7 @@ import urllib.request
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from sits.control_plane.adapters.process import listening_socket
+from sits.control_plane.adapters.deploy.local.process import listening_socket
 from sits.engine.server.main import ServerConfig, build_app, uvicorn_config
 from tests.waiting import wait_for
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from sits.engine import LLMEngine
-from sits.control_plane.adapters.process import listening_socket
+from sits.control_plane.adapters.deploy.local.process import listening_socket
 from tests.engine.server.harness import http
 from tests.waiting import wait_for
 

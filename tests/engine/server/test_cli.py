@@ -8,7 +8,7 @@ import sys
 
 import openai
 
-from sits.control_plane.adapters.process import listening_socket
+from sits.control_plane.adapters.deploy.local.process import listening_socket
 from sits.engine.server.main import build_parser, main
 from tests.engine.server.harness import http
 from tests.waiting import wait_for

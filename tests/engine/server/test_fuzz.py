@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.router.proxy import WeightedRouter
 from tests.engine.server.harness import BASE, RunningServer, http, wait_idle
 
 SEED = 20261201

@@ -1,11 +1,11 @@
 """A weighted, streaming-safe reverse proxy in front of the local variants of one service.
 
 Each request goes to production / baseline / canary by the current weights (smooth weighted round-robin, so the split
-over N requests is exact to within one request per variant: router_table.py), or to the variant named in the `X-SITS-Variant` request
-header when the caller may pin (the pin token or an allow-listed source: router_http.py). Request and response bodies
-stream through chunk by chunk (SSE works; a request body over `max_body_bytes` is a 413, as on the engine); end-to-end
-headers, `traceparent` included, are forwarded. Only origin-form targets are accepted. Weights and backends are
-swapped atomically: requests already in flight finish on the backend they started on. Admin paths under /_sits/:
+over N requests is exact to within one request per variant: table.py), or to the variant named in the `X-SITS-Variant`
+request header when the caller may pin (the pin token or an allow-listed source: forwarding.py). Request and response
+bodies stream through chunk by chunk (SSE works; a request body over `max_body_bytes` is a 413, as on the engine);
+end-to-end headers, `traceparent` included, are forwarded. Only origin-form targets are accepted. Weights and backends
+are swapped atomically: requests already in flight finish on the backend they started on. Admin paths under /_sits/:
 metrics (Prometheus text; requests per variant), weights, healthz.
 
 No client can tell which variant answered it (else it could aim slow or bad requests at one and steer the verdict):
@@ -28,11 +28,11 @@ import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from sits.control_plane.adapters import router_http as rh
 from sits.control_plane.rollout import ROLES
-from sits.control_plane.adapters.deploy import DeployError
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.router_table import RouteTable
+from sits.control_plane.router import RouterError
+from sits.control_plane.router import forwarding as rh
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.router.table import RouteTable
 from sits.wire.http_limits import timeout_protocol
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ class WeightedRouter:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise DeployError(f"router for {self.config.service} did not start within {timeout}s")
+                raise RouterError(f"router for {self.config.service} did not start within {timeout}s")
             time.sleep(0.01)
         self.url = f"http://{host}:{port}"
         return self.url

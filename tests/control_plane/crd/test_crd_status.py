@@ -1,8 +1,8 @@
-"""What a KernelRollout's status says about its rollout (control_plane/adapters/crd_status.py): literal rollouts and
+"""What a KernelRollout's status says about its rollout (control_plane/crd/status.py): literal rollouts and
 check evidence in, status dicts out."""
 import pytest
 
-from sits.control_plane.adapters.crd_status import RolloutRequest, last_check, refused_status, rollout_status
+from sits.control_plane.crd.status import RolloutRequest, last_check, refused_status, rollout_status
 from sits.control_plane.rollout import Phase, Rollout
 
 T0 = 1_780_000_000.0

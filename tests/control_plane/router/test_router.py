@@ -7,10 +7,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sits.control_plane.adapters import process
-from sits.control_plane.adapters.deploy import DeployError
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.adapters.deploy.local import process
+from sits.control_plane.router import RouterError
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.router.proxy import WeightedRouter
 from tests.waiting import wait_for
 
 
@@ -93,11 +93,11 @@ def test_pin_header_traceparent_and_query(router):
 
 def test_no_traffic_is_503_and_bad_weights_rejected(router):
     assert httpx.get(router.url + "/echo").status_code == 503
-    with pytest.raises(DeployError, match="sum to 100"):
+    with pytest.raises(RouterError, match="sum to 100"):
         router.set_weights({"production": 90, "canary": 5})
-    with pytest.raises(DeployError, match="unknown role"):
+    with pytest.raises(RouterError, match="unknown role"):
         router.set_weights({"production": 90, "gray": 10})
-    with pytest.raises(DeployError, match="integer percent"):
+    with pytest.raises(RouterError, match="integer percent"):
         router.set_weights({"production": 100.5, "canary": -0.5})
 
 

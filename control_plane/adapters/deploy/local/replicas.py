@@ -1,7 +1,7 @@
 """The local deployer's engine processes: start a variant's replicas, wait until they answer /readyz, probe, stop.
 
 `ReplicaLauncher` starts `sits-engine serve` subprocesses (one free loopback port each, an explicit environment:
-local_config.engine_environment) in bounded batches, and waits for each batch to answer /readyz before starting the
+config.engine_environment) in bounded batches, and waits for each batch to answer /readyz before starting the
 next, so a machine never loads more models at once than it has cores. A replica that exits, or is not ready by
 its readiness deadline (the spec's ready_timeout_s, else LocalConfig.ready_timeout_s), fails the start with
 NotReadyError (its exit code, its engine's last log line and the log tail), and every replica this start began is
@@ -19,12 +19,12 @@ from typing import Callable
 
 import httpx
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy import (DeployCancelled, DeployInterrupted, NotReadyError, ReplicaStatus,
                                                 VariantSpec, VariantStatus)
-from sits.control_plane.adapters.log_line import (collapse_repeats, is_probe_line, shown_log_line,
-                                                  without_probe_lines)
-from sits.control_plane.adapters.local_config import LocalConfig, engine_environment
+from sits.control_plane.adapters.deploy.log_line import (collapse_repeats, is_probe_line, shown_log_line,
+                                                         without_probe_lines)
+from sits.control_plane.adapters.deploy.local.config import LocalConfig, engine_environment
 from sits.wire.models import LOAD_FAILED
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])

@@ -1,12 +1,14 @@
-"""The weighted router's settings (control_plane/adapters/router.py), validated when made: a bad value is a
-DeployError before any socket is opened."""
+"""The weighted router's settings (proxy.py), validated when made: a bad value is a RouterError before any socket is
+opened."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sits.control_plane.adapters import router_http as rh
-from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.router import RouterError
+from sits.control_plane.router import forwarding as rh
 from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_BODY_BYTES
+
+MIN_PIN_TOKEN_CHARS = 16
 
 
 @dataclass(slots=True)
@@ -30,21 +32,21 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         if not self.service:
-            raise DeployError("router needs a service name")
+            raise RouterError("router needs a service name")
         self.public_paths = tuple(self.public_paths)
         if not all(isinstance(p, str) and p.startswith("/") for p in self.public_paths):
-            raise DeployError(f"router public_paths must be path prefixes starting with '/', got {self.public_paths!r}")
+            raise RouterError(f"router public_paths must be path prefixes starting with '/', got {self.public_paths!r}")
         if not 0 <= self.port <= 65535:
-            raise DeployError(f"router port {self.port} out of range")
+            raise RouterError(f"router port {self.port} out of range")
         if self.connect_timeout <= 0 or self.read_timeout <= 0 or self.max_connections < 1:
-            raise DeployError("router timeouts and max_connections must be positive")
+            raise RouterError("router timeouts and max_connections must be positive")
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0 or self.max_body_bytes < 1:
-            raise DeployError("router header/body timeouts and max_body_bytes must be positive")
-        if self.pin_token is not None and len(self.pin_token) < 16:
-            raise DeployError("the router's pin token must be at least 16 characters")
+            raise RouterError("router header/body timeouts and max_body_bytes must be positive")
+        if self.pin_token is not None and len(self.pin_token) < MIN_PIN_TOKEN_CHARS:
+            raise RouterError(f"the router's pin token must be at least {MIN_PIN_TOKEN_CHARS} characters")
         try:
             self.pin_sources = tuple(self.pin_sources)
             self.trusted_proxies = tuple(self.trusted_proxies)
             rh.parse_networks(self.pin_sources + self.trusted_proxies)
         except ValueError as e:
-            raise DeployError(f"router pin_sources / trusted_proxies: {e}") from None
+            raise RouterError(f"router pin_sources / trusted_proxies: {e}") from None

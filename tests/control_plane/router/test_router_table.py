@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 
-from sits.control_plane.adapters.deploy import DeployError
-from sits.control_plane.adapters.router_table import RouteTable
+from sits.control_plane.router import RouterError
+from sits.control_plane.router.table import RouteTable
 
 
 def test_split_is_exact_within_one_request_and_replicas_take_turns():
@@ -39,10 +39,10 @@ def test_bad_input_is_refused_and_changes_nothing():
     t = RouteTable()
     t.set_backends("production", ["http://127.0.0.1:1"])
     t.set_weights({"production": 100})
-    with pytest.raises(DeployError):
+    with pytest.raises(RouterError):
         t.set_backends("shadow", ["http://127.0.0.1:2"])
-    with pytest.raises(DeployError):
+    with pytest.raises(RouterError):
         t.set_backends("canary", ["ftp://x"])
-    with pytest.raises(DeployError):
+    with pytest.raises(RouterError):
         t.set_weights({"production": -5})
     assert t.weights()["production"] == 100 and list(t.snapshot()["backends"]) == ["production"]

@@ -20,10 +20,10 @@ import threading
 import time
 from typing import Callable, Collection, Mapping
 
-from sits.control_plane.adapters.crd import CrdApiError, KernelRolloutApi, WatchExpired
 from sits.control_plane.adapters.deploy import DeployError
-from sits.control_plane.adapters.k8s_api import load_client
-from sits.control_plane.adapters.crd_status import RolloutRequest, refused_status, rollout_status
+from sits.control_plane.adapters.deploy.kubernetes.api import load_client
+from sits.control_plane.crd.api import CrdApiError, KernelRolloutApi, WatchExpired
+from sits.control_plane.crd.status import RolloutRequest, refused_status, rollout_status
 from sits.control_plane.errors import ConflictError, NotFoundError, SitsError, ValidationError
 from sits.control_plane.rollout import Command, Phase, Rollout, allowed_commands
 from sits.control_plane.service.rollouts import send_command, start_rollout

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from sits.control_plane.adapters import process
+from sits.control_plane.adapters.deploy.local import process
 from tests.waiting import wait_http_ok
 
 HERE = Path(__file__).resolve().parent

@@ -1,8 +1,9 @@
 """LocalDeployer (the embedded default): each variant is `sits-engine serve` subprocesses behind a weighted router.
 
 One WeightedRouter per service (its URL: `router_url(service)`); each replica of a variant is an engine process on a
-free loopback port with `--env <role> --service <service>`, started by a ReplicaLauncher (local_replicas.py).
-deploy() blocks until the new replicas answer /readyz, then swaps them into the router and drains and stops the old ones. Nothing is restarted silently: a crashed replica
+free loopback port with `--env <role> --service <service>`, started by a ReplicaLauncher (replicas.py). The router is
+control_plane/router/. deploy() blocks until the new replicas answer /readyz, then swaps them into the router and
+drains and stops the old ones. Nothing is restarted silently: a crashed replica
 shows as not ready (with its exit code and log tail) until deploy() is called again. Children die with this process
 (own session + PR_SET_PDEATHSIG, see process.py) and are stopped by delete()/close().
 """
@@ -20,15 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from sits.control_plane.adapters import process
-from sits.control_plane.rollout import ROLES
 from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, ReplicaStatus,
-                                           VariantSpec, VariantStatus, check_role, normalize_weights)
-from sits.control_plane.adapters.local_config import LocalConfig, default_max_replicas
-from sits.control_plane.adapters.local_replicas import Replica, ReplicaLauncher
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.router import WeightedRouter
-from sits.control_plane.adapters.router_ports import RouterPorts
+                                                VariantSpec, VariantStatus, check_role, normalize_weights)
+from sits.control_plane.adapters.deploy.local import process
+from sits.control_plane.adapters.deploy.local.config import LocalConfig, default_max_replicas
+from sits.control_plane.adapters.deploy.local.replicas import Replica, ReplicaLauncher
+from sits.control_plane.rollout import ROLES
+from sits.control_plane.router import RouterError
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.router.proxy import WeightedRouter
+from sits.control_plane.router.ports import RouterPorts
 
 log = logging.getLogger(__name__)
 
@@ -228,13 +230,16 @@ class LocalDeployer:
         """The service's router, on the port it had before a restart where one is remembered (else a free one)."""
         port = self._ports.get(name)
         for attempt in (port, 0) if port else (0,):
-            router = WeightedRouter(RouterConfig(service=name, host=self.config.host, port=attempt,
-                                                 pin_token=self.pin_token, pin_sources=tuple(self.config.pin_sources)))
             try:
+                router = WeightedRouter(RouterConfig(service=name, host=self.config.host, port=attempt,
+                                                     pin_token=self.pin_token,
+                                                     pin_sources=tuple(self.config.pin_sources)))
                 router.start()
             except OSError as e:   # taken by another process meanwhile: a new port (and URL) beats no service
                 log.warning("service %s: router port %d unavailable (%s); taking a free one", name, attempt, e)
                 continue
+            except RouterError as e:   # a bad pin source, or it never started: the Deployer contract's error
+                raise DeployError(f"service {name}: {e}") from None
             self._ports.remember(name, int(router.url.rsplit(":", 1)[1]))
             return router
         raise DeployError(f"service {name}: no port for its router")

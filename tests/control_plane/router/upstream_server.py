@@ -1,6 +1,6 @@
 """A small real HTTP upstream for router tests (run as a subprocess): echoes requests, streams, sleeps, digests bodies.
 
-    python tests/control_plane/deploy/upstream_server.py --name canary --port 8123
+    python tests/control_plane/router/upstream_server.py --name canary --port 8123
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`DeploySpec`: how a rollout's variants run besides their kernel sets (model, replicas, args, env, images, GPUs).
 The baseline is a fresh copy of production. Validated once, here and in `VariantSpec`, by the shared field checks of
 control_plane/validation.py; bad input raises ValidationError naming the field. Engine flags and environment pass
-the allow-list of adapters/engine_args.py (the deployer's own flags, tracing and fault injection are refused);
+the allow-list of engine_args.py (the deployer's own flags, tracing and fault injection are refused);
 `canary_faults` (fault-injection flags for the canary) is for tests and benchmarks: no API or CLI field sets it."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sits.control_plane import validation as v
-from sits.control_plane.adapters import engine_args
+from sits.control_plane.adapters.deploy import engine_args
 from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.errors import ValidationError
 

@@ -1,6 +1,6 @@
 """What the router accepts from a client and passes on: request targets, headers, and who may pin a variant.
 
-Pure functions over ASGI-style byte pairs; the router (router.py) calls them for every request.
+Pure functions over ASGI-style byte pairs; the router (proxy.py) calls them for every request.
 - Targets: origin-form only (RFC 9112 3.2.1: absolute-path [ "?" query ]). Absolute-form, authority-form, asterisk-form
   and anything else h11 lets through (`@host:port/x`, `:port`) is refused, and the upstream URL is built from the
   backend's parsed parts plus the validated path, never by string concatenation.

@@ -1,8 +1,8 @@
 """The `MetricsSource` protocol: the histograms of each variant of a service over a time window.
 
-Two implementations: `sits.control_plane.adapters.scrape.ScrapeSource` (GET each variant's /metrics, the embedded default)
-and `sits.control_plane.adapters.prometheus.PrometheusSource` (PromQL over Prometheus' HTTP API). Both return WINDOW DELTAS
-(not cumulative counts) per role, replicas summed, counter resets handled, as `VariantData` of the analysis core.
+Two implementations: `scrape.ScrapeSource` (GET each variant's /metrics, the embedded default) and
+`prometheus.PrometheusSource` (PromQL over Prometheus' HTTP API). Both return WINDOW DELTAS (not cumulative counts)
+per role, replicas summed, counter resets handled, as `VariantData` of the analysis core.
 
 Errors are a few named exceptions; the worker turns any `MetricsError` into an inconclusive window (no data is never a
 pass): `NoDataError` (a variant the analysis needs has no series), `MultipleSeriesError` (a query that must return one

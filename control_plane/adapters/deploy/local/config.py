@@ -1,5 +1,5 @@
 """The LocalDeployer's settings and the machine's bounds: which environment an engine replica gets, how many replicas
-this machine holds, and LocalConfig (control_plane/adapters/local.py uses them)."""
+this machine holds, and LocalConfig (deployer.py uses them)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sits.control_plane.adapters.deploy import DeployError
+from sits.control_plane.router.config import MIN_PIN_TOKEN_CHARS
 
 # engine replicas get an explicit environment: these of ours (exact names, then prefixes), LocalConfig.env and the
 # spec's env. Nothing else: the worker's own secrets (SITS_PROMETHEUS_TOKEN, ..._PASSWORD, API tokens) stay here.
@@ -16,7 +17,6 @@ ENV_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHON
               "XDG_CACHE_HOME", "SITS_BUILD", "SITS_OTEL_EXPORTER", "SITS_KERNEL_PLUGINS", "OTEL_TRACES_EXPORTER",
               "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 ENV_PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_", "TORCHINDUCTOR_", "OMP_", "MKL_")
-MIN_PIN_TOKEN_CHARS = 16       # RouterConfig's bound too
 ENGINE_MEMORY_BYTES = 1 << 30   # what one local engine replica is budgeted (the tiny model needs ~0.4 GB RSS)
 
 
@@ -66,7 +66,7 @@ class LocalConfig:
     pin_sources: tuple[str, ...] = ()
     max_replicas: int | None = None             # engines of all services at once; None: default_max_replicas()
     start_batch: int | None = None              # replicas started together, then waited for; None: one per core
-    router_state: str | None = None             # file remembering each service's router port (router_ports.py)
+    router_state: str | None = None             # file remembering each service's router port (router/ports.py)
 
     def __post_init__(self) -> None:
         if not self.engine_command:

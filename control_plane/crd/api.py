@@ -1,7 +1,7 @@
 """The KernelRollout custom resource (`kernelrollouts.sits.dev/v1alpha1`, helm/sits-control/crds/) on the API server:
 list, watch, status writes and Events, objects as plain dicts. Every call here is in the chart's Role
 (tests/helm derive the Role's rules from this file). The watch loop that drives rollouts from these objects is
-control_plane/worker/crd_watch.py; what goes into `status` is crd_status.py."""
+watch.py; what goes into `status` is status.py."""
 from __future__ import annotations
 
 import json

@@ -8,7 +8,7 @@ logged last one bounded, printable line).
 """
 from __future__ import annotations
 
-from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.adapters.deploy.kubernetes import manifests as m
 from sits.control_plane.adapters.deploy import ReplicaStatus, VariantStatus
 from sits.wire.models import LOAD_FAILED
 

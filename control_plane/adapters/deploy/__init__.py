@@ -1,8 +1,8 @@
 """The `Deployer` protocol: put production / baseline / canary variants of the engine into the world and split traffic.
 
-Two implementations: `sits.control_plane.adapters.local.LocalDeployer` (subprocesses behind a weighted router, the embedded
-default) and `sits.control_plane.adapters.kubernetes.KubernetesDeployer` (Deployments + Services, optionally a Gateway API
-HTTPRoute). Every call is idempotent: repeating it after a crash converges to the same state.
+Two implementations: `local.deployer.LocalDeployer` (subprocesses behind a weighted router, the embedded default) and
+`kubernetes.deployer.KubernetesDeployer` (Deployments + Services, optionally a Gateway API HTTPRoute). Every call is
+idempotent: repeating it after a crash converges to the same state. What a rollout asks of them: `spec.DeploySpec`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Callable, Mapping, Protocol, runtime_checkable
 
 from sits.control_plane import validation as v
 from sits.control_plane.errors import ValidationError
-from sits.control_plane.rollout import ROLES
+from sits.control_plane.rollout import ROLES, traffic_split
 
 
 class DeployError(Exception):
@@ -172,19 +172,12 @@ class ReplicaLimit:
 
 
 def normalize_weights(weights: Mapping[str, int | float]) -> dict[str, int]:
-    """Validate a traffic split {role: percent}: known roles, integers 0..100 summing to 100; missing roles get 0."""
-    if not isinstance(weights, Mapping) or not weights:
-        raise DeployError("weights must be a non-empty mapping {role: percent}")
-    out = {r: 0 for r in ROLES}
-    for role, w in weights.items():
-        if role not in ROLES:
-            raise DeployError(f"unknown role {role!r} in weights; roles are {', '.join(ROLES)}")
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or w != int(w) or not 0 <= w <= 100:
-            raise DeployError(f"weight of {role} must be an integer percent 0..100, got {w!r}")
-        out[role] = int(w)
-    if sum(out.values()) != 100:
-        raise DeployError(f"weights must sum to 100, got {sum(out.values())} ({out})")
-    return out
+    """Validate a traffic split {role: percent} (`rollout.traffic_split`): known roles, integers 0..100 summing to
+    100; missing roles get 0. DeployError when it is not one."""
+    try:
+        return traffic_split(weights)
+    except ValueError as e:
+        raise DeployError(str(e)) from None
 
 
 def check_role(role: str | None) -> None:

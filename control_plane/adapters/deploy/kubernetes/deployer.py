@@ -5,7 +5,7 @@ Traffic: `traffic="replicas"` splits by replica ratio behind one Service `<servi
 (exact percentages; replicas stay at spec.replicas). Writes are read-modify-write with the object's resourceVersion;
 409 conflicts and 5xx/429 are retried with exponential backoff (re-reading first); 401/403/404/422 become DeployErrors
 with the API's own message. Readiness comes from Deployment status, as the deployment controller writes it, and
-why a variant is not ready from its pods' container statuses (k8s_status.py) and the last line its newest not-ready
+why a variant is not ready from its pods' container statuses (status.py) and the last line its newest not-ready
 pod's engine logged (the pods/log subresource, best-effort).
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Callable, Mapping
 
 from kubernetes import client
 
-from sits.control_plane.adapters import k8s_manifests as m
+from sits.control_plane.adapters.deploy.kubernetes import manifests as m
 from sits.control_plane.rollout import ROLES
 from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError, ReplicaLimit, ReplicaStatus,
                                                 VariantSpec, VariantStatus, check_role, normalize_weights)
-from sits.control_plane.adapters.k8s_api import KubeApi, load_client, merged
-from sits.control_plane.adapters.k8s_status import (deployment_status, has_run, log_pod, pod_problems, pod_replica,
-                                                    pods_crashing)
-from sits.control_plane.adapters.log_line import shown_log_line
+from sits.control_plane.adapters.deploy.kubernetes.api import KubeApi, load_client, merged
+from sits.control_plane.adapters.deploy.kubernetes.status import (deployment_status, has_run, log_pod, pod_problems,
+                                                                  pod_replica, pods_crashing)
+from sits.control_plane.adapters.deploy.log_line import shown_log_line
 
 log = logging.getLogger(__name__)
 # what status() reads of a not-ready variant's engine log: enough lines to find the last one with text on it, bounded

@@ -13,9 +13,9 @@ from typing import Mapping
 
 import httpx
 
-from sits.control_plane.adapters import router_http as rh
-from sits.control_plane.adapters.deploy import DeployError, normalize_weights
-from sits.control_plane.rollout import ROLES
+from sits.control_plane.rollout import ROLES, traffic_split
+from sits.control_plane.router import RouterError
+from sits.control_plane.router import forwarding as rh
 
 
 class RouteTable:
@@ -28,8 +28,11 @@ class RouteTable:
         self._in_flight = {r: 0 for r in ROLES}
 
     def set_weights(self, weights: Mapping[str, int]) -> dict[str, int]:
-        """Replace the weights (normalized to sum 100, DeployError if they cannot be); returns them."""
-        w = normalize_weights(weights)
+        """Replace the weights (normalized to sum 100, RouterError if they cannot be); returns them."""
+        try:
+            w = traffic_split(weights)
+        except ValueError as e:
+            raise RouterError(str(e)) from None
         with self._lock:
             self._weights = w
             self._current = {r: 0 for r in ROLES}
@@ -42,11 +45,11 @@ class RouteTable:
     def set_backends(self, role: str, urls: list[str] | tuple[str, ...] | None) -> None:
         """The replicas of `role` (None or empty: the variant has no backend and gets no requests)."""
         if role not in ROLES:
-            raise DeployError(f"unknown role {role!r}")
+            raise RouterError(f"unknown role {role!r}")
         try:
             parsed = tuple(rh.parse_backend(u) for u in urls or ())
         except (ValueError, httpx.InvalidURL) as e:
-            raise DeployError(f"role {role}: {e}") from None
+            raise RouterError(f"role {role}: {e}") from None
         with self._lock:
             if parsed:
                 self._backends[role] = parsed

@@ -18,7 +18,7 @@ from kubernetes import client, config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from sits.control_plane.adapters.deploy import DeployConflictError, DeployError, DeployNotFoundError
-from sits.control_plane.adapters.k8s_manifests import GATEWAY_GROUP, WEIGHT_ANNOTATION
+from sits.control_plane.adapters.deploy.kubernetes.manifests import GATEWAY_GROUP, WEIGHT_ANNOTATION
 
 log = logging.getLogger(__name__)
 

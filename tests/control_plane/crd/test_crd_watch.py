@@ -10,16 +10,16 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sits.control_plane.adapters.crd import GROUP, PLURAL, VERSION, KernelRolloutApi
+from sits.control_plane.crd.api import GROUP, PLURAL, VERSION, KernelRolloutApi
 from sits.control_plane.rollout import Command, Phase
 from sits.control_plane.service.rollouts import send_command
 from sits.control_plane.store.db import Store
 from sits.control_plane.worker.config import WorkerConfig
-from sits.control_plane.worker.crd_watch import CrdWatcher
+from sits.control_plane.crd.watch import CrdWatcher
 from sits.control_plane.worker.loop import Worker
 from tests.waiting import wait_for, wait_http_ok
 
-from .support import CannedSource, InMemoryDeployer
+from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
 CRD = Path(__file__).resolve().parents[3] / "helm" / "sits-control" / "crds" / "kernelrollouts.sits.dev.yaml"
 FAST = {"steps": [50], "check_interval_s": 0.3, "warmup_s": 0.0, "min_samples": 50, "failure_limit": 1,

@@ -5,11 +5,11 @@ import tracemalloc
 import httpx
 import pytest
 
-from sits.control_plane.adapters.deploy import DeployError
-from sits.control_plane.adapters.router_config import RouterConfig
-from sits.control_plane.adapters.router import WeightedRouter
+from sits.control_plane.router import RouterError
+from sits.control_plane.router.config import RouterConfig
+from sits.control_plane.router.proxy import WeightedRouter
 from sits.wire.http_limits import MAX_BODY_BYTES
-from tests.control_plane.deploy.test_router import router_counts
+from tests.control_plane.router.test_router import router_counts
 
 TOKEN = "test-pin-token-0123456789"
 PIN = {"X-SITS-Pin-Token": TOKEN}
@@ -108,7 +108,7 @@ def test_client_authorization_is_passed_on_unchanged(router):
 def test_backend_urls_with_credentials_or_queries_are_refused():
     r = WeightedRouter(RouterConfig(service="chat"))
     for bad in ("http://u:p@127.0.0.1:1", "ftp://127.0.0.1:1", "http://127.0.0.1:1/?x=1", "127.0.0.1:1"):
-        with pytest.raises(DeployError):
+        with pytest.raises(RouterError):
             r.set_backends("canary", [bad])
 
 
@@ -142,9 +142,9 @@ def test_trusted_pins_work_and_the_token_is_not_forwarded(router, make_router):
 
 
 def test_pin_token_and_networks_are_validated():
-    with pytest.raises(DeployError, match="16 characters"):
+    with pytest.raises(RouterError, match="16 characters"):
         RouterConfig(service="chat", pin_token="short")
-    with pytest.raises(DeployError, match="pin_sources"):
+    with pytest.raises(RouterError, match="pin_sources"):
         RouterConfig(service="chat", pin_sources=("not-a-network",))
 
 
