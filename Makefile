@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` (main job, CPU, no cluster) and `make test` (set up + run the tests).
-.PHONY: setup demo demo-gpu test test-gpu
+.PHONY: setup demo demo-gpu test test-gpu catalog
 PY := .venv/bin/python
 # -P (PYTHONSAFEPATH): the repository root never goes on sys.path, so its folders are importable only as sits.* (the
 # install maps them) and never shadow packages of the same name (Hugging Face's `kernels`, which transformers needs)
@@ -29,3 +29,8 @@ test:
 # on a CUDA machine (python3 with torch and triton): the whole GPU suite in one call (about 4 minutes on an H200)
 test-gpu:
 	bash bench/gpu_session.sh tests
+
+# after a kernel set changes: the built-in sets' catalogue, from the registry, into the engine's, the control plane's
+# and the chart's copies (the kernels package writes nothing itself; tests/kernels/test_catalog.py checks the copies)
+catalog:
+	PYTHONPATH=$(CURDIR) $(PY) .ci/kernel_catalog.py

@@ -2,21 +2,20 @@
 
 `catalogue()` lists every registered set (plugins named by SITS_KERNEL_PLUGINS included) in registration order with
 what the registry records (`KernelSet.catalogue_entry`): its parent and the ops it overrides (filled by `derive`),
-and whether it is an example regression (`wrong` or `slow` on purpose). `sits-engine kernels --json` prints it; control_plane/adapters/kernel_catalog.json is its
-committed copy for the built-in sets (tests/kernels/test_catalog.py keeps the two equal:
-`python -m sits.kernels.catalog --write` regenerates it, and the Helm chart's copy in helm/sits-control/files/).
+and whether it is an example regression (`wrong` or `slow` on purpose). `sits-engine kernels --json` prints it.
+catalog.json beside this file is `builtin_catalogue()` committed, so `identity` names a built-in set without torch.
+Nothing here writes files: `make catalog` (.ci/kernel_catalog.py) regenerates catalog.json and the copies the control
+plane and the Helm chart read, and tests/kernels/test_catalog.py keeps every copy equal to the registry.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 from sits.kernels.registry import PLUGINS_ENV, KernelSet, get_kernel_set, list_kernel_sets
 
-SHIPPED = Path(__file__).resolve().parent.parent / "control_plane" / "adapters" / "kernel_catalog.json"
-CHART_COPY = Path(__file__).resolve().parent.parent / "helm" / "sits-control" / "files" / "kernel-catalog.json"
+SHIPPED = Path(__file__).with_name("catalog.json")
 
 
 def catalogue() -> list[dict]:
@@ -25,7 +24,7 @@ def catalogue() -> list[dict]:
 
 
 def builtin_catalogue() -> list[dict]:
-    """The sets kernels/sets.py registers (no plugins, nothing a test registered): the committed copy."""
+    """The sets kernels/sets.py registers (no plugins, nothing a test registered): what catalog.json holds."""
     from sits.kernels import sets
     builtin = {v.name for v in vars(sets).values() if isinstance(v, KernelSet)}
     return [e for e in catalogue() if e["name"] in builtin]
@@ -51,18 +50,3 @@ def identity(name: str) -> tuple[str, str]:
 
 def dumps(entries: list[dict]) -> str:
     return json.dumps({"kernel_sets": entries}, indent=1) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        text = dumps(builtin_catalogue())
-        for path in (SHIPPED, CHART_COPY):  # the control plane's copy and the Helm chart's
-            path.write_text(text)
-            print(f"wrote {path}")
-        return 0
-    sys.stdout.write(dumps(catalogue()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -301,7 +301,7 @@ def test_the_control_plane_runs_the_slim_image_and_the_engines_theirs(home, tmp_
     assert cm["data"]["SITS_KERNEL_CATALOG"] == "/etc/sits/config/kernel-catalog.json"
     config = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
     assert {"key": "kernel-catalog.json", "path": "kernel-catalog.json"} in config["configMap"]["items"]   # mounted
-    # the chart's copy is the control plane's (python -m sits.kernels.catalog --write writes both)
+    # the chart's copy is the control plane's (`make catalog` writes both; tests/kernels/test_catalog.py)
     assert cm["data"]["kernel-catalog.json"] == SHIPPED.read_text()
     (tmp_path / "c.json").write_text(cm["data"]["kernel-catalog.json"])
     assert "triton-v1.1" in KernelCatalog.from_file(tmp_path / "c.json")

@@ -17,7 +17,7 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages(tmp_path):
     tracked = subprocess.run(["git", "ls-files", *PACKAGES], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.split()
     wanted = {p for p in tracked if not p.endswith(".py")}
-    assert {"control_plane/web/templates/base.html", "control_plane/adapters/kernel_catalog.json",
+    assert {"control_plane/web/templates/base.html", "control_plane/adapters/kernel_catalog.json", "kernels/catalog.json",
             "control_plane/adapters/deploy/kubernetes/crds/httproute.yaml"} <= wanted
     own = subprocess.run(["git", "ls-files", "sits"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.split()   # sits/ itself: the namespace and its own subpackages

@@ -1,22 +1,54 @@
-"""The control plane's kernel catalogue is the registry as data: the committed copy equals what the registry says,
-and the installed engine's answer (`sits-engine kernels --json`) lists plugin sets too."""
+"""The control plane's kernel catalogue is the registry as data: every committed copy (the engine's, the control
+plane's, the chart's) equals what the registry says, `make catalog` (.ci/kernel_catalog.py) writes them, and the
+installed engine's answer (`sits-engine kernels --json`) lists plugin sets too."""
+import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
+from sits.control_plane.adapters import kernel_catalog
 from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
 from sits.control_plane.errors import ValidationError
-from sits.kernels.catalog import SHIPPED, builtin_catalogue, catalogue
+from sits.kernels import catalog as kernels_catalog
+from sits.kernels.catalog import builtin_catalogue, catalogue, dumps
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_COPY = ROOT / "helm" / "sits-control" / "files" / "kernel-catalog.json"
 
 
-def test_the_committed_catalogue_equals_the_registry():
-    shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
-    # builtin_catalogue: the sets kernels/sets.py registers (other tests of this process register their own)
-    assert shipped == builtin_catalogue(), "regenerate it: python -m sits.kernels.catalog --write"
+def _tool():
+    spec = importlib.util.spec_from_file_location("kernel_catalog_tool", ROOT / ".ci" / "kernel_catalog.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_committed_catalogue_equals_the_registry():
+    # builtin_catalogue: the sets kernels/sets.py registers (other tests of this process register their own); the
+    # copies: what identity() reads, what the control plane reads, what the chart mounts
+    for path in (kernels_catalog.SHIPPED, kernel_catalog.SHIPPED, CHART_COPY):
+        shipped = json.loads(path.read_text())["kernel_sets"]
+        assert shipped == builtin_catalogue(), f"{path} is stale: regenerate it with `make catalog`"
     assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "triton-v1.2", "torch-wrong-rope",
                                             "torch-slow-attn", "triton-v1-unsplit", "triton-v1-floor-pages"]
+
+
+def test_the_catalogue_tool_writes_every_copy_and_checks_them(tmp_path, capsys):
+    tool = _tool()
+    assert tool.main(["--check", "--root", str(tmp_path)]) == 1   # nothing written yet: every copy differs
+    assert tool.main(["--root", str(tmp_path)]) == 0
+    written = [tmp_path / c for c in tool.COPIES]
+    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
+        p.relative_to(ROOT).as_posix() for p in (kernels_catalog.SHIPPED, kernel_catalog.SHIPPED, CHART_COPY)}
+    assert all(p.read_text() == dumps(builtin_catalogue()) for p in written)
+    assert tool.main(["--check", "--root", str(tmp_path)]) == 0
+    written[1].write_text(written[1].read_text().replace('"torch"', '"torch-renamed"', 1))
+    capsys.readouterr()
+    assert tool.main(["--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.count("differs from the registry") == 1
 
 
 def test_parents_and_overrides_follow_derive():
