@@ -1,6 +1,6 @@
-"""The weighted router: a data-plane process part, one per service of the local deployer, in front of its production /
-baseline / canary engines (adapters/deploy/local/ starts it). It imports nothing of the control plane above the
-rollout's vocabulary (`ROLES`, `traffic_split`), so it can run apart from it.
+"""The weighted router, a data-plane component: one per service of the local deployer (adapters/deploy/local/ starts it,
+on a thread of its own), in front of the service's production / baseline / canary engines. Of the control plane it
+imports only the rollout's vocabulary (`ROLES`, `traffic_split`); the layer order is tests/control_plane/test_layers.py.
 
     proxy.py       `WeightedRouter`: the reverse proxy (uvicorn, streaming) and its /_sits/ admin paths
     table.py       `RouteTable`: weights, backends and requests in flight; which backend gets the next request
@@ -12,4 +12,5 @@ rollout's vocabulary (`ROLES`, `traffic_split`), so it can run apart from it.
 
 class RouterError(Exception):
     """A router setting, weight split or backend is invalid, or the router could not start; the message says which.
-    The local deployer reports it as a DeployError."""
+    The local deployer reports one from starting a router as a DeployError; what it hands a running router (weights it
+    has checked, its own engines' URLs) is valid."""
