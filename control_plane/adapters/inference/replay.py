@@ -10,6 +10,7 @@ from typing import Protocol
 
 import requests
 
+from sits.control_plane.adapters.http import thread_session
 from sits.wire.headers import MARK, REPLAY_HEADER
 
 
@@ -35,11 +36,7 @@ class HTTPReplaySender:
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-            s.trust_env = False
-        return s
+        return thread_session(self._local)
 
     def model(self, url: str, timeout: float) -> str:
         try:

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from sits.control_plane.adapters.http import thread_session
 from sits.control_plane.adapters.metrics import INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
 from sits.control_plane.analysis.promql import series_key, status_class
@@ -167,11 +168,7 @@ class ScrapeSource:
         self._pool = ThreadPoolExecutor(self.config.max_workers, thread_name_prefix="sits-scrape")
 
     def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-            s.trust_env = False
-        return s
+        return thread_session(self._local)
 
     def scrape(self, url: str, service: str | None, metrics: Sequence[str]) -> Cumulative:
         try:
