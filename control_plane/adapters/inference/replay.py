@@ -10,7 +10,7 @@ from typing import Protocol
 
 import requests
 
-from sits.control_plane.adapters.http import thread_session
+from sits.control_plane.adapters.sessions import thread_session
 from sits.wire.headers import MARK, REPLAY_HEADER
 
 

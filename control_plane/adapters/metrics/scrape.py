@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from sits.control_plane.adapters.http import thread_session
+from sits.control_plane.adapters.sessions import thread_session
 from sits.control_plane.adapters.metrics import INFERENCE_ROUTES, MetricsQueryError, MetricsWindow, NoDataError, Target
 from sits.control_plane.analysis import REQUEST_LATENCY, HistogramError, HistogramSnapshot, VariantData
 from sits.control_plane.analysis.promql import series_key, status_class

@@ -27,7 +27,7 @@ from sits.control_plane.adapters.deploy.log_line import (collapse_repeats, is_pr
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, engine_environment
 from sits.wire.models import LOAD_FAILED
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_REPO_ROOT = str(Path(__file__).resolve().parents[4])   # control_plane/adapters/deploy/local/ -> the checkout
 PROBE_FIRST_S, PROBE_MAX_S = 0.1, 1.0   # /readyz probes while an engine loads: 0.1 s apart, slowing down to 1 s
 INTERRUPT_POLL_S = 1.0                  # how often a deploy asks its `interrupted()` (a store query) while waiting
 
