@@ -90,6 +90,8 @@ def optional_seconds(v: Any, field: str, maximum: float = MAX_READY_TIMEOUT_S) -
 # Kubernetes by KubernetesConfig.max_replicas); `--replicas 100000` is a typo, not a plan
 MAX_REPLICAS = 256
 MAX_GPUS = 16
+# GPUs one engine spans (`sits-engine serve --tensor-parallel-size`): one host's NVLink domain, 8 GPUs at most
+MAX_TENSOR_PARALLEL = 8
 
 
 def integer(v: Any, field: str, minimum: int, maximum: int | None = None) -> int:
@@ -97,6 +99,21 @@ def integer(v: Any, field: str, minimum: int, maximum: int | None = None) -> int
         bound = f">= {minimum}" if maximum is None else f">= {minimum} and <= {maximum}"
         raise ValidationError(f"{field} must be an integer {bound}, got {str(v)[:40]}", field)
     return v
+
+
+def tensor_parallel_size(v: Any, field: str = "tensor_parallel_size") -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TENSOR_PARALLEL:
+        raise ValidationError(f"{field} (GPUs per engine) must be an integer from 1 to {MAX_TENSOR_PARALLEL}, got "
+                              f"{str(v)[:40]}", field)
+    return v
+
+
+def gpus_hold_tensor_parallel(gpus: int, tp: int) -> None:
+    """GPUs per replica (`gpus`, 0: as many as the engine spans) must hold one engine of `tp` GPUs."""
+    if 0 < gpus < tp:
+        raise ValidationError(f"gpus: {gpus} per replica cannot hold an engine of tensor_parallel_size {tp} (one "
+                              f"engine per replica spans {tp} GPUs); give gpus 0 (as many as the engine spans) or at "
+                              f"least {tp}", "gpus")
 
 
 def strings(v: Any, field: str) -> tuple[str, ...]:

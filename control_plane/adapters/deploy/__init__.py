@@ -66,6 +66,7 @@ class VariantSpec:
     gpus: int = 0
     device: str | None = None                # `--device` of every replica; None: the engine's choice
     ready_timeout_s: float | None = None     # how long a new replica may take to get ready; None: the deployer's
+    tensor_parallel_size: int = 1            # GPUs one engine spans (`--tensor-parallel-size`, given when > 1)
 
     def __post_init__(self) -> None:
         try:
@@ -80,28 +81,62 @@ class VariantSpec:
             object.__setattr__(self, "env", v.string_map(self.env, "env"))
             v.device(self.device)
             object.__setattr__(self, "ready_timeout_s", v.optional_seconds(self.ready_timeout_s, "ready_timeout_s"))
+            v.tensor_parallel_size(self.tensor_parallel_size)
+            v.gpus_hold_tensor_parallel(self.gpus, self.tensor_parallel_size)
         except ValidationError as e:
             raise InvalidVariantError(str(e), e.field) from None
 
     def engine_args(self, *, port: int, host: str | None = None) -> list[str]:
         """`sits-engine serve ...` arguments (without the program) for this variant; env label = role. The
-        deployer's flags and the device field come last, so they win over any args list (a `--device` in args too)."""
+        deployer's flags and the device field come last, so they win over any args list (a `--device` in args too).
+        `--tensor-parallel-size` only when it is more than 1: a one-GPU engine's argv is what it always was."""
         argv = ["serve", *self.args, *(("--device", self.device) if self.device else ()),
                 "--model", self.model, "--kernels", self.kernels,
+                *(("--tensor-parallel-size", str(self.tensor_parallel_size)) if self.tensor_parallel_size > 1 else ()),
                 "--env", self.role, "--service", self.service, "--port", str(port)]
         return argv + (["--host", host] if host is not None else [])
+
+    def engine_device(self) -> str | None:
+        """The `--device` the engine gets: the field, else the last one in args (argparse keeps the last), else None
+        (the engine's choice: a GPU where one is visible)."""
+        if self.device:
+            return self.device
+        found = None
+        for i, a in enumerate(self.args):
+            if a == "--device" and i + 1 < len(self.args):
+                found = self.args[i + 1]
+            elif a.startswith("--device="):
+                found = a.partition("=")[2]
+        return None if found in (None, "auto") else found
+
+    @property
+    def gpus_per_engine(self) -> int:
+        """GPUs one replica gets where it runs on GPUs: `gpus` when given, else tensor_parallel_size (>= 1)."""
+        return max(self.gpus, self.tensor_parallel_size)
+
+    def gpu_request(self) -> int:
+        """GPUs a replica asks the cluster for (Kubernetes' nvidia.com/gpu limit): none on the CPU (`--device cpu`);
+        else gpus_per_engine when it is sure to run on CUDA -- `gpus` given, `--device cuda[:N]`, or an engine
+        spanning more than one GPU -- and none when the device is left to the engine with one GPU asked of nobody
+        (what every such pod always got)."""
+        device = self.engine_device()
+        if device == "cpu":
+            return 0
+        on_cuda = self.gpus > 0 or self.tensor_parallel_size > 1 or (device or "").startswith("cuda")
+        return self.gpus_per_engine if on_cuda else 0
 
     def to_dict(self) -> dict:
         return {"service": self.service, "role": self.role, "kernels": self.kernels, "model": self.model,
                 "replicas": self.replicas, "image": self.image, "args": list(self.args), "env": dict(self.env),
-                "gpus": self.gpus, "device": self.device, "ready_timeout_s": self.ready_timeout_s}
+                "gpus": self.gpus, "device": self.device, "ready_timeout_s": self.ready_timeout_s,
+                "tensor_parallel_size": self.tensor_parallel_size}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "VariantSpec":
         return cls(service=d["service"], role=d["role"], kernels=d["kernels"], model=d.get("model", "tiny"),
                    replicas=d.get("replicas", 1), image=d.get("image"), args=tuple(d.get("args", ())),
                    env=dict(d.get("env", {})), gpus=d.get("gpus", 0), device=d.get("device"),
-                   ready_timeout_s=d.get("ready_timeout_s"))
+                   ready_timeout_s=d.get("ready_timeout_s"), tensor_parallel_size=d.get("tensor_parallel_size", 1))
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,6 +151,10 @@ class VariantStatus:
     crashing: bool = False            # a replica exited (local) or crash-loops (Kubernetes), as the deployer sees it
 
 
+# ReplicaStatus.gpu_placement: GPUs no other variant is given, or every GPU, seen by every engine that shares them
+GPU_OWN, GPU_SHARED = "own", "shared"
+
+
 @dataclass(slots=True, frozen=True)
 class ReplicaStatus:
     """One engine of a variant as the deployer sees it now: a local process or a Kubernetes pod."""
@@ -127,9 +166,14 @@ class ReplicaStatus:
     last_log_line: str = ""    # what the engine logged last: one printable line, redacted, at most 200 characters
     log_error: str = ""        # why the log could not be read (e.g. "403: grant get on pods/log"); "" when it was
     address: str | None = None  # local: its URL; Kubernetes: the pod IP
+    # where it runs on GPUs: "own" (GPUs no other variant is given), "shared" (it sees every GPU, as the others do),
+    # "" (none: the CPU, or not known); `gpus` the ones it sees (local: its CUDA_VISIBLE_DEVICES), `gpu_note` in words
+    gpu_placement: str = ""
+    gpus: tuple[str, ...] = ()
+    gpu_note: str = ""
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: list(x) if isinstance(x := getattr(self, k), tuple) else x for k in self.__slots__}
 
 
 @runtime_checkable

@@ -2,7 +2,8 @@
 which environment variables (DeploySpec.env). Pure.
 
 The deployer owns everything that says where an engine listens, what it is called, where its telemetry goes and
-whether it misbehaves on purpose: `--host`, `--port`, `--env`, `--service`, `--model`, `--kernels` (spec fields),
+whether it misbehaves on purpose: `--host`, `--port`, `--env`, `--service`, `--model`, `--kernels`,
+`--tensor-parallel-size` (spec fields),
 `--otel-exporter`, `--otlp-endpoint` and the `--fault-*` flags. An operator's flag is accepted only if it is on the
 allow-list below, spelled out in full (argparse would take `--ho` for `--host`), with a value where it takes one;
 anything else is a ValidationError naming the flag. Fault injection is for tests and benchmarks: DeploySpec's
@@ -73,7 +74,9 @@ FAULT_FLAGS: dict[str, bool] = {"--fault-latency-ms": True, "--fault-token-laten
                                 "--fault-error-rate": True}
 # what the deployer sets itself (named in the error, so the operator learns why rather than "unknown")
 DEPLOYER_FLAGS = frozenset({"--host", "--port", "--listen-fd", "--env", "--service", "--model", "--kernels", "--otel-exporter",
-                            "--otlp-endpoint", *FAULT_FLAGS})
+                            "--otlp-endpoint", "--tensor-parallel-size", *FAULT_FLAGS})
+# the deployer's flags a rollout sets through a field of its own (named in the refusal)
+FIELD_OF_FLAG = {"--model": "model", "--kernels": "kernels", "--tensor-parallel-size": "tensor_parallel_size"}
 MAX_ARGS = 64
 MAX_ARG_CHARS = 256
 # environment the deployer owns or that changes what code runs or where it connects: SITS_* (env/service labels,
@@ -107,7 +110,8 @@ def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERA
                                   field)
         name, eq, value = a.partition("=")
         if name in DEPLOYER_FLAGS and name not in allowed:
-            raise ValidationError(f"{field}: {name} is set by the deployer and cannot be given", field)
+            use = f" (the rollout's {FIELD_OF_FLAG[name]} sets it)" if name in FIELD_OF_FLAG else ""
+            raise ValidationError(f"{field}: {name} is set by the deployer and cannot be given{use}", field)
         if name not in allowed:
             raise ValidationError(f"{field}: {name[:60]!r} is not an engine flag a rollout may set; allowed: "
                                   f"{', '.join(sorted(allowed))}", field)

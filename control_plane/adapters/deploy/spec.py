@@ -1,4 +1,5 @@
-"""`DeploySpec`: how a rollout's variants run besides their kernel sets (model, replicas, args, env, images, GPUs).
+"""`DeploySpec`: how a rollout's variants run besides their kernel sets (model, replicas, args, env, images, GPUs,
+GPUs per engine).
 The baseline is a fresh copy of production. Validated once, here and in `VariantSpec`, by the shared field checks of
 control_plane/validation.py; bad input raises ValidationError naming the field. Engine flags and environment pass
 the allow-list of engine_args.py (the deployer's own flags, tracing and fault injection are refused);
@@ -31,6 +32,7 @@ class DeploySpec:
     canary_faults: tuple[str, ...] = ()
     device: str | None = None               # `sits-engine serve --device` of every variant; None: the engine's choice
     ready_timeout_s: float | None = None    # readiness deadline of each deploy; None: the policy's ready_timeout_s
+    tensor_parallel_size: int = 1           # GPUs each engine spans (`sits-engine serve --tensor-parallel-size`)
 
     def __post_init__(self) -> None:
         v.model(self.model)
@@ -45,6 +47,8 @@ class DeploySpec:
         v.integer(self.gpus, "gpus", 0, v.MAX_GPUS)
         v.device(self.device)
         object.__setattr__(self, "ready_timeout_s", v.optional_seconds(self.ready_timeout_s, "ready_timeout_s"))
+        v.tensor_parallel_size(self.tensor_parallel_size)
+        v.gpus_hold_tensor_parallel(self.gpus, self.tensor_parallel_size)
 
     def variant(self, service: str, role: str, kernels: str, *, ready_timeout_s: float | None = None) -> VariantSpec:
         """The variant of `role`; `ready_timeout_s` when the spec sets none (the worker passes the policy's)."""
@@ -53,14 +57,15 @@ class DeploySpec:
                            image=self.canary_image if canary else self.production_image,
                            args=self.canary_args + self.canary_faults if canary else self.production_args,
                            env=self.env, gpus=self.gpus, device=self.device,
-                           ready_timeout_s=self.ready_timeout_s or ready_timeout_s)
+                           ready_timeout_s=self.ready_timeout_s or ready_timeout_s,
+                           tensor_parallel_size=self.tensor_parallel_size)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "replicas": self.replicas, "production_args": list(self.production_args),
                 "canary_args": list(self.canary_args), "env": dict(self.env),
                 "production_image": self.production_image, "canary_image": self.canary_image, "gpus": self.gpus,
                 "canary_faults": list(self.canary_faults), "device": self.device,
-                "ready_timeout_s": self.ready_timeout_s}
+                "ready_timeout_s": self.ready_timeout_s, "tensor_parallel_size": self.tensor_parallel_size}
 
     @classmethod
     def from_stored(cls, d: Mapping[str, Any]) -> "DeploySpec":

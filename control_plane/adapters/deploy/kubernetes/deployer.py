@@ -179,7 +179,7 @@ class KubernetesDeployer:
             role = pod["metadata"].get("labels", {}).get(m.ROLE_LABEL)
             if role not in ROLES:
                 continue
-            rs = pod_replica(pod, role)
+            rs = pod_replica(pod, role, self.config.gpu_resource)
             if has_run(pod):
                 line, error = self._read_log(rs.name, _REPLICA_LOG_LINES)
                 rs = dataclasses.replace(rs, last_log_line=line, log_error=error)

@@ -77,8 +77,8 @@ def deployment(spec: VariantSpec, *, image: str, port: int, replicas: int, gpu_r
                          "failureThreshold": 120},
     }
     res = {k: dict(v) for k, v in (resources or {}).items()}
-    if spec.gpus:
-        res.setdefault("limits", {})[gpu_resource] = str(spec.gpus)
+    if gpus := spec.gpu_request():   # an engine on CUDA: its GPUs (tensor_parallel_size of them, or `gpus`)
+        res.setdefault("limits", {})[gpu_resource] = str(gpus)
     if res:
         container["resources"] = res
     lab = labels(spec)

@@ -9,7 +9,7 @@ logged last one bounded, printable line).
 from __future__ import annotations
 
 from sits.control_plane.adapters.deploy.kubernetes import manifests as m
-from sits.control_plane.adapters.deploy import ReplicaStatus, VariantStatus
+from sits.control_plane.adapters.deploy import GPU_OWN, ReplicaStatus, VariantStatus
 from sits.wire.models import LOAD_FAILED
 
 
@@ -107,10 +107,14 @@ def log_pod(pods: list[dict]) -> str | None:
         "metadata"]["name"]
 
 
-def pod_replica(pod: dict, role: str) -> ReplicaStatus:
+def pod_replica(pod: dict, role: str, gpu_resource: str = "nvidia.com/gpu") -> ReplicaStatus:
     """One pod as an engine of `role`: ready from its Ready condition, restarts and state from the engine container's
-    status (the waiting or termination reason in the kubelet's words; "pending" before the pod has one). No log."""
+    status (the waiting or termination reason in the kubelet's words; "pending" before the pod has one), the GPUs its
+    engine container asks for (the device plugin gives each pod GPUs of its own). No log."""
     meta, st = pod["metadata"], pod.get("status", {})
+    engine = next((c for c in pod.get("spec", {}).get("containers", []) or [] if c.get("name") == m.ENGINE_CONTAINER),
+                  {})
+    gpus = str(((engine.get("resources") or {}).get("limits") or {}).get(gpu_resource, ""))
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions", []) or [])
     cs = next((c for c in st.get("containerStatuses", []) or [] if c.get("name") == m.ENGINE_CONTAINER), None)
     state = "pending" if st.get("phase", "Pending") == "Pending" else str(st.get("phase", "")).lower()
@@ -126,7 +130,8 @@ def pod_replica(pod: dict, role: str) -> ReplicaStatus:
     if meta.get("deletionTimestamp"):
         state = "terminating"
     return ReplicaStatus(role=role, name=meta["name"], ready=ready, restarts=int((cs or {}).get("restartCount", 0)),
-                         state=state, address=st.get("podIP"))
+                         state=state, address=st.get("podIP"), gpu_placement=GPU_OWN if gpus else "",
+                         gpu_note=f"{gpus} {gpu_resource} of its own" if gpus else "")
 
 
 def has_run(pod: dict) -> bool:
