@@ -67,6 +67,9 @@ class LocalConfig:
     max_replicas: int | None = None             # engines of all services at once; None: default_max_replicas()
     start_batch: int | None = None              # replicas started together, then waited for; None: one per core
     router_state: str | None = None             # file remembering each service's router port (router/ports.py)
+    # the GPUs engines are placed on (CUDA_VISIBLE_DEVICES entries, gpus.py); None: gpus.visible_gpus() -- this
+    # process's CUDA_VISIBLE_DEVICES, else nvidia-smi's list -- read at the first deploy that may use a GPU
+    gpu_devices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.engine_command:
@@ -80,6 +83,11 @@ class LocalConfig:
                               f"{MIN_PIN_TOKEN_CHARS} characters, got {len(self.pin_token)}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise DeployError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.gpu_devices is not None:
+            self.gpu_devices = tuple(self.gpu_devices)
+            if not all(isinstance(g, str) and g and g.isprintable() and "," not in g and not g.startswith("-")
+                       for g in self.gpu_devices) or len(set(self.gpu_devices)) != len(self.gpu_devices):
+                raise DeployError(f"gpu_devices must be distinct GPU indices or UUIDs, got {self.gpu_devices!r}")
         for name in ("max_replicas", "start_batch"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

@@ -3,7 +3,8 @@
 One WeightedRouter per service (its URL: `router_url(service)`); each replica of a variant is an engine process on a
 free loopback port with `--env <role> --service <service>`, started by a ReplicaLauncher (replicas.py). The router is
 control_plane/router/. deploy() blocks until the new replicas answer /readyz, then swaps them into the router and
-drains and stops the old ones. Nothing is restarted silently: a crashed replica
+drains and stops the old ones. On GPUs each variant's engines get GPUs of their own while enough are free, else share
+them all (gpus.py); a redeploy keeps the variant's GPUs, a promotion hands the canary's to production. Nothing is restarted silently: a crashed replica
 shows as not ready (with its exit code and log tail) until deploy() is called again. Children die with this process
 (own session + PR_SET_PDEATHSIG, see process.py) and are stopped by delete()/close().
 """
@@ -13,6 +14,7 @@ import atexit
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
 import tempfile
 import threading
@@ -25,6 +27,7 @@ from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError
                                                 VariantSpec, VariantStatus, check_role, normalize_weights)
 from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, default_max_replicas
+from sits.control_plane.adapters.deploy.local.gpus import SHARED, GpuPool, Placement, Sets, visible_gpus
 from sits.control_plane.adapters.deploy.local.replicas import Replica, ReplicaLauncher
 from sits.control_plane.rollout import ROLES
 from sits.control_plane.router import RouterError
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 class _Variant:
     spec: VariantSpec
     replicas: list[Replica]
+    placement: Placement = field(default_factory=Placement)
 
 
 @dataclass(slots=True)
@@ -71,6 +75,7 @@ class LocalDeployer:
         self.pin_token = self.config.pin_token or secrets.token_urlsafe(24)
         self.max_replicas = self.config.max_replicas or default_max_replicas()
         self._starting = 0                  # replicas being started now (counted against max_replicas)
+        self._gpus: GpuPool | None = None   # the first deploy that may run on a GPU lists them (_gpu_pool)
         atexit.register(_close_ref, weakref.ref(self))
 
     # ---- Deployer protocol ----
@@ -78,26 +83,40 @@ class LocalDeployer:
         """Start spec's replicas, wait until every one answers /readyz, then swap them in. NotReadyError when one
         exits, says it failed to load, or misses the readiness deadline; DeployInterrupted as soon as
         `interrupted()` (asked about every second) says so; DeployCancelled on cancel()/close()."""
+        self._deploy(spec, interrupted)
+
+    def _deploy(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None, prefer: Sets = ()) -> None:
+        """deploy(); `prefer`: GPU sets the new engines take first (a promotion passes the canary's)."""
         svc = self._service(spec.service, create=True)
         with svc.role_locks[spec.role]:
             cur = svc.variants.get(spec.role)
             if cur is not None and cur.spec == spec and all(r.proc.poll() is None for r in cur.replicas):
                 return  # already as desired
             self._reserve(spec)
+            placed = False
             try:
+                placement = self._place(spec, prefer)
+                placed = True
                 # raises (and cleans up) if they never get ready, when interrupted, or on close()
-                new = self.launcher.start(spec, interrupted)
+                new = self.launcher.start(spec, interrupted, placement)
+            except BaseException:
+                if placed and self._gpus is not None:
+                    self._gpus.abort(spec.service, spec.role)   # the variant keeps what it held
+                raise
             finally:
                 with self._lock:
                     self._starting -= spec.replicas
             with svc.state:
-                svc.variants[spec.role] = _Variant(spec, new)
+                svc.variants[spec.role] = _Variant(spec, new, placement)
                 svc.router.set_backends(spec.role, [r.url for r in new] or None)
                 if not any(svc.router.weights().values()) and spec.role == "production" and new:
                     svc.router.set_weights({"production": 100})
             if cur is not None:
                 self._stop_replicas(svc, spec.role, cur.replicas)
-            log.info("deployed %s/%s (%s) on %s", spec.service, spec.role, spec.kernels, [r.url for r in new])
+            if self._gpus is not None:   # the old engines are gone: the variant holds the new ones' GPUs only
+                self._gpus.commit(spec.service, spec.role)
+            log.info("deployed %s/%s (%s) on %s%s", spec.service, spec.role, spec.kernels, [r.url for r in new],
+                     f"; {placement.describe()}" if placement.describe() else "")
 
     def set_weights(self, service: str, weights: Mapping[str, int]) -> None:
         w = normalize_weights(weights)
@@ -117,7 +136,7 @@ class LocalDeployer:
         with svc.state:
             variants = dict(svc.variants)
             weights = svc.router.weights()
-        return {role: self.launcher.status(role, v.spec, v.replicas, weights.get(role, 0))
+        return {role: self.launcher.status(role, v.spec, v.replicas, weights.get(role, 0), v.placement)
                 for role, v in variants.items()}
 
     def replicas(self, service: str) -> list[ReplicaStatus]:
@@ -129,7 +148,7 @@ class LocalDeployer:
         with svc.state:
             variants = dict(svc.variants)
         return [rs for role in ROLES if role in variants
-                for rs in self.launcher.replica_statuses(role, variants[role].replicas)]
+                for rs in self.launcher.replica_statuses(role, variants[role].replicas, variants[role].placement)]
 
     def promote(self, service: str) -> None:
         svc = self._service(service)
@@ -138,9 +157,10 @@ class LocalDeployer:
             if canary is None:
                 if prod is None:
                     raise DeployNotFoundError(f"service {service}: nothing to promote (no canary, no production)")
-            else:
-                self.deploy(dataclasses.replace(canary.spec, role="production",
-                                                replicas=prod.spec.replicas if prod else canary.spec.replicas))
+            else:   # the new production runs where the canary ran: its GPUs go with it
+                self._deploy(dataclasses.replace(canary.spec, role="production",
+                                                 replicas=prod.spec.replicas if prod else canary.spec.replicas),
+                             prefer=self._gpus.held(service, "canary") if self._gpus is not None else ())
             self.set_weights(service, {"production": 100})
             self.delete(service, "canary")
             self.delete(service, "baseline")
@@ -176,6 +196,8 @@ class LocalDeployer:
                             svc.router.set_weights({k: 100 if k == r else 0 for k in w})
                     svc.router.set_backends(r, None)
                 self._stop_replicas(svc, r, v.replicas)
+                if self._gpus is not None:
+                    self._gpus.release(service, r)
             if role is None:
                 svc.router.stop()
                 with self._lock:
@@ -257,6 +279,35 @@ class LocalDeployer:
                     f"{self.max_replicas} fit (LocalConfig.max_replicas; {len(cur.replicas) if cur else 0} of the "
                     f"running ones are this variant's current replicas)")
             self._starting += spec.replicas
+
+    def _gpu_pool(self) -> GpuPool:
+        """The GPUs engines are placed on: LocalConfig.gpu_devices, else visible_gpus(), listed once."""
+        if self._gpus is None:
+            devices = self.config.gpu_devices
+            if devices is None:
+                devices = visible_gpus({**os.environ, **self.config.env})
+            with self._lock:
+                if self._gpus is None:
+                    self._gpus = GpuPool(devices)
+                    log.info("GPUs for engines: %s", ", ".join(devices) or "none listed")
+        return self._gpus
+
+    def _place(self, spec: VariantSpec, prefer: Sets) -> Placement:
+        """Reserve the GPUs of spec's new engines (the GpuPool's rules), or none: on the CPU (`--device cpu`), on a
+        machine with no GPU listed, or with `--device cuda:N` (a device picked by hand: it shares, as before)."""
+        device = spec.engine_device()
+        if device == "cpu" and self._gpus is None:
+            return Placement()   # nothing to list, nothing held
+        pool = self._gpu_pool()
+        if device == "cpu" or not pool.devices or (device or "").startswith("cuda:"):
+            pool.reserve_none(spec.service, spec.role)
+            return Placement() if device == "cpu" or not pool.devices else \
+                Placement(SHARED, visible=pool.devices, note=f"--device {device} picks its GPU by hand")
+        placement = pool.reserve(spec.service, spec.role, spec.gpus_per_engine, spec.replicas, prefer)
+        if placement.mode == SHARED:
+            log.warning("%s/%s: too few free GPUs for engines of their own (%s); its engines share every GPU",
+                        spec.service, spec.role, placement.note)
+        return placement
 
     def _stop_replicas(self, svc: _Service, role: str, replicas: list[Replica]) -> None:
         # requests already in flight on the old replicas finish before they stop (bounded by drain_timeout_s)

@@ -1,7 +1,7 @@
 """The local deployer's engine processes: start a variant's replicas, wait until they answer /readyz, probe, stop.
 
 `ReplicaLauncher` starts `sits-engine serve` subprocesses (one free loopback port each, an explicit environment:
-config.engine_environment) in bounded batches, and waits for each batch to answer /readyz before starting the
+config.engine_environment, with the GPUs of the variant's placement: gpus.py) in bounded batches, and waits for each batch to answer /readyz before starting the
 next, so a machine never loads more models at once than it has cores. A replica that exits, or is not ready by
 its readiness deadline (the spec's ready_timeout_s, else LocalConfig.ready_timeout_s), fails the start with
 NotReadyError (its exit code, its engine's last log line and the log tail), and every replica this start began is
@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import httpx
 
@@ -25,6 +25,7 @@ from sits.control_plane.adapters.deploy import (DeployCancelled, DeployInterrupt
 from sits.control_plane.adapters.deploy.log_line import (collapse_repeats, is_probe_line, shown_log_line,
                                                          without_probe_lines)
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, engine_environment
+from sits.control_plane.adapters.deploy.local.gpus import Placement
 from sits.wire.models import LOAD_FAILED
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[4])   # control_plane/adapters/deploy/local/ -> the checkout
@@ -56,16 +57,18 @@ class ReplicaLauncher:
         self._http.close()
         self._cancelled.clear()
 
-    def start(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None) -> list[Replica]:
+    def start(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None,
+              placement: Placement = Placement()) -> list[Replica]:
         """spec.replicas engines, every one ready, or DeployError/DeployCancelled/DeployInterrupted with none of them
-        left running. `interrupted()` is asked about every INTERRUPT_POLL_S while they load."""
+        left running. `interrupted()` is asked about every INTERRUPT_POLL_S while they load; replica i sees the GPUs
+        `placement` gives it (`placement.env(i)`)."""
         started: list[Replica] = []
         try:
             for first in range(0, spec.replicas, self.start_batch):   # bounded batches: start some, wait, repeat
                 batch = []
                 for i in range(first, min(spec.replicas, first + self.start_batch)):
                     self._check_cancelled(spec)
-                    batch.append(self.start_one(spec, i))
+                    batch.append(self.start_one(spec, i, placement.env(i)))
                     started.append(batch[-1])
                 started_at = time.monotonic()
                 for r in batch:
@@ -75,14 +78,14 @@ class ReplicaLauncher:
             raise
         return started
 
-    def start_one(self, spec: VariantSpec, index: int) -> Replica:
+    def start_one(self, spec: VariantSpec, index: int, gpu_env: Mapping[str, str] | None = None) -> Replica:
         # bound here and handed over: no other process can take the port before the engine serves on it
         sock = process.listening_socket(self.config.host)
         port = sock.getsockname()[1]
         log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
         argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host),
                 "--listen-fd", str(sock.fileno())]
-        env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"})
+        env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"}, gpu_env or {})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         if self.config.cpu_threads is not None:
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
@@ -119,8 +122,10 @@ class ReplicaLauncher:
         """Whether the engine at url answers /readyz with 200 now (one probe, probe_timeout_s)."""
         return self._probe(url)[0]
 
-    def status(self, role: str, spec: VariantSpec, replicas: list[Replica], weight: int) -> VariantStatus:
-        """Probe every replica: ready, not ready (/readyz), or exited (with its exit code and log tail)."""
+    def status(self, role: str, spec: VariantSpec, replicas: list[Replica], weight: int,
+               placement: Placement = Placement()) -> VariantStatus:
+        """Probe every replica: ready, not ready (/readyz), or exited (with its exit code and log tail); where its
+        engines run on GPUs, which (placement.describe())."""
         ready_n, exited, problems = 0, 0, []
         for i, r in enumerate(replicas):
             rc = r.proc.poll()
@@ -134,21 +139,27 @@ class ReplicaLauncher:
                 problems.append(f"replica {i} at {r.url} not ready (/readyz)")
         want = len(replicas)
         msg = f"{ready_n}/{want} ready; weight {weight}%; kernels {spec.kernels}"
+        if placement.describe():
+            msg += f"; {placement.describe()}"
         if problems:
             msg += "; " + "; ".join(problems)
         return VariantStatus(role=role, ready=want > 0 and ready_n == want, replicas=want, ready_replicas=ready_n,
                              endpoint=replicas[0].url if replicas else None, message=msg,
                              endpoints=tuple(r.url for r in replicas), crashing=exited > 0)
 
-    def replica_statuses(self, role: str, replicas: list[Replica]) -> list[ReplicaStatus]:
-        """Each replica now: running and ready (/readyz), running, or exited with its code; its log's last line. A
-        local engine is never restarted (restarts 0): one that exited stays so until the variant is deployed again."""
+    def replica_statuses(self, role: str, replicas: list[Replica],
+                         placement: Placement = Placement()) -> list[ReplicaStatus]:
+        """Each replica now: running and ready (/readyz), running, or exited with its code; its log's last line; the
+        GPUs it sees (placement). A local engine is never restarted (restarts 0): one that exited stays so until the
+        variant is deployed again."""
         out = []
         for i, r in enumerate(replicas):
             rc = r.proc.poll()
             out.append(ReplicaStatus(role=role, name=f"{role}-{i}", ready=rc is None and self.ready(r.url), restarts=0,
                                      state="running" if rc is None else f"exited {rc}",
-                                     last_log_line=shown_log_line(without_probe_lines(_tail(r.log_path, 8192))), address=r.url))
+                                     last_log_line=shown_log_line(without_probe_lines(_tail(r.log_path, 8192))),
+                                     address=r.url, gpu_placement=placement.mode, gpus=placement.gpus(i),
+                                     gpu_note=placement.describe(i)))
         return out
 
     def _check_cancelled(self, spec: VariantSpec) -> None:
