@@ -103,11 +103,13 @@ def cmd_rollout_start(a) -> int:
         body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
                 "policy": policy.to_dict() if a.policy else None, "args": canary_args or None,
                 "production_args": production_args or None, "production_kernels": a.production_kernels,
-                "device": a.device, "ready_timeout_s": a.ready_timeout}
+                "device": a.device, "ready_timeout_s": a.ready_timeout,
+                "tensor_parallel_size": a.tensor_parallel_size if a.tensor_parallel_size != 1 else None}
         return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
     spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(production_args),
                       canary_args=tuple(canary_args), production_image=a.production_image, canary_image=a.image,
-                      gpus=a.gpus, device=a.device, ready_timeout_s=a.ready_timeout)
+                      gpus=a.gpus, device=a.device, ready_timeout_s=a.ready_timeout,
+                      tensor_parallel_size=a.tensor_parallel_size)
     with open_store(a.store, must_exist=False) as store:
         production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
         r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,

@@ -29,7 +29,7 @@ from sits.control_plane.errors import SitsError
 from sits.control_plane.redact import redact
 from sits.control_plane.rollout import Command
 from sits.control_plane.store.schema import StoreError
-from sits.control_plane.validation import DEVICES
+from sits.control_plane.validation import DEVICES, MAX_TENSOR_PARALLEL
 from sits.wire.tracing import EXPORTERS
 
 DEFAULT_STORE = os.environ.get("SITS_STORE", "sits.db")
@@ -42,6 +42,14 @@ def _count(text: str) -> int:
     if not (t.isascii() and t.lstrip("-").isdigit() and len(t) <= 10):
         raise argparse.ArgumentTypeError(f"expected a small integer, got {t[:20]!r}{'...' if len(t) > 20 else ''}")
     return int(t)
+
+
+def _tensor_parallel(text: str) -> int:
+    """argparse type of --tensor-parallel-size: GPUs per engine, 1 to MAX_TENSOR_PARALLEL."""
+    n = _count(text)
+    if not 1 <= n <= MAX_TENSOR_PARALLEL:
+        raise argparse.ArgumentTypeError(f"GPUs per engine must be from 1 to {MAX_TENSOR_PARALLEL}, got {n}")
+    return n
 
 
 def _worker_args(w: argparse.ArgumentParser) -> None:
@@ -185,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replicas", type=_count, default=1)
     s.add_argument("--image", default=None, help="Kubernetes: the canary's image (default: the deployer's)")
     s.add_argument("--production-image", default=None, help="Kubernetes: production's and the baseline's image")
-    s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes)")
+    s.add_argument("--gpus", type=_count, default=0, help="GPUs per replica (Kubernetes; default: as many as "
+                                                          "--tensor-parallel-size on CUDA)")
+    s.add_argument("--tensor-parallel-size", type=_tensor_parallel, default=1, metavar="N",
+                   help=f"GPUs each engine spans (1 to {MAX_TENSOR_PARALLEL}; default 1): `sits-engine serve "
+                        "--tensor-parallel-size N`; the local deployer gives each variant's engines N GPUs of "
+                        "their own where the machine has enough free, Kubernetes asks for nvidia.com/gpu N")
     s.add_argument("--arg", action="append", default=[], metavar="ARGS",
                    help="extra `sits-engine serve` args of the canary: one, or several in one shell-quoted string "
                         "(repeatable; a lone flag as --arg=--enforce-eager): --arg '--seed 7' --arg '--dtype bfloat16'")

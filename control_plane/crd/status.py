@@ -29,6 +29,8 @@ class RolloutRequest:
         s = obj.get("spec") or {}
         spec = {"model": s.get("model") or "tiny", "canary_args": s.get("args") or []}
         spec.update({k: s[k] for k in ("replicas", "gpus") if s.get(k) is not None})
+        if s.get("tensorParallelSize") is not None:
+            spec["tensor_parallel_size"] = s["tensorParallelSize"]
         if s.get("image"):
             spec["canary_image"] = s["image"]
         return cls(s.get("service"), s.get("kernels"), s.get("productionKernels") or DEFAULT_PRODUCTION_KERNELS,

@@ -77,6 +77,8 @@ class Lane:
                                                ready_timeout_s=cfg.policy.ready_timeout_s if prof.device != "cpu"
                                                else None))
         router = self.deployer.router_url(self.service)
+        for note in sorted({e.gpu_note for e in self.deployer.replicas(self.service) if e.role == "production"} - {""}):
+            out(f"      production's engine: {note}")
         served = "tiny" if prof.device == "cpu" else _served_model(router)
         r = httpx.post(router + "/v1/completions", json={"model": served, "prompt": "The canary sang",
                                                           "max_tokens": 12, "temperature": 0}, timeout=60,

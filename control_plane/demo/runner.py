@@ -11,11 +11,12 @@ No sleeps or injected faults: the regressions are the kernel sets' own (kernels/
 GPU and no cluster: tiny model, every variant a local `sits-engine serve` process. The policy is a demo policy (short
 steps and intervals); `Policy()` defaults are for production.
 
-`--device cuda` (control_plane/demo/profiles.py GPU): the same on one GPU that every engine shares (each takes
-GPU_MEMORY_SHARE of its memory), with Triton sets -- triton-v1 in production, triton-v1-unsplit (slow),
-triton-v1-floor-pages (wrong), triton-v1.1 (good), and `aa` runs of triton-v1 against itself -- on a tiny model
-trained on the device first (control_plane/demo/model.py) unless --model names another. What it prints (a line per
-check, the evidence, the summary) is control_plane/demo/narrate.py.
+`--device cuda` (control_plane/demo/profiles.py GPU): the same on the machine's GPUs, each variant on one of its own
+where there are enough, else sharing them (each engine takes GPU_MEMORY_SHARE of a GPU's memory), with Triton sets
+-- triton-v1 in production, triton-v1-unsplit (slow), triton-v1-floor-pages (wrong), triton-v1.1 (good), and `aa`
+runs of triton-v1 against itself -- on a tiny model trained on the device first (control_plane/demo/model.py)
+unless --model names another. What it prints (a line per check, the evidence, the summary) is
+control_plane/demo/narrate.py.
 
 `--parallel K` deals the scenarios to K lanes that run side by side, each its own service with its own production
 engine, router and load (control_plane/demo/lanes.py); the store, worker, UI and Prometheus are shared.
@@ -38,6 +39,7 @@ import waitress
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, default_max_replicas
+from sits.control_plane.adapters.deploy.local.gpus import visible_gpus
 from sits.control_plane.adapters.metrics.prometheus import PrometheusConfig, PrometheusSource
 from sits.control_plane.adapters.metrics.scrape import ScrapeSource
 from sits.control_plane.adapters.deploy.spec import DeploySpec
@@ -179,15 +181,16 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         spec = DeploySpec(model=model.path, device=prof.device, production_args=cfg.engine_args,
                           canary_args=cfg.engine_args)
         out(f"      every scenario runs model {model.label}; production, baseline and canary are three "
-            f"`sits-engine serve --device {prof.device}` processes sharing one GPU by {gpu_sharing()}, each with "
-            f"{' '.join(cfg.engine_args)} (a promotion starts a fourth before the old production stops)")
+            f"`sits-engine serve --device {prof.device}` processes {gpu_placement(len(visible_gpus()), 3 * cfg.parallel)}"
+            f", each with {' '.join(cfg.engine_args)} (a promotion starts a fourth, on the canary's GPU, before the "
+            "old production stops)")
     services = lane_services(cfg.service, cfg.parallel)
     if cfg.parallel > 1:
         out(f"      {cfg.parallel} lanes side by side, each its own service ({', '.join(services)}) with its own "
             f"production engine, weighted router and load at {cfg.rate:g} req/s, its scenarios in turn; they share "
             f"the store, the worker, the UI{' and Prometheus' if cfg.metrics == 'prometheus' else ''} and the "
             "machine: the engines of all lanes share "
-            + ("its CPU cores" if prof.device == "cpu" else "the GPU"))
+            + ("its CPU cores" if prof.device == "cpu" else "the GPUs, placed as above"))
     deployer = LocalDeployer(LocalConfig(workdir=str(workdir / "variants"), cpu_threads=1 if prof.device == "cpu"
                                          else 2, max_replicas=None if cfg.parallel == 1 else
                                          max(default_max_replicas(), ENGINES_PER_LANE * cfg.parallel)))
@@ -249,6 +252,15 @@ def gpu_summary() -> str:
         return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else "no nvidia-smi"
     except (OSError, subprocess.TimeoutExpired):
         return "no nvidia-smi"
+
+
+def gpu_placement(gpus: int, variants: int) -> str:
+    """Where the local deployer puts `variants` one-GPU engines on `gpus` GPUs (adapters/deploy/local/gpus.py)."""
+    if gpus >= variants:
+        return f"each on a GPU of its own ({gpus} listed)"
+    if gpus <= 1:
+        return f"sharing one GPU by {gpu_sharing()}"
+    return f"each on a GPU of its own while one of the {gpus} is free, the others sharing them by {gpu_sharing()}"
 
 
 def gpu_sharing() -> str:

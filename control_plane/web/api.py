@@ -93,7 +93,8 @@ def create_rollout():
     production = body.get("production_kernels") or _current_production(body["service"])
     spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],
             "production_args": body.get("production_args") or []}
-    spec.update({k: body[k] for k in ("replicas", "gpus", "device", "ready_timeout_s") if body.get(k) is not None})
+    spec.update({k: body[k] for k in ("replicas", "gpus", "device", "ready_timeout_s", "tensor_parallel_size")
+                 if body.get(k) is not None})
     spec.update(kept)
     r = service.start_rollout(store(), body["service"], body["kernels"], production, policy, spec,
                               actor=current_user().name, kernel_sets=current_app.config["KERNEL_CATALOG"],

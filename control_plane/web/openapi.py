@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from sits.control_plane.rollout import Command, Phase
+from sits.control_plane.validation import MAX_TENSOR_PARALLEL
 
 _ERR = {"$ref": "#/components/schemas/Error"}
 
@@ -149,7 +150,15 @@ def openapi_spec() -> dict:
                                                           "description": "default: what the service runs now"},
                                    "model": {"type": "string", "default": "tiny"},
                                    "replicas": {"type": "integer", "minimum": 1, "default": 1},
-                                   "gpus": {"type": "integer", "minimum": 0, "default": 0},
+                                   "gpus": {"type": "integer", "minimum": 0, "default": 0,
+                                            "description": "GPUs per replica (Kubernetes); 0: as many as "
+                                            "tensor_parallel_size on CUDA"},
+                                   "tensor_parallel_size": {"type": "integer", "minimum": 1,
+                                                            "maximum": MAX_TENSOR_PARALLEL, "default": 1,
+                                                            "description": "GPUs each engine spans (`sits-engine "
+                                                            "serve --tensor-parallel-size`, given when > 1); the "
+                                                            "local deployer gives every engine that many GPUs of "
+                                                            "its own where the machine has enough free"},
                                    "device": {"enum": ["cpu", "cuda"], "description": "`sits-engine serve "
                                               "--device` of every variant; default: the engine's choice (a GPU "
                                               "where one is visible)"},

@@ -8,6 +8,7 @@ from flask import Blueprint, current_app, render_template, request
 
 from sits.control_plane.errors import NotFoundError, ValidationError
 from sits.control_plane.service import rollouts as service
+from sits.control_plane.validation import MAX_TENSOR_PARALLEL
 from sits.control_plane.web import catalog
 from sits.control_plane.web.api import detail, policy_defaults, spec_or_none, store
 from sits.control_plane.web.auth import current_user, require
@@ -33,6 +34,7 @@ def new_rollout():
     return render_template("new.html", kernels=sets, services=_services(), default_canary=default_canary(sets),
                            defaults=policy_defaults().to_dict(), can_start=current_user().can("operator"),
                            replica_limit=catalog.replica_limit(current_app.config),
+                           max_tensor_parallel=MAX_TENSOR_PARALLEL,
                            retry=retry_prefill(request.args.get("retry_of")))
 
 
@@ -48,7 +50,7 @@ def retry_prefill(rollout_id: str | None) -> dict | None:
     spec = store().spec(old.id)
     return {"id": old.id, "service": old.service, "kernels": old.canary_kernels, "phase": old.phase.value,
             "reason": old.reason, "policy": old.policy.to_dict(), "model": spec.model, "replicas": spec.replicas,
-            "args": list(spec.canary_args)}
+            "tensor_parallel_size": spec.tensor_parallel_size, "args": list(spec.canary_args)}
 
 
 @bp.get("/rollouts/<rollout_id>")

@@ -10,7 +10,7 @@ from sits.control_plane.errors import ValidationError
 
 FIELDS = {"service": str, "kernels": str, "production_kernels": str, "model": str, "replicas": int,
           "policy": dict, "args": list, "production_args": list, "gpus": int, "device": str,
-          "ready_timeout_s": float, "retry_of": str}
+          "ready_timeout_s": float, "tensor_parallel_size": int, "retry_of": str}
 REQUIRED = ("service", "kernels")
 
 
@@ -44,7 +44,8 @@ def create_body(body: Any) -> dict:
 # and the spec fields no body names (images, environment, injected faults), taken as they are
 RETRY_KEEPS = ("env", "production_image", "canary_image", "canary_faults")
 RETRY_SPEC = {"model": "model", "args": "canary_args", "production_args": "production_args", "replicas": "replicas",
-              "gpus": "gpus", "device": "device", "ready_timeout_s": "ready_timeout_s"}
+              "gpus": "gpus", "device": "device", "ready_timeout_s": "ready_timeout_s",
+              "tensor_parallel_size": "tensor_parallel_size"}
 
 
 def retry_body(body: Mapping, old, old_spec: Mapping) -> dict:

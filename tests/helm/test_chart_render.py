@@ -70,8 +70,8 @@ def test_the_kernelrollout_crd_is_shipped_valid_and_watched(home):
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Service", "Kernels", "Phase", "Weight",
                                                                          "Verdict", "Age"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert {"service", "kernels", "productionKernels", "model", "replicas", "gpus", "image", "args", "policy",
-            "paused"} == set(spec)
+    assert {"service", "kernels", "productionKernels", "model", "replicas", "gpus", "tensorParallelSize", "image",
+            "args", "policy", "paused"} == set(spec)
     # every Policy field has a place in the schema (the rest of the policy is open, checked by the control plane)
     assert {f.name for f in fields(Policy)} == set(spec["policy"]["properties"])
     # the control plane watches them with the Kubernetes deployer, not with the local one

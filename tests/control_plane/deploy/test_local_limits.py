@@ -89,9 +89,9 @@ class _RecordingLauncher(ReplicaLauncher):
         self.ready_at_start: list[int] = []
         self.urls: list[str] = []
 
-    def start_one(self, spec, index):
+    def start_one(self, spec, index, gpu_env=None):
         self.ready_at_start.append(sum(self.ready(u) for u in self.urls))
-        r = super().start_one(spec, index)
+        r = super().start_one(spec, index, gpu_env)
         self.urls.append(r.url)
         return r
 

@@ -80,8 +80,11 @@
         : v.state === "stranded" ? el("span", { class: "warn" }, "● still deployed, not watched")
         : v.crashing ? el("span", { class: "bad" }, "● crashing") : v.ready === true ? el("span", { class: "ok" }, "● ready")
         : v.ready === false ? el("span", { class: "bad" }, "● not ready") : el("span", { class: "muted" }, "not observed");
+      const tp = R.spec && R.spec.tensor_parallel_size > 1 ? `${R.spec.tensor_parallel_size} GPUs per engine (tensor parallel)` : "";
       return el("div", { class: `variant ${role}` }, el("div", { class: "role" }, role),
         el("div", {}, el("strong", {}, v.kernels), " · ", el("span", { class: "num" }, v.weight + " %"), " · ", ready),
+        tp ? el("div", { class: "muted small tp" }, tp) : null,
+        el("div", { class: "muted small gpus", "data-gpus": role }, Engines.placement(role)),
         el("div", { class: "muted small num" }, v.requests == null ? "no data this step"
           : v.replayed ? `${Math.round(v.requests)} requests this step (${Math.round(v.requests - v.replayed)} live, ${Math.round(v.replayed)} replayed), ${Math.round(v.errors)} errors`
           : `${Math.round(v.requests)} requests this step, ${Math.round(v.errors)} errors`));

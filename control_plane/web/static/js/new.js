@@ -124,6 +124,7 @@
     if (byName[r.kernels]) $("kernels").value = r.kernels;
     $("model").value = r.model;
     $("replicas").value = r.replicas;
+    $("tensor_parallel_size").value = r.tensor_parallel_size || 1;
     $("args").value = r.args.join(" ");
     if (r.args.length) document.querySelector("details.advanced").open = true;
     $("steps").value = p.steps.join(", ");
@@ -231,6 +232,10 @@
       const range = maxReplicas === 1 ? "1 is the only choice here" : `a whole number from 1 to ${maxReplicas}`;
       return showError("replicas", `Replicas per variant: ${range} (${$("replicas").dataset.why}).`, []);
     }
+    const tp = Number($("tensor_parallel_size").value), maxTp = Number($("tensor_parallel_size").max);
+    if (!Number.isInteger(tp) || tp < 1 || tp > maxTp) {
+      return showError("tensor_parallel_size", `GPUs per engine: a whole number from 1 to ${maxTp}; you typed ${$("tensor_parallel_size").value || "nothing"}.`, []);
+    }
     const checkRows = rowEls.filter((r) => r.box.checked);
     // thresholds are typed in the user's units (% for latency, points for the error rate): check them here, in those
     for (const [i, r] of checkRows.entries()) {
@@ -258,6 +263,7 @@
       service: $("service").value.trim(), kernels: $("kernels").value, production_kernels: $("production_kernels").value,
       model: $("model").value.trim(), replicas, policy,
     };
+    if (tp !== 1 || retry) body.tensor_parallel_size = tp;   // a retry's 1 is said, not taken from the old rollout
     const args = $("args").value.trim();
     if (args) body.args = args.split(/\s+/);
     if (retry) { body.retry_of = retry.id; body.args = body.args || []; }   // emptied args: none, not the old ones
