@@ -3,6 +3,8 @@ real worker and state machine (frozen clock, canned metrics):
 
 - pods: progressing, its engines listed as a Kubernetes deployer lists pods: production 2 ready, baseline ready, the
   canary's pod restarted 3 times after crashing, not ready, its last log line a long traceback line;
+- gpus: progressing with tensor_parallel_size 2, its engines listed as the local deployer lists them on a machine of
+  four GPUs: production 0,1 and baseline 2,3 of their own, the canary sharing all four (none left free);
 - the rest as ui_scenarios says (chat promoted then rolled back, embed aborted, search's deploy failed, rank running).
 """
 from __future__ import annotations
@@ -37,6 +39,22 @@ class PodsDeployer(InMemoryDeployer):
                               address="10.244.0.10")]
 
 
+GPU_SHARED_NOTE = "shares GPUs 0-3 with the other engines: 1 engine × 2 GPUs needed, 0 of 4 free"
+
+
+class GpuDeployer(InMemoryDeployer):
+    """Lists engines as LocalDeployer.replicas() does with four GPUs and two per engine."""
+
+    def replicas(self, service):
+        def engine(role, gpus, placement, note):
+            return ReplicaStatus(role, f"{role}-0", True, 0, "running", "INFO: Application startup complete.",
+                                 address=f"http://127.0.0.1:{9000 + len(role)}", gpu_placement=placement,
+                                 gpus=gpus, gpu_note=note)
+        return [engine("production", ("0", "1"), "own", "GPUs 0,1 of its own"),
+                engine("baseline", ("2", "3"), "own", "GPUs 2,3 of its own"),
+                engine("canary", ("0", "1", "2", "3"), "shared", GPU_SHARED_NOTE)]
+
+
 def build(path: str):
     sc = ui_scenarios.build(path)
     t = sc.clock + 10
@@ -48,5 +66,12 @@ def build(path: str):
         now[0] += 5.0
         w.reconcile_rollout(sc.pods)
     assert sc.store.get(sc.pods).phase is Phase.PROGRESSING
+    sc.gpus = start_rollout(sc.store, "gpus", "triton-v1.1", "triton-v1", POLICY, DeploySpec(tensor_parallel_size=2),
+                            now=now[0], actor="otto").id
+    w = Worker(sc.store, GpuDeployer(), CannedSource(rate=20.0), clock=lambda: now[0], owner="test-worker")
+    for _ in range(4):
+        now[0] += 5.0
+        w.reconcile_rollout(sc.gpus)
+    assert sc.store.get(sc.gpus).phase is Phase.PROGRESSING
     sc.clock = now[0]
     return sc
