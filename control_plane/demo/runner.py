@@ -181,8 +181,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         spec = DeploySpec(model=model.path, device=prof.device, production_args=cfg.engine_args,
                           canary_args=cfg.engine_args)
         out(f"      every scenario runs model {model.label}; production, baseline and canary are three "
-            f"`sits-engine serve --device {prof.device}` processes {gpu_placement(len(visible_gpus()), 3 * cfg.parallel)}"
-            f", each with {' '.join(cfg.engine_args)} (a promotion starts a fourth, on the canary's GPU, before the "
+            f"`sits-engine serve --device {prof.device}` processes "
+            f"{gpu_placement(len(visible_gpus()), 3 * cfg.parallel)}, each with {' '.join(cfg.engine_args)} (a promotion starts a fourth, on the canary's GPU, before the "
             "old production stops)")
     services = lane_services(cfg.service, cfg.parallel)
     if cfg.parallel > 1:

@@ -4,9 +4,10 @@ One WeightedRouter per service (its URL: `router_url(service)`); each replica of
 free loopback port with `--env <role> --service <service>`, started by a ReplicaLauncher (replicas.py). The router is
 control_plane/router/. deploy() blocks until the new replicas answer /readyz, then swaps them into the router and
 drains and stops the old ones. On GPUs each variant's engines get GPUs of their own while enough are free, else share
-them all (gpus.py); a redeploy keeps the variant's GPUs, a promotion hands the canary's to production. Nothing is restarted silently: a crashed replica
-shows as not ready (with its exit code and log tail) until deploy() is called again. Children die with this process
-(own session + PR_SET_PDEATHSIG, see process.py) and are stopped by delete()/close().
+them all (gpus.py); a redeploy keeps the variant's GPUs, a promotion hands the canary's to production. Nothing is
+restarted silently: a crashed replica shows as not ready (with its exit code and log tail) until deploy() is called
+again. Children die with this process (own session + PR_SET_PDEATHSIG, see process.py) and are stopped by
+delete()/close().
 """
 from __future__ import annotations
 

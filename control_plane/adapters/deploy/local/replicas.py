@@ -1,11 +1,11 @@
 """The local deployer's engine processes: start a variant's replicas, wait until they answer /readyz, probe, stop.
 
 `ReplicaLauncher` starts `sits-engine serve` subprocesses (one free loopback port each, an explicit environment:
-config.engine_environment, with the GPUs of the variant's placement: gpus.py) in bounded batches, and waits for each batch to answer /readyz before starting the
-next, so a machine never loads more models at once than it has cores. A replica that exits, or is not ready by
-its readiness deadline (the spec's ready_timeout_s, else LocalConfig.ready_timeout_s), fails the start with
-NotReadyError (its exit code, its engine's last log line and the log tail), and every replica this start began is
-stopped. `cancel()` makes starts in progress (other threads) stop starting and waiting and raise DeployCancelled;
+config.engine_environment, with the GPUs of the variant's placement: gpus.py) in bounded batches, and waits for each
+batch to answer /readyz before starting the next, so a machine never loads more models at once than it has cores. A
+replica that exits, or is not ready by its readiness deadline (the spec's ready_timeout_s, else
+LocalConfig.ready_timeout_s), fails the start with NotReadyError (its exit code, its engine's last log line and the
+log tail), and every replica this start began is stopped. `cancel()` makes starts in progress (other threads) stop starting and waiting and raise DeployCancelled;
 a start's own `interrupted()` callback (an abort queued for its rollout) makes that start stop: DeployInterrupted.
 """
 from __future__ import annotations
