@@ -1,0 +1,195 @@
+"""Tensor parallelism on the CPU (engine/parallel/, gloo): TP=2 computes what TP=1 computes (greedy tokens equal,
+logits within float32 rounding), every rank runs the same forward passes, bad sizes are refused before any process
+starts, a worker that cannot start fails the load with its reason, and no worker outlives its engine."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from sits.engine import EngineConfig, LLMEngine, SamplingParams, TensorParallelError
+from sits.engine.errors import InvalidRequestError
+from sits.engine.model.presets import preset
+from sits.engine.parallel import launch
+from sits.engine.parallel.group import check_sizes
+from tests.engine.server.processes import alive
+from tests.waiting import wait_for
+
+LOGIT_ATOL = 1e-4   # fp32: the all-reduce sums the two halves of each matmul in another order than one matmul does
+
+
+def prompts() -> dict[str, list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return {f"p{n}": torch.randint(0, 256, (n,), generator=g).tolist() for n in (1, 63, 64, 65, 200)}
+
+
+def tiny(tp: int, **kw) -> LLMEngine:
+    # 96-token steps: prompts are chunked, and prefill chunks share steps with decodes
+    return LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=32, max_num_batched_tokens=96,
+                                  max_num_seqs=8, tensor_parallel_size=tp, **kw))
+
+
+def greedy_run(engine: LLMEngine, steps: int = 10, logits: bool = True) -> dict:
+    """{rid: ([logits per sampled step], tokens)} (no logits kept: decode steps may be launched one ahead)."""
+    engine.model_runner.capture_logits = logits
+    for rid, ids in prompts().items():
+        engine.add_request(rid, ids, SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
+    out = {rid: ([], []) for rid in prompts()}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            out[o.request_id][1].extend(o.new_token_ids)
+        for row, rid in enumerate(engine.model_runner.last_logits_seqs if logits else []):
+            out[rid][0].append(engine.model_runner.last_logits[row])
+        engine.model_runner.last_logits_seqs = []
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return greedy_run(tiny(1))
+
+
+@pytest.fixture
+def tp2():
+    engines = []
+
+    def start(**kw) -> LLMEngine:
+        engines.append(tiny(2, **kw))
+        return engines[-1]
+
+    yield start
+    for e in engines:
+        pids = e.parallel.worker_pids()
+        e.close()
+        assert not any(alive(p) for p in pids), "a worker outlived close()"
+    assert not dist.is_initialized()
+
+
+def assert_same(reference: dict, got: dict) -> None:
+    for rid, (ref_logits, ref_tokens) in reference.items():
+        logits, tokens = got[rid]
+        assert tokens == ref_tokens, rid
+        assert len(logits) == len(ref_logits) == len(ref_tokens)
+        for step, (a, b) in enumerate(zip(ref_logits, logits)):
+            err = float((a - b).abs().max())
+            assert err < LOGIT_ATOL, (rid, step, err)
+
+
+def test_one_rank_takes_todays_path(reference):
+    e = tiny(1)
+    assert e.parallel is None and e.model_runner.parallel is None
+    assert all(layer.tp is None for layer in e.model_runner.model.layers)
+    assert e.model_runner.kv_cache.shape[4] == preset("tiny").num_key_value_heads
+    assert_same(reference, greedy_run(e))
+    assert not dist.is_initialized()
+
+
+def test_two_ranks_give_one_ranks_tokens_and_logits(tp2, reference):
+    e = tp2()
+    mc = preset("tiny")
+    layer = e.model_runner.model.layers[0]
+    assert (layer.hq, layer.hkv, layer.intermediate) == (mc.num_attention_heads // 2, mc.num_key_value_heads // 2,
+                                                         mc.intermediate_size // 2)
+    assert e.model_runner.kv_cache.shape[4] == mc.num_key_value_heads // 2   # the cache is sharded by KV head
+    e.parallel.record_steps()
+    e.model_runner.step_log = []
+    assert_same(reference, greedy_run(e))
+    # every rank ran the same forward passes: prefill chunks of <= 96 tokens, mixed steps, decodes
+    ours, (theirs,) = e.model_runner.step_log, e.parallel.step_logs()
+    assert theirs == ours
+    assert {entry[0] for entry in ours} == {"eager"} and len(ours) >= 10
+    assert any(0 < prefill < tokens for _, tokens, prefill, _ in ours)   # a step with prefill and decodes
+    # the LLM front: same greedy text through generate()
+    from sits.engine.llm import LLM
+
+    with LLM(model="tiny", device="cpu", tensor_parallel_size=1) as one:
+        want = one.generate(["Hello there", "x"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    e.close()
+    with LLM(model="tiny", device="cpu", tensor_parallel_size=2) as two:
+        got = two.generate(["Hello there", "x"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        pids = two.engine.parallel.worker_pids()
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert not any(alive(p) for p in pids)
+
+
+def test_graph_paths_and_steps_launched_ahead_match_one_rank(tp2):
+    """The decode graphs' and piecewise graphs' static-buffer paths (eager on CPU), with decode steps launched one
+    ahead: the sampled tokens reach the other rank through the process group, not the host."""
+    want = greedy_run(tiny(1), steps=14, logits=False)
+    e = tp2()
+    e.model_runner.use_static_buffers()
+    e.parallel.record_steps()
+    e.model_runner.step_log = []
+    got = greedy_run(e, steps=14, logits=False)
+    assert {rid: tokens for rid, (_, tokens) in got.items()} == {rid: tokens for rid, (_, tokens) in want.items()}
+    ours, (theirs,) = e.model_runner.step_log, e.parallel.step_logs()
+    assert theirs == ours
+    kinds = {entry[0] for entry in ours}
+    assert kinds == {"eager", "decode"}
+    assert any(entry[0] == "decode" and entry[3] > 0 for entry in ours), "no decode step was launched one ahead"
+    assert any(entry[0] == "eager" and entry[3] is not None for entry in ours), "no step replayed the pieces"
+
+
+@pytest.mark.parametrize("size, field, words", [
+    (0, "tensor_parallel_size", "positive integer"),
+    (True, "tensor_parallel_size", "positive integer"),
+    (3, "tensor_parallel_size", "num_attention_heads (4)"),
+    (4, "tensor_parallel_size", "num_key_value_heads (2)"),
+])
+def test_bad_sizes_are_refused_before_any_process_starts(monkeypatch, size, field, words):
+    monkeypatch.setattr(launch, "_spawn", lambda spec: pytest.fail("a worker was started"))
+    with pytest.raises(InvalidRequestError) as e:
+        tiny(size)
+    assert e.value.param == field and words in str(e.value)
+
+
+def test_one_gpu_per_rank_and_no_single_gpu_device(monkeypatch):
+    with pytest.raises(InvalidRequestError, match="cuda:r of the visible GPUs") as e:
+        EngineConfig(device="cuda:1", tensor_parallel_size=2)
+    assert e.value.param == "device"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(InvalidRequestError, match="needs 2 GPUs .* but 1 are visible"):
+        check_sizes(2, preset("tiny"), torch.device("cuda"))
+    check_sizes(2, preset("tiny"), torch.device("cpu"))
+
+
+def test_a_worker_that_cannot_start_fails_the_load(monkeypatch):
+    monkeypatch.setattr(launch, "WORKER_BOOT", "import sys; sys.exit(7)")
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) exited with code 7 while starting"):
+        tiny(2)
+    assert not dist.is_initialized()
+
+
+def test_a_worker_that_cannot_load_its_shard_fails_the_load_with_its_reason(monkeypatch):
+    boot = launch.WORKER_BOOT.replace(
+        "from sits.engine.parallel.worker import main; ",
+        "import sits.engine.parallel.worker as w; from sits.engine.errors import UnknownModelError; "
+        "w.resolve_model = lambda *a: (_ for _ in ()).throw(UnknownModelError('shard 2 of 4 is unreadable')); "
+        "main = w.main; ")
+    monkeypatch.setattr(launch, "WORKER_BOOT", boot)
+    with pytest.raises(TensorParallelError, match="rank 1 failed while loading its shard: UnknownModelError: shard 2 "
+                                                  "of 4 is unreadable"):
+        tiny(2)
+    assert not dist.is_initialized()
+
+
+def test_workers_end_when_rank_0_is_killed(tmp_path):
+    script = tmp_path / "rank0.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from sits.engine import LLM
+        llm = LLM(model="tiny", device="cpu", tensor_parallel_size=2)
+        print(*llm.engine.parallel.worker_pids(), flush=True)
+        time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 1 and alive(pids[0])
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for("the worker to end after rank 0 was killed", lambda: not alive(pids[0]), timeout=10)
