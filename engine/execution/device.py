@@ -1,4 +1,4 @@
-"""Where an engine, or one rank of a tensor-parallel engine, runs: its device, compute dtype, kernel set, CPU threads."""
+"""Where an engine, or one rank of a tensor-parallel engine, runs: device, compute dtype, kernel set, CPU threads."""
 
 from __future__ import annotations
 

@@ -2,9 +2,12 @@
 logits within float32 rounding), every rank runs the same forward passes, bad sizes are refused before any process
 starts, a worker that cannot start fails the load with its reason, and no worker outlives its engine."""
 
+import json
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,9 @@ from sits.engine.errors import InvalidRequestError
 from sits.engine.model.presets import preset
 from sits.engine.parallel import launch
 from sits.engine.parallel.group import check_sizes
-from tests.engine.server.processes import alive
+from sits.engine.llm import LLM
+from tests.engine.server.harness import http
+from tests.engine.server.processes import ServeProcess, alive
 from tests.waiting import wait_for
 
 LOGIT_ATOL = 1e-4   # fp32: the all-reduce sums the two halves of each matmul in another order than one matmul does
@@ -103,8 +108,6 @@ def test_two_ranks_give_one_ranks_tokens_and_logits(tp2, reference):
     assert {entry[0] for entry in ours} == {"eager"} and len(ours) >= 10
     assert any(0 < prefill < tokens for _, tokens, prefill, _ in ours)   # a step with prefill and decodes
     # the LLM front: same greedy text through generate()
-    from sits.engine.llm import LLM
-
     with LLM(model="tiny", device="cpu", tensor_parallel_size=1) as one:
         want = one.generate(["Hello there", "x"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     e.close()
@@ -193,3 +196,29 @@ def test_workers_end_when_rank_0_is_killed(tmp_path):
         proc.kill()
         proc.wait()
     wait_for("the worker to end after rank 0 was killed", lambda: not alive(pids[0]), timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def test_served_with_two_ranks_answers_as_one_rank_does_and_stops_cleanly(tmp_path):
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with LLM(model="tiny", device="cpu") as one:
+        want = one.generate(["Hello there"], greedy)[0].text
+    s = ServeProcess(tmp_path, "--tensor-parallel-size", "2").wait_ready()
+    try:
+        status, _, body = http("POST", s.url + "/v1/completions", {"model": "tiny", "prompt": "Hello there",
+                                                                    "max_tokens": 8, "temperature": 0,
+                                                                    "ignore_eos": True})
+        assert status == 200 and json.loads(body)["choices"][0]["text"] == want
+        core = s.core_pid()   # rank 0; its worker rank is its child
+        workers = [p for p in _children(core)
+                   if b"sits.engine.parallel.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(workers) == 1
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0, s.logs()
+        wait_for("the worker rank to end with the server", lambda: not alive(workers[0]) and not alive(core),
+                 timeout=10)
+    finally:
+        s.stop()
