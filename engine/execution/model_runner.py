@@ -105,10 +105,10 @@ class ModelRunner:
         mc, c = self.model_config, self.config
         elt = torch.empty(0, dtype=self.dtype).element_size()
         t = c.max_num_batched_tokens
+        layer = self.model.layers[0]   # this rank's heads and intermediate size
         # activations of one step, the reference attention's score matrix, and the sampler's [seqs, vocab] tensors
-        act = t * (4 * mc.hidden_size + 3 * mc.intermediate_size
-                   + (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim) * elt * 2
-        act += mc.num_attention_heads * t * max_model_len * 4 * 2
+        act = t * (4 * mc.hidden_size + 3 * layer.intermediate + (layer.hq + 2 * layer.hkv) * mc.head_dim) * elt * 2
+        act += layer.hq * t * max_model_len * 4 * 2
         act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
         act += self.model.largest_quantized_weight() * elt  # one weight dequantized at a time (linear_dequant.py)
         share = c.gpu_memory_utilization
