@@ -18,6 +18,7 @@ from sits.engine.errors import InvalidRequestError
 from sits.engine.model.presets import preset
 from sits.engine.parallel import launch
 from sits.engine.parallel.group import check_sizes
+from sits.wire.models import LOAD_FAILED
 from sits.engine.llm import LLM
 from tests.engine.server.harness import http
 from tests.engine.server.processes import ServeProcess, alive
@@ -222,3 +223,75 @@ def test_served_with_two_ranks_answers_as_one_rank_does_and_stops_cleanly(tmp_pa
                  timeout=10)
     finally:
         s.stop()
+
+
+def test_serve_refuses_bad_sizes(tmp_path, capsys):
+    from sits.engine.server.main import main
+
+    assert main(["--tensor-parallel-size", "0"]) == 2   # before the port opens
+    assert "tensor_parallel_size must be a positive integer, got 0" in capsys.readouterr().err
+    s = ServeProcess(tmp_path, "--tensor-parallel-size", "3")   # the model's sizes are checked as it loads
+    try:
+        assert s.proc.wait(60) == 1
+        last = s.logs().strip().splitlines()[-1]
+        assert last.startswith(LOAD_FAILED) and "tensor_parallel_size 3 must divide the model's num_attention_heads" \
+            in last, s.logs()
+    finally:
+        s.stop()
+
+
+# ---- on two GPUs: NCCL, CUDA graphs captured on every rank ----
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+
+
+def assert_close_until_a_flip(reference: dict, got: dict, atol: float) -> None:
+    """Logits within atol step by step, up to a near-tie that flips a greedy token (later steps see other inputs);
+    at least 4 steps of every prompt compared."""
+    for rid, (ref_logits, ref_tokens) in reference.items():
+        logits, tokens = got[rid]
+        compared = 0
+        for step, (a, b) in enumerate(zip(ref_logits, logits)):
+            err = float((a - b).abs().max())
+            assert err < atol, (rid, step, err)
+            compared += 1
+            if ref_tokens[step] != tokens[step]:
+                break
+        assert compared >= 4, (rid, compared)
+
+
+@two_gpus
+@pytest.mark.gpu
+def test_two_gpus_match_one_with_graphs_captured_on_every_rank():
+    """TP=2 on cuda:0 and cuda:1 (NCCL) with a graph-safe Triton set in fp32: warm-up captures the decode and
+    piecewise graphs on both ranks, all-reduces inside; greedy decoding matches TP=1, synchronous or with decode
+    steps launched one ahead (the sampled tokens broadcast on the GPU)."""
+    def engine(tp: int) -> LLMEngine:
+        return LLMEngine(EngineConfig(model="tiny", device="cuda", dtype="float32", kernels="triton-v1.1",
+                                      num_kv_blocks=32, max_num_batched_tokens=96, max_num_seqs=8,
+                                      tensor_parallel_size=tp))
+
+    one = engine(1)
+    one.warmup()
+    want = greedy_run(one)
+    del one
+    two = engine(2)
+    try:
+        runner = two.model_runner
+        assert runner.device == torch.device("cuda", 0)
+        two.parallel.record_steps()
+        runner.step_log = []
+        two.warmup()
+        assert runner.decode_graphs is not None and runner.decode_graphs.graphs and runner.decode_graphs.failed is None
+        assert runner.piecewise is not None and runner.piecewise.failed is None
+        got = greedy_run(two)
+        assert_close_until_a_flip(want, got, atol=2e-2)
+        launched_ahead = {rid: tokens for rid, (_, tokens) in greedy_run(two, logits=False).items()}
+        assert launched_ahead == {rid: tokens for rid, (_, tokens) in got.items()}
+        ours, (theirs,) = runner.step_log, two.parallel.step_logs()
+        assert theirs == ours
+        assert ("capture",) in ours
+        assert any(e[0] == "decode" and e[3] > 0 for e in ours), "no decode step was launched one ahead"
+    finally:
+        two.close()
+    assert not dist.is_initialized()
