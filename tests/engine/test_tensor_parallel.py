@@ -137,6 +137,21 @@ def test_graph_paths_and_steps_launched_ahead_match_one_rank(tp2):
     assert any(entry[0] == "eager" and entry[3] is not None for entry in ours), "no step replayed the pieces"
 
 
+def test_a_checkpoint_with_tied_embeddings_splits_the_same_way(tmp_path):
+    """Each rank reads the sharded safetensors and keeps its slice; the tied LM head stays whole on rank 0."""
+    from sits.engine.model.loader import write_tiny
+
+    ckpt = str(write_tiny(tmp_path / "ckpt", shards=3, tie_word_embeddings=True, num_attention_heads=8,
+                          num_key_value_heads=4, head_dim=32))
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with LLM(model=ckpt, device="cpu") as one:
+        want = [r.token_ids for r in one.generate(list(prompts().values()), greedy)]
+    with LLM(model=ckpt, device="cpu", tensor_parallel_size=4, num_kv_blocks=32) as four:
+        assert [layer.hq for layer in four.engine.model_runner.model.layers] == [2] * 4
+        got = [r.token_ids for r in four.generate(list(prompts().values()), greedy)]
+    assert got == want
+
+
 @pytest.mark.parametrize("size, field, words", [
     (0, "tensor_parallel_size", "positive integer"),
     (True, "tensor_parallel_size", "positive integer"),
