@@ -184,7 +184,7 @@ run_conformance() {
 }
 
 run_tensor_parallel() {
-  local budget="${SITS_TP_BUDGET_S:-900}" t0=$SECONDS args=(--sizes "${SITS_TP_SIZES:-1,2}")
+  local budget="${SITS_TP_BUDGET_S:-540}" t0=$SECONDS args=(--sizes "${SITS_TP_SIZES:-1,2}")
   [[ "$phase" == dry-run ]] && args=(--smoke)
   echo "== tensor parallelism (budget ${budget} s): bench/tensor_parallel.py ${args[*]}"
   timeout -k 10 "$budget" "$py" bench/tensor_parallel.py "${args[@]}" --json "$out/tensor-parallel.json" 2>&1 \
