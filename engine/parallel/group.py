@@ -50,13 +50,19 @@ def connect_store(port: int) -> dist.TCPStore:
     return dist.TCPStore(HOST, port, is_master=False, timeout=TIMEOUT)
 
 
+def check_no_group() -> None:
+    """Raise TensorParallelError if this process is in a torch.distributed group already (RankGroup takes the
+    default group: one tensor-parallel engine per process)."""
+    if dist.is_initialized():
+        raise TensorParallelError("this process already belongs to a torch.distributed group: one tensor-parallel "
+                                  "engine per process (close the other one first)")
+
+
 class RankGroup:
     """This process's rank in torch.distributed's default group (so one tensor-parallel engine per process)."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device):
-        if dist.is_initialized():
-            raise TensorParallelError("this process already belongs to a torch.distributed group: one "
-                                      "tensor-parallel engine per process (close the other one first)")
+        check_no_group()
         os.environ.update(RANK_ENV)   # read by NCCL when it starts, below or at the first collective
         self.rank, self.size, self.device = rank, size, device
         cuda = device.type == "cuda"

@@ -26,7 +26,7 @@ from sits.engine.config import EngineConfig
 from sits.engine.errors import TensorParallelError
 from sits.engine.execution.rank_ops import RankOp
 from sits.engine.parallel import messages as m
-from sits.engine.parallel.group import RANK_ENV, RankGroup, open_store, rank_device
+from sits.engine.parallel.group import RANK_ENV, RankGroup, check_no_group, open_store, rank_device
 
 log = logging.getLogger("sits.engine.parallel")
 
@@ -65,10 +65,11 @@ def _spawn(spec: m.WorkerSpec) -> _Worker:
 
 class TensorParallel:
     """Rank 0 of the group: the TensorParallelRank its model runner uses (engine/execution/rank_ops.py), and the
-    handle on the worker processes. `start` returns once every worker has joined the process group; the workers load
-    their shards while rank 0 loads its own."""
+    handle on the worker processes. It is built once every worker has joined the process group; the workers load
+    their shards while rank 0 loads its own (ModelRunner, then wait_ready)."""
 
     def __init__(self, config: EngineConfig, device: torch.device, dtype: torch.dtype, max_model_len: int):
+        check_no_group()
         size = config.tensor_parallel_size
         self.rank, self.size = 0, size
         self.device = rank_device(device, 0)

@@ -1,6 +1,8 @@
-"""Tensor parallelism on the CPU (engine/parallel/, gloo): TP=2 computes what TP=1 computes (greedy tokens equal,
-logits within float32 rounding), every rank runs the same forward passes, bad sizes are refused before any process
-starts, a worker that cannot start fails the load with its reason, and no worker outlives its engine."""
+"""Tensor parallelism (engine/parallel/) on the CPU over gloo: TP=2 computes what TP=1 computes (greedy tokens equal,
+logits within float32 rounding), eagerly and through the graphs' static buffers, every rank runs the same forward
+passes, bad sizes are refused before any process starts, a worker that cannot start fails the load with its reason,
+no worker outlives its engine, and the server with two ranks answers as with one. On two GPUs: NCCL, with the CUDA
+graphs captured on every rank."""
 
 import json
 import signal
@@ -15,11 +17,12 @@ import torch.distributed as dist
 
 from sits.engine import EngineConfig, LLMEngine, SamplingParams, TensorParallelError
 from sits.engine.errors import InvalidRequestError
+from sits.engine.execution.conformance import shapes_of
+from sits.engine.llm import LLM
 from sits.engine.model.presets import preset
 from sits.engine.parallel import launch
 from sits.engine.parallel.group import check_sizes
 from sits.wire.models import LOAD_FAILED
-from sits.engine.llm import LLM
 from tests.engine.server.harness import http
 from tests.engine.server.processes import ServeProcess, alive
 from tests.waiting import wait_for
@@ -100,6 +103,7 @@ def test_two_ranks_give_one_ranks_tokens_and_logits(tp2, reference):
     assert (layer.hq, layer.hkv, layer.intermediate) == (mc.num_attention_heads // 2, mc.num_key_value_heads // 2,
                                                          mc.intermediate_size // 2)
     assert e.model_runner.kv_cache.shape[4] == mc.num_key_value_heads // 2   # the cache is sharded by KV head
+    assert shapes_of(e.model_runner).describe().startswith("heads 2/1 x 64, hidden 256, intermediate 384")
     e.parallel.record_steps()
     e.model_runner.step_log = []
     assert_same(reference, greedy_run(e))
@@ -117,6 +121,13 @@ def test_two_ranks_give_one_ranks_tokens_and_logits(tp2, reference):
         pids = two.engine.parallel.worker_pids()
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert not any(alive(p) for p in pids)
+
+
+def test_one_tensor_parallel_engine_per_process(tp2, monkeypatch):
+    tp2()
+    monkeypatch.setattr(launch, "_spawn", lambda spec: pytest.fail("a worker was started"))
+    with pytest.raises(TensorParallelError, match="one tensor-parallel engine per process"):
+        tiny(2)
 
 
 def test_graph_paths_and_steps_launched_ahead_match_one_rank(tp2):
