@@ -12,6 +12,8 @@
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
+#   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
+#                                  # (SITS_TP_SIZES), needs >= 2 GPUs (bench/tensor_parallel.sh checks first)
 #   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
@@ -181,11 +183,20 @@ run_conformance() {
   summary+=("conformance | rc $rc | $((SECONDS - t0)) s | table in conformance.log")
 }
 
+run_tensor_parallel() {
+  local budget="${SITS_TP_BUDGET_S:-540}" t0=$SECONDS args=(--sizes "${SITS_TP_SIZES:-1,2}")
+  [[ "$phase" == dry-run ]] && args=(--smoke)
+  echo "== tensor parallelism (budget ${budget} s): bench/tensor_parallel.py ${args[*]}"
+  timeout -k 10 "$budget" "$py" bench/tensor_parallel.py "${args[@]}" --json "$out/tensor-parallel.json" 2>&1 \
+    | tee "$out/tensor-parallel.log"
+  summary+=("tensor parallel | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in tensor-parallel.log")
+}
+
 versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving profile throughput) ;;
+  dry-run) phases=(tests serving profile throughput tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -196,7 +207,8 @@ for ph in "${phases[@]}"; do
     throughput) run_throughput ;;
     int8) run_int8 ;;
     conformance) run_conformance ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|int8|conformance|all|dry-run (or a comma-separated list)"
+    tensor-parallel) run_tensor_parallel ;;
+    *) echo "usage: $0 tests|serving|profile|throughput|int8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -209,6 +221,9 @@ if [[ -f "$out/throughput.log" ]]; then
 fi
 if [[ -f "$out/profile.log" ]]; then
   grep -E "^(### |\| )" "$out/profile.log"
+fi
+if [[ -f "$out/tensor-parallel.log" ]]; then
+  sed -n '/^row /,$p' "$out/tensor-parallel.log"
 fi
 if [[ -f "$out/serving.log" ]]; then
   sed -n '/^| /,$p' "$out/serving.log" | tail -30

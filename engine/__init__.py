@@ -11,6 +11,7 @@ _EXPORTS = {
     "RequestOutput": "sits.engine.outputs", "EngineStats": "sits.engine.outputs",
     "EngineError": "sits.engine.errors", "InvalidRequestError": "sits.engine.errors", "QueueFullError": "sits.engine.errors",
     "StepError": "sits.engine.errors", "UnknownModelError": "sits.engine.errors",
+    "TensorParallelError": "sits.engine.errors",
 }
 __all__ = list(_EXPORTS)
 

@@ -12,11 +12,12 @@ def _generate(args) -> int:
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=args.stop or [], ignore_eos=args.ignore_eos)
-    llm = LLM(model=args.model, kernels=args.kernels, device=args.device, dtype=args.dtype)
-    for result in llm.generate(args.prompts, params):
-        if len(args.prompts) > 1:
-            print(f"--- {result.prompt!r} ({len(result.token_ids)} tokens, {result.finish_reason})")
-        print(result.text)
+    with LLM(model=args.model, kernels=args.kernels, device=args.device, dtype=args.dtype,
+             tensor_parallel_size=args.tensor_parallel_size) as llm:
+        for result in llm.generate(args.prompts, params):
+            if len(args.prompts) > 1:
+                print(f"--- {result.prompt!r} ({len(result.token_ids)} tokens, {result.finish_reason})")
+            print(result.text)
     return 0
 
 
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kernels", default="torch", help="kernel set name (see `sits-engine kernels`)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the model over N ranks (processes; one GPU each on CUDA)")
     g.add_argument("--max-tokens", type=int, default=32)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)

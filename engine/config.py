@@ -43,6 +43,9 @@ class EngineConfig:
     # warm-up measures every op of the kernel set that is not the reference's against it at the served shapes
     # (engine/execution/conformance.py); the report is served at GET /conformance for the correctness gate
     conformance: bool = True
+    # ranks the model is split over (Megatron-style tensor parallelism, engine/parallel/): 1 = one process, no
+    # torch.distributed; N > 1 = rank 0 here and N - 1 worker processes, one GPU each on CUDA (cuda:0..N-1)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -62,6 +65,11 @@ class EngineConfig:
         _positive(self.max_num_seqs, "max_num_seqs")
         _positive(self.max_num_batched_tokens, "max_num_batched_tokens")
         _positive(self.max_waiting, "max_waiting")
+        _positive(self.tensor_parallel_size, "tensor_parallel_size")
+        if self.tensor_parallel_size > 1 and str(self.device).startswith("cuda:"):
+            raise InvalidRequestError(f"device {self.device!r} names one GPU, but tensor_parallel_size "
+                                      f"{self.tensor_parallel_size} runs rank r on cuda:r of the visible GPUs: use "
+                                      f"device 'cuda' or 'auto' (CUDA_VISIBLE_DEVICES picks the GPUs)", "device")
         for name in ("num_kv_blocks", "max_model_len", "max_blocks_per_tenant", "max_prefill_tokens_while_decoding"):
             if getattr(self, name) is not None:
                 _positive(getattr(self, name), name)

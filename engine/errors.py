@@ -49,3 +49,8 @@ class StepError(EngineError):
     def __init__(self, message: str, outputs: list):
         super().__init__(message)
         self.outputs = outputs
+
+
+class TensorParallelError(EngineError):
+    """A tensor-parallel rank failed to start or to load its shard, or died (engine/parallel/): the engine cannot
+    run; the message names the rank and what it reported."""

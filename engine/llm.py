@@ -25,10 +25,22 @@ class GenerationResult:
 
 
 class LLM:
+    """engine_kwargs: any EngineConfig field, e.g. tensor_parallel_size=2 (close() the LLM, or use it as a context
+    manager, to stop the other ranks' processes; they also stop when this process ends)."""
+
     def __init__(self, model: str = "tiny", kernels: str = "torch", **engine_kwargs):
         self.engine = LLMEngine(EngineConfig(model=model, kernels=kernels, **engine_kwargs))
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts: str | list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None, *,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 import torch
 
@@ -17,8 +18,11 @@ from sits.engine.config import EngineConfig
 from sits.engine.execution.conformance import measure_runner as measure_conformance
 from sits.engine.errors import InvalidRequestError, QueueFullError, StepError, check_context_length
 from sits.engine.model.loader import resolve_model
-from sits.engine.execution.model_runner import ModelRunner, load_kernel_set, resolve_device, resolve_dtype
-from sits.engine.model.presets import GPU_ONLY, num_params
+from sits.engine.execution.device import limit_cpu_threads, load_kernel_set, resolve_device, resolve_dtype
+from sits.engine.execution.model_runner import ModelRunner
+from sits.engine.model.presets import GPU_ONLY
+from sits.engine.parallel.group import check_sizes
+from sits.engine.parallel.launch import TensorParallel
 from sits.engine.outputs import EngineStats, RequestOutput
 from sits.engine.sampling_params import SamplingParams
 from sits.engine.scheduling.scheduler import Scheduler
@@ -30,7 +34,6 @@ log = logging.getLogger("sits.engine")
 
 DEFAULT_MAX_MODEL_LEN = 8192
 MAX_PRIORITY = 3
-SMALL_MODEL_PARAMS = 50_000_000
 DEVICE_MEMORY_REFRESH_S = 2.0
 
 
@@ -46,13 +49,26 @@ class LLMEngine:
         if config.model in GPU_ONLY and self.device.type != "cuda":
             raise InvalidRequestError(f"the {config.model} preset needs a CUDA GPU (device is {self.device.type}); "
                                       f"use model='tiny' on CPU", "device")
-        if self.device.type == "cpu" and num_params(mc) < SMALL_MODEL_PARAMS:
-            torch.set_num_threads(1)  # at this size intra-op threads cost more than they save (10x on busy hosts)
+        limit_cpu_threads(self.device, mc)
         self.kernel_set = load_kernel_set(config.kernels, self.device)
         self.tokenizer = load_tokenizer(source.path, mc.vocab_size, mc.eos_token_id, mc.bos_token_id)
         max_len = min(config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       mc.max_position_embeddings)
-        self.model_runner = ModelRunner(config, source, self.kernel_set, self.device, self.dtype, max_len)
+        # tensor parallelism: ranks 1..N-1 start now and load their shards while this one loads its own
+        self.parallel: TensorParallel | None = None
+        if config.tensor_parallel_size > 1:
+            check_sizes(config.tensor_parallel_size, mc, self.device)
+            self.parallel = TensorParallel(config, self.device, self.dtype, max_len)
+            self.device = self.parallel.device
+            weakref.finalize(self, self.parallel.close)   # an engine dropped unclosed stops its workers too
+        try:
+            self.model_runner = ModelRunner(config, source, self.kernel_set, self.device, self.dtype, max_len,
+                                            self.parallel)
+            if self.parallel is not None:
+                self.parallel.wait_ready()
+        except BaseException:
+            self.close()
+            raise
         # warmup()'s op-level conformance report (engine/execution/conformance.py)
         self.conformance: dict | None = None
         num_blocks = self.model_runner.num_blocks
@@ -214,6 +230,8 @@ class LLMEngine:
 
     def _abort_step(self, seqs: list[Sequence], e: Exception, outputs: list[RequestOutput] | None = None):
         outputs = [] if outputs is None else outputs
+        if self.parallel is not None:   # the other ranks may have run part of the step: they are out of step now
+            self.parallel.fail(f"a failed step ({type(e).__name__}: {e})")
         for seq in seqs:
             self.scheduler.finish(seq, "abort")
             outputs.append(self._output(seq, [], "", None))
@@ -274,6 +292,12 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         with self._lock:
             self._live.pop(seq.request_id, None)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks and leave the process group (nothing to do with one rank); the engine
+        cannot step after it. Idempotent."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     def warmup(self, max_tokens: int = 4) -> None:
         """Run one short request to completion (first kernel launches/compiles), then on a GPU one dummy step of

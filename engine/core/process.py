@@ -66,8 +66,8 @@ def run_engine_core(opts: CoreOptions) -> None:
     outbox.setsockopt(zmq.LINGER, 5000)   # what is queued at exit still reaches the front
     outbox.connect(opts.output_address)
     code = 0
+    core = EngineCore(opts, inbox, outbox)
     try:
-        core = EngineCore(opts, inbox, outbox)
         if core.load():
             core.serve()
         else:
@@ -75,6 +75,8 @@ def run_engine_core(opts: CoreOptions) -> None:
     except _LoopFailed:
         code = EXIT_FAILED
     finally:
+        if core.engine is not None:
+            core.engine.close()   # stops the tensor-parallel ranks, if any (they also end when this process does)
         inbox.close(linger=0)
         outbox.close()
         ctx.term()   # waits (up to the linger) until what is queued reached the front

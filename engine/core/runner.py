@@ -147,6 +147,8 @@ class EngineRunner:
             self.load_error = "engine loop crashed"
             self.ready.clear()
             self._fail_all(RuntimeError("engine loop crashed"))
+        finally:
+            self.engine.close()   # stops the tensor-parallel ranks, if any
 
     def _warm_up(self) -> None:
         t0 = time.perf_counter()

@@ -60,10 +60,11 @@ class Shapes:
 
 
 def shapes_of(runner) -> Shapes:
-    """The shapes a ModelRunner serves."""
-    cfg, config = runner.model.cfg, runner.config
-    return Shapes(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
-                  q_heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+    """The shapes a ModelRunner serves (one rank's share of the heads and intermediate size under tensor
+    parallelism: every rank runs the same ops at these shapes)."""
+    cfg, config, layer = runner.model.cfg, runner.config, runner.model.layers[0]
+    return Shapes(hidden=cfg.hidden_size, intermediate=layer.intermediate, vocab=cfg.vocab_size,
+                  q_heads=layer.hq, kv_heads=layer.hkv, head_dim=cfg.head_dim,
                   block_size=runner.block_size, max_num_seqs=config.max_num_seqs,
                   max_tokens=config.max_num_batched_tokens, max_model_len=runner.max_model_len,
                   eps=cfg.rms_norm_eps, quantization=config.quantization, tied_embeddings=cfg.tie_word_embeddings)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +38,17 @@ def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """The padded batch sizes captured for an engine that runs at most `max_num_seqs` sequences per step."""
     cap = min(max_num_seqs, GRAPH_BATCH_SIZES[-1])
     return tuple(b for b in GRAPH_BATCH_SIZES if b < cap) + (cap,)
+
+
+@dataclass(slots=True)
+class DecodeStep:
+    """One decode step's inputs on the host (DecodeGraphs.plan): what replay() copies to the device, and what rank 0
+    sends the other tensor-parallel ranks (engine/parallel/)."""
+    b: int              # padded batch size: the graph replayed
+    n: int              # real rows
+    u: int              # block-table entries updated
+    num_prev: int       # > 0: the input tokens are gathered from the previous step's num_prev tokens on the device
+    host: torch.Tensor  # [5 b + 2 u + n] int64: ids | positions | slots | lens | rows, the updates, the gather index
 
 
 def padded_batch_size(n: int, sizes: tuple[int, ...]) -> int | None:
@@ -94,6 +106,10 @@ class DecodeGraphs:
         states [len(seqs), H]. The token is token_ids[num_computed_tokens], or with `ids_from` = (tokens on the
         device, index of each row in them) taken on the device (engine/execution/async_decode.py: not on the host yet).
         Caller checks usable(seqs) first (or, with ids_from, what async_decode checks)."""
+        return self.replay(self.plan(seqs, ids_from), ids_from[0] if ids_from else None)
+
+    def plan(self, seqs, ids_from: tuple[torch.Tensor, list[int]] | None = None) -> "DecodeStep":
+        """The host half of run(): the step's inputs in the next pinned staging buffer (and the rows' bookkeeping)."""
         n = len(seqs)
         b = padded_batch_size(n, self.sizes)
         bs, w = self.block_size, self.table_rows.shape[1]
@@ -123,8 +139,7 @@ class DecodeGraphs:
             rows.append(row)
         u = len(upd_at)
         flat = ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad + rows + [b] * pad
-        host = self.hosts[self._host_flip]
-        self._host_flip ^= 1
+        host = self.next_host()
         host_np = host.numpy()
         host_np[:5 * b] = flat
         if u:
@@ -133,12 +148,25 @@ class DecodeGraphs:
         k = 5 * b + 2 * u
         if ids_from:
             host_np[k:k + n] = ids_from[1]
+        return DecodeStep(b, n, u, ids_from[0].numel() if ids_from else 0, host[:k + n])
+
+    def next_host(self) -> torch.Tensor:
+        """The pinned staging buffer a step fills next (two, in turn)."""
+        host = self.hosts[self._host_flip]
+        self._host_flip ^= 1
+        return host
+
+    def replay(self, step: "DecodeStep", ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The device half of run(): copy the step's inputs over, update the block-table rows, gather the input tokens
+        from `ids` (the previous step's tokens, when step.num_prev) and replay (or capture first) the size's graph."""
+        b, n, u = step.b, step.n, step.u
+        k = 5 * b + 2 * u
         st = self.stage
-        st[:k + n].copy_(host[:k + n], non_blocking=True)
+        st[:k + n].copy_(step.host, non_blocking=True)
         if u:
             self.table_rows.view(-1).index_copy_(0, st[5 * b:5 * b + u], st[5 * b + u:k].to(torch.int32))
-        if ids_from:
-            torch.index_select(ids_from[0], 0, st[k:k + n], out=st[:n])
+        if step.num_prev:
+            torch.index_select(ids, 0, st[k:k + n], out=st[:n])
         if self.capture and self.failed is None and b not in self.graphs:
             self._capture(b)
         if b in self.graphs:

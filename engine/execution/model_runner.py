@@ -1,4 +1,7 @@
-"""Where tensors enter: loads the model, owns the paged KV cache, turns a ScheduledBatch into one forward + sampling."""
+"""Where tensors enter: loads the model, owns the paged KV cache, turns a ScheduledBatch into one forward + sampling.
+
+With tensor parallelism (engine/parallel/) rank 0's runner mirrors each piece of device work to the other ranks'
+runners (engine/execution/rank_ops.py), which run it through `apply`; sampling and logits stay on rank 0."""
 
 from __future__ import annotations
 
@@ -7,9 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sits import kernels
 from sits.engine.config import EngineConfig, ModelConfig
-from sits.engine.execution.cuda_graphs import DecodeGraphs, graph_batch_sizes, padded_batch_size
+from sits.engine.execution.cuda_graphs import DecodeGraphs, DecodeStep, graph_batch_sizes, padded_batch_size
 from sits.engine.errors import InvalidRequestError
 from sits.engine.model.layers.sampler import Sampler
 from sits.engine.model.loader import ModelSource
@@ -18,37 +20,13 @@ from sits.engine.execution.piecewise_graphs import PiecewiseGraphs
 from sits.engine.sampling_params import SamplingParams
 from sits.engine.scheduling.scheduler import ScheduledBatch
 from sits.engine.scheduling.sequence import Sequence
-from sits.engine.execution.step_inputs import build_step_inputs
+from sits.engine.execution.rank_ops import CaptureOp, DecodeOp, EagerOp, RankOp, StaticBuffersOp, TensorParallelRank
+from sits.engine.execution.step_inputs import PackedStep, pack_step
 from sits.engine.execution.warmup import WarmupStep
 from sits.kernels.triton_env import use_device_cache_dir
 
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on CPU
 GPU_MEMORY_UTILIZATION = 0.90
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidRequestError(f"device {device!r} requested but CUDA is not available", "device")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, dtype)
-
-
-def load_kernel_set(name: str, device: torch.device):
-    try:
-        ks = kernels.get_kernel_set(name)
-    except KeyError as e:  # UnknownKernelSetError lists the known names
-        raise InvalidRequestError(str(e), "kernels") from None
-    if not ks.supports(device.type):
-        raise InvalidRequestError(f"kernel set {name!r} runs on {', '.join(ks.devices)}, not {device.type}",
-                                  "kernels")
-    return ks
 
 
 @dataclass(slots=True)
@@ -62,24 +40,28 @@ class InflightDecode:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource, kernel_set, device: torch.device,
-                 dtype: torch.dtype, max_model_len: int):
+                 dtype: torch.dtype, max_model_len: int, parallel: TensorParallelRank | None = None):
         self.config = config
         self.model_config: ModelConfig = source.config
         self.device, self.dtype = device, dtype
         self.block_size = config.block_size
         self.kernel_set = kernel_set
+        self.parallel = parallel   # None: the whole model here, one process (no torch.distributed)
+        mc = source.config
+        self.num_kv_heads = mc.num_key_value_heads // (parallel.size if parallel is not None else 1)   # this rank's
         # compiled kernels and autotuning winners persist per GPU model and driver (kernels/triton_env.py)
         self.triton_cache_dir = use_device_cache_dir(device)
         with torch.inference_mode():
-            self.model = LlamaForCausalLM(source.config, kernel_set, device, dtype, max_model_len)
+            self.model = LlamaForCausalLM(source.config, kernel_set, device, dtype, max_model_len, tp=parallel)
             self.model.load_weights(source.weights(device, dtype))
             if config.quantization:
                 self.model.quantize(config.quantization)
-            self.num_blocks = config.num_kv_blocks or self._auto_num_blocks(max_model_len)
-            mc = source.config
+            num_blocks = config.num_kv_blocks or self._auto_num_blocks(max_model_len)
+            # block ids are rank 0's (its block manager): every rank's cache holds the same number of blocks
+            self.num_blocks = parallel.agree_num_blocks(num_blocks) if parallel is not None else num_blocks
             # one allocation for every layer's K and V: [layers, 2, blocks, block_size, kv_heads, head_dim]
             self.kv_cache = torch.zeros(mc.num_hidden_layers, 2, self.num_blocks, self.block_size,
-                                        mc.num_key_value_heads, mc.head_dim, device=device, dtype=dtype)
+                                        self.num_kv_heads, mc.head_dim, device=device, dtype=dtype)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_hidden_layers)]
         self.max_model_len = max_model_len   # the longest context served (RoPE tables and block tables cover it)
         self.max_blocks = -(-max_model_len // self.block_size)  # block-table width of every step
@@ -101,6 +83,7 @@ class ModelRunner:
         self.capture_logits = False  # tests: keep the last step's logits
         self.last_logits: torch.Tensor | None = None  # [num sampled seqs, vocab] fp32
         self.last_logits_seqs: list[str] = []  # their request ids
+        self.step_log: list[tuple] | None = None   # tests: when a list, every forward pass appends what it ran
 
     @property
     def gpu_wait_s(self) -> float:
@@ -109,7 +92,7 @@ class ModelRunner:
 
     def block_bytes(self) -> int:
         mc = self.model_config
-        return (2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * mc.head_dim
+        return (2 * mc.num_hidden_layers * self.block_size * self.num_kv_heads * mc.head_dim
                 * torch.empty(0, dtype=self.dtype).element_size())
 
     def _auto_num_blocks(self, max_model_len: int) -> int:
@@ -122,10 +105,10 @@ class ModelRunner:
         mc, c = self.model_config, self.config
         elt = torch.empty(0, dtype=self.dtype).element_size()
         t = c.max_num_batched_tokens
+        layer = self.model.layers[0]   # this rank's heads and intermediate size
         # activations of one step, the reference attention's score matrix, and the sampler's [seqs, vocab] tensors
-        act = t * (4 * mc.hidden_size + 3 * mc.intermediate_size
-                   + (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim) * elt * 2
-        act += mc.num_attention_heads * t * max_model_len * 4 * 2
+        act = t * (4 * mc.hidden_size + 3 * layer.intermediate + (layer.hq + 2 * layer.hkv) * mc.head_dim) * elt * 2
+        act += layer.hq * t * max_model_len * 4 * 2
         act += c.max_num_seqs * mc.vocab_size * 4 * 6 + 512 * 2**20
         act += self.model.largest_quantized_weight() * elt  # one weight dequantized at a time (linear_dequant.py)
         share = c.gpu_memory_utilization
@@ -153,6 +136,8 @@ class ModelRunner:
         """Capture the decode CUDA graph of every batch size now (no-op without graphs); returns how many exist."""
         if self.decode_graphs is None:
             return 0
+        self._mirror(CaptureOp())
+        self._log(("capture",))
         self.decode_graphs.capture_all()
         if self.piecewise is not None:
             self.piecewise.capture_all()
@@ -167,7 +152,7 @@ class ModelRunner:
         graphs = self.decode_graphs
         scoring = any(s.needs_prompt_logprobs for s, _ in pairs)   # teacher forcing reads every prompt row
         if not prefill and not scoring and graphs is not None and graphs.usable(decode):
-            return self._sample(graphs.run(decode), decode)
+            return self._sample(self._decode(decode), decode)
         return self._run_eager(prefill, decode)
 
     @torch.inference_mode()
@@ -187,19 +172,80 @@ class ModelRunner:
     def _run_eager(self, prefill: list[tuple[Sequence, int]], decode: list[Sequence], write_kv: bool = True):
         # decode rows padded to a graph batch size: decode attention sees only the shapes warm-up compiled
         pad = (padded_batch_size(len(decode), self.decode_sizes) or len(decode)) - len(decode) if decode else 0
-        x = build_step_inputs(prefill, decode, pad, block_size=self.block_size, max_blocks=self.max_blocks,
-                              device=self.device, write_kv=write_kv)
-        pw = self.piecewise
-        if pw is not None and pw.size_for(x.input_ids.shape[0]) is not None:
-            hidden = pw.forward(x.input_ids, x.positions, x.meta)
-        else:
-            hidden = self.model.forward(x.input_ids, x.positions, self.kv_caches, x.meta)
+        packed, sample_seqs = pack_step(prefill, decode, pad, block_size=self.block_size, max_blocks=self.max_blocks,
+                                        device=self.device, write_kv=write_kv)
+        if self.parallel is not None:
+            self._mirror(EagerOp(packed.layout, packed.h64.numpy(), packed.h32.numpy()))
+        hidden, x = self.forward_packed(packed, sample_seqs)
         chunks = prefill + [(s, 1) for s in decode]
         if any(s.needs_prompt_logprobs for s, _ in chunks):
             self._prompt_logprobs(hidden, chunks)
         if not x.sample_seqs:
             return []
         return self._sample(hidden[x.sample_rows], x.sample_seqs)
+
+    def forward_packed(self, packed: PackedStep, sample_seqs: list[Sequence] | None = None):
+        """An eager step's forward pass (piecewise graphs when a size fits) -> (final hidden states [T, H], inputs)."""
+        x = packed.to_device(self.device, sample_seqs)
+        pw = self.piecewise
+        size = pw.size_for(packed.layout.num_tokens) if pw is not None else None
+        self._log(("eager", packed.layout.num_tokens, packed.layout.num_prefill_tokens, size))
+        if size is not None:
+            return pw.forward(x.input_ids, x.positions, x.meta), x
+        return self.model.forward(x.input_ids, x.positions, self.kv_caches, x.meta), x
+
+    def _decode(self, seqs: list[Sequence], ids_from=None) -> torch.Tensor:
+        """A decode step through the decode graphs (mirrored to the other ranks) -> final hidden states [n, H]."""
+        step = self.decode_graphs.plan(seqs, ids_from)
+        ids = ids_from[0] if ids_from else None
+        if self.parallel is not None:
+            self._mirror(DecodeOp(step.b, step.n, step.u, step.num_prev, step.host.numpy()))
+            if ids is not None:
+                self.parallel.broadcast(ids)
+        return self.replay_decode(step, ids)
+
+    def replay_decode(self, step: DecodeStep, ids: torch.Tensor | None) -> torch.Tensor:
+        self._log(("decode", step.b, step.n, step.num_prev))
+        return self.decode_graphs.replay(step, ids)
+
+    @torch.inference_mode()
+    def apply(self, op: RankOp) -> None:
+        """Run what rank 0's runner mirrored (ranks 1..N-1 of a tensor-parallel group; engine/parallel/worker.py)."""
+        if isinstance(op, EagerOp):
+            self.forward_packed(PackedStep.from_arrays(op.layout, op.i64, op.i32, self.device))
+        elif isinstance(op, DecodeOp):
+            host = self.decode_graphs.next_host()[:len(op.host)]
+            host.numpy()[:] = op.host
+            ids = None
+            if op.num_prev:   # rank 0's previous sampled tokens, broadcast right after the op
+                ids = torch.empty(op.num_prev, dtype=torch.int64, device=self.device)
+                self.parallel.broadcast(ids)
+            self.replay_decode(DecodeStep(op.b, op.n, op.u, op.num_prev, host), ids)
+        elif isinstance(op, CaptureOp):
+            self.capture_decode_graphs()
+        elif isinstance(op, StaticBuffersOp):
+            self.use_static_buffers()
+        else:
+            raise TypeError(f"not a rank op: {op!r}")
+
+    def use_static_buffers(self) -> None:
+        """Decode steps through DecodeGraphs and prefill steps through PiecewiseGraphs, both eagerly (capture=False):
+        the graphs' code paths on CPU, for tests (on every rank of a tensor-parallel group)."""
+        self._mirror(StaticBuffersOp())
+        c = self.config
+        self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=c.max_num_seqs,
+                                          max_blocks_per_seq=self.max_blocks, block_size=self.block_size,
+                                          device=self.device, capture=False)
+        self.piecewise = PiecewiseGraphs(self.model, self.kv_caches, max_tokens=c.max_num_batched_tokens,
+                                         device=self.device, capture=False)
+
+    def _mirror(self, op: RankOp) -> None:
+        if self.parallel is not None:
+            self.parallel.mirror(op)
+
+    def _log(self, entry: tuple) -> None:
+        if self.step_log is not None:
+            self.step_log.append(entry)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, chunks: list[tuple[Sequence, int]]) -> None:
         """Append to each scoring sequence the logprob of every prompt token its chunk predicts (row p predicts token
@@ -229,7 +275,7 @@ class ModelRunner:
         """Launch a decode step through the graphs and sample on the GPU, copying the tokens to the host
         asynchronously; `collect` waits for them (engine/execution/async_decode.py). `ids_from`: see
         DecodeGraphs.run."""
-        logits = self.model.compute_logits(self.decode_graphs.run(seqs, ids_from))
+        logits = self.model.compute_logits(self._decode(seqs, ids_from))
         tokens = self.sampler.sample_tokens(logits, [s.params for s in seqs], self._generators(seqs))
         if self._host_tokens is None:  # two pinned buffers: a step's copy lands while the previous one is read
             n = self.decode_graphs.sizes[-1]

@@ -35,11 +35,80 @@ class StepInputs:
     sample_seqs: list[Sequence]    # their sequences, in row order
 
 
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """Where each field sits in a packed step's two staging buffers."""
+    num_tokens: int            # T, the decode padding included
+    num_prefill_tokens: int
+    num_prefill_seqs: int
+    num_decode_rows: int       # the padding included
+    max_blocks: int            # block-table width
+    num_sample_rows: int
+
+    def offsets64(self) -> list[int]:   # ids | positions | slots | sample rows
+        t = self.num_tokens
+        return _offsets([t, t, t, self.num_sample_rows])
+
+    def offsets32(self) -> list[int]:   # cu_seqlens | prefill context lens | prefill tables | decode lens | tables
+        p, d, w = self.num_prefill_seqs, self.num_decode_rows, self.max_blocks
+        return _offsets([p + 1, p, p * w, d, d * w])
+
+
+@dataclass(slots=True)
+class PackedStep:
+    """An eager step's inputs on the host, in two staging buffers (pinned on a GPU): what `to_device` copies over,
+    and what rank 0 sends the other tensor-parallel ranks (engine/parallel/)."""
+    layout: StepLayout
+    h64: torch.Tensor
+    h32: torch.Tensor
+
+    @classmethod
+    def from_arrays(cls, layout: StepLayout, i64: np.ndarray, i32: np.ndarray, device: torch.device) -> "PackedStep":
+        """Another rank's packed step, in staging buffers of this rank's own."""
+        h64, a64 = _staging(len(i64), torch.int64, device)
+        h32, a32 = _staging(len(i32), torch.int32, device)
+        a64[:], a32[:] = i64, i32
+        return cls(layout, h64, h32)
+
+    def to_device(self, device: torch.device, sample_seqs: list[Sequence] | None = None) -> StepInputs:
+        lay = self.layout
+        o64, o32 = lay.offsets64(), lay.offsets32()
+        d64 = self.h64.to(device, non_blocking=True)
+        d32 = self.h32.to(device, non_blocking=True)
+        t, np_, nd, w = lay.num_tokens, lay.num_prefill_seqs, lay.num_decode_rows, lay.max_blocks
+
+        def v64(i: int, n: int) -> torch.Tensor:
+            return d64[o64[i]:o64[i] + n]
+
+        def v32(i: int, n: int) -> torch.Tensor:
+            return d32[o32[i]:o32[i] + n]
+
+        meta = AttentionMetadata(
+            slot_mapping=v64(2, t),
+            num_prefill_tokens=lay.num_prefill_tokens,
+            cu_seqlens_q=v32(0, np_ + 1) if np_ else None,
+            prefill_context_lens=v32(1, np_) if np_ else None,
+            prefill_block_tables=v32(2, np_ * w).view(np_, w) if np_ else None,
+            decode_context_lens=v32(3, nd) if nd else None,
+            decode_block_tables=v32(4, nd * w).view(nd, w) if nd else None,
+        )
+        return StepInputs(v64(0, t), v64(1, t), meta, v64(3, lay.num_sample_rows), sample_seqs or [])
+
+
 def build_step_inputs(prefill: list[tuple[Sequence, int]], decode: list[Sequence], pad: int, *, block_size: int,
                       max_blocks: int, device: torch.device, write_kv: bool = True) -> StepInputs:
+    """pack_step, then its copy to the device."""
+    packed, sample_seqs = pack_step(prefill, decode, pad, block_size=block_size, max_blocks=max_blocks,
+                                    device=device, write_kv=write_kv)
+    return packed.to_device(device, sample_seqs)
+
+
+def pack_step(prefill: list[tuple[Sequence, int]], decode: list[Sequence], pad: int, *, block_size: int,
+              max_blocks: int, device: torch.device, write_kv: bool = True) -> tuple[PackedStep, list[Sequence]]:
     """`prefill`: (sequence, new tokens) chunks; `decode`: one new token each, followed by `pad` dummy rows (token 0
     at position 0, no KV slot, context 1, block table of zeros). With write_kv=False no token gets a KV slot
-    (warm-up). Block tables are [rows, max_blocks], whatever each sequence holds, so kernels see one stride."""
+    (warm-up). Block tables are [rows, max_blocks], whatever each sequence holds, so kernels see one stride.
+    Returns the packed step and the sequences that sample, in row order."""
     bs, w = block_size, max_blocks
     chunks = prefill + [(s, 1) for s in decode]
     t = sum(n for _, n in chunks) + pad
@@ -53,9 +122,11 @@ def build_step_inputs(prefill: list[tuple[Sequence, int]], decode: list[Sequence
             sample_seqs.append(s)
     np_ = len(prefill)
     nd = len(decode) + pad if decode or pad else 0
+    layout = StepLayout(num_tokens=t, num_prefill_tokens=sum(n for _, n in prefill), num_prefill_seqs=np_,
+                        num_decode_rows=nd, max_blocks=w, num_sample_rows=len(sample_rows))
 
     # int64: ids, positions, slots, sample rows
-    o64 = _offsets([t, t, t, len(sample_rows)])
+    o64 = layout.offsets64()
     h64, a64 = _staging(o64[-1], torch.int64, device)
     ids, pos, slots = (a64[o64[i]:o64[i] + t] for i in range(3))
     off = 0
@@ -81,7 +152,7 @@ def build_step_inputs(prefill: list[tuple[Sequence, int]], decode: list[Sequence
     a64[o64[3]:o64[3] + len(sample_rows)] = sample_rows
 
     # int32: cu_seqlens, prefill context lens, prefill block tables, decode context lens, decode block tables
-    o32 = _offsets([np_ + 1, np_, np_ * w, nd, nd * w])
+    o32 = layout.offsets32()
     h32, a32 = _staging(o32[-1], torch.int32, device)
     if np_:
         lens = [n for _, n in prefill]
@@ -92,26 +163,7 @@ def build_step_inputs(prefill: list[tuple[Sequence, int]], decode: list[Sequence
     if nd:
         a32[o32[3]:o32[3] + nd] = [s.num_computed_tokens + 1 for s in decode] + [1] * pad
         _fill_tables(a32[o32[4]:o32[4] + nd * w].reshape(nd, w), decode)
-
-    d64 = h64.to(device, non_blocking=True)
-    d32 = h32.to(device, non_blocking=True)
-
-    def v64(i: int, n: int) -> torch.Tensor:
-        return d64[o64[i]:o64[i] + n]
-
-    def v32(i: int, n: int) -> torch.Tensor:
-        return d32[o32[i]:o32[i] + n]
-
-    meta = AttentionMetadata(
-        slot_mapping=v64(2, t),
-        num_prefill_tokens=sum(n for _, n in prefill),
-        cu_seqlens_q=v32(0, np_ + 1) if np_ else None,
-        prefill_context_lens=v32(1, np_) if np_ else None,
-        prefill_block_tables=v32(2, np_ * w).view(np_, w) if np_ else None,
-        decode_context_lens=v32(3, nd) if nd else None,
-        decode_block_tables=v32(4, nd * w).view(nd, w) if nd else None,
-    )
-    return StepInputs(v64(0, t), v64(1, t), meta, v64(3, len(sample_rows)), sample_seqs)
+    return PackedStep(layout, h64, h32), sample_seqs
 
 
 def _offsets(sizes: list[int]) -> list[int]:

@@ -3,11 +3,17 @@
 Every norm / rope / attention / activation / matmul runs through the kernel set, so a new kernel set changes the
 model's kernels without touching this file. Weights use Hugging Face names; q/k/v and gate/up load into fused
 matrices.
+
+Tensor parallelism (Megatron-LM's split, engine/parallel/): with a group of N ranks, rank r holds the r-th N-th of the
+query and KV heads (q/k/v column-parallel), of the intermediate size (gate/up column-parallel), and the matching
+input columns of o_proj and down_proj (row-parallel), whose partial outputs are summed by an all-reduce. The
+embedding, the norms and the LM head are replicated. Without a group (N = 1) nothing of this runs.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +33,33 @@ _SHARDS = {  # HF sub-module -> (attribute of LlamaDecoderLayer, shard index)
     "mlp.down_proj": ("down_proj", 0), "input_layernorm": ("input_layernorm", None),
     "post_attention_layernorm": ("post_attention_layernorm", None),
 }
+# the dimension of a HF weight that tensor parallelism splits: output rows (column-parallel), input columns (row-)
+_SPLIT_DIM = {"qkv_proj": 0, "gate_up_proj": 0, "o_proj": 1, "down_proj": 1}
+
+
+class TensorParallelGroup(Protocol):
+    """This rank's place in a tensor-parallel group (engine/parallel/group.py)."""
+
+    rank: int
+    size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...   # the sum over the ranks, in place
 
 
 class LlamaDecoderLayer:
-    def __init__(self, cfg: ModelConfig, ks, device, dtype):
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
+    def __init__(self, cfg: ModelConfig, ks, device, dtype, tp: TensorParallelGroup | None = None):
+        h, d, n = cfg.hidden_size, cfg.head_dim, tp.size if tp is not None else 1
+        # this rank's heads and intermediate size (all of them without a group)
+        self.hq, self.hkv, self.d = cfg.num_attention_heads // n, cfg.num_key_value_heads // n, d
+        self.intermediate = cfg.intermediate_size // n
+        self.tp = tp
         self.input_layernorm = RMSNorm(ks, h, cfg.rms_norm_eps, device, dtype)
         self.qkv_proj = Linear(ks, h, [self.hq * d, self.hkv * d, self.hkv * d], device, dtype)
         self.o_proj = Linear(ks, self.hq * d, [h], device, dtype)
         self.attn = Attention(ks, self.hq, self.hkv, d)
         self.post_attention_layernorm = RMSNorm(ks, h, cfg.rms_norm_eps, device, dtype)
-        self.gate_up_proj = Linear(ks, h, [cfg.intermediate_size, cfg.intermediate_size], device, dtype)
-        self.down_proj = Linear(ks, cfg.intermediate_size, [h], device, dtype)
+        self.gate_up_proj = Linear(ks, h, [self.intermediate, self.intermediate], device, dtype)
+        self.down_proj = Linear(ks, self.intermediate, [h], device, dtype)
         self.ks = ks
 
     def __call__(self, hidden, residual, positions, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
@@ -70,17 +90,23 @@ class LlamaDecoderLayer:
     def after_attention(self, attn, residual):
         """The output projection, the post-attention norm (with the residual add) and the MLP -> (hidden, residual)."""
         hidden = self.o_proj(attn)
+        if self.tp is not None:   # row-parallel: each rank holds a partial sum
+            hidden = self.tp.all_reduce(hidden)
         x, residual = self.post_attention_layernorm(hidden, residual)
-        return self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x))), residual
+        out = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
+        if self.tp is not None:
+            out = self.tp.all_reduce(out)
+        return out, residual
 
 
 class LlamaForCausalLM:
     def __init__(self, cfg: ModelConfig, kernel_set, device: torch.device, dtype: torch.dtype,
-                 max_positions: int):
+                 max_positions: int, tp: TensorParallelGroup | None = None):
         self.cfg = cfg
         self.device, self.dtype = device, dtype
+        self.tp = tp   # None: the whole model on this device
         self.embed_tokens = torch.empty(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
-        self.layers = [LlamaDecoderLayer(cfg, kernel_set, device, dtype) for _ in range(cfg.num_hidden_layers)]
+        self.layers = [LlamaDecoderLayer(cfg, kernel_set, device, dtype, tp) for _ in range(cfg.num_hidden_layers)]
         self.norm = RMSNorm(kernel_set, cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(kernel_set, cfg.hidden_size, [cfg.vocab_size],
                                                                   device, dtype)
@@ -116,6 +142,8 @@ class LlamaForCausalLM:
             if idx >= len(self.layers) or sub not in _SHARDS:
                 return  # e.g. rotary_emb buffers of old checkpoints
             attr, shard = _SHARDS[sub]
+            if self.tp is not None and attr in _SPLIT_DIM:   # this rank's slice (the sizes divide: parallel/)
+                tensor = tensor.chunk(self.tp.size, _SPLIT_DIM[attr])[self.tp.rank]
             module = getattr(self.layers[idx], attr)
             module.load(tensor) if shard is None else module.load(tensor, shard)
 

@@ -49,6 +49,7 @@ class ServerConfig:
     enforce_eager: bool = False
     piecewise_graphs: bool = True
     conformance: bool = True
+    tensor_parallel_size: int = 1
     served_model_name: str | None = None
     otel_exporter: str | None = None   # None: from SITS_OTEL_EXPORTER / OTEL_TRACES_EXPORTER, else "none"
     otlp_endpoint: str | None = None
@@ -98,7 +99,7 @@ class ServerConfig:
                             max_waiting=self.max_waiting, quantization=self.quantization,
                             max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed,
                             enforce_eager=self.enforce_eager, piecewise_graphs=self.piecewise_graphs,
-                            conformance=self.conformance)
+                            conformance=self.conformance, tensor_parallel_size=self.tensor_parallel_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="at warm-up, run every op of the kernel set that differs from the reference set `torch` on random inputs at "
            "this model's shapes and report its errors at GET /conformance, for the correctness gate (default: on; "
            "seconds on a GPU, docs/kernels.md)")
+    a("--tensor-parallel-size", type=int, default=1, metavar="N",
+      help="split the model over N ranks (Megatron-style tensor parallelism): the engine plus N - 1 worker processes, "
+           "rank r on cuda:r of the visible GPUs (NCCL), or all on the CPU (gloo); N must divide the model's attention "
+           "heads, KV heads and intermediate size (default: 1, one process)")
     a("--served-model-name", default=None, help="model id clients send (default: the preset or directory name)")
     a("--otel-exporter", choices=["none", "console", "otlp"], default=None,
       help="trace exporter (default: $SITS_OTEL_EXPORTER or $OTEL_TRACES_EXPORTER or none)")

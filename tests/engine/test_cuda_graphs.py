@@ -33,13 +33,12 @@ def run(engine, graphs: DecodeGraphs | None = None) -> tuple[dict, dict]:
     used: dict[int, int] = {}
     if graphs is not None:
         runner.decode_graphs = graphs
-        inner = graphs.run
+        inner = graphs.replay   # the model runner plans a step, then replays it (DecodeGraphs.run is both)
 
-        def counting_run(seqs):
-            b = padded_batch_size(len(seqs), graphs.sizes)
-            used[b] = used.get(b, 0) + 1
-            return inner(seqs)
-        graphs.run = counting_run
+        def counting_replay(step, ids=None):
+            used[step.b] = used.get(step.b, 0) + 1
+            return inner(step, ids)
+        graphs.replay = counting_replay
     runner.capture_logits = True
     g = torch.Generator().manual_seed(1)
     for rid, (n, steps) in PROMPTS.items():

@@ -13,6 +13,7 @@ LAYERS = [
     {"core"},                                   # the engine loop behind the server: a thread, or a process of its own
     {"llm"},                                    # the offline API
     {"llm_engine"},                             # LLMEngine: requests in, a scheduled and executed step out
+    {"parallel"},                               # tensor parallelism: the process group, the worker ranks
     {"execution"},                              # a scheduled step on the device: model runner, CUDA graphs, warm-up
     {"model", "scheduling"},                    # the network and its loading; which sequences run (torch-free)
     {"config", "sampling_params", "outputs"},   # the vocabulary every layer speaks
