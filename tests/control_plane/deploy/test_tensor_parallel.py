@@ -19,6 +19,7 @@ from sits.control_plane.web import create_app
 from sits.control_plane.web.users import Users, token_sha256
 
 from tests.control_plane.web.conftest import drive
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -179,3 +180,62 @@ def test_a_kernelrollout_carries_it_and_the_crd_bounds_it_as_the_api_does():
     prop = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "tensorParallelSize"]
     assert (prop["type"], prop["minimum"], prop["maximum"]) == ("integer", 1, MAX_TENSOR_PARALLEL)
+
+
+def test_the_local_deployer_serves_a_two_rank_engine_on_cpu(tmp_path):
+    """End to end on CPU: a variant with tensor_parallel_size 2 is a real `sits-engine serve --tensor-parallel-size 2`
+    (rank 0 and one gloo worker), ready behind the router, answering the same greedy tokens as one rank; delete stops
+    both ranks."""
+    import httpx
+
+    from sits.control_plane.adapters.deploy.local.config import LocalConfig
+    from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+
+    d = LocalDeployer(LocalConfig(workdir=str(tmp_path), cpu_threads=1, ready_timeout_s=240))
+    body = {"model": "tiny", "prompt": "the canary sings", "max_tokens": 8, "temperature": 0}
+    try:
+        d.deploy(VariantSpec(service="tp", role="production", kernels="torch"))
+        d.deploy(VariantSpec(service="tp", role="canary", kernels="torch", tensor_parallel_size=2))
+        st = d.status("tp")
+        assert st["canary"].ready and st["production"].ready, st["canary"].message
+        one = httpx.post(st["production"].endpoint + "/v1/completions", json=body, timeout=60).json()
+        two = httpx.post(st["canary"].endpoint + "/v1/completions", json=body, timeout=60).json()
+        assert two["choices"][0]["text"] == one["choices"][0]["text"] and two["usage"]["completion_tokens"] == 8
+        log = next(tmp_path.rglob("tp-canary-*.log")).read_text()
+        assert "--tensor-parallel-size 2" in log
+        port = st["canary"].endpoint.rsplit(":", 1)[1]
+        ranks = [pid for pid, cmd in _processes() if "sits.engine.cli" in cmd and f"--port {port}" in cmd]
+        tree = _descendants(ranks)   # the server, its engine-core process (rank 0) and what that started
+        workers = [pid for pid, cmd in _processes() if pid in tree and "sits.engine.parallel.worker" in cmd]
+        assert len(ranks) == 1 and len(workers) == 1, tree   # one rank besides rank 0
+        d.delete("tp", "canary")
+        wait_for("every process of the engine to exit", lambda: not {p for p, _ in _processes()} & tree, timeout=30)
+    finally:
+        d.close()
+
+
+def _processes():
+    import os
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                yield int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            pass
+
+
+def _descendants(roots: list[int]) -> set[int]:
+    tree, grown = set(roots), True
+    while grown:
+        more = {pid for pid, _ in _processes() if _parent(pid) in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return tree
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
