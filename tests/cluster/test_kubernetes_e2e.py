@@ -73,9 +73,12 @@ def test_readiness_comes_from_real_pod_status(three_variants, core, kube_cluster
             assert p.spec.node_name == "local-0" and p.status.phase == "Running"
             cs = p.status.container_statuses[0]
             assert cs.ready and cs.restart_count == 0 and cs.image == "registry.local/sits-engine:1"
-        # the deployer's own per-variant Service resolves to exactly these pods (the real EndpointSlice controller)
-        assert ServiceLoadBalancer(kube_cluster.api_client(), ns, f"{SVC}-{role}").endpoints() == sorted(
-            (p.status.pod_ip, port) for p in pods[role])
+        # the deployer's own per-variant Service resolves to exactly these pods (the real EndpointSlice controller,
+        # which writes its slices a moment after the pods turn ready)
+        want, lb = sorted((p.status.pod_ip, port) for p in pods[role]), \
+            ServiceLoadBalancer(kube_cluster.api_client(), ns, f"{SVC}-{role}")
+        wait_for(f"the {role} Service's endpoints to be its {n} pods", lambda: lb.endpoints() == want, timeout=30,
+                 interval=0.2)
     # every Deployment status was written by the deployment controller from these pods: none was patched here
     apps = client.AppsV1Api(kube_cluster.api_client())
     for d in apps.list_namespaced_deployment(ns).items:

@@ -459,6 +459,9 @@ def test_a_failing_pod_log_read_never_fails_status(kd, kube_namespace, kube_clus
     sel = f"app={SVC},sits.io/role=canary"
     wait_for("the ReplicaSet controller to create the canary pod",   # bound to the fake node, which has no address
              lambda: kube_cluster.make_pods_ready(ns, sel), timeout=30, interval=0.2)
+    # the controllers count it ready before it crashes: else their late view of it ready can follow the crash
+    wait_for("the Deployment to count the canary ready", lambda: kd.status(SVC)["canary"].ready, timeout=60,
+             interval=0.2)
     kube_cluster.crash_pods(ns, sel, restarts=1, exit_code=137, backoff=False)   # running again, not ready
     core = client.CoreV1Api(kube_cluster.api_client())
     pod = core.list_namespaced_pod(ns, label_selector=sel).items[0].metadata.name
