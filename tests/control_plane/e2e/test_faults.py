@@ -92,7 +92,10 @@ def test_prometheus_stopped_holds_the_canary_until_it_returns(deployer, tmp_path
     # 08e5e1d saw a variant without series for 13 s after the restart (a 500 ms timeout passed under load is one
     # explanation: the failure message now lists each target's health)
     prom.scrape_file_sd(sd, interval="1s")
-    policy = Policy.from_dict({**FAST.to_dict(), "min_samples": 150, "on_inconclusive": "pause"})
+    # a wide p90 limit: the test is about the outage, and identical engines on 2 busy cores can differ by ~30 % for
+    # minutes (a CI run at e9fe50b paused after 40 inconclusive checks at the fixed +35 %)
+    checks = [dict(c, max_rel_delta=1.0) if c.get("quantile") == 0.9 else c for c in FAST.to_dict()["checks"]]
+    policy = Policy.from_dict({**FAST.to_dict(), "checks": checks, "min_samples": 150, "on_inconclusive": "pause"})
     store = Store(str(tmp_path / "p.db"))
     source = PrometheusSource(PrometheusConfig(prom.url, lag_s=1.0, timeout_s=1.0, retries=0))
     worker = Worker(store, deployer, source, config=WorkerConfig(interval_s=1.0)).start()
