@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from sits.kernels.kv_fp8 import page_tensors, take_blocks
 from sits.kernels.paged import check_lens, check_paged_args, softmax_dtype
 from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl,
                                 triton)
@@ -169,18 +170,20 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale):
-    # q: [S, Hq, D]; k_cache/v_cache: [NB, BS, Hkv, D]; block_tables: [S, max_blocks]; context_lens: [S]
-    check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
+    # q: [S, Hq, D]; k_cache/v_cache: [NB, BS, Hkv, D] (or Fp8Pages, dequantized to q's dtype as gathered);
+    # block_tables: [S, max_blocks]; context_lens: [S]
+    kd, vd = page_tensors(k_cache, v_cache)
+    check_decode_args(q, kd, vd, block_tables, context_lens)
     s, hq, d = q.shape
     if s == 0:
         return torch.empty_like(q)
-    bs, hkv = k_cache.shape[1], k_cache.shape[2]
+    bs, hkv = kd.shape[1], kd.shape[2]
     lens = context_lens.long()
     max_len = int(lens.max())
     nb = -(-max_len // bs)
     bt = block_tables[:, :nb].long().clamp(min=0)  # unused table entries may hold padding such as -1
-    k = k_cache[bt].reshape(s, nb * bs, hkv, d).to(q.dtype)  # [S, L, Hkv, D]
-    v = v_cache[bt].reshape(s, nb * bs, hkv, d).to(q.dtype)
+    k = take_blocks(k_cache, bt, q.dtype).reshape(s, nb * bs, hkv, d)  # [S, L, Hkv, D]
+    v = take_blocks(v_cache, bt, q.dtype).reshape(s, nb * bs, hkv, d)
     qg = q.view(s, hkv, hq // hkv, d)
     scores = torch.einsum("skgd,slkd->skgl", qg, k) * scale  # [S, Hkv, G, L]
     pad = torch.arange(nb * bs, device=q.device)[None, :] >= lens[:, None]  # [S, L]

@@ -6,13 +6,14 @@ from collections.abc import Iterator
 
 import torch
 
+from sits.kernels.kv_fp8 import gather_tokens, page_tensors
 from sits.kernels.paged import PagedAttentionError, check_prefill_args, gather_kv, softmax_dtype
 
 
 def _sequences(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> Iterator[tuple[int, int, int, int]]:
     """(sequence, first new token's row in q, number of new tokens, context length) for each sequence with new
     tokens, after the argument checks both references share."""
-    b = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    b = check_prefill_args(q, *page_tensors(k_cache, v_cache), block_tables, cu_seqlens_q, context_lens)
     cu = cu_seqlens_q.tolist()
     ctx = context_lens.tolist()
     if cu[-1] != q.shape[0]:
@@ -27,12 +28,13 @@ def _sequences(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) ->
 
 
 def prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    # q: [T, Hq, D]; returns [T, Hq, D]. Matmuls in q.dtype, softmax in fp32 (HF eager attention).
+    # q: [T, Hq, D]; returns [T, Hq, D]. Matmuls in q.dtype, softmax in fp32 (HF eager attention). k_cache/v_cache:
+    # [NB, BS, Hkv, D], or Fp8Pages dequantized to q's dtype as gathered
     out = torch.zeros_like(q)
-    g = q.shape[1] // k_cache.shape[2]
+    g = q.shape[1] // page_tensors(k_cache, v_cache)[0].shape[2]
     for i, s, n, length in _sequences(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens):
-        k = gather_kv(k_cache, block_tables[i], length).to(q.dtype).repeat_interleave(g, dim=1).transpose(0, 1)
-        v = gather_kv(v_cache, block_tables[i], length).to(q.dtype).repeat_interleave(g, dim=1).transpose(0, 1)
+        k = gather_tokens(k_cache, block_tables[i], length, q.dtype).repeat_interleave(g, dim=1).transpose(0, 1)
+        v = gather_tokens(v_cache, block_tables[i], length, q.dtype).repeat_interleave(g, dim=1).transpose(0, 1)
         qb = q[s:s + n].transpose(0, 1)  # [Hq, n, D]
         scores = torch.matmul(qb, k.transpose(1, 2)) * scale  # [Hq, n, L]
         qpos = torch.arange(length - n, length, device=q.device)

@@ -24,6 +24,10 @@ OP_NAMES = (
     "linear",
 )
 DEVICES = ("cpu", "cuda")
+# how the KV cache's pages are stored: "auto" = the model's dtype, "fp8" = e4m3 with a scale per (token, kv head)
+# (kernels/kv_fp8.py); a set lists those its rope_and_cache and attention ops take (`kv_cache_dtypes`)
+KV_CACHE_DTYPES = ("auto", "fp8")
+KV_OPS = ("rope_and_cache", "prefill_attention", "paged_decode_attention")
 # an example release that is deliberately bad, so tests and the catalogue know what to expect of it:
 # "wrong" = different answers from its parent, "slow" = the same answers, slower
 REGRESSIONS = ("wrong", "slow")
@@ -75,6 +79,8 @@ class KernelSet:
     graph_safe: bool = False
     # None for a real release; "wrong" or "slow" for an example regression (REGRESSIONS); derived sets inherit it
     regression: str | None = None
+    # the KV-cache page formats its KV_OPS take (KV_CACHE_DTYPES, "auto" always among them); see derive()
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
     # the set this one was derived from (None for a root set) and the ops it replaced; both filled by derive()
     parent: str | None = None
     overrides: tuple[str, ...] = ()
@@ -100,6 +106,11 @@ class KernelSet:
             raise KernelSetError(f"kernel set {self.name!r}: overrides {self.overrides!r} must be distinct op names "
                                  f"from {OP_NAMES}")
         object.__setattr__(self, "overrides", overrides)
+        kv = tuple(self.kv_cache_dtypes)
+        if "auto" not in kv or any(k not in KV_CACHE_DTYPES for k in kv) or len(set(kv)) != len(kv):
+            raise KernelSetError(f"kernel set {self.name!r}: kv_cache_dtypes {self.kv_cache_dtypes!r} must be distinct "
+                                 f"values from {KV_CACHE_DTYPES}, 'auto' among them")
+        object.__setattr__(self, "kv_cache_dtypes", kv)
         for op in OP_NAMES:
             if not callable(getattr(self, op)):
                 raise KernelSetError(f"kernel set {self.name!r}: op {op!r} is not callable")
@@ -117,21 +128,28 @@ class KernelSet:
         return {"name": self.name, "version": self.version, "devices": list(self.devices),
                 "description": self.description, "cuda_graphs": self.graph_safe, "parent": self.parent,
                 "overrides": list(self.overrides), "regression": self.regression,
+                "kv_cache_dtypes": list(self.kv_cache_dtypes),
                 "ops": {op: _impl(fn) for op, fn in self.ops().items()}}
 
     def derive(self, name: str, version: str, *, description: str | None = None,
                devices: tuple[str, ...] | None = None, graph_safe: bool | None = None,
-               regression: str | None | type[_Inherit] = _Inherit, **ops: Callable) -> KernelSet:
+               regression: str | None | type[_Inherit] = _Inherit,
+               kv_cache_dtypes: tuple[str, ...] | None = None, **ops: Callable) -> KernelSet:
         """A new set with this set's ops except the ones given (keyword = op name). A replaced op must be as
         capturable as the ones it replaces, or pass graph_safe=False. `regression` is inherited unless given
-        (None clears it). The new set records this one as its parent and the replaced ops as its overrides."""
+        (None clears it). `kv_cache_dtypes` is inherited while no KV op (KV_OPS) is replaced, else ("auto",) unless
+        given: a replaced attention or cache write claims no page format beyond the plain one on its own. The new set
+        records this one as its parent and the replaced ops as its overrides."""
         unknown = sorted(set(ops) - set(OP_NAMES))
         if unknown:
             raise KernelSetError(f"unknown op(s) {unknown}; ops are {list(OP_NAMES)}")
         if description is None:
             changed = ", ".join(sorted(ops)) or "no ops"
             description = f"{self.name} {self.version} with {changed} replaced"
+        if kv_cache_dtypes is None:
+            kv_cache_dtypes = ("auto",) if set(ops) & set(KV_OPS) else self.kv_cache_dtypes
         return dataclasses.replace(self, name=name, version=version, description=description,
+                                   kv_cache_dtypes=tuple(kv_cache_dtypes),
                                    devices=self.devices if devices is None else tuple(devices),
                                    graph_safe=self.graph_safe if graph_safe is None else graph_safe,
                                    regression=self.regression if regression is _Inherit else regression,

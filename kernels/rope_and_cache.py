@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from sits.kernels.triton_env import check_device, fast, next_pow2, tl, triton
+from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages, page_tensors, write_tokens
+from sits.kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
 
 
 @triton.jit
@@ -84,11 +85,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """Store k/v [T, Hkv, D] at flat slots of the caches; slots < 0 are skipped."""
+def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+    """Store k/v [T, Hkv, D] at flat slots of the caches (tensors, or Fp8Pages: quantized); slots < 0 are skipped."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
+    if isinstance(k_cache, Fp8Pages):
+        write_tokens(k[keep], k_cache, slots)
+        write_tokens(v[keep], v_cache, slots)
+        return
     kc = k_cache.view(-1, *k_cache.shape[2:])
     vc = v_cache.view(-1, *v_cache.shape[2:])
     kc[slots] = k[keep].to(k_cache.dtype)
@@ -96,7 +100,8 @@ def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
 
 
 def rope_and_cache_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
-    check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    # k_cache/v_cache: tensors in any float dtype, or Fp8Pages (the rotated k and v quantized per token and head)
+    check_rope_args(q, k, v, positions, cos, sin, *page_tensors(k_cache, v_cache), slot_mapping)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     c = cos[positions.long()].to(acc)[:, None, :]
     s = sin[positions.long()].to(acc)[:, None, :]
@@ -164,4 +169,120 @@ def rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
             hq, hkv, k_cache.shape[1])
+    return q_out, k_out
+
+
+# ---- FP8 pages (kernel set triton-v1.3): the same rotation, the cache write quantized (kernels/kv_fp8.py) ----
+_FP8_MAX = tl.constexpr(FP8_MAX)
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    # x: fp32 in [-448, 448] -> the nearest e4m3 value in fp32, ties to even (as torch and the GPU's cvt.rn round).
+    # Only under the interpreter, whose fp32 -> e4m3 conversion drops the carry when rounding up to a power of two
+    # (127.9 -> 64): it then converts exact values. The grid step is 2^(max(exponent, -6) - 3); adding and
+    # subtracting 1.5 * 2^23 rounds x / step to an integer.
+    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    return ((x / step + 12582912.0) - 12582912.0) * step
+
+
+@triton.jit
+def _quantize_store(page_ptr, scale_ptr, x1, x2, mask, head_mask, HALF: tl.constexpr, ROUND_E4M3: tl.constexpr):
+    # x1/x2: [HKV_P, HALF_P] fp32, the two halves of each kv head's vector; page_ptr: its first half's slots,
+    # scale_ptr: [HKV_P] its scale slots. scale = max|x| / 448 (1 for all zeros), data = e4m3(x / scale)
+    amax = tl.maximum(tl.max(tl.abs(x1), 1), tl.max(tl.abs(x2), 1))
+    scale = tl.where(amax > 0.0, amax / _FP8_MAX, 1.0)
+    q1 = tl.clamp(x1 / scale[:, None], -_FP8_MAX, _FP8_MAX)
+    q2 = tl.clamp(x2 / scale[:, None], -_FP8_MAX, _FP8_MAX)
+    if ROUND_E4M3:
+        q1 = _round_to_e4m3(q1)
+        q2 = _round_to_e4m3(q2)
+    tl.store(page_ptr, q1.to(page_ptr.dtype.element_ty), mask=mask)
+    tl.store(page_ptr + HALF, q2.to(page_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr, scale, mask=head_mask)
+
+
+@triton.jit
+def _rope_and_cache_fp8_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr, qo_ptr, ko_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
+    stride_qot, stride_qoh, stride_kot, stride_koh,
+    HQ, HKV, PAGE,
+    HALF: tl.constexpr, HALF_P: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr, ROUND_E4M3: tl.constexpr,
+):
+    # _rope_and_cache_kernel with the KV write quantized: one program per token rotates its q and k heads, then stores
+    # each kv head's rotated k (rounded to the model's dtype first, as the reference) and v as e4m3 with a scale
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HALF_P)
+    dm = d < HALF
+    c = tl.load(cos_ptr + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+
+    hq = tl.arange(0, HQ_P)
+    mq = (hq < HQ)[:, None] & dm[None, :]
+    qp = q_ptr + t * stride_qt + hq[:, None] * stride_qh + d[None, :]
+    q1 = tl.load(qp, mask=mq, other=0.0).to(tl.float32)
+    q2 = tl.load(qp + HALF, mask=mq, other=0.0).to(tl.float32)
+    qo = qo_ptr + t * stride_qot + hq[:, None] * stride_qoh + d[None, :]
+    tl.store(qo, (q1 * c - q2 * s).to(qo_ptr.dtype.element_ty), mask=mq)
+    tl.store(qo + HALF, (q2 * c + q1 * s).to(qo_ptr.dtype.element_ty), mask=mq)
+
+    hk = tl.arange(0, HKV_P)
+    mk = (hk < HKV)[:, None] & dm[None, :]
+    kp = k_ptr + t * stride_kt + hk[:, None] * stride_kh + d[None, :]
+    k1 = tl.load(kp, mask=mk, other=0.0).to(tl.float32)
+    k2 = tl.load(kp + HALF, mask=mk, other=0.0).to(tl.float32)
+    r1 = (k1 * c - k2 * s).to(ko_ptr.dtype.element_ty)
+    r2 = (k2 * c + k1 * s).to(ko_ptr.dtype.element_ty)
+    ko = ko_ptr + t * stride_kot + hk[:, None] * stride_koh + d[None, :]
+    tl.store(ko, r1, mask=mk)
+    tl.store(ko + HALF, r2, mask=mk)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // PAGE
+        off = slot % PAGE
+        kc = kc_ptr + blk * stride_kcb + off * stride_kcs + hk[:, None] * stride_kch + d[None, :]
+        ks = ks_ptr + blk * stride_ksb + off * stride_kss + hk * stride_ksh
+        _quantize_store(kc, ks, r1.to(tl.float32), r2.to(tl.float32), mk, hk < HKV, HALF, ROUND_E4M3)
+        vp = v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :]
+        v1 = tl.load(vp, mask=mk, other=0.0).to(tl.float32)
+        v2 = tl.load(vp + HALF, mask=mk, other=0.0).to(tl.float32)
+        vc = vc_ptr + blk * stride_vcb + off * stride_vcs + hk[:, None] * stride_vch + d[None, :]
+        vs = vs_ptr + blk * stride_vsb + off * stride_vss + hk * stride_vsh
+        _quantize_store(vc, vs, v1, v2, mk, hk < HKV, HALF, ROUND_E4M3)
+
+
+def rope_and_cache_fp8kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+    """triton-v1.3: Fp8Pages caches through the quantizing kernel; plain caches through triton-v1's rope_and_cache,
+    unchanged."""
+    kd, vd = page_tensors(k_cache, v_cache)
+    if kd is k_cache:
+        return rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    check_rope_args(q, k, v, positions, cos, sin, kd, vd, slot_mapping)
+    check_device("rope_and_cache", q)
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if kd.stride(-1) != 1 or vd.stride(-1) != 1:
+        raise ValueError("rope_and_cache: FP8 pages must be contiguous along head_dim (written in place)")
+    ks, vs = k_cache.scale, v_cache.scale
+    q_out = torch.empty_like(q)
+    k_out = torch.empty_like(k)
+    if t:
+        half = d // 2
+        fast(_rope_and_cache_fp8_kernel, HALF=half, HALF_P=next_pow2(half), HQ_P=next_pow2(hq),
+             HKV_P=next_pow2(hkv), ROUND_E4M3=interpreting(), num_warps=4)(
+            (t,), q, k, v, positions, cos, sin, kd, vd, ks, vs, slot_mapping, q_out, k_out,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+            kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1), vd.stride(2),
+            ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), hq, hkv, kd.shape[1])
     return q_out, k_out

@@ -9,7 +9,9 @@ from sits.kernels import decode_attention_regressions as _decode_bad
 from sits.kernels import linear as _linear
 from sits.kernels import linear_dequant as _linear_dequant
 from sits.kernels import paged_decode_attention as _decode
+from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
 from sits.kernels import prefill_attention as _prefill
+from sits.kernels import prefill_attention_fp8 as _prefill_fp8
 from sits.kernels import prefill_attention_ref as _prefill_ref
 from sits.kernels import rms_norm as _rms
 from sits.kernels import rope_and_cache as _rope
@@ -21,6 +23,7 @@ TORCH = register_kernel_set(KernelSet(
     version="1.0.0",
     devices=("cpu", "cuda"),
     description="reference implementations in plain PyTorch (fp32 softmax/norm statistics); runs anywhere",
+    kv_cache_dtypes=("auto", "fp8"),
     rms_norm=_rms.rms_norm_ref,
     fused_add_rms_norm=_rms.fused_add_rms_norm_ref,
     silu_and_mul=_silu.silu_and_mul_ref,
@@ -56,6 +59,17 @@ TRITON_V1_2 = register_kernel_set(TRITON_V1_1.derive(
     description="triton-v1.1 with weight-only int8/fp8 linears of 512+ rows (prefill) dequantized once per call into "
                 "a scratch buffer and multiplied by cuBLAS (fp8 on fp8 tensor cores as before); other calls as v1.1",
     linear=_linear_dequant.linear_dequant_many_rows,
+))
+
+TRITON_V1_3 = register_kernel_set(TRITON_V1_2.derive(
+    "triton-v1.3", "1.3.0",
+    description="triton-v1.2 that also takes an FP8 KV cache (--kv-cache-dtype fp8): RoPE+KV write quantizes each "
+                "token's kv-head vector to e4m3 with an fp32 scale, prefill and decode attention read e4m3 pages and "
+                "dequantize in-kernel; plain pages run v1.2's kernels unchanged",
+    kv_cache_dtypes=("auto", "fp8"),
+    rope_and_cache=_rope.rope_and_cache_fp8kv,
+    prefill_attention=_prefill_fp8.prefill_attention_fp8kv,
+    paged_decode_attention=_decode_fp8.paged_decode_attention_fp8kv,
 ))
 
 

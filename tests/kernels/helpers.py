@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from sits.kernels import get_kernel_set
+from sits.kernels.kv_fp8 import Fp8Pages, quantize_pages
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -80,7 +81,9 @@ def args_to(args, dtype=None, device=None):
     """The tensors of `args` on `device`, floating-point ones cast to `dtype`; other arguments as they are."""
     out = []
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, Fp8Pages):   # stored e4m3 + fp32 whatever the compute dtype: moved, never cast
+            a = a.to(device) if device is not None else a
+        elif isinstance(a, torch.Tensor):
             a = a.to(device) if device is not None else a
             if dtype is not None and a.is_floating_point():
                 a = a.to(dtype)
@@ -106,7 +109,7 @@ def check_op_on_gpu(name, args, dtype, atol_scale=1.0, kernel_set=None):
     """check_op at full size on the GPU: the fp64 reference runs there too (first output of a tuple)."""
     kernel_set = kernel_set or get_kernel_set("triton-v1")
     ref = get_kernel_set("torch")
-    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    args = args_to(args, device="cuda")
     got = getattr(kernel_set, name)(*args)
     same = getattr(ref, name)(*args)
     ref64 = getattr(ref, name)(*args_to(args, dtype=torch.float64))
@@ -127,6 +130,11 @@ def decode_args(ctx, hq, hkv, d, dtype, seed):
     k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)
     q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
     return q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
+
+
+def fp8_kv(args):
+    """An attention op's arguments (q, k_cache, v_cache, ...) with both caches quantized to FP8 pages."""
+    return (args[0], quantize_pages(args[1]), quantize_pages(args[2]), *args[3:])
 
 
 def sdpa_masked(q, k, v, scale):

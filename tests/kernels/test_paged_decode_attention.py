@@ -1,14 +1,16 @@
 """Paged decode attention (`paged_decode_attention`, the op every kernel set must have;
 kernels/paged_decode_attention.py): the torch reference against SDPA and against prefill with one token, the Triton
-kernel on CPU and GPU (split KV), and large batches and a 32k context on a GPU."""
+kernel on CPU and GPU (split KV), and large batches and a 32k context on a GPU; over FP8 pages (kernels/kv_fp8.py,
+triton-v1.3's kernels/paged_decode_attention_fp8.py) the same checks against the dequantized pages."""
 import pytest
 import torch
 
 from sits.kernels import get_kernel_set
 from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_close_to_fp64, assert_verbose_allclose,
-                                   check_op, check_op_on_gpu, decode_args, make_paged_kv, on_gpu, sdpa_masked)
+                                   check_op, check_op_on_gpu, decode_args, fp8_kv, make_paged_kv, on_gpu, sdpa_masked)
 
 REF = get_kernel_set("torch")
+V13 = get_kernel_set("triton-v1.3")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -38,6 +40,21 @@ def test_reference_attention_rejects_bad_shapes():
                                    torch.ones(3, dtype=torch.int32), 1.0)
 
 
+@pytest.mark.parametrize("dtype, atol, rtol", REF_DTYPES)
+def test_reference_decode_attention_over_fp8_pages_is_attention_over_their_values(dtype, atol, rtol):
+    ctx = [1, 63, 64, 65, 200]
+    q, k_cache, v_cache, tables, lens, scale = fp8_kv(decode_args(ctx, 12, 4, 32, dtype, seed=8))
+    out = REF.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    # the pages' values gathered the way the reference gathers them: the same numbers exactly
+    assert torch.equal(out, REF.paged_decode_attention(q, k_cache.dequantize(dtype), v_cache.dequantize(dtype),
+                                                       tables, lens, scale))
+    k64, v64 = k_cache.dequantize(torch.float64), v_cache.dequantize(torch.float64)
+    for b, n in enumerate(ctx):
+        blocks = tables[b, :-(-n // 64)].long()
+        ks, vs = (c[blocks].reshape(-1, 4, 32)[:n] for c in (k64, v64))
+        assert_verbose_allclose(out[b:b + 1], sdpa_masked(q[b:b + 1], ks, vs, scale), atol, rtol)
+
+
 # ---- Triton against the reference: CPU through Triton's interpreter (TRITON_INTERPRET=1), compiled on a GPU ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -55,6 +72,29 @@ def test_paged_decode_attention_splits(dev, num_splits):
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_decode_attention_fp8_pages(dev, dtype):
+    # the reference in fp64 reads the same e4m3 pages: this is the kernel's error, not the quantization's
+    check_op("paged_decode_attention", fp8_kv(decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=32)), dtype,
+             dev, kernel_set=V13)
+
+
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_paged_decode_attention_fp8_splits(dev, num_splits):
+    from sits.kernels.paged_decode_attention_fp8 import paged_decode_attention_fp8kv
+    args = fp8_kv(decode_args([1, 65, 1000], 6, 3, 32, torch.bfloat16, seed=33))
+    got = paged_decode_attention_fp8kv(*args_to(args, device=dev), num_splits=num_splits)
+    same = REF.paged_decode_attention(*args)
+    ref64 = REF.paged_decode_attention(*args_to(args, dtype=torch.float64))
+    assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16])
+
+
+def test_triton_v1_3_decodes_plain_pages_with_triton_v1s_kernel(dev):
+    # --kv-cache-dtype auto on triton-v1.3 is triton-v1's decode, bit for bit
+    args = args_to(decode_args([1, 65, 300], 6, 2, 64, torch.bfloat16, seed=34), device=dev)
+    assert torch.equal(V13.paged_decode_attention(*args), get_kernel_set("triton-v1").paged_decode_attention(*args))
+
+
 # ---- on a GPU at Llama-3-8B shapes (marked gpu, skipped without CUDA) ----
 
 @on_gpu
@@ -66,3 +106,14 @@ def test_paged_decode_attention_batches(dtype, ctx):
     q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(5)).to(dtype)
     args = (q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5)
     check_op_on_gpu("paged_decode_attention", args, dtype)
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ctx", [[1, 63, 64, 65, 1000, 4096] * 11, [32768]])
+def test_paged_decode_attention_fp8_batches(dtype, ctx):
+    hq, hkv, d = 32, 8, 128
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cuda", seed=6)
+    q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(7)).to(dtype)
+    args = fp8_kv((q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5))
+    check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V13)

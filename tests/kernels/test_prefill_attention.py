@@ -1,14 +1,16 @@
 """Paged prefill attention (`prefill_attention`: full prompts, prefix-cache hits, chunks; kernels/prefill_attention.py,
 v1.1's TMA kernel too): the torch reference against SDPA, the Triton kernels on CPU and GPU, and long mixed batches
-on a GPU."""
+on a GPU; over FP8 pages (kernels/kv_fp8.py, triton-v1.3's kernels/prefill_attention_fp8.py) the same checks against
+the dequantized pages."""
 import pytest
 import torch
 
 from sits.kernels import get_kernel_set
-from tests.kernels.helpers import (DTYPES, assert_verbose_allclose, check_op, check_op_on_gpu, make_paged_kv, on_gpu,
-                                   prefill_args, sdpa_masked)
+from tests.kernels.helpers import (DTYPES, args_to, assert_verbose_allclose, check_op, check_op_on_gpu, fp8_kv,
+                                   make_paged_kv, on_gpu, prefill_args, sdpa_masked)
 
 REF = get_kernel_set("torch")
+V13 = get_kernel_set("triton-v1.3")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -24,6 +26,21 @@ def test_reference_prefill_attention_with_cached_prefix_matches_sdpa(dtype, atol
     for b in range(len(ctx)):
         s, e = cu[b].item(), cu[b + 1].item()
         assert_verbose_allclose(out[s:e], sdpa_masked(q[s:e], ks[b], vs[b], d ** -0.5), atol, rtol)
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 3e-2, 3e-2)])
+def test_reference_prefill_attention_over_fp8_pages_is_attention_over_their_values(dtype, atol, rtol):
+    ctx, qlens = [1, 63, 64, 65, 130], [1, 63, 10, 1, 66]
+    q, k_cache, v_cache, tables, cu, lens, scale = fp8_kv(prefill_args(ctx, qlens, 6, 2, 16, dtype, seed=6))
+    out = REF.prefill_attention(q, k_cache, v_cache, tables, cu, lens, scale)
+    assert torch.equal(out, REF.prefill_attention(q, k_cache.dequantize(dtype), v_cache.dequantize(dtype), tables, cu,
+                                                  lens, scale))
+    k64, v64 = k_cache.dequantize(torch.float64), v_cache.dequantize(torch.float64)
+    for b, n in enumerate(ctx):
+        blocks = tables[b, :-(-n // 64)].long()
+        ks, vs = (c[blocks].reshape(-1, 2, 16)[:n] for c in (k64, v64))
+        s, e = cu[b].item(), cu[b + 1].item()
+        assert_verbose_allclose(out[s:e], sdpa_masked(q[s:e], ks, vs, scale), atol, rtol)
 
 
 # ---- Triton against the reference: CPU through Triton's interpreter (TRITON_INTERPRET=1), compiled on a GPU ----
@@ -75,6 +92,35 @@ def test_prefill_attention_page_sizes(dev, page):
     check_op("prefill_attention", args, torch.bfloat16, dev)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_attention_fp8_pages(dev, dtype):
+    # full prompts (contexts 1, 63, 64, 65) and prefix hits / chunks up to a 1000-token context, in one launch; the
+    # fp64 reference reads the same e4m3 pages
+    ctx, qlens = [1, 63, 64, 65, 130, 1000], [1, 63, 64, 65, 66, 40]
+    check_op("prefill_attention", fp8_kv(prefill_args(ctx, qlens, 6, 2, 64, dtype, seed=25)), dtype, dev,
+             kernel_set=V13)
+
+
+def test_prefill_attention_fp8_ignores_stale_slots(dev):
+    # the slots past each context hold e4m3 NaNs and NaN scales, as a recycled block may
+    ctx, qlens = [1, 64, 65, 200], [1, 64, 3, 130]
+    q, k_cache, v_cache, tables, cu, lens, scale = fp8_kv(prefill_args(ctx, qlens, 4, 2, 64, torch.bfloat16, seed=26))
+    for b, n in enumerate(ctx):
+        last = tables[b, (n - 1) // 64].item()
+        for pages in (k_cache, v_cache):
+            pages.data.view(torch.uint8)[last, (n - 1) % 64 + 1:] = 0x7F   # NaN in e4m3fn
+            pages.scale[last, (n - 1) % 64 + 1:] = float("nan")
+    got = check_op("prefill_attention", (q, k_cache, v_cache, tables, cu, lens, scale), torch.bfloat16, dev,
+                   kernel_set=V13)
+    assert torch.isfinite(got).all()
+
+
+def test_triton_v1_3_prefills_plain_pages_with_triton_v1_2s_kernel(dev):
+    # --kv-cache-dtype auto on triton-v1.3 is v1.2's prefill (v1.1's TMA kernel), bit for bit
+    args = args_to(prefill_args([65, 130], [65, 66], 4, 2, 64, torch.bfloat16, seed=27), device=dev)
+    assert torch.equal(V13.prefill_attention(*args), get_kernel_set("triton-v1.2").prefill_attention(*args))
+
+
 # ---- on a GPU at Llama-3-8B shapes (marked gpu, skipped without CUDA) ----
 
 @on_gpu
@@ -90,3 +136,16 @@ def test_prefill_attention_long_mixed_batch(dtype, d, set_name):
     cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
     args = (q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5)
     check_op_on_gpu("prefill_attention", args, dtype, kernel_set=get_kernel_set(set_name))
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_prefill_attention_fp8_long_mixed_batch(dtype, d):
+    ctx = [1, 63, 64, 65, 1000, 3000, 4096]
+    qlens = [1, 63, 64, 1, 1000, 1000, 2048]
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, 8, d, 64, dtype, "cuda", seed=8)
+    q = torch.randn(sum(qlens), 32, d, generator=torch.Generator().manual_seed(9)).to(dtype)
+    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    args = fp8_kv((q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5))
+    check_op_on_gpu("prefill_attention", args, dtype, kernel_set=V13)

@@ -129,6 +129,31 @@ def test_derive_records_parent_and_overrides_and_inherits_the_regression_flag():
     assert base.derive("now-slow", "1.0.1", regression="slow").regression == "slow"
 
 
+def test_triton_v1_3_replaces_the_kv_ops_and_takes_fp8_pages():
+    v12, v13 = get_kernel_set("triton-v1.2"), get_kernel_set("triton-v1.3")
+    assert (v13.version, v13.parent, v13.overrides) == (
+        "1.3.0", "triton-v1.2", ("rope_and_cache", "prefill_attention", "paged_decode_attention"))
+    assert [op for op in OP_NAMES if getattr(v12, op) is not getattr(v13, op)] == list(v13.overrides)
+    assert v13.kv_cache_dtypes == ("auto", "fp8") and v13.graph_safe and v13.regression is None
+    # the shipped releases keep their plain pages only; the reference takes both
+    assert all(get_kernel_set(n).kv_cache_dtypes == ("auto",) for n in ("triton-v1", "triton-v1.1", "triton-v1.2"))
+    assert get_kernel_set("torch").kv_cache_dtypes == ("auto", "fp8")
+
+
+def test_derive_keeps_the_kv_cache_dtypes_unless_a_kv_op_is_replaced():
+    base = get_kernel_set("torch")
+    assert base.derive("a", "1.0.0", silu_and_mul=base.silu_and_mul).kv_cache_dtypes == ("auto", "fp8")
+    # a replaced attention or cache write claims plain pages only, unless it says more
+    assert get_kernel_set("torch-wrong-rope").kv_cache_dtypes == ("auto",)
+    assert get_kernel_set("torch-slow-attn").kv_cache_dtypes == ("auto",)
+    assert base.derive("b", "1.0.0", paged_decode_attention=base.paged_decode_attention).kv_cache_dtypes == ("auto",)
+    assert base.derive("c", "1.0.0", kv_cache_dtypes=("auto", "fp8"),
+                       rope_and_cache=base.rope_and_cache).kv_cache_dtypes == ("auto", "fp8")
+    for bad in (("fp8",), ("auto", "int4"), ("auto", "auto")):
+        with pytest.raises(KernelSetError, match="kv_cache_dtypes"):
+            base.derive("bad", "1.0.0", kv_cache_dtypes=bad)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"regression": "broken"}, "regression"),
     ({"regression": True}, "regression"),
@@ -155,13 +180,14 @@ def test_kernels_json_lists_every_set_with_the_catalogue_fields(tmp_path):
     entries = {e["name"]: e for e in json.loads(out)["kernel_sets"]}
     builtin = {v.name for v in vars(kernels.sets).values() if isinstance(v, kernels.KernelSet)}
     assert set(entries) == builtin | {"json-plugin-set"}   # a fresh process: the built-ins and the plugin's
-    fields = {"name", "version", "devices", "description", "parent", "overrides", "cuda_graphs", "regression", "ops"}
+    fields = {"name", "version", "devices", "description", "parent", "overrides", "cuda_graphs", "regression",
+              "kv_cache_dtypes", "ops"}
     assert all(set(e) == fields for e in entries.values())
     plugin = entries.pop("json-plugin-set")
     assert plugin.pop("ops") == entries["torch"]["ops"]   # derive copied every op
     assert plugin == {"name": "json-plugin-set", "version": "0.2.0", "devices": ["cpu", "cuda"],
                       "description": "torch 1.0.0 with no ops replaced", "parent": "torch", "overrides": [],
-                      "cuda_graphs": True, "regression": "slow"}
+                      "cuda_graphs": True, "regression": "slow", "kv_cache_dtypes": ["auto", "fp8"]}
     assert entries["torch-wrong-rope"]["regression"] == "wrong"
     assert entries["triton-v1.1"]["parent"] == "triton-v1" and entries["triton-v1.1"]["overrides"] == [
         "prefill_attention"]

@@ -1,15 +1,26 @@
 """RoPE fused with the KV-cache write (`rope_and_cache`; kernels/rope_and_cache.py): the torch reference against a
 complex rotation, the Triton kernel on CPU and GPU (sentinel slots untouched, views of a fused qkv), and at a
-Llama-3-8B shape on a GPU."""
+Llama-3-8B shape on a GPU; the write into FP8 pages (kernels/kv_fp8.py, triton-v1.3) against e4m3's rounding bound
+and the reference's own quantization."""
 import pytest
 import torch
 
 from sits.kernels import get_kernel_set
+from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages
 from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_close_to_fp64, assert_verbose_allclose,
                                    on_gpu, rope_tables)
 
 REF = get_kernel_set("torch")
 TRI = get_kernel_set("triton-v1")
+V13 = get_kernel_set("triton-v1.3")
+
+
+def _sentinel_pages(num_blocks, page, hkv, d, dev):
+    """FP8 pages whose every slot holds 7.0 at scale 3.0: must survive where no slot points."""
+    pages = Fp8Pages.zeros(num_blocks, page, hkv, d, dev)
+    pages.data.fill_(7.0)
+    pages.scale.fill_(3.0)
+    return pages
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -40,6 +51,38 @@ def test_reference_rope_and_cache_matches_complex_rotation_and_writes_slots(dtyp
     written = {s for s in slots.tolist() if s >= 0}
     for s in set(range(flat_k.shape[0])) - written:
         assert not flat_k[s].any() and not flat_v[s].any(), f"slot {s} written but not in slot_mapping"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_reference_fp8_write_rounds_each_vector_within_e4m3s_bound(dtype):
+    # per (token, kv head): scale = max|x| / 448, the largest element exact, every element within half an e4m3 step:
+    # 2^-4 |x|, or 2^-10 scale among the subnormals (kernels/kv_fp8.py)
+    t, hq, hkv, d = 9, 4, 2, 64
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    k[0, 0] = 0.0                                   # an all-zero vector: scale 1, data 0
+    v[1, 1] *= 1e-3                                 # a small vector keeps its relative precision
+    v[2, 0, 5] = 300.0                              # an outlier costs only its own vector's precision
+    positions = torch.arange(t) * 11
+    slots = torch.tensor([3, 0, 9, -1, 17, 4, 30, 31, 12])
+    cos, sin = rope_tables(128, d)
+    kc, vc = _sentinel_pages(4, 8, hkv, d, "cpu"), _sentinel_pages(4, 8, hkv, d, "cpu")
+    _, k_out = REF.rope_and_cache(q, k, v, positions, cos, sin, kc, vc, slots)
+    for pages, x in ((kc, k_out), (vc, v)):
+        data, scale = pages.data.view(-1, hkv, d), pages.scale.view(-1, hkv)
+        for i, s in enumerate(slots.tolist()):
+            if s < 0:
+                continue
+            xi = x[i].double()
+            amax = xi.abs().amax(-1)
+            assert torch.equal(scale[s], torch.where(amax > 0, amax.float() / FP8_MAX, 1.0)), (i, s)
+            got = data[s].double() * scale[s].double()[:, None]
+            bound = 2.0 ** -4 * xi.abs() + 2.0 ** -10 * scale[s].double()[:, None] + 1e-12
+            assert ((got - xi).abs() <= bound).all(), (i, s, (got - xi).abs().max().item())
+            assert torch.allclose(got.abs().amax(-1), amax, rtol=1e-6, atol=0), (i, s)
+        untouched = sorted(set(range(32)) - {s for s in slots.tolist() if s >= 0})
+        assert (data[untouched].float() == 7.0).all() and (scale[untouched] == 3.0).all()
+    assert not kc.data.view(-1, hkv, d)[3, 0].float().any()   # token 0's zero k vector (rotated: still zero)
 
 
 # ---- Triton against the reference: CPU through Triton's interpreter (TRITON_INTERPRET=1), compiled on a GPU ----
@@ -93,6 +136,42 @@ def test_rope_and_cache_takes_views_of_a_fused_qkv(dev):
     assert torch.equal(caches[1], caches[3])  # v is copied as is
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t, hq, hkv, d", [(7, 6, 2, 64), (3, 5, 5, 16), (1, 3, 1, 128)])
+def test_rope_and_cache_fp8(dev, t, hq, hkv, d, dtype):
+    g = torch.Generator().manual_seed(14)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    positions = torch.randint(0, 300, (t,), generator=g)
+    slots = torch.randperm(4 * 8, generator=g)[:t]
+    if t > 1:
+        slots[t // 2] = -1  # not written (a single token is)
+    cos, sin = rope_tables(300, d)
+    kc, vc = _sentinel_pages(4, 8, hkv, d, dev), _sentinel_pages(4, 8, hkv, d, dev)
+    args = (q, k, v, positions, cos, sin)
+    q_out, k_out = V13.rope_and_cache(*args_to(args, device=dev), kc, vc, slots.to(dev))
+    kr, vr = _sentinel_pages(4, 8, hkv, d, "cpu"), _sentinel_pages(4, 8, hkv, d, "cpu")
+    q_same, k_same = REF.rope_and_cache(*args, kr, vr, slots)
+    q64, k64 = REF.rope_and_cache(*args_to(args, dtype=torch.float64), _sentinel_pages(4, 8, hkv, d, "cpu"),
+                                  _sentinel_pages(4, 8, hkv, d, "cpu"), slots)
+    atol = ATOL[dtype] * 4
+    assert_close_to_fp64(q_out, q_same, q64, atol)
+    assert_close_to_fp64(k_out, k_same, k64, atol)
+    # the pages: the kernel's dequantized values at most ~2x the reference's own quantization error from the exact
+    # rotated k (and v); in fp32, where both quantize the same numbers, the same bytes and scales
+    written = slots[slots >= 0]
+    rows = (slots >= 0).nonzero().flatten()
+    for got, same, exact in ((kc, kr, k64), (vc, vr, v.double())):
+        deq = got.to("cpu").dequantize(torch.float64).view(-1, hkv, d)[written]
+        deq_same = same.dequantize(torch.float64).view(-1, hkv, d)[written]
+        assert_close_to_fp64(deq, deq_same, exact[rows], atol)
+        if dtype == torch.float32:
+            assert torch.equal(got.data.cpu().view(torch.uint8), same.data.view(torch.uint8))
+            assert torch.equal(got.scale.cpu(), same.scale)
+        untouched = sorted(set(range(32)) - set(written.tolist()))
+        assert (got.data.view(-1, hkv, d)[untouched].float() == 7.0).all()
+        assert (got.scale.view(-1, hkv)[untouched] == 3.0).all()
+
+
 # ---- on a GPU at Llama-3-8B shapes (marked gpu, skipped without CUDA) ----
 
 @on_gpu
@@ -111,3 +190,24 @@ def test_rope_and_cache_llama_shape():
     # both compute in fp32 and round once: identical up to fp32 rounding of the products
     assert (qo.float() - qr.float()).abs().max() <= 2 ** -6
     assert (kc.float() - kc2.float()).abs().max() <= 2 ** -6 and torch.equal(vc, vc2)
+
+
+@on_gpu
+def test_rope_and_cache_fp8_llama_shape():
+    t, hq, hkv, d = 300, 32, 8, 128
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(t, h, d, generator=g).bfloat16().cuda() for h in (hq, hkv, hkv))
+    pos = torch.randint(0, 8192, (t,), generator=g).cuda()
+    slots = torch.randperm(64 * 64, generator=g)[:t].cuda()
+    cos, sin = (c.cuda() for c in rope_tables(8192, d, 500000.0))
+    kc, vc, kr, vr = (Fp8Pages.zeros(64, 64, hkv, d, "cuda") for _ in range(4))
+    qo, ko = V13.rope_and_cache(q, k, v, pos, cos, sin, kc, vc, slots)
+    qr, kr_out = REF.rope_and_cache(q, k, v, pos, cos, sin, kr, vr, slots)
+    assert (qo.float() - qr.float()).abs().max() <= 2 ** -6
+    # v is quantized from the same numbers: the GPU's e4m3 rounding (cvt.rn.satfinite) is torch's, byte for byte up
+    # to a last-bit difference of the fp32 division; k from a rotation that may differ by one bf16 ulp
+    same_v = (vc.data.view(torch.uint8) == vr.data.view(torch.uint8)).float().mean().item()
+    same_k = (kc.data.view(torch.uint8) == kr.data.view(torch.uint8)).float().mean().item()
+    assert same_v >= 0.999 and same_k >= 0.98, (same_v, same_k)
+    torch.testing.assert_close(vc.scale, vr.scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(kc.scale, kr.scale, rtol=2 ** -7, atol=0)

@@ -1,0 +1,115 @@
+"""The FP8 KV-cache page format (`--kv-cache-dtype fp8`): e4m3 values with one fp32 scale per (token, kv head).
+
+An `Fp8Pages` stands where a plain `[num_blocks, block_size, num_kv_heads, head_dim]` cache tensor stands in
+`rope_and_cache`, `prefill_attention` and `paged_decode_attention`; the kernel sets whose `kv_cache_dtypes` include
+"fp8" quantize it when they write and dequantize it when they read (in-kernel for the Triton ones).
+
+Each token's vector x of one kv head (head_dim values, K after RoPE, V as projected) is stored as
+    scale = max_i |x_i| / 448  (1 for an all-zero x),   data = e4m3(clamp(x / scale, -448, 448)),   x ~ data * scale
+with the division and the rounding in fp32. Why a scale per (token, head) rather than one per layer or per head:
+- no calibration: a static per-layer scale must be measured on data and fails on the token it never saw;
+- an outlier token or head costs only its own precision: a vector's largest element is exact, and every element
+  keeps e4m3's relative precision whatever the other tokens and heads hold (3 mantissa bits: |x - x~| <= 2^-4 |x|;
+  below 2^-6 x scale, 3.5e-5 of the vector's max, e4m3's subnormals bound it by 2^-10 x scale instead);
+- the kernels apply it per key: a key's scale multiplies its column of q.k^T and a value's scale its column of the
+  softmax weights before p.v, so a tile is dequantized by [rows x keys] multiplies, not [keys x head_dim].
+The scale costs 4 bytes beside head_dim bytes: 132 bytes per token and kv head at head_dim 128 against 256 in bf16,
+1.94x the tokens in the same memory (1.88x at head_dim 64).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sits.kernels.paged import PagedAttentionError, gather_kv
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0   # the largest finite e4m3fn value
+SCALE_DTYPE = torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Pages:
+    """One layer's K (or V) cache in FP8: data [num_blocks, block_size, num_kv_heads, head_dim] e4m3fn and
+    scale [num_blocks, block_size, num_kv_heads] fp32 (x ~ data * scale[..., None])."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.data.dtype != FP8_DTYPE or self.data.dim() != 4:
+            raise PagedAttentionError(f"Fp8Pages: data must be [num_blocks, block_size, num_kv_heads, head_dim] "
+                                      f"{FP8_DTYPE}, got {tuple(self.data.shape)} {self.data.dtype}")
+        if self.scale.dtype != SCALE_DTYPE or self.scale.shape != self.data.shape[:3]:
+            raise PagedAttentionError(f"Fp8Pages: scale must be {list(self.data.shape[:3])} {SCALE_DTYPE}, got "
+                                      f"{tuple(self.scale.shape)} {self.scale.dtype}")
+        if self.scale.device != self.data.device:
+            raise PagedAttentionError(f"Fp8Pages: data on {self.data.device}, scale on {self.scale.device}")
+
+    @classmethod
+    def zeros(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, device) -> "Fp8Pages":
+        return cls(torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=FP8_DTYPE, device=device),
+                   torch.ones(num_blocks, block_size, num_kv_heads, dtype=SCALE_DTYPE, device=device))
+
+    def to(self, device) -> "Fp8Pages":
+        return Fp8Pages(self.data.to(device), self.scale.to(device))
+
+    def clone(self) -> "Fp8Pages":
+        return Fp8Pages(self.data.clone(), self.scale.clone())
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole cache in `dtype` (tests; the ops dequantize only what they read)."""
+        return dequantize(self.data, self.scale, dtype)
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] (any float dtype) -> (data [..., head_dim] e4m3fn, scale [...] fp32), in fp32."""
+    x = x.to(torch.float32)
+    amax = x.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    data = (x / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return data, scale
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """data * scale[..., None] in `dtype`, computed in fp32 (fp64 for fp64)."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return (data.to(acc) * scale.to(acc)[..., None]).to(dtype)
+
+
+def quantize_pages(cache: torch.Tensor) -> Fp8Pages:
+    """A plain cache [num_blocks, block_size, num_kv_heads, head_dim] quantized whole (tests, conformance)."""
+    return Fp8Pages(*quantize(cache))
+
+
+def page_tensors(k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensors whose shapes the ops' argument checks read: the caches themselves, or FP8 pages' data (both caches
+    in one format)."""
+    if isinstance(k_cache, Fp8Pages) != isinstance(v_cache, Fp8Pages):
+        raise PagedAttentionError("k_cache and v_cache must both be Fp8Pages or both be tensors")
+    if isinstance(k_cache, Fp8Pages):
+        return k_cache.data, v_cache.data
+    return k_cache, v_cache
+
+
+def take_blocks(cache, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cache[index] in `dtype`: whole blocks of plain or FP8 pages ([*index.shape, block_size, kv_heads, head_dim])."""
+    if isinstance(cache, Fp8Pages):
+        return dequantize(cache.data[index], cache.scale[index], dtype)
+    return cache[index].to(dtype)
+
+
+def gather_tokens(cache, block_row: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first `length` tokens of one sequence in `dtype` ([length, kv_heads, head_dim]), plain or FP8 pages."""
+    if isinstance(cache, Fp8Pages):
+        return dequantize(gather_kv(cache.data, block_row, length), gather_kv(cache.scale, block_row, length), dtype)
+    return gather_kv(cache, block_row, length).to(dtype)
+
+
+def write_tokens(x: torch.Tensor, pages: Fp8Pages, slots: torch.Tensor) -> None:
+    """Quantize x [T, kv_heads, head_dim] into the flat token slots `slots` [T] (all >= 0) of `pages`."""
+    data, scale = quantize(x)
+    pages.data.view(-1, *pages.data.shape[2:])[slots] = data
+    pages.scale.view(-1, pages.scale.shape[2])[slots] = scale
+

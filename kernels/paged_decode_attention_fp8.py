@@ -1,0 +1,149 @@
+"""Decode attention over FP8 KV pages (kernel set triton-v1.3): paged_decode_attention.py's split-KV flash-decoding
+kernel reading e4m3 pages and their per-(token, kv head) scales (kernels/kv_fp8.py), dequantized in the kernel.
+
+With k_j ~ s_j * K8_j and v_j ~ t_j * V8_j (s, t the scales of key/value j of this kv head):
+    q . k_j = s_j (q . K8_j)             a key's scale multiplies its column of the scores,
+    sum_j p_j v_j = sum_j (p_j t_j) V8_j  a value's scale multiplies its column of the softmax weights,
+so a [GROUP, BLOCK_N] tile is scaled instead of a [BLOCK_N, HEAD_DIM] one, and the e4m3 tiles enter the dot
+converted to q's dtype, which holds every e4m3 value exactly. The softmax normalizer sums the unscaled weights. A
+scale is max|v| / 448, so p_j t_j would sink into fp16's subnormals: the weights are raised by 2^8 before the cast
+and the output lowered by 2^8 (both exact). The reference is paged_decode_attention_ref on the dequantized pages
+(torch set). Plain pages go to triton-v1's kernel.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sits.kernels.kv_fp8 import Fp8Pages, page_tensors
+from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _merge_splits_kernel, check_decode_args,
+                                                 choose_num_splits, paged_decode_attention)
+from sits.kernels.triton_env import autotune, check_device, fast, fast_tuned, interpreting, next_pow2, tl, triton
+
+PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
+
+
+@triton.jit
+def _paged_decode_attention_fp8_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, ctx_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+    qk_scale,
+    stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh, stride_bt,
+    stride_os, stride_oh, num_q_heads, BATCH_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + seq)
+    tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), NUM_SPLITS)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(ctx, lo + tiles_per_split * BLOCK_N)
+
+    offs_g = tl.arange(0, GROUP_P)
+    mask_g = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([GROUP_P], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_P], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
+    bt_row = bt_ptr + seq * stride_bt
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        blk = tl.load(bt_row + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+        slot = offs_n % PAGE
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
+                    + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        k_scale = tl.load(k_scale_ptr + blk * stride_ksb + slot * stride_kss + kv_head * stride_ksh, mask=mask_n,
+                          other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * qk_scale)[None, :]  # log2 domain
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
+                    + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        v_scale = tl.load(v_scale_ptr + blk * stride_vsb + slot * stride_vss + kv_head * stride_vsh, mask=mask_n,
+                          other=0.0)
+        pv = (p * (v_scale * PV_SHIFT)[None, :]).to(q.dtype)
+        acc = tl.dot(pv, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    acc = acc * (1.0 / PV_SHIFT)
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+    else:
+        # partials for _merge_splits_kernel: part_o [S, Hq, NUM_SPLITS, HEAD_DIM_P], part_lse [S, Hq, NUM_SPLITS]
+        empty = l_i == 0.0
+        out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
+        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        row = (seq * num_q_heads + heads) * NUM_SPLITS + split
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], out, mask=mask_g[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=mask_g)
+
+
+_paged_decode_attention_fp8_tuned = autotune(
+    _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET"],
+    use_cuda_graph=True)(_paged_decode_attention_fp8_kernel)
+
+
+def paged_decode_attention_fp8kv(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                                 num_splits: int | None = None):
+    """triton-v1.3: Fp8Pages through the kernel above; plain caches through triton-v1's paged_decode_attention."""
+    kd, vd = page_tensors(k_cache, v_cache)
+    if not isinstance(k_cache, Fp8Pages):
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
+    check_decode_args(q, kd, vd, block_tables, context_lens)
+    check_device("paged_decode_attention", q)
+    s, hq, d = q.shape
+    out = torch.empty_like(q)
+    if s == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if kd.stride(-1) != 1 or vd.stride(-1) != 1:
+        raise ValueError("paged_decode_attention: FP8 pages must be contiguous along head_dim")
+    ks, vs = k_cache.scale, v_cache.scale
+    page, hkv = kd.shape[1], kd.shape[2]
+    group = hq // hkv
+    interp = interpreting()
+    splits = next_pow2(num_splits or (2 if interp else choose_num_splits(s, hkv, q.device)))
+    d_p = max(16, next_pow2(d))
+    if splits > 1:
+        part_o = torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused
+    args = (q, kd, vd, ks, vs, block_tables, context_lens, out, part_o, part_lse, float(scale) * math.log2(math.e),
+            q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1),
+            vd.stride(2), ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
+            block_tables.stride(0), out.stride(0), out.stride(1), hq, min(next_pow2(s), 256))
+    meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
+                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if interp:  # the interpreter's bf16 dot is wrong: fp32 there (exact for e4m3 and bf16 inputs)
+        _paged_decode_attention_fp8_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
+                                                             DOT_F32=q.dtype != torch.float16, num_warps=4,
+                                                             num_stages=1)
+    elif q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
+        fast(_paged_decode_attention_fp8_kernel, **meta, BLOCK_N=64, DOT_F32=False, num_warps=4, num_stages=3)(
+            (s, hkv, splits), *args)
+    else:  # tuned per (meta, batch bucket), as the autotuner's key
+        fast_tuned(_paged_decode_attention_fp8_tuned, _paged_decode_attention_fp8_kernel,
+                   (*meta.values(), args[-1], q.dtype), (s, hkv, splits), *args, **meta, DOT_F32=False)
+    if splits > 1:
+        fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
+            (s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
+    return out
