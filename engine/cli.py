@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sits.kernels.registry import KV_CACHE_DTYPES
+
 
 def _generate(args) -> int:
     from sits.engine.llm import LLM
@@ -13,7 +15,7 @@ def _generate(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=args.stop or [], ignore_eos=args.ignore_eos)
     with LLM(model=args.model, kernels=args.kernels, device=args.device, dtype=args.dtype,
-             tensor_parallel_size=args.tensor_parallel_size) as llm:
+             kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size) as llm:
         for result in llm.generate(args.prompts, params):
             if len(args.prompts) > 1:
                 print(f"--- {result.prompt!r} ({len(result.token_ids)} tokens, {result.finish_reason})")
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kernels", default="torch", help="kernel set name (see `sits-engine kernels`)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV-cache pages: auto = the model's dtype; fp8 = e4m3 with a scale per token and kv head "
+                        "(a kernel set that takes it: torch, triton-v1.3)")
     g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the model over N ranks (processes; one GPU each on CUDA)")
     g.add_argument("--max-tokens", type=int, default=32)

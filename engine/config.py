@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from sits.engine.errors import InvalidRequestError, UnknownModelError
+from sits.kernels.registry import KV_CACHE_DTYPES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -33,6 +34,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_waiting: int = 1024
     quantization: str | None = None
+    # KV-cache pages: "auto" = the model's dtype; "fp8" = e4m3 with an fp32 scale per (token, kv head), ~2x the
+    # tokens in the same memory (kernels/kv_fp8.py), with a kernel set that takes it (KernelSet.kv_cache_dtypes)
+    kv_cache_dtype: str = "auto"
     max_blocks_per_tenant: int | None = None
     seed: int = 0  # seeds the weights of presets and the sampler of unseeded requests
     enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch every kernel from Python)
@@ -61,6 +65,9 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}",
                                       "quantization")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidRequestError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+                                      "kv_cache_dtype")
         _positive(self.block_size, "block_size")
         _positive(self.max_num_seqs, "max_num_seqs")
         _positive(self.max_num_batched_tokens, "max_num_batched_tokens")

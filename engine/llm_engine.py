@@ -50,7 +50,7 @@ class LLMEngine:
             raise InvalidRequestError(f"the {config.model} preset needs a CUDA GPU (device is {self.device.type}); "
                                       f"use model='tiny' on CPU", "device")
         limit_cpu_threads(self.device, mc)
-        self.kernel_set = load_kernel_set(config.kernels, self.device)
+        self.kernel_set = load_kernel_set(config.kernels, self.device, config.kv_cache_dtype)
         self.tokenizer = load_tokenizer(source.path, mc.vocab_size, mc.eos_token_id, mc.bos_token_id)
         max_len = min(config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       mc.max_position_embeddings)
@@ -76,6 +76,10 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching,
                                           max_blocks_per_tenant=config.max_blocks_per_tenant, clock=clock)
+        layout = self.model_runner.kv_layout
+        log.info("KV cache: %d blocks of %d tokens = %d tokens (%s, %d bytes a token, %.2f GiB)", num_blocks,
+                 config.block_size, num_blocks * config.block_size, layout.describe(), layout.bytes_per_token(),
+                 num_blocks * layout.block_bytes() / 2**30)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding)

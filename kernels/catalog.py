@@ -30,17 +30,34 @@ def builtin_catalogue() -> list[dict]:
     return [e for e in catalogue() if e["name"] in builtin]
 
 
+def kv_cache_dtype_error(name: str, kv_cache_dtype: str, entries: list[dict] | None = None) -> str | None:
+    """Why kernel set `name` cannot take KV pages of `kv_cache_dtype` (naming the sets that can), or None when it can
+    or is not in `entries` (an unknown name is identity's and get_kernel_set's to report). `entries`: catalogue
+    entries, by default the committed catalogue of the built-in sets (no torch) unless plugins are configured."""
+    if entries is None:
+        entries = _shipped() if not os.environ.get(PLUGINS_ENV) else catalogue()
+    takes = {e["name"]: e.get("kv_cache_dtypes") or ["auto"] for e in entries if isinstance(e.get("name"), str)}
+    if name not in takes or kv_cache_dtype in takes[name]:
+        return None
+    able = [n for n, kinds in takes.items() if kv_cache_dtype in kinds]
+    return (f"kv_cache_dtype {kv_cache_dtype!r} needs a kernel set that takes it: {name!r} takes "
+            f"{', '.join(takes[name])} only; kernel sets that take {kv_cache_dtype!r}: {', '.join(able) or '(none)'}")
+
+
+def _shipped() -> list[dict]:
+    try:
+        return json.loads(SHIPPED.read_text())["kernel_sets"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 def identity(name: str) -> tuple[str, str]:
     """(name, version) of the kernel set `name` for a process that only labels with it (the engine's API front, whose
     engine core loads the kernels): a built-in set from the committed catalogue, without importing torch; with
     plugins configured (they may add sets), or a name the catalogue lacks, from the registry itself, which raises
     UnknownKernelSetError for an unknown name."""
     if not os.environ.get(PLUGINS_ENV):
-        try:
-            shipped = json.loads(SHIPPED.read_text())["kernel_sets"]
-        except (OSError, ValueError, KeyError):
-            shipped = []
-        for e in shipped:
+        for e in _shipped():
             if e.get("name") == name and isinstance(e.get("version"), str):
                 return name, e["version"]
     from sits import kernels   # registers the built-in sets (and imports torch)

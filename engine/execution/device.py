@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sits import kernels
+from sits.kernels.catalog import catalogue, kv_cache_dtype_error
 from sits.engine.config import ModelConfig
 from sits.engine.errors import InvalidRequestError
 from sits.engine.model.presets import num_params
@@ -33,7 +34,8 @@ def limit_cpu_threads(device: torch.device, model_config: ModelConfig) -> None:
         torch.set_num_threads(1)
 
 
-def load_kernel_set(name: str, device: torch.device):
+def load_kernel_set(name: str, device: torch.device, kv_cache_dtype: str = "auto"):
+    """The kernel set `name`, checked to run on `device` and to take KV pages of `kv_cache_dtype`."""
     try:
         ks = kernels.get_kernel_set(name)
     except KeyError as e:  # UnknownKernelSetError lists the known names
@@ -41,4 +43,7 @@ def load_kernel_set(name: str, device: torch.device):
     if not ks.supports(device.type):
         raise InvalidRequestError(f"kernel set {name!r} runs on {', '.join(ks.devices)}, not {device.type}",
                                   "kernels")
+    why = kv_cache_dtype_error(name, kv_cache_dtype, catalogue())   # the registry's sets, plugins included
+    if why is not None:
+        raise InvalidRequestError(why, "kv_cache_dtype")
     return ks

@@ -12,6 +12,7 @@ import torch
 
 from sits.engine.config import EngineConfig, ModelConfig
 from sits.engine.execution.cuda_graphs import DecodeGraphs, DecodeStep, graph_batch_sizes, padded_batch_size
+from sits.engine.execution.kv_cache import KVCacheLayout, allocate_kv_cache
 from sits.engine.errors import InvalidRequestError
 from sits.engine.model.layers.sampler import Sampler
 from sits.engine.model.loader import ModelSource
@@ -56,13 +57,16 @@ class ModelRunner:
             self.model.load_weights(source.weights(device, dtype))
             if config.quantization:
                 self.model.quantize(config.quantization)
+            # the model's dtype ("auto") or FP8 pages with scales ("fp8"): engine/execution/kv_cache.py
+            self.kv_layout = KVCacheLayout(mc.num_hidden_layers, self.block_size, self.num_kv_heads, mc.head_dim,
+                                           dtype, config.kv_cache_dtype)
             num_blocks = config.num_kv_blocks or self._auto_num_blocks(max_model_len)
             # block ids are rank 0's (its block manager): every rank's cache holds the same number of blocks
             self.num_blocks = parallel.agree_num_blocks(num_blocks) if parallel is not None else num_blocks
-            # one allocation for every layer's K and V: [layers, 2, blocks, block_size, kv_heads, head_dim]
-            self.kv_cache = torch.zeros(mc.num_hidden_layers, 2, self.num_blocks, self.block_size,
-                                        self.num_kv_heads, mc.head_dim, device=device, dtype=dtype)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_hidden_layers)]
+            cache = allocate_kv_cache(self.kv_layout, self.num_blocks, device)
+        # one allocation for every layer's K and V: [layers, 2, blocks, block_size, kv_heads, head_dim] (and their
+        # scales [layers, 2, blocks, block_size, kv_heads] with fp8); kv_caches: each layer's (k_cache, v_cache)
+        self.kv_cache, self.kv_scales, self.kv_caches = cache.pages, cache.scales, cache.layers
         self.max_model_len = max_model_len   # the longest context served (RoPE tables and block tables cover it)
         self.max_blocks = -(-max_model_len // self.block_size)  # block-table width of every step
         self.decode_sizes = graph_batch_sizes(config.max_num_seqs)  # decode rows are padded to one of these
@@ -91,9 +95,7 @@ class ModelRunner:
         return self.sampler.wait_s
 
     def block_bytes(self) -> int:
-        mc = self.model_config
-        return (2 * mc.num_hidden_layers * self.block_size * self.num_kv_heads * mc.head_dim
-                * torch.empty(0, dtype=self.dtype).element_size())
+        return self.kv_layout.block_bytes()
 
     def _auto_num_blocks(self, max_model_len: int) -> int:
         min_blocks = -(-max_model_len // self.block_size)

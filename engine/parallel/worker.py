@@ -75,7 +75,7 @@ def _load(spec: m.WorkerSpec, conn: Connection) -> ModelRunner:
     config = spec.config
     source = resolve_model(config.model, config.seed)
     limit_cpu_threads(device, source.config)
-    kernel_set = load_kernel_set(config.kernels, device)
+    kernel_set = load_kernel_set(config.kernels, device, config.kv_cache_dtype)
     runner = ModelRunner(config, source, kernel_set, device, getattr(torch, spec.dtype), spec.max_model_len,
                          WorkerRank(group, conn))
     m.send(conn, m.Ready())

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from sits.kernels.registry import KV_CACHE_DTYPES
 from sits.wire.models import LOAD_FAILED, PRESET_NAMES
 
 log = logging.getLogger("sits.engine.server")
@@ -45,6 +46,7 @@ class ServerConfig:
     gpu_memory_utilization: float | None = None
     max_blocks_per_tenant: int | None = None
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     enforce_eager: bool = False
     piecewise_graphs: bool = True
@@ -97,6 +99,7 @@ class ServerConfig:
                             max_model_len=self.max_model_len, num_kv_blocks=self.num_kv_blocks,
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             max_waiting=self.max_waiting, quantization=self.quantization,
+                            kv_cache_dtype=self.kv_cache_dtype,
                             max_blocks_per_tenant=self.max_blocks_per_tenant, seed=self.seed,
                             enforce_eager=self.enforce_eager, piecewise_graphs=self.piecewise_graphs,
                             conformance=self.conformance, tensor_parallel_size=self.tensor_parallel_size)
@@ -134,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
            "off: the engine loop runs in a thread of this process")
     a("--max-blocks-per-tenant", type=int, default=None)
     a("--quantization", choices=["int8", "fp8"], default=None)
+    a("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+      help="KV-cache pages: auto = the model's dtype; fp8 = e4m3 with a scale per token and kv head, ~2x the tokens "
+           "in the same memory (needs a kernel set that takes it: torch, triton-v1.3; `sits-engine kernels --json` "
+           "lists each set's kv_cache_dtypes)")
     a("--seed", type=int, default=0)
     a("--enforce-eager", action="store_true",
       help="no CUDA graphs: launch every kernel of a decode step from Python (graphs are used on CUDA with kernel "
@@ -184,7 +191,7 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     """The ASGI app for `config` (the engine loads in the background when the app starts).
 
     span_exporter: send spans there instead of the configured exporter; engine_factory(EngineConfig) -> LLMEngine."""
-    from sits.kernels.catalog import identity
+    from sits.kernels.catalog import identity, kv_cache_dtype_error
     from sits.engine.server.metrics import EngineMetrics, MetricLabels
     from sits.engine.server.app import create_app
     from sits.engine.server.state import Faults, ServerState
@@ -196,6 +203,9 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
     # the name and version label every metric and span; with the engine in its own process, this process never needs
     # the kernels themselves, nor torch (1.8 -> 0.5 s of CPU to start, 310 -> 39 MB resident on 2 CPU cores)
     kernel_name, kernel_version = identity(config.kernels)
+    why = kv_cache_dtype_error(config.kernels, config.kv_cache_dtype)
+    if why is not None:
+        raise ValueError(why)
     build = _build_id()
     metrics = EngineMetrics(MetricLabels(config.env, config.service, kernel_version), model=config.model_name,
                             kernel_set=kernel_name, build=build)

@@ -1,4 +1,5 @@
-"""The engine on the tiny model with triton-v1 (and v1.1) gives what it gives with the torch reference set."""
+"""The engine on the tiny model with triton-v1 (and v1.1, and v1.3 with an FP8 KV cache) gives what it gives with the
+torch reference set."""
 import pytest
 import torch
 
@@ -32,6 +33,24 @@ def test_interpreter_runs_the_tiny_model_on_cpu():
     torch.manual_seed(0)
     ref = _run("torch", "cpu", 2)
     got = _run("triton-v1", "cpu", 2)
+    _assert_same(ref, got, 1e-3)
+
+
+@pytest.mark.skipif(triton_device() != "cpu", reason="needs Triton's interpreter (CPU, TRITON_INTERPRET=1)")
+def test_interpreter_runs_the_tiny_model_with_an_fp8_kv_cache_on_cpu():
+    # triton-v1.3's quantizing KV write and its FP8 prefill and decode kernels against the torch set's, same pages
+    torch.manual_seed(0)
+    ref = _run("torch", "cpu", 2, kv_cache_dtype="fp8")
+    got = _run("triton-v1.3", "cpu", 2, kv_cache_dtype="fp8")
+    _assert_same(ref, got, 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_triton_v1_3_matches_torch_greedy_on_gpu(kv_cache_dtype):
+    ref = _run("torch", "cuda", 24, dtype="float32", kv_cache_dtype=kv_cache_dtype)
+    got = _run("triton-v1.3", "cuda", 24, dtype="float32", kv_cache_dtype=kv_cache_dtype)
     _assert_same(ref, got, 1e-3)
 
 
