@@ -7,6 +7,9 @@
 #   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
 #                                  # batch-1 with int8 weights in its own process)
 #   bench/gpu_session.sh throughput  # bench/throughput.py: the offline rows (SITS_THROUGHPUT_ROWS)
+#   bench/gpu_session.sh kv-fp8    # bench/throughput.py --kernels triton-v1.3 --kv-cache-dtype both: KV capacity in
+#                                  # tokens and 256 x 2048/512 (SITS_KV_FP8_ROWS, default b256) with bf16 KV pages, then
+#                                  # FP8 ones, each engine in a process of its own; the ratios last
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
@@ -19,7 +22,7 @@
 #
 # Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
 # ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. SITS_TESTS_K: a pytest -k
-# expression for the tests phase. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_INT8_BUDGET_S (420), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300). Profile:
+# expression for the tests phase. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_INT8_BUDGET_S (420), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300), SITS_KV_FP8_BUDGET_S (default 540). Profile:
 # SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile, SITS_PROFILE_PIECEWISE=0 the one without piecewise graphs. Serving: SITS_PREFILL_CAPS
 # (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_PIECEWISE_COMPARE=1 (--piecewise-compare: a server with --no-piecewise-graphs too), SITS_GC_COMPARE=1
 # (--gc-compare).
@@ -139,6 +142,17 @@ run_throughput() {
   summary+=("throughput | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in throughput.log")
 }
 
+run_kv_fp8() {
+  # the same rows with bf16 KV pages and with FP8 ones (kernels/kv_fp8.py): capacity from the warm-up rows
+  local budget="${SITS_KV_FP8_BUDGET_S:-540}" t0=$SECONDS
+  local args=(--kernels triton-v1.3 --rows "${SITS_KV_FP8_ROWS:-b256}" --kv-cache-dtype both)
+  [[ "$phase" == dry-run ]] && args=(--smoke --rows b32 --kv-cache-dtype both)
+  echo "== FP8 KV cache (budget ${budget} s): bench/throughput.py ${args[*]}"
+  timeout -k 10 "$budget" "$py" bench/throughput.py "${args[@]}" --json "$out/throughput-kv-fp8.json" 2>&1 \
+    | tee "$out/kv-fp8.log"
+  summary+=("kv-fp8 | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table and ratios in kv-fp8.log")
+}
+
 run_int8() {
   local budget="${SITS_INT8_BUDGET_S:-420}" t0=$SECONDS rc=0 left cache
   if [[ "$phase" == dry-run ]]; then
@@ -196,7 +210,7 @@ versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving profile throughput tensor-parallel) ;;
+  dry-run) phases=(tests serving profile throughput kv-fp8 tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -205,10 +219,11 @@ for ph in "${phases[@]}"; do
     serving) run_serving ;;
     profile) run_profile ;;
     throughput) run_throughput ;;
+    kv-fp8) run_kv_fp8 ;;
     int8) run_int8 ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|int8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|int8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -218,6 +233,9 @@ echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
 if [[ -f "$out/throughput.log" ]]; then
   sed -n '/^row /,$p' "$out/throughput.log"
+fi
+if [[ -f "$out/kv-fp8.log" ]]; then
+  sed -n '/^row /,$p' "$out/kv-fp8.log"
 fi
 if [[ -f "$out/profile.log" ]]; then
   grep -E "^(### |\| )" "$out/profile.log"

@@ -2,6 +2,7 @@
 warm-up counted, each figure next to its floor and (batch-1 decode) Hugging Face transformers on the same shape.
 
     python3 bench/throughput.py [--rows hf,ttft,decode1,b32,b256,decode1-int8,b32-int8] [--json OUT.json] [--profile-log F]
+    python3 bench/throughput.py --kernels triton-v1.3 --rows b256 --kv-cache-dtype both   # bf16 vs FP8 KV pages
     .venv/bin/python bench/throughput.py --smoke          # tiny model on CPU, small shapes: a test of this script
 
 Rows (llama3-8b preset, random weights, random prompt tokens so that the prefix cache never hits, greedy,
@@ -18,6 +19,10 @@ elements per token + causal attention) at the bf16 matmul rate measured in the s
 the weight bytes and the KV bytes it reads at the copy bandwidth measured in the same run.
 Per row also: Triton compilations and autotune benchmark runs during the row (kernels.jit_watch.JitWatch), and for
 decode steps the engine thread's host time: step wall time minus the time it waits for the GPU.
+--kv-cache-dtype fp8 stores the KV pages as e4m3 with a scale per token and kv head (a kernel set that takes it:
+triton-v1.3); its rows are named "... fp8kv", and its warm-up row has the KV capacity in tokens. `both` runs every
+engine row with the model-dtype cache and then with the FP8 one, each in a process of its own (so each engine sizes
+its cache from the same free memory), and prints their ratios last.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ALL_ROWS = ("hf", "ttft", "decode1", "b32", "b256", "decode1-int8", "b32-int8")
 INT8_ROWS = ("decode1-int8", "b32-int8")
+KV_CACHE_DTYPES = ("auto", "fp8", "both")
 FULL = dict(ttft_len=2048, d1_in=128, d1_out=256, b32=32, b_in=2048, b_out=512, b256=256, ttft_reps=5)
 SMOKE = dict(ttft_len=40, d1_in=8, d1_out=6, b32=3, b_in=20, b_out=4, b256=5, ttft_reps=2)
 
@@ -198,6 +204,7 @@ def build(model: str, kernels: str, device: str, quant: str | None, max_num_seqs
         mem = {"gpu_free_gib": free / 2**30, "gpu_allocated_gib": torch.cuda.memory_allocated() / 2**30}
     return llm, {**mem, "load_s": t1 - t0, "warmup_s": time.perf_counter() - t1,
                  "kv_capacity_tokens": llm.engine.stats().num_total_blocks * llm.engine.config.block_size,
+                 "kv_bytes_per_token": llm.engine.model_runner.kv_layout.bytes_per_token(),
                  "warmup_compiles": len(watch.compiles), "warmup_autotune_runs": watch.autotune_runs,
                  "warmup_autotune_s": watch.autotune_s,
                  "warmup_autotune_by_kernel": {k: {"runs": n, "s": round(t, 2)}
@@ -209,12 +216,13 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
 
     from sits.engine import SamplingParams
     max_seqs = max(sz["b256"] if "b256" in rows else sz["b32"], 1)
-    llm, info = build(args.model, args.kernels, device, quant, max_seqs)
+    llm, info = build(args.model, args.kernels, device, quant, max_seqs, kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.engine
     shape = Shape(engine)
     vocab = engine.model_config.vocab_size
     rng = random.Random(20)
-    label = "int8" if quant else "bf16"
+    kv = " fp8kv" if args.kv_cache_dtype == "fp8" else ""   # every row name of an FP8-KV engine ends so
+    label = ("int8" if quant else "bf16") + kv
     print(json.dumps({"engine": label, **info}), flush=True)
     out_rows.append({"row": f"warm-up {label}", **info})
 
@@ -236,9 +244,9 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             wall, _, watch = timed_generate(llm, device, prompts(rng, 1, n, vocab), sampling_params=p)
             walls.append(wall)
             if i == 0:
-                add(f"ttft {n} first", wall, 1, floor, watch, {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor})
+                add(f"ttft {n} first{kv}", wall, 1, floor, watch, {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor})
         med = statistics.median(walls[1:])
-        add(f"ttft {n} median", med, 1, floor, watch, {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor})
+        add(f"ttft {n} median{kv}", med, 1, floor, watch, {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor})
     if ("decode1" in rows and not quant) or ("decode1-int8" in rows and quant):
         p = SamplingParams(max_tokens=sz["d1_out"], temperature=0.0, ignore_eos=True)
         floor = shape.prefill_s(1, sz["d1_in"], tflops, copy) + shape.decode_s(1, sz["d1_in"], sz["d1_out"], copy)
@@ -246,7 +254,8 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             meter = StepMeter(engine, device)
             wall, _, watch = timed_generate(llm, device, prompts(rng, 1, sz["d1_in"], vocab), sampling_params=p)
             meter.detach()
-            add(f"decode b1 {label} {'first' if i == 0 else 'second'}", wall, sz["d1_out"], floor, watch,
+            add(f"decode b1 {'int8' if quant else 'bf16'} {'first' if i == 0 else 'second'}{kv}", wall, sz["d1_out"],
+                floor, watch,
                 meter.summary(1))
     for key, runs in (("b32", ("first", "steady")), ("b256", ("first",))):
         if (f"{key}-int8" if quant else key) not in rows:
@@ -259,7 +268,8 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             wall, res, watch = timed_generate(llm, device, prompts(rng, b, sz["b_in"], vocab), sampling_params=p)
             meter.detach()
             assert all(len(r.token_ids) == sz["b_out"] for r in res)
-            add(f"{b} x {sz['b_in']}/{sz['b_out']}{' int8' if quant else ''} {run}", wall, b * sz["b_out"], floor, watch,
+            add(f"{b} x {sz['b_in']}/{sz['b_out']}{' int8' if quant else ''} {run}{kv}", wall, b * sz["b_out"], floor,
+                watch,
                 {"decode_steps_at_full_batch": meter.summary(b)})
             if meter.profile is not None:
                 logs.append(meter.profile_text())
@@ -307,11 +317,58 @@ def run_hf(args, sz, device, copy, tflops, out_rows) -> None:
         torch.cuda.empty_cache()
 
 
+def rows_in_fresh_process(args, rows: set[str], *flags: str) -> list[dict]:
+    """`rows` measured by a new process of this script: this one keeps what its engine held (Triton's autotuners keep
+    their last call's arguments, the KV cache among them), so a later engine here would get less memory."""
+    import subprocess
+    import tempfile
+    import torch
+    torch.cuda.empty_cache()   # what this process's allocator caches (the ceilings' matrices) is free for it
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = Path(tmp) / "rows.json"
+        subprocess.run([sys.executable, __file__, "--rows", ",".join(sorted(rows)), "--model", args.model,
+                        "--kernels", args.kernels, "--json", str(sub), *flags], check=True)
+        return json.loads(sub.read_text())["rows"]
+
+
+def run_rows(args, sz, device, copy, tflops, rows, out_rows, logs) -> None:
+    """The engine rows for args.kv_cache_dtype: the int8 ones first (in a fresh process when bf16 rows follow on a
+    GPU), then the bf16 ones here."""
+    if int8 := rows & set(INT8_ROWS):
+        if rows <= set(INT8_ROWS) or args.smoke:
+            run_engine_rows(args, sz, device, copy, tflops, "int8", rows, out_rows, logs)
+        else:
+            out_rows += rows_in_fresh_process(args, int8, "--kv-cache-dtype", args.kv_cache_dtype)
+    if rows & {"ttft", "decode1", "b32", "b256"}:
+        run_engine_rows(args, sz, device, copy, tflops, None, rows, out_rows, logs)
+
+
+def kv_comparison(rows: list[dict]) -> list[str]:
+    """FP8 KV against the model-dtype KV: capacity and every row measured both ways."""
+    by = {r["row"]: r for r in rows}
+    lines = []
+    for name, r in by.items():
+        other = by.get(f"{name} fp8kv")
+        if other is None:
+            continue
+        if "kv_capacity_tokens" in r:
+            lines.append(f"{name}: KV capacity {r['kv_capacity_tokens']} -> {other['kv_capacity_tokens']} tokens "
+                         f"({other['kv_capacity_tokens'] / r['kv_capacity_tokens']:.2f}x), "
+                         f"{r['kv_bytes_per_token']} -> {other['kv_bytes_per_token']} bytes a token")
+        elif "out_tok_s" in r:
+            lines.append(f"{name}: {r['out_tok_s']:.0f} -> {other['out_tok_s']:.0f} tok/s "
+                         f"({other['out_tok_s'] / r['out_tok_s']:.2f}x) with FP8 KV")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(ALL_ROWS))
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--kernels", default="triton-v1.1")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                    help="KV pages in the model's dtype (auto), FP8 e4m3 with scales (fp8; kernel set triton-v1.3 or "
+                         "torch), or each in turn (both)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile-log", type=Path, help="write compile logs and a cProfile of decode steps at b256 here")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, small shapes (tests this script)")
@@ -331,26 +388,22 @@ def main(argv=None) -> int:
     copy, tflops = ceilings(device)
     import triton
     res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-           "triton": triton.__version__, "model": args.model, "kernels": args.kernels, "copy_tbs": copy,
+           "triton": triton.__version__, "model": args.model, "kernels": args.kernels,
+           "kv_cache_dtype": args.kv_cache_dtype, "copy_tbs": copy,
            "matmul_tflops": tflops, "rows": []}
     print(json.dumps({k: v for k, v in res.items() if k != "rows"}), flush=True)
     logs: list[str] = []
     if "hf" in rows:
         run_hf(args, sz, device, copy, tflops, res["rows"])
-    if int8 := rows & set(INT8_ROWS):
-        if rows <= set(INT8_ROWS) or args.smoke:
-            run_engine_rows(args, sz, device, copy, tflops, "int8", rows, res["rows"], logs)
-        else:  # a fresh process, first: this one keeps what the bf16 engine held (Triton's autotuners keep
-            # their last call's arguments, the KV cache among them), so a later engine here gets no memory
-            import subprocess
-            import tempfile
-            with tempfile.TemporaryDirectory() as tmp:
-                sub = Path(tmp) / "int8.json"
-                subprocess.run([sys.executable, __file__, "--rows", ",".join(sorted(int8)), "--model", args.model,
-                                "--kernels", args.kernels, "--json", str(sub)], check=True)
-                res["rows"] += json.loads(sub.read_text())["rows"]
-    if rows & {"ttft", "decode1", "b32", "b256"}:
-        run_engine_rows(args, sz, device, copy, tflops, None, rows, res["rows"], logs)
+    engine_rows = rows - {"hf"}
+    if args.kv_cache_dtype != "both":
+        run_rows(args, sz, device, copy, tflops, engine_rows, res["rows"], logs)
+    elif args.smoke:
+        for args.kv_cache_dtype in ("auto", "fp8"):
+            run_rows(args, sz, device, copy, tflops, engine_rows, res["rows"], logs)
+    elif engine_rows:   # each KV-cache dtype in a process of its own: both size their cache from the same free memory
+        for kv in ("auto", "fp8"):
+            res["rows"] += rows_in_fresh_process(args, engine_rows, "--kv-cache-dtype", kv)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     if args.profile_log:
@@ -377,6 +430,8 @@ def main(argv=None) -> int:
     for line in logs:
         if not line.startswith("cProfile"):
             print(line)
+    for line in kv_comparison(res["rows"]):
+        print(line)
     return 0
 
 

@@ -31,3 +31,18 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
 def test_unknown_rows_are_refused():
     with pytest.raises(SystemExit, match="unknown"):
         throughput.main(["--smoke", "--rows", "b32,b1024"])
+
+
+def test_smoke_run_compares_the_kv_cache_dtypes(tmp_path, capsys):
+    # --kv-cache-dtype both (bench/gpu_session.sh kv-fp8): every row with the model-dtype pages, then with FP8 ones
+    out = tmp_path / "t.json"
+    assert throughput.main(["--smoke", "--rows", "b32", "--kv-cache-dtype", "both", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row"] for r in rows] == ["warm-up bf16", "3 x 20/4 first", "3 x 20/4 steady", "warm-up bf16 fp8kv",
+                                        "3 x 20/4 first fp8kv", "3 x 20/4 steady fp8kv"]
+    # the tiny model in fp32: 4 layers x 2 kv heads x 64 x 4 bytes, K and V; e4m3 and a 4-byte scale per head
+    assert (rows[0]["kv_bytes_per_token"], rows[3]["kv_bytes_per_token"]) == (4096, 1088)
+    assert all(r["kv_capacity_tokens"] > 0 for r in (rows[0], rows[3]))
+    printed = capsys.readouterr().out
+    assert "warm-up bf16: KV capacity" in printed and "4096 -> 1088 bytes a token" in printed
+    assert "3 x 20/4 steady: " in printed and "with FP8 KV" in printed
