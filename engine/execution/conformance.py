@@ -12,7 +12,9 @@ weights: every input is random, so it judges a kernel on random llama3-8b exactl
 Shapes come from the served model and engine: query/KV head counts and head dim, the page size, the rows a step
 carries (1 up to max_num_batched_tokens), decode batches up to max_num_seqs, context lengths 1, a partly filled last
 page, exactly one page, one past it and the longest (max_model_len), prefill with and without a cached prefix, every
-distinct linear shape (quantized like the served weights), the model's own RoPE tables.
+distinct linear shape (quantized like the served weights), the model's own RoPE tables. An engine serving FP8 KV pages
+(`kv_cache_dtype="fp8"`) measures its KV ops on FP8 pages: the RoPE case writes them (compared as their values) and
+the attention cases read pages quantized once, which the fp64 reference reads too.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from sits import kernels
+from sits.kernels.kv_fp8 import Fp8Pages, quantize_pages
 from sits.kernels.quant import quantize_weight
 
 log = logging.getLogger(__name__)
@@ -51,12 +54,14 @@ class Shapes:
     eps: float
     quantization: str | None
     tied_embeddings: bool
+    kv_cache_dtype: str = "auto"   # "fp8": the KV ops' cases write and read FP8 pages, as the engine serves them
 
     def describe(self) -> str:
         return (f"heads {self.q_heads}/{self.kv_heads} x {self.head_dim}, hidden {self.hidden}, intermediate "
                 f"{self.intermediate}, vocab {self.vocab}, page {self.block_size}, up to {self.max_num_seqs} seqs, "
                 f"{self.max_tokens} tokens a step, context {self.max_model_len}"
-                + (f", {self.quantization} weights" if self.quantization else ""))
+                + (f", {self.quantization} weights" if self.quantization else "")
+                + (", fp8 KV pages" if self.kv_cache_dtype == "fp8" else ""))
 
 
 def shapes_of(runner) -> Shapes:
@@ -67,7 +72,8 @@ def shapes_of(runner) -> Shapes:
                   q_heads=layer.hq, kv_heads=layer.hkv, head_dim=cfg.head_dim,
                   block_size=runner.block_size, max_num_seqs=config.max_num_seqs,
                   max_tokens=config.max_num_batched_tokens, max_model_len=runner.max_model_len,
-                  eps=cfg.rms_norm_eps, quantization=config.quantization, tied_embeddings=cfg.tie_word_embeddings)
+                  eps=cfg.rms_norm_eps, quantization=config.quantization, tied_embeddings=cfg.tie_word_embeddings,
+                  kv_cache_dtype=config.kv_cache_dtype)
 
 
 def op_identity(fn) -> str:
@@ -113,8 +119,20 @@ def _scale(ref64) -> float:
 
 
 def _cast(args, dtype: torch.dtype):
-    """Floating-point tensors to dtype (fresh copies: kernels may write their inputs, e.g. the KV cache)."""
-    return [a.to(dtype).clone() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    """Floating-point tensors to dtype (fresh copies: kernels may write their inputs, e.g. the KV cache); FP8 pages
+    copied as they are (e4m3 and fp32 scales whatever the compute dtype)."""
+    return [a.clone() if isinstance(a, Fp8Pages) else
+            a.to(dtype).clone() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+
+
+def _pages(cache: torch.Tensor, s: Shapes):
+    """A case's fp64 cache as the engine's pages hold it: itself, or quantized to FP8 pages."""
+    return quantize_pages(cache) if s.kv_cache_dtype == "fp8" else cache
+
+
+def _values(cache) -> torch.Tensor:
+    """What a written cache holds, comparable across precisions: the tensor, or FP8 pages' values in fp64."""
+    return cache.dequantize(torch.float64) if isinstance(cache, Fp8Pages) else cache
 
 
 @dataclass(slots=True)
@@ -171,9 +189,10 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
                 f"heads x {s.head_dim}",
                 [inp.normal(t, s.q_heads, s.head_dim), inp.normal(t, s.kv_heads, s.head_dim),
                  inp.normal(t, s.kv_heads, s.head_dim), positions.to(torch.int64), cos, sin,
-                 torch.zeros(blocks, bs, s.kv_heads, s.head_dim, dtype=torch.float64, device=device),
-                 torch.zeros(blocks, bs, s.kv_heads, s.head_dim, dtype=torch.float64, device=device), slots],
-                outputs=lambda result, args: (result[0], result[1], args[6], args[7]))
+                 _pages(torch.zeros(blocks, bs, s.kv_heads, s.head_dim, dtype=torch.float64, device=device), s),
+                 _pages(torch.zeros(blocks, bs, s.kv_heads, s.head_dim, dtype=torch.float64, device=device), s),
+                 slots],
+                outputs=lambda result, args: (result[0], result[1], _values(args[6]), _values(args[7])))
 
     # prefill: (new tokens, context) per sequence -- length 1, a partly filled last page, one past a page, a chunk
     # after a cached prefix; then the longest context with as many new tokens as the fp64 reference affords
@@ -183,6 +202,7 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
     for seqs in (short, [(longest_new, s.max_model_len)]):
         seqs = [(min(n, tmax), ctx) for n, ctx in seqs]
         k, v, tables = _paged(inp, [ctx for _, ctx in seqs], s)
+        k, v = _pages(k, s), _pages(v, s)
         cu = torch.tensor([0] + [n for n, _ in seqs], device=device).cumsum(0).to(torch.int32)
         lens = torch.tensor([ctx for _, ctx in seqs], dtype=torch.int32, device=device)
         yield _Case("prefill_attention", "new/context " + ", ".join(f"{n}/{ctx}" for n, ctx in seqs)
@@ -194,6 +214,7 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
     for lens_list in ([1, max(bs - 1, 1), bs, bs + 1, 3 * bs + 17], [s.max_model_len, 1],
                       (inp.randint(1, 4 * bs + 1, wide).tolist())):
         k, v, tables = _paged(inp, lens_list, s)
+        k, v = _pages(k, s), _pages(v, s)
         lens = torch.tensor(lens_list, dtype=torch.int32, device=device)
         shown = ", ".join(map(str, lens_list)) if len(lens_list) <= 6 else f"{len(lens_list)} seqs of 1..{4 * bs}"
         yield _Case("paged_decode_attention", f"context {shown}, heads {s.q_heads}/{s.kv_heads} x {s.head_dim}, "

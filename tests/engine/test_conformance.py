@@ -3,6 +3,7 @@ control_plane/analysis/conformance.py judges): every wrong fixture set (tests/fi
 example wrong release are caught, naming the op; good sets pass; on CPU with the tiny model (Triton sets under
 TRITON_INTERPRET=1). The GPU run of the same is bench/conformance.py."""
 import pytest
+import torch
 
 import tests.fixtures.wrong_kernels as wrong   # registers the bug-* sets
 from sits.control_plane.analysis import Outcome
@@ -10,6 +11,8 @@ from sits.control_plane.analysis.conformance import judge
 from sits.control_plane.analysis.gate_policy import ConformancePolicy
 from sits.engine.config import EngineConfig
 from sits.engine.llm_engine import LLMEngine
+from sits.kernels import get_kernel_set, register_kernel_set, unregister_kernel_set
+from sits.kernels.kv_fp8 import Fp8Pages
 
 POLICY = ConformancePolicy()
 
@@ -81,3 +84,49 @@ def test_triton_sets_on_the_interpreter(torch_report):
     assert good.outcome is Outcome.PASS and len(good.judged_ops) == 7, good.reason
     bad = judge(_report("triton-v1-floor-pages"), v1, POLICY)   # production triton-v1: only decode attention judged
     assert bad.outcome is Outcome.FAIL and bad.judged_ops == ("paged_decode_attention",), bad.reason
+
+
+def _decode_through(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """The reference's decode attention under another name: a release of it, correct on both page formats."""
+    return get_kernel_set("torch").paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def _rope_through(*args):
+    """The reference's RoPE and KV write under another name (its FP8 write included)."""
+    return get_kernel_set("torch").rope_and_cache(*args)
+
+
+def _decode_without_fp8_scales(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """A decode attention that reads FP8 pages' e4m3 values but not their scales: right on plain pages only."""
+    if isinstance(k_cache, Fp8Pages):
+        ones = torch.ones_like(k_cache.scale)
+        k_cache, v_cache = Fp8Pages(k_cache.data, ones), Fp8Pages(v_cache.data, ones)
+    return get_kernel_set("torch").paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+@pytest.fixture(scope="module")
+def fp8_decode_sets():
+    torch_set = get_kernel_set("torch")
+    names = {"fp8-decode-release": _decode_through, "fp8-decode-no-scales": _decode_without_fp8_scales}
+    for name, fn in names.items():
+        register_kernel_set(torch_set.derive(name, "0.0.1", kv_cache_dtypes=("auto", "fp8"),
+                                             rope_and_cache=_rope_through, paged_decode_attention=fn))
+    yield
+    for name in names:
+        unregister_kernel_set(name)
+
+
+def test_an_fp8_kv_engine_measures_its_kv_ops_on_fp8_pages(fp8_decode_sets, torch_report):
+    # served with --kv-cache-dtype fp8, the RoPE case writes FP8 pages and the decode cases read them (the fp64
+    # reference reads the same ones): a release passes, and a kernel that ignores the scales fails -- where on plain
+    # pages it would have passed
+    good = _report("fp8-decode-release", kv_cache_dtype="fp8", max_model_len=1000)
+    assert good["measured_ops"] == ["rope_and_cache", "paged_decode_attention"] and "fp8 KV pages" in good["shapes"]
+    v = judge(good, torch_report, POLICY)
+    assert v.outcome is Outcome.PASS and v.cases >= 4, v.reason
+    rope = [c for c in good["cases"] if c["op"] == "rope_and_cache"]
+    assert rope and 0 < rope[0]["reference_error"] < 0.1 * rope[0]["scale"]   # e4m3's rounding, measured
+    bad = judge(_report("fp8-decode-no-scales", kv_cache_dtype="fp8", max_model_len=1000), torch_report, POLICY)
+    assert bad.outcome is Outcome.FAIL and {f.op for f in bad.failures} == {"paged_decode_attention"}, bad.reason
+    plain = judge(_report("fp8-decode-no-scales", max_model_len=1000), torch_report, POLICY)
+    assert plain.outcome is Outcome.PASS, plain.reason
