@@ -18,6 +18,7 @@ The scale costs 4 bytes beside head_dim bytes: 132 bytes per token and kv head a
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,22 @@ class Fp8Pages:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The whole cache in `dtype` (tests; the ops dequantize only what they read)."""
         return dequantize(self.data, self.scale, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def check_fp8_device(op: str, pages: Fp8Pages) -> None:
+    """Triton converts e4m3 on NVIDIA GPUs of compute capability 8.9 and newer (Ada, Hopper, Blackwell); elsewhere the
+    Triton kernels cannot compile, so say so before they try. The interpreter (CPU) emulates it."""
+    dev = pages.data.device
+    if dev.type == "cuda" and _capability(dev.index if dev.index is not None else torch.cuda.current_device()) < (8, 9):
+        raise PagedAttentionError(f"{op}: FP8 KV pages need a GPU of compute capability 8.9 or newer for the Triton "
+                                  f"kernels ({torch.cuda.get_device_name(dev)} is "
+                                  f"{'.'.join(map(str, torch.cuda.get_device_capability(dev)))}): use the torch kernel "
+                                  "set or --kv-cache-dtype auto")
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

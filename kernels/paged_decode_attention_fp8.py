@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from sits.kernels.kv_fp8 import Fp8Pages, page_tensors
+from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _merge_splits_kernel, check_decode_args,
                                                  choose_num_splits, paged_decode_attention)
 from sits.kernels.triton_env import autotune, check_device, fast, fast_tuned, interpreting, next_pow2, tl, triton
@@ -108,6 +108,7 @@ def paged_decode_attention_fp8kv(q, k_cache, v_cache, block_tables, context_lens
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
     check_decode_args(q, kd, vd, block_tables, context_lens)
     check_device("paged_decode_attention", q)
+    check_fp8_device("paged_decode_attention", k_cache)
     s, hq, d = q.shape
     out = torch.empty_like(q)
     if s == 0:

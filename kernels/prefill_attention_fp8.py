@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from sits.kernels.kv_fp8 import Fp8Pages, page_tensors
+from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
 from sits.kernels.paged import PagedAttentionError, check_prefill_args
 from sits.kernels.prefill_attention import (_CONFIGS, _TUNE_MIN_TOKENS, _key_bounds, _q_tile, _query_tile,
                                             prefill_attention_tma)
@@ -102,6 +102,7 @@ def prefill_attention_fp8kv(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
         return prefill_attention_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     b = check_prefill_args(q, kd, vd, block_tables, cu_seqlens_q, context_lens)
     check_device("prefill_attention", q)
+    check_fp8_device("prefill_attention", k_cache)
     t, hq, d = q.shape
     out = torch.empty_like(q)
     if t == 0 or b == 0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages, page_tensors, write_tokens
+from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages, check_fp8_device, page_tensors, write_tokens
 from sits.kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
 
 
@@ -265,6 +265,7 @@ def rope_and_cache_fp8kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_ma
         return rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
     check_rope_args(q, k, v, positions, cos, sin, kd, vd, slot_mapping)
     check_device("rope_and_cache", q)
+    check_fp8_device("rope_and_cache", k_cache)
     t, hq, d = q.shape
     hkv = k.shape[1]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
