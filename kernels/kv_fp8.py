@@ -6,11 +6,12 @@ An `Fp8Pages` stands where a plain `[num_blocks, block_size, num_kv_heads, head_
 
 Each token's vector x of one kv head (head_dim values, K after RoPE, V as projected) is stored as
     scale = max_i |x_i| / 448  (1 for an all-zero x),   data = e4m3(clamp(x / scale, -448, 448)),   x ~ data * scale
-with the division and the rounding in fp32. Why a scale per (token, head) rather than one per layer or per head:
-- no calibration: a static per-layer scale must be measured on data and fails on the token it never saw;
-- an outlier token or head costs only its own precision: a vector's largest element is exact, and every element
-  keeps e4m3's relative precision whatever the other tokens and heads hold (3 mantissa bits: |x - x~| <= 2^-4 |x|;
-  below 2^-6 x scale, 3.5e-5 of the vector's max, e4m3's subnormals bound it by 2^-10 x scale instead);
+with the division and the rounding in fp32. Why a scale per (token, head) rather than a static one per layer:
+- e4m3 is floating point: a scale only has to keep a vector's largest value at or below 448 and the rest above the
+  subnormals (2^-6 x scale, 1/28,672 of the largest); then every element keeps e4m3's relative precision, 3 mantissa
+  bits: |x - x~| <= 2^-4 |x| (below the subnormals, 2^-10 x scale). A static scale must do that for every token the
+  layer will ever see (calibration, and a token beyond it saturates); a scale per vector does it exactly for each, and
+  an outlier token or head costs only its own vector's precision;
 - the kernels apply it per key: a key's scale multiplies its column of q.k^T and a value's scale its column of the
   softmax weights before p.v, so a tile is dequantized by [rows x keys] multiplies, not [keys x head_dim].
 The scale costs 4 bytes beside head_dim bytes: 132 bytes per token and kv head at head_dim 128 against 256 in bf16,

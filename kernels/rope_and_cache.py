@@ -181,20 +181,22 @@ def _round_to_e4m3(x):
     # x: fp32 in [-448, 448] -> the nearest e4m3 value in fp32, ties to even (as torch and the GPU's cvt.rn round).
     # Only under the interpreter, whose fp32 -> e4m3 conversion drops the carry when rounding up to a power of two
     # (127.9 -> 64): it then converts exact values. The grid step is 2^(max(exponent, -6) - 3); adding and
-    # subtracting 1.5 * 2^23 rounds x / step to an integer.
-    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    step = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    return ((x / step + 12582912.0) - 12582912.0) * step
+    # subtracting 1.5 * 2^23 rounds |x| / step to an integer; the sign bit goes back on (so -0.0 stays -0.0).
+    bits = x.to(tl.int32, bitcast=True)
+    step = ((tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    r = ((tl.abs(x) / step + 12582912.0) - 12582912.0) * step
+    return tl.where(bits < 0, -r, r)
 
 
 @triton.jit
 def _quantize_store(page_ptr, scale_ptr, x1, x2, mask, head_mask, HALF: tl.constexpr, ROUND_E4M3: tl.constexpr):
     # x1/x2: [HKV_P, HALF_P] fp32, the two halves of each kv head's vector; page_ptr: its first half's slots,
     # scale_ptr: [HKV_P] its scale slots. scale = max|x| / 448 (1 for all zeros), data = e4m3(x / scale)
+    # IEEE divisions (div_rn; Triton's `/` is approximate on NVIDIA GPUs): the scale and the quotient are torch's
     amax = tl.maximum(tl.max(tl.abs(x1), 1), tl.max(tl.abs(x2), 1))
-    scale = tl.where(amax > 0.0, amax / _FP8_MAX, 1.0)
-    q1 = tl.clamp(x1 / scale[:, None], -_FP8_MAX, _FP8_MAX)
-    q2 = tl.clamp(x2 / scale[:, None], -_FP8_MAX, _FP8_MAX)
+    scale = tl.where(amax > 0.0, tl.math.div_rn(amax, tl.full(amax.shape, _FP8_MAX, tl.float32)), 1.0)
+    q1 = tl.clamp(tl.math.div_rn(x1, tl.broadcast_to(scale[:, None], x1.shape)), -_FP8_MAX, _FP8_MAX)
+    q2 = tl.clamp(tl.math.div_rn(x2, tl.broadcast_to(scale[:, None], x2.shape)), -_FP8_MAX, _FP8_MAX)
     if ROUND_E4M3:
         q1 = _round_to_e4m3(q1)
         q2 = _round_to_e4m3(q2)
