@@ -23,7 +23,7 @@ OPERATOR_FLAGS: dict[str, bool] = {
     "--max-num-batched-tokens": True, "--max-model-len": True, "--num-kv-blocks": True,
     "--max-blocks-per-tenant": True, "--quantization": True, "--seed": True, "--enforce-eager": False,
     "--served-model-name": True, "--no-warmup": False, "--log-level": True, "--no-access-log": False,
-    "--header-timeout-s": True, "--body-timeout-s": True, "--gpu-memory-utilization": True,
+    "--header-timeout-s": True, "--body-timeout-s": True, "--gpu-memory-utilization": True, "--kv-cache-dtype": True,
 }
 
 
@@ -68,7 +68,7 @@ FLAG_VALUES: dict[str, Callable[[str], str | None]] = {
     "--quantization": _one_of("int8", "fp8"), "--seed": _integer(0, 2**63 - 1),
     "--log-level": _one_of("critical", "error", "warning", "info", "debug"),
     "--header-timeout-s": _seconds(3600), "--body-timeout-s": _seconds(3600),
-    "--gpu-memory-utilization": _fraction,
+    "--gpu-memory-utilization": _fraction, "--kv-cache-dtype": _one_of("auto", "fp8"),
 }
 FAULT_FLAGS: dict[str, bool] = {"--fault-latency-ms": True, "--fault-token-latency-ms": True,
                                 "--fault-error-rate": True}

@@ -151,6 +151,7 @@ def test_the_api_takes_device_and_ready_timeout_and_answers_422_naming_them(tmp_
     (["--max-num-seqs", "0"], "--max-num-seqs must be an integer from 1 to 4096, got '0'"),
     (["--dtype", "bf16"], "--dtype must be one of auto, float32, bfloat16, float16, got 'bf16'"),
     (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype must be one of auto, fp8, got 'int4'"),
 ])
 def test_flag_values_are_checked_when_the_rollout_is_created(args, message):
     # the probe: all four were accepted (201) and failed, or silently disabled a guard, only in the engine
@@ -161,7 +162,7 @@ def test_flag_values_are_checked_when_the_rollout_is_created(args, message):
 
 def test_flag_values_in_range_pass():
     args = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.2", "--quantization", "int8", "--device",
-            "cuda:1", "--header-timeout-s=30", "--seed", "7", "--dtype", "bfloat16"]
+            "cuda:1", "--header-timeout-s=30", "--seed", "7", "--dtype", "bfloat16", "--kv-cache-dtype", "fp8"]
     assert check_args(args, "args") == tuple(args)
 
 
