@@ -87,6 +87,15 @@ def assert_same(reference: dict, got: dict) -> None:
             assert err < LOGIT_ATOL, (rid, step, err)
 
 
+def test_two_ranks_share_an_fp8_kv_cache_by_kv_head(tp2):
+    # each rank quantizes and reads its own kv heads' FP8 pages: the same tokens and logits as one rank with FP8 pages
+    one = greedy_run(tiny(1, kv_cache_dtype="fp8"))
+    e = tp2(kv_cache_dtype="fp8")
+    assert e.model_runner.kv_cache.dtype == torch.float8_e4m3fn
+    assert e.model_runner.kv_scales.shape[4] == preset("tiny").num_key_value_heads // 2
+    assert_same(one, greedy_run(e))
+
+
 def test_one_rank_takes_todays_path(reference):
     e = tiny(1)
     assert e.parallel is None and e.model_runner.parallel is None
