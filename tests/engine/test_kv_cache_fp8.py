@@ -33,9 +33,12 @@ def _engine(kv_cache_dtype: str, **kw) -> LLMEngine:
                                   max_num_batched_tokens=96, kv_cache_dtype=kv_cache_dtype, **kw))
 
 
-def _greedy(kv_cache_dtype: str, prompts: list[list[int]], steps: int) -> list[tuple[list, list]]:
-    """Per prompt: (logits [vocab] of every step, greedy tokens)."""
+def _greedy(kv_cache_dtype: str, prompts: list[list[int]], steps: int, static: bool = False) -> list[tuple[list, list]]:
+    """Per prompt: (logits [vocab] of every step, greedy tokens); static: through the CUDA graphs' code paths (their
+    static buffers, eagerly on CPU)."""
     engine = _engine(kv_cache_dtype)
+    if static:
+        engine.model_runner.use_static_buffers()
     engine.model_runner.capture_logits = True
     for i, ids in enumerate(prompts):
         engine.add_request(str(i), ids, SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
@@ -75,6 +78,15 @@ def test_fp8_logits_stay_within_the_bound_and_greedy_agreement_is_measured():
     n = sum(len(r) for r in a)
     print(f"fp8 KV vs auto: teacher-forced top-1 agreement {same}/{n} = {same / n:.3f}")
     assert same / n >= MIN_TOP1_AGREEMENT
+
+
+def test_fp8_pages_through_the_graphs_static_buffers():
+    # decode steps through DecodeGraphs and prefill steps through PiecewiseGraphs read and write the same FP8 pages
+    prompts = _prompts()[:5]
+    eager, graphs = _greedy("fp8", prompts, 8), _greedy("fp8", prompts, 8, static=True)
+    for (la, ta), (lb, tb) in zip(eager, graphs):
+        assert ta == tb
+        assert max(float((a - b).abs().max()) for a, b in zip(la, lb)) < 1e-4
 
 
 def test_fp8_pages_hold_about_twice_the_tokens_in_the_same_memory(caplog):
