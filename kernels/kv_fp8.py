@@ -31,7 +31,7 @@ FP8_MAX = 448.0   # the largest finite e4m3fn value
 SCALE_DTYPE = torch.float32
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)   # eq=False: compared by identity, never tensor by tensor
 class Fp8Pages:
     """One layer's K (or V) cache in FP8: data [num_blocks, block_size, num_kv_heads, head_dim] e4m3fn and
     scale [num_blocks, block_size, num_kv_heads] fp32 (x ~ data * scale[..., None])."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from sits import kernels
-from sits.kernels.catalog import catalogue, kv_cache_dtype_error
 from sits.engine.config import ModelConfig
 from sits.engine.errors import InvalidRequestError
 from sits.engine.model.presets import num_params
+from sits.kernels.catalog import catalogue, kv_cache_dtype_error
 
 SMALL_MODEL_PARAMS = 50_000_000
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 from sits.kernels.registry import KV_CACHE_DTYPES
+from sits.wire.http_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 from sits.wire.models import LOAD_FAILED, PRESET_NAMES
 
 log = logging.getLogger("sits.engine.server")
