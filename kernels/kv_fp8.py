@@ -51,7 +51,8 @@ class Fp8Pages:
 
     @classmethod
     def zeros(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, device) -> "Fp8Pages":
-        return cls(torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=FP8_DTYPE, device=device),
+        data = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.uint8, device=device)
+        return cls(data.view(FP8_DTYPE),   # zero bytes: +0.0 in e4m3
                    torch.ones(num_blocks, block_size, num_kv_heads, dtype=SCALE_DTYPE, device=device))
 
     def to(self, device) -> "Fp8Pages":

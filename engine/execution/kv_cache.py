@@ -48,7 +48,7 @@ class KVCache:
 def allocate_kv_cache(layout: KVCacheLayout, num_blocks: int, device: torch.device) -> KVCache:
     shape = (layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
     if layout.kv_cache_dtype == "fp8":
-        pages = torch.zeros(shape, device=device, dtype=FP8_DTYPE)
+        pages = torch.zeros(shape, device=device, dtype=torch.uint8).view(FP8_DTYPE)   # zero bytes: +0.0 in e4m3
         scales = torch.ones(shape[:-1], device=device, dtype=SCALE_DTYPE)
         layers = [(Fp8Pages(pages[i, 0], scales[i, 0]), Fp8Pages(pages[i, 1], scales[i, 1]))
                   for i in range(layout.num_layers)]
