@@ -112,23 +112,30 @@ def page_tensors(k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
     return k_cache, v_cache
 
 
+# The references index and scatter e4m3 data as bytes (uint8 views): the same values, and no reliance on torch having
+# indexing kernels for float8 on every device and version.
+def _bytes(data: torch.Tensor) -> torch.Tensor:
+    return data.view(torch.uint8)
+
+
 def take_blocks(cache, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """cache[index] in `dtype`: whole blocks of plain or FP8 pages ([*index.shape, block_size, kv_heads, head_dim])."""
     if isinstance(cache, Fp8Pages):
-        return dequantize(cache.data[index], cache.scale[index], dtype)
+        return dequantize(_bytes(cache.data)[index].view(FP8_DTYPE), cache.scale[index], dtype)
     return cache[index].to(dtype)
 
 
 def gather_tokens(cache, block_row: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
     """The first `length` tokens of one sequence in `dtype` ([length, kv_heads, head_dim]), plain or FP8 pages."""
     if isinstance(cache, Fp8Pages):
-        return dequantize(gather_kv(cache.data, block_row, length), gather_kv(cache.scale, block_row, length), dtype)
+        data = gather_kv(_bytes(cache.data), block_row, length).view(FP8_DTYPE)
+        return dequantize(data, gather_kv(cache.scale, block_row, length), dtype)
     return gather_kv(cache, block_row, length).to(dtype)
 
 
 def write_tokens(x: torch.Tensor, pages: Fp8Pages, slots: torch.Tensor) -> None:
     """Quantize x [T, kv_heads, head_dim] into the flat token slots `slots` [T] (all >= 0) of `pages`."""
     data, scale = quantize(x)
-    pages.data.view(-1, *pages.data.shape[2:])[slots] = data
+    _bytes(pages.data).view(-1, *pages.data.shape[2:])[slots] = _bytes(data)
     pages.scale.view(-1, pages.scale.shape[2])[slots] = scale
 
