@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")
 if ((${#names[@]} == 0)); then
-  names=(flask waitress kubernetes pyyaml httpx uvicorn starlette pyzmq msgspec opentelemetry-sdk
+  names=(flask waitress kubernetes pyyaml httpx uvicorn starlette pyzmq msgspec opentelemetry-sdk openai
          opentelemetry-exporter-otlp-proto-http safetensors tokenizers tqdm prometheus-client requests grafanalib)
 fi
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude

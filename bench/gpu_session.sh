@@ -13,6 +13,8 @@
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
+#   bench/gpu_session.sh fp8-rows  # bench/fp8_rows.py: the fp8 linear by row count (triton-v1.4's W8A8 vs v1.3's vs
+#                                  # torch._scaled_mm vs bf16 cuBLAS) and a sweep of W8A8 GEMV tile configs
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -180,6 +182,16 @@ run_int8() {
   summary+=("int8 | rc $rc | $((SECONDS - t0)) s | tables in int8.log")
 }
 
+run_fp8_rows() {
+  local budget="${SITS_FP8_ROWS_BUDGET_S:-240}" t0=$SECONDS
+  if [[ "$phase" == dry-run ]]; then
+    summary+=("fp8 rows | skipped | 0 s | bench/fp8_rows.py needs a GPU with fp8 tensor cores"); return
+  fi
+  echo "== fp8 linear by rows (budget ${budget} s): bench/fp8_rows.py"
+  timeout -k 10 "$budget" "$py" bench/fp8_rows.py --json "$out/fp8-rows.json" 2>&1 | tee "$out/fp8-rows.log"
+  summary+=("fp8 rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in fp8-rows.log")
+}
+
 run_conformance() {
   # the correctness gate's op-level conformance: every wrong release caught, every good one passing, on the tiny
   # model trained here (cached in $SITS_CACHE_DIR) and on llama3-8b (bench/conformance.py)
@@ -221,9 +233,10 @@ for ph in "${phases[@]}"; do
     throughput) run_throughput ;;
     kv-fp8) run_kv_fp8 ;;
     int8) run_int8 ;;
+    fp8-rows) run_fp8_rows ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|int8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|int8|fp8-rows|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -233,6 +246,9 @@ echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
 if [[ -f "$out/throughput.log" ]]; then
   sed -n '/^row /,$p' "$out/throughput.log"
+fi
+if [[ -f "$out/fp8-rows.log" ]]; then
+  sed -n '/^W8A8 GEMV tile/,$p' "$out/fp8-rows.log"
 fi
 if [[ -f "$out/kv-fp8.log" ]]; then
   sed -n '/^row /,$p' "$out/kv-fp8.log"

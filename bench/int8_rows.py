@@ -32,7 +32,7 @@ def measure(rows: list[int]) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from bench.kernels import _config_name, bench_graph, rel_err
+    from bench.kernel_timings import _config_name, bench_graph, rel_err
     from sits.kernels import linear as lin
     from sits.kernels import linear_dequant as deq
     from sits.kernels import quantize_weight

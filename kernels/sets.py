@@ -8,6 +8,7 @@ from __future__ import annotations
 from sits.kernels import decode_attention_regressions as _decode_bad
 from sits.kernels import linear as _linear
 from sits.kernels import linear_dequant as _linear_dequant
+from sits.kernels import linear_w8a8 as _linear_w8a8
 from sits.kernels import paged_decode_attention as _decode
 from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
 from sits.kernels import prefill_attention as _prefill
@@ -70,6 +71,14 @@ TRITON_V1_3 = register_kernel_set(TRITON_V1_2.derive(
     rope_and_cache=_rope.rope_and_cache_fp8kv,
     prefill_attention=_prefill_fp8.prefill_attention_fp8kv,
     paged_decode_attention=_decode_fp8.paged_decode_attention_fp8kv,
+))
+
+TRITON_V1_4 = register_kernel_set(TRITON_V1_3.derive(
+    "triton-v1.4", "1.4.0",
+    description="triton-v1.3 with fp8 weights (--quantization fp8) on the fp8 tensor cores at every row count: "
+                "decode-size linears quantize their activations in-kernel (a scale per row and K tile, split-K), "
+                "larger ones per row then the W8A8 GEMM tuned per row family; int8 and plain weights as v1.3",
+    linear=_linear_w8a8.linear_w8a8,
 ))
 
 

@@ -227,10 +227,15 @@ def test_rope_and_cache_fp8_llama_shape():
     qo, ko = V13.rope_and_cache(q, k, v, pos, cos, sin, kc, vc, slots)
     qr, kr_out = REF.rope_and_cache(q, k, v, pos, cos, sin, kr, vr, slots)
     assert (qo.float() - qr.float()).abs().max() <= 2 ** -6
-    # v is quantized from the same numbers with IEEE divisions and the GPU's e4m3 rounding (cvt.rn.satfinite, ties to
-    # even, as torch's): byte for byte; k from a rotation that may differ by one bf16 ulp (FMA contraction), and with
-    # it a vector's scale
-    assert torch.equal(vc.data.view(torch.uint8), vr.data.view(torch.uint8)) and torch.equal(vc.scale, vr.scale)
+    # v is quantized from the same numbers with the GPU's e4m3 rounding (cvt.rn.satfinite, ties to even, as torch's),
+    # but Triton divides fp32 with div.full (within 2 ulp, not IEEE): a value on a rounding boundary may land one e4m3
+    # step away, and a scale one fp32 ulp (the H200 run of 2026-12-04 was not byte for byte); k from a rotation that
+    # may differ by one bf16 ulp (FMA contraction), and with it a vector's scale
+    torch.testing.assert_close(vc.scale, vr.scale, rtol=2 ** -22, atol=0)
+    same_v = (vc.data.view(torch.uint8) == vr.data.view(torch.uint8)).float().mean().item()
+    assert same_v >= 0.99, same_v
+    step = 2.0 ** (torch.floor(torch.log2(vr.data.float().abs().clamp(min=2 ** -6))) - 3)   # e4m3's spacing there
+    assert ((vc.data.float() - vr.data.float()).abs() <= step).all()
     same_k = (kc.data.view(torch.uint8) == kr.data.view(torch.uint8)).float().mean().item()
     assert same_k >= 0.95, same_k
     torch.testing.assert_close(kc.scale, kr.scale, rtol=2 ** -7, atol=0)
