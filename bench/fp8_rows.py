@@ -1,12 +1,13 @@
-"""The fp8 linear by row count, llama3-8b's four weight shapes: triton-v1.4's W8A8 at every row count
-(kernels/linear_w8a8.py) against triton-v1.3's (weight-only below 64 rows, W8A8 GEMM tuned once per shape above),
-torch's own fp8 GEMM (`torch._scaled_mm`, row-wise scales) and cuBLAS on bf16 weights; and a sweep of tile configs of
-the W8A8 GEMV, so the autotuner's candidate lists hold the ones that win.
+"""The fp8 linear by row count, llama3-8b's four weight shapes: triton-v1.4's (kernels/linear_w8a8.py: weight-only,
+then torch._scaled_mm, then the Triton W8A8 GEMM, by rows) against triton-v1.3's (weight-only below 64 rows, W8A8
+GEMM tuned once per shape above), torch's own fp8 GEMM (`torch._scaled_mm`, row-wise scales) at every row count and
+cuBLAS on bf16 weights; and a sweep of the Triton W8A8 GEMM's tile configs at the large row counts, so the
+autotuner's candidate list holds the ones that win.
 
     python3 bench/fp8_rows.py [--rows 1,16,32,64,128,256,512,2048] [--json OUT.json] [--no-sweep]
 
 Times: microseconds per call from a CUDA graph replaying calls round-robin over enough weight copies to be past the
-L2 (bench/kernel_timings.py's `bench_graph`); each output checked against its torch reference first. "% copy": the
+L2 (bench/kernel_timings.py's `bench_graph`); each output checked against its torch reference first. "floor": the
 weight bytes (1 per element) at the device-to-device copy rate measured in the same run. A short table last: one
 engine step's linears (four shapes x 32 layers) per row count.
 """
@@ -25,11 +26,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
 LAYERS = 32
 PAST_L2 = 256 * 2**20
-# (block_m, block_n, block_k, split_k, num_warps, num_stages) of the GEMV path, swept at the small row counts
-GEMV_SWEEP = [(16, 64, 256, 1, 4, 4), (16, 64, 256, 2, 4, 4), (16, 64, 256, 4, 4, 4), (16, 128, 256, 2, 4, 4),
-              (16, 32, 256, 4, 4, 4), (16, 64, 512, 2, 4, 3), (16, 128, 128, 4, 4, 5), (16, 256, 128, 2, 8, 4),
-              (64, 64, 256, 4, 4, 3), (64, 128, 128, 2, 4, 4), (64, 128, 256, 1, 8, 3), (32, 64, 256, 4, 4, 4)]
-SWEEP_ROWS = (1, 16, 64)
+# (block_m, block_n, block_k, num_warps, num_stages) of the Triton W8A8 GEMM, swept at the large row counts
+GEMM_SWEEP = [(128, 256, 128, 8, 3), (128, 128, 128, 8, 4), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4),
+              (128, 256, 64, 8, 4), (64, 256, 128, 8, 3)]
+SWEEP_ROWS = (1024, 2048)
 
 
 def measure(rows: list[int], sweep: bool) -> dict:
@@ -77,28 +77,25 @@ def measure(rows: list[int], sweep: bool) -> dict:
                   f"{f(row['scaled_mm_us'])} us  bf16 {row['bf16_us']:8.1f} us  floor {floor_us:6.1f} us  err "
                   f"{row.get('v1.3_err', float('nan')):.1e}/{row.get('v1.4_err', float('nan')):.1e}", flush=True)
             if sweep and m in SWEEP_ROWS:
-                for bm, bn, bk, sk, nw, ns in GEMV_SWEEP:
-                    if bm < m:
-                        continue
-                    cfg = dict(block_m=bm, block_n=bn, block_k=bk, split_k=sk, num_warps=nw, num_stages=ns)
-                    name_c = f"M{bm} N{bn} K{bk} splitK{sk} w{nw} s{ns}"
+                for bm, bn, bk, nw, ns in GEMM_SWEEP:
+                    cfg = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns)
+                    name_c = f"M{bm} N{bn} K{bk} w{nw} s{ns}"
                     try:
-                        err = rel_err(v14.linear_w8a8_with_config(x, qws[0], path="gemv", **cfg), ref)
-                        us = 1e3 * bench_graph([lambda q=q: v14.linear_w8a8_with_config(x, q, path="gemv", **cfg)
-                                                for q in qws])
-                    except Exception as e:  # noqa: BLE001
+                        err = rel_err(v14.linear_w8a8_gemm(x, qws[0], **cfg), ref)
+                        us = 1e3 * bench_graph([lambda q=q: v14.linear_w8a8_gemm(x, q, **cfg) for q in qws])
+                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
                         res["sweep"].append({"shape": name, "m": m, "config": name_c, "error": str(e)[:160]})
                         print(f"   sweep {name_c}: {str(e).splitlines()[0][:120]}", flush=True)
                         continue
                     res["sweep"].append({"shape": name, "m": m, "config": name_c, "us": us, "err": err,
-                                         "pct_copy": 100 * floor_us / us})
+                                         "tflops": 2 * m * n * k / us / 1e6})
         del w, qws, wbs
         torch.cuda.empty_cache()
     return res
 
 
 def sweep_table(res: dict) -> str:
-    lines = ["| shape | rows | best GEMV config | us | % of copy | runner-up |", "|---|---:|---|---:|---:|---|"]
+    lines = ["| shape | rows | best GEMM config | us | TFLOP/s | runner-up |", "|---|---:|---|---:|---:|---|"]
     groups: dict = {}
     for s in res["sweep"]:
         if "us" in s:
@@ -106,7 +103,7 @@ def sweep_table(res: dict) -> str:
     for (shape, m), ss in groups.items():
         ss.sort(key=lambda s: s["us"])
         second = f"{ss[1]['config']} {ss[1]['us']:.1f}" if len(ss) > 1 else ""
-        lines.append(f"| {shape} | {m} | {ss[0]['config']} | {ss[0]['us']:.1f} | {ss[0]['pct_copy']:.0f} | {second} |")
+        lines.append(f"| {shape} | {m} | {ss[0]['config']} | {ss[0]['us']:.1f} | {ss[0]['tflops']:.0f} | {second} |")
     return "\n".join(lines)
 
 
@@ -128,9 +125,9 @@ def step_table(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="1,16,32,64,128,256,512,2048", help="comma list of row counts (M)")
+    ap.add_argument("--rows", default="1,16,32,64,128,256,512,1024,2048", help="comma list of row counts (M)")
     ap.add_argument("--json", type=Path, help="write the raw results here")
-    ap.add_argument("--no-sweep", action="store_true", help="skip the GEMV tile-config sweep")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the GEMM tile-config sweep")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",") if r.strip()]
@@ -146,7 +143,7 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     if res["sweep"]:
-        print("\nW8A8 GEMV tile configs (bench/fp8_rows.py GEMV_SWEEP):")
+        print("\nW8A8 GEMM tile configs (bench/fp8_rows.py GEMM_SWEEP):")
         print(sweep_table(res))
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, copy {res['copy_tbs']:.2f} TB/s; one "
           f"step's linears ({LAYERS} layers x {len(SHAPES)} shapes):")

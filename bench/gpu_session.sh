@@ -10,11 +10,14 @@
 #   bench/gpu_session.sh kv-fp8    # bench/throughput.py --kernels triton-v1.3 --kv-cache-dtype both: KV capacity in
 #                                  # tokens and 256 x 2048/512 (SITS_KV_FP8_ROWS, default b256) with bf16 KV pages, then
 #                                  # FP8 ones, each engine in a process of its own; the ratios last
+#   bench/gpu_session.sh fp8       # bench/throughput.py --kernels triton-v1.4: the bf16 rows and the same rows with fp8
+#                                  # weights (SITS_FP8_THROUGHPUT_ROWS), each engine in a process of its own, then fp8
+#                                  # weights + FP8 KV pages (SITS_FP8_KV_ROWS, default decode1-fp8,b256-fp8); ratios last
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
 #   bench/gpu_session.sh fp8-rows  # bench/fp8_rows.py: the fp8 linear by row count (triton-v1.4's W8A8 vs v1.3's vs
-#                                  # torch._scaled_mm vs bf16 cuBLAS) and a sweep of W8A8 GEMV tile configs
+#                                  # torch._scaled_mm vs bf16 cuBLAS) and a sweep of W8A8 GEMM tile configs
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -155,6 +158,23 @@ run_kv_fp8() {
   summary+=("kv-fp8 | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table and ratios in kv-fp8.log")
 }
 
+run_fp8() {
+  local budget="${SITS_FP8_BUDGET_S:-480}" t0=$SECONDS rc=0 left
+  local rows="${SITS_FP8_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,decode1-fp8,b32-fp8,b256-fp8}"
+  local kv_rows="${SITS_FP8_KV_ROWS:-decode1-fp8,b256-fp8}" extra=(--kernels triton-v1.4)
+  [[ "$phase" == dry-run ]] && { rows=decode1,decode1-fp8; kv_rows=decode1-fp8; extra=(--smoke); }
+  echo "== fp8 (budget ${budget} s): bench/throughput.py ${extra[*]} --rows $rows"
+  timeout -k 10 "$budget" "$py" bench/throughput.py "${extra[@]}" --rows "$rows" --json "$out/throughput-fp8.json" \
+    2>&1 | tee "$out/fp8.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  left=$((budget - (SECONDS - t0)))
+  echo "== fp8 + FP8 KV (budget ${left} s): bench/throughput.py ${extra[*]} --rows $kv_rows --kv-cache-dtype fp8"
+  timeout -k 10 "$left" "$py" bench/throughput.py "${extra[@]}" --rows "$kv_rows" --kv-cache-dtype fp8 \
+    --json "$out/throughput-fp8-fp8kv.json" 2>&1 | tee "$out/fp8-fp8kv.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  summary+=("fp8 | rc $rc | $((SECONDS - t0)) s | tables in fp8.log, fp8-fp8kv.log")
+}
+
 run_int8() {
   local budget="${SITS_INT8_BUDGET_S:-420}" t0=$SECONDS rc=0 left cache
   if [[ "$phase" == dry-run ]]; then
@@ -222,7 +242,7 @@ versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving profile throughput kv-fp8 tensor-parallel) ;;
+  dry-run) phases=(tests serving profile throughput kv-fp8 fp8 tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -233,10 +253,11 @@ for ph in "${phases[@]}"; do
     throughput) run_throughput ;;
     kv-fp8) run_kv_fp8 ;;
     int8) run_int8 ;;
+    fp8) run_fp8 ;;
     fp8-rows) run_fp8_rows ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|int8|fp8-rows|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|int8|fp8-rows|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -248,8 +269,11 @@ if [[ -f "$out/throughput.log" ]]; then
   sed -n '/^row /,$p' "$out/throughput.log"
 fi
 if [[ -f "$out/fp8-rows.log" ]]; then
-  sed -n '/^W8A8 GEMV tile/,$p' "$out/fp8-rows.log"
+  sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
 fi
+for f in fp8 fp8-fp8kv; do
+  [[ -f "$out/$f.log" ]] && sed -n '/^row /,$p' "$out/$f.log"
+done
 if [[ -f "$out/kv-fp8.log" ]]; then
   sed -n '/^row /,$p' "$out/kv-fp8.log"
 fi

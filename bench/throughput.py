@@ -2,16 +2,18 @@
 warm-up counted, each figure next to its floor and (batch-1 decode) Hugging Face transformers on the same shape.
 
     python3 bench/throughput.py [--rows hf,ttft,decode1,b32,b256,decode1-int8,b32-int8] [--json OUT.json] [--profile-log F]
+    python3 bench/throughput.py --kernels triton-v1.4 --rows decode1,b32,b256,decode1-fp8,b32-fp8,b256-fp8   # bf16 vs fp8
     python3 bench/throughput.py --kernels triton-v1.3 --rows b256 --kv-cache-dtype both   # bf16 vs FP8 KV pages
     .venv/bin/python bench/throughput.py --smoke          # tiny model on CPU, small shapes: a test of this script
 
 Rows (llama3-8b preset, random weights, random prompt tokens so that the prefix cache never hits, greedy,
 ignore_eos):
 - ttft: one 2048-token prompt, max_tokens=1; first run after warm-up and the median of 5 more.
-- decode1 / decode1-int8: one 128-token prompt, 256 output tokens (bf16 / int8 weight-only); first run and second.
-- b32 / b32-int8: 32 prompts x 2048 tokens, 512 output tokens each; first run after warm-up, then a second
-  ("steady").
+- decode1: one 128-token prompt, 256 output tokens; first run and second.
+- b32: 32 prompts x 2048 tokens, 512 output tokens each; first run after warm-up, then a second ("steady").
 - b256: 256 x 2048 / 512, once.
+- decode1-int8, b32-int8, b256-int8 / decode1-fp8, b32-fp8, b256-fp8: the same with `--quantization int8` / `fp8`
+  weights (each kind's engine in a process of its own, before the bf16 engine), and their ratios to bf16 last.
 - hf: transformers' LlamaForCausalLM (same config, random bf16 weights, sdpa attention, default dynamic cache)
   `generate` of 256 tokens after a 128-token prompt.
 Output tok/s = output tokens / wall time of the generate call (prefill included). Floors: prefill FLOPs (2 x weight
@@ -41,8 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ALL_ROWS = ("hf", "ttft", "decode1", "b32", "b256", "decode1-int8", "b32-int8")
-INT8_ROWS = ("decode1-int8", "b32-int8")
+QUANTS = ("int8", "fp8")   # --quantization kinds: their rows are the bf16 rows' names + "-int8" / "-fp8"
+ALL_ROWS = ("hf", "ttft", "decode1", "b32", "b256",
+            *(f"{r}-{q}" for q in QUANTS for r in ("decode1", "b32", "b256")))
+DEFAULT_ROWS = ("hf", "ttft", "decode1", "b32", "b256", "decode1-int8", "b32-int8")
 KV_CACHE_DTYPES = ("auto", "fp8", "both")
 FULL = dict(ttft_len=2048, d1_in=128, d1_out=256, b32=32, b_in=2048, b_out=512, b256=256, ttft_reps=5)
 SMOKE = dict(ttft_len=40, d1_in=8, d1_out=6, b32=3, b_in=20, b_out=4, b256=5, ttft_reps=2)
@@ -222,7 +226,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
     vocab = engine.model_config.vocab_size
     rng = random.Random(20)
     kv = " fp8kv" if args.kv_cache_dtype == "fp8" else ""   # every row name of an FP8-KV engine ends so
-    label = ("int8" if quant else "bf16") + kv
+    label = (quant or "bf16") + kv
     print(json.dumps({"engine": label, **info}), flush=True)
     out_rows.append({"row": f"warm-up {label}", **info})
 
@@ -247,18 +251,18 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
                 add(f"ttft {n} first{kv}", wall, 1, floor, watch, {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor})
         med = statistics.median(walls[1:])
         add(f"ttft {n} median{kv}", med, 1, floor, watch, {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor})
-    if ("decode1" in rows and not quant) or ("decode1-int8" in rows and quant):
+    if (f"decode1-{quant}" if quant else "decode1") in rows:
         p = SamplingParams(max_tokens=sz["d1_out"], temperature=0.0, ignore_eos=True)
         floor = shape.prefill_s(1, sz["d1_in"], tflops, copy) + shape.decode_s(1, sz["d1_in"], sz["d1_out"], copy)
         for i in range(2):
             meter = StepMeter(engine, device)
             wall, _, watch = timed_generate(llm, device, prompts(rng, 1, sz["d1_in"], vocab), sampling_params=p)
             meter.detach()
-            add(f"decode b1 {'int8' if quant else 'bf16'} {'first' if i == 0 else 'second'}{kv}", wall, sz["d1_out"],
+            add(f"decode b1 {quant or 'bf16'} {'first' if i == 0 else 'second'}{kv}", wall, sz["d1_out"],
                 floor, watch,
                 meter.summary(1))
     for key, runs in (("b32", ("first", "steady")), ("b256", ("first",))):
-        if (f"{key}-int8" if quant else key) not in rows:
+        if (f"{key}-{quant}" if quant else key) not in rows:
             continue
         b = sz[key]
         p = SamplingParams(max_tokens=sz["b_out"], temperature=0.0, ignore_eos=True)
@@ -268,7 +272,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             wall, res, watch = timed_generate(llm, device, prompts(rng, b, sz["b_in"], vocab), sampling_params=p)
             meter.detach()
             assert all(len(r.token_ids) == sz["b_out"] for r in res)
-            add(f"{b} x {sz['b_in']}/{sz['b_out']}{' int8' if quant else ''} {run}{kv}", wall, b * sz["b_out"], floor,
+            add(f"{b} x {sz['b_in']}/{sz['b_out']}{' ' + quant if quant else ''} {run}{kv}", wall, b * sz["b_out"], floor,
                 watch,
                 {"decode_steps_at_full_batch": meter.summary(b)})
             if meter.profile is not None:
@@ -332,13 +336,14 @@ def rows_in_fresh_process(args, rows: set[str], *flags: str) -> list[dict]:
 
 
 def run_rows(args, sz, device, copy, tflops, rows, out_rows, logs) -> None:
-    """The engine rows for args.kv_cache_dtype: the int8 ones first (in a fresh process when bf16 rows follow on a
-    GPU), then the bf16 ones here."""
-    if int8 := rows & set(INT8_ROWS):
-        if rows <= set(INT8_ROWS) or args.smoke:
-            run_engine_rows(args, sz, device, copy, tflops, "int8", rows, out_rows, logs)
-        else:
-            out_rows += rows_in_fresh_process(args, int8, "--kv-cache-dtype", args.kv_cache_dtype)
+    """The engine rows for args.kv_cache_dtype: each quantization kind's first (in a fresh process when other rows
+    follow on a GPU), then the bf16 ones here."""
+    for quant in QUANTS:
+        if mine := {r for r in rows if r.endswith(f"-{quant}")}:
+            if rows <= mine or args.smoke:
+                run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
+            else:
+                out_rows += rows_in_fresh_process(args, mine, "--kv-cache-dtype", args.kv_cache_dtype)
     if rows & {"ttft", "decode1", "b32", "b256"}:
         run_engine_rows(args, sz, device, copy, tflops, None, rows, out_rows, logs)
 
@@ -361,9 +366,23 @@ def kv_comparison(rows: list[dict]) -> list[str]:
     return lines
 
 
+def quant_comparison(rows: list[dict]) -> list[str]:
+    """Each quantized row against the same row with bf16 weights (same KV format)."""
+    by = {r["row"]: r for r in rows if "out_tok_s" in r}
+    lines = []
+    for name, r in by.items():
+        for q in QUANTS:
+            base = name.replace(f" {q} ", " bf16 " if name.startswith("decode b1") else " ", 1)
+            if f" {q} " in name and base != name and base in by:
+                b = by[base]
+                lines.append(f"{name}: {r['out_tok_s']:.0f} tok/s against {b['out_tok_s']:.0f} with bf16 weights "
+                             f"({r['out_tok_s'] / b['out_tok_s']:.2f}x)")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default=",".join(ALL_ROWS))
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma list of: {','.join(ALL_ROWS)}")
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--kernels", default="triton-v1.1")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
@@ -430,7 +449,7 @@ def main(argv=None) -> int:
     for line in logs:
         if not line.startswith("cProfile"):
             print(line)
-    for line in kv_comparison(res["rows"]):
+    for line in kv_comparison(res["rows"]) + quant_comparison(res["rows"]):
         print(line)
     return 0
 

@@ -14,7 +14,10 @@ carries (1 up to max_num_batched_tokens), decode batches up to max_num_seqs, con
 page, exactly one page, one past it and the longest (max_model_len), prefill with and without a cached prefix, every
 distinct linear shape (quantized like the served weights), the model's own RoPE tables. An engine serving FP8 KV pages
 (`kv_cache_dtype="fp8"`) measures its KV ops on FP8 pages: the RoPE case writes them (compared as their values) and
-the attention cases read pages quantized once, which the fp64 reference reads too.
+the attention cases read pages quantized once, which the fp64 reference reads too. With fp8 weights the serving
+precision includes e4m3 activations (W8A8: kernels/linear.py from 64 rows, kernels/linear_w8a8.py from 33): a linear
+case's reference error is the larger of the torch reference's and that of the same product with x rounded to e4m3
+per row (`linear_w8a8_ref`), so a W8A8 kernel is held to W8A8's rounding, not to exact activations.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import torch
 
 from sits import kernels
 from sits.kernels.kv_fp8 import Fp8Pages, quantize_pages
-from sits.kernels.quant import quantize_weight
+from sits.kernels.linear_w8a8 import linear_w8a8_ref
+from sits.kernels.quant import QuantizedWeight, quantize_weight
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +246,11 @@ def _served(case: _Case, dtype: torch.dtype) -> _Case:
     return _Case(case.op, case.case, [x, quantize_weight(w.to(dtype), case.quantize)], case.outputs)
 
 
+def _fp8_weight(case: _Case) -> bool:
+    w = case.args[1]
+    return isinstance(w, QuantizedWeight) and w.kind == "fp8"
+
+
 def _run(fn, case: _Case, dtype: torch.dtype):
     args = _cast(case.args, dtype)
     return case.outputs(fn(*args), args)
@@ -273,6 +282,9 @@ def measure(kernel_set, shapes: Shapes, device: torch.device, dtype: torch.dtype
                 ref64 = tuple(r.to(torch.float64) for r in ref64) if isinstance(ref64, tuple) else ref64.double()
                 same = _run(getattr(reference, case.op), case, dtype)
                 row["reference_error"] = _max_error(same, ref64)
+                if case.op == "linear" and _fp8_weight(case):   # an fp8 model's serving precision: e4m3 activations
+                    row["reference_error"] = max(row["reference_error"],
+                                                 _max_error(_run(linear_w8a8_ref, case, dtype), ref64))
                 row["scale"] = _scale(ref64)
             except Exception as e:   # noqa: BLE001  (a shape the reference cannot take is a bug of this module)
                 log.exception("conformance: the reference %s failed on %s", case.op, case.case)
