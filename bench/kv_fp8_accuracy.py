@@ -1,5 +1,5 @@
-"""How far an FP8 KV cache moves a model's answers: `--kv-cache-dtype fp8` against the model-dtype cache, with bf16
-compute (and cache) against the same baseline for scale.
+"""How far FP8 moves a model's answers: an FP8 KV cache (`--kv-cache-dtype fp8`) and fp8 weights (`--quantization fp8`,
+weight-only and W8A8) against the model-dtype baseline, with bf16 compute against the same baseline for scale.
 
     .venv/bin/python bench/kv_fp8_accuracy.py [--model tiny|PATH] [--kernels torch] [--device cpu]
     .venv/bin/python bench/train_tiny.py --out /tmp/tiny-trained && .venv/bin/python bench/kv_fp8_accuracy.py --model /tmp/tiny-trained
@@ -8,7 +8,10 @@ The prompts are slices of this repository's Python sources (the byte-level token
 bench/train_tiny.py's checkpoints reads them as text). The baseline runs in `--dtype` (default float32) with the
 model-dtype cache: its greedy continuations, then every variant scores prompt + continuation with teacher forcing.
 Per variant: top-1 agreement with the baseline at every scored position, the largest change of a chosen token's
-logprob, the mean negative log-likelihood, and the greedy common prefix of a fresh generation.
+logprob, the mean negative log-likelihood, and the greedy common prefix of a fresh generation. The fp8-weight rows
+run in bf16: "weight-only" is the torch set (x exact, as triton-v1.4 below 33 rows), "W8A8" the set "torch-w8a8"
+registered here, whose linear is triton-v1.4's numerics in torch (kernels/linear_w8a8.py `linear_w8a8_torch`: x
+rounded to e4m3 per row from 33 rows on -- every scored prefill here).
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ def prompts(n_chars: int) -> list[str]:
 def measure(args) -> dict:
     from sits.engine import LLM, SamplingParams
 
-    def llm(kv: str, dtype: str):
-        return LLM(model=args.model, kernels=args.kernels, device=args.device, dtype=dtype, kv_cache_dtype=kv,
+    def llm(kv: str, dtype: str, quant: str | None = None, kernels: str | None = None):
+        return LLM(model=args.model, kernels=kernels or args.kernels, device=args.device, dtype=dtype,
+                   kv_cache_dtype=kv, quantization=quant,
                    max_num_batched_tokens=96)   # longer prompts prefill in chunks that read the earlier chunks' pages
 
     def score(engine, seqs):
@@ -49,18 +53,33 @@ def measure(args) -> dict:
     res = {"model": args.model, "kernels": args.kernels, "device": args.device, "baseline_dtype": args.dtype,
            "prompts": len(texts), "scored_positions": n, "greedy_tokens": args.max_tokens * len(texts),
            "baseline_mean_nll": -sum(lp for r in ref for _, lp in r) / n, "variants": []}
-    for kv, dtype in (("fp8", args.dtype), ("auto", "bfloat16"), ("fp8", "bfloat16")):
-        engine = llm(kv, dtype)
+    variants = [("fp8", args.dtype, None, None), ("auto", "bfloat16", None, None), ("fp8", "bfloat16", None, None)]
+    if args.weights:
+        variants += [("auto", "bfloat16", "fp8", "torch"), ("auto", "bfloat16", "fp8", _w8a8_set())]
+    for kv, dtype, quant, kernels in variants:
+        engine = llm(kv, dtype, quant, kernels)
         got = score(engine, seqs)
         pairs = [(a, b) for ra, rb in zip(ref, got) for a, b in zip(ra, rb)]
         again = engine.generate(texts, greedy, use_tqdm=False)
         prefix = sum(next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
                      for a, b in zip(gen, again))
         res["variants"].append({
-            "kv_cache_dtype": kv, "dtype": dtype, "top1_agreement": sum(a[0] == b[0] for a, b in pairs) / n,
+            "kv_cache_dtype": kv, "dtype": dtype,
+            "weights": "bf16" if quant is None else "fp8 W8A8" if kernels == "torch-w8a8" else "fp8 weight-only",
+            "top1_agreement": sum(a[0] == b[0] for a, b in pairs) / n,
             "max_logprob_change": max(abs(a[1] - b[1]) for a, b in pairs),
             "mean_nll": -sum(b[1] for _, b in pairs) / n, "greedy_common_prefix": prefix})
     return res
+
+
+def _w8a8_set() -> str:
+    """The torch set with triton-v1.4's fp8 linear numerics (a plugin set of this script, never shipped)."""
+    from sits.kernels import get_kernel_set, register_kernel_set
+    from sits.kernels.linear_w8a8 import linear_w8a8_torch
+    register_kernel_set(get_kernel_set("torch").derive(
+        "torch-w8a8", "1.0.0-w8a8", description="torch with triton-v1.4's W8A8 numerics for fp8 weights",
+        linear=linear_w8a8_torch), replace=True)
+    return "torch-w8a8"
 
 
 def main(argv=None) -> int:
@@ -71,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", help="the baseline's compute dtype (and the fp8 run's)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-chars", type=int, default=300)
+    ap.add_argument("--no-weights", dest="weights", action="store_false",
+                    help="skip the fp8-weight rows (weight-only and W8A8)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     res = measure(args)
@@ -79,9 +100,9 @@ def main(argv=None) -> int:
     print(f"{res['model']} ({res['kernels']}, {res['device']}), baseline {res['baseline_dtype']} with its own KV "
           f"dtype: {res['prompts']} prompts, {res['scored_positions']} scored positions, mean NLL "
           f"{res['baseline_mean_nll']:.4f}")
-    print(f"{'KV cache / compute':22s} {'top-1':>8s} {'max |dlogprob|':>15s} {'mean NLL':>9s} {'greedy prefix':>14s}")
+    print(f"{'KV cache / compute / weights':38s} {'top-1':>8s} {'max |dlogprob|':>15s} {'mean NLL':>9s} {'greedy prefix':>14s}")
     for v in res["variants"]:
-        print(f"{v['kv_cache_dtype'] + ' / ' + v['dtype']:22s} {100 * v['top1_agreement']:7.2f}% "
+        print(f"{v['kv_cache_dtype'] + ' / ' + v['dtype'] + ' / ' + v['weights']:38s} {100 * v['top1_agreement']:7.2f}% "
               f"{v['max_logprob_change']:15.4f} {v['mean_nll']:9.4f} "
               f"{v['greedy_common_prefix']:>6d}/{res['greedy_tokens']}")
     return 0

@@ -219,7 +219,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
     import torch
 
     from sits.engine import SamplingParams
-    max_seqs = max(sz["b256"] if "b256" in rows else sz["b32"], 1)
+    max_seqs = max(sz["b256"] if any(r.split("-")[0] == "b256" for r in rows) else sz["b32"], 1)
     llm, info = build(args.model, args.kernels, device, quant, max_seqs, kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.engine
     shape = Shape(engine)

@@ -160,3 +160,13 @@ def linear_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> torc
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_w8a8_torch(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """linear_w8a8's numerics in torch, on any device: fp8 weights times more than WEIGHT_ONLY_MAX_M rows with x
+    rounded to e4m3 per row, else the torch reference (bench/kv_fp8_accuracy.py's "torch-w8a8" set measures W8A8's
+    effect on a model's answers with it)."""
+    if isinstance(weight, QuantizedWeight) and weight.kind == "fp8" and x.numel() // x.shape[-1] > WEIGHT_ONLY_MAX_M:
+        _lin.check_linear_args(x, weight, bias)
+        return linear_w8a8_ref(x, weight, bias)
+    return _lin.linear_ref(x, weight, bias)

