@@ -204,7 +204,8 @@ def run(args) -> list[dict]:
     kernels = "torch" if args.smoke else args.kernels
     copy, tflops = ceilings(device)
     print(f"ceilings: copy {copy:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
-    llm, info = build(model, kernels, device, args.quantization, 256, piecewise_graphs=args.piecewise_graphs)
+    llm, info = build(model, kernels, device, args.quantization, 256, piecewise_graphs=args.piecewise_graphs,
+                      kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.engine
     shape = Shape(engine)
     vocab = engine.model_config.vocab_size
@@ -307,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--kernels", default="triton-v1.1")
     p.add_argument("--quantization", choices=["int8", "fp8"], default=None)
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                   help="FP8 KV pages need a set that takes them (triton-v1.3, triton-v1.4)")
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="steps with prefill tokens replayed piecewise from CUDA graphs "
@@ -319,7 +322,8 @@ def main(argv=None) -> int:
         p.error(f"unknown case(s) {', '.join(sorted(unknown))}: choose from {', '.join(CASES)}")
     rows = run(args)
     title = f"{'tiny (smoke)' if args.smoke else args.model}, {args.kernels if not args.smoke else 'torch'}, " \
-            f"{args.quantization or 'bf16'} weights" + ("" if args.piecewise_graphs else ", no piecewise graphs")
+            f"{args.quantization or 'bf16'} weights" + (", FP8 KV pages" if args.kv_cache_dtype == "fp8" else "") \
+        + ("" if args.piecewise_graphs else ", no piecewise graphs")
     print(report(rows, title), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
