@@ -1,5 +1,6 @@
 """The fp8 linear by row count, llama3-8b's four weight shapes: triton-v1.4's (kernels/linear_w8a8.py: weight-only,
-then torch._scaled_mm, then the Triton W8A8 GEMM, by rows) against triton-v1.3's (weight-only below 64 rows, W8A8
+then torch._scaled_mm, then the Triton W8A8 GEMM, by rows) and triton-v1.5's (kernels/linear_fp8_f16.py: fp16 dots
+up to 32 rows) against triton-v1.3's (weight-only below 64 rows, W8A8
 GEMM tuned once per shape above), torch's own fp8 GEMM (`torch._scaled_mm`, row-wise scales) at every row count and
 cuBLAS on bf16 weights; and a sweep of the Triton W8A8 GEMM's tile configs at the large row counts, so the
 autotuner's candidate list holds the ones that win.
@@ -40,6 +41,7 @@ def measure(rows: list[int], sweep: bool) -> dict:
     from kernel_timings import bench_graph, rel_err
 
     from sits.kernels import linear_dequant as v13
+    from sits.kernels import linear_fp8_f16 as v15
     from sits.kernels import linear_w8a8 as v14
     from sits.kernels import quantize_weight
     from sits.kernels.linear_w8a8 import quantize_rows
@@ -63,7 +65,8 @@ def measure(rows: list[int], sweep: bool) -> dict:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x.float(), qws[0].dequantize()).to(torch.bfloat16)  # the fp8 weights, x unrounded
             row = {"shape": name, "n": n, "k": k, "m": m, "floor_us": floor_us}
-            for path, fn in (("v1.3", v13.linear_dequant_many_rows), ("v1.4", v14.linear_w8a8), ("scaled_mm", scaled_mm)):
+            for path, fn in (("v1.3", v13.linear_dequant_many_rows), ("v1.4", v14.linear_w8a8),
+                             ("v1.5", v15.linear_fp8_f16), ("scaled_mm", scaled_mm)):
                 try:
                     row[f"{path}_err"] = rel_err(fn(x, qws[0]), ref)
                     row[f"{path}_us"] = 1e3 * bench_graph([lambda q=q, fn=fn: fn(x, q) for q in qws])
@@ -73,7 +76,8 @@ def measure(rows: list[int], sweep: bool) -> dict:
             row["bf16_us"] = 1e3 * bench_graph([lambda wb=wb: F.linear(x, wb) for wb in wbs])
             res["rows"].append(row)
             f = lambda v: f"{v:8.1f}" if v is not None else "   error"  # noqa: E731
-            print(f"{name:8s} M={m:5d}  v1.3 {f(row['v1.3_us'])} us  v1.4 {f(row['v1.4_us'])} us  scaled_mm "
+            print(f"{name:8s} M={m:5d}  v1.3 {f(row['v1.3_us'])} us  v1.4 {f(row['v1.4_us'])} us  v1.5 "
+                  f"{f(row['v1.5_us'])} us  scaled_mm "
                   f"{f(row['scaled_mm_us'])} us  bf16 {row['bf16_us']:8.1f} us  floor {floor_us:6.1f} us  err "
                   f"{row.get('v1.3_err', float('nan')):.1e}/{row.get('v1.4_err', float('nan')):.1e}", flush=True)
             if sweep and m in SWEEP_ROWS:
@@ -111,14 +115,14 @@ def step_table(res: dict) -> str:
     by_m: dict = {}
     for r in res["rows"]:
         s = by_m.setdefault(r["m"], {})
-        for p in ("v1.3", "v1.4", "scaled_mm", "bf16", "floor"):
+        for p in ("v1.3", "v1.4", "v1.5", "scaled_mm", "bf16", "floor"):
             v = r.get(f"{p}_us")
             s[p] = None if v is None or s.get(p, 0.0) is None else s.get(p, 0.0) + v * LAYERS / 1e3
-    lines = ["| rows | fp8 v1.3 ms/step | fp8 v1.4 W8A8 ms/step | torch _scaled_mm ms/step | bf16 cuBLAS ms/step | "
-             "fp8 bytes at copy ms |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| rows | fp8 v1.3 ms/step | fp8 v1.4 ms/step | fp8 v1.5 ms/step | torch _scaled_mm ms/step | "
+             "bf16 cuBLAS ms/step | fp8 bytes at copy ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
     f = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
     for m, s in sorted(by_m.items()):
-        lines.append(f"| {m} | {f(s['v1.3'])} | {f(s['v1.4'])} | {f(s['scaled_mm'])} | {f(s['bf16'])} | "
+        lines.append(f"| {m} | {f(s['v1.3'])} | {f(s['v1.4'])} | {f(s['v1.5'])} | {f(s['scaled_mm'])} | {f(s['bf16'])} | "
                      f"{f(s['floor'])} |")
     return "\n".join(lines)
 

@@ -10,8 +10,9 @@
 #   bench/gpu_session.sh kv-fp8    # bench/throughput.py --kernels triton-v1.3 --kv-cache-dtype both: KV capacity in
 #                                  # tokens and 256 x 2048/512 (SITS_KV_FP8_ROWS, default b256) with bf16 KV pages, then
 #                                  # FP8 ones, each engine in a process of its own; the ratios last
-#   bench/gpu_session.sh fp8       # bench/throughput.py --kernels triton-v1.4: the bf16 rows and the same rows with fp8
-#                                  # weights (SITS_FP8_THROUGHPUT_ROWS), each engine in a process of its own, then fp8
+#   bench/gpu_session.sh fp8       # bench/throughput.py --kernels triton-v1.5 (SITS_FP8_KERNELS): the bf16 rows, the
+#                                  # same with fp8 weights (SITS_FP8_THROUGHPUT_ROWS), each engine in a process of its
+#                                  # own, then fp8
 #                                  # weights + FP8 KV pages (SITS_FP8_KV_ROWS, default decode1-fp8,b256-fp8); ratios last
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
@@ -161,7 +162,7 @@ run_kv_fp8() {
 run_fp8() {
   local budget="${SITS_FP8_BUDGET_S:-480}" t0=$SECONDS rc=0 left
   local rows="${SITS_FP8_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,decode1-fp8,b32-fp8,b256-fp8}"
-  local kv_rows="${SITS_FP8_KV_ROWS:-decode1-fp8,b256-fp8}" extra=(--kernels triton-v1.4)
+  local kv_rows="${SITS_FP8_KV_ROWS:-decode1-fp8,b256-fp8}" extra=(--kernels "${SITS_FP8_KERNELS:-triton-v1.5}")
   [[ "$phase" == dry-run ]] && { rows=decode1,decode1-fp8; kv_rows=decode1-fp8; extra=(--smoke); }
   echo "== fp8 (budget ${budget} s): bench/throughput.py ${extra[*]} --rows $rows"
   timeout -k 10 "$budget" "$py" bench/throughput.py "${extra[@]}" --rows "$rows" --json "$out/throughput-fp8.json" \

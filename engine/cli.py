@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="KV-cache pages: auto = the model's dtype; fp8 = e4m3 with a scale per token and kv head "
-                        "(a kernel set that takes it: torch, triton-v1.3, triton-v1.4)")
+                        "(a kernel set that takes it: torch, triton-v1.3..v1.5)")
     g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the model over N ranks (processes; one GPU each on CUDA)")
     g.add_argument("--max-tokens", type=int, default=32)

@@ -33,7 +33,7 @@ def _paged_decode_attention_fp8_kernel(
     stride_os, stride_oh, num_q_heads, BATCH_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel
     seq = tl.program_id(0).to(tl.int64)
@@ -53,6 +53,12 @@ def _paged_decode_attention_fp8_kernel(
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
+    q_shift = 1.0
+    if F16_DOT:   # (triton-v1.5) q in fp16, lowered by a power of two so that max|q| <= 2^14 (exact both ways)
+        qf = q.to(tl.float32)
+        q_max = tl.max(tl.max(tl.abs(qf), 1), 0)
+        q_shift = tl.math.exp2(tl.maximum(tl.math.ceil(tl.math.log2(tl.maximum(q_max, 1.0))) - 14.0, 0.0))
+        q = (qf / q_shift).to(tl.float16)
     m_i = tl.full([GROUP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_P], dtype=tl.float32)
     acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
@@ -67,7 +73,7 @@ def _paged_decode_attention_fp8_kernel(
                     + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         k_scale = tl.load(k_scale_ptr + blk * stride_ksb + slot * stride_kss + kv_head * stride_ksh, mask=mask_n,
                           other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * qk_scale)[None, :]  # log2 domain
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * (qk_scale * q_shift))[None, :]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
@@ -96,13 +102,27 @@ def _paged_decode_attention_fp8_kernel(
 
 
 _paged_decode_attention_fp8_tuned = autotune(
-    _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET"],
+    _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET", "F16_DOT"],
     use_cuda_graph=True)(_paged_decode_attention_fp8_kernel)
 
 
 def paged_decode_attention_fp8kv(q, k_cache, v_cache, block_tables, context_lens, scale, *,
                                  num_splits: int | None = None):
     """triton-v1.3: Fp8Pages through the kernel above; plain caches through triton-v1's paged_decode_attention."""
+    return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=False)
+
+
+def paged_decode_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                                     num_splits: int | None = None):
+    """triton-v1.5: as triton-v1.3's, except that with a bf16 model the dots run in fp16: an e4m3 element becomes
+    fp16 in one conversion (cvt.rn.f16x2.e4m3x2 converts two), where bf16 takes a second one from fp16; q is lowered
+    by a power of two into fp16's range first and the scores raised by it after (exact). H200, 256 sequences of
+    ~2,300 tokens: triton-v1.3's kernel read its pages at 37 % of the copy rate (BENCHMARKS.md "FP8 end to end")."""
+    return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+                       f16_dot=q.dtype == torch.bfloat16)
+
+
+def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool):
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
@@ -133,10 +153,11 @@ def paged_decode_attention_fp8kv(q, k_cache, v_cache, block_tables, context_lens
             vd.stride(2), ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
             block_tables.stride(0), out.stride(0), out.stride(1), hq, min(next_pow2(s), 256))
     meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
-                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot)
     if interp:  # the interpreter's bf16 dot is wrong: fp32 there (exact for e4m3 and bf16 inputs)
         _paged_decode_attention_fp8_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
-                                                             DOT_F32=q.dtype != torch.float16, num_warps=4,
+                                                             DOT_F32=q.dtype != torch.float16 and not f16_dot,
+                                                             num_warps=4,
                                                              num_stages=1)
     elif q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
         fast(_paged_decode_attention_fp8_kernel, **meta, BLOCK_N=64, DOT_F32=False, num_warps=4, num_stages=3)(

@@ -58,6 +58,7 @@ def _prefill_attention_fp8_kernel(
     stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    F16_DOT: tl.constexpr,
 ):
     # grid: (T // BLOCK_M + B, Hq), as _prefill_attention_kernel: the last tiles (heaviest under the mask) first
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -69,6 +70,12 @@ def _prefill_attention_fp8_kernel(
         q, rows, offs_m, mask, offs_d, mask_d = _q_tile(q_ptr, q_start, q_len, m0, head, stride_qt, stride_qh,
                                                         HEAD_DIM, HEAD_DIM_P, BLOCK_M, DOT_F32)
         qpos = ctx - q_len + offs_m
+        if F16_DOT:   # (triton-v1.5) as paged_decode_attention_fp8.py: q in fp16 below 2^14, the scores raised back
+            qf = q.to(tl.float32)
+            q_max = tl.max(tl.max(tl.abs(qf), 1), 0)
+            q_shift = tl.math.exp2(tl.maximum(tl.math.ceil(tl.math.log2(tl.maximum(q_max, 1.0))) - 14.0, 0.0))
+            q = (qf / q_shift).to(tl.float16)
+            qk_scale = qk_scale * q_shift
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
@@ -91,12 +98,24 @@ def _prefill_attention_fp8_kernel(
                  out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-_prefill_attention_fp8_tuned = autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE"])(
+_prefill_attention_fp8_tuned = autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE", "F16_DOT"])(
     _prefill_attention_fp8_kernel)
 
 
 def prefill_attention_fp8kv(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
     """triton-v1.3: Fp8Pages through the kernel above; plain caches through triton-v1.2's prefill_attention_tma."""
+    return _prefill_fp8(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, f16_dot=False)
+
+
+def prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """triton-v1.5: as triton-v1.3's, with a bf16 model's dots in fp16 (one conversion per e4m3 pair; q lowered by a
+    power of two into fp16's range, the scores raised by it): paged_decode_attention_fp8.py's
+    `paged_decode_attention_fp8kv_f16`."""
+    return _prefill_fp8(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                        f16_dot=q.dtype == torch.bfloat16)
+
+
+def _prefill_fp8(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, f16_dot: bool):
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return prefill_attention_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
@@ -118,11 +137,11 @@ def prefill_attention_fp8kv(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
             vd.stride(2), ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
             block_tables.stride(0), out.stride(0), out.stride(1), b, min(next_pow2(t), 8192))
     meta = dict(HEAD_DIM=d, HEAD_DIM_P=max(16, next_pow2(d)), GROUP=hq // hkv, PAGE=page,
-                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot)
     if interpreting():  # few, large tiles; fp32 dots (the interpreter's bf16 dot is wrong; exact for these inputs)
         bm = 64 if t > 32 else 32
         _prefill_attention_fp8_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, BLOCK_N=64,
-                                                         DOT_F32=q.dtype != torch.float16)
+                                                         DOT_F32=q.dtype != torch.float16 and not f16_dot)
     elif q.dtype == torch.float32 or t < _TUNE_MIN_TOKENS:
         bm, bn = (32, 32) if q.dtype == torch.float32 else (64, 64)
         _prefill_attention_fp8_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, DOT_F32=False,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from sits.kernels import decode_attention_regressions as _decode_bad
 from sits.kernels import linear as _linear
 from sits.kernels import linear_dequant as _linear_dequant
+from sits.kernels import linear_fp8_f16 as _linear_fp8_f16
 from sits.kernels import linear_w8a8 as _linear_w8a8
 from sits.kernels import paged_decode_attention as _decode
 from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
@@ -79,6 +80,18 @@ TRITON_V1_4 = register_kernel_set(TRITON_V1_3.derive(
                 "decode-size linears quantize their activations in-kernel (a scale per row and K tile, split-K), "
                 "larger ones per row then the W8A8 GEMM tuned per row family; int8 and plain weights as v1.3",
     linear=_linear_w8a8.linear_w8a8,
+))
+
+TRITON_V1_5 = register_kernel_set(TRITON_V1_4.derive(
+    "triton-v1.5", "1.5.0",
+    description="triton-v1.4 with e4m3 read through fp16 dots in a bf16 model (one conversion per e4m3 pair "
+                "instead of two per element): attention over FP8 KV pages (--kv-cache-dtype fp8), q lowered by a "
+                "power of two into fp16's range, and fp8 weights (--quantization fp8) times up to 32 rows; plain "
+                "pages and other calls as v1.4",
+    kv_cache_dtypes=("auto", "fp8"),
+    linear=_linear_fp8_f16.linear_fp8_f16,
+    prefill_attention=_prefill_fp8.prefill_attention_fp8kv_f16,
+    paged_decode_attention=_decode_fp8.paged_decode_attention_fp8kv_f16,
 ))
 
 

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--quantization", choices=["int8", "fp8"], default=None)
     a("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
       help="KV-cache pages: auto = the model's dtype; fp8 = e4m3 with a scale per token and kv head, ~2x the tokens "
-           "in the same memory (needs a kernel set that takes it: torch, triton-v1.3, triton-v1.4; `sits-engine kernels --json` "
+           "in the same memory (needs a kernel set that takes it: torch, triton-v1.3..v1.5; `sits-engine kernels --json` "
            "lists each set's kv_cache_dtypes)")
     a("--seed", type=int, default=0)
     a("--enforce-eager", action="store_true",

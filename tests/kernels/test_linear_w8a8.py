@@ -109,3 +109,45 @@ def test_gpu_w8a8_at_llama_shapes(m, n, k):
         # (about 1 in 400,000 outputs at K 14336 on the H200), the products differ only in summation order
         far = ((got.float() - same.float()).abs() > 2e-2 + 2e-2 * same.float().abs()).float().mean().item()
         assert far < 1e-4, far
+
+
+# ---- triton-v1.5 (kernels/linear_fp8_f16.py): few rows of a bf16 model through fp16 dots ----
+
+@pytest.mark.parametrize("m", [1, 5, 16, 17, WEIGHT_ONLY_MAX_M])
+@pytest.mark.parametrize("x_scale", [1.0, 1e6])   # 1e6: past fp16's range, lowered per row and tile in-kernel
+def test_v15_fp16_gemv(dev, m, x_scale):
+    from sits.kernels.linear_fp8_f16 import linear_fp8_f16
+    qw, g = _fp8(40, 200, 9, dev)
+    x = (torch.randn(m, 200, generator=g) * x_scale).bfloat16().to(dev)
+    bias = torch.randn(40, generator=g).to(dev)
+    got = linear_fp8_f16(x, qw, bias)
+    ref64 = F.linear(x.double().cpu(), qw.dequantize(torch.float64).cpu(), bias.double().cpu())
+    same = linear_dequant_many_rows(x, qw, bias)   # v1.4's kernel below 33 rows: bf16 dots
+    assert got.dtype == torch.bfloat16 and not got.isnan().any()
+    assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+
+
+def test_v15_is_v14_beyond_its_rows_and_dtypes(dev):
+    from sits.kernels.linear_fp8_f16 import linear_fp8_f16
+    qw, g = _fp8(24, 64, 10, dev)
+    for x in (torch.randn(40, 64, generator=g).bfloat16(), torch.randn(3, 64, generator=g),
+              torch.randn(3, 64, generator=g).half()):
+        x = x.to(dev)
+        assert torch.equal(linear_fp8_f16(x, qw), linear_w8a8(x, qw))
+    assert get_kernel_set("triton-v1.5").linear is linear_fp8_f16
+
+
+@on_gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="fp8 conversion needs sm_89+")
+@pytest.mark.parametrize("m", [1, 16, WEIGHT_ONLY_MAX_M])
+@pytest.mark.parametrize("n, k", LLAMA)
+def test_gpu_v15_fp16_gemv_at_llama_shapes(m, n, k):
+    from sits.kernels.linear_fp8_f16 import linear_fp8_f16
+    qw, g = _fp8(n, k, 13, "cuda")
+    x = torch.randn(m, k, generator=g).bfloat16().cuda()
+    got = linear_fp8_f16(x, qw)
+    ref64 = F.linear(x.double(), qw.dequantize(torch.float64))
+    assert_close_to_fp64(got, linear_dequant_many_rows(x, qw), ref64,
+                         ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+    assert torch.equal(linear_fp8_f16(x, qw), got)   # split-K partials summed in order: the same bits again

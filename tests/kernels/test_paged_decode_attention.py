@@ -11,6 +11,7 @@ from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_clo
 
 REF = get_kernel_set("torch")
 V13 = get_kernel_set("triton-v1.3")
+V15 = get_kernel_set("triton-v1.5")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -89,6 +90,23 @@ def test_paged_decode_attention_fp8_splits(dev, num_splits):
     assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("q_scale", [1.0, 3e5])   # 3e5: past fp16's range, lowered by a power of two in-kernel
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_triton_v1_5_decodes_fp8_pages_with_fp16_dots(dev, num_splits, q_scale):
+    from sits.kernels.paged_decode_attention_fp8 import paged_decode_attention_fp8kv_f16
+    q, *rest = fp8_kv(decode_args([1, 63, 65, 1000], 8, 2, 64, torch.bfloat16, seed=35))
+    args = ((q.float() * q_scale).bfloat16(), *rest)
+    got = paged_decode_attention_fp8kv_f16(*args_to(args, device=dev), num_splits=num_splits)
+    same = REF.paged_decode_attention(*args)
+    ref64 = REF.paged_decode_attention(*args_to(args, dtype=torch.float64))
+    assert got.dtype == torch.bfloat16 and not got.isnan().any()
+    assert_close_to_fp64(got, same, ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+    # float32 and float16 models run v1.3's kernel unchanged
+    for dtype in (torch.float32, torch.float16):
+        other = args_to((q, *rest), dtype=dtype, device=dev)
+        assert torch.equal(V15.paged_decode_attention(*other), V13.paged_decode_attention(*other))
+
+
 def test_triton_v1_3_decodes_plain_pages_with_triton_v1s_kernel(dev):
     # --kv-cache-dtype auto on triton-v1.3 is triton-v1's decode, bit for bit
     args = args_to(decode_args([1, 65, 300], 6, 2, 64, torch.bfloat16, seed=34), device=dev)
@@ -117,3 +135,5 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
     q = torch.randn(len(ctx), hq, d, generator=torch.Generator().manual_seed(7)).to(dtype)
     args = fp8_kv((q, k_cache, v_cache, tables, torch.tensor(ctx, dtype=torch.int32), d ** -0.5))
     check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V13)
+    if dtype == torch.bfloat16:
+        check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V15)

@@ -11,6 +11,7 @@ from tests.kernels.helpers import (DTYPES, args_to, assert_verbose_allclose, che
 
 REF = get_kernel_set("torch")
 V13 = get_kernel_set("triton-v1.3")
+V15 = get_kernel_set("triton-v1.5")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -101,6 +102,17 @@ def test_prefill_attention_fp8_pages(dev, dtype):
              kernel_set=V13)
 
 
+@pytest.mark.parametrize("q_scale", [1.0, 3e5])   # 3e5: past fp16's range, lowered by a power of two in-kernel
+def test_triton_v1_5_prefills_over_fp8_pages_with_fp16_dots(dev, q_scale):
+    ctx, qlens = [1, 63, 64, 65, 130, 300], [1, 63, 64, 65, 66, 40]
+    q, *rest = fp8_kv(prefill_args(ctx, qlens, 6, 2, 64, torch.bfloat16, seed=27))
+    args = ((q.float() * q_scale).bfloat16(), *rest)
+    got = check_op("prefill_attention", args, torch.bfloat16, dev, kernel_set=V15)
+    assert not got.isnan().any()
+    other = args_to((q, *rest), dtype=torch.float32, device=dev)   # fp32 models: v1.3's kernel unchanged
+    assert torch.equal(V15.prefill_attention(*other), V13.prefill_attention(*other))
+
+
 def test_prefill_attention_fp8_ignores_stale_slots(dev):
     # the slots past each context hold e4m3 NaNs and NaN scales, as a recycled block may
     ctx, qlens = [1, 64, 65, 200], [1, 64, 3, 130]
@@ -149,3 +161,5 @@ def test_prefill_attention_fp8_long_mixed_batch(dtype, d):
     cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
     args = fp8_kv((q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5))
     check_op_on_gpu("prefill_attention", args, dtype, kernel_set=V13)
+    if dtype == torch.bfloat16:
+        check_op_on_gpu("prefill_attention", args, dtype, kernel_set=V15)
