@@ -255,10 +255,17 @@ def cmd_demo(a) -> int:
     if any(n not in known for n in scenarios):
         raise CLIError(f"--scenario {a.scenario!r}: choose from {', '.join(known)} or all (comma-separated, "
                        f"repeats allowed: slow,wrong,good,aa,aa)")
+    extra = []
+    for v in a.engine_arg:
+        try:
+            extra += shlex.split(v)
+        except ValueError as e:   # an unclosed quote
+            raise CLIError(f"--engine-arg {v[:80]!r}: {e}") from None
     try:
         cfg = DemoConfig(workdir=a.workdir, scenarios=scenarios, rate=a.rate, metrics=a.metrics, port=a.port,
                          keep_running=keep, device=a.device, model=a.model, production_kernels=a.production_kernels,
-                         gpu_memory_share=a.gpu_memory_share, service=a.service, parallel=a.parallel)
+                         gpu_memory_share=a.gpu_memory_share, service=a.service, parallel=a.parallel,
+                         engine_extra=tuple(extra))
     except ValueError as e:
         raise CLIError(str(e)) from None
     try:

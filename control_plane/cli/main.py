@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "of many runs (A/A on the GPU: --scenario aa,aa,aa,aa,aa,aa --parallel 3): more decisions "
                         "per GPU-minute, and the lanes' engines contend for the machine (harsher sharing; each "
                         "engine's --gpu-memory-share defaults to 0.2/K)")
+    d.add_argument("--engine-arg", action="append", default=[], metavar="ARGS",
+                   help="extra `sits-engine serve` args of every engine (production, baseline, canary): one, or "
+                        "several in one shell-quoted string (repeatable; the flags a rollout may set). The fp8 "
+                        "releases on the GPU: --production-kernels triton-v1.3 --engine-arg '--quantization fp8 "
+                        "--kv-cache-dtype fp8' --scenario w8a8,f16")
     d.set_defaults(fn=cmd_demo)
 
     # no abbreviations: `--prometheus-password SECRET` must not be taken for `--prometheus-password-file SECRET`

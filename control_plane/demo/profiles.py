@@ -39,7 +39,14 @@ GPU_SCENARIOS = {s.name: s for s in (
     Scenario("good", "triton-v1.1", Phase.SUCCEEDED,
              "a GOOD Triton release (TMA page-tiled prefill attention on Hopper): it must be promoted"),
     Scenario("aa", "triton-v1", Phase.SUCCEEDED,
-             "an A/A run (production's own kernels as the canary): any rollback is a false one"))}
+             "an A/A run (production's own kernels as the canary): any rollback is a false one"),
+    # the fp8 releases: run with --production-kernels triton-v1.3 --engine-arg '--quantization fp8 --kv-cache-dtype
+    # fp8' so that all three engines serve fp8 weights and FP8 KV pages (bench/gpu_demo.sh: SITS_DEMO_ARGS)
+    Scenario("w8a8", "triton-v1.4", Phase.SUCCEEDED,
+             "an fp8 release (fp8 weights on the fp8 tensor cores by row count: weight-only, torch._scaled_mm, the "
+             "W8A8 GEMM): expected to be promoted; the correctness gate judges its e4m3 activations"),
+    Scenario("f16", "triton-v1.5", Phase.SUCCEEDED,
+             "an fp8 release (e4m3 weights and KV pages read through fp16 dots): expected to be promoted"))}
 
 
 # from this live rate on (requests/s through the router) the checked step's samples come mostly from users: the slow

@@ -37,6 +37,7 @@ from pathlib import Path
 import waitress
 
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+from sits.control_plane.adapters.deploy.engine_args import check_args
 from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, default_max_replicas
 from sits.control_plane.adapters.deploy.local.gpus import visible_gpus
@@ -79,6 +80,7 @@ class DemoConfig:
     policy: Policy | None = None     # None: the profile's demo policy
     gpu_memory_share: float | None = None   # --device cuda: each engine's share of GPU memory; None: the profile's
     parallel: int = 1                # lanes side by side, each its own service (control_plane/demo/lanes.py)
+    engine_extra: tuple[str, ...] = ()   # every engine's extra `sits-engine serve` flags (as a rollout's args)
 
     def __post_init__(self) -> None:
         if self.metrics not in ("scrape", "prometheus"):
@@ -104,6 +106,7 @@ class DemoConfig:
         if unknown or not self.scenarios:
             raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(prof.scenarios)} or all")
         deal(self.scenarios, self.parallel)   # ValueError unless 1 <= parallel <= len(scenarios)
+        self.engine_extra = check_args(self.engine_extra, "--engine-arg")   # ValidationError (a ValueError)
         for name in lane_services(self.service, self.parallel):
             service_name(name, "service")
 
@@ -113,11 +116,12 @@ class DemoConfig:
 
     @property
     def engine_args(self) -> tuple[str, ...]:
-        """Every engine's extra flags: the profile's, with --gpu-memory-utilization at gpu_memory_share if set."""
+        """Every engine's extra flags: the profile's, with --gpu-memory-utilization at gpu_memory_share if set, then
+        engine_extra."""
         args = list(self.profile.engine_args)
         if self.gpu_memory_share is not None and "--gpu-memory-utilization" in args:
             args[args.index("--gpu-memory-utilization") + 1] = f"{self.gpu_memory_share:g}"
-        return tuple(args)
+        return (*args, *self.engine_extra)
 
     @property
     def lanes(self) -> list[tuple[str, ...]]:
@@ -174,7 +178,10 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     prof = cfg.profile
     if prof.device == "cpu":
         out(f"SITS demo: canaries of real kernel sets on this machine (CPU, tiny model); work dir {workdir}")
-        model, spec = resolve_model(cfg.model, "cpu", out), DeploySpec()
+        model = resolve_model(cfg.model, "cpu", out)
+        spec = DeploySpec(production_args=cfg.engine_args, canary_args=cfg.engine_args)
+        if cfg.engine_extra:
+            out(f"      every engine with {' '.join(cfg.engine_extra)}")
     else:
         out(f"SITS demo: canaries of Triton kernel sets on this machine's GPU ({gpu_summary()}); work dir {workdir}")
         model = resolve_model(cfg.model, prof.device, out)
