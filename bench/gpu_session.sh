@@ -83,7 +83,11 @@ run_tests() {
 
 run_serving() {
   local budget="${SITS_SERVING_BUDGET_S:-540}"
-  local args=(--model llama3-8b --device cuda --kernels triton-v1.1 --clients 256 --max-tokens 128 --repeat 1
+  # SITS_SERVING_KERNELS (default triton-v1.1) and SITS_SERVING_ARGS (e.g. "--quantization fp8 --kv-cache-dtype fp8")
+  local more=()
+  read -ra more <<< "${SITS_SERVING_ARGS:-}"
+  local args=(--model llama3-8b --device cuda --kernels "${SITS_SERVING_KERNELS:-triton-v1.1}" "${more[@]}"
+              --clients 256 --max-tokens 128 --repeat 1
               --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256
               --prefill-caps "${SITS_PREFILL_CAPS:-none}" --engine-process "${SITS_ENGINE_PROCESS:-both}"
               ${SITS_GC_COMPARE:+--gc-compare} ${SITS_PIECEWISE_COMPARE:+--piecewise-compare})

@@ -14,6 +14,7 @@ next to the same requests offline, in one run.
     .venv/bin/python bench/serving.py --rates 2,4,8 --open-requests 32   # plus open-loop Poisson arrivals per rate
     .venv/bin/python bench/serving.py --prefill-caps none,512,256       # the core process once per prefill cap
     .venv/bin/python bench/serving.py --piecewise-compare               # and once more with --no-piecewise-graphs
+    python3 bench/serving.py --model llama3-8b --device cuda --kernels triton-v1.5 --quantization fp8 --kv-cache-dtype fp8
 
 `--prefill-caps`: `sits-engine serve --max-prefill-tokens-while-decoding N` per value (none: the flag left out), each
 in the core-process mode (the in-process baseline runs with the first value). Besides the clients' own timings, the
@@ -52,7 +53,8 @@ def offline(args) -> dict:
     from sits.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model=args.model, kernels=args.kernels, device=args.device,
-                                    max_num_seqs=args.max_num_seqs))
+                                    max_num_seqs=args.max_num_seqs, quantization=args.quantization,
+                                    kv_cache_dtype=args.kv_cache_dtype))
     engine.warmup()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -139,6 +141,8 @@ def served(args, mode: str, cap: int | None = None, gc_freeze: bool = True, piec
                              "--device", args.device, "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
                              "--engine-process", mode, "--log-level", "warning", "--no-access-log",
                              *(["--max-prefill-tokens-while-decoding", str(cap)] if cap else []),
+                             *(["--quantization", args.quantization] if args.quantization else []),
+                             "--kv-cache-dtype", args.kv_cache_dtype,
                              *([] if piecewise else ["--no-piecewise-graphs"])],
                             stdin=subprocess.DEVNULL, env={**os.environ, "SITS_GC_FREEZE": "on" if gc_freeze else "off"})
     t_start = time.perf_counter()
@@ -238,6 +242,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kernels", default="torch")
+    p.add_argument("--quantization", choices=["int8", "fp8"], default=None, help="offline and served engines alike")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                   help="fp8: a kernel set that takes FP8 pages (torch, triton-v1.3..v1.5)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=2, help="alternate offline/served runs; keep each one's fastest")
