@@ -165,7 +165,7 @@ run_kv_fp8() {
 
 run_fp8() {
   local budget="${SITS_FP8_BUDGET_S:-480}" t0=$SECONDS rc=0 left
-  local rows="${SITS_FP8_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,decode1-fp8,b32-fp8,b256-fp8}"
+  local rows="${SITS_FP8_THROUGHPUT_ROWS:-ttft,decode1,b32,b256,ttft-fp8,decode1-fp8,b32-fp8,b256-fp8}"
   local kv_rows="${SITS_FP8_KV_ROWS:-decode1-fp8,b256-fp8}" extra=(--kernels "${SITS_FP8_KERNELS:-triton-v1.5}")
   [[ "$phase" == dry-run ]] && { rows=decode1,decode1-fp8; kv_rows=decode1-fp8; extra=(--smoke); }
   echo "== fp8 (budget ${budget} s): bench/throughput.py ${extra[*]} --rows $rows"

@@ -12,7 +12,7 @@ ignore_eos):
 - decode1: one 128-token prompt, 256 output tokens; first run and second.
 - b32: 32 prompts x 2048 tokens, 512 output tokens each; first run after warm-up, then a second ("steady").
 - b256: 256 x 2048 / 512, once.
-- decode1-int8, b32-int8, b256-int8 / decode1-fp8, b32-fp8, b256-fp8: the same with `--quantization int8` / `fp8`
+- ttft-int8, decode1-int8, b32-int8, b256-int8 / ttft-fp8, decode1-fp8, ...: the same with `--quantization int8` / `fp8`
   weights (each kind's engine in a process of its own, before the bf16 engine), and their ratios to bf16 last.
 - hf: transformers' LlamaForCausalLM (same config, random bf16 weights, sdpa attention, default dynamic cache)
   `generate` of 256 tokens after a 128-token prompt.
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 QUANTS = ("int8", "fp8")   # --quantization kinds: their rows are the bf16 rows' names + "-int8" / "-fp8"
 ALL_ROWS = ("hf", "ttft", "decode1", "b32", "b256",
-            *(f"{r}-{q}" for q in QUANTS for r in ("decode1", "b32", "b256")))
+            *(f"{r}-{q}" for q in QUANTS for r in ("ttft", "decode1", "b32", "b256")))
 DEFAULT_ROWS = ("hf", "ttft", "decode1", "b32", "b256", "decode1-int8", "b32-int8")
 KV_CACHE_DTYPES = ("auto", "fp8", "both")
 FULL = dict(ttft_len=2048, d1_in=128, d1_out=256, b32=32, b_in=2048, b_out=512, b256=256, ttft_reps=5)
@@ -239,7 +239,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
         if watch.compiles or watch.autotune_runs:
             logs.append(f"{name}: {watch.summary()}")
 
-    if "ttft" in rows and not quant:
+    if (f"ttft-{quant}" if quant else "ttft") in rows:
         n = sz["ttft_len"]
         p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         floor = shape.prefill_s(1, n, tflops, copy)
@@ -248,9 +248,11 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             wall, _, watch = timed_generate(llm, device, prompts(rng, 1, n, vocab), sampling_params=p)
             walls.append(wall)
             if i == 0:
-                add(f"ttft {n} first{kv}", wall, 1, floor, watch, {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor})
+                add(f"ttft {n}{' ' + quant if quant else ''} first{kv}", wall, 1, floor, watch,
+                    {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor})
         med = statistics.median(walls[1:])
-        add(f"ttft {n} median{kv}", med, 1, floor, watch, {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor})
+        add(f"ttft {n}{' ' + quant if quant else ''} median{kv}", med, 1, floor, watch,
+            {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor})
     if (f"decode1-{quant}" if quant else "decode1") in rows:
         p = SamplingParams(max_tokens=sz["d1_out"], temperature=0.0, ignore_eos=True)
         floor = shape.prefill_s(1, sz["d1_in"], tflops, copy) + shape.decode_s(1, sz["d1_in"], sz["d1_out"], copy)
@@ -375,8 +377,11 @@ def quant_comparison(rows: list[dict]) -> list[str]:
             base = name.replace(f" {q} ", " bf16 " if name.startswith("decode b1") else " ", 1)
             if f" {q} " in name and base != name and base in by:
                 b = by[base]
-                lines.append(f"{name}: {r['out_tok_s']:.0f} tok/s against {b['out_tok_s']:.0f} with bf16 weights "
-                             f"({r['out_tok_s'] / b['out_tok_s']:.2f}x)")
+                if "ttft_ms" in r:
+                    lines.append(f"{name}: {r['ttft_ms']:.1f} ms against {b['ttft_ms']:.1f} with bf16 weights")
+                else:
+                    lines.append(f"{name}: {r['out_tok_s']:.0f} tok/s against {b['out_tok_s']:.0f} with bf16 "
+                                 f"weights ({r['out_tok_s'] / b['out_tok_s']:.2f}x)")
     return lines
 
 
