@@ -44,7 +44,7 @@ def measure(rows: list[int], sweep: bool) -> dict:
     from sits.kernels import linear_fp8_f16 as v15
     from sits.kernels import linear_w8a8 as v14
     from sits.kernels import quantize_weight
-    from sits.kernels.linear_w8a8 import quantize_rows
+    from sits.kernels.fp8_gemm import quantize_rows
     copy = copy_tbs("cuda")
     res: dict = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(),
                  "torch": torch.__version__, "triton": triton.__version__, "copy_tbs": copy, "rows": [], "sweep": []}

@@ -248,7 +248,8 @@ def fp8_gemm(res):
     import torch
 
     from sits.kernels import quantize_weight
-    from sits.kernels.linear import _linear_fp8, linear, linear_fp8_w8a8_ref, quantize_fp8_rows
+    from sits.kernels.fp8_gemm import _linear_fp8, linear_fp8_w8a8_ref, quantize_fp8_rows
+    from sits.kernels.linear import linear
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) * 0.02

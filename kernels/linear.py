@@ -9,8 +9,8 @@ Triton paths:
   too few column tiles for 132 SMs): the splits' fp32 partials are summed by the last split to finish a tile, in
   one launch. 17..64 rows (batched decode) use one 32- or 64-row tile, also with split-K, so the weights are still
   read once; larger M uses square-ish tiles with grouped ordering for L2 reuse.
-- `_linear_fp8_kernel` (M >= 64 on GPUs with fp8 tensor cores, sm_89+): W8A8 -- activations are quantized per token
-  to e4m3 by `_quantize_fp8_rows_kernel` and both operands go to the fp8 tensor cores; y = acc * sx[t] * sw[n].
+- fp8 weights times FP8_NATIVE_MIN_M (64) rows or more on GPUs with fp8 tensor cores (sm_89+): W8A8, activations
+  quantized per token to e4m3 and both operands on the fp8 tensor cores (kernels/fp8_gemm.py).
 triton-v1.2's linear (kernels/linear_dequant.py) sends steps of many rows to cuBLAS on dequantized weights instead.
 """
 from __future__ import annotations
@@ -18,20 +18,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sits.kernels.fp8_gemm import fp8_native, w8a8
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import (autotune, check_device, fast_tuned, interpreting, next_pow2, tl, triton,
                                 tuned_launcher)
 
-FP8_NATIVE_MIN_M = 64
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
-FP8_MAX = 448.0
+
+
+@triton.jit
+def fp16_shift(amax):
+    """A power of two that brings values up to `amax` to at most 2^14, inside fp16's range (1 for amax <= 2^14):
+    x / shift and y * shift are exact. triton-v1.5 reads e4m3 through fp16 dots with it (here, and in the FP8
+    attention kernels for q)."""
+    return tl.math.exp2(tl.maximum(tl.math.ceil(tl.math.log2(tl.maximum(amax, 1.0))) - 14.0, 0.0))
 
 
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
                    stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr = False):
     # grid: (tiles, SPLIT_K). Split s reduces k in [s * k_per, (s + 1) * k_per); with SPLIT_K > 1 every split stores
     # its fp32 partial to ws [SPLIT_K, M, N] and bumps the tile's counter; the last to arrive sums the partials in
     # split order (deterministic), applies scale/bias, writes out and resets the counter to 0 for the next launch.
@@ -65,7 +72,11 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
             mask_k = (k0 + offs_k) < k_hi
             x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0, eviction_policy="evict_first")
-        if DOT_F32:
+        if F16_DOT:   # (triton-v1.5, bf16 x, e4m3 w) each row of the tile lowered into fp16's range, raised after
+            xf = x.to(tl.float32)
+            shift = fp16_shift(tl.max(tl.abs(xf), 1))
+            acc += tl.dot((xf / shift[:, None]).to(tl.float16), w.to(tl.float16)) * shift[:, None]
+        elif DOT_F32:
             acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision=DOT_PRECISION)
         else:
             acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
@@ -92,55 +103,6 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
                  mask=mask)
 
 
-@triton.jit
-def _quantize_fp8_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
-    # one row: sx = max|x| / 448, xq = e4m3(x / sx)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_K)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(x / s, -448.0), 448.0)
-    tl.store(xq_ptr + row * stride_q + offs, q.to(xq_ptr.dtype.element_ty), mask=mask)
-    tl.store(xs_ptr + row, s)
-
-
-@triton.jit
-def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_am, stride_wn,
-                       stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = (k0 + offs_k) < K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, w, acc)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    sa = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
-    sw = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
-    acc = acc * sa[:, None] * sw[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
 def _cfg(bm, bn, bk, w, s, **extra):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, **extra}, num_warps=w,
                          num_stages=s)
@@ -161,7 +123,6 @@ _SMALL_M = [_small(64, 256, 4, 4, 4), _small(64, 128, 4, 5)]
 _MID_M = {bm: [_cfg(bm, bn, bk, w, s, SPLIT_K=sk) for bn, bk, w, s, sk in ((64, 256, 4, 3, 4), (64, 128, 4, 4, 2))]
           for bm in (32, 64)}
 _LARGE_M = [_cfg(bm, bn, 64, w, s, SPLIT_K=1) for bm, bn, w, s in ((128, 128, 8, 3), (64, 128, 4, 4))]
-_FP8 = [_cfg(128, 256, 128, 8, 3), _cfg(128, 128, 128, 8, 4), _cfg(256, 128, 128, 8, 3), _cfg(128, 128, 128, 4, 4)]
 MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _SMALL_M + _MID_M[32] + _MID_M[64])
 SPLIT_K_MAX_M = 64  # larger M never splits K
 
@@ -177,11 +138,12 @@ _even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # family differed by 7 % or more on the H200 (BENCHMARKS.md "int8 at many rows"), which 25 ms of calls of 10-1,000 us
 # tells apart, and a cold warm-up times 32 of them
 _BENCH = dict(warmup=5, rep=25)
-_linear_small_m = autotune(_SMALL_M, key=["N", "K"], use_cuda_graph=True, **_BENCH)(_even_k(_linear_kernel))
-_linear_mid_m = {bm: autotune(c, key=["N", "K"], use_cuda_graph=True, **_BENCH)(_even_k(_linear_kernel))
+# F16_DOT (triton-v1.5's fp16 dots, decode sizes only) tunes apart: the conversion changes which tile wins
+_linear_small_m = autotune(_SMALL_M, key=["N", "K", "F16_DOT"], use_cuda_graph=True,
+                           **_BENCH)(_even_k(_linear_kernel))
+_linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT"], use_cuda_graph=True, **_BENCH)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
 _linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
-_linear_fp8 = autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 _LOCKS: dict = {}
 
 
@@ -214,22 +176,6 @@ def check_linear_args(x: torch.Tensor, weight, bias) -> None:
         raise ValueError(f"linear: bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
 
 
-def fp8_native(x: torch.Tensor, m: int) -> bool:
-    """Whether fp8 weights times x's M rows take the W8A8 fp8 tensor-core kernel."""
-    return x.is_cuda and m >= FP8_NATIVE_MIN_M and torch.cuda.get_device_capability(x.device) >= (8, 9)
-
-
-def quantize_fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32)."""
-    m, k = x2.shape
-    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
-    xs = torch.empty(m, dtype=torch.float32, device=x2.device)
-    block = next_pow2(k)
-    _quantize_fp8_rows_kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block,
-                                    num_warps=min(16, max(4, block // 1024)))
-    return xq, xs
-
-
 def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     # x: [T, K]; weight: [N, K] tensor or QuantizedWeight; out: [T, N] in x.dtype
     check_linear_args(x, weight, bias)
@@ -245,16 +191,19 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if m == 0:
         return out.view(*x.shape[:-1], n)
     if weight.kind == "fp8" and fp8_native(x, m):
-        qw = weight.qweight
-        has_bias = bias is not None
-        b = bias.contiguous() if has_bias else weight.scale
-        xq, xs = quantize_fp8_rows(x2)
-        grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731
-        _linear_fp8[grid](xq, qw, xs, weight.scale, b, out, m, n, k, xq.stride(0), qw.stride(0), out.stride(0),
-                          HAS_BIAS=has_bias)
+        w8a8(x2, weight, bias, out)
         return out.view(*x.shape[:-1], n)
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    fixed = interpreting() or x.dtype == torch.float32 or n * k < _TUNE_MIN_WEIGHT  # no autotuning runs
+    weight_only(x2, weight, bias, out)
+    return out.view(*x.shape[:-1], n)
+
+
+def weight_only(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor, *, f16_dot: bool = False) -> None:
+    """out = x2 W^T (+ b) through the weight-only kernel (x2 [M, K] with unit column stride, M >= 1), tuned or fixed
+    as linear() does. f16_dot (triton-v1.5, kernels/linear_fp8_f16.py): bf16 x and e4m3 weights enter an fp16 dot."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    precision = "ieee" if x2.dtype == torch.float32 else "tf32"
+    fixed = interpreting() or x2.dtype == torch.float32 or n * k < _TUNE_MIN_WEIGHT  # no autotuning runs
     if interpreting():  # split-K for small M so that CPU tests cover the cross-program reduction too
         config = dict(BLOCK_M=16 if m <= 16 else 32, BLOCK_N=32 if n >= 32 else 16, BLOCK_K=64 if k >= 64 else 32,
                       SPLIT_K=2 if m <= 16 else 1, DOT_F32=True)
@@ -262,11 +211,10 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
         config = dict(BLOCK_M=16 if m <= 16 else 64, BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=3)
     else:
         config = None
-    _launch(x2, weight, bias, out, precision, config)
-    return out.view(*x.shape[:-1], n)
+    _launch(x2, weight, bias, out, precision, config, f16_dot)
 
 
-def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None) -> None:
+def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None, f16_dot: bool = False) -> None:
     # config None: the autotuned kernel for this M; else BLOCK_M/N/K, SPLIT_K (+ num_warps, num_stages, DOT_F32)
     m, k = x2.shape
     n = weight.shape[0]
@@ -276,7 +224,7 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     autotuned = tune_key = None
     if config is None:  # the autotuner's winner for this shape, once it has run
         autotuned = autotuner_for(m)
-        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision)
+        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision, f16_dot)
         tuned = tuned_launcher(autotuned, tune_key)
         config = tuned.constexprs if tuned is not None else None
     # before the first tuning, size the split-K buffers for any candidate (locks: one per 16 x 16 tile at most)
@@ -292,14 +240,14 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     if autotuned is not None:
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
         fast_tuned(autotuned, _linear_kernel, tune_key, grid, *args, HAS_BIAS=has_bias, DOT_F32=False,
-                   DOT_PRECISION=precision,
+                   DOT_PRECISION=precision, F16_DOT=f16_dot,
                    derived=lambda best: {"EVEN_K": _is_even_k(k, best.kwargs)})  # the heuristic, for the launcher
         return
     c = dict(config)
     c.setdefault("DOT_F32", False)
     c["EVEN_K"] = _is_even_k(k, c)
     grid = (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])
-    _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, **c)
+    _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, F16_DOT=f16_dot, **c)
 
 
 def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int = 16, block_n: int = 64,
@@ -330,14 +278,3 @@ def linear_ref(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
-
-
-def linear_fp8_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> torch.Tensor:
-    """What the native fp8 path computes, in torch: x quantized per row to e4m3, then the scaled product."""
-    x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
-    sx = x2.abs().amax(1).clamp(min=1e-12) / FP8_MAX
-    xq = (x2 / sx[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    y = (xq @ weight.qweight.to(torch.float32).t()) * sx[:, None] * weight.scale[None, :]
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sits.kernels.linear import check_linear_args, fp8_native, linear
+from sits.kernels.fp8_gemm import fp8_native
+from sits.kernels.linear import check_linear_args, linear
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import check_device, interpreting, tl, triton
 

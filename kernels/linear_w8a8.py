@@ -1,14 +1,15 @@
 """triton-v1.4's linear: fp8 (e4m3) weights routed by row count to what measured fastest on the H200.
 
 bench/fp8_rows.py (BENCHMARKS.md "FP8 linear by rows") timed llama3-8b's four weight shapes x 32 layers at 1..2,048
-rows: triton-v1.3's fp8 linear (the weight-only Triton kernel below 64 rows, kernels/linear.py's W8A8 GEMM tuned once
+rows: triton-v1.3's fp8 linear (the weight-only Triton kernel below 64 rows, kernels/fp8_gemm.py's W8A8 GEMM tuned once
 per weight shape above), torch's fp8 GEMM (`torch._scaled_mm`, cuBLASLt, row-wise scales), and cuBLAS on bf16 weights.
 One step's linears, ms: 1 row 3.16 (v1.3) / 4.17 (_scaled_mm) / 3.71 (bf16); 64 rows 4.24 / 3.78 / 4.02; 128 rows
 3.88 / 3.62; 256 rows 4.67 / 4.59; 2,048 rows 26.52 / 27.79 / 42.28, and 25.69 for the GEMM tuned for that many rows.
 So, with fp8 weights on a GPU with fp8 tensor cores:
 - up to WEIGHT_ONLY_MAX_M rows (decode of small batches): triton-v1.3's weight-only kernel, x in bf16 (exact);
-- up to SCALED_MM_MAX_M rows: x quantized per row to e4m3 (`quantize_rows`, one launch), then `torch._scaled_mm`;
-- more rows (prefill): the same quantization, then kernels/linear.py's W8A8 GEMM with candidates of its own, tuned
+- up to SCALED_MM_MAX_M rows: x quantized per row to e4m3 (kernels/fp8_gemm.py `quantize_rows`, one launch), then
+  `torch._scaled_mm`;
+- more rows (prefill): the same quantization, then kernels/fp8_gemm.py's W8A8 GEMM with candidates of its own, tuned
   for prefill-size row counts (not by whichever row count a weight shape saw first, as in v1.3).
 A W8A8 kernel that also quantized x inside the GEMV (a scale per row and K tile, no extra launch) lost at every row
 count up to 64 (1 row: 3.67 ms a step against v1.3's 3.16; commit 1350ead's bench/fp8_rows.py sweep): it is not here.
@@ -25,57 +26,20 @@ from __future__ import annotations
 import torch
 
 from sits.kernels import linear as _lin
+from sits.kernels.fp8_gemm import FP8_MAX, _linear_fp8_kernel, quantize_rows
 from sits.kernels.linear_dequant import linear_dequant_many_rows
 from sits.kernels.quant import QuantizedWeight
-from sits.kernels.triton_env import autotune, check_device, fast_tuned, interpreting, next_pow2, tl, triton
+from sits.kernels.triton_env import autotune, check_device, fast_tuned, interpreting, triton
 
 WEIGHT_ONLY_MAX_M = 32   # up to this many rows: v1.3's weight-only kernel
 SCALED_MM_MAX_M = 512    # up to this many rows: torch._scaled_mm; more: the Triton W8A8 GEMM
-_FP8_MAX = 448.0
-
-
-@triton.jit
-def _round_e4m3(v):
-    # v (fp32, |v| <= 448) rounded to nearest-even at e4m3's 3 mantissa bits, in fp32: the integer add carries into
-    # the exponent, so the cast to e4m3 that follows is exact for every normal value (it is how the hardware rounds;
-    # Triton's interpreter alone drops that carry, 127.9 -> 64, so CPU runs would differ without it)
-    # below 2^-6 e4m3 is subnormal, multiples of 2^-9: round v * 512 to an integer (1.5 * 2^23 forces it, RTNE)
-    bits = v.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-    sub = ((v * 512.0 + 12582912.0) - 12582912.0) * 0.001953125
-    return tl.where(tl.abs(v) < 0.015625, sub, bits.to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _quantize_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
-    # one row: sx = max|x| / 448 (1 for a row of zeros), xq = e4m3(x / sx)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_K)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), 0)
-    s = tl.where(amax > 0, amax / 448.0, 1.0)
-    q = _round_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
-    tl.store(xq_ptr + row * stride_q + offs, q.to(xq_ptr.dtype.element_ty), mask=mask)
-    tl.store(xs_ptr + row, s)
-
-
-def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32)."""
-    m, k = x2.shape
-    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
-    xs = torch.empty(m, dtype=torch.float32, device=x2.device)
-    block = next_pow2(k)
-    _quantize_rows_kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block,
-                                num_warps=min(16, max(4, block // 1024)))
-    return xq, xs
 
 
 # W8A8 GEMM candidates for more than SCALED_MM_MAX_M rows: tile 128 x 256 won on the H200 at 2,048 rows for all four
 # llama3-8b shapes (bench/fp8_rows.py, BENCHMARKS.md "FP8 linear by rows")
 _LARGE = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=8, num_stages=st)
           for bm, bn, st in ((128, 256, 3), (128, 128, 4), (256, 128, 3))]
-_gemm = autotune(_LARGE, key=["N", "K"], warmup=5, rep=25)(_lin._linear_fp8_kernel)
+_gemm = autotune(_LARGE, key=["N", "K"], warmup=5, rep=25)(_linear_fp8_kernel)
 
 
 def w8a8_available(x: torch.Tensor) -> bool:
@@ -142,11 +106,11 @@ def _gemm_launch(xq, xs, weight: QuantizedWeight, bias, out, config: dict | None
         config = dict(BLOCK_M=32, BLOCK_N=32 if n >= 32 else 16, BLOCK_K=64 if k >= 64 else 32, GROUP_M=8)
     if config is None:
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731
-        fast_tuned(_gemm, _lin._linear_fp8_kernel, (xq.device, n, k, out.dtype, has_bias), grid, *args,
+        fast_tuned(_gemm, _linear_fp8_kernel, (xq.device, n, k, out.dtype, has_bias), grid, *args,
                    HAS_BIAS=has_bias)
         return
     grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
-    _lin._linear_fp8_kernel[grid](*args, HAS_BIAS=has_bias, **config)
+    _linear_fp8_kernel[grid](*args, HAS_BIAS=has_bias, **config)
 
 
 def linear_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> torch.Tensor:
@@ -154,8 +118,8 @@ def linear_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> torc
     e4m3 weight, times both scales."""
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
     amax = x2.abs().amax(1, keepdim=True)
-    sx = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
-    xq = (x2 / sx).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    sx = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    xq = (x2 / sx).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
     y = (xq @ weight.qweight.to(torch.float32).t()) * sx * weight.scale[None, :]
     if bias is not None:
         y = y + bias.to(torch.float32)

@@ -17,6 +17,7 @@ import math
 import torch
 
 from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
+from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _merge_splits_kernel, check_decode_args,
                                                  choose_num_splits, paged_decode_attention)
 from sits.kernels.triton_env import autotune, check_device, fast, fast_tuned, interpreting, next_pow2, tl, triton
@@ -57,7 +58,7 @@ def _paged_decode_attention_fp8_kernel(
     if F16_DOT:   # (triton-v1.5) q in fp16, lowered by a power of two so that max|q| <= 2^14 (exact both ways)
         qf = q.to(tl.float32)
         q_max = tl.max(tl.max(tl.abs(qf), 1), 0)
-        q_shift = tl.math.exp2(tl.maximum(tl.math.ceil(tl.math.log2(tl.maximum(q_max, 1.0))) - 14.0, 0.0))
+        q_shift = fp16_shift(q_max)
         q = (qf / q_shift).to(tl.float16)
     m_i = tl.full([GROUP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_P], dtype=tl.float32)

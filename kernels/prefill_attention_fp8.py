@@ -12,6 +12,7 @@ import math
 import torch
 
 from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
+from sits.kernels.linear import fp16_shift
 from sits.kernels.paged import PagedAttentionError, check_prefill_args
 from sits.kernels.prefill_attention import (_CONFIGS, _TUNE_MIN_TOKENS, _key_bounds, _q_tile, _query_tile,
                                             prefill_attention_tma)
@@ -73,7 +74,7 @@ def _prefill_attention_fp8_kernel(
         if F16_DOT:   # (triton-v1.5) as paged_decode_attention_fp8.py: q in fp16 below 2^14, the scores raised back
             qf = q.to(tl.float32)
             q_max = tl.max(tl.max(tl.abs(qf), 1), 0)
-            q_shift = tl.math.exp2(tl.maximum(tl.math.ceil(tl.math.log2(tl.maximum(q_max, 1.0))) - 14.0, 0.0))
+            q_shift = fp16_shift(q_max)
             q = (qf / q_shift).to(tl.float16)
             qk_scale = qk_scale * q_shift
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

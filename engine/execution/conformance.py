@@ -15,7 +15,7 @@ page, exactly one page, one past it and the longest (max_model_len), prefill wit
 distinct linear shape (quantized like the served weights), the model's own RoPE tables. An engine serving FP8 KV pages
 (`kv_cache_dtype="fp8"`) measures its KV ops on FP8 pages: the RoPE case writes them (compared as their values) and
 the attention cases read pages quantized once, which the fp64 reference reads too. With fp8 weights the serving
-precision includes e4m3 activations (W8A8: kernels/linear.py from 64 rows, kernels/linear_w8a8.py from 33): a linear
+precision includes e4m3 activations (W8A8: kernels/fp8_gemm.py from 64 rows, kernels/linear_w8a8.py from 33): a linear
 case's reference error is the larger of the torch reference's and that of the same product with x rounded to e4m3
 per row (`linear_w8a8_ref`), so a W8A8 kernel is held to W8A8's rounding, not to exact activations.
 """

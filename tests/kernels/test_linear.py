@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from sits.kernels import get_kernel_set, quantize_weight
-from sits.kernels.linear import FP8_NATIVE_MIN_M, linear_fp8_w8a8_ref
+from sits.kernels.fp8_gemm import FP8_NATIVE_MIN_M, linear_fp8_w8a8_ref
 from tests.kernels.helpers import ATOL, DTYPES, assert_close_to_fp64, assert_verbose_allclose, on_gpu
 
 REF = get_kernel_set("torch")

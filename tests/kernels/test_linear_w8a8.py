@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from sits.kernels import get_kernel_set, quantize_weight
+from sits.kernels.fp8_gemm import quantize_rows
 from sits.kernels.linear_dequant import linear_dequant_many_rows
 from sits.kernels.linear_w8a8 import (SCALED_MM_MAX_M, WEIGHT_ONLY_MAX_M, linear_w8a8, linear_w8a8_gemm,
-                                      linear_w8a8_ref, quantize_rows)
+                                      linear_w8a8_ref)
 from tests.kernels.helpers import ATOL, assert_close_to_fp64, assert_verbose_allclose, on_gpu
 
 V14 = get_kernel_set("triton-v1.4")
