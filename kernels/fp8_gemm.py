@@ -102,15 +102,19 @@ def _quantize_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K:
     tl.store(xs_ptr + row, s)
 
 
-def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32)."""
+def _quantize(kernel, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x2.shape
     xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     xs = torch.empty(m, dtype=torch.float32, device=x2.device)
     block = next_pow2(k)
-    _quantize_rows_kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block,
-                                num_warps=min(16, max(4, block // 1024)))
+    kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block, num_warps=min(16, max(4, block // 1024)))
     return xq, xs
+
+
+def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32), rounded as the GPU
+    rounds on every backend (triton-v1.4)."""
+    return _quantize(_quantize_rows_kernel, x2)
 
 
 def fp8_native(x: torch.Tensor, m: int) -> bool:
@@ -119,14 +123,8 @@ def fp8_native(x: torch.Tensor, m: int) -> bool:
 
 
 def quantize_fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32)."""
-    m, k = x2.shape
-    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
-    xs = torch.empty(m, dtype=torch.float32, device=x2.device)
-    block = next_pow2(k)
-    _quantize_fp8_rows_kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block,
-                                    num_warps=min(16, max(4, block // 1024)))
-    return xq, xs
+    """quantize_rows as triton-v1 .. v1.3 do it (the GPU's cast; a row of zeros gets scale 1e-12 / 448)."""
+    return _quantize(_quantize_fp8_rows_kernel, x2)
 
 
 def w8a8(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor) -> None:
