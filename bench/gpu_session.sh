@@ -19,6 +19,8 @@
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
 #   bench/gpu_session.sh fp8-rows  # bench/fp8_rows.py: the fp8 linear by row count (triton-v1.4's W8A8 vs v1.3's vs
 #                                  # torch._scaled_mm vs bf16 cuBLAS) and a sweep of W8A8 GEMM tile configs
+#   bench/gpu_session.sh fp8-attention  # bench/decode_attention_fp8.py: decode attention over FP8 pages (v1.3, v1.5,
+#                                  # a sweep of launch configs) against the bf16 kernel, 256 and 32 x 2,304 tokens
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -217,6 +219,17 @@ run_fp8_rows() {
   summary+=("fp8 rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in fp8-rows.log")
 }
 
+run_fp8_attention() {
+  local budget="${SITS_FP8_ATTENTION_BUDGET_S:-420}" t0=$SECONDS
+  if [[ "$phase" == dry-run ]]; then
+    summary+=("fp8 attention | skipped | 0 s | bench/decode_attention_fp8.py needs a GPU with fp8 conversion"); return
+  fi
+  echo "== FP8 decode attention (budget ${budget} s): bench/decode_attention_fp8.py"
+  timeout -k 10 "$budget" "$py" bench/decode_attention_fp8.py --json "$out/decode-attention-fp8.json" 2>&1 \
+    | tee "$out/decode-attention-fp8.log"
+  summary+=("fp8 attention | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in decode-attention-fp8.log")
+}
+
 run_conformance() {
   # the correctness gate's op-level conformance: every wrong release caught, every good one passing, on the tiny
   # model trained here (cached in $SITS_CACHE_DIR) and on llama3-8b (bench/conformance.py)
@@ -260,9 +273,10 @@ for ph in "${phases[@]}"; do
     int8) run_int8 ;;
     fp8) run_fp8 ;;
     fp8-rows) run_fp8_rows ;;
+    fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|int8|fp8-rows|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -272,6 +286,9 @@ echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
 if [[ -f "$out/throughput.log" ]]; then
   sed -n '/^row /,$p' "$out/throughput.log"
+fi
+if [[ -f "$out/decode-attention-fp8.log" ]]; then
+  sed -n '/^| batch x ctx/,$p' "$out/decode-attention-fp8.log"
 fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"

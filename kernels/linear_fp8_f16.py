@@ -12,7 +12,9 @@ values are exact in both. The kernel is kernels/linear.py's weight-only kernel w
 split-K and autotuning candidates, tuned apart from the bf16-dot variant).
 
 Everything else -- more rows, int8 and plain weights, fp16/fp32 models, GPUs without fp8 conversion (before sm_89)
--- is triton-v1.4's linear (kernels/linear_w8a8.py) unchanged. Under TRITON_INTERPRET=1 the kernel runs on CPU
+-- is triton-v1.4's linear (kernels/linear_w8a8.py) unchanged. So are 17-32 rows: on the H200 (bench/fp8_rows.py,
+2026-12-04) one step's linears took 2.99 ms at 1 row and 3.03 at 16 with fp16 dots against v1.4's 3.21 / 3.41, but
+4.69 at 32 against 3.54 (the fp16-dot variant's tiles for the 17-32 bucket lose), hence F16_DOT_MAX_M. Under TRITON_INTERPRET=1 the kernel runs on CPU
 tensors (fp16 dots are exact there), so the CPU tests cover it.
 """
 from __future__ import annotations
@@ -20,9 +22,11 @@ from __future__ import annotations
 import torch
 
 from sits.kernels import linear as _lin
-from sits.kernels.linear_w8a8 import WEIGHT_ONLY_MAX_M, linear_w8a8
+from sits.kernels.linear_w8a8 import linear_w8a8
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import check_device, interpreting
+
+F16_DOT_MAX_M = 16   # up to this many rows fp16 dots win (measured above); more: triton-v1.4
 
 
 def _f16_path(x: torch.Tensor) -> bool:
@@ -34,13 +38,13 @@ def _f16_path(x: torch.Tensor) -> bool:
 
 
 def linear_fp8_f16(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """y = x W^T (+ b): a bf16 model's fp8 weights times up to WEIGHT_ONLY_MAX_M rows through the weight-only kernel
+    """y = x W^T (+ b): a bf16 model's fp8 weights times up to F16_DOT_MAX_M rows through the weight-only kernel
     with fp16 dots; everything else as triton-v1.4."""
     if not (isinstance(weight, QuantizedWeight) and weight.kind == "fp8") or not _f16_path(x):
         return linear_w8a8(x, weight, bias)
     n, k = weight.shape
     m = x.numel() // k if x.shape[-1] == k else 0
-    if m == 0 or m > WEIGHT_ONLY_MAX_M:
+    if m == 0 or m > F16_DOT_MAX_M:
         return linear_w8a8(x, weight, bias)   # which checks its arguments
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)

@@ -23,6 +23,12 @@ from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _me
 from sits.kernels.triton_env import autotune, check_device, fast, fast_tuned, interpreting, next_pow2, tl, triton
 
 PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
+# triton-v1.5's launch config past the small problems, fixed rather than autotuned: the engine tunes decode attention
+# while it captures the decode CUDA graphs, on dummy sequences of one token (engine/execution/cuda_graphs.py), which
+# picks configs that lose at real lengths (triton-v1.3's kernel took 798 us a layer in the engine at 256 x ~2,300
+# tokens). bench/decode_attention_fp8.py on the H200 (2026-12-04), 108 configs: this one 553 us at 256 x 2,304 (best
+# 552; BLOCK_N 64 w8 s3, 1,178) and 90 us at 32 x 2,304 (best 88).
+F16_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=3)
 
 
 @triton.jit
@@ -127,46 +133,72 @@ def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_spli
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
-    check_decode_args(q, kd, vd, block_tables, context_lens)
-    check_device("paged_decode_attention", q)
-    check_fp8_device("paged_decode_attention", k_cache)
-    s, hq, d = q.shape
-    out = torch.empty_like(q)
-    if s == 0:
-        return out
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if kd.stride(-1) != 1 or vd.stride(-1) != 1:
-        raise ValueError("paged_decode_attention: FP8 pages must be contiguous along head_dim")
-    ks, vs = k_cache.scale, v_cache.scale
-    page, hkv = kd.shape[1], kd.shape[2]
-    group = hq // hkv
-    interp = interpreting()
-    splits = next_pow2(num_splits or (2 if interp else choose_num_splits(s, hkv, q.device)))
-    d_p = max(16, next_pow2(d))
-    if splits > 1:
-        part_o = torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_lse = out  # unused
-    args = (q, kd, vd, ks, vs, block_tables, context_lens, out, part_o, part_lse, float(scale) * math.log2(math.e),
-            q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1),
-            vd.stride(2), ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
-            block_tables.stride(0), out.stride(0), out.stride(1), hq, min(next_pow2(s), 256))
-    meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
-                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot)
-    if interp:  # the interpreter's bf16 dot is wrong: fp32 there (exact for e4m3 and bf16 inputs)
-        _paged_decode_attention_fp8_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
-                                                             DOT_F32=q.dtype != torch.float16 and not f16_dot,
-                                                             num_warps=4,
-                                                             num_stages=1)
-    elif q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
-        fast(_paged_decode_attention_fp8_kernel, **meta, BLOCK_N=64, DOT_F32=False, num_warps=4, num_stages=3)(
-            (s, hkv, splits), *args)
+    launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=f16_dot)
+    if launch.grid[0] == 0:
+        return launch.out
+    s = launch.grid[0]
+    if interpreting():  # the interpreter's bf16 dot is wrong: fp32 there (exact for e4m3 and bf16 inputs)
+        launch.run(BLOCK_N=64, num_warps=4, num_stages=1, DOT_F32=q.dtype != torch.float16 and not f16_dot)
+        return launch.merge()
+    if q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
+        fast(_paged_decode_attention_fp8_kernel, **launch.meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
+             num_stages=3)(launch.grid, *launch.args)
+    elif f16_dot:   # triton-v1.5: the measured config (F16_CONFIG)
+        fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **F16_CONFIG)(launch.grid, *launch.args)
     else:  # tuned per (meta, batch bucket), as the autotuner's key
         fast_tuned(_paged_decode_attention_fp8_tuned, _paged_decode_attention_fp8_kernel,
-                   (*meta.values(), args[-1], q.dtype), (s, hkv, splits), *args, **meta, DOT_F32=False)
-    if splits > 1:
-        fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
-            (s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
-    return out
+                   (*launch.meta.values(), launch.args[-1], q.dtype), launch.grid, *launch.args, **launch.meta,
+                   DOT_F32=False)
+    return launch.merge()
+
+
+class DecodeLaunch:
+    """One call's buffers, arguments and grid for the kernel above (bench/decode_attention_fp8.py times configs
+    through it)."""
+
+    def __init__(self, out, part_o, part_lse, args, meta, grid):
+        self.out, self.part_o, self.part_lse, self.args, self.meta, self.grid = out, part_o, part_lse, args, meta, grid
+
+    @classmethod
+    def prepare(cls, q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool):
+        kd, vd = page_tensors(k_cache, v_cache)
+        check_decode_args(q, kd, vd, block_tables, context_lens)
+        check_device("paged_decode_attention", q)
+        check_fp8_device("paged_decode_attention", k_cache)
+        s, hq, d = q.shape
+        out = torch.empty_like(q)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        if kd.stride(-1) != 1 or vd.stride(-1) != 1:
+            raise ValueError("paged_decode_attention: FP8 pages must be contiguous along head_dim")
+        ks, vs = k_cache.scale, v_cache.scale
+        page, hkv = kd.shape[1], kd.shape[2]
+        group = hq // hkv
+        splits = next_pow2(num_splits or (2 if interpreting() else choose_num_splits(max(s, 1), hkv, q.device)))
+        d_p = max(16, next_pow2(d))
+        if splits > 1:
+            part_o = torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=q.device)
+            part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
+        else:
+            part_o = part_lse = out  # unused
+        args = (q, kd, vd, ks, vs, block_tables, context_lens, out, part_o, part_lse,
+                float(scale) * math.log2(math.e),
+                q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1),
+                vd.stride(2), ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
+                block_tables.stride(0), out.stride(0), out.stride(1), hq, min(next_pow2(max(s, 1)), 256))
+        meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
+                    NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot)
+        return cls(out, part_o, part_lse, args, meta, (s, hkv, splits))
+
+    def run(self, *, BLOCK_N: int, num_warps: int, num_stages: int, DOT_F32: bool = False) -> None:
+        """The kernel with one explicit config (no autotuning)."""
+        _paged_decode_attention_fp8_kernel[self.grid](*self.args, **self.meta, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32,
+                                                      num_warps=num_warps, num_stages=num_stages)
+
+    def merge(self) -> torch.Tensor:
+        splits, d_p, d = self.meta["NUM_SPLITS"], self.meta["HEAD_DIM_P"], self.meta["HEAD_DIM"]
+        if splits > 1:
+            s, hq = self.out.shape[0], self.out.shape[1]
+            fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
+                (s, hq), self.part_o, self.part_lse, self.out, self.out.stride(0), self.out.stride(1), hq)
+        return self.out

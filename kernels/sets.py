@@ -86,8 +86,8 @@ TRITON_V1_5 = register_kernel_set(TRITON_V1_4.derive(
     "triton-v1.5", "1.5.0",
     description="triton-v1.4 with e4m3 read through fp16 dots in a bf16 model (one conversion per e4m3 pair "
                 "instead of two per element): attention over FP8 KV pages (--kv-cache-dtype fp8), q lowered by a "
-                "power of two into fp16's range, and fp8 weights (--quantization fp8) times up to 32 rows; plain "
-                "pages and other calls as v1.4",
+                "power of two into fp16's range, decode attention at its launch config measured on the H200, and fp8 "
+                "weights (--quantization fp8) times up to 16 rows; plain pages and other calls as v1.4",
     kv_cache_dtypes=("auto", "fp8"),
     linear=_linear_fp8_f16.linear_fp8_f16,
     prefill_attention=_prefill_fp8.prefill_attention_fp8kv_f16,

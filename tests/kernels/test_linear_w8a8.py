@@ -114,7 +114,7 @@ def test_gpu_w8a8_at_llama_shapes(m, n, k):
 
 # ---- triton-v1.5 (kernels/linear_fp8_f16.py): few rows of a bf16 model through fp16 dots ----
 
-@pytest.mark.parametrize("m", [1, 5, 16, 17, WEIGHT_ONLY_MAX_M])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, WEIGHT_ONLY_MAX_M])   # 17 and 32: v1.4's path
 @pytest.mark.parametrize("x_scale", [1.0, 1e6])   # 1e6: past fp16's range, lowered per row and tile in-kernel
 def test_v15_fp16_gemv(dev, m, x_scale):
     from sits.kernels.linear_fp8_f16 import linear_fp8_f16
@@ -131,7 +131,9 @@ def test_v15_fp16_gemv(dev, m, x_scale):
 def test_v15_is_v14_beyond_its_rows_and_dtypes(dev):
     from sits.kernels.linear_fp8_f16 import linear_fp8_f16
     qw, g = _fp8(24, 64, 10, dev)
-    for x in (torch.randn(40, 64, generator=g).bfloat16(), torch.randn(3, 64, generator=g),
+    from sits.kernels.linear_fp8_f16 import F16_DOT_MAX_M
+    for x in (torch.randn(40, 64, generator=g).bfloat16(), torch.randn(F16_DOT_MAX_M + 1, 64, generator=g).bfloat16(),
+              torch.randn(3, 64, generator=g),
               torch.randn(3, 64, generator=g).half()):
         x = x.to(dev)
         assert torch.equal(linear_fp8_f16(x, qw), linear_w8a8(x, qw))

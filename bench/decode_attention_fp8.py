@@ -1,0 +1,129 @@
+"""Decode attention over FP8 KV pages on the GPU: the tuned kernels of triton-v1.3 / v1.5 against bf16 pages, then a
+sweep of the FP8 kernel's launch configs (BLOCK_N, warps, stages, KV splits), in TB/s of the bytes it must read.
+
+    python3 bench/decode_attention_fp8.py [--json OUT.json] [--shapes 256x2304,32x2304] [--quick]
+
+Why: on the H200 a decode step at 256 sequences of ~2,300 tokens with FP8 pages spent 25.6 of its 31.9 ms in
+_paged_decode_attention_fp8_kernel, reading its pages at 37 % of the copy rate, where the bf16 kernel reads twice the
+bytes near the copy rate (BENCHMARKS.md "FP8 end to end"). llama3-8b's attention shape: 32 query heads, 8 kv heads,
+head_dim 128, pages of 64 tokens in shuffled blocks. Every config's output is checked against the tuned kernel's.
+Times: medians of triton.testing.do_bench (L2 flushed; the pages are far larger than the L2 anyway).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.kernel_timings import bench, paged, rel_err  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+SWEEP = [(bn, w, st) for bn in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4)]
+
+
+def fp8_pages(cache):
+    from sits.kernels.kv_fp8 import Fp8Pages, quantize
+    data, scale = quantize(cache)
+    return Fp8Pages(data, scale)
+
+
+def shape_rows(b: int, ctx: int, quick: bool) -> dict:
+    import torch
+
+    from sits.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+    from sits.kernels.paged_decode_attention_fp8 import (DecodeLaunch, paged_decode_attention_fp8kv,
+                                                         paged_decode_attention_fp8kv_f16)
+    kc, vc, tables = paged([ctx] * b, HKV, D, torch.bfloat16)
+    q = torch.randn(b, HQ, D, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+    scale = D ** -0.5
+    bf16_bytes = 2 * b * ctx * HKV * D * 2
+    fp8_bytes = 2 * b * ctx * HKV * (D + 4)   # e4m3 values and one fp32 scale per (token, kv head)
+    row = {"shape": f"{b} x {ctx}", "bf16_bytes": bf16_bytes, "fp8_bytes": fp8_bytes}
+    row["bf16_ms"] = bench(lambda: paged_decode_attention(q, kc, vc, tables, lens, scale))
+    k8, v8 = fp8_pages(kc), fp8_pages(vc)
+    del kc, vc
+    torch.cuda.empty_cache()
+    ref = paged_decode_attention_fp8kv_f16(q, k8, v8, tables, lens, scale)
+    row["v13_ms"] = bench(lambda: paged_decode_attention_fp8kv(q, k8, v8, tables, lens, scale))
+    row["v15_ms"] = bench(lambda: paged_decode_attention_fp8kv_f16(q, k8, v8, tables, lens, scale))
+    auto = choose_num_splits(b, HKV, q.device)
+    row["auto_splits"] = auto
+    splits = sorted({auto, auto * 2, auto * 4} if not quick else {auto, auto * 2})
+    sweep = []
+    for f16 in (True, False):   # v1.5's fp16 dots over every split count; v1.3's bf16 dots at the default one
+        for sp in splits if f16 else [auto]:
+            for bn, w, st in SWEEP if not quick else SWEEP[:4]:
+                launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, sp, f16_dot=f16)
+
+                def call(launch=launch, bn=bn, w=w, st=st):
+                    launch.run(BLOCK_N=bn, num_warps=w, num_stages=st)
+                    return launch.merge()
+                try:
+                    err = rel_err(call(), ref)
+                    ms = bench(call)
+                except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is a row too
+                    sweep.append({"f16": f16, "splits": sp, "block_n": bn, "warps": w, "stages": st,
+                                  "error": f"{type(e).__name__}: {str(e)[:120]}"})
+                    continue
+                sweep.append({"f16": f16, "splits": sp, "block_n": bn, "warps": w, "stages": st, "ms": ms,
+                              "tbs": fp8_bytes / ms / 1e9, "rel_err": err})
+                print(f"  {row['shape']:>12} f16={int(f16)} splits={sp:<3} BLOCK_N={bn:<4} w{w} s{st}  "
+                      f"{ms * 1e3:8.1f} us  {fp8_bytes / ms / 1e9:5.2f} TB/s  err {err:.1e}", flush=True)
+    row["sweep"] = sweep
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--shapes", default="256x2304,32x2304", help="BATCHxCONTEXT, comma-separated")
+    ap.add_argument("--quick", action="store_true", help="four configs, two split counts")
+    args = ap.parse_args(argv)
+    import torch
+    import triton
+    if not torch.cuda.is_available():
+        print("bench/decode_attention_fp8.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    res = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(0),
+           "torch": torch.__version__, "triton": triton.__version__}
+    n = 1 << 30
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    res["copy_tbs"] = 2 * n * 2 / bench(lambda: dst.copy_(src)) / 1e9
+    del src, dst
+    rows = []
+    for spec in args.shapes.split(","):
+        b, ctx = (int(x) for x in spec.lower().split("x"))
+        rows.append(shape_rows(b, ctx, args.quick))
+        torch.cuda.empty_cache()
+    res["rows"] = rows
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    copy = res["copy_tbs"]
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, copy {copy:.2f} TB/s; "
+          f"llama3-8b attention (H{HQ}/{HKV} D{D}), one layer:")
+    print("| batch x ctx | bf16 pages us (TB/s) | v1.3 FP8 us (TB/s) | v1.5 FP8 us (TB/s) | best FP8 config | us (TB/s) "
+          "| FP8 bytes at copy us |")
+    print("|---|---:|---:|---:|---|---:|---:|")
+    for r in rows:
+        ok = [c for c in r["sweep"] if "ms" in c and c["rel_err"] < 1e-2]
+        best = min(ok, key=lambda c: c["ms"]) if ok else None
+        cfg = (f"f16={int(best['f16'])} splits {best['splits']} BLOCK_N {best['block_n']} w{best['warps']} "
+               f"s{best['stages']}" if best else "none")
+
+        def cell(ms, nbytes):
+            return f"{ms * 1e3:.0f} ({nbytes / ms / 1e9:.2f})"
+        print(f"| {r['shape']} | {cell(r['bf16_ms'], r['bf16_bytes'])} | {cell(r['v13_ms'], r['fp8_bytes'])} | "
+              f"{cell(r['v15_ms'], r['fp8_bytes'])} | {cfg} | "
+              f"{cell(best['ms'], r['fp8_bytes']) if best else '-'} | {r['fp8_bytes'] / copy / 1e9 * 1e3:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
