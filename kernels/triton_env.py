@@ -90,14 +90,20 @@ def _driver_version() -> str:
         return f"cuda{torch.version.cuda}"
 
 
+# Bumped when the engine changes the inputs it autotunes on, so that winners persisted from the old ones are not
+# reused: 2 = decode steps tuned at real context lengths (engine/execution/cuda_graphs.py tuning_inputs), not on
+# one-token dummies.
+TUNING_REVISION = 2
+
+
 def use_device_cache_dir(device) -> str | None:
     """Point Triton's on-disk cache (compiled kernels and autotuning results) at a directory of this GPU model and
     driver under the usual one (TRITON_CACHE_DIR, else ~/.triton/cache), so a node with another GPU or driver never
-    reuses timings measured elsewhere. Call before the first compile; a no-op off CUDA. Returns the directory."""
+    reuses timings measured elsewhere (nor timings of an older TUNING_REVISION). Call before the first compile; a no-op off CUDA. Returns the directory."""
     if getattr(device, "type", device) != "cuda" or interpreting():
         return None
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", torch.cuda.get_device_name(device)).strip("-")
-    tag = f"sits-{name}-driver-{_driver_version()}"
+    tag = f"sits-{name}-driver-{_driver_version()}-tune{TUNING_REVISION}"
     base = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
     if os.path.basename(os.path.normpath(base)) != tag:  # a child process inherits the already-keyed directory
         os.environ["TRITON_CACHE_DIR"] = os.path.join(base, tag)

@@ -65,9 +65,10 @@ class DecodeGraphs:
     capture=False runs the same padded, static-buffer path eagerly (tests on CPU check that path with it)."""
 
     def __init__(self, model, kv_caches, *, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, capture: bool = True):
+                 device: torch.device, capture: bool = True, num_blocks: int | None = None):
         self.model, self.kv_caches = model, kv_caches
         self.block_size = block_size
+        self.num_blocks = num_blocks  # the KV cache's blocks: the tuning forward's contexts (tuning_inputs)
         self.device = device
         self.capture = capture
         self.sizes = graph_batch_sizes(max_num_seqs)
@@ -201,14 +202,16 @@ class DecodeGraphs:
     def _capture(self, b: int) -> None:
         t0 = time.perf_counter()
         saved = self.stage[:5 * b].clone()  # this step's inputs; capture runs on dummy ones
-        self.stage[:5 * b].copy_(torch.tensor([0] * 2 * b + [-1] * b + [1] * b + [self.sizes[-1]] * b,
-                                              dtype=torch.int64))
+        saved_rows = self.table_rows[:b].clone()   # rows of live sequences when a size is captured while serving
+        ctx = self.tuning_inputs(b)
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)
         try:
             with torch.cuda.stream(self.stream):
                 self._forward(b)  # compiles and autotunes every kernel for this size, outside the capture
             self.stream.synchronize()
+            self.table_rows[:b].copy_(saved_rows)
+            self._stage_dummies(b)   # the capture records launches, not values: one-token dummies will do
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
                 out = self._forward(b)
@@ -218,9 +221,34 @@ class DecodeGraphs:
                         b, self.failed)
             torch.cuda.synchronize(self.device)
             self.stage[:5 * b].copy_(saved)
+            self.table_rows[:b].copy_(saved_rows)
             main.wait_stream(self.stream)
             return
         main.wait_stream(self.stream)
         self.stage[:5 * b].copy_(saved)
         self.graphs[b] = (graph, out)
-        log.info("captured the decode CUDA graph for batch size %d in %.2f s", b, time.perf_counter() - t0)
+        log.info("captured the decode CUDA graph for batch size %d in %.2f s (kernels tuned at %d-token contexts)", b,
+                 time.perf_counter() - t0, ctx)
+
+    def _stage_dummies(self, b: int) -> None:
+        """b one-token rows on the padding row's (zero) table, writing nothing (slots -1)."""
+        self.stage[:5 * b].copy_(torch.tensor([0] * 2 * b + [-1] * b + [1] * b + [self.sizes[-1]] * b,
+                                              dtype=torch.int64))
+
+    def tuning_inputs(self, b: int) -> int:
+        """Stage the inputs of the eager forward that compiles and autotunes a b-row step's kernels: each row a context
+        of its own blocks, as long as the cache holds for b rows (at most the table width), so that decode attention
+        is tuned at the lengths it serves. One-token dummies had tuned it to a config that is 1.4-2x slower at 2,300
+        tokens (BENCHMARKS.md "FP8 decode attention"). Rows 0..b-1 of table_rows are overwritten (the caller keeps
+        and restores them); nothing is written to the cache (slots -1), what the blocks hold is read and dropped.
+        Returns the context length (1 without num_blocks)."""
+        n = min(self.table_rows.shape[1], (self.num_blocks or 0) // b)
+        if n == 0:
+            self._stage_dummies(b)
+            return 1
+        ctx = n * self.block_size
+        self.table_rows[:b].zero_()
+        self.table_rows[:b, :n].copy_(torch.arange(b * n, dtype=torch.int32, device=self.device).view(b, n))
+        self.stage[:5 * b].copy_(torch.tensor([0] * 2 * b + [-1] * b + [ctx] * b + list(range(b)),
+                                              dtype=torch.int64))
+        return ctx

@@ -74,8 +74,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager and kernel_set.graph_safe:
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=config.max_num_seqs,
-                                              max_blocks_per_seq=self.max_blocks,
-                                              block_size=self.block_size, device=device)
+                                              max_blocks_per_seq=self.max_blocks, block_size=self.block_size,
+                                              device=device, num_blocks=self.num_blocks)
         # steps with prefill tokens replay piecewise graphs when asked for (engine/execution/piecewise_graphs.py)
         self.piecewise: PiecewiseGraphs | None = None
         if self.decode_graphs is not None and config.piecewise_graphs:
@@ -237,7 +237,7 @@ class ModelRunner:
         c = self.config
         self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs=c.max_num_seqs,
                                           max_blocks_per_seq=self.max_blocks, block_size=self.block_size,
-                                          device=self.device, capture=False)
+                                          device=self.device, capture=False, num_blocks=self.num_blocks)
         self.piecewise = PiecewiseGraphs(self.model, self.kv_caches, max_tokens=c.max_num_batched_tokens,
                                          device=self.device, capture=False)
 

@@ -213,3 +213,46 @@ def test_persistent_tables_follow_appends_departures_and_replaced_tables():
     a.token_ids, a.num_computed_tokens = [1] * 3, 2
     step(c, a)
     step(seq(3, [2, 2, 2, 2, 2], 20), c, a, b)
+
+
+def test_kernels_are_tuned_at_real_lengths_on_blocks_of_their_own():
+    """The eager forward before a capture compiles and autotunes the step's kernels: each row must be a context as long
+    as the cache holds for the batch (at most the table width), on blocks no other row reads (one-token dummies tuned
+    decode attention to a config 1.4-2x slower at real lengths), writing nothing; the live rows come back after."""
+    seen = []
+
+    class Model:
+        def forward(self, ids, pos, kv, meta):
+            seen.append((meta.decode_block_tables.clone(), meta.decode_context_lens.clone(), meta.slot_mapping.clone()))
+            return torch.zeros(ids.shape[0], 2)
+
+    g = DecodeGraphs(Model(), None, max_num_seqs=4, max_blocks_per_seq=5, block_size=4, device=torch.device("cpu"),
+                     capture=False, num_blocks=14)
+    assert g.tuning_inputs(2) == 5 * 4   # 14 blocks hold 7 per row; the tables take 5
+    g._forward(2)
+    tables, lens, slots = seen[-1]
+    assert tables.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]] and lens.tolist() == [20, 20]
+    assert (slots == -1).all()
+    assert g.tuning_inputs(4) == 3 * 4   # 14 // 4 = 3 blocks each
+    g._forward(4)
+    tables, lens, _ = seen[-1]
+    assert len({blk for row in tables[:, :3].tolist() for blk in row}) == 12 and (tables[:, 3:] == 0).all()
+    assert lens.tolist() == [12] * 4
+    assert DecodeGraphs(Model(), None, max_num_seqs=4, max_blocks_per_seq=5, block_size=4, device=torch.device("cpu"),
+                        capture=False).tuning_inputs(4) == 1   # no block count: one-token dummies, as before
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_capture_while_serving_leaves_the_live_rows_as_they_were():
+    g = DecodeGraphs(_CaptureModel(), None, max_num_seqs=4, max_blocks_per_seq=5, block_size=4,
+                     device=torch.device("cuda"), num_blocks=40)
+    g.table_rows[:2, :2] = torch.tensor([[3, 4], [5, 6]], dtype=torch.int32, device="cuda")
+    rows = g.table_rows.clone()
+    g._capture(2)
+    assert torch.equal(g.table_rows, rows) and 2 in g.graphs
+
+
+class _CaptureModel:
+    def forward(self, ids, pos, kv, meta):
+        return (meta.decode_block_tables.float().sum(1, keepdim=True) + meta.decode_context_lens[:, None]).expand(-1, 2)

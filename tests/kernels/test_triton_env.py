@@ -21,7 +21,7 @@ def on_a_gpu(monkeypatch):
 
 def test_cache_dir_is_keyed_by_gpu_and_driver_under_the_users_dir(on_a_gpu, monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    want = str(tmp_path / "sits-NVIDIA-H200-141-GB-driver-580.95.05")
+    want = str(tmp_path / "sits-NVIDIA-H200-141-GB-driver-580.95.05-tune2")
     assert triton_env.use_device_cache_dir(torch.device("cuda", 0)) == want == os.environ["TRITON_CACHE_DIR"]
     # a child process inherits the keyed directory: it is not nested again
     assert triton_env.use_device_cache_dir(torch.device("cuda", 0)) == want
@@ -31,7 +31,7 @@ def test_cache_dir_defaults_under_home(on_a_gpu, monkeypatch, tmp_path):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     got = triton_env.use_device_cache_dir(torch.device("cuda"))
-    assert got == str(tmp_path / ".triton" / "cache" / "sits-NVIDIA-H200-141-GB-driver-580.95.05")
+    assert got == str(tmp_path / ".triton" / "cache" / "sits-NVIDIA-H200-141-GB-driver-580.95.05-tune2")
 
 
 def test_cpu_leaves_the_cache_alone(monkeypatch):
