@@ -125,6 +125,16 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, device) -> int:
     return min(64, next_pow2(triton.cdiv(4 * num_sms(device), max(1, work))))
 
 
+def split_buffers(out: torch.Tensor, splits: int, d_p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partials _merge_splits_kernel reads, for `out` [S, Hq, D] in `splits` KV splits: part_o
+    [S, Hq, splits, d_p] and part_lse [S, Hq, splits] fp32 (with one split, `out` twice: unused)."""
+    if splits == 1:
+        return out, out
+    s, hq = out.shape[0], out.shape[1]
+    return (torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=out.device),
+            torch.empty(s, hq, splits, dtype=torch.float32, device=out.device))
+
+
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, *, num_splits: int | None = None):
     # q: [S, Hq, D]; k_cache/v_cache: [NB, PAGE, Hkv, D]; block_tables: [S, max_blocks]; context_lens: [S] (>= 1)
     check_decode_args(q, k_cache, v_cache, block_tables, context_lens)
@@ -143,11 +153,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     splits = num_splits or (2 if interp else choose_num_splits(s, hkv, q.device))
     splits = next_pow2(splits)
     d_p = max(16, next_pow2(d))
-    if splits > 1:
-        part_o = torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_lse = out  # unused
+    part_o, part_lse = split_buffers(out, splits, d_p)
     args = (q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse, float(scale) * math.log2(math.e),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
             v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), hq,

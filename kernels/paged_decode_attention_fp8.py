@@ -19,7 +19,7 @@ import torch
 from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
 from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _merge_splits_kernel, check_decode_args,
-                                                 choose_num_splits, paged_decode_attention)
+                                                 choose_num_splits, paged_decode_attention, split_buffers)
 from sits.kernels.triton_env import autotune, check_device, fast, fast_tuned, interpreting, next_pow2, tl, triton
 
 PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
@@ -176,11 +176,7 @@ class DecodeLaunch:
         group = hq // hkv
         splits = next_pow2(num_splits or (2 if interpreting() else choose_num_splits(max(s, 1), hkv, q.device)))
         d_p = max(16, next_pow2(d))
-        if splits > 1:
-            part_o = torch.empty(s, hq, splits, d_p, dtype=torch.float32, device=q.device)
-            part_lse = torch.empty(s, hq, splits, dtype=torch.float32, device=q.device)
-        else:
-            part_o = part_lse = out  # unused
+        part_o, part_lse = split_buffers(out, splits, d_p)
         args = (q, kd, vd, ks, vs, block_tables, context_lens, out, part_o, part_lse,
                 float(scale) * math.log2(math.e),
                 q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1),
