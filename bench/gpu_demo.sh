@@ -59,7 +59,7 @@ timeout 60 python3 bench/gpu_demo_kernels.py 2>&1 | tee "$OUT/kernels.txt"
 SAMPLER=$!
 
 stamp "demo: --device cuda --scenario $SCENARIOS --parallel $PARALLEL (timeout ${DEMO_TIMEOUT}s)"
-# SITS_DEMO_ARGS: more `sits-control demo` flags, e.g. for the fp8 releases (scenarios w8a8,f16):
+# SITS_DEMO_ARGS: more `sits-control demo` flags, e.g. for the fp8 releases (scenarios w8a8,f16,fused):
 #   SITS_DEMO_ARGS="--production-kernels triton-v1.3 --engine-arg '--quantization fp8 --kv-cache-dtype fp8'"
 extra=()
 [[ -n "${SITS_DEMO_ARGS:-}" ]] && mapfile -t extra < <(python3 -c 'import os, shlex; print("\n".join(shlex.split(os.environ.get("SITS_DEMO_ARGS", ""))))')

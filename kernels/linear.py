@@ -38,10 +38,14 @@ def fp16_shift(amax):
 def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
                    stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr = False):
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr = False,
+                   SILU_MUL: tl.constexpr = False):
     # grid: (tiles, SPLIT_K). Split s reduces k in [s * k_per, (s + 1) * k_per); with SPLIT_K > 1 every split stores
     # its fp32 partial to ws [SPLIT_K, M, N] and bumps the tile's counter; the last to arrive sums the partials in
     # split order (deterministic), applies scale/bias, writes out and resets the counter to 0 for the next launch.
+    # SILU_MUL (triton-v1.6, kernels/silu_and_mul_linear.py): x's rows are [gate | up] (2K wide) and each x tile is
+    # silu(gate) * up, computed as kernels/silu_and_mul.py computes it (fp32, rounded to x's dtype), so the product
+    # sees the same values as after the separate activation.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -66,12 +70,18 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # K % (SPLIT_K * BLOCK_K) == 0: every tile is whole
-            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            x_mask = mask_m[:, None]
             w = tl.load(w_ptrs, eviction_policy="evict_first")  # weights stream through once
         else:
             mask_k = (k0 + offs_k) < k_hi
-            x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            x_mask = mask_m[:, None] & mask_k[None, :]
             w = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0, eviction_policy="evict_first")
+        if SILU_MUL:
+            g = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptrs + K, mask=x_mask, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
         if F16_DOT:   # (triton-v1.5, bf16 x, e4m3 w) each row of the tile lowered into fp16's range, raised after
             xf = x.to(tl.float32)
             shift = fp16_shift(tl.max(tl.abs(xf), 1))
@@ -139,9 +149,11 @@ _even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # tells apart, and a cold warm-up times 32 of them
 _BENCH = dict(warmup=5, rep=25)
 # F16_DOT (triton-v1.5's fp16 dots, decode sizes only) tunes apart: the conversion changes which tile wins
-_linear_small_m = autotune(_SMALL_M, key=["N", "K", "F16_DOT"], use_cuda_graph=True,
+# (and SILU_MUL, triton-v1.6's activation prologue)
+_linear_small_m = autotune(_SMALL_M, key=["N", "K", "F16_DOT", "SILU_MUL"], use_cuda_graph=True,
                            **_BENCH)(_even_k(_linear_kernel))
-_linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT"], use_cuda_graph=True, **_BENCH)(_even_k(_linear_kernel))
+_linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT", "SILU_MUL"], use_cuda_graph=True,
+                              **_BENCH)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
 _linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
 _LOCKS: dict = {}
@@ -197,10 +209,14 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     return out.view(*x.shape[:-1], n)
 
 
-def weight_only(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor, *, f16_dot: bool = False) -> None:
+def weight_only(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor, *, f16_dot: bool = False,
+                silu_mul: bool = False) -> None:
     """out = x2 W^T (+ b) through the weight-only kernel (x2 [M, K] with unit column stride, M >= 1), tuned or fixed
-    as linear() does. f16_dot (triton-v1.5, kernels/linear_fp8_f16.py): bf16 x and e4m3 weights enter an fp16 dot."""
-    m, k = x2.shape
+    as linear() does. f16_dot (triton-v1.5, kernels/linear_fp8_f16.py): bf16 x and e4m3 weights enter an fp16 dot.
+    silu_mul (triton-v1.6, kernels/silu_and_mul_linear.py): x2 is [M, 2K] = [gate | up] and the product is
+    silu_and_mul(x2) W^T."""
+    m = x2.shape[0]
+    k = weight.shape[1]
     n = weight.shape[0]
     precision = "ieee" if x2.dtype == torch.float32 else "tf32"
     fixed = interpreting() or x2.dtype == torch.float32 or n * k < _TUNE_MIN_WEIGHT  # no autotuning runs
@@ -211,20 +227,21 @@ def weight_only(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tens
         config = dict(BLOCK_M=16 if m <= 16 else 64, BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=3)
     else:
         config = None
-    _launch(x2, weight, bias, out, precision, config, f16_dot)
+    _launch(x2, weight, bias, out, precision, config, f16_dot, silu_mul)
 
 
-def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None, f16_dot: bool = False) -> None:
+def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None, f16_dot: bool = False,
+            silu_mul: bool = False) -> None:
     # config None: the autotuned kernel for this M; else BLOCK_M/N/K, SPLIT_K (+ num_warps, num_stages, DOT_F32)
-    m, k = x2.shape
-    n = weight.shape[0]
+    m = x2.shape[0]
+    n, k = weight.shape
     qw = weight.qweight
     has_bias = bias is not None
     b = bias.contiguous() if has_bias else weight.scale
     autotuned = tune_key = None
     if config is None:  # the autotuner's winner for this shape, once it has run
         autotuned = autotuner_for(m)
-        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision, f16_dot)
+        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision, f16_dot, silu_mul)
         tuned = tuned_launcher(autotuned, tune_key)
         config = tuned.constexprs if tuned is not None else None
     # before the first tuning, size the split-K buffers for any candidate (locks: one per 16 x 16 tile at most)
@@ -240,14 +257,15 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     if autotuned is not None:
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
         fast_tuned(autotuned, _linear_kernel, tune_key, grid, *args, HAS_BIAS=has_bias, DOT_F32=False,
-                   DOT_PRECISION=precision, F16_DOT=f16_dot,
+                   DOT_PRECISION=precision, F16_DOT=f16_dot, SILU_MUL=silu_mul,
                    derived=lambda best: {"EVEN_K": _is_even_k(k, best.kwargs)})  # the heuristic, for the launcher
         return
     c = dict(config)
     c.setdefault("DOT_F32", False)
     c["EVEN_K"] = _is_even_k(k, c)
     grid = (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])
-    _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, F16_DOT=f16_dot, **c)
+    _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, F16_DOT=f16_dot,
+                         SILU_MUL=silu_mul, **c)
 
 
 def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int = 16, block_n: int = 64,

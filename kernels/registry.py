@@ -23,6 +23,12 @@ OP_NAMES = (
     "paged_decode_attention",
     "linear",
 )
+# optional ops: one launch for what the engine otherwise does with two of the ops above (the ones named here). A set
+# without it (None) runs the two; a set derived with either of the two replaced drops the inherited fusion unless it
+# gives one, so a new linear or activation is what runs (derive()).
+FUSED_OPS = {
+    "silu_and_mul_linear": ("silu_and_mul", "linear"),   # (x [T, 2I], weight [N, I], bias=None) -> linear(silu_and_mul(x))
+}
 DEVICES = ("cpu", "cuda")
 # how the KV cache's pages are stored: "auto" = the model's dtype, "fp8" = e4m3 with a scale per (token, kv head)
 # (kernels/kv_fp8.py); a set lists those its rope_and_cache and attention ops take (`kv_cache_dtypes`)
@@ -74,6 +80,7 @@ class KernelSet:
     prefill_attention: Callable
     paged_decode_attention: Callable
     linear: Callable
+    silu_and_mul_linear: Callable | None = None   # FUSED_OPS
     # the ops never wait on the GPU from the host and launch the same kernels for the same shapes, so the engine may
     # capture decode steps in CUDA graphs (engine/execution/cuda_graphs.py); derived sets inherit it
     graph_safe: bool = False
@@ -102,9 +109,9 @@ class KernelSet:
         if self.parent is not None and (not isinstance(self.parent, str) or not _NAME.match(self.parent)):
             raise KernelSetError(f"kernel set {self.name!r}: parent {self.parent!r} must be a kernel set name")
         overrides = tuple(self.overrides)
-        if any(op not in OP_NAMES for op in overrides) or len(set(overrides)) != len(overrides):
+        if any(op not in OP_NAMES and op not in FUSED_OPS for op in overrides) or len(set(overrides)) != len(overrides):
             raise KernelSetError(f"kernel set {self.name!r}: overrides {self.overrides!r} must be distinct op names "
-                                 f"from {OP_NAMES}")
+                                 f"from {OP_NAMES + tuple(FUSED_OPS)}")
         object.__setattr__(self, "overrides", overrides)
         kv = tuple(self.kv_cache_dtypes)
         if "auto" not in kv or any(k not in KV_CACHE_DTYPES for k in kv) or len(set(kv)) != len(kv):
@@ -114,9 +121,21 @@ class KernelSet:
         for op in OP_NAMES:
             if not callable(getattr(self, op)):
                 raise KernelSetError(f"kernel set {self.name!r}: op {op!r} is not callable")
+        for op in FUSED_OPS:
+            if getattr(self, op) is not None and not callable(getattr(self, op)):
+                raise KernelSetError(f"kernel set {self.name!r}: fused op {op!r} must be callable or None")
 
     def ops(self) -> dict[str, Callable]:
-        return {op: getattr(self, op) for op in OP_NAMES}
+        """Every op the set has: OP_NAMES, then the FUSED_OPS it provides."""
+        return {op: getattr(self, op) for op in (*OP_NAMES, *FUSED_OPS) if getattr(self, op) is not None}
+
+    def op(self, name: str) -> Callable:
+        """The op `name`; for a fused op (FUSED_OPS) the set does not provide, the composition of the ops it fuses,
+        this set's own (e.g. linear(silu_and_mul(x), weight, bias)): what the engine runs in its place."""
+        fn = getattr(self, name)
+        if fn is None and name == "silu_and_mul_linear":
+            return lambda x, weight, bias=None: self.linear(self.silu_and_mul(x), weight, bias)
+        return fn
 
     def supports(self, device: str) -> bool:
         """`device` like "cuda", "cuda:1" or "cpu"."""
@@ -139,12 +158,17 @@ class KernelSet:
         capturable as the ones it replaces, or pass graph_safe=False. `regression` is inherited unless given
         (None clears it). `kv_cache_dtypes` is inherited while no KV op (KV_OPS) is replaced, else ("auto",) unless
         given: a replaced attention or cache write claims no page format beyond the plain one on its own. The new set
-        records this one as its parent and the replaced ops as its overrides."""
-        unknown = sorted(set(ops) - set(OP_NAMES))
+        records this one as its parent and the replaced ops as its overrides. A fused op (FUSED_OPS) is inherited
+        unless one of the ops it fuses is replaced: then the set has none (None) unless one is given."""
+        unknown = sorted(set(ops) - set(OP_NAMES) - set(FUSED_OPS))
         if unknown:
-            raise KernelSetError(f"unknown op(s) {unknown}; ops are {list(OP_NAMES)}")
+            raise KernelSetError(f"unknown op(s) {unknown}; ops are {list(OP_NAMES)}, fused ops {list(FUSED_OPS)}")
+        given = tuple(op for op in (*OP_NAMES, *FUSED_OPS) if op in ops)
+        for fused, parts in FUSED_OPS.items():   # a replaced part runs: the inherited fusion would bypass it
+            if fused not in ops and set(parts) & set(ops):
+                ops[fused] = None
         if description is None:
-            changed = ", ".join(sorted(ops)) or "no ops"
+            changed = ", ".join(sorted(given)) or "no ops"
             description = f"{self.name} {self.version} with {changed} replaced"
         if kv_cache_dtypes is None:
             kv_cache_dtypes = ("auto",) if set(ops) & set(KV_OPS) else self.kv_cache_dtypes
@@ -153,7 +177,7 @@ class KernelSet:
                                    devices=self.devices if devices is None else tuple(devices),
                                    graph_safe=self.graph_safe if graph_safe is None else graph_safe,
                                    regression=self.regression if regression is _Inherit else regression,
-                                   parent=self.name, overrides=tuple(op for op in OP_NAMES if op in ops), **ops)
+                                   parent=self.name, overrides=given, **ops)
 
 
 _lock = threading.RLock()

@@ -18,6 +18,7 @@ from sits.kernels import prefill_attention_ref as _prefill_ref
 from sits.kernels import rms_norm as _rms
 from sits.kernels import rope_and_cache as _rope
 from sits.kernels import silu_and_mul as _silu
+from sits.kernels import silu_and_mul_linear as _silu_and_mul_linear
 from sits.kernels.registry import KernelSet, register_kernel_set
 
 TORCH = register_kernel_set(KernelSet(
@@ -94,6 +95,13 @@ TRITON_V1_5 = register_kernel_set(TRITON_V1_4.derive(
     paged_decode_attention=_decode_fp8.paged_decode_attention_fp8kv_f16,
 ))
 
+TRITON_V1_6 = register_kernel_set(TRITON_V1_5.derive(
+    "triton-v1.6", "1.6.0",
+    description="triton-v1.5 with the MLP's SiLU-and-mul folded into the down projection (fused op "
+                "silu_and_mul_linear): with int8/fp8 weights at decode sizes (up to 32 rows) the weight-only kernel "
+                "computes silu(gate) * up as it loads each x tile, one launch fewer per layer; otherwise v1.5's two ops",
+    silu_and_mul_linear=_silu_and_mul_linear.silu_and_mul_linear,
+))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(

@@ -46,7 +46,10 @@ GPU_SCENARIOS = {s.name: s for s in (
              "an fp8 release (fp8 weights on the fp8 tensor cores by row count: weight-only, torch._scaled_mm, the "
              "W8A8 GEMM): expected to be promoted; the correctness gate judges its e4m3 activations"),
     Scenario("f16", "triton-v1.5", Phase.SUCCEEDED,
-             "an fp8 release (e4m3 weights and KV pages read through fp16 dots): expected to be promoted"))}
+             "an fp8 release (e4m3 weights and KV pages read through fp16 dots): expected to be promoted"),
+    Scenario("fused", "triton-v1.6", Phase.SUCCEEDED,
+             "a fused release (SiLU-and-mul inside the down projection with int8/fp8 weights at decode sizes): "
+             "expected to be promoted; with --production-kernels triton-v1.5 the gate judges only the fused op"))}
 
 
 # from this live rate on (requests/s through the router) the checked step's samples come mostly from users: the slow

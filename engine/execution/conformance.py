@@ -18,6 +18,8 @@ the attention cases read pages quantized once, which the fp64 reference reads to
 precision includes e4m3 activations (W8A8: kernels/fp8_gemm.py from 64 rows, kernels/linear_w8a8.py from 33): a linear
 case's reference error is the larger of the torch reference's and that of the same product with x rounded to e4m3
 per row (`linear_w8a8_ref`), so a W8A8 kernel is held to W8A8's rounding, not to exact activations.
+A fused op (kernels.FUSED_OPS, e.g. `silu_and_mul_linear`) is measured against the reference set's composition of the
+ops it fuses (`KernelSet.op`), with the same allowance.
 """
 from __future__ import annotations
 
@@ -232,6 +234,12 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
         for t in rows:
             yield _Case("linear", f"{t} x {k_in} -> {n_out}" + (f" ({s.quantization})" if s.quantization else ""),
                         [inp.normal(t, k_in), w], quantize=s.quantization)
+    # the fused activation + down projection (FUSED_OPS): the MLP's [gate | up] rows into the down weight
+    w = inp.normal(s.hidden, s.intermediate, std=s.intermediate ** -0.5)
+    for t in rows:
+        yield _Case("silu_and_mul_linear", f"{t} x {2 * s.intermediate} -> {s.hidden}"
+                    + (f" ({s.quantization})" if s.quantization else ""),
+                    [inp.normal(t, 2 * s.intermediate), w], quantize=s.quantization)
     w = inp.normal(s.vocab, s.hidden, std=s.hidden ** -0.5)
     for t in sorted({1, min(s.max_num_seqs, tmax)}):
         yield _Case("linear", f"{t} x {s.hidden} -> {s.vocab} (LM head)", [inp.normal(t, s.hidden), w])
@@ -244,6 +252,9 @@ def _served(case: _Case, dtype: torch.dtype) -> _Case:
         return case
     x, w = case.args
     return _Case(case.op, case.case, [x, quantize_weight(w.to(dtype), case.quantize)], case.outputs)
+
+
+_LINEARS = ("linear", "silu_and_mul_linear")   # the ops whose second argument is a (possibly fp8) weight
 
 
 def _fp8_weight(case: _Case) -> bool:
@@ -262,8 +273,8 @@ def measure(kernel_set, shapes: Shapes, device: torch.device, dtype: torch.dtype
     reference = reference or kernels.get_kernel_set(REFERENCE)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     t0 = time.perf_counter()
-    ops = {op: op_identity(getattr(kernel_set, op)) for op in kernels.OP_NAMES}
-    measured = [op for op in kernels.OP_NAMES if getattr(kernel_set, op) is not getattr(reference, op)]
+    ops = {op: op_identity(fn) for op, fn in kernel_set.ops().items()}
+    measured = [op for op in ops if getattr(kernel_set, op) is not getattr(reference, op)]
     report = {"kernel_set": kernel_set.name, "kernel_version": kernel_set.version, "reference": reference.name,
               "device": str(device), "dtype": str(dtype).removeprefix("torch."), "seed": seed,
               "shapes": shapes.describe(), "ops": ops, "measured_ops": measured, "cases": [], "seconds": 0.0}
@@ -278,13 +289,15 @@ def measure(kernel_set, shapes: Shapes, device: torch.device, dtype: torch.dtype
             row = {"op": case.op, "case": case.case}
             case = _served(case, dtype)
             try:
-                ref64 = _run(getattr(reference, case.op), case, torch.float64)
+                ref = reference.op(case.op)   # a fused op: the reference's composition of what it fuses
+                ref64 = _run(ref, case, torch.float64)
                 ref64 = tuple(r.to(torch.float64) for r in ref64) if isinstance(ref64, tuple) else ref64.double()
-                same = _run(getattr(reference, case.op), case, dtype)
+                same = _run(ref, case, dtype)
                 row["reference_error"] = _max_error(same, ref64)
-                if case.op == "linear" and _fp8_weight(case):   # an fp8 model's serving precision: e4m3 activations
-                    row["reference_error"] = max(row["reference_error"],
-                                                 _max_error(_run(linear_w8a8_ref, case, dtype), ref64))
+                if case.op in _LINEARS and _fp8_weight(case):   # an fp8 model's serving precision: e4m3 activations
+                    w8a8 = linear_w8a8_ref if case.op == "linear" else \
+                        (lambda x, w: linear_w8a8_ref(reference.silu_and_mul(x), w))
+                    row["reference_error"] = max(row["reference_error"], _max_error(_run(w8a8, case, dtype), ref64))
                 row["scale"] = _scale(ref64)
             except Exception as e:   # noqa: BLE001  (a shape the reference cannot take is a bug of this module)
                 log.exception("conformance: the reference %s failed on %s", case.op, case.case)

@@ -93,7 +93,11 @@ class LlamaDecoderLayer:
         if self.tp is not None:   # row-parallel: each rank holds a partial sum
             hidden = self.tp.all_reduce(hidden)
         x, residual = self.post_attention_layernorm(hidden, residual)
-        out = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if self.ks.silu_and_mul_linear is not None:   # a set that fuses the activation into the down projection
+            out = self.ks.silu_and_mul_linear(gate_up, self.down_proj.weight)
+        else:
+            out = self.down_proj(self.ks.silu_and_mul(gate_up))
         if self.tp is not None:
             out = self.tp.all_reduce(out)
         return out, residual

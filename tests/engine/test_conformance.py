@@ -13,6 +13,7 @@ from sits.engine.config import EngineConfig
 from sits.engine.llm_engine import LLMEngine
 from sits.kernels import get_kernel_set, register_kernel_set, unregister_kernel_set
 from sits.kernels.kv_fp8 import Fp8Pages
+from tests.engine.helpers import greedy_logits
 
 POLICY = ConformancePolicy()
 
@@ -130,3 +131,64 @@ def test_an_fp8_kv_engine_measures_its_kv_ops_on_fp8_pages(fp8_decode_sets, torc
     assert bad.outcome is Outcome.FAIL and {f.op for f in bad.failures} == {"paged_decode_attention"}, bad.reason
     plain = judge(_report("fp8-decode-no-scales", max_model_len=1000), torch_report, POLICY)
     assert plain.outcome is Outcome.PASS, plain.reason
+
+
+def _silu_and_mul_linear_through(x, weight, bias=None):
+    """The reference's activation and linear under another name: a correct release of the fused op."""
+    ref = get_kernel_set("torch")
+    return ref.linear(ref.silu_and_mul(x), weight, bias)
+
+
+def _silu_and_mul_linear_without_silu(x, weight, bias=None):
+    """A fused op that forgets the SiLU (gate * up): the kind of bug a fusion brings."""
+    i = x.shape[-1] // 2
+    return get_kernel_set("torch").linear(x[..., :i] * x[..., i:], weight, bias)
+
+
+@pytest.fixture(scope="module")
+def fused_sets():
+    from sits.kernels.silu_and_mul_linear import silu_and_mul_linear
+    torch_set = get_kernel_set("torch")
+    names = {"fused-release": _silu_and_mul_linear_through, "fused-no-silu": _silu_and_mul_linear_without_silu,
+             "fused-triton": silu_and_mul_linear}
+    for name, fn in names.items():
+        register_kernel_set(torch_set.derive(name, "0.0.1", silu_and_mul_linear=fn))
+    yield
+    for name in names:
+        unregister_kernel_set(name)
+
+
+@pytest.mark.parametrize("name,outcome", [("fused-release", Outcome.PASS), ("fused-no-silu", Outcome.FAIL),
+                                          ("fused-triton", Outcome.PASS)])
+def test_a_fused_op_is_judged_against_the_reference_composition(fused_sets, torch_report, name, outcome):
+    # int8 weights: the Triton fusion (triton-v1.6's, under the interpreter here) runs its prologue up to 32 rows
+    report = _report(name, quantization="int8")
+    assert report["measured_ops"] == ["silu_and_mul_linear"]
+    assert "silu_and_mul_linear" in report["ops"] and "silu_and_mul_linear" not in torch_report["ops"]
+    v = judge(report, torch_report, POLICY)
+    assert v.outcome is outcome, v.reason
+    assert v.judged_ops == ("silu_and_mul_linear",) and v.cases >= 3   # rows 1, 7 (fused) and 64 on CPU
+    if outcome is Outcome.FAIL:
+        assert "silu_and_mul_linear at " in v.reason
+
+
+def test_the_model_runs_the_fused_op_where_a_set_has_one(fused_sets):
+    # the engine calls the set's fused op for the MLP (one call per layer and step) and answers as the reference does
+    calls = []
+
+    def counted(x, weight, bias=None):
+        calls.append(x.shape[0])
+        return _silu_and_mul_linear_through(x, weight, bias)
+    register_kernel_set(get_kernel_set("torch").derive("fused-counted", "0.0.1", silu_and_mul_linear=counted))
+    try:
+        prompts = {"a": [5, 17, 99, 3], "b": list(range(70))}   # b: past one page
+        ref, got = greedy_logits("torch", prompts, "cpu", steps=4), greedy_logits("fused-counted", prompts, "cpu",
+                                                                                   steps=4)
+    finally:
+        unregister_kernel_set("fused-counted")
+    n_layers = LLMEngine(EngineConfig(model="tiny", device="cpu", conformance=False)).model_runner.model_config \
+        .num_hidden_layers
+    assert len(calls) >= 4 * n_layers and len(calls) % n_layers == 0
+    for rid in prompts:
+        assert got[rid][1] == ref[rid][1]
+        assert all(torch.equal(a, b) for a, b in zip(got[rid][0], ref[rid][0]))

@@ -63,6 +63,35 @@ def test_malformed_sets_are_rejected(kwargs, match):
         get_kernel_set("torch").derive(ops["name"], ops["version"], devices=ops["devices"], **extra)
 
 
+def test_a_fused_op_is_inherited_until_an_op_it_fuses_is_replaced():
+    v15, v16 = get_kernel_set("triton-v1.5"), get_kernel_set("triton-v1.6")
+    fused = v16.silu_and_mul_linear
+    assert "silu_and_mul_linear" in kernels.FUSED_OPS and "silu_and_mul_linear" in v16.ops()
+    assert "silu_and_mul_linear" not in v15.ops() and v15.op("silu_and_mul_linear") is not None
+    assert v16.derive("fused-kept", "1.0.0", rms_norm=v15.rms_norm).silu_and_mul_linear is fused
+    assert "silu_and_mul_linear" in v16.derive("fused-kept", "1.0.0").catalogue_entry()["ops"]
+
+    def my_linear(x, w, b=None):
+        return v16.linear(x, w, b)
+    new_linear = v16.derive("new-linear", "1.0.0", linear=my_linear)   # the new linear must run for the MLP too
+    assert new_linear.silu_and_mul_linear is None and new_linear.overrides == ("linear",)
+    assert "silu_and_mul_linear" not in new_linear.catalogue_entry()["ops"]
+    assert "linear" in new_linear.description and "silu_and_mul_linear" not in new_linear.description
+    assert v16.derive("new-act", "1.0.0", silu_and_mul=v15.silu_and_mul).silu_and_mul_linear is None
+    both = v16.derive("both", "1.0.0", linear=my_linear, silu_and_mul_linear=fused)
+    assert both.silu_and_mul_linear is fused and both.overrides == ("linear", "silu_and_mul_linear")
+    # where a set has none, op() composes its own two: the engine runs exactly that
+    calls = []
+    torch_set = get_kernel_set("torch")
+    traced = torch_set.derive("traced", "1.0.0", linear=lambda x, w, b=None: calls.append(x.shape) or
+                              torch_set.linear(x, w, b))
+    x, w = torch.randn(3, 8), torch.randn(5, 4)
+    assert torch.equal(traced.op("silu_and_mul_linear")(x, w), torch_set.linear(torch_set.silu_and_mul(x), w))
+    assert calls == [(3, 4)]
+    with pytest.raises(KernelSetError, match="fused op 'silu_and_mul_linear' must be callable or None"):
+        torch_set.derive("bad-fused", "1.0.0", silu_and_mul_linear="not a function")
+
+
 def test_derive_rejects_unknown_op():
     with pytest.raises(KernelSetError, match="unknown op"):
         get_kernel_set("torch").derive("x", "1.0.0", flash=lambda: None)

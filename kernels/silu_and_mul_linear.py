@@ -1,0 +1,44 @@
+"""triton-v1.6's fused op `silu_and_mul_linear`: the MLP's activation folded into the down projection's prologue.
+
+A decode layer runs the gate/up projection, SiLU-and-mul (one small kernel) and the down projection. With quantized
+weights at decode sizes the down projection is kernels/linear.py's weight-only kernel, which loads x one K tile at a
+time: with its constexpr SILU_MUL it loads the tile's gate and up halves instead and computes silu(gate) * up there,
+exactly as kernels/silu_and_mul.py does (fp32, rounded to x's dtype), so the product sees the same values and the
+separate kernel, its launch and its [T, I] round trip through memory are gone (32 launches of a llama3-8b step).
+
+Where triton-v1.5 would run the weight-only kernel for the down projection -- int8 or fp8 weights times up to
+WEIGHT_ONLY_MAX_M (32) rows, fp16 dots for fp8 weights of a bf16 model up to F16_DOT_MAX_M (16) -- this runs the same
+kernel with the prologue; everything else (plain weights on cuBLAS, more rows) is v1.5's silu_and_mul then v1.5's
+linear. On CPU tensors under TRITON_INTERPRET=1 it runs too, and gives v1.5's two ops' result bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from sits.kernels import linear as _lin
+from sits.kernels.linear_fp8_f16 import F16_DOT_MAX_M, _f16_path, linear_fp8_f16
+from sits.kernels.linear_w8a8 import WEIGHT_ONLY_MAX_M
+from sits.kernels.quant import QuantizedWeight
+from sits.kernels.silu_and_mul import silu_and_mul
+from sits.kernels.triton_env import check_device
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = linear(silu_and_mul(x), W) (+ b): x [..., 2I] = [gate | up], W [N, I] (a tensor or QuantizedWeight)
+    -> [..., N] in x's dtype."""
+    if x.shape[-1] % 2 or x.shape[-1] // 2 != (weight.shape[1] if len(weight.shape) == 2 else -1):
+        raise ValueError(f"silu_and_mul_linear: x {tuple(x.shape)} must be [..., 2 x I] for weight [N, I] "
+                         f"{tuple(weight.shape)}")
+    n, i = weight.shape
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not isinstance(weight, QuantizedWeight) or m == 0 or m > WEIGHT_ONLY_MAX_M:
+        return linear_fp8_f16(silu_and_mul(x), weight, bias)
+    _lin.check_linear_args(x[..., :i], weight, bias)
+    check_device("silu_and_mul_linear", x)
+    x2 = x.reshape(-1, 2 * i)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    f16 = weight.kind == "fp8" and m <= F16_DOT_MAX_M and _f16_path(x)
+    _lin.weight_only(x2, weight, bias, out, f16_dot=f16, silu_mul=True)
+    return out.view(*x.shape[:-1], n)
