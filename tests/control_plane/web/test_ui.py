@@ -60,6 +60,16 @@ def test_detail_page_embeds_the_rollout_and_the_ops_that_differ(client, store):
     assert json.loads(re.search(r'id="can-act">(.*?)</script>', html, re.S).group(1)) is False
 
 
+@pytest.mark.parametrize("canary,production", [("triton-v1.6", "triton-v1.5"), ("triton-v1.5", "triton-v1.6")])
+def test_a_fused_op_one_side_has_is_an_op_that_differs(client, store, canary, production):
+    # triton-v1.6 adds the fused op silu_and_mul_linear; going back to v1.5 removes it: both ways it differs
+    ro = new_rollout(store, canary=canary, production=production)
+    login(client, TOKENS["viewer"])
+    html = client.get(f"/rollouts/{ro.id}").get_data(as_text=True)
+    shown = re.search(r"Ops that differ: (.*?)</p>", html, re.S).group(1)
+    assert re.findall(r'<code class="op">(.*?)</code>', shown) == ["silu_and_mul_linear"]
+
+
 def test_unknown_rollout_page_is_a_404_page(client):
     login(client, TOKENS["viewer"])
     r = client.get("/rollouts/nope")
