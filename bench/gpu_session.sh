@@ -14,6 +14,9 @@
 #                                  # same with fp8 weights (SITS_FP8_THROUGHPUT_ROWS), each engine in a process of its
 #                                  # own, then fp8
 #                                  # weights + FP8 KV pages (SITS_FP8_KV_ROWS, default decode1-fp8,b256-fp8); ratios last
+#   bench/gpu_session.sh fused     # bench/throughput.py --rows decode1-int8,decode1-fp8,b32-int8 (SITS_FUSED_ROWS) with
+#                                  # triton-v1.5, then triton-v1.6 (its fused SiLU-and-mul + down projection), each engine
+#                                  # in a process of its own; the two tables last
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
@@ -182,6 +185,22 @@ run_fp8() {
   summary+=("fp8 | rc $rc | $((SECONDS - t0)) s | tables in fp8.log, fp8-fp8kv.log")
 }
 
+run_fused() {
+  local budget="${SITS_FUSED_BUDGET_S:-540}" t0=$SECONDS rc=0 left ks extra=()
+  local rows="${SITS_FUSED_ROWS:-decode1-int8,decode1-fp8,b32-int8}"
+  local run=("$py")
+  # on CPU the Triton sets run under the interpreter (~90 s a set for the tiny model's smoke rows)
+  [[ "$phase" == dry-run ]] && { rows=decode1-int8; extra=(--smoke); run=(env TRITON_INTERPRET=1 "$py"); }
+  for ks in triton-v1.5 triton-v1.6; do
+    left=$((budget - (SECONDS - t0)))
+    echo "== fused ($ks, budget ${left} s): bench/throughput.py --kernels $ks --rows $rows ${extra[*]}"
+    timeout -k 10 "$left" "${run[@]}" bench/throughput.py --kernels "$ks" --rows "$rows" "${extra[@]}" \
+      --json "$out/throughput-$ks.json" 2>&1 | tee "$out/fused-$ks.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  done
+  summary+=("fused | rc $rc | $((SECONDS - t0)) s | tables in fused-triton-v1.5.log, fused-triton-v1.6.log")
+}
+
 run_int8() {
   local budget="${SITS_INT8_BUDGET_S:-420}" t0=$SECONDS rc=0 left cache
   if [[ "$phase" == dry-run ]]; then
@@ -260,7 +279,7 @@ versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving profile throughput kv-fp8 fp8 tensor-parallel) ;;
+  dry-run) phases=(tests serving profile throughput kv-fp8 fp8 fused tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -271,12 +290,13 @@ for ph in "${phases[@]}"; do
     throughput) run_throughput ;;
     kv-fp8) run_kv_fp8 ;;
     int8) run_int8 ;;
+    fused) run_fused ;;
     fp8) run_fp8 ;;
     fp8-rows) run_fp8_rows ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -293,8 +313,8 @@ fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
 fi
-for f in fp8 fp8-fp8kv; do
-  [[ -f "$out/$f.log" ]] && sed -n '/^row /,$p' "$out/$f.log"
+for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6; do
+  [[ -f "$out/$f.log" ]] && { echo "-- $f.log"; sed -n '/^row /,$p' "$out/$f.log"; }
 done
 if [[ -f "$out/kv-fp8.log" ]]; then
   sed -n '/^row /,$p' "$out/kv-fp8.log"
