@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from sits.kernels.quant import QuantizedWeight
-from sits.kernels.triton_env import autotune, next_pow2, tl, triton
+from sits.kernels.triton_env import autotune, grouped_tile, next_pow2, tl, triton
 
 FP8_NATIVE_MIN_M = 64
 FP8_MAX = 448.0
@@ -37,13 +37,7 @@ def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
                        stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

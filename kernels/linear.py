@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from sits.kernels.fp8_gemm import fp8_native, w8a8
 from sits.kernels.quant import QuantizedWeight
-from sits.kernels.triton_env import (autotune, check_device, fast_tuned, interpreting, next_pow2, tl, triton,
-                                tuned_launcher)
+from sits.kernels.triton_env import (autotune, check_device, fast_tuned, grouped_tile, interpreting, next_pow2, tl,
+                                triton, tuned_launcher)
 
 _TUNE_MIN_WEIGHT = 1 << 22  # smaller weights run a fixed config: tuning would cost more than it saves
 
@@ -48,13 +48,7 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
     # sees the same values as after the separate activation.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # weight rows past N wrap around (valid addresses, no load mask); x rows past M load as 0 (no memory traffic)

@@ -62,6 +62,18 @@ def check_device(op: str, t) -> None:
     raise TritonUnavailableError(f"{op}: Triton kernels don't support {t.device} tensors")
 
 
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of program `pid` over an M x N output in BLOCK_M x BLOCK_N tiles, GROUP_M row tiles at a time
+    (grouped ordering: programs that run together share weight column tiles in the L2)."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % group) % group_m, (pid % group) // group_m
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
