@@ -111,7 +111,8 @@ TUNING_REVISION = 2
 def use_device_cache_dir(device) -> str | None:
     """Point Triton's on-disk cache (compiled kernels and autotuning results) at a directory of this GPU model and
     driver under the usual one (TRITON_CACHE_DIR, else ~/.triton/cache), so a node with another GPU or driver never
-    reuses timings measured elsewhere (nor timings of an older TUNING_REVISION). Call before the first compile; a no-op off CUDA. Returns the directory."""
+    reuses timings measured elsewhere (nor timings of an older TUNING_REVISION). Call before the first compile; a
+    no-op off CUDA. Returns the directory."""
     if getattr(device, "type", device) != "cuda" or interpreting():
         return None
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", torch.cuda.get_device_name(device)).strip("-")
