@@ -20,19 +20,6 @@ FP8_MAX = 448.0
 
 
 @triton.jit
-def _quantize_fp8_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
-    # one row: sx = max|x| / 448, xq = e4m3(x / sx)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_K)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(x / s, -448.0), 448.0)
-    tl.store(xq_ptr + row * stride_q + offs, q.to(xq_ptr.dtype.element_ty), mask=mask)
-    tl.store(xs_ptr + row, s)
-
-
-@triton.jit
 def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_am, stride_wn,
                        stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -83,32 +70,39 @@ def _round_e4m3(v):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
-    # one row: sx = max|x| / 448 (1 for a row of zeros), xq = e4m3(x / sx)
+def _quantize_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr, EXACT: tl.constexpr):
+    # one row: sx = max|x| / 448, xq = e4m3(x / sx). EXACT (triton-v1.4): scale 1 for a row of zeros and the e4m3
+    # rounding done in fp32 bits (_round_e4m3); else (triton-v1 .. v1.3) the cast rounds and a row of zeros gets
+    # 1e-12 / 448
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), 0)
-    s = tl.where(amax > 0, amax / 448.0, 1.0)
-    q = _round_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
+    if EXACT:
+        s = tl.where(amax > 0, amax / 448.0, 1.0)
+        q = _round_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
+    else:
+        s = tl.maximum(amax, 1e-12) / 448.0
+        q = tl.minimum(tl.maximum(x / s, -448.0), 448.0)
     tl.store(xq_ptr + row * stride_q + offs, q.to(xq_ptr.dtype.element_ty), mask=mask)
     tl.store(xs_ptr + row, s)
 
 
-def _quantize(kernel, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize(x2: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x2.shape
     xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     xs = torch.empty(m, dtype=torch.float32, device=x2.device)
     block = next_pow2(k)
-    kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block, num_warps=min(16, max(4, block // 1024)))
+    _quantize_rows_kernel[(m,)](x2, xq, xs, k, x2.stride(0), xq.stride(0), BLOCK_K=block, EXACT=exact,
+                                num_warps=min(16, max(4, block // 1024)))
     return xq, xs
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row dynamic e4m3 quantization of x2 [M, K]: (xq [M, K] float8_e4m3fn, sx [M] fp32), rounded as the GPU
     rounds on every backend (triton-v1.4)."""
-    return _quantize(_quantize_rows_kernel, x2)
+    return _quantize(x2, exact=True)
 
 
 def fp8_native(x: torch.Tensor, m: int) -> bool:
@@ -118,7 +112,7 @@ def fp8_native(x: torch.Tensor, m: int) -> bool:
 
 def quantize_fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows as triton-v1 .. v1.3 do it (the GPU's cast; a row of zeros gets scale 1e-12 / 448)."""
-    return _quantize(_quantize_fp8_rows_kernel, x2)
+    return _quantize(x2, exact=False)
 
 
 def w8a8(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor) -> None:
