@@ -112,6 +112,16 @@ def page_tensors(k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
     return k_cache, v_cache
 
 
+def kernel_page_args(op: str, k_cache: "Fp8Pages", v_cache: "Fp8Pages") -> tuple[torch.Tensor, ...]:
+    """What the FP8 attention kernels read of the pages, checked for them: (k data, v data, k scale, v scale), the
+    data contiguous along head_dim, on a device that converts e4m3."""
+    check_fp8_device(op, k_cache)
+    kd, vd = k_cache.data, v_cache.data
+    if kd.stride(-1) != 1 or vd.stride(-1) != 1:
+        raise PagedAttentionError(f"{op}: FP8 pages must be contiguous along head_dim")
+    return kd, vd, k_cache.scale, v_cache.scale
+
+
 # The references index and scatter e4m3 data as bytes (uint8 views): the same values, and no reliance on torch having
 # indexing kernels for float8 on every device and version.
 def _bytes(data: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
+from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _merge_splits_kernel, check_decode_args,
                                                  choose_num_splits, paged_decode_attention, split_buffers)
@@ -164,14 +164,11 @@ class DecodeLaunch:
         kd, vd = page_tensors(k_cache, v_cache)
         check_decode_args(q, kd, vd, block_tables, context_lens)
         check_device("paged_decode_attention", q)
-        check_fp8_device("paged_decode_attention", k_cache)
+        kd, vd, ks, vs = kernel_page_args("paged_decode_attention", k_cache, v_cache)
         s, hq, d = q.shape
         out = torch.empty_like(q)
         if q.stride(-1) != 1:
             q = q.contiguous()
-        if kd.stride(-1) != 1 or vd.stride(-1) != 1:
-            raise ValueError("paged_decode_attention: FP8 pages must be contiguous along head_dim")
-        ks, vs = k_cache.scale, v_cache.scale
         page, hkv = kd.shape[1], kd.shape[2]
         group = hq // hkv
         splits = next_pow2(num_splits or (2 if interpreting() else choose_num_splits(max(s, 1), hkv, q.device)))

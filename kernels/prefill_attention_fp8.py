@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from sits.kernels.kv_fp8 import Fp8Pages, check_fp8_device, page_tensors
+from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
-from sits.kernels.paged import PagedAttentionError, check_prefill_args
+from sits.kernels.paged import check_prefill_args
 from sits.kernels.prefill_attention import (_CONFIGS, _TUNE_MIN_TOKENS, _key_bounds, _q_tile, _query_tile,
                                             prefill_attention_tma)
 from sits.kernels.paged_decode_attention_fp8 import PV_SHIFT
@@ -122,16 +122,13 @@ def _prefill_fp8(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, 
         return prefill_attention_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     b = check_prefill_args(q, kd, vd, block_tables, cu_seqlens_q, context_lens)
     check_device("prefill_attention", q)
-    check_fp8_device("prefill_attention", k_cache)
+    kd, vd, ks, vs = kernel_page_args("prefill_attention", k_cache, v_cache)
     t, hq, d = q.shape
     out = torch.empty_like(q)
     if t == 0 or b == 0:
         return out
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if kd.stride(-1) != 1 or vd.stride(-1) != 1:
-        raise PagedAttentionError("prefill_attention: FP8 pages must be contiguous along head_dim")
-    ks, vs = k_cache.scale, v_cache.scale
     page, hkv = kd.shape[1], kd.shape[2]
     args = (q, kd, vd, ks, vs, block_tables, cu_seqlens_q, context_lens, out, float(scale) * math.log2(math.e),
             q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1),
