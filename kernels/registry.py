@@ -29,6 +29,11 @@ OP_NAMES = (
 FUSED_OPS = {
     "silu_and_mul_linear": ("silu_and_mul", "linear"),   # (x [T, 2I], weight [N, I], bias=None) -> linear(silu_and_mul(x))
 }
+# each fused op as the composition of a set's own ops (KernelSet.op: what runs where a set has no fusion)
+_COMPOSITIONS = {
+    "silu_and_mul_linear": lambda ks: lambda x, weight, bias=None: ks.linear(ks.silu_and_mul(x), weight, bias),
+}
+assert set(_COMPOSITIONS) == set(FUSED_OPS)
 DEVICES = ("cpu", "cuda")
 # how the KV cache's pages are stored: "auto" = the model's dtype, "fp8" = e4m3 with a scale per (token, kv head)
 # (kernels/kv_fp8.py); a set lists those its rope_and_cache and attention ops take (`kv_cache_dtypes`)
@@ -133,9 +138,7 @@ class KernelSet:
         """The op `name`; for a fused op (FUSED_OPS) the set does not provide, the composition of the ops it fuses,
         this set's own (e.g. linear(silu_and_mul(x), weight, bias)): what the engine runs in its place."""
         fn = getattr(self, name)
-        if fn is None and name == "silu_and_mul_linear":
-            return lambda x, weight, bias=None: self.linear(self.silu_and_mul(x), weight, bias)
-        return fn
+        return _COMPOSITIONS[name](self) if fn is None else fn
 
     def supports(self, device: str) -> bool:
         """`device` like "cuda", "cuda:1" or "cpu"."""
