@@ -15,8 +15,11 @@
 #                                  # own, then fp8
 #                                  # weights + FP8 KV pages (SITS_FP8_KV_ROWS, default decode1-fp8,b256-fp8); ratios last
 #   bench/gpu_session.sh fused     # bench/throughput.py --rows decode1-int8,decode1-fp8,b32-int8 (SITS_FUSED_ROWS) with
-#                                  # triton-v1.5, then triton-v1.6 (its fused SiLU-and-mul + down projection), each engine
+#                                  # each of SITS_FUSED_SETS (default triton-v1.5,triton-v1.7: v1.7 fuses SiLU-and-mul
+#                                  # into the gate/up projection; v1.6 into the down projection), each engine
 #                                  # in a process of its own; the two tables last
+#   bench/gpu_session.sh fused-rows  # bench/fused_rows.py: v1.6's fused op against v1.5's two ops at the down
+#                                  # projection by rows, and a sweep of launch configs with and without the prologue
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
@@ -191,14 +194,16 @@ run_fused() {
   local run=("$py")
   # on CPU the Triton sets run under the interpreter (~90 s a set for the tiny model's smoke rows)
   [[ "$phase" == dry-run ]] && { rows=decode1-int8; extra=(--smoke); run=(env TRITON_INTERPRET=1 "$py"); }
-  for ks in triton-v1.5 triton-v1.6; do
+  local sets
+  IFS=, read -ra sets <<< "${SITS_FUSED_SETS:-triton-v1.5,triton-v1.7}"
+  for ks in "${sets[@]}"; do
     left=$((budget - (SECONDS - t0)))
     echo "== fused ($ks, budget ${left} s): bench/throughput.py --kernels $ks --rows $rows ${extra[*]}"
     timeout -k 10 "$left" "${run[@]}" bench/throughput.py --kernels "$ks" --rows "$rows" "${extra[@]}" \
       --json "$out/throughput-$ks.json" 2>&1 | tee "$out/fused-$ks.log"
     [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   done
-  summary+=("fused | rc $rc | $((SECONDS - t0)) s | tables in fused-triton-v1.5.log, fused-triton-v1.6.log")
+  summary+=("fused | rc $rc | $((SECONDS - t0)) s | tables in fused-<set>.log")
 }
 
 run_int8() {
@@ -236,6 +241,16 @@ run_fp8_rows() {
   echo "== fp8 linear by rows (budget ${budget} s): bench/fp8_rows.py"
   timeout -k 10 "$budget" "$py" bench/fp8_rows.py --json "$out/fp8-rows.json" 2>&1 | tee "$out/fp8-rows.log"
   summary+=("fp8 rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in fp8-rows.log")
+}
+
+run_fused_rows() {
+  local budget="${SITS_FUSED_ROWS_BUDGET_S:-300}" t0=$SECONDS
+  if [[ "$phase" == dry-run ]]; then
+    summary+=("fused rows | skipped | 0 s | bench/fused_rows.py needs a GPU"); return
+  fi
+  echo "== fused SiLU-and-mul + down projection by rows (budget ${budget} s): bench/fused_rows.py"
+  timeout -k 10 "$budget" "$py" bench/fused_rows.py --json "$out/fused-rows.json" 2>&1 | tee "$out/fused-rows.log"
+  summary+=("fused rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in fused-rows.log")
 }
 
 run_fp8_attention() {
@@ -293,10 +308,11 @@ for ph in "${phases[@]}"; do
     fused) run_fused ;;
     fp8) run_fp8 ;;
     fp8-rows) run_fp8_rows ;;
+    fused-rows) run_fused_rows ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -310,10 +326,13 @@ fi
 if [[ -f "$out/decode-attention-fp8.log" ]]; then
   sed -n '/^| batch x ctx/,$p' "$out/decode-attention-fp8.log"
 fi
+if [[ -f "$out/fused-rows.log" ]]; then
+  sed -n '/^autotune winners/,$p' "$out/fused-rows.log"
+fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
 fi
-for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6; do
+for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6 fused-triton-v1.7; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f.log"; sed -n '/^row /,$p' "$out/$f.log"; }
 done
 if [[ -f "$out/kv-fp8.log" ]]; then

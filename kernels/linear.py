@@ -39,13 +39,16 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
                    stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr = False,
-                   SILU_MUL: tl.constexpr = False):
+                   SILU_MUL: tl.constexpr = False, SILU_EPI: tl.constexpr = False):
     # grid: (tiles, SPLIT_K). Split s reduces k in [s * k_per, (s + 1) * k_per); with SPLIT_K > 1 every split stores
     # its fp32 partial to ws [SPLIT_K, M, N] and bumps the tile's counter; the last to arrive sums the partials in
     # split order (deterministic), applies scale/bias, writes out and resets the counter to 0 for the next launch.
     # SILU_MUL (triton-v1.6, kernels/silu_and_mul_linear.py): x's rows are [gate | up] (2K wide) and each x tile is
     # silu(gate) * up, computed as kernels/silu_and_mul.py computes it (fp32, rounded to x's dtype), so the product
     # sees the same values as after the separate activation.
+    # SILU_EPI (triton-v1.7, kernels/linear_silu_and_mul.py): W is the MLP's [gate; up] (N = 2 I rows) and out is
+    # [M, I]: a tile's columns pair gate row j with up row j (columns 2j, 2j + 1), and the epilogue writes
+    # silu(gate) * up of the rounded pair, as the product then kernels/silu_and_mul.py would.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -55,6 +58,8 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
     mask_m = rm < M
     offs_m = rm % M
     offs_n = rn % N
+    if SILU_EPI:
+        offs_n = offs_n // 2 + (offs_n % 2) * (N // 2)
     offs_k = tl.arange(0, BLOCK_K)
     k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_lo = pid_k * k_per
@@ -103,8 +108,16 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, ws_ptr, lock_ptr,
         acc = acc * tl.load(scale_ptr + offs_n)[None, :]  # per-output-channel scale, once per output
         if HAS_BIAS:
             acc = acc + tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=mask)
+        if SILU_EPI:
+            gu = acc.to(out_ptr.dtype.element_ty).to(tl.float32)   # the [gate | up] output, rounded as stored
+            g, u = tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N // 2, 2]))
+            rj = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rj[None, :],
+                     (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty),
+                     mask=mask_m[:, None] & (rj < N // 2)[None, :])
+        else:
+            tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _cfg(bm, bn, bk, w, s, **extra):
@@ -143,10 +156,10 @@ _even_k = triton.heuristics({"EVEN_K": lambda a: _is_even_k(a["K"], a)})
 # tells apart, and a cold warm-up times 32 of them
 _BENCH = dict(warmup=5, rep=25)
 # F16_DOT (triton-v1.5's fp16 dots, decode sizes only) tunes apart: the conversion changes which tile wins
-# (and SILU_MUL, triton-v1.6's activation prologue)
-_linear_small_m = autotune(_SMALL_M, key=["N", "K", "F16_DOT", "SILU_MUL"], use_cuda_graph=True,
+# (and SILU_MUL, triton-v1.6's activation prologue; SILU_EPI, triton-v1.7's activation epilogue)
+_linear_small_m = autotune(_SMALL_M, key=["N", "K", "F16_DOT", "SILU_MUL", "SILU_EPI"], use_cuda_graph=True,
                            **_BENCH)(_even_k(_linear_kernel))
-_linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT", "SILU_MUL"], use_cuda_graph=True,
+_linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT", "SILU_MUL", "SILU_EPI"], use_cuda_graph=True,
                               **_BENCH)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
 _linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
@@ -204,11 +217,12 @@ def linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
 
 
 def weight_only(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor, *, f16_dot: bool = False,
-                silu_mul: bool = False) -> None:
+                silu_mul: bool = False, silu_epi: bool = False) -> None:
     """out = x2 W^T (+ b) through the weight-only kernel (x2 [M, K] with unit column stride, M >= 1), tuned or fixed
     as linear() does. f16_dot (triton-v1.5, kernels/linear_fp8_f16.py): bf16 x and e4m3 weights enter an fp16 dot.
     silu_mul (triton-v1.6, kernels/silu_and_mul_linear.py): x2 is [M, 2K] = [gate | up] and the product is
-    silu_and_mul(x2) W^T."""
+    silu_and_mul(x2) W^T. silu_epi (triton-v1.7, kernels/linear_silu_and_mul.py): W is [gate; up] (2I rows) and out
+    is [M, I] = silu_and_mul(x2 W^T (+ b))."""
     m = x2.shape[0]
     k = weight.shape[1]
     n = weight.shape[0]
@@ -221,12 +235,13 @@ def weight_only(x2: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tens
         config = dict(BLOCK_M=16 if m <= 16 else 64, BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=3)
     else:
         config = None
-    _launch(x2, weight, bias, out, precision, config, f16_dot, silu_mul)
+    _launch(x2, weight, bias, out, precision, config, f16_dot, silu_mul, silu_epi)
 
 
 def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict | None, f16_dot: bool = False,
-            silu_mul: bool = False) -> None:
-    # config None: the autotuned kernel for this M; else BLOCK_M/N/K, SPLIT_K (+ num_warps, num_stages, DOT_F32)
+            silu_mul: bool = False, silu_epi: bool = False):
+    # config None: the autotuned kernel for this M; else BLOCK_M/N/K, SPLIT_K (+ num_warps, num_stages, DOT_F32).
+    # Returns the compiled kernel of a fixed config (its n_regs, n_spills: bench/fused_rows.py), else None
     m = x2.shape[0]
     n, k = weight.shape
     qw = weight.qweight
@@ -235,7 +250,7 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     autotuned = tune_key = None
     if config is None:  # the autotuner's winner for this shape, once it has run
         autotuned = autotuner_for(m)
-        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision, f16_dot, silu_mul)
+        tune_key = (x2.device, n, k, x2.dtype, has_bias, precision, f16_dot, silu_mul, silu_epi)
         tuned = tuned_launcher(autotuned, tune_key)
         config = tuned.constexprs if tuned is not None else None
     # before the first tuning, size the split-K buffers for any candidate (locks: one per 16 x 16 tile at most)
@@ -251,15 +266,15 @@ def _launch(x2, weight: QuantizedWeight, bias, out, precision: str, config: dict
     if autotuned is not None:
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])  # noqa: E731
         fast_tuned(autotuned, _linear_kernel, tune_key, grid, *args, HAS_BIAS=has_bias, DOT_F32=False,
-                   DOT_PRECISION=precision, F16_DOT=f16_dot, SILU_MUL=silu_mul,
+                   DOT_PRECISION=precision, F16_DOT=f16_dot, SILU_MUL=silu_mul, SILU_EPI=silu_epi,
                    derived=lambda best: {"EVEN_K": _is_even_k(k, best.kwargs)})  # the heuristic, for the launcher
         return
     c = dict(config)
     c.setdefault("DOT_F32", False)
     c["EVEN_K"] = _is_even_k(k, c)
     grid = (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]), c["SPLIT_K"])
-    _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, F16_DOT=f16_dot,
-                         SILU_MUL=silu_mul, **c)
+    return _linear_kernel[grid](*args, HAS_BIAS=has_bias, GROUP_M=8, DOT_PRECISION=precision, F16_DOT=f16_dot,
+                                SILU_MUL=silu_mul, SILU_EPI=silu_epi, **c)
 
 
 def linear_with_config(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int = 16, block_n: int = 64,

@@ -28,10 +28,12 @@ OP_NAMES = (
 # gives one, so a new linear or activation is what runs (derive()).
 FUSED_OPS = {
     "silu_and_mul_linear": ("silu_and_mul", "linear"),   # (x [T, 2I], weight [N, I], bias=None) -> linear(silu_and_mul(x))
+    "linear_silu_and_mul": ("linear", "silu_and_mul"),   # (x [T, H], weight [2I, H], bias=None) -> silu_and_mul(linear(x))
 }
 # each fused op as the composition of a set's own ops (KernelSet.op: what runs where a set has no fusion)
 _COMPOSITIONS = {
     "silu_and_mul_linear": lambda ks: lambda x, weight, bias=None: ks.linear(ks.silu_and_mul(x), weight, bias),
+    "linear_silu_and_mul": lambda ks: lambda x, weight, bias=None: ks.silu_and_mul(ks.linear(x, weight, bias)),
 }
 assert set(_COMPOSITIONS) == set(FUSED_OPS)
 DEVICES = ("cpu", "cuda")
@@ -86,6 +88,7 @@ class KernelSet:
     paged_decode_attention: Callable
     linear: Callable
     silu_and_mul_linear: Callable | None = None   # FUSED_OPS
+    linear_silu_and_mul: Callable | None = None   # FUSED_OPS
     # the ops never wait on the GPU from the host and launch the same kernels for the same shapes, so the engine may
     # capture decode steps in CUDA graphs (engine/execution/cuda_graphs.py); derived sets inherit it
     graph_safe: bool = False

@@ -9,6 +9,7 @@ from sits.kernels import decode_attention_regressions as _decode_bad
 from sits.kernels import linear as _linear
 from sits.kernels import linear_dequant as _linear_dequant
 from sits.kernels import linear_fp8_f16 as _linear_fp8_f16
+from sits.kernels import linear_silu_and_mul as _linear_silu_and_mul
 from sits.kernels import linear_w8a8 as _linear_w8a8
 from sits.kernels import paged_decode_attention as _decode
 from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
@@ -101,6 +102,15 @@ TRITON_V1_6 = register_kernel_set(TRITON_V1_5.derive(
                 "silu_and_mul_linear): with int8/fp8 weights at decode sizes (up to 32 rows) the weight-only kernel "
                 "computes silu(gate) * up as it loads each x tile, one launch fewer per layer; otherwise v1.5's two ops",
     silu_and_mul_linear=_silu_and_mul_linear.silu_and_mul_linear,
+))
+
+TRITON_V1_7 = register_kernel_set(TRITON_V1_5.derive(
+    "triton-v1.7", "1.7.0",
+    description="triton-v1.5 with the MLP's SiLU-and-mul folded into the gate/up projection's epilogue (fused op "
+                "linear_silu_and_mul): with int8/fp8 weights at decode sizes (up to 32 rows) the weight-only kernel "
+                "pairs gate and up rows in each output tile and writes silu(gate) * up, one launch and one [T, 2I] "
+                "round trip fewer per layer; otherwise v1.5's two ops",
+    linear_silu_and_mul=_linear_silu_and_mul.linear_silu_and_mul,
 ))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----

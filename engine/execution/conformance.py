@@ -240,6 +240,12 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
         yield _Case("silu_and_mul_linear", f"{t} x {2 * s.intermediate} -> {s.hidden}"
                     + (f" ({s.quantization})" if s.quantization else ""),
                     [inp.normal(t, 2 * s.intermediate), w], quantize=s.quantization)
+    # ... and into the gate/up projection: the post-attention hidden state into [gate; up]
+    w = inp.normal(2 * s.intermediate, s.hidden, std=s.hidden ** -0.5)
+    for t in rows:
+        yield _Case("linear_silu_and_mul", f"{t} x {s.hidden} -> {2 * s.intermediate} -> {s.intermediate}"
+                    + (f" ({s.quantization})" if s.quantization else ""),
+                    [inp.normal(t, s.hidden), w], quantize=s.quantization)
     w = inp.normal(s.vocab, s.hidden, std=s.hidden ** -0.5)
     for t in sorted({1, min(s.max_num_seqs, tmax)}):
         yield _Case("linear", f"{t} x {s.hidden} -> {s.vocab} (LM head)", [inp.normal(t, s.hidden), w])
@@ -254,7 +260,7 @@ def _served(case: _Case, dtype: torch.dtype) -> _Case:
     return _Case(case.op, case.case, [x, quantize_weight(w.to(dtype), case.quantize)], case.outputs)
 
 
-_LINEARS = ("linear", "silu_and_mul_linear")   # the ops whose second argument is a (possibly fp8) weight
+_LINEARS = ("linear", "silu_and_mul_linear", "linear_silu_and_mul")   # second argument: a (maybe fp8) weight
 
 
 def _fp8_weight(case: _Case) -> bool:
@@ -295,8 +301,10 @@ def measure(kernel_set, shapes: Shapes, device: torch.device, dtype: torch.dtype
                 same = _run(ref, case, dtype)
                 row["reference_error"] = _max_error(same, ref64)
                 if case.op in _LINEARS and _fp8_weight(case):   # an fp8 model's serving precision: e4m3 activations
-                    w8a8 = linear_w8a8_ref if case.op == "linear" else \
-                        (lambda x, w: linear_w8a8_ref(reference.silu_and_mul(x), w))
+                    w8a8 = {"linear": linear_w8a8_ref,
+                            "silu_and_mul_linear": lambda x, w: linear_w8a8_ref(reference.silu_and_mul(x), w),
+                            "linear_silu_and_mul": lambda x, w: reference.silu_and_mul(linear_w8a8_ref(x, w)),
+                            }[case.op]
                     row["reference_error"] = max(row["reference_error"], _max_error(_run(w8a8, case, dtype), ref64))
                 row["scale"] = _scale(ref64)
             except Exception as e:   # noqa: BLE001  (a shape the reference cannot take is a bug of this module)

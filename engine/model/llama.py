@@ -93,11 +93,12 @@ class LlamaDecoderLayer:
         if self.tp is not None:   # row-parallel: each rank holds a partial sum
             hidden = self.tp.all_reduce(hidden)
         x, residual = self.post_attention_layernorm(hidden, residual)
-        gate_up = self.gate_up_proj(x)
-        if self.ks.silu_and_mul_linear is not None:   # a set that fuses the activation into the down projection
-            out = self.ks.silu_and_mul_linear(gate_up, self.down_proj.weight)
+        if self.ks.linear_silu_and_mul is not None:   # a set that fuses the activation into the gate/up projection
+            out = self.down_proj(self.ks.linear_silu_and_mul(x, self.gate_up_proj.weight))
+        elif self.ks.silu_and_mul_linear is not None:   # ... or into the down projection
+            out = self.ks.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
         else:
-            out = self.down_proj(self.ks.silu_and_mul(gate_up))
+            out = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
         if self.tp is not None:
             out = self.tp.all_reduce(out)
         return out, residual

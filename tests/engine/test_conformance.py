@@ -145,41 +145,57 @@ def _silu_and_mul_linear_without_silu(x, weight, bias=None):
     return get_kernel_set("torch").linear(x[..., :i] * x[..., i:], weight, bias)
 
 
+def _linear_silu_and_mul_without_silu(x, weight, bias=None):
+    """The epilogue fusion's version of the same bug: gate * up of the product."""
+    y = get_kernel_set("torch").linear(x, weight, bias)
+    i = y.shape[-1] // 2
+    return y[..., :i] * y[..., i:]
+
+
 @pytest.fixture(scope="module")
 def fused_sets():
+    from sits.kernels.linear_silu_and_mul import linear_silu_and_mul
     from sits.kernels.silu_and_mul_linear import silu_and_mul_linear
     torch_set = get_kernel_set("torch")
-    names = {"fused-release": _silu_and_mul_linear_through, "fused-no-silu": _silu_and_mul_linear_without_silu,
-             "fused-triton": silu_and_mul_linear}
-    for name, fn in names.items():
-        register_kernel_set(torch_set.derive(name, "0.0.1", silu_and_mul_linear=fn))
+    names = {"fused-release": ("silu_and_mul_linear", _silu_and_mul_linear_through),
+             "fused-no-silu": ("silu_and_mul_linear", _silu_and_mul_linear_without_silu),
+             "fused-triton": ("silu_and_mul_linear", silu_and_mul_linear),
+             "epilogue-no-silu": ("linear_silu_and_mul", _linear_silu_and_mul_without_silu),
+             "epilogue-triton": ("linear_silu_and_mul", linear_silu_and_mul)}
+    for name, (op, fn) in names.items():
+        register_kernel_set(torch_set.derive(name, "0.0.1", **{op: fn}))
     yield
     for name in names:
         unregister_kernel_set(name)
 
 
-@pytest.mark.parametrize("name,outcome", [("fused-release", Outcome.PASS), ("fused-no-silu", Outcome.FAIL),
-                                          ("fused-triton", Outcome.PASS)])
-def test_a_fused_op_is_judged_against_the_reference_composition(fused_sets, torch_report, name, outcome):
-    # int8 weights: the Triton fusion (triton-v1.6's, under the interpreter here) runs its prologue up to 32 rows
+@pytest.mark.parametrize("name,op,outcome", [
+    ("fused-release", "silu_and_mul_linear", Outcome.PASS), ("fused-no-silu", "silu_and_mul_linear", Outcome.FAIL),
+    ("fused-triton", "silu_and_mul_linear", Outcome.PASS),
+    ("epilogue-no-silu", "linear_silu_and_mul", Outcome.FAIL), ("epilogue-triton", "linear_silu_and_mul", Outcome.PASS)])
+def test_a_fused_op_is_judged_against_the_reference_composition(fused_sets, torch_report, name, op, outcome):
+    # int8 weights: the Triton fusions (triton-v1.6's prologue, v1.7's epilogue, under the interpreter here) run up
+    # to 32 rows
     report = _report(name, quantization="int8")
-    assert report["measured_ops"] == ["silu_and_mul_linear"]
-    assert "silu_and_mul_linear" in report["ops"] and "silu_and_mul_linear" not in torch_report["ops"]
+    assert report["measured_ops"] == [op]
+    assert op in report["ops"] and op not in torch_report["ops"]
     v = judge(report, torch_report, POLICY)
     assert v.outcome is outcome, v.reason
-    assert v.judged_ops == ("silu_and_mul_linear",) and v.cases >= 3   # rows 1, 7 (fused) and 64 on CPU
+    assert v.judged_ops == (op,) and v.cases >= 3   # rows 1, 7 (fused) and 64 on CPU
     if outcome is Outcome.FAIL:
-        assert "silu_and_mul_linear at " in v.reason
+        assert f"{op} at " in v.reason
 
 
-def test_the_model_runs_the_fused_op_where_a_set_has_one(fused_sets):
+@pytest.mark.parametrize("op", ["silu_and_mul_linear", "linear_silu_and_mul"])
+def test_the_model_runs_the_fused_op_where_a_set_has_one(fused_sets, op):
     # the engine calls the set's fused op for the MLP (one call per layer and step) and answers as the reference does
     calls = []
+    composed = get_kernel_set("torch").op(op)
 
     def counted(x, weight, bias=None):
         calls.append(x.shape[0])
-        return _silu_and_mul_linear_through(x, weight, bias)
-    register_kernel_set(get_kernel_set("torch").derive("fused-counted", "0.0.1", silu_and_mul_linear=counted))
+        return composed(x, weight, bias)
+    register_kernel_set(get_kernel_set("torch").derive("fused-counted", "0.0.1", **{op: counted}))
     try:
         prompts = {"a": [5, 17, 99, 3], "b": list(range(70))}   # b: past one page
         ref, got = greedy_logits("torch", prompts, "cpu", steps=4), greedy_logits("fused-counted", prompts, "cpu",

@@ -92,6 +92,17 @@ def test_a_fused_op_is_inherited_until_an_op_it_fuses_is_replaced():
         torch_set.derive("bad-fused", "1.0.0", silu_and_mul_linear="not a function")
 
 
+def test_the_epilogue_fusion_is_inherited_and_composed_like_the_prologue_one():
+    v15, v17 = get_kernel_set("triton-v1.5"), get_kernel_set("triton-v1.7")
+    assert kernels.FUSED_OPS["linear_silu_and_mul"] == ("linear", "silu_and_mul")
+    assert "linear_silu_and_mul" in v17.ops() and "linear_silu_and_mul" not in v15.ops()
+    assert v17.derive("kept", "1.0.0", rms_norm=v15.rms_norm).linear_silu_and_mul is v17.linear_silu_and_mul
+    assert v17.derive("new-act", "1.0.0", silu_and_mul=v15.silu_and_mul).linear_silu_and_mul is None
+    torch_set = get_kernel_set("torch")
+    x, w = torch.randn(3, 4), torch.randn(10, 4)   # [gate; up] of 5 each
+    assert torch.equal(torch_set.op("linear_silu_and_mul")(x, w), torch_set.silu_and_mul(torch_set.linear(x, w)))
+
+
 def test_derive_rejects_unknown_op():
     with pytest.raises(KernelSetError, match="unknown op"):
         get_kernel_set("torch").derive("x", "1.0.0", flash=lambda: None)

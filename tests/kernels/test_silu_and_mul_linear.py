@@ -73,7 +73,7 @@ def test_errors_are_clear(dev):
 @pytest.mark.parametrize("m", [1, 16, WEIGHT_ONLY_MAX_M, 64])
 def test_gpu_at_the_llama_down_projection(kind, m):
     g = torch.Generator().manual_seed(m)
-    w = quantize_weight(torch.randn(4096, 14336, generator=g) * 14336 ** -0.5, kind).cuda()
+    w = quantize_weight(torch.randn(4096, 14336, generator=g) * 14336 ** -0.5, kind).to("cuda")
     x = torch.randn(m, 2 * 14336, generator=g).bfloat16().cuda()
     got = silu_and_mul_linear(x, w)
     ref64 = F.linear(silu_and_mul_ref(x.double()), w.dequantize(torch.float64))

@@ -188,7 +188,8 @@ def live(tmp_path, users):
 FAST = Policy(steps=(50, 100), check_interval_s=0.3, warmup_s=0.0, min_samples=50, min_tail_samples=2,
               checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.5),
                       MetricCheck(ERROR_RATE, max_abs_delta=0.05)), failure_limit=2, min_error_samples=50,
-              correctness={"enabled": False})   # the test engines cannot replay prompts
+              correctness={"enabled": False},   # the test engines cannot replay prompts
+              window_s=1.0)   # the sequence's 6 windows in ~6 s: this is about following a rollout, not statistics
 
 
 @pytest.mark.parametrize("service,rc,final", [("good", 0, "succeeded"), ("slow", 1, "rolled back")])

@@ -19,7 +19,8 @@ from .support import CannedSource
 
 SVC = "chat"
 FAST = Policy(steps=(25, 50), check_interval_s=0.3, warmup_s=0.0, ready_timeout_s=60,
-              correctness={"enabled": False})   # canned metrics, no engines to replay prompts on
+              correctness={"enabled": False},   # canned metrics, no engines to replay prompts on
+              window_s=1.0)   # the sequence's 6 windows in ~6 s, not 60: this is about the deployer
 
 
 @pytest.mark.parametrize("scale,final,kernels", [(1.0, Phase.SUCCEEDED, "triton-v1.1"),
