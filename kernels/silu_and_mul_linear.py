@@ -10,6 +10,11 @@ Where triton-v1.5 would run the weight-only kernel for the down projection -- in
 WEIGHT_ONLY_MAX_M (32) rows, fp16 dots for fp8 weights of a bf16 model up to F16_DOT_MAX_M (16) -- this runs the same
 kernel with the prologue; everything else (plain weights on cuBLAS, more rows) is v1.5's silu_and_mul then v1.5's
 linear. On CPU tensors under TRITON_INTERPRET=1 it runs too, and gives v1.5's two ops' result bit for bit.
+
+Measured on the H200 it is SLOWER (bench/fused_rows.py, BENCHMARKS.md "Fused decode layers"): every program of every
+N tile recomputes the activation for each x tile inside its K loop, and the down projection takes 3.1-5.4x v1.5's two
+ops with int8 weights (72.8 us against 21.2 at one row). The set stays a release, a regression a canary must catch;
+triton-v1.7 (kernels/linear_silu_and_mul.py) puts the activation in the gate/up projection's epilogue instead.
 """
 from __future__ import annotations
 

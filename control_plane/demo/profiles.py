@@ -49,10 +49,7 @@ GPU_SCENARIOS = {s.name: s for s in (
              "an fp8 release (e4m3 weights and KV pages read through fp16 dots): expected to be promoted"),
     Scenario("fused", "triton-v1.7", Phase.SUCCEEDED,
              "a fused release (SiLU-and-mul in the gate/up projection's epilogue with int8/fp8 weights at decode "
-             "sizes): expected to be promoted; with --production-kernels triton-v1.5 the gate judges only the fused op"),
-    Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
-             "a correct but SLOWER fused release (SiLU-and-mul recomputed in every down-projection tile: 3.6x that "
-             "projection's time at one row on the H200): the latency deltas must roll it back"))}
+             "sizes): expected to be promoted; with --production-kernels triton-v1.5 the gate judges only the fused op"))}
 
 
 # from this live rate on (requests/s through the router) the checked step's samples come mostly from users: the slow
