@@ -39,7 +39,10 @@ def main() -> None:
     deployer = LocalDeployer(LocalConfig(workdir=a.workdir, cpu_threads=1, ready_timeout_s=120, pin_token=PIN_TOKEN,
                                          router_state=f"{a.store}.routers.json"))   # as sits-control does
     store = Store(a.store)
-    worker = Worker(store, deployer, ScrapeSource(), config=WorkerConfig(interval_s=1.0, action_backoff_s=0.2))
+    # a restarted control plane takes the rollouts over once the dead one's leases expire: 8 s here, not the default
+    # 30 s (one control plane runs at a time in these tests; the loop renews every 1 s round, long actions included)
+    worker = Worker(store, deployer, ScrapeSource(),
+                    config=WorkerConfig(interval_s=1.0, action_backoff_s=0.2, lease_ttl_s=8.0))
     if a.die_at:
         step, n = a.die_at.rsplit(":", 1)
         seen = Counter()
