@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU demo in ONE device call (<= 10 min): install the carried wheels, time decode attention of triton-v1 and its
 # two example regressions (bench/gpu_demo_kernels.py), run `sits-control demo --device cuda` from this tree while
-# sampling GPU memory per engine, then copy the demo's store and print a short table last.
+# sampling GPU memory per engine, then copy the demo's store and print a short table last. $OUT keeps the store
+# (sits-demo.db), demo.log and report.txt; the rest goes into others.tar.gz (bench/bundle_out.sh: the device tool
+# brings back at most 8 files).
 #
 #   bash bench/gpu_demo.sh [SCENARIOS] [DEMO_TIMEOUT_S] [PARALLEL]   # default: slow,wrong,good,aa  430  1
 #
@@ -84,4 +86,7 @@ cat "$OUT/versions.txt"
 grep -E "^shape|triton-v1" "$OUT/kernels.txt" | head -20
 python3 bench/gpu_demo_report.py "$OUT/sits-demo.db" "$OUT/demo.log" "$OUT/gpumem.csv" | tee "$OUT/report.txt"
 grep -E "demo (passed|FAILED)|=> " "$OUT/demo.log" | tail -8
+# the device tool brings back at most 8 files from $OUT: the store, the demo's log and the report as they are, the
+# rest (versions, kernel timings, GPU memory samples, MPS and engine logs) in one archive
+bash bench/bundle_out.sh "$OUT" sits-demo.db demo.log report.txt
 exit "$rc"

@@ -34,8 +34,9 @@
 #   bench/gpu_session.sh all       # tests and serving, in that order; or a comma-separated list: profile,serving
 #   bench/gpu_session.sh dry-run   # the same steps on CPU (tiny model, TRITON_INTERPRET=1, small shapes)
 #
-# Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set, else
-# ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. SITS_TESTS_K: a pytest -k
+# Wheels that the machine lacks may lie in .whl/ (installed into /tmp/site first). Logs go to $OUT when set (more
+# than 8 files there: versions.txt and the newest logs as they are, the rest in others.tar.gz, bench/bundle_out.sh),
+# else ./gpu-session-logs. dry-run uses $PYTHON (e.g. .venv/bin/python) and no wheels. SITS_TESTS_K: a pytest -k
 # expression for the tests phase. Budgets (seconds): SITS_TESTS_BUDGET_S (default 480), SITS_INT8_BUDGET_S (420), SITS_SERVING_BUDGET_S (default 540), SITS_PROFILE_BUDGET_S (default 300), SITS_THROUGHPUT_BUDGET_S (default 300), SITS_KV_FP8_BUDGET_S (default 540). Profile:
 # SITS_PROFILE_CASES (default decode1,ttft,b32,b256,arrivals), SITS_PROFILE_INT8=0 skips the int8 batch-1 profile, SITS_PROFILE_PIECEWISE=0 the one without piecewise graphs. Serving: SITS_PREFILL_CAPS
 # (--prefill-caps, default none), SITS_ENGINE_PROCESS (on, off or both, default both), SITS_PIECEWISE_COMPARE=1 (--piecewise-compare: a server with --no-piecewise-graphs too), SITS_GC_COMPARE=1
@@ -346,4 +347,10 @@ if [[ -f "$out/tensor-parallel.log" ]]; then
 fi
 if [[ -f "$out/serving.log" ]]; then
   sed -n '/^| /,$p' "$out/serving.log" | tail -30
+fi
+# on the device ($OUT set): at most 8 files come back; the versions and the phases' logs as they are, the JSON
+# results and the rest in others.tar.gz where there are more
+if [[ -n "${OUT:-}" ]]; then
+  mapfile -t logs < <(cd "$out" && ls -t -- *.log 2>/dev/null | head -6)
+  bash bench/bundle_out.sh "$out" versions.txt "${logs[@]}"
 fi
