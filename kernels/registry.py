@@ -27,8 +27,8 @@ OP_NAMES = (
 # without it (None) runs the two; a set derived with either of the two replaced drops the inherited fusion unless it
 # gives one, so a new linear or activation is what runs (derive()).
 FUSED_OPS = {
-    "silu_and_mul_linear": ("silu_and_mul", "linear"),   # (x [T, 2I], weight [N, I], bias=None) -> linear(silu_and_mul(x))
-    "linear_silu_and_mul": ("linear", "silu_and_mul"),   # (x [T, H], weight [2I, H], bias=None) -> silu_and_mul(linear(x))
+    "silu_and_mul_linear": ("silu_and_mul", "linear"),   # (x [T, 2I], w [N, I], bias=None) -> linear(silu_and_mul(x))
+    "linear_silu_and_mul": ("linear", "silu_and_mul"),   # (x [T, H], w [2I, H], bias=None) -> silu_and_mul(linear(x))
 }
 # each fused op as the composition of a set's own ops (KernelSet.op: what runs where a set has no fusion)
 _COMPOSITIONS = {

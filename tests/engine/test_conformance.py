@@ -172,7 +172,8 @@ def fused_sets():
 @pytest.mark.parametrize("name,op,outcome", [
     ("fused-release", "silu_and_mul_linear", Outcome.PASS), ("fused-no-silu", "silu_and_mul_linear", Outcome.FAIL),
     ("fused-triton", "silu_and_mul_linear", Outcome.PASS),
-    ("epilogue-no-silu", "linear_silu_and_mul", Outcome.FAIL), ("epilogue-triton", "linear_silu_and_mul", Outcome.PASS)])
+    ("epilogue-no-silu", "linear_silu_and_mul", Outcome.FAIL),
+    ("epilogue-triton", "linear_silu_and_mul", Outcome.PASS)])
 def test_a_fused_op_is_judged_against_the_reference_composition(fused_sets, torch_report, name, op, outcome):
     # int8 weights: the Triton fusions (triton-v1.6's prologue, v1.7's epilogue, under the interpreter here) run up
     # to 32 rows
