@@ -33,9 +33,9 @@ if __name__ == "kernels":   # not `sits.kernels`: see _hand_over_the_name below
 
 _EXPORTS = {
     "QuantizedWeight": "sits.kernels.quant", "quantize_weight": "sits.kernels.quant",
-    **{name: "sits.kernels.registry" for name in ("OP_NAMES", "FUSED_OPS", "KernelSet", "KernelSetError", "UnknownKernelSetError",
-                                             "get_kernel_set", "list_kernel_sets", "register_kernel_set",
-                                             "unregister_kernel_set")},
+    **{name: "sits.kernels.registry" for name in ("OP_NAMES", "FUSED_OPS", "KernelSet", "KernelSetError",
+                                             "UnknownKernelSetError", "get_kernel_set", "list_kernel_sets",
+                                             "register_kernel_set", "unregister_kernel_set")},
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from sits.kernels import linear as _lin
-from sits.kernels.linear_fp8_f16 import F16_DOT_MAX_M, _f16_path, linear_fp8_f16
+from sits.kernels.linear_fp8_f16 import linear_fp8_f16, weight_only_rows
 from sits.kernels.linear_w8a8 import WEIGHT_ONLY_MAX_M
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.silu_and_mul import silu_and_mul
@@ -40,10 +40,4 @@ def silu_and_mul_linear(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
         return linear_fp8_f16(silu_and_mul(x), weight, bias)
     _lin.check_linear_args(x[..., :i], weight, bias)
     check_device("silu_and_mul_linear", x)
-    x2 = x.reshape(-1, 2 * i)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    f16 = weight.kind == "fp8" and m <= F16_DOT_MAX_M and _f16_path(x)
-    _lin.weight_only(x2, weight, bias, out, f16_dot=f16, silu_mul=True)
-    return out.view(*x.shape[:-1], n)
+    return weight_only_rows(x, weight, bias, n, silu_mul=True)
