@@ -260,10 +260,10 @@ def _served(case: _Case, dtype: torch.dtype) -> _Case:
     return _Case(case.op, case.case, [x, quantize_weight(w.to(dtype), case.quantize)], case.outputs)
 
 
-_LINEARS = ("linear", "silu_and_mul_linear", "linear_silu_and_mul")   # second argument: a (maybe fp8) weight
-
-
 def _fp8_weight(case: _Case) -> bool:
+    """A linear, or a fused op with a linear in it (its second argument the weight), on fp8 weights."""
+    if case.op != "linear" and "linear" not in kernels.FUSED_OPS.get(case.op, ()):
+        return False
     w = case.args[1]
     return isinstance(w, QuantizedWeight) and w.kind == "fp8"
 
@@ -277,6 +277,9 @@ def measure(kernel_set, shapes: Shapes, device: torch.device, dtype: torch.dtype
             sin: torch.Tensor, *, seed: int | None = None, reference=None) -> dict:
     """The conformance report of `kernel_set` at `shapes` (JSON-able; see the module docstring)."""
     reference = reference or kernels.get_kernel_set(REFERENCE)
+    # the reference at an fp8 model's serving precision: its linear with x rounded to e4m3 per row (W8A8), its
+    # fused ops composed with that linear
+    w8a8_reference = reference.derive("w8a8-reference", "0.0.0", linear=linear_w8a8_ref)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     t0 = time.perf_counter()
     ops = {op: op_identity(fn) for op, fn in kernel_set.ops().items()}
@@ -300,12 +303,9 @@ def measure(kernel_set, shapes: Shapes, device: torch.device, dtype: torch.dtype
                 ref64 = tuple(r.to(torch.float64) for r in ref64) if isinstance(ref64, tuple) else ref64.double()
                 same = _run(ref, case, dtype)
                 row["reference_error"] = _max_error(same, ref64)
-                if case.op in _LINEARS and _fp8_weight(case):   # an fp8 model's serving precision: e4m3 activations
-                    w8a8 = {"linear": linear_w8a8_ref,
-                            "silu_and_mul_linear": lambda x, w: linear_w8a8_ref(reference.silu_and_mul(x), w),
-                            "linear_silu_and_mul": lambda x, w: reference.silu_and_mul(linear_w8a8_ref(x, w)),
-                            }[case.op]
-                    row["reference_error"] = max(row["reference_error"], _max_error(_run(w8a8, case, dtype), ref64))
+                if _fp8_weight(case):   # an fp8 model's serving precision: e4m3 activations
+                    row["reference_error"] = max(row["reference_error"],
+                                                 _max_error(_run(w8a8_reference.op(case.op), case, dtype), ref64))
                 row["scale"] = _scale(ref64)
             except Exception as e:   # noqa: BLE001  (a shape the reference cannot take is a bug of this module)
                 log.exception("conformance: the reference %s failed on %s", case.op, case.case)
