@@ -234,35 +234,31 @@ run_int8() {
   summary+=("int8 | rc $rc | $((SECONDS - t0)) s | tables in int8.log")
 }
 
-run_fp8_rows() {
-  local budget="${SITS_FP8_ROWS_BUDGET_S:-240}" t0=$SECONDS
+# one GPU-only benchmark script: NAME (the summary's), SCRIPT, STEM (its .json and .log in $out), BUDGET (s), WHAT
+# (the heading), NEEDS (why dry-run skips it)
+gpu_bench() {
+  local name="$1" script="$2" stem="$3" budget="$4" what="$5" needs="$6" t0=$SECONDS
   if [[ "$phase" == dry-run ]]; then
-    summary+=("fp8 rows | skipped | 0 s | bench/fp8_rows.py needs a GPU with fp8 tensor cores"); return
+    summary+=("$name | skipped | 0 s | $script needs $needs"); return
   fi
-  echo "== fp8 linear by rows (budget ${budget} s): bench/fp8_rows.py"
-  timeout -k 10 "$budget" "$py" bench/fp8_rows.py --json "$out/fp8-rows.json" 2>&1 | tee "$out/fp8-rows.log"
-  summary+=("fp8 rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in fp8-rows.log")
+  echo "== $what (budget ${budget} s): $script"
+  timeout -k 10 "$budget" "$py" "$script" --json "$out/$stem.json" 2>&1 | tee "$out/$stem.log"
+  summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in $stem.log")
+}
+
+run_fp8_rows() {
+  gpu_bench "fp8 rows" bench/fp8_rows.py fp8-rows "${SITS_FP8_ROWS_BUDGET_S:-240}" "fp8 linear by rows" \
+    "a GPU with fp8 tensor cores"
 }
 
 run_fused_rows() {
-  local budget="${SITS_FUSED_ROWS_BUDGET_S:-300}" t0=$SECONDS
-  if [[ "$phase" == dry-run ]]; then
-    summary+=("fused rows | skipped | 0 s | bench/fused_rows.py needs a GPU"); return
-  fi
-  echo "== fused SiLU-and-mul + down projection by rows (budget ${budget} s): bench/fused_rows.py"
-  timeout -k 10 "$budget" "$py" bench/fused_rows.py --json "$out/fused-rows.json" 2>&1 | tee "$out/fused-rows.log"
-  summary+=("fused rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in fused-rows.log")
+  gpu_bench "fused rows" bench/fused_rows.py fused-rows "${SITS_FUSED_ROWS_BUDGET_S:-300}" \
+    "fused SiLU-and-mul (v1.6 prologue, v1.7 epilogue) by rows" "a GPU"
 }
 
 run_fp8_attention() {
-  local budget="${SITS_FP8_ATTENTION_BUDGET_S:-420}" t0=$SECONDS
-  if [[ "$phase" == dry-run ]]; then
-    summary+=("fp8 attention | skipped | 0 s | bench/decode_attention_fp8.py needs a GPU with fp8 conversion"); return
-  fi
-  echo "== FP8 decode attention (budget ${budget} s): bench/decode_attention_fp8.py"
-  timeout -k 10 "$budget" "$py" bench/decode_attention_fp8.py --json "$out/decode-attention-fp8.json" 2>&1 \
-    | tee "$out/decode-attention-fp8.log"
-  summary+=("fp8 attention | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in decode-attention-fp8.log")
+  gpu_bench "fp8 attention" bench/decode_attention_fp8.py decode-attention-fp8 "${SITS_FP8_ATTENTION_BUDGET_S:-420}" \
+    "FP8 decode attention" "a GPU with fp8 conversion"
 }
 
 run_conformance() {
