@@ -17,7 +17,8 @@
 #   bench/gpu_session.sh fused     # bench/throughput.py --rows decode1-int8,decode1-fp8,b32-int8 (SITS_FUSED_ROWS) with
 #                                  # each of SITS_FUSED_SETS (default triton-v1.5,triton-v1.7: v1.7 fuses SiLU-and-mul
 #                                  # into the gate/up projection; v1.6 into the down projection), each engine
-#                                  # in a process of its own; the two tables last
+#                                  # in a process of its own; the two tables last; SITS_FUSED_ARGS: more arguments
+#                                  # (e.g. "--kv-cache-dtype fp8" with SITS_FUSED_ROWS=b256-fp8)
 #   bench/gpu_session.sh fused-rows  # bench/fused_rows.py: v1.6's fused op against v1.5's two ops at the down
 #                                  # projection by rows, and a sweep of launch configs with and without the prologue
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
@@ -190,8 +191,9 @@ run_fp8() {
 }
 
 run_fused() {
-  local budget="${SITS_FUSED_BUDGET_S:-540}" t0=$SECONDS rc=0 left ks extra=()
+  local budget="${SITS_FUSED_BUDGET_S:-540}" t0=$SECONDS rc=0 left ks extra
   local rows="${SITS_FUSED_ROWS:-decode1-int8,decode1-fp8,b32-int8}"
+  read -ra extra <<< "${SITS_FUSED_ARGS:-}"   # more bench/throughput.py arguments, e.g. --kv-cache-dtype fp8
   local run=("$py")
   # on CPU the Triton sets run under the interpreter (~90 s a set for the tiny model's smoke rows)
   [[ "$phase" == dry-run ]] && { rows=decode1-int8; extra=(--smoke); run=(env TRITON_INTERPRET=1 "$py"); }
@@ -329,7 +331,7 @@ fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
 fi
-for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6 fused-triton-v1.7; do
+for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6 fused-triton-v1.7 fused-triton-v1.8; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f.log"; sed -n '/^row /,$p' "$out/$f.log"; }
 done
 if [[ -f "$out/kv-fp8.log" ]]; then

@@ -8,7 +8,9 @@ so a [GROUP, BLOCK_N] tile is scaled instead of a [BLOCK_N, HEAD_DIM] one, and t
 converted to q's dtype, which holds every e4m3 value exactly. The softmax normalizer sums the unscaled weights. A
 scale is max|v| / 448, so p_j t_j would sink into fp16's subnormals: the weights are raised by 2^8 before the cast
 and the output lowered by 2^8 (both exact). The reference is paged_decode_attention_ref on the dequantized pages
-(torch set). Plain pages go to triton-v1's kernel.
+(torch set). Plain pages go to triton-v1's kernel. triton-v1.5 runs the dots in fp16 (F16_DOT); triton-v1.8 also
+converts each tile where it is loaded (STAGED, `e4m3_to_f16`) and runs a sequence's kv heads in neighbouring programs
+(HEADS_FIRST).
 """
 from __future__ import annotations
 
@@ -29,6 +31,30 @@ PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v 
 # tokens). bench/decode_attention_fp8.py on the H200 (2026-12-04), 108 configs: this one 553 us at 256 x 2,304 (best
 # 552; BLOCK_N 64 w8 s3, 1,178) and 90 us at 32 x 2,304 (best 88).
 F16_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=3)
+# triton-v1.8's (HEADS_FIRST, pages converted where they are loaded): measured on the H200 in
+# bench/decode_attention_fp8.py's sweep
+V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
+
+
+@triton.jit
+def e4m3_to_f16(x, STAGED: tl.constexpr):
+    """An e4m3 tile in fp16 (exact: fp16 holds every e4m3 value).
+
+    STAGED (triton-v1.8; compiled for sm_89+, never under the interpreter): converted in the registers its load left it
+    in, two elements per cvt.rn.f16x2.e4m3x2, by an asm op marked impure so that Triton's compiler leaves it there.
+    A plain conversion it moves past the tile's shared-memory staging into the dot's operand layout, where a tile
+    whose dot sums along tokens (v in p.v; tokens 1 KB apart in the pages) is gathered from shared memory one byte per
+    load: on sm_90, 128 LDS.U8 of 1,089 instructions a warp runs per 128-token tile, 197-203 registers a thread (two
+    programs per SM). Staged, the fp16 tiles go through shared memory in 16-byte stores and ldmatrix as bf16 tiles do:
+    725 instructions, 144-159 registers (three programs per SM). On the H200 that bought 1-4 % (Nsight Compute,
+    bench/decode_attention_ncu.py: the warps now wait on shared memory, short scoreboard and MIO throttle, instead of
+    on issue; BENCHMARKS.md "FP8 decode attention")."""
+    if STAGED:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+    else:
+        return x.to(tl.float16)
 
 
 @triton.jit
@@ -40,11 +66,17 @@ def _paged_decode_attention_fp8_kernel(
     stride_os, stride_oh, num_q_heads, BATCH_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr, STAGED: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
+    # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel, or with HEADS_FIRST (triton-v1.8)
+    # (num_kv_heads, num_seqs, NUM_SPLITS): the programs that run side by side are one sequence's kv heads, which
+    # read the neighbouring 128-byte pieces of the same tokens' rows; STAGED: q in fp16 (e4m3_to_f16)
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        seq = tl.program_id(1).to(tl.int64)
+    else:
+        seq = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ctx_ptr + seq)
     tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), NUM_SPLITS)
@@ -77,7 +109,11 @@ def _paged_decode_attention_fp8_kernel(
         slot = offs_n % PAGE
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
-                    + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+                    + offs_d[None, :], mask=kv_mask, other=0.0)
+        if STAGED:
+            k = e4m3_to_f16(k, True)
+        else:
+            k = k.to(q.dtype)
         k_scale = tl.load(k_scale_ptr + blk * stride_ksb + slot * stride_kss + kv_head * stride_ksh, mask=mask_n,
                           other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * (qk_scale * q_shift))[None, :]
@@ -87,7 +123,11 @@ def _paged_decode_attention_fp8_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
-                    + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+                    + offs_d[None, :], mask=kv_mask, other=0.0)
+        if STAGED:
+            v = e4m3_to_f16(v, True)
+        else:
+            v = v.to(q.dtype)
         v_scale = tl.load(v_scale_ptr + blk * stride_vsb + slot * stride_vss + kv_head * stride_vsh, mask=mask_n,
                           other=0.0)
         pv = (p * (v_scale * PV_SHIFT)[None, :]).to(q.dtype)
@@ -109,7 +149,7 @@ def _paged_decode_attention_fp8_kernel(
 
 
 _paged_decode_attention_fp8_tuned = autotune(
-    _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET", "F16_DOT"],
+    _CONFIGS, key=["HEAD_DIM", "GROUP", "PAGE", "NUM_SPLITS", "BATCH_BUCKET", "F16_DOT", "STAGED", "HEADS_FIRST"],
     use_cuda_graph=True)(_paged_decode_attention_fp8_kernel)
 
 
@@ -129,20 +169,41 @@ def paged_decode_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, context_
                        f16_dot=q.dtype == torch.bfloat16)
 
 
-def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool):
+def paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                                        num_splits: int | None = None):
+    """triton-v1.8: as triton-v1.5's, with a sequence's kv heads in neighbouring programs (HEADS_FIRST) and every
+    e4m3 tile converted to fp16 where its load left it (`e4m3_to_f16`, 16-bit models on a GPU), at its own measured
+    launch config (V18_CONFIG). The same values bit for bit as v1.5 at the same config (the conversions are exact,
+    the programs' order changes no sum)."""
+    return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+                       f16_dot=q.dtype == torch.bfloat16, staged=True)
+
+
+def staged_conversion(q: torch.Tensor) -> bool:
+    """Whether a `staged` call converts with `e4m3_to_f16`'s asm: a 16-bit model on a GPU (the kernels that read FP8
+    pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
+    return q.dtype in (torch.float16, torch.bfloat16) and q.is_cuda and not interpreting()
+
+
+def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
+                staged: bool = False):
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
-    launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=f16_dot)
-    if launch.grid[0] == 0:
+    launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=f16_dot,
+                                  staged=staged and staged_conversion(q), heads_first=staged)
+    s = q.shape[0]
+    if s == 0:
         return launch.out
-    s = launch.grid[0]
     if interpreting():  # the interpreter's bf16 dot is wrong: fp32 there (exact for e4m3 and bf16 inputs)
         launch.run(BLOCK_N=64, num_warps=4, num_stages=1, DOT_F32=q.dtype != torch.float16 and not f16_dot)
         return launch.merge()
     if q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
              num_stages=3)(launch.grid, *launch.args)
+    elif launch.meta["HEADS_FIRST"]:    # triton-v1.8: its measured config
+        fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **V18_CONFIG)(launch.grid,
+                                                                                               *launch.args)
     elif f16_dot:   # triton-v1.5: the measured config (F16_CONFIG)
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **F16_CONFIG)(launch.grid, *launch.args)
     else:  # tuned per (meta, batch bucket), as the autotuner's key
@@ -160,7 +221,8 @@ class DecodeLaunch:
         self.out, self.part_o, self.part_lse, self.args, self.meta, self.grid = out, part_o, part_lse, args, meta, grid
 
     @classmethod
-    def prepare(cls, q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool):
+    def prepare(cls, q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
+                staged: bool = False, heads_first: bool = False):
         kd, vd = page_tensors(k_cache, v_cache)
         check_decode_args(q, kd, vd, block_tables, context_lens)
         check_device("paged_decode_attention", q)
@@ -180,8 +242,9 @@ class DecodeLaunch:
                 vd.stride(2), ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
                 block_tables.stride(0), out.stride(0), out.stride(1), hq, min(next_pow2(max(s, 1)), 256))
         meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
-                    NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot)
-        return cls(out, part_o, part_lse, args, meta, (s, hkv, splits))
+                    NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot,
+                    STAGED=staged, HEADS_FIRST=heads_first)
+        return cls(out, part_o, part_lse, args, meta, (hkv, s, splits) if heads_first else (s, hkv, splits))
 
     def run(self, *, BLOCK_N: int, num_warps: int, num_stages: int, DOT_F32: bool = False) -> None:
         """The kernel with one explicit config (no autotuning)."""

@@ -49,7 +49,11 @@ GPU_SCENARIOS = {s.name: s for s in (
              "an fp8 release (e4m3 weights and KV pages read through fp16 dots): expected to be promoted"),
     Scenario("fused", "triton-v1.7", Phase.SUCCEEDED,
              "a fused release (SiLU-and-mul in the gate/up projection's epilogue with int8/fp8 weights at decode "
-             "sizes): expected to be promoted; with --production-kernels triton-v1.5 the gate judges only the fused op"))}
+             "sizes): expected to be promoted; with --production-kernels triton-v1.5 the gate judges only the fused op"),
+    Scenario("staged", "triton-v1.8", Phase.SUCCEEDED,
+             "an fp8 attention release (decode attention over FP8 pages converting each tile where it is loaded, a "
+             "sequence's kv heads side by side): expected to be promoted; with --production-kernels triton-v1.7 the "
+             "gate judges only paged_decode_attention"))}
 
 
 # from this live rate on (requests/s through the router) the checked step's samples come mostly from users: the slow

@@ -43,14 +43,15 @@ def test_device_cuda_runs_triton_sets_on_the_gpu_with_a_memory_split():
 
 def test_the_cli_takes_scenario_lists_and_names_a_bad_one(capsys):
     assert main(["demo", "--device", "cuda", "--scenario", "slow,bogus"]) == 2
-    assert "--scenario 'slow,bogus': choose from slow, wrong, good, aa, w8a8, f16, fused" in capsys.readouterr().err
+    assert "--scenario 'slow,bogus': choose from slow, wrong, good, aa, w8a8, f16, fused, staged" in capsys.readouterr().err
 
 
 def test_the_fp8_releases_run_with_every_engine_serving_fp8(capsys):
     # --engine-arg goes to production, baseline and canary alike, after the profile's memory split
-    cfg = DemoConfig(device="cuda", scenarios=("w8a8", "f16", "fused"), production_kernels="triton-v1.3",
+    cfg = DemoConfig(device="cuda", scenarios=("w8a8", "f16", "fused", "staged"), production_kernels="triton-v1.3",
                      engine_extra=("--quantization", "fp8", "--kv-cache-dtype", "fp8"))
-    assert [cfg.scenario(s).kernels for s in cfg.scenarios] == ["triton-v1.4", "triton-v1.5", "triton-v1.7"]
+    assert [cfg.scenario(s).kernels for s in cfg.scenarios] == ["triton-v1.4", "triton-v1.5", "triton-v1.7",
+                                                                  "triton-v1.8"]
     assert cfg.engine_args == (*GPU.engine_args, "--quantization", "fp8", "--kv-cache-dtype", "fp8")
     cfg.check_kernels(KernelCatalog.shipped())
     assert DemoConfig(engine_extra=("--seed", "7")).engine_args == ("--seed", "7")   # the CPU profile has none

@@ -21,6 +21,9 @@ from sits.engine.server.main import main as serve_main
 LOGIT_TOL = 0.08          # max |fp8 - auto| over every compared step's logits
 MIN_TOP1_AGREEMENT = 0.85  # teacher-forced: the same argmax at every position of the same token sequences
 
+# the built-in sets that take --kv-cache-dtype fp8
+FP8_SETS = "torch, triton-v1.3, triton-v1.4, triton-v1.5, triton-v1.6, triton-v1.7, triton-v1.8"
+
 
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
@@ -116,7 +119,7 @@ def test_fp8_needs_a_kernel_set_that_takes_it():
     with pytest.raises(InvalidRequestError) as e:
         LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.2", device="cpu", kv_cache_dtype="fp8"))
     assert e.value.param == "kv_cache_dtype"
-    assert "'triton-v1.2' takes auto only" in str(e.value) and "take 'fp8': torch, triton-v1.3, triton-v1.4, triton-v1.5, triton-v1.6, triton-v1.7" in str(e.value)
+    assert "'triton-v1.2' takes auto only" in str(e.value) and f"take 'fp8': {FP8_SETS}" in str(e.value)
 
 
 def test_the_flag_on_both_command_lines(capsys):
@@ -126,7 +129,7 @@ def test_the_flag_on_both_command_lines(capsys):
     # a set that cannot take it fails before the port opens, in one line
     assert serve_main(["--kernels", "triton-v1", "--kv-cache-dtype", "fp8"]) == 2
     err = capsys.readouterr().err
-    assert "take 'fp8': torch, triton-v1.3, triton-v1.4, triton-v1.5, triton-v1.6, triton-v1.7" in err and "Traceback" not in err
+    assert f"take 'fp8': {FP8_SETS}" in err and "Traceback" not in err
     assert cli_main(["generate", "--device", "cpu", "--kv-cache-dtype", "fp8", "--max-tokens", "3", "hi"]) == 0
     assert capsys.readouterr().out.strip()
     assert cli_main(["generate", "--kernels", "triton-v1", "--kv-cache-dtype", "fp8", "hi"]) == 2

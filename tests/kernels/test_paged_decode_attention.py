@@ -12,6 +12,7 @@ from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_clo
 REF = get_kernel_set("torch")
 V13 = get_kernel_set("triton-v1.3")
 V15 = get_kernel_set("triton-v1.5")
+V18 = get_kernel_set("triton-v1.8")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -107,6 +108,16 @@ def test_triton_v1_5_decodes_fp8_pages_with_fp16_dots(dev, num_splits, q_scale):
         assert torch.equal(V15.paged_decode_attention(*other), V13.paged_decode_attention(*other))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_v1_8_decodes_fp8_pages(dev, dtype):
+    # on a GPU e4m3_to_f16's asm converts the tiles where they are loaded (llama3-8b's shapes, past _TUNE_MIN_BLOCKS:
+    # test_paged_decode_attention_fp8_batches); the interpreter cannot run asm, so on CPU v1.8 is v1.5, bit for bit
+    args = fp8_kv(decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=36))
+    check_op("paged_decode_attention", args, dtype, dev, kernel_set=V18)
+    if dev == "cpu":
+        assert torch.equal(V18.paged_decode_attention(*args), V15.paged_decode_attention(*args))
+
+
 def test_triton_v1_3_decodes_plain_pages_with_triton_v1s_kernel(dev):
     # --kv-cache-dtype auto on triton-v1.3 is triton-v1's decode, bit for bit
     args = args_to(decode_args([1, 65, 300], 6, 2, 64, torch.bfloat16, seed=34), device=dev)
@@ -137,3 +148,5 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
     check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V13)
     if dtype == torch.bfloat16:
         check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V15)
+    # triton-v1.8: the tiles converted where they are loaded (e4m3_to_f16's asm), its own launch config
+    check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V18)
