@@ -27,7 +27,8 @@
 #   bench/gpu_session.sh fp8-rows  # bench/fp8_rows.py: the fp8 linear by row count (triton-v1.4's W8A8 vs v1.3's vs
 #                                  # torch._scaled_mm vs bf16 cuBLAS) and a sweep of W8A8 GEMM tile configs
 #   bench/gpu_session.sh fp8-attention  # bench/decode_attention_fp8.py: decode attention over FP8 pages (v1.3, v1.5,
-#                                  # a sweep of launch configs) against the bf16 kernel, 256 and 32 x 2,304 tokens
+#                                  # v1.8 and a sweep of its launch configs) against the bf16 kernel, 256 and 32 x
+#                                  # 2,304 tokens (its counters: bench/decode_attention_ncu.py under ncu, by hand)
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
