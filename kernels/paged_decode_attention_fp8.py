@@ -173,8 +173,9 @@ def paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, conte
                                         num_splits: int | None = None):
     """triton-v1.8: as triton-v1.5's, with a sequence's kv heads in neighbouring programs (HEADS_FIRST) and every
     e4m3 tile converted to fp16 where its load left it (`e4m3_to_f16`, 16-bit models on a GPU), at its own measured
-    launch config (V18_CONFIG). The same values bit for bit as v1.5 at the same config (the conversions are exact,
-    the programs' order changes no sum)."""
+    launch config (V18_CONFIG). v1.5's values up to fp32 rounding: the conversions are exact and the programs' order
+    changes no sum, but the tensor cores get the tiles in another operand arrangement (4e-5 relative on the H200
+    at 256 x 2,304); under the interpreter (no asm) v1.5's bit for bit."""
     return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
                        f16_dot=q.dtype == torch.bfloat16, staged=True)
 

@@ -117,8 +117,8 @@ TRITON_V1_8 = register_kernel_set(TRITON_V1_7.derive(
     "triton-v1.8", "1.8.0",
     description="triton-v1.7 whose decode attention over FP8 KV pages (--kv-cache-dtype fp8) converts each e4m3 tile "
                 "to fp16 where its load left it, not in the dots' operand layouts (no byte-wise shared-memory "
-                "gathers of the value tile), at its own launch config measured on the H200; the same values bit for "
-                "bit; plain pages and other calls as v1.7",
+                "gathers of the value tile), at its own launch config measured on the H200; v1.5's values up to fp32 "
+                "rounding (4e-5 relative on the H200); plain pages and other calls as v1.7",
     kv_cache_dtypes=("auto", "fp8"),
     paged_decode_attention=_decode_fp8.paged_decode_attention_fp8kv_staged,
 ))
