@@ -37,11 +37,9 @@ V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
 
 
 @triton.jit
-def e4m3_to_f16(x, STAGED: tl.constexpr):
-    """An e4m3 tile in fp16 (exact: fp16 holds every e4m3 value).
-
-    STAGED (triton-v1.8; compiled for sm_89+, never under the interpreter): converted in the registers its load left it
-    in, two elements per cvt.rn.f16x2.e4m3x2, by an asm op marked impure so that Triton's compiler leaves it there.
+def e4m3_to_f16(x):
+    """An e4m3 tile in fp16 (exact: fp16 holds every e4m3 value), for the kernel's STAGED (triton-v1.8; compiled for
+    sm_89+, never under the interpreter, which runs no asm): converted in the registers its load left it in, two elements per cvt.rn.f16x2.e4m3x2, by an asm op marked impure so that Triton's compiler leaves it there.
     A plain conversion it moves past the tile's shared-memory staging into the dot's operand layout, where a tile
     whose dot sums along tokens (v in p.v; tokens 1 KB apart in the pages) is gathered from shared memory one byte per
     load: on sm_90, 128 LDS.U8 of 1,089 instructions a warp runs per 128-token tile, 197-203 registers a thread (two
@@ -49,12 +47,9 @@ def e4m3_to_f16(x, STAGED: tl.constexpr):
     725 instructions, 144-159 registers (three programs per SM). On the H200 that bought 1-4 % (Nsight Compute,
     bench/decode_attention_ncu.py: the warps now wait on shared memory, short scoreboard and MIO throttle, instead of
     on issue; BENCHMARKS.md "FP8 decode attention")."""
-    if STAGED:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
-    else:
-        return x.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit
@@ -111,7 +106,7 @@ def _paged_decode_attention_fp8_kernel(
         k = tl.load(k_cache_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
                     + offs_d[None, :], mask=kv_mask, other=0.0)
         if STAGED:
-            k = e4m3_to_f16(k, True)
+            k = e4m3_to_f16(k)
         else:
             k = k.to(q.dtype)
         k_scale = tl.load(k_scale_ptr + blk * stride_ksb + slot * stride_kss + kv_head * stride_ksh, mask=mask_n,
@@ -125,7 +120,7 @@ def _paged_decode_attention_fp8_kernel(
         v = tl.load(v_cache_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
                     + offs_d[None, :], mask=kv_mask, other=0.0)
         if STAGED:
-            v = e4m3_to_f16(v, True)
+            v = e4m3_to_f16(v)
         else:
             v = v.to(q.dtype)
         v_scale = tl.load(v_scale_ptr + blk * stride_vsb + slot * stride_vss + kv_head * stride_vsh, mask=mask_n,
@@ -177,22 +172,23 @@ def paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, conte
     changes no sum, but the tensor cores get the tiles in another operand arrangement (4e-5 relative on the H200
     at 256 x 2,304); under the interpreter (no asm) v1.5's bit for bit."""
     return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
-                       f16_dot=q.dtype == torch.bfloat16, staged=True)
+                       f16_dot=q.dtype == torch.bfloat16, v18=True)
 
 
 def staged_conversion(q: torch.Tensor) -> bool:
-    """Whether a `staged` call converts with `e4m3_to_f16`'s asm: a 16-bit model on a GPU (the kernels that read FP8
-    pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
+    """Whether triton-v1.8's kernel converts with `e4m3_to_f16`'s asm (STAGED): a 16-bit model on a GPU (the kernels
+    that read FP8 pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
     return q.dtype in (torch.float16, torch.bfloat16) and q.is_cuda and not interpreting()
 
 
 def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
-                staged: bool = False):
+                v18: bool = False):
+    # v18: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at its config
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
     launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=f16_dot,
-                                  staged=staged and staged_conversion(q), heads_first=staged)
+                                  staged=v18 and staged_conversion(q), heads_first=v18)
     s = q.shape[0]
     if s == 0:
         return launch.out
@@ -202,7 +198,7 @@ def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_spli
     if q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
              num_stages=3)(launch.grid, *launch.args)
-    elif launch.meta["HEADS_FIRST"]:    # triton-v1.8: its measured config
+    elif v18:       # triton-v1.8: its measured config
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **V18_CONFIG)(launch.grid,
                                                                                                *launch.args)
     elif f16_dot:   # triton-v1.5: the measured config (F16_CONFIG)
