@@ -12,6 +12,13 @@ logprob, the mean negative log-likelihood, and the greedy common prefix of a fre
 run in bf16: "weight-only" is the torch set (x exact, as triton-v1.4 below 33 rows), "W8A8" the set "torch-w8a8"
 registered here, whose linear is triton-v1.4's numerics in torch (kernels/linear_w8a8.py `linear_w8a8_torch`: x
 rounded to e4m3 per row from 33 rows on -- every scored prefill here).
+
+`--qp`: one more row, FP8 pages read by attention whose q and softmax weights are e4m3 too (the set "torch-e4m3-qp"
+registered here, never shipped): the numerics a decode attention on fp8 tensor cores would have (BENCHMARKS.md "FP8
+decode attention": S^T = K q^T and O^T = V^T P^T as fp8 MMAs), in torch, prefill and decode alike. q is rounded per
+(token, head) with the scale max|q| / 448; the softmax numerators exp(s - max), in (0, 1], are raised by 2^8 and
+rounded (the normalizer sums them unrounded, as the kernels do). An estimate: one max per row rather than a running
+max per tile, and the value scales kept out of the rounded weights.
 """
 from __future__ import annotations
 
@@ -56,6 +63,8 @@ def measure(args) -> dict:
     variants = [("fp8", args.dtype, None, None), ("auto", "bfloat16", None, None), ("fp8", "bfloat16", None, None)]
     if args.weights:
         variants += [("auto", "bfloat16", "fp8", "torch"), ("auto", "bfloat16", "fp8", _w8a8_set())]
+    if args.qp:
+        variants += [("fp8", args.dtype, None, _qp_set())]
     for kv, dtype, quant, kernels in variants:
         engine = llm(kv, dtype, quant, kernels)
         got = score(engine, seqs)
@@ -66,6 +75,7 @@ def measure(args) -> dict:
         res["variants"].append({
             "kv_cache_dtype": kv, "dtype": dtype,
             "weights": "bf16" if quant is None else "fp8 W8A8" if kernels == "torch-w8a8" else "fp8 weight-only",
+            "attention": "e4m3 q and p" if kernels == "torch-e4m3-qp" else "exact q and p",
             "top1_agreement": sum(a[0] == b[0] for a, b in pairs) / n,
             "max_logprob_change": max(abs(a[1] - b[1]) for a, b in pairs),
             "mean_nll": -sum(b[1] for _, b in pairs) / n, "greedy_common_prefix": prefix})
@@ -82,6 +92,68 @@ def _w8a8_set() -> str:
     return "torch-w8a8"
 
 
+def _e4m3_rows(x):
+    """x (fp32) rounded to e4m3 along its last dim with the scale max|x| / 448, back in fp32."""
+    import torch
+
+    from sits.kernels.kv_fp8 import FP8_DTYPE, FP8_MAX
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x / scale).to(FP8_DTYPE).float() * scale
+
+
+def _attend_e4m3_qp(q, k, v, first_pos: int, scale: float):
+    """One sequence's attention: q [n, Hq, D], the new tokens at positions first_pos.. of k, v [L, Hkv, D] (the
+    pages dequantized, fp32), with q and the softmax weights rounded to e4m3 (the module docstring)."""
+    import torch
+
+    from sits.kernels.kv_fp8 import FP8_DTYPE
+    g = q.shape[1] // k.shape[1]
+    qf = _e4m3_rows(q.float()).transpose(0, 1)                              # [Hq, n, D]
+    kf = k.float().repeat_interleave(g, dim=1).transpose(0, 1)              # [Hq, L, D]
+    vf = v.float().repeat_interleave(g, dim=1).transpose(0, 1)
+    scores = torch.matmul(qf, kf.transpose(1, 2)) * scale                   # [Hq, n, L]
+    qpos = torch.arange(first_pos, first_pos + q.shape[0])
+    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > qpos[:, None], float("-inf"))
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    e8 = (e * 256.0).to(FP8_DTYPE).float() / 256.0
+    out = torch.matmul(e8, vf) / e.sum(dim=-1, keepdim=True)
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def _decode_e4m3_qp(q, k_cache, v_cache, block_tables, context_lens, scale):
+    import torch
+
+    from sits.kernels.kv_fp8 import gather_tokens
+    out = torch.empty_like(q)
+    for i, length in enumerate(context_lens.tolist()):
+        k, v = (gather_tokens(c, block_tables[i], length, torch.float32) for c in (k_cache, v_cache))
+        out[i:i + 1] = _attend_e4m3_qp(q[i:i + 1], k, v, length - 1, scale)
+    return out
+
+
+def _prefill_e4m3_qp(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    import torch
+
+    from sits.kernels.kv_fp8 import gather_tokens
+    from sits.kernels.prefill_attention_ref import _sequences
+    out = torch.zeros_like(q)
+    for i, s, n, length in _sequences(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens):
+        k, v = (gather_tokens(c, block_tables[i], length, torch.float32) for c in (k_cache, v_cache))
+        out[s:s + n] = _attend_e4m3_qp(q[s:s + n], k, v, length - n, scale)
+    return out
+
+
+def _qp_set() -> str:
+    """The torch set whose attention reads q and the softmax weights in e4m3 (a plugin set of this script)."""
+    from sits.kernels import get_kernel_set, register_kernel_set
+    register_kernel_set(get_kernel_set("torch").derive(
+        "torch-e4m3-qp", "1.0.0-e4m3-qp", description="torch with e4m3 q and softmax weights in attention",
+        kv_cache_dtypes=("auto", "fp8"), prefill_attention=_prefill_e4m3_qp,
+        paged_decode_attention=_decode_e4m3_qp), replace=True)
+    return "torch-e4m3-qp"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", help="preset or checkpoint directory (bench/train_tiny.py writes one)")
@@ -92,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-chars", type=int, default=300)
     ap.add_argument("--no-weights", dest="weights", action="store_false",
                     help="skip the fp8-weight rows (weight-only and W8A8)")
+    ap.add_argument("--qp", action="store_true",
+                    help="also FP8 pages read with e4m3 q and softmax weights (the module docstring)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     res = measure(args)
@@ -100,9 +174,11 @@ def main(argv=None) -> int:
     print(f"{res['model']} ({res['kernels']}, {res['device']}), baseline {res['baseline_dtype']} with its own KV "
           f"dtype: {res['prompts']} prompts, {res['scored_positions']} scored positions, mean NLL "
           f"{res['baseline_mean_nll']:.4f}")
-    print(f"{'KV cache / compute / weights':38s} {'top-1':>8s} {'max |dlogprob|':>15s} {'mean NLL':>9s} {'greedy prefix':>14s}")
+    print(f"{'KV cache / compute / weights (attention)':52s} {'top-1':>8s} {'max |dlogprob|':>15s} {'mean NLL':>9s} {'greedy prefix':>14s}")
     for v in res["variants"]:
-        print(f"{v['kv_cache_dtype'] + ' / ' + v['dtype'] + ' / ' + v['weights']:38s} {100 * v['top1_agreement']:7.2f}% "
+        qp = " (e4m3 q, p)" if v["attention"] != "exact q and p" else ""
+        what = f"{v['kv_cache_dtype']} / {v['dtype']} / {v['weights']}{qp}"
+        print(f"{what:52s} {100 * v['top1_agreement']:7.2f}% "
               f"{v['max_logprob_change']:15.4f} {v['mean_nll']:9.4f} "
               f"{v['greedy_common_prefix']:>6d}/{res['greedy_tokens']}")
     return 0

@@ -46,3 +46,30 @@ def test_bundle_out_keeps_the_named_files_and_archives_the_rest_past_eight(tmp_p
         (few / f"g{i}").write_text("x")
     assert subprocess.run(["bash", str(REPO / "bench" / "bundle_out.sh"), str(few)], timeout=60).returncode == 0
     assert sorted(p.name for p in few.iterdir()) == [f"g{i}" for i in range(8)]
+
+
+def test_the_e4m3_q_and_p_attention_estimate_rounds_q_and_p_and_nothing_else():
+    # bench/kv_fp8_accuracy.py --qp: attention over FP8 pages with q and the softmax weights in e4m3. Against the
+    # torch references on the same pages its decode and prefill move outputs by e4m3's rounding (3 mantissa bits),
+    # not more; with q already on e4m3's grid and one key per query (p = 1 exactly) it is the reference itself
+    import torch
+
+    from bench.kv_fp8_accuracy import _decode_e4m3_qp, _e4m3_rows, _prefill_e4m3_qp
+    from sits.kernels import get_kernel_set
+    from tests.kernels.helpers import decode_args, fp8_kv
+    ref = get_kernel_set("torch")
+    q, k8, v8, tables, lens, scale = fp8_kv(decode_args([1, 63, 65, 300], 8, 2, 64, torch.float32, seed=40))
+    got, want = _decode_e4m3_qp(q, k8, v8, tables, lens, scale), ref.paged_decode_attention(q, k8, v8, tables, lens,
+                                                                                            scale)
+    err = ((got - want).norm() / want.norm()).item()
+    assert 1e-4 < err < 0.1, err
+    cu = torch.tensor([0, 1, 1 + 63, 1 + 63 + 65, 1 + 63 + 65 + 300], dtype=torch.int32)
+    qs = torch.randn(int(cu[-1]), 8, 64, generator=torch.Generator().manual_seed(41))
+    got = _prefill_e4m3_qp(qs, k8, v8, tables, cu, lens, scale)
+    want = ref.prefill_attention(qs, k8, v8, tables, cu, lens, scale)
+    err = ((got - want).norm() / want.norm()).item()
+    assert 1e-4 < err < 0.1, err
+    one = torch.tensor([1, 1, 1, 1], dtype=torch.int32)
+    q1 = _e4m3_rows(q)
+    assert torch.allclose(_decode_e4m3_qp(q1, k8, v8, tables, one, scale),
+                          ref.paged_decode_attention(q1, k8, v8, tables, one, scale), rtol=1e-5, atol=1e-6)
