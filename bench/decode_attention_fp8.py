@@ -9,7 +9,8 @@ bytes near the copy rate (BENCHMARKS.md "FP8 end to end"). llama3-8b's attention
 head_dim 128, pages of 64 tokens in shuffled blocks. Every config's output is checked against v1.5's. triton-v1.8
 runs a sequence's kv heads in neighbouring programs (HEADS_FIRST) and converts each e4m3 tile where its load left
 it (paged_decode_attention_fp8.e4m3_to_f16): at its best config each change is also timed alone. The sweep of v1.3's
-and v1.5's configs is in BENCHMARKS.md "FP8 decode attention" (2026-12-04).
+and v1.5's configs is in BENCHMARKS.md "FP8 decode attention" (2026-12-04). Last,
+kernels/paged_decode_attention_fp8_dots.py (fp8 tensor cores, in no kernel set yet) over a sweep of its own.
 Times: medians of triton.testing.do_bench (L2 flushed; the pages are far larger than the L2 anyway).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bench.kernel_timings import bench, paged, rel_err  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 SWEEP = [(bn, w, st) for bn in (64, 128, 256) for w in (4, 8) for st in (2, 3)]
+DOTS_SWEEP = [(bn, w, st) for bn in (128, 64) for w in (4, 8) for st in (2, 3)]
 TOP_AT_MORE_SPLITS = 3   # the fastest configs at the default split count are timed again at 2x and 4x (--quick: 2x)
 
 
@@ -110,6 +112,26 @@ def shape_rows(b: int, ctx: int, quick: bool) -> dict:
     row["head_major_scales"] = {"ms": ms, "tbs": fp8_bytes / ms / 1e9, "rel_err": err}
     print(f"  {row['shape']:>12} v1.8, head-major scales, best config  {ms * 1e3:8.1f} us  "
           f"{fp8_bytes / ms / 1e9:5.2f} TB/s  err {err:.1e}", flush=True)
+    # kernels/paged_decode_attention_fp8_dots.py (in no set yet): the products on fp8 tensor cores, q and the weights
+    # in e4m3, so its error against v1.5 is e4m3's rounding (a few 1e-2 on random data), not fp32's
+    from sits.kernels.paged_decode_attention_fp8_dots import paged_decode_attention_fp8_dots
+    dots = []
+    for sp in (auto, auto * 2):
+        for bn, w, st in DOTS_SWEEP if not quick else DOTS_SWEEP[:2]:
+            def call_d(sp=sp, bn=bn, w=w, st=st):
+                return paged_decode_attention_fp8_dots(q, k8, v8, tables, lens, scale, num_splits=sp, block_n=bn,
+                                                       num_warps=w, num_stages=st)
+            cfg = {"splits": sp, "block_n": bn, "warps": w, "stages": st}
+            try:
+                err = rel_err(call_d(), ref)
+                ms = bench(call_d)
+            except Exception as e:  # noqa: BLE001 - a config that does not compile is a row too
+                dots.append({**cfg, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+                continue
+            dots.append({**cfg, "ms": ms, "tbs": fp8_bytes / ms / 1e9, "rel_err": err})
+            print(f"  {row['shape']:>12} fp8 dots         splits={sp:<3} BLOCK_N={bn:<4} w{w} s{st}  "
+                  f"{ms * 1e3:8.1f} us  {fp8_bytes / ms / 1e9:5.2f} TB/s  err {err:.1e}", flush=True)
+    row["dots"] = dots
     row["sweep"] = sweep
     return row
 
@@ -144,8 +166,8 @@ def main(argv=None) -> int:
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, copy {copy:.2f} TB/s; "
           f"llama3-8b attention (H{HQ}/{HKV} D{D}), one layer:")
     print("| batch x ctx | bf16 pages us (TB/s) | v1.3 FP8 us (TB/s) | v1.5 FP8 us (TB/s) | v1.8 FP8 us (TB/s) "
-          "| best v1.8 config | us (TB/s) | FP8 bytes at copy us |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|")
+          "| best v1.8 config | us (TB/s) | fp8 dots, best config: us (TB/s), err | FP8 bytes at copy us |")
+    print("|---|---:|---:|---:|---:|---|---:|---|---:|")
     for r in rows:
         ok = [c for c in r["sweep"] if "ms" in c and c["rel_err"] < 1e-2 and c["staged"] and c["heads_first"]]
         best = min(ok, key=lambda c: c["ms"]) if ok else None
@@ -154,10 +176,15 @@ def main(argv=None) -> int:
 
         def cell(ms, nbytes):
             return f"{ms * 1e3:.0f} ({nbytes / ms / 1e9:.2f})"
+        d_ok = [c for c in r.get("dots", []) if "ms" in c]
+        d = min(d_ok, key=lambda c: c["ms"]) if d_ok else None
+        dots = (f"splits {d['splits']} BLOCK_N {d['block_n']} w{d['warps']} s{d['stages']}: "
+                f"{cell(d['ms'], r['fp8_bytes'])}, {d['rel_err']:.1e}" if d else "-")
         print(f"| {r['shape']} | {cell(r['bf16_ms'], r['bf16_bytes'])} | {cell(r['v13_ms'], r['fp8_bytes'])} | "
               f"{cell(r['v15_ms'], r['fp8_bytes'])} | {cell(r['v18_ms'], r['fp8_bytes'])} "
               f"(err {r['v18_err']:.1e}) | {cfg} | "
-              f"{cell(best['ms'], r['fp8_bytes']) if best else '-'} | {r['fp8_bytes'] / copy / 1e9 * 1e3:.0f} |")
+              f"{cell(best['ms'], r['fp8_bytes']) if best else '-'} | {dots} | "
+              f"{r['fp8_bytes'] / copy / 1e9 * 1e3:.0f} |")
     return 0
 
 

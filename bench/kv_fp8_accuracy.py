@@ -14,11 +14,11 @@ registered here, whose linear is triton-v1.4's numerics in torch (kernels/linear
 rounded to e4m3 per row from 33 rows on -- every scored prefill here).
 
 `--qp`: one more row, FP8 pages read by attention whose q and softmax weights are e4m3 too (the set "torch-e4m3-qp"
-registered here, never shipped): the numerics a decode attention on fp8 tensor cores would have (BENCHMARKS.md "FP8
-decode attention": S^T = K q^T and O^T = V^T P^T as fp8 MMAs), in torch, prefill and decode alike. q is rounded per
-(token, head) with the scale max|q| / 448; the softmax numerators exp(s - max), in (0, 1], are raised by 2^8 and
-rounded (the normalizer sums them unrounded, as the kernels do). An estimate: one max per row rather than a running
-max per tile, and the value scales kept out of the rounded weights.
+registered here, never shipped): the numerics of kernels/paged_decode_attention_fp8_dots.py (S^T = K q^T and O^T =
+V^T P^T as fp8 MMAs), in torch, prefill and decode alike. q is rounded per (token, head) with the scale max|q| / 448;
+each softmax numerator exp(s - max), in (0, 1], times its value's scale t_j and a power of two c (the largest t_j
+near 448) is rounded (the normalizer sums the numerators unrounded, as the kernels do). An estimate of the kernel:
+one max and one c per row rather than a running max and a c per tile.
 """
 from __future__ import annotations
 
@@ -107,17 +107,22 @@ def _attend_e4m3_qp(q, k, v, first_pos: int, scale: float):
     pages dequantized, fp32), with q and the softmax weights rounded to e4m3 (the module docstring)."""
     import torch
 
-    from sits.kernels.kv_fp8 import FP8_DTYPE
+    from sits.kernels.kv_fp8 import FP8_DTYPE, FP8_MAX
     g = q.shape[1] // k.shape[1]
     qf = _e4m3_rows(q.float()).transpose(0, 1)                              # [Hq, n, D]
     kf = k.float().repeat_interleave(g, dim=1).transpose(0, 1)              # [Hq, L, D]
     vf = v.float().repeat_interleave(g, dim=1).transpose(0, 1)
     scores = torch.matmul(qf, kf.transpose(1, 2)) * scale                   # [Hq, n, L]
-    qpos = torch.arange(first_pos, first_pos + q.shape[0])
-    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > qpos[:, None], float("-inf"))
+    qpos = torch.arange(first_pos, first_pos + q.shape[0], device=q.device)
+    scores = scores.masked_fill(torch.arange(k.shape[0], device=q.device)[None, :] > qpos[:, None], float("-inf"))
     e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-    e8 = (e * 256.0).to(FP8_DTYPE).float() / 256.0
-    out = torch.matmul(e8, vf) / e.sum(dim=-1, keepdim=True)
+    # the value scales t_j (max|v_j| / 448: the pages hold v_j / t_j) go into the rounded weights, raised by a power
+    # of two c that puts the largest t_j near 448, as kernels/paged_decode_attention_fp8_dots.py does per tile
+    t = vf.abs().amax(dim=-1) / FP8_MAX                                     # [Hq, L]
+    t = torch.where(t > 0, t, torch.ones_like(t))
+    c = torch.exp2(torch.floor(-torch.log2(t.amax(dim=-1, keepdim=True) / FP8_MAX)))   # [Hq, 1]
+    w8 = (e * (t * c)[:, None, :]).to(FP8_DTYPE).float() / c[:, None, :]
+    out = torch.matmul(w8, vf / t[..., None]) / e.sum(dim=-1, keepdim=True)
     return out.transpose(0, 1).to(q.dtype)
 
 

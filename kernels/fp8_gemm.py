@@ -4,7 +4,7 @@
 - `w8a8`: kernels/linear.py's fp8 path from FP8_NATIVE_MIN_M rows (triton-v1 .. v1.3): `quantize_fp8_rows`, then
   `_linear_fp8_kernel` tuned once per weight shape over `_FP8`.
 - `quantize_rows` (triton-v1.4, kernels/linear_w8a8.py, which tunes the same GEMM kernel for prefill): the same
-  quantization with its rounding done in fp32 bit arithmetic (`_round_e4m3`), so Triton's interpreter on CPU rounds
+  quantization with its rounding done in fp32 bit arithmetic (`round_e4m3`), so Triton's interpreter on CPU rounds
   as the GPU does, and a row of zeros gets scale 1. On a GPU both quantizers give the same bytes.
 `linear_fp8_w8a8_ref` is what the GEMM computes, in torch.
 """
@@ -58,7 +58,7 @@ _linear_fp8 = autotune(_FP8, key=["N", "K"])(_linear_fp8_kernel)
 
 
 @triton.jit
-def _round_e4m3(v):
+def round_e4m3(v):
     # v (fp32, |v| <= 448) rounded to nearest-even at e4m3's 3 mantissa bits, in fp32: the integer add carries into
     # the exponent, so the cast to e4m3 that follows is exact for every normal value (it is how the hardware rounds;
     # Triton's interpreter alone drops that carry, 127.9 -> 64, so CPU runs would differ without it)
@@ -72,7 +72,7 @@ def _round_e4m3(v):
 @triton.jit
 def _quantize_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K: tl.constexpr, EXACT: tl.constexpr):
     # one row: sx = max|x| / 448, xq = e4m3(x / sx). EXACT (triton-v1.4): scale 1 for a row of zeros and the e4m3
-    # rounding done in fp32 bits (_round_e4m3); else (triton-v1 .. v1.3) the cast rounds and a row of zeros gets
+    # rounding done in fp32 bits (round_e4m3); else (triton-v1 .. v1.3) the cast rounds and a row of zeros gets
     # 1e-12 / 448
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
@@ -81,7 +81,7 @@ def _quantize_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, stride_x, stride_q, BLOCK_K:
     amax = tl.max(tl.abs(x), 0)
     if EXACT:
         s = tl.where(amax > 0, amax / 448.0, 1.0)
-        q = _round_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
+        q = round_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
     else:
         s = tl.maximum(amax, 1e-12) / 448.0
         q = tl.minimum(tl.maximum(x / s, -448.0), 448.0)
