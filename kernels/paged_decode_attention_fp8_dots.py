@@ -17,21 +17,18 @@ kernel's 4.4. Compiled for sm_90 (Triton 3.9, on the CPU machine), this kernel's
 (QGMMA) in 844 instructions a warp per 128-token tile at 94 registers and 51 KB of shared memory (four programs an
 SM), against v1.8's 709 at 144 registers and 75 KB (three): more instructions (the value tile is transposed into
 shared memory by byte stores, 136 STS.U8), no conversions, no fp16 copies. Its numerics (q and the weights
-in e4m3) were estimated on CPU as moving a model's answers no further than bf16 compute on the same pages
+in e4m3) were measured on CPU as moving a model's answers about as far as bf16 compute on the same pages
 (bench/kv_fp8_accuracy.py --qp). NOT YET MEASURED ON A GPU and in no kernel set: bench/decode_attention_fp8.py times
 it beside v1.5 and v1.8 so that one device call can decide whether it becomes a release.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from sits.kernels.fp8_gemm import round_e4m3
-from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages, kernel_page_args
-from sits.kernels.paged_decode_attention import (_merge_splits_kernel, check_decode_args, choose_num_splits,
-                                                 split_buffers)
-from sits.kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
+from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages
+from sits.kernels.paged_decode_attention_fp8 import DecodeLaunch
+from sits.kernels.triton_env import fast, interpreting, next_pow2, tl, triton
 
 E4M3_MAX = tl.constexpr(FP8_MAX)   # 448: e4m3fn's largest finite value
 # the launch config until one is measured: the transposed tile of 128 tokens a warpgroup's MMA takes at once
@@ -122,33 +119,18 @@ def paged_decode_attention_fp8_dots(q, k_cache, v_cache, block_tables, context_l
     (bench/decode_attention_fp8.py's sweep). Fp8Pages only, a 16-bit or fp32 q."""
     if not isinstance(k_cache, Fp8Pages) or not isinstance(v_cache, Fp8Pages):
         raise TypeError("paged_decode_attention_fp8_dots reads FP8 pages (Fp8Pages) only")
-    check_decode_args(q, k_cache.data, v_cache.data, block_tables, context_lens)
-    check_device("paged_decode_attention", q)
-    kd, vd, ks, vs = kernel_page_args("paged_decode_attention", k_cache, v_cache)
-    s, hq, d = q.shape
-    out = torch.empty_like(q)
-    if s == 0:
-        return out
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    page, hkv = kd.shape[1], kd.shape[2]
-    group = hq // hkv
-    splits = next_pow2(num_splits or (2 if interpreting() else choose_num_splits(s, hkv, q.device)))
-    d_p = max(16, next_pow2(d))
-    part_o, part_lse = split_buffers(out, splits, d_p)
+    # the same checks, buffers, arguments and grid as triton-v1.8's kernel (a sequence's kv heads side by side); this
+    # kernel takes them all but the batch bucket, which only the other's autotuner keys on
+    launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=False,
+                                  heads_first=True)
+    if q.shape[0] == 0:
+        return launch.out
+    m = launch.meta
     cfg = dict(CONFIG, **{k: v for k, v in (("BLOCK_N", block_n), ("num_warps", num_warps),
                                              ("num_stages", num_stages)) if v is not None})
     if interpreting():
         cfg = dict(cfg, BLOCK_N=min(cfg["BLOCK_N"], 64), num_stages=1)
-    fast(_paged_decode_attention_fp8_dots_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group,
-         GROUP_P=max(8, next_pow2(group)), PAGE=page, NUM_SPLITS=splits, **cfg)(
-        (hkv, s, splits), q, kd, vd, ks, vs, block_tables, context_lens, out, part_o, part_lse,
-        float(scale) * math.log2(math.e),
-        q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1), vd.stride(2),
-        ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), hq)
-    if splits > 1:
-        fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
-            (s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
-    return out
-
+    fast(_paged_decode_attention_fp8_dots_kernel, HEAD_DIM=m["HEAD_DIM"], HEAD_DIM_P=m["HEAD_DIM_P"], GROUP=m["GROUP"],
+         GROUP_P=max(8, next_pow2(m["GROUP"])), PAGE=m["PAGE"], NUM_SPLITS=m["NUM_SPLITS"], **cfg)(
+        launch.grid, *launch.args[:-1])
+    return launch.merge()
