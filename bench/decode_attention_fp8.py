@@ -64,73 +64,61 @@ def shape_rows(b: int, ctx: int, quick: bool) -> dict:
     row["v18_ms"] = bench(lambda: paged_decode_attention_fp8kv_staged(q, k8, v8, tables, lens, scale))
     auto = choose_num_splits(b, HKV, q.device)
     row["auto_splits"] = auto
-    sweep = []
 
-    def run(sp, bn, w, st, staged=True, heads_first=True):
-        launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, sp, f16_dot=True, staged=staged,
+    def timed(rows: list, what: str, cfg: dict, call) -> None:
+        """Check `call` against v1.5's output, time it, append the row (or why it failed) and print it."""
+        try:
+            err = rel_err(call(), ref)
+            ms = bench(call)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is a row too
+            rows.append({**cfg, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+            print(f"  {row['shape']:>12} {what:<16} {cfg}: {rows[-1]['error']}", flush=True)
+            return
+        rows.append({**cfg, "ms": ms, "tbs": fp8_bytes / ms / 1e9, "rel_err": err})
+        print(f"  {row['shape']:>12} {what:<16} splits={cfg['splits']:<3} BLOCK_N={cfg['block_n']:<4} "
+              f"w{cfg['warps']} s{cfg['stages']}  {ms * 1e3:8.1f} us  {fp8_bytes / ms / 1e9:5.2f} TB/s  "
+              f"err {err:.1e}", flush=True)
+
+    def run(rows, sp, bn, w, st, staged=True, heads_first=True, k=k8, v=v8, what=None):
+        launch = DecodeLaunch.prepare(q, k, v, tables, lens, scale, sp, f16_dot=True, staged=staged,
                                       heads_first=heads_first)
 
         def call():
             launch.run(BLOCK_N=bn, num_warps=w, num_stages=st)
             return launch.merge()
-        cfg = {"splits": sp, "block_n": bn, "warps": w, "stages": st, "staged": staged,
-               "heads_first": heads_first}
-        try:
-            err = rel_err(call(), ref)
-            ms = bench(call)
-        except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is a row too
-            sweep.append({**cfg, "error": f"{type(e).__name__}: {str(e)[:120]}"})
-            return
-        sweep.append({**cfg, "ms": ms, "tbs": fp8_bytes / ms / 1e9, "rel_err": err})
-        what = "v1.8" if staged and heads_first else "staged only" if staged else "heads first only" if heads_first \
-            else "v1.5"
-        print(f"  {row['shape']:>12} {what:<16} splits={sp:<3} BLOCK_N={bn:<4} w{w} s{st}  "
-              f"{ms * 1e3:8.1f} us  {fp8_bytes / ms / 1e9:5.2f} TB/s  err {err:.1e}", flush=True)
+        what = what or ("v1.8" if staged and heads_first else "staged only" if staged
+                        else "heads first only" if heads_first else "v1.5")
+        timed(rows, what, {"splits": sp, "block_n": bn, "warps": w, "stages": st, "staged": staged,
+                           "heads_first": heads_first}, call)
 
+    sweep = []
     for bn, w, st in SWEEP if not quick else SWEEP[:4]:
-        run(auto, bn, w, st)
+        run(sweep, auto, bn, w, st)
     top = sorted((c for c in sweep if "ms" in c), key=lambda c: c["ms"])[:TOP_AT_MORE_SPLITS]
     for mult in (2,) if quick else (2, 4):
         for c in top:
-            run(auto * mult, c["block_n"], c["warps"], c["stages"])
+            run(sweep, auto * mult, c["block_n"], c["warps"], c["stages"])
     # which of v1.8's two changes does what: each alone, and neither (v1.5's kernel), at v1.8's best config
     best = min((c for c in sweep if "ms" in c), key=lambda c: c["ms"])
+    best_cfg = (best["splits"], best["block_n"], best["warps"], best["stages"])
     for staged, heads_first in ((True, False), (False, True), (False, False)):
-        run(best["splits"], best["block_n"], best["warps"], best["stages"], staged, heads_first)
+        run(sweep, *best_cfg, staged, heads_first)
     # a page format question, not a kernel one: the scales stored head-major ([blocks, kv heads, page], each head's
     # 64 scales in 256 contiguous bytes) instead of [blocks, page, kv heads] (one 4-byte scale per 32-byte sector)
     from sits.kernels.kv_fp8 import Fp8Pages
     k8h, v8h = (Fp8Pages(p.data, p.scale.permute(0, 2, 1).contiguous().permute(0, 2, 1)) for p in (k8, v8))
-    launch = DecodeLaunch.prepare(q, k8h, v8h, tables, lens, scale, best["splits"], f16_dot=True, staged=True,
-                                  heads_first=True)
-
-    def call_h():
-        launch.run(BLOCK_N=best["block_n"], num_warps=best["warps"], num_stages=best["stages"])
-        return launch.merge()
-    err = rel_err(call_h(), ref)
-    ms = bench(call_h)
-    row["head_major_scales"] = {"ms": ms, "tbs": fp8_bytes / ms / 1e9, "rel_err": err}
-    print(f"  {row['shape']:>12} v1.8, head-major scales, best config  {ms * 1e3:8.1f} us  "
-          f"{fp8_bytes / ms / 1e9:5.2f} TB/s  err {err:.1e}", flush=True)
+    head_major = []
+    run(head_major, *best_cfg, k=k8h, v=v8h, what="v1.8, head-major")
+    row["head_major_scales"] = head_major[0]
     # kernels/paged_decode_attention_fp8_dots.py (in no set yet): the products on fp8 tensor cores, q and the weights
     # in e4m3, so its error against v1.5 is e4m3's rounding (a few 1e-2 on random data), not fp32's
     from sits.kernels.paged_decode_attention_fp8_dots import paged_decode_attention_fp8_dots
     dots = []
     for sp in (auto, auto * 2):
         for bn, w, st in DOTS_SWEEP if not quick else DOTS_SWEEP[:2]:
-            def call_d(sp=sp, bn=bn, w=w, st=st):
-                return paged_decode_attention_fp8_dots(q, k8, v8, tables, lens, scale, num_splits=sp, block_n=bn,
-                                                       num_warps=w, num_stages=st)
-            cfg = {"splits": sp, "block_n": bn, "warps": w, "stages": st}
-            try:
-                err = rel_err(call_d(), ref)
-                ms = bench(call_d)
-            except Exception as e:  # noqa: BLE001 - a config that does not compile is a row too
-                dots.append({**cfg, "error": f"{type(e).__name__}: {str(e)[:120]}"})
-                continue
-            dots.append({**cfg, "ms": ms, "tbs": fp8_bytes / ms / 1e9, "rel_err": err})
-            print(f"  {row['shape']:>12} fp8 dots         splits={sp:<3} BLOCK_N={bn:<4} w{w} s{st}  "
-                  f"{ms * 1e3:8.1f} us  {fp8_bytes / ms / 1e9:5.2f} TB/s  err {err:.1e}", flush=True)
+            timed(dots, "fp8 dots", {"splits": sp, "block_n": bn, "warps": w, "stages": st},
+                  lambda sp=sp, bn=bn, w=w, st=st: paged_decode_attention_fp8_dots(
+                      q, k8, v8, tables, lens, scale, num_splits=sp, block_n=bn, num_warps=w, num_stages=st))
     row["dots"] = dots
     row["sweep"] = sweep
     return row
