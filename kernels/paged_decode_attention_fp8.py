@@ -175,7 +175,7 @@ def paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, conte
                        f16_dot=q.dtype == torch.bfloat16, v18=True)
 
 
-def staged_conversion(q: torch.Tensor) -> bool:
+def _staged_conversion(q: torch.Tensor) -> bool:
     """Whether triton-v1.8's kernel converts with `e4m3_to_f16`'s asm (STAGED): a 16-bit model on a GPU (the kernels
     that read FP8 pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
     return q.dtype in (torch.float16, torch.bfloat16) and q.is_cuda and not interpreting()
@@ -188,7 +188,7 @@ def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_spli
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
     launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=f16_dot,
-                                  staged=v18 and staged_conversion(q), heads_first=v18)
+                                  staged=v18 and _staged_conversion(q), heads_first=v18)
     s = q.shape[0]
     if s == 0:
         return launch.out
