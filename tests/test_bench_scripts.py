@@ -75,3 +75,53 @@ def test_the_e4m3_q_and_p_attention_model_rounds_q_and_the_weights_and_nothing_e
                                                                                            scale)
     ratio = (got.norm(dim=-1) / want.norm(dim=-1)).flatten()
     assert not torch.equal(got, want) and ((ratio - 1).abs() <= 2.0 ** -4 + 1e-6).all()
+
+
+def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_two_estimators(tmp_path):
+    # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window per
+    # check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for bucket
+    import argparse
+    import math
+
+    import numpy as np
+
+    from bench import tail_cliff as tc
+    from bench.sequential_sim import policy
+    from sits.control_plane.analysis import HistogramSnapshot, VariantData
+    from sits.control_plane.rollout import Observation, Rollout, reconcile
+    from sits.control_plane.store.db import Store
+
+    a = argparse.Namespace(tokens=3000, share=0.007, events=18, event_shape=2.0, fast_ms=0.55, fast_sigma=0.25,
+                           slow_ms=6.3, slow_sigma=0.25, load_sd=0.08, slow_load_sd=0.18)
+    rng = np.random.default_rng(5)
+
+    def data(counts):
+        return VariantData({tc.ITL: HistogramSnapshot._trusted(tc.BOUNDS, tuple(np.cumsum(counts).tolist()), 0.0,
+                                                                float(counts.sum()))}, float(counts.sum()), 0.0)
+
+    path = str(tmp_path / "s.db")
+    fed = []
+    with Store(path) as store:
+        r = store.create(Rollout("r1", "svc", "new", "old", policy("sequential")))
+        r, _ = reconcile(r, None, 0.0)
+        r = store.save(r)
+        r, _ = reconcile(r, Observation(0.0, 1.0, {"baseline": VariantData(), "canary": VariantData()}), 1.0)
+        r = store.save(r)
+        t = 1.0
+        while len(fed) < 12:
+            c, b = tc.window(rng, 1.0, a), tc.window(rng, 1.0, a)
+            r, _ = reconcile(r, Observation(t, t + 5.0, {"canary": data(c), "baseline": data(b)}), t + 5.0)
+            if r.new_checks and r.new_checks[-1].window_start is not None:   # not the warm-up's check
+                fed.append((c, b))
+            r = store.save(r)
+            t += 5.0
+    name, cs, bs, ends = tc.intervals(path, tc.ITL)
+    assert name == "new vs old" and len(cs) == len(fed) and ends == sorted(ends)
+    assert all(np.array_equal(c, fc) and np.array_equal(b, fb) for c, b, (fc, fb) in zip(cs, bs, fed))
+    # identical arms: every window value is 0; an arm two buckets slower: log(2^(1/4)) each (bounds keep 9 digits)
+    assert tc.per_window(cs, cs, 0.99) == [0.0] * len(cs)
+    slower = np.roll(cs, 2, axis=1)
+    assert np.allclose(tc.per_window(slower, cs, 0.9), math.log(2 ** 0.25))
+    pooled, pv = tc.pooled_pseudo(slower, cs, 0.99)
+    assert math.isclose(pooled, math.log(2 ** 0.25), rel_tol=1e-6) and np.allclose(pv, pooled)
+    assert tc.main(["--store", path]) == 0

@@ -46,6 +46,6 @@ def series_label(check: str, series: str) -> str:
 
 
 def terse_label(check: str) -> str:
-    """'http_request_duration_seconds:p99' -> 'P99', 'sits_inter_token_latency_seconds:p90' -> 'ITL P90'."""
-    metric, _, q = check.rpartition(":")
-    return f"{TERSE_NAMES.get(metric, metric)} {q.upper()}".lstrip()
+    """'http_request_duration_seconds:p99' -> 'P99', 'sits_inter_token_latency_seconds:p99_9' -> 'ITL P99.9'."""
+    metric = check.partition(":p")[0]
+    return f"{TERSE_NAMES.get(metric, metric)} P{quantile_of(check)}".lstrip()

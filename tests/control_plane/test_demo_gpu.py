@@ -105,6 +105,8 @@ def test_the_gpu_profile_picks_its_gates_by_whether_an_mps_daemon_runs(tmp_path,
     (tmp_path / "control").touch()
     names = {c.name for c in DemoConfig(device="cuda").policy.checks}
     assert "sits_inter_token_latency_seconds:p90" in names and "sits_inter_token_latency_seconds:p50" not in names
+    # the ITL tail gate sits inside the prefill-carrying steps' mode, not on the cliff below it (bench/tail_cliff.py)
+    assert "sits_inter_token_latency_seconds:p99_9" in names and "sits_inter_token_latency_seconds:p99" not in names
 
 
 def test_gpu_memory_sampler_keeps_each_roles_peak_from_the_engines_metrics(tmp_path):

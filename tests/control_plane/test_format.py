@@ -5,7 +5,7 @@ from sits.control_plane.rollout import Check, Decision, Rollout
 from sits.control_plane.store.db import Store
 from sits.control_plane.store.codec import check_to_dict
 from sits.control_plane.view import decode_check
-from sits.control_plane.view.names import series_label
+from sits.control_plane.view.names import series_label, terse_label
 from tests.control_plane.helpers import lat, sequential_check
 
 ROUTE = REQUEST_LATENCY + '{route="/v1/completions"}'
@@ -27,6 +27,10 @@ def test_labels_come_from_the_metric_names():
     assert series_label(f"{TTFT}:p99_9", TTFT) == "TTFT p99.9"
     assert series_label(ERROR_RATE, ERROR_RATE) == "error rate"
     assert series_label("my_metric:p50", "my_metric") == "my_metric p50"
+    # the demo's one line per check: request latency unnamed, a fractional quantile with its dot
+    assert terse_label(f"{REQUEST_LATENCY}:p99") == "P99"
+    assert terse_label("sits_inter_token_latency_seconds:p99_9") == "ITL P99.9"
+    assert terse_label("my_metric:p50") == "my_metric P50"
 
 
 def test_a_failed_check_and_its_deltas():
