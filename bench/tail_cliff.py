@@ -41,7 +41,7 @@ ITL = "sits_inter_token_latency_seconds"
 BOUNDS = tuple(LATENCY_BUCKETS) + (math.inf,)
 EDGES = np.array(LATENCY_BUCKETS)
 SHIP, LIMIT = math.log(1.25), math.log(1.5)   # the GPU demo policy's ITL P99 boundaries
-ALPHA = 0.05 / 4                              # its alpha over its four checks
+ALPHA = 0.05 / 4                              # its alpha over its four checks (the simulation's)
 
 
 def _q(per_bucket: np.ndarray, q: float) -> float:
@@ -71,8 +71,9 @@ def _pct(x: float) -> str:
 
 # -- replay ------------------------------------------------------------------------------------------------------
 
-def intervals(store_path: str, metric: str) -> tuple[str, np.ndarray, np.ndarray, list[float]]:
-    """The first rollout's check intervals of one histogram: canary and baseline per-bucket counts per interval."""
+def intervals(store_path: str, metric: str) -> tuple[object, np.ndarray, np.ndarray, list[float]]:
+    """The first rollout's check intervals of one histogram: the rollout, and canary and baseline per-bucket counts
+    per interval, with each interval's end (seconds from its step's first data)."""
     from sits.control_plane.store.db import Store
     store = Store(store_path)
     try:
@@ -94,17 +95,21 @@ def intervals(store_path: str, metric: str) -> tuple[str, np.ndarray, np.ndarray
             rows_t.append(cur["baseline"])
         ends.append(e["at"] - checks[0]["window_start"])
         prev = (e["window_start"], cur)
-    return f"{r.canary_kernels} vs {r.production_kernels}", np.array(rows_c), np.array(rows_t), ends
+    return r, np.array(rows_c), np.array(rows_t), ends
 
 
 def replay(path: str, metric: str, gap_s: float) -> int:
-    name, c, t, ends = intervals(path, metric)
+    r, c, t, ends = intervals(path, metric)
     if len(c) < 2:
         print(f"{path}: fewer than two check intervals of {metric}", file=sys.stderr)
         return 1
+    # the rollout's own alpha share (over its checks; one series each) and its windows before a decision
+    alpha, min_windows = r.policy.alpha / len(r.policy.checks), r.policy.min_windows
+    name = f"{r.canary_kernels} vs {r.production_kernels}"
     slow = EDGES >= gap_s
     slow = np.append(slow, True)
-    print(f"{path}: {name}, {len(c)} check intervals of {metric}; slow mode = above {gap_s * 1e3:g} ms")
+    print(f"{path}: {name}, {len(c)} check intervals of {metric}; slow mode = above {gap_s * 1e3:g} ms; sequences "
+          f"at alpha {alpha:.4f}, {min_windows} windows first (the rollout's policy)")
     print(" interval  s    tokens  canary P90 / P99 / slow share   baseline P90 / P99 / slow share   log P99 ratio")
     for i, (ci, ti) in enumerate(zip(c, t)):
         sc, st = ci[slow].sum() / ci.sum(), ti[slow].sum() / ti.sum()
@@ -119,12 +124,12 @@ def replay(path: str, metric: str, gap_s: float) -> int:
         pooled, pv = pooled_pseudo(c, t, q)
         print(f"P{q * 100:g}: per-window log ratios mean {np.mean(xs):+.3f} sd {np.std(xs, ddof=1):.3f}; pooled "
               f"{_pct(pooled)} %, jackknife pseudo-values sd {np.std(pv, ddof=1):.3f}")
-        for n in sorted({8, 12, 16, 20, len(c)}):
+        for n in sorted({min_windows, 12, 16, 20, len(c)}):
             if n > len(c):
                 continue
-            e1 = estimate(xs[:n], ALPHA, 8)
+            e1 = estimate(xs[:n], alpha, min_windows)
             p, ps = pooled_pseudo(c[:n], t[:n], q)
-            e2 = estimate(ps, ALPHA, 8)
+            e2 = estimate(ps, alpha, min_windows)
             print(f"   after {n:2d} windows: per-window {_pct(e1.mean)} % [{_pct(e1.lower)}, {_pct(e1.upper)}]   "
                   f"pooled {_pct(p)} % [{_pct(e2.lower)}, {_pct(e2.upper)}]")
     return 0

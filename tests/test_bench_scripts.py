@@ -115,8 +115,8 @@ def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_t
                 fed.append((c, b))
             r = store.save(r)
             t += 5.0
-    name, cs, bs, ends = tc.intervals(path, tc.ITL)
-    assert name == "new vs old" and len(cs) == len(fed) and ends == sorted(ends)
+    r, cs, bs, ends = tc.intervals(path, tc.ITL)
+    assert (r.canary_kernels, r.production_kernels) == ("new", "old") and len(cs) == len(fed) and ends == sorted(ends)
     assert all(np.array_equal(c, fc) and np.array_equal(b, fb) for c, b, (fc, fb) in zip(cs, bs, fed))
     # identical arms: every window value is 0; an arm two buckets slower: log(2^(1/4)) each (bounds keep 9 digits)
     assert tc.per_window(cs, cs, 0.99) == [0.0] * len(cs)
