@@ -220,6 +220,21 @@ def _normal_quantile(p: float) -> float:
     return (lo + hi) / 2
 
 
+JUMP = math.log(2.0)   # a latency window whose value lies a factor 2 or more from the median window's
+
+
+def jumps(xs: Sequence[float]) -> int:
+    """How many windows lie a factor 2 or more from the median window (log ratios). A few such windows among many
+    calm ones is what a quantile between two modes of the latency looks like: each window's quantile lands in one
+    mode or the other (bench/tail_cliff.py), and the sequence narrows slowly; 0 below 3 windows."""
+    if len(xs) < 3:
+        return 0
+    ordered = sorted(xs)
+    n = len(ordered)
+    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    return sum(abs(x - median) >= JUMP for x in xs)
+
+
 def blocks_to_decide(est: Bounds, ship: float, limit: float, alpha: float) -> int | None:
     """About how many more blocks until one boundary is crossed, if the mean and deviation stay as they are: the
     sequence's half-width must fall below the larger of (mean - ship) and (limit - mean); both positive whenever the

@@ -27,8 +27,8 @@ from .deltas import Delta, compute_deltas
 from .histogram import HistogramSnapshot
 from .low_traffic import live_requests_needed
 from .policy import ERROR_RATE, MetricCheck, Policy
-from .sequential import (AA_PREFIX, SD_FLOOR, SequenceState, blocks_to_decide, estimate, mean_window_s, series_key,
-                         window_need)
+from .sequential import (AA_PREFIX, SD_FLOOR, SequenceState, blocks_to_decide, estimate, jumps, mean_window_s,
+                         series_key, window_need)
 from .stats import DeltaEstimate, more_samples_needed, proportion_diff, quantile_delta
 
 if TYPE_CHECKING:   # correctness.py imports Outcome from here
@@ -307,8 +307,11 @@ def _sequential(check: MetricCheck, series: str, c: VariantData, t: VariantData,
     blocks = blocks_to_decide(est, ship, limit, alpha)
     more = None if blocks is None else max(int(math.ceil(blocks * est.block * per_window)), 1)
     eta = None if blocks is None or math.isnan(win_s) else blocks * est.block * win_s
+    k = 0 if err else jumps([w.x for w in ws])
+    cliff = (f"; {k} of {len(ws)} windows lie 2x or more from the typical one: the {what} may sit between two modes "
+             f"of the latency (docs/control-loop.md)") if 2 <= k <= len(ws) // 4 else ""
     return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE, need_more=more, eta_s=eta,
-                      reason=f"{head} between the boundaries ({bounds})")
+                      reason=f"{head} between the boundaries ({bounds}){cliff}")
 
 
 def _replica(policy: Policy, seq: SequenceState, alpha: float) -> tuple[ReplicaOffset, ...]:

@@ -8,7 +8,7 @@ import pytest
 
 from sits.control_plane.analysis import (ERROR_RATE, REQUEST_LATENCY, MetricCheck, Outcome, Policy, PolicyError,
                                          VariantData, assess)
-from sits.control_plane.analysis.sequential import (AA_PREFIX, SequenceState, Window, blocks_to_decide, estimate,
+from sits.control_plane.analysis.sequential import (AA_PREFIX, SequenceState, Window, blocks_to_decide, estimate, jumps,
                                                     observe, series_key, std_margin, student_factor, tuned_r)
 from tests.control_plane.helpers import lat
 
@@ -136,6 +136,27 @@ def test_two_boundaries_fail_above_ship_and_pass_below_limit():
     assert "between the boundaries (ship +12.5 %, limit +25.0 %)" in between.reason
     d = r.to_dict()
     assert {"ship", "windows", "block", "lag1", "eta_s", "alpha"} <= set(d) and d["method"] == "sequential"
+
+
+def test_an_undecided_latency_check_says_when_a_few_windows_jump_between_two_modes():
+    # triton-v1.8's GPU canary (bench/tail_cliff.py): ITL P99 log ratios; 3 of 26 windows a factor 2 or more from the
+    # median one (the fourth outlier, -0.65, lies a factor 1.99 below it)
+    p99 = [1.54, 0.08, -0.02, 1.08, 0.05, 0.01, -0.32, -0.26, -0.65, 0.08, 0.18, -0.12, 0.15, 1.42, -0.04, -0.03,
+           0.01, -0.07, 0.03, 0.15, 0.06, -0.06, -0.07, 0.08, 0.20, 0.12]
+    assert jumps(p99) == 3 and jumps([0.3, -0.3, 0.2] * 8) == 0 and jumps([5.0, 0.0]) == 0
+    p = Policy(checks=(MetricCheck(REQUEST_LATENCY, quantile=0.99, max_rel_delta=0.5),), min_samples=100,
+               min_windows=8)
+    key = series_key(p.checks[0].name, REQUEST_LATENCY)
+    seq = SequenceState({key: tuple(Window(x, 6000, 6000, 6.0 * i, 6.0 * (i + 1)) for i, x in enumerate(p99))})
+    v = assess(_variants(400), p, seq)
+    assert v.outcome is Outcome.INCONCLUSIVE
+    assert "; 3 of 26 windows lie 2x or more from the typical one: the p99 may sit between two modes" in v.reason
+    # a check whose windows all scatter widely, or that has decided, says nothing of the kind
+    wide = SequenceState({key: tuple(Window(x, 6000, 6000, 6.0 * i, 6.0 * (i + 1))
+                                     for i, x in enumerate([0.9, -0.9] * 6))})
+    assert "two modes" not in assess(_variants(400), p, wide).reason
+    calm = SequenceState({key: tuple(Window(0.01 * (-1) ** i, 6000, 6000, 6.0 * i, 6.0 * (i + 1)) for i in range(26))})
+    assert "two modes" not in assess(_variants(400), p, calm).reason
 
 
 def test_a_pass_needs_the_step_minimum_a_fail_does_not():
