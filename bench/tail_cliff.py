@@ -181,7 +181,8 @@ def one_run(rng, effect: float, q: float, a: argparse.Namespace) -> dict[str, tu
 
 def simulate(a: argparse.Namespace) -> int:
     print(f"two-mode ITL: fast {a.fast_ms} ms (sigma {a.fast_sigma}), slow {a.slow_ms} ms (sigma {a.slow_sigma}) "
-          f"x a per-window factor (sd {a.slow_load_sd}) holding {a.share:.2%} of {a.tokens} tokens a window in ~{a.events} events; per-window load sd "
+          f"x a per-window factor (sd {a.slow_load_sd}) holding {a.share:.2%} of {a.tokens} tokens a window in "
+          f"~{a.events} events; per-window load sd "
           f"{a.load_sd}; P{a.quantile * 100:g} checked, boundaries ship +25 % / limit +50 %, alpha {ALPHA:.4f}; "
           f"{a.runs} runs a case")
     rng = np.random.default_rng(a.seed)
@@ -192,7 +193,8 @@ def simulate(a: argparse.Namespace) -> int:
     sds = ", ".join(f"P{q * 100:g} {np.std(per_window(c, t, q), ddof=1):.3f}" for q in (0.9, 0.99, 0.999))
     print(f"the model's A/A windows (400): per-window log ratio sd {sds}; slow share sd {share.std(ddof=1):.2%}, "
           f"{(share > 0.01).mean():.0%} of windows above 1 %")
-    print(f"| P{a.quantile * 100:g}, slow share {a.share:.2%} | estimator | rolled back | promoted | undecided | windows to decide (median / P90) | wrong |")
+    print(f"| P{a.quantile * 100:g}, slow share {a.share:.2%} | estimator | rolled back | promoted | undecided | "
+          "windows to decide (median / P90) | wrong |")
     print("|---|---|---:|---:|---:|---|---|")
     for effect in (0.0, 0.5):
         rng = np.random.default_rng([a.seed, int(effect * 100)])

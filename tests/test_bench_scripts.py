@@ -78,8 +78,9 @@ def test_the_e4m3_q_and_p_attention_model_rounds_q_and_the_weights_and_nothing_e
 
 
 def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_two_estimators(tmp_path):
-    # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window per
-    # check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for bucket
+    # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window
+    # per check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for
+    # bucket
     import argparse
     import math
 

@@ -108,8 +108,8 @@ def gpu_policy(mps: bool = True) -> Policy:
     a cliff a window's P99 jumps 3-5x with the prefill chunks it happened to catch, the windows scatter (log-ratio sd
     0.48 in triton-v1.8's canary against 0.11 at P90), and the check held that canary and triton-v1.7's undecided for
     minutes. P99.9 lies inside the slow mode in every one of those runs (sd 0.29 on triton-v1.8's windows): it gates
-    the prefill-carrying steps' speed. `bench/tail_cliff.py` replays a store's windows and simulates the two modes (BENCHMARKS.md "A tail
-    quantile on a cliff").
+    the prefill-carrying steps' speed. `bench/tail_cliff.py` replays a store's windows and simulates the two modes
+    (BENCHMARKS.md "A tail quantile on a cliff").
 
     Sequential statistics with 5 s windows and 8 of them before a decision (every window holds thousands of
     inter-token times); a checked step at 50 %, a readiness deadline for cold CUDA warm-ups."""
