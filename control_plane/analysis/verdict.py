@@ -99,6 +99,8 @@ class TestResult:
     lag1: float = math.nan        # lag-1 autocorrelation of the blocks
     window_s: float = math.nan    # mean window length
     eta_s: float | None = None    # about how long until a boundary is crossed, at the current mean and spread
+    jumps: int = 0                # undecided latency series: windows a factor 2 or more from the median window, when
+                                  # a minority (2 to a quarter) does so: a quantile between two modes (sequential.jumps)
 
     def to_dict(self) -> dict:
         def finite_or_none(v):
@@ -109,7 +111,7 @@ class TestResult:
         if self.vs_production is not None:
             d["vs_production"] = [finite_or_none(x) for x in self.vs_production]
         if self.method == "fixed":   # evidence stored before sequential statistics has none of these
-            for k in ("ship", "alpha", "windows", "block", "lag1", "window_s", "eta_s"):
+            for k in ("ship", "alpha", "windows", "block", "lag1", "window_s", "eta_s", "jumps"):
                 d.pop(k)
         return d
 
@@ -308,9 +310,10 @@ def _sequential(check: MetricCheck, series: str, c: VariantData, t: VariantData,
     more = None if blocks is None else max(int(math.ceil(blocks * est.block * per_window)), 1)
     eta = None if blocks is None or math.isnan(win_s) else blocks * est.block * win_s
     k = 0 if err else jumps([w.x for w in ws])
+    k = k if 2 <= k <= len(ws) // 4 else 0
     cliff = (f"; {k} of {len(ws)} windows lie 2x or more from the typical one: the {what} may sit between two modes "
-             f"of the latency (docs/control-loop.md)") if 2 <= k <= len(ws) // 4 else ""
-    return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE, need_more=more, eta_s=eta,
+             f"of the latency (docs/control-loop.md)") if k else ""
+    return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE, need_more=more, eta_s=eta, jumps=k,
                       reason=f"{head} between the boundaries ({bounds}){cliff}")
 
 

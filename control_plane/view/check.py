@@ -50,6 +50,7 @@ class ResultView:
     lag1: float | None = None
     window_s: float | None = None
     eta_s: float | None = None
+    jumps: int = 0
 
     @property
     def kind(self) -> str:
@@ -101,7 +102,7 @@ def decode_result(d: Mapping) -> ResultView:
         vs_production=None if vs is None else (finite(vs[0]), finite(vs[1])),
         method=str(d.get("method") or "fixed"), ship=finite(d.get("ship")), alpha=finite(d.get("alpha")),
         windows=_int(d.get("windows")) or 0, block=_int(d.get("block")) or 1, lag1=finite(d.get("lag1")),
-        window_s=finite(d.get("window_s")), eta_s=finite(d.get("eta_s")))
+        window_s=finite(d.get("window_s")), eta_s=finite(d.get("eta_s")), jumps=_int(d.get("jumps")) or 0)
 
 
 @dataclass(frozen=True, slots=True)

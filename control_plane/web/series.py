@@ -104,7 +104,7 @@ def gated(view: CheckView) -> dict[str, dict]:
         d = {"delta": r.effect, "low": r.ci_low, "high": r.ci_high, "threshold": r.threshold, "outcome": r.outcome,
              "series": r.series}
         if r.sequential:   # both boundaries, the windows used and the time to decide
-            d.update(method="sequential", ship=r.ship, windows=r.windows, block=r.block, eta_s=r.eta_s)
+            d.update(method="sequential", ship=r.ship, windows=r.windows, block=r.block, eta_s=r.eta_s, jumps=r.jumps)
         out[name] = d
     return out
 
@@ -218,7 +218,7 @@ def _gated_columns(pts: Sequence[dict]) -> dict[str, dict]:
                                         "outcome": [None] * n})
             col["threshold"] = d["threshold"]
             # the newest point's method, boundary and windows (a rollout's checks share one policy)
-            for k in ("method", "ship", "windows", "block", "eta_s"):
+            for k in ("method", "ship", "windows", "block", "eta_s", "jumps"):
                 if k in d:
                     col[k] = num(d[k]) if k in ("ship", "eta_s") else d[k]
                 elif d.get("method") is None:

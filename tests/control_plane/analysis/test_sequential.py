@@ -151,6 +151,9 @@ def test_an_undecided_latency_check_says_when_a_few_windows_jump_between_two_mod
     v = assess(_variants(400), p, seq)
     assert v.outcome is Outcome.INCONCLUSIVE
     assert "; 3 of 26 windows lie 2x or more from the typical one: the p99 may sit between two modes" in v.reason
+    # the same count as evidence, for the UI's verdict table ("3 of 26 windows jump 2x: two modes?")
+    from sits.control_plane.view.check import decode_result
+    assert v.results[0].jumps == 3 and decode_result(v.results[0].to_dict()).jumps == 3
     # a check whose windows all scatter widely, or that has decided, says nothing of the kind
     wide = SequenceState({key: tuple(Window(x, 6000, 6000, 6.0 * i, 6.0 * (i + 1))
                                      for i, x in enumerate([0.9, -0.9] * 6))})

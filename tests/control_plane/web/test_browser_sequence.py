@@ -17,6 +17,7 @@ from .browser_support import BOTH, BROWSER_TESTS, open_newest_evidence, shot
 pytestmark = BROWSER_TESTS
 SCENARIO = ui_scenarios_sequence.build
 P90 = "http_request_duration_seconds:p90"
+P99 = "http_request_duration_seconds:p99"
 
 
 def _same(text: str) -> str:
@@ -58,6 +59,27 @@ def test_the_checks_table_shows_effect_sequence_both_boundaries_windows_and_time
         _fits(page, width)
         page.locator("#checks").scroll_into_view_if_needed()
         shot(page, "seq-detail-undecided")
+
+
+@BOTH
+def test_an_undecided_p99_between_two_modes_says_so_in_the_verdict_and_the_checks_table(browser, sc, width):
+    ev = _last(sc, sc.tail)
+    p99 = next(r for r in ev["verdict"]["results"] if r["check"] == P99)
+    hint = f"{p99['jumps']} of {p99['windows']} windows jump 2x: two modes?"
+    assert p99["outcome"] == "inconclusive" and p99["jumps"] >= 2
+    with browser.page("viewer", width) as page:
+        page.goto(f"{browser.url}/rollouts/{sc.tail}")
+        summary = page.locator(f'#summary-rows tr[data-check="{P99}"] .modes')
+        summary.wait_for()
+        assert summary.inner_text() == hint and "slower mode" in summary.get_attribute("title")
+        assert "may sit between two modes of the latency" in page.locator("#reason").inner_text()   # the headline
+        cell = page.locator(f'#checks tbody tr[data-seq="{ev["seq"]}"] .delta.seq[data-check="{P99}"] .modes')
+        assert cell.inner_text() == hint
+        # the series that decided say nothing of the kind
+        assert page.locator(f'#summary-rows tr[data-check="{P90}"] .modes').count() == 0
+        _fits(page, width)
+        page.locator("#summary-h").scroll_into_view_if_needed()
+        shot(page, "seq-detail-two-modes")
 
 
 @BOTH

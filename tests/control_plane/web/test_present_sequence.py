@@ -57,7 +57,7 @@ def test_compact_checks_carry_the_sequence_and_the_replica_offset_with_labels(sc
     c = check_compact(_last(sc, sc.undecided))
     p90 = next(r for r in c["results"] if r["check"] == P90)
     for k in ("delta_rel", "ci_low", "ci_high", "threshold", "ship", "alpha", "windows", "block", "lag1", "window_s",
-              "eta_s"):
+              "eta_s", "jumps"):
         assert k in p90, k
     assert p90["method"] == "sequential" and p90["ship"] == 0.1 and p90["threshold"] == 0.25
     labels = {o["check"]: o["label"] for o in c["replica"]}
@@ -71,7 +71,7 @@ def test_gated_chart_columns_have_both_boundaries_and_the_error_rates_mean_effec
     ev = _last(sc, sc.undecided)
     g = gated(decode_check(ev))
     assert g[P90]["method"] == "sequential" and (g[P90]["ship"], g[P90]["threshold"]) == (0.1, 0.25)
-    assert g[P90]["eta_s"] > 0 and g[P90]["windows"] >= 6
+    assert g[P90]["eta_s"] > 0 and g[P90]["windows"] >= 6 and g[P90]["jumps"] == 0   # lognormal windows: one mode
     err = next(r for r in ev["verdict"]["results"] if r["check"] == "error_rate")
     assert g["error_rate"]["delta"] == err["delta_rel"]            # the sequence's centre, not this step's rates
     assert "ship" not in gated(decode_check(_last(sc, sc.fixed)))[P90]

@@ -6,7 +6,9 @@ machine and analysis (in-memory deployer, seeded noisy lognormal latencies, froz
 - rank: a ~1.17x canary between the boundaries of P90 (ship +10 %, limit +25 %): progressing, inconclusive, with an
   expected time to decide; production runs next to the baseline, so the evidence has a live A/A (replica offset);
 - embed: an equal canary, promoted;
-- fixed: the same slow canary under statistics "fixed" (older rollouts' evidence): today's columns.
+- fixed: the same slow canary under statistics "fixed" (older rollouts' evidence): today's columns;
+- tail: an equal canary whose latency has two modes, the slow one holding about 1 % of the requests: its P99 stays
+  undecided and says that a few windows jump between the modes (TwoModeSource).
 """
 from __future__ import annotations
 
@@ -67,6 +69,31 @@ class NoisySource:
         pass
 
 
+class TwoModeSource(NoisySource):
+    """As NoisySource, but each window of each variant puts ~0.4 % of its requests in a 5x slower mode, and about one
+    window in eight (per variant, seeded) 3 %: that window's P99 lands in the slow mode (prefill-carrying steps, as
+    the GPU demo's inter-token latency: bench/tail_cliff.py)."""
+    SLOW_WINDOWS, SLOW_SHARE = 0.12, 0.03
+
+    def __init__(self, t0: float, seed: int) -> None:
+        super().__init__(seed=seed)
+        self.t0 = t0   # the draws depend on the time since the rollout's start, not on where the scenario puts it
+
+    def window(self, service, targets, start, end, metrics=(REQUEST_LATENCY,), required=()):
+        w = super().window(service, targets, start, end, metrics, required)
+        if start is None:
+            return w
+        variants = {}
+        for role, v in w.variants.items():
+            rng = random.Random(f"modes/{self.seed}/{service}/{role}/{end - self.t0:.0f}")
+            n = int(v.requests)
+            share = self.SLOW_SHARE if rng.random() < self.SLOW_WINDOWS else 0.004
+            vals = [0.05 * math.exp(0.3 * rng.gauss(0, 1)) * (5.0 if rng.random() < share else 1.0) for _ in range(n)]
+            variants[role] = VariantData({KEY: HistogramSnapshot.from_values(vals, LATENCY_BUCKETS)}, v.requests,
+                                         v.errors)
+        return MetricsWindow(w.start, w.end, variants, w.source, w.queries)
+
+
 @dataclass
 class Scenario:
     store: Store
@@ -74,6 +101,7 @@ class Scenario:
     undecided: str
     promoted: str
     fixed: str
+    tail: str
     clock: float
 
 
@@ -98,7 +126,7 @@ def build(path: str) -> Scenario:
                              actor="otto").id
 
     # production deployed first (as the demo does): its windows against the baseline's are the live A/A
-    for svc in ("chat", "rank", "embed", "fixed"):
+    for svc in ("chat", "rank", "embed", "fixed", "tail"):
         deployer.deploy(VariantSpec(service=svc, role="production", kernels="triton-v1"))
     ended = lambda r: not r.active   # noqa: E731
     slow = start("chat", at=t)
@@ -109,12 +137,17 @@ def build(path: str) -> Scenario:
     t = _drive(store, fixed, deployer, NoisySource(scale={"fixed": 1.6}, seed=3), t + 10, 200, until=ended)
     undecided = start("rank", at=t + 10)
     t = _drive(store, undecided, deployer, NoisySource(scale={"rank": 1.17}, seed=4), t + 10, 24)
+    tail = start("tail", at=t + 10)
+    t = _drive(store, tail, deployer, TwoModeSource(t + 10, seed=1), t + 10, 24)
     for rid, phase in ((slow, Phase.ROLLED_BACK), (promoted, Phase.SUCCEEDED), (fixed, Phase.ROLLED_BACK),
-                       (undecided, Phase.PROGRESSING)):
+                       (undecided, Phase.PROGRESSING), (tail, Phase.PROGRESSING)):
         got = store.get(rid)
         assert got.phase is phase, (rid, got.phase, got.reason)
     last = store.check(undecided, store.get(undecided).checks)["verdict"]
     p90 = next(r for r in last["results"] if r["check"] == CHECKS[1].name)
     assert p90["outcome"] == "inconclusive" and p90["eta_s"], p90   # between its boundaries, an expected time
     assert last["replica"], last
-    return Scenario(store, slow, undecided, promoted, fixed, t)
+    tail_last = store.check(tail, store.get(tail).checks)["verdict"]
+    p99 = next(r for r in tail_last["results"] if r["check"] == CHECKS[0].name)
+    assert p99["outcome"] == "inconclusive" and p99["jumps"] >= 2, p99   # a few windows in the slow mode
+    return Scenario(store, slow, undecided, promoted, fixed, tail, t)

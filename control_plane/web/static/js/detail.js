@@ -147,7 +147,7 @@
       const h = S.gated[name] || (S.gated[name] = { ...c, delta: [], low: [], high: [], outcome: [] });
       for (const k of ["delta", "low", "high", "outcome"]) h[k] = pad(h[k], len).concat(c[k]);
       h.threshold = c.threshold;
-      for (const k of ["method", "ship", "windows", "block", "eta_s"]) if (k in c) h[k] = c[k];
+      for (const k of ["method", "ship", "windows", "block", "eta_s", "jumps"]) if (k in c) h[k] = c[k];
     }
     for (const c of Object.values(S.gated)) for (const k of ["delta", "low", "high", "outcome"]) pad(c[k], len + add);
     for (const [metric, m] of Object.entries(n.metrics)) {
@@ -232,14 +232,16 @@
       const seq = R.policy.statistics === "sequential";
       // sequential: the ship boundary as set, else half the limit (analysis/policy.py MetricCheck.ship)
       const ship = (kind === "abs" ? pc.ship_abs_delta : pc.ship_rel_delta) ?? limit / 2;
-      const eta = c && i >= 0 && seqCheck(c) && i === c.outcome.length - 1 ? Sequence.eta({ ...c, outcome: o }) : "";
+      const now = c && i >= 0 && seqCheck(c) && i === c.outcome.length - 1;
+      const eta = now ? Sequence.eta({ ...c, outcome: o }) : "";
+      const modes = now ? Sequence.modes({ ...c, outcome: o }) : null;
       rows.push(el("tr", { "data-check": name, class: deciding ? (promoted ? "decided promoted" : "decided") : null },
         el("th", { scope: "row" }, label, deciding ? el("span", { class: "decided-mark" }, promoted ? " ◀ passed" : " ◀ decided") : null),
         el("td", { class: "num", "data-label": "Last check" }, i < 0 ? el("span", { class: "muted" }, "no check yet") : c.delta[i] == null ? el("span", { class: "muted" }, "– (too few requests)")
           : `${f(c.delta[i])}` + (c.low[i] != null ? ` [${f(c.low[i])}, ${f(c.high[i])}]` : "")),
         el("td", { class: "num", "data-label": seq ? "Boundaries" : "Threshold" }, seq ? Sequence.boundaries(name, ship, limit) : `≤ ${SITS.threshold(kind, limit)}`),
         el("td", { "data-label": "Verdict" }, o ? el("span", { class: `verdict-${o}` }, `${mark[o]} ${o}`) : el("span", { class: "muted" }, "–"),
-          eta ? el("span", { class: "need eta" }, eta) : null)));
+          eta ? el("span", { class: "need eta" }, eta) : null, modes)));
     }
     $("summary-rows").replaceChildren(...rows);
     const e = R.ended, lc = R.last_check;

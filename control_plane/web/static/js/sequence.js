@@ -35,6 +35,15 @@ const Sequence = (() => {
     if (r.outcome !== "inconclusive" || r.eta_s == null) return "";
     return `decides in ~${Math.round(r.eta_s)} s`;
   }
+  // "3 of 26 windows jump 2x: two modes?" while undecided, when a minority of the windows lies a factor 2 from the
+  // rest (analysis/sequential.py jumps): the quantile sits between two modes of the latency and decides slowly
+  function modes(r) {
+    if (r.outcome !== "inconclusive" || !r.jumps) return null;
+    const why = "A few windows' quantile lands in a second, slower mode of the latency (e.g. steps that carry a "
+      + "prefill chunk): the sequence narrows slowly. A quantile inside one mode decides sooner (docs/control-loop.md, "
+      + "\"Choosing a tail quantile\").";
+    return el("span", { class: "need modes", title: why }, `${r.jumps} of ${r.windows} windows jump 2x: two modes?`);
+  }
   const blockTip = (r) => (r.block || 1) > 1 ? `adjacent windows averaged in blocks of ${r.block}: their values were correlated (lag-1 ${r.lag1 == null ? "?" : r.lag1.toFixed(2)})` : null;
 
   // the checks table's result cell (the grid's third column): the effect and its sequence, and under it the
@@ -46,7 +55,7 @@ const Sequence = (() => {
       el("span", { class: "seq-meta" },
         el("span", { class: "bounds" }, boundaries(r.check, r.ship, r.threshold)),
         el("span", { class: "windows", title: blockTip(r) }, windows(r)),
-        eta(r) ? el("span", { class: "eta" }, eta(r)) : null));
+        eta(r) ? el("span", { class: "eta" }, eta(r)) : null, modes(r)));
   }
 
   // a chart caption's and the verdict card's text: "+19.8 % [+8.5 %, +32.2 %] · ship +10 % / limit +25 %"
@@ -99,5 +108,5 @@ const Sequence = (() => {
       el("ul", { class: "replica-lines small" }, ...list.map(replicaLine)));
   }
 
-  return { isSeq, boundaries, bound, effect, windows, eta, deltaCell, captionText, table, replica, seriesLabel };
+  return { isSeq, boundaries, bound, effect, windows, eta, modes, deltaCell, captionText, table, replica, seriesLabel };
 })();
