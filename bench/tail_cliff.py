@@ -6,7 +6,7 @@ lands in one mode or the other depending on how many prefill chunks fell into th
 ratios that the sequential statistics average (control_plane/analysis/sequential.py) jump by 1-1.5 in a few windows
 and the confidence sequence narrows slowly. Two parts:
 
-    .venv/bin/python bench/tail_cliff.py --store sits-demo.db     # replay a run's checks from its store
+    .venv/bin/python bench/tail_cliff.py --store sits-demo.db [--rollout ID]   # replay a rollout's checks
     .venv/bin/python bench/tail_cliff.py --simulate --runs 200    # the product's estimator and a pooled one
 
 --store: each check's evidence holds both arms' histograms since the step's start; their differences are the check
@@ -71,46 +71,71 @@ def _pct(x: float) -> str:
 
 # -- replay ------------------------------------------------------------------------------------------------------
 
-def intervals(store_path: str, metric: str) -> tuple[object, np.ndarray, np.ndarray, list[float]]:
-    """The first rollout's check intervals of one histogram: the rollout, and canary and baseline per-bucket counts
-    per interval, with each interval's end (seconds from its step's first data)."""
+class ReplayError(ValueError):
+    """The store has nothing to replay (no such rollout, no latency checks of the metric)."""
+
+
+def intervals(store_path: str, metric: str, rollout_id: str | None = None
+              ) -> tuple[object, np.ndarray, np.ndarray, list[float]]:
+    """One rollout's check intervals of one histogram (the newest rollout unless `rollout_id`): the rollout, and the
+    canary's and its target's (the policy's compare_to) per-bucket counts per interval, with each interval's end
+    (seconds from its step's first data)."""
     from sits.control_plane.store.db import Store
-    store = Store(store_path)
+    from sits.control_plane.store.queues import RolloutNotFoundError
+    store = Store(store_path, readonly=True)
     try:
-        r = sorted(store.list(), key=lambda r: r.created_at)[0]
-        checks = [e for e in store.checks(r.id) if e.get("window_start") and metric in
-                  e.get("variants", {}).get("canary", {}).get("histograms", {})]
+        if rollout_id is None:
+            newest = store.list(limit=1)
+            if not newest:
+                raise ReplayError(f"{store_path}: no rollouts")
+            r = newest[0]
+        else:
+            try:
+                r = store.get(rollout_id)
+            except RolloutNotFoundError:
+                raise ReplayError(f"{store_path}: no rollout {rollout_id!r}") from None
+        target, checks, seq = r.policy.compare_to, [], 0
+        while True:   # every check, a page at a time
+            page = store.checks(r.id, since_seq=seq)
+            if not page:
+                break
+            seq = page[-1]["seq"]
+            checks += [e for e in page if e.get("window_start") and all(
+                metric in e.get("variants", {}).get(role, {}).get("histograms", {}) for role in ("canary", target))]
     finally:
         store.close()
     rows_c, rows_t, ends, prev = [], [], [], None
     for e in checks:
-        snap = {role: HistogramSnapshot.from_dict(e["variants"][role]["histograms"][metric])
-                for role in ("canary", "baseline")}
-        cur = {role: np.array(s.per_bucket()) for role, s in snap.items()}
-        if prev is not None and prev[0] == e["window_start"]:
+        cur = {role: np.array(HistogramSnapshot.from_dict(e["variants"][role]["histograms"][metric]).per_bucket())
+               for role in ("canary", target)}
+        if prev is not None and prev[0] == e["window_start"]:   # the same step: the checks' data accumulate
             rows_c.append(cur["canary"] - prev[1]["canary"])
-            rows_t.append(cur["baseline"] - prev[1]["baseline"])
+            rows_t.append(cur[target] - prev[1][target])
         else:
             rows_c.append(cur["canary"])
-            rows_t.append(cur["baseline"])
-        ends.append(e["at"] - checks[0]["window_start"])
+            rows_t.append(cur[target])
+        ends.append(e["at"] - e["window_start"])
         prev = (e["window_start"], cur)
     return r, np.array(rows_c), np.array(rows_t), ends
 
 
-def replay(path: str, metric: str, gap_s: float) -> int:
-    r, c, t, ends = intervals(path, metric)
+def replay(path: str, metric: str, gap_s: float, rollout_id: str | None = None) -> int:
+    try:
+        r, c, t, ends = intervals(path, metric, rollout_id)
+    except ReplayError as e:
+        print(e, file=sys.stderr)
+        return 1
     if len(c) < 2:
-        print(f"{path}: fewer than two check intervals of {metric}", file=sys.stderr)
+        print(f"{path}: rollout {r.id} has fewer than two check intervals of {metric}", file=sys.stderr)
         return 1
     # the rollout's own alpha share (over its checks; one series each) and its windows before a decision
     alpha, min_windows = r.policy.alpha / len(r.policy.checks), r.policy.min_windows
-    name = f"{r.canary_kernels} vs {r.production_kernels}"
+    name = f"rollout {r.id} ({r.canary_kernels} vs {r.production_kernels}, canary against {r.policy.compare_to})"
     slow = EDGES >= gap_s
     slow = np.append(slow, True)
     print(f"{path}: {name}, {len(c)} check intervals of {metric}; slow mode = above {gap_s * 1e3:g} ms; sequences "
           f"at alpha {alpha:.4f}, {min_windows} windows first (the rollout's policy)")
-    print(" interval  s    tokens  canary P90 / P99 / slow share   baseline P90 / P99 / slow share   log P99 ratio")
+    print(" interval  s  samples  canary P90 / P99 / slow share   baseline P90 / P99 / slow share   log P99 ratio")
     for i, (ci, ti) in enumerate(zip(c, t)):
         sc, st = ci[slow].sum() / ci.sum(), ti[slow].sum() / ti.sum()
         print(f"  {i + 1:7d} {ends[i]:4.0f} {ci.sum():8.0f}  {_q(ci, .9) * 1e3:5.2f} / {_q(ci, .99) * 1e3:5.2f} ms / "
@@ -220,9 +245,11 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--store", help="a demo or control-plane store (SQLite) whose first rollout to replay")
+    mode.add_argument("--store", help="a demo or control-plane store (SQLite) to replay a rollout of")
     mode.add_argument("--simulate", action="store_true", help="the two estimators on the two-mode model")
-    ap.add_argument("--metric", default=ITL, help="the histogram to replay (default: %(default)s)")
+    ap.add_argument("--rollout", help="--store: the rollout to replay (default: the newest)")
+    ap.add_argument("--metric", default=ITL, help="the histogram to replay, as the evidence names it (default: "
+                                                  "%(default)s; request latency has its route label)")
     ap.add_argument("--gap-s", type=float, default=0.002, help="latency between the modes (default: 2 ms)")
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--quantile", type=float, default=0.99, help="the checked quantile (default: %(default)s)")
@@ -245,7 +272,7 @@ def main(argv=None) -> int:
     if a.store:
         if not os.path.exists(a.store):
             ap.error(f"--store {a.store}: no such file")
-        return replay(a.store, a.metric, a.gap_s)
+        return replay(a.store, a.metric, a.gap_s, a.rollout)
     return simulate(a)
 
 

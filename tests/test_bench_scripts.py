@@ -125,4 +125,5 @@ def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_t
     assert np.allclose(tc.per_window(slower, cs, 0.9), math.log(2 ** 0.25))
     pooled, pv = tc.pooled_pseudo(slower, cs, 0.99)
     assert math.isclose(pooled, math.log(2 ** 0.25), rel_tol=1e-6) and np.allclose(pv, pooled)
-    assert tc.main(["--store", path]) == 0
+    assert tc.main(["--store", path]) == 0 and tc.main(["--store", path, "--rollout", "r1"]) == 0
+    assert tc.main(["--store", path, "--rollout", "nope"]) == 1     # "no rollout 'nope'", nothing else
