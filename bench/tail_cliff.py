@@ -10,7 +10,8 @@ and the confidence sequence narrows slowly. Two parts:
     .venv/bin/python bench/tail_cliff.py --simulate --runs 200    # the product's estimator and a pooled one
 
 --store: each check's evidence holds both arms' histograms since the step's start; their differences are the check
-intervals. Per interval the two arms' P90 / P99 and the slow mode's share (tokens above --gap-s), then the spread of
+intervals, each taken as one window (as in the GPU demo, where every interval holds thousands of samples; at thin
+traffic the product's windows span several intervals, so its sequence has fewer windows than shown). Per interval the two arms' P90 / P99 and the slow mode's share (tokens above --gap-s), then the spread of
 the per-window log ratios, the pooled quantiles' ratio, and what a pooled estimator (the step's quantile ratio, its
 variance from delete-one-window jackknife pseudo-values fed to the same sequence) would have said at each look.
 
@@ -125,8 +126,12 @@ def replay(path: str, metric: str, gap_s: float, rollout_id: str | None = None) 
     except ReplayError as e:
         print(e, file=sys.stderr)
         return 1
+    keep = (c.sum(1) > 0) & (t.sum(1) > 0)   # an interval without samples on an arm has no quantile
+    dropped = int((~keep).sum())
+    c, t, ends = c[keep], t[keep], [e for e, k in zip(ends, keep) if k]
     if len(c) < 2:
-        print(f"{path}: rollout {r.id} has fewer than two check intervals of {metric}", file=sys.stderr)
+        print(f"{path}: rollout {r.id} has fewer than two check intervals of {metric} with samples on both arms",
+              file=sys.stderr)
         return 1
     # the rollout's own alpha share (over its checks; one series each) and its windows before a decision
     alpha, min_windows = r.policy.alpha / len(r.policy.checks), r.policy.min_windows
@@ -134,7 +139,8 @@ def replay(path: str, metric: str, gap_s: float, rollout_id: str | None = None) 
     slow = EDGES >= gap_s
     slow = np.append(slow, True)
     print(f"{path}: {name}, {len(c)} check intervals of {metric}; slow mode = above {gap_s * 1e3:g} ms; sequences "
-          f"at alpha {alpha:.4f}, {min_windows} windows first (the rollout's policy)")
+          f"at alpha {alpha:.4f}, {min_windows} windows first (the rollout's policy)"
+          + (f"; {dropped} intervals without samples on an arm left out" if dropped else ""))
     print(" interval  s  samples  canary P90 / P99 / slow share   baseline P90 / P99 / slow share   log P99 ratio")
     for i, (ci, ti) in enumerate(zip(c, t)):
         sc, st = ci[slow].sum() / ci.sum(), ti[slow].sum() / ti.sum()
