@@ -11,9 +11,10 @@ and the confidence sequence narrows slowly. Two parts:
 
 --store: each check's evidence holds both arms' histograms since the step's start; their differences are the check
 intervals, each taken as one window (as in the GPU demo, where every interval holds thousands of samples; at thin
-traffic the product's windows span several intervals, so its sequence has fewer windows than shown). Per interval the two arms' P90 / P99 and the slow mode's share (tokens above --gap-s), then the spread of
-the per-window log ratios, the pooled quantiles' ratio, and what a pooled estimator (the step's quantile ratio, its
-variance from delete-one-window jackknife pseudo-values fed to the same sequence) would have said at each look.
+traffic the product's windows span several intervals, so its sequence has fewer windows than shown). Per interval
+the two arms' P90 / P99 and the slow mode's share (samples above --gap-s), then the spread of the per-window log
+ratios, the pooled quantiles' ratio, and what a pooled estimator (the step's quantile ratio, its variance from
+delete-one-window jackknife pseudo-values fed to the same sequence) would have said at each look.
 
 --simulate: two arms whose windows are drawn from the two-mode model the replay fits (clustered slow-mode tokens:
 --events prefill events per window, each hitting a gamma-distributed number of tokens), through the product's
