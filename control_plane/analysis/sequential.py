@@ -30,6 +30,7 @@ once the sequence is narrower than limit - ship one of the two must hold: the ti
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -224,15 +225,15 @@ JUMP = math.log(2.0)   # a latency window whose value lies a factor 2 or more fr
 
 
 def jumps(xs: Sequence[float]) -> int:
-    """How many windows lie a factor 2 or more from the median window (log ratios). A few such windows among many
-    calm ones is what a quantile between two modes of the latency looks like: each window's quantile lands in one
-    mode or the other (bench/tail_cliff.py), and the sequence narrows slowly; 0 below 3 windows."""
+    """How many windows lie a factor 2 or more from the median window (log ratios), when they are a few among many
+    calm ones (2 to a quarter of the windows; else 0): what a quantile between two modes of the latency looks like,
+    each window's quantile landing in one mode or the other (bench/tail_cliff.py) and the sequence narrowing
+    slowly. Windows that all scatter widely are noise, not two modes."""
     if len(xs) < 3:
         return 0
-    ordered = sorted(xs)
-    n = len(ordered)
-    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
-    return sum(abs(x - median) >= JUMP for x in xs)
+    median = statistics.median(xs)
+    k = sum(abs(x - median) >= JUMP for x in xs)
+    return k if 2 <= k <= len(xs) // 4 else 0
 
 
 def blocks_to_decide(est: Bounds, ship: float, limit: float, alpha: float) -> int | None:

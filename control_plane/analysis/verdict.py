@@ -310,7 +310,6 @@ def _sequential(check: MetricCheck, series: str, c: VariantData, t: VariantData,
     more = None if blocks is None else max(int(math.ceil(blocks * est.block * per_window)), 1)
     eta = None if blocks is None or math.isnan(win_s) else blocks * est.block * win_s
     k = 0 if err else jumps([w.x for w in ws])
-    k = k if 2 <= k <= len(ws) // 4 else 0
     cliff = (f"; {k} of {len(ws)} windows lie 2x or more from the typical one: the {what} may sit between two modes "
              f"of the latency (docs/control-loop.md)") if k else ""
     return TestResult(**base, **vals, outcome=Outcome.INCONCLUSIVE, need_more=more, eta_s=eta, jumps=k,
