@@ -22,6 +22,9 @@ from sits.control_plane.numbers import ABS, REL
 
 CHART_METRICS = (REQUEST_LATENCY, TTFT, ITL)
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+# a sequential result's fields the gated columns carry beside its method: both boundaries (the limit is `threshold`),
+# the windows used, the time to decide and the two-mode hint (the newest point's)
+SEQUENTIAL_FIELDS = ("ship", "windows", "block", "eta_s", "jumps")
 
 
 def thin(checks: Sequence[Mapping], max_points: int) -> list[Mapping]:
@@ -104,7 +107,7 @@ def gated(view: CheckView) -> dict[str, dict]:
         d = {"delta": r.effect, "low": r.ci_low, "high": r.ci_high, "threshold": r.threshold, "outcome": r.outcome,
              "series": r.series}
         if r.sequential:   # both boundaries, the windows used and the time to decide
-            d.update(method="sequential", ship=r.ship, windows=r.windows, block=r.block, eta_s=r.eta_s, jumps=r.jumps)
+            d.update(method="sequential", **{k: getattr(r, k) for k in SEQUENTIAL_FIELDS})
         out[name] = d
     return out
 
@@ -218,7 +221,7 @@ def _gated_columns(pts: Sequence[dict]) -> dict[str, dict]:
                                         "outcome": [None] * n})
             col["threshold"] = d["threshold"]
             # the newest point's method, boundary and windows (a rollout's checks share one policy)
-            for k in ("method", "ship", "windows", "block", "eta_s", "jumps"):
+            for k in ("method", *SEQUENTIAL_FIELDS):
                 if k in d:
                     col[k] = num(d[k]) if k in ("ship", "eta_s") else d[k]
                 elif d.get("method") is None:
