@@ -59,11 +59,15 @@ class NoisySource:
             # one stream per (window, role): the same draws whatever order the deployer lists the variants in
             rng = random.Random(f"{self.seed}/{service}/{role}/{end - T0:.0f}")
             s = {"canary": self.scale.get(service, 1.0), "production": 1.03}.get(role, 1.0)
-            vals = [0.05 * s * math.exp(0.4 * rng.gauss(0, 1)) for _ in range(n)]
+            vals = self.latencies(rng, service, role, end, n, s)
             h = HistogramSnapshot.from_values(vals, LATENCY_BUCKETS) if n else HistogramSnapshot.empty(LATENCY_BUCKETS)
             errors = float(sum(rng.random() < 0.002 for _ in range(n)))
             variants[role] = VariantData({KEY: h}, float(n), errors)
         return MetricsWindow(start, end, variants, self.name, {r: f"noisy://{service}/{r}" for r in targets})
+
+    def latencies(self, rng: random.Random, service: str, role: str, end: float, n: int, scale: float) -> list[float]:
+        """One variant's n request latencies in the window ending at `end` (seconds)."""
+        return [0.05 * scale * math.exp(0.4 * rng.gauss(0, 1)) for _ in range(n)]
 
     def close(self) -> None:
         pass
@@ -79,19 +83,11 @@ class TwoModeSource(NoisySource):
         super().__init__(seed=seed)
         self.t0 = t0   # the draws depend on the time since the rollout's start, not on where the scenario puts it
 
-    def window(self, service, targets, start, end, metrics=(REQUEST_LATENCY,), required=()):
-        w = super().window(service, targets, start, end, metrics, required)
-        if start is None:
-            return w
-        variants = {}
-        for role, v in w.variants.items():
-            rng = random.Random(f"modes/{self.seed}/{service}/{role}/{end - self.t0:.0f}")
-            n = int(v.requests)
-            share = self.SLOW_SHARE if rng.random() < self.SLOW_WINDOWS else 0.004
-            vals = [0.05 * math.exp(0.3 * rng.gauss(0, 1)) * (5.0 if rng.random() < share else 1.0) for _ in range(n)]
-            variants[role] = VariantData({KEY: HistogramSnapshot.from_values(vals, LATENCY_BUCKETS)}, v.requests,
-                                         v.errors)
-        return MetricsWindow(w.start, w.end, variants, w.source, w.queries)
+    def latencies(self, rng: random.Random, service: str, role: str, end: float, n: int, scale: float) -> list[float]:
+        rng = random.Random(f"modes/{self.seed}/{service}/{role}/{end - self.t0:.0f}")
+        share = self.SLOW_SHARE if rng.random() < self.SLOW_WINDOWS else 0.004
+        return [0.05 * scale * math.exp(0.3 * rng.gauss(0, 1)) * (5.0 if rng.random() < share else 1.0)
+                for _ in range(n)]
 
 
 @dataclass
