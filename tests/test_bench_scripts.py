@@ -77,6 +77,24 @@ def test_the_e4m3_q_and_p_attention_model_rounds_q_and_the_weights_and_nothing_e
     assert not torch.equal(got, want) and ((ratio - 1).abs() <= 2.0 ** -4 + 1e-6).all()
 
 
+def test_the_gate_refuses_decode_attention_that_computes_in_e4m3_and_a_tolerance_for_it_barely_sees_a_bug():
+    # bench/e4m3_attention_gate.py through the product's own measure() and judge(): bf16 over FP8 pages at llama3-8b's
+    # heads. triton-v1.8 (exact conversions) passes; the fp8-dots kernel (q and the weights in e4m3) fails the gate as
+    # it is, and passes once e4m3 q and weights are admitted -- under which the softmax-scale bug is caught by a
+    # margin several times thinner than today's
+    import os
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from bench.e4m3_attention_gate import judge_all, measure_all
+    rows = {r["set"]: r for r in judge_all(measure_all(seed=0, device="cpu", max_model_len=200, max_num_seqs=4))}
+    assert rows["triton-v1.8"]["gate"] == "pass" and rows["triton-v1.8"]["ratio"] < 0.5
+    dots = rows["fp8-dots"]
+    assert dots["gate"] == "fail" and dots["ratio"] > 1.2 and dots["gate_qp"] == "pass"
+    for bug in ("bug: softmax scale +15 %", "bug: one key short"):
+        assert rows[bug]["gate"] == "fail" and rows[bug]["ratio"] > 3, rows[bug]
+    scale_bug = rows["bug: softmax scale +15 %"]
+    assert scale_bug["ratio_qp"] < scale_bug["ratio"] / 2.5, scale_bug
+
+
 def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_two_estimators(tmp_path):
     # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window
     # per check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for
