@@ -85,11 +85,21 @@ def num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# Milliseconds of GPU time per replay when an autotuner times its candidates inside CUDA graphs (Triton's default is
+# 100, and do_bench_cudagraph replays 10 times: ~1 s a candidate whatever the kernel's length). Since decode steps are
+# tuned at real context lengths, llama3-8b's 7 graph sizes x 5 decode-attention candidates took 50-55 s of a 79-92 s
+# cold bf16 warm-up on the H200 (BENCHMARKS.md "Offline throughput"); 20 ms still averages every candidate over 25+
+# calls a replay at those lengths.
+GRAPH_TUNE_REP_MS = 20
+
+
 def autotune(configs, key, **kwargs):
     """`triton.autotune` whose winners persist on disk: a later process on the same machine loads the timings from
     Triton's cache (keyed by Triton's version, the GPU architecture, the kernel's source, the candidates and the
     tuning key; `use_device_cache_dir` adds the GPU's name and driver) instead of benchmarking every candidate
-    again."""
+    again. Candidates timed in CUDA graphs (`use_cuda_graph=True`) replay GRAPH_TUNE_REP_MS unless `rep` is given."""
+    if kwargs.get("use_cuda_graph"):
+        kwargs.setdefault("rep", GRAPH_TUNE_REP_MS)
     return triton.autotune(configs, key=key, cache_results=True, **kwargs)
 
 
