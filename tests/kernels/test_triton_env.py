@@ -49,7 +49,15 @@ def test_autotuners_persist_their_results(monkeypatch):
     seen = {}
     monkeypatch.setattr(triton_env.triton, "autotune", lambda configs, **kw: seen.update(kw))
     triton_env.autotune([], key=["N"], use_cuda_graph=True)
-    assert seen == {"key": ["N"], "cache_results": True, "use_cuda_graph": True}
+    # timed in CUDA graphs: 20 ms a replay, not Triton's 100 (~1 s a candidate whatever the kernel's length)
+    assert seen == {"key": ["N"], "cache_results": True, "use_cuda_graph": True, "rep": triton_env.GRAPH_TUNE_REP_MS}
+    assert triton_env.GRAPH_TUNE_REP_MS == 20
+    seen.clear()
+    triton_env.autotune([], key=["N"], use_cuda_graph=True, rep=50)
+    assert seen["rep"] == 50
+    seen.clear()
+    triton_env.autotune([], key=["N"])   # timed eagerly: Triton's own warm-up and repetitions
+    assert seen == {"key": ["N"], "cache_results": True}
     # compiled, the kernels' autotuners keep it (Triton's interpreter turns disk caching off)
     for tuned in (_linear_small_m, _paged_decode_attention_tuned):
         assert tuned.cache_results == (not triton_env.interpreting())
