@@ -18,10 +18,11 @@ kernel's 4.4. Compiled for sm_90 (Triton 3.9, on the CPU machine), this kernel's
 SM), against v1.8's 709 at 144 registers and 75 KB (three): more instructions (the value tile is transposed into
 shared memory by byte stores, 136 STS.U8), no conversions, no fp16 copies. Its numerics (q and the weights
 in e4m3) were measured on CPU as moving a model's answers about as far as bf16 compute on the same pages
-(bench/kv_fp8_accuracy.py --qp). NOT YET MEASURED ON A GPU (bench/decode_attention_fp8.py times it beside v1.5 and
-v1.8) and in no kernel set, nor meant for one: the correctness gate fails it (its error is 10-18x the torch
-reference's in bf16), and an allowance for e4m3 q and weights would leave the gate catching a softmax scale 15 % off by
-as little as 2 % (bench/e4m3_attention_gate.py; BENCHMARKS.md "FP8 decode attention").
+(bench/kv_fp8_accuracy.py --qp). In no kernel set, nor meant for one: on the H200 it is no faster than triton-v1.8
+(552 against 543 us at 256 x 2,304 tokens, best configs; bench/decode_attention_fp8.py), and the correctness gate
+fails it (its error is 10-18x the torch reference's in bf16), while an allowance for e4m3 q and weights would leave
+the gate catching a softmax scale 15 % off by as little as 2 % (bench/e4m3_attention_gate.py; BENCHMARKS.md "FP8
+decode attention"). Kept as the measured answer to "would fp8 tensor cores help decode attention".
 """
 from __future__ import annotations
 
