@@ -14,7 +14,7 @@ import torch
 from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
 from sits.kernels.paged import check_prefill_args
-from sits.kernels.prefill_attention import (_CONFIGS, _TUNE_MIN_TOKENS, _key_bounds, _q_tile, _query_tile,
+from sits.kernels.prefill_attention import (_TUNE_MIN_TOKENS, _key_bounds, _q_tile, _query_tile,
                                             prefill_attention_tma)
 from sits.kernels.paged_decode_attention_fp8 import PV_SHIFT
 from sits.kernels.triton_env import autotune, check_device, interpreting, next_pow2, tl, triton
@@ -99,7 +99,12 @@ def _prefill_attention_fp8_kernel(
                  out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-_prefill_attention_fp8_tuned = autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE", "F16_DOT"])(
+# the candidates: the two fastest of the plain kernel's seven (_CONFIGS) over FP8 pages on the H200, llama3-8b's heads
+# at 1,024 and 2,048 tokens (bench/tuning_winners.py, 2026-12-05): BLOCK_M 64 / BLOCK_N 128 won both by 1.45-1.51x over
+# the next; timing all seven took 23-25 s of a 79-83 s cold fp8 warm-up
+_FP8_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
+                triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4)]
+_prefill_attention_fp8_tuned = autotune(_FP8_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE", "F16_DOT"])(
     _prefill_attention_fp8_kernel)
 
 
