@@ -95,6 +95,27 @@ def test_the_gate_refuses_decode_attention_that_computes_in_e4m3_and_a_tolerance
     assert scale_bug["ratio_qp"] < scale_bug["ratio"] / 2.5, scale_bug
 
 
+def test_tuning_winners_reads_the_autotuners_timings_as_triton_writes_them(tmp_path):
+    # bench/tuning_winners.py: Triton's cache_results files ("key", "configs_timings": [(Config.__dict__, timings)])
+    # under a nested device directory, the candidates ranked fastest first, each with its tile and launch parameters
+    import json
+
+    import triton
+
+    from bench.tuning_winners import describe, read_timings
+    a = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3)
+    b = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
+    nested = tmp_path / "sits-H200-driver-1-tune2" / "abc"
+    nested.mkdir(parents=True)
+    timings = [(b.__dict__, [0.1168, 0.11, 0.12]), (a.__dict__, [0.070, 0.069, 0.071])]
+    (nested / "_kernel.autotune.json").write_text(json.dumps({"key": [1024, 128], "configs_timings": timings},
+                                                             default=str))
+    (t,) = read_timings(str(tmp_path))
+    assert t["kernel"] == "_kernel" and t["key"] == [1024, 128]
+    assert [ms for _, ms in t["candidates"]] == [0.070, 0.1168]
+    assert describe(t["candidates"][0][0]) == "BLOCK_M=64 BLOCK_N=128 warps=4 stages=3"
+
+
 def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_two_estimators(tmp_path):
     # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window
     # per check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for
