@@ -33,16 +33,10 @@ def decode_sets() -> dict[str, object]:
     from bench.kv_fp8_accuracy import _decode_e4m3_qp
     from sits.kernels import get_kernel_set
     from sits.kernels.paged_decode_attention_fp8_dots import paged_decode_attention_fp8_dots
+    from tests.fixtures.wrong_kernels import _one_key_short, _scale_too_large   # the fixture sets' bugs
     v18 = get_kernel_set("triton-v1.8").paged_decode_attention
-
-    def softmax_scale_15pct(q, k_cache, v_cache, block_tables, context_lens, scale):
-        return v18(q, k_cache, v_cache, block_tables, context_lens, scale * 1.15)
-
-    def one_key_short(q, k_cache, v_cache, block_tables, context_lens, scale):
-        return v18(q, k_cache, v_cache, block_tables, (context_lens - 1).clamp(min=1), scale)
-
     return {"triton-v1.8": v18, "fp8-dots": paged_decode_attention_fp8_dots, "e4m3-qp model": _decode_e4m3_qp,
-            "bug: softmax scale +15 %": softmax_scale_15pct, "bug: one key short": one_key_short}
+            "bug: softmax scale +15 %": _scale_too_large(v18), "bug: one key short": _one_key_short(v18)}
 
 
 def shapes(max_model_len: int, max_num_seqs: int):
