@@ -53,21 +53,38 @@ def per_lane(log: str, pattern: str, services: list[str]) -> dict[str, list[str]
     return caught
 
 
-def scenario_of(kernels: str) -> tuple[str, str]:
-    """(scenario name, expected phase) of a canary's kernel set (the GPU demo's, else the CPU demo's), else (kernels, ?)."""
+def added_args(spec) -> tuple[str, ...]:
+    """The engine flags the canary gets on top of production's (a scenario's canary_args: e.g. kvfp8's)."""
+    shared = len(spec.production_args)
+    same = tuple(spec.canary_args[:shared]) == tuple(spec.production_args)
+    return tuple(spec.canary_args[shared:]) if same else tuple(spec.canary_args)
+
+
+def canary_of(r, spec) -> str:
+    """A rollout's canary as the demo names it: its kernel set and the flags it adds."""
+    return " ".join((r.canary_kernels, *added_args(spec)))
+
+
+def scenario_of(kernels: str, production: str = "", args: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(scenario name, expected phase) of a canary's kernel set and added flags (the GPU demo's, else the CPU
+    demo's), else (kernels, ?)."""
     for table in (GPU_SCENARIOS, SCENARIOS):
-        sc = next((s for s in table.values() if s.kernels == kernels), None)
+        sc = next((s for s in table.values() if s.canary_kernels(production or kernels) == kernels
+                   and s.canary_args == args), None)
         if sc is not None:
             return sc.name, sc.expected.value
     return kernels, "?"
 
 
-def decisions(rollouts) -> list[str]:
+def decisions(rollouts, specs: dict | None = None) -> list[str]:
     """One line per scenario: its runs, how the decided ones ended and how many as expected (an A/A run rolled back
-    is a false rollback), and those still running when the demo stopped (its timeout)."""
+    is a false rollback), and those still running when the demo stopped (its timeout). `specs`: rollout id -> its
+    DeploySpec (to tell a flag release such as kvfp8 from an A/A run of the same set)."""
     runs: dict[tuple[str, str, str], Counter] = defaultdict(Counter)
     for r in rollouts:
-        runs[(r.canary_kernels, *scenario_of(r.canary_kernels))]["unfinished" if r.active else r.phase.value] += 1
+        args = added_args(specs[r.id]) if specs and r.id in specs else ()
+        key = (" ".join((r.canary_kernels, *args)), *scenario_of(r.canary_kernels, r.production_kernels, args))
+        runs[key]["unfinished" if r.active else r.phase.value] += 1
     lines = [f"{'scenario':8} {'canary':22} {'runs':>4} {'promoted':>8} {'rolled back':>11} {'other':>5} "
              f"{'unfinished':>10}  as expected"]
     for (kernels, name, expected), n in sorted(runs.items(), key=lambda kv: kv[0][1]):
@@ -89,6 +106,7 @@ def main(store_path: str, log_path: str, mem_path: str) -> int:
         print(f"{'#':>2}{' ' + 'lane'.ljust(width) if width else ''} {'canary':22} {'outcome':12} {'checks':>6} "
               f"{'decided s':>9}  deciding evidence")
         seen: Counter = Counter()   # the rollouts of each service so far: its i-th matches its lane's i-th lines
+        specs: dict = {}
         for i, r in enumerate(rollouts):
             checks = s.checks(r.id)
             last = checks[-1] if checks else None
@@ -96,13 +114,14 @@ def main(store_path: str, log_path: str, mem_path: str) -> int:
             j = seen[r.service]
             seen[r.service] += 1
             tag = " " + r.service.ljust(width) if width else ""
-            print(f"{i + 1:2d}{tag} {r.canary_kernels:22} {r.phase.value:12} {r.checks:6d} {t}  "
+            specs[r.id] = s.spec(r.id)
+            print(f"{i + 1:2d}{tag} {canary_of(r, specs[r.id]):22} {r.phase.value:12} {r.checks:6d} {t}  "
                   f"{deciding(last) if last else r.reason[:120]}")
             for label, lines in (("load", loads), ("client TTFT/ITL p50/p99 ms", lats),
                                  ("GPU memory (engine allocators, peak)", mems)):
                 if j < len(lines[r.service]):
                     print(f"{'':3}{label}: {lines[r.service][j]}")
-        counted = decisions(rollouts)
+        counted = decisions(rollouts, specs)
     # nvidia-smi's per-process figures include each CUDA context; its pids are the host's, so no roles
     peak: dict[str, int] = defaultdict(int)
     if Path(mem_path).is_file():

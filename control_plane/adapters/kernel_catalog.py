@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from sits.control_plane.adapters.deploy import engine_args
 from sits.control_plane.errors import ValidationError
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
 
@@ -45,6 +46,7 @@ class KernelSetInfo:
     overrides: tuple[str, ...] = ()
     regression: str | None = None   # "wrong" or "slow": an example regression, bad on purpose
     ops: tuple[tuple[str, str], ...] = ()   # (op, implementation): two sets share an op when they share this
+    kv_cache_dtypes: tuple[str, ...] | None = None   # the KV page formats it reads (--kv-cache-dtype); None: not said
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelSetInfo":
@@ -58,14 +60,19 @@ class KernelSetInfo:
         regression = d.get("regression")
         if regression not in (None, *REGRESSIONS):
             raise CatalogError(f"kernel set {name!r}: regression must be one of {REGRESSIONS} or null")
+        kv = d.get("kv_cache_dtypes")
+        if kv is not None and not (isinstance(kv, list) and kv and all(isinstance(x, str) for x in kv)):
+            raise CatalogError(f"kernel set {name!r}: kv_cache_dtypes must be a non-empty list of names")
         return cls(name, version, tuple(devices), str(d.get("description") or ""), bool(d.get("cuda_graphs")),
                    d.get("parent"), tuple(d.get("overrides") or ()), regression,
-                   tuple((str(k), str(v)) for k, v in (d.get("ops") or {}).items()))
+                   tuple((str(k), str(v)) for k, v in (d.get("ops") or {}).items()),
+                   None if kv is None else tuple(kv))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "version": self.version, "devices": list(self.devices),
                 "description": self.description, "cuda_graphs": self.cuda_graphs, "parent": self.parent,
-                "overrides": list(self.overrides), "regression": self.regression, "ops": dict(self.ops)}
+                "overrides": list(self.overrides), "regression": self.regression, "ops": dict(self.ops),
+                **({} if self.kv_cache_dtypes is None else {"kv_cache_dtypes": list(self.kv_cache_dtypes)})}
 
 
 class KernelCatalog:
@@ -89,6 +96,17 @@ class KernelCatalog:
 
     def entries(self) -> list[KernelSetInfo]:
         return list(self._sets.values())
+
+    def kv_cache_dtype_problem(self, name: str, args: Sequence[str], field: str) -> str | None:
+        """Why kernel set `name` cannot serve with the engine flags `args` (checked ones) for their --kv-cache-dtype
+        (default auto), naming the sets that can; None when it can, or when the catalogue does not say."""
+        want = engine_args.flag_value(args, "--kv-cache-dtype") or "auto"
+        info = self._sets.get(name)
+        if info is None or info.kv_cache_dtypes is None or want in info.kv_cache_dtypes:
+            return None
+        able = [s.name for s in self._sets.values() if s.kv_cache_dtypes and want in s.kv_cache_dtypes]
+        return (f"{field}: --kv-cache-dtype {want} needs a kernel set that reads such KV pages; {name} reads "
+                f"{', '.join(info.kv_cache_dtypes)} only (kernel sets that read {want}: {', '.join(able) or 'none'})")
 
     def require(self, name: object, field: str) -> KernelSetInfo:
         """The set named `name`, or ValidationError naming `field` and the known sets."""

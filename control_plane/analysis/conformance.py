@@ -8,7 +8,9 @@ inputs at the served model's shapes, on its own device, and serves the report at
 
 The gate judges the ops the canary's set changes relative to production's: an op is changed when the canary's
 engine and the baseline's (which runs production's set) name different implementations for it; without the
-baseline's report, every measured op is judged. A case passes when
+baseline's report, every measured op is judged, and so it is when the two engines serve under other conditions
+(dtype, shapes, weights' quantization, KV page format: a rollout that changes an engine flag such as
+`--kv-cache-dtype fp8` runs the same implementations on other data). A case passes when
 
     error <= k * reference_error + atol[dtype] * max(1, scale)
 
@@ -95,13 +97,30 @@ def _clean(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _changed_ops(canary: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
+def _conditions(report: Mapping[str, Any]) -> list[str]:
+    """What an engine serves under, part by part: its dtype and its shapes' description (engine/execution/
+    conformance.py Shapes.describe: heads, sizes, page, batch, context, weights' quantization, KV page format)."""
+    return [f"dtype {report.get('dtype', '')}", *(p.strip() for p in str(report.get("shapes", "")).split(", "))]
+
+
+def served_differently(canary: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
+    """'' when both engines serve under the same conditions, else what differs ("+fp8 KV pages" for a part only the
+    canary's engine has, "-int8 weights" for one only the baseline's has): an engine flag changed by the rollout
+    (--kv-cache-dtype, --quantization, --max-num-seqs, ...) runs the same implementations on other data."""
+    mine, theirs = _conditions(canary), _conditions(baseline)
+    return "; ".join([f"+{p}" for p in mine if p not in theirs] + [f"-{p}" for p in theirs if p not in mine])
+
+
+def _changed_ops(canary: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> tuple[list[str], list[str], str]:
+    """(judged, unchanged, why every measured op is judged or '')."""
     measured = [str(op) for op in canary.get("measured_ops", ())]
     if not baseline or not isinstance(baseline.get("ops"), Mapping):
-        return measured, []
+        return measured, [], ""
+    if differs := served_differently(canary, baseline):
+        return measured, [], f"the canary's engine serves under other conditions than production's ({differs})"
     mine, theirs = canary.get("ops") or {}, baseline["ops"]
     changed = [op for op in measured if mine.get(op) != theirs.get(op)]
-    return changed, [op for op in measured if op not in changed]
+    return changed, [op for op in measured if op not in changed], ""
 
 
 def judge(canary: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None,
@@ -113,7 +132,7 @@ def judge(canary: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None,
                                   "(started with --no-conformance, or an engine without GET /conformance)")
     dtype = str(canary.get("dtype", ""))
     atol = policy.atol_for(dtype)
-    judged, unchanged = _changed_ops(canary, baseline)
+    judged, unchanged, conditions = _changed_ops(canary, baseline)
     base = dict(kernel_set=str(canary.get("kernel_set", "")), reference=str(canary.get("reference", "")),
                 device=str(canary.get("device", "")), dtype=dtype, judged_ops=tuple(judged),
                 unchanged_ops=tuple(unchanged), seconds=float(canary.get("seconds") or 0.0), seed=canary.get("seed"),
@@ -143,9 +162,11 @@ def judge(canary: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None,
         ops = sorted({f.op for f in failures}, key=judged.index)
         return ConformanceVerdict(
             Outcome.FAIL, f"op-level conformance: {len(failures)} of {len(results)} cases out of tolerance in "
-            f"{', '.join(ops)} (k={policy.k:g}, atol={atol:g}); first: {failures[0].describe()}",
+            f"{', '.join(ops)} (k={policy.k:g}, atol={atol:g}); first: {failures[0].describe()}"
+            + (f"; every measured op judged: {conditions}" if conditions else ""),
             cases=len(results), failures=tuple(failures[:_MAX_SHOWN]), failed_cases=len(failures), worst=worst, **base)
     head = f"worst {worst.op} at {worst.case}: error {worst.error:.3g} of {worst.allowed:.3g} allowed" if worst else ""
+    every = f"; every measured op judged: {conditions}" if conditions else ""
     return ConformanceVerdict(Outcome.PASS, f"op-level conformance: {', '.join(judged)} within tolerance in "
-                              f"{len(results)} cases at the served shapes on {base['device']}; {head}",
+                              f"{len(results)} cases at the served shapes on {base['device']}; {head}{every}",
                               cases=len(results), worst=worst, **base)

@@ -28,7 +28,9 @@ Then `with_conformance(replay_verdict, conformance_verdict)` joins the op-level 
   conformance PASS and the replay INCONCLUSIVE only because the model is too flat to judge -> PASS: every changed op
       was judged at the served shapes, which needs no meaningful weights;
   otherwise the replay's outcome; the conformance verdict rides along in `conformance` either way.
-bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
+The tolerances are the canary's compute dtype's, or the QUANTIZED ones (margin-aware, like half precision) when the
+canary's engine quantizes other than the baseline's (`tolerances_key`: an FP8 KV cache or 8-bit weights switched on
+by a rollout's engine flags). bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
 from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
 """
 from __future__ import annotations
@@ -36,12 +38,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from sits.control_plane.numbers import number
 
 from .conformance import ConformanceVerdict
-from .gate_policy import CorrectnessPolicy
+from .gate_policy import QUANTIZED, CorrectnessPolicy
 from .verdict import Outcome
 
 _MAX_EVIDENCE = 8          # diverged/failing prompts kept in full in a verdict
@@ -228,6 +230,13 @@ def _margin(pos: TokenLogprob, other: int) -> float | None:
             return None
         lp = pos.top[-1][1]
     return pos.logprob - lp
+
+
+def tolerances_key(dtype: str, canary_quantized: Collection[str], baseline_quantized: Collection[str]) -> str:
+    """Whose tolerances judge a replay: the canary's compute dtype, or QUANTIZED when the canary quantizes other
+    than its baseline ("fp8 KV pages", "int8 weights", ...: a release of engine flags moves the answers by that
+    rounding, which the dtype's tolerances -- float32's on a CPU -- would call a bug)."""
+    return QUANTIZED if set(canary_quantized) != set(baseline_quantized) else dtype
 
 
 def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,

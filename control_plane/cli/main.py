@@ -102,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the UI on live canaries of real kernel sets (CPU, tiny model): a slower set and "
                                     "a wrong set rolled back, a good one promoted")
     d.add_argument("--scenario", default="all",
-                   help="which canaries to run, comma-separated, in turn: slow, wrong, good, all (= slow,wrong,good); "
-                        "with --device cuda also aa (triton-v1 against itself; repeatable: all,aa,aa) and the fp8 "
+                   help="which canaries to run, comma-separated, in turn: slow, wrong, good, all (= slow,wrong,good), "
+                        "kvfp8 (an engine-flag release: production's kernels with --kv-cache-dtype fp8 on the canary); "
+                        "with --device cuda also aa (triton-v1 against itself; repeatable: all,aa,aa), the fp8 "
                         "releases w8a8, f16, fused, staged (triton-v1.4, v1.5, v1.7, v1.8; with --production-kernels "
-                        "and --engine-arg '--quantization fp8 --kv-cache-dtype fp8': docs/getting-started.md)")
+                        "and --engine-arg '--quantization fp8 --kv-cache-dtype fp8') and prologue (triton-v1.6, slower "
+                        "on --model llama3-8b with int8 weights): docs/getting-started.md")
     d.add_argument("--device", choices=DEVICES, default="cpu",
                    help="cpu (the default: tiny model, torch example sets) or cuda: every engine on this machine's "
                         "GPU, Triton sets (triton-v1 production; triton-v1-unsplit, triton-v1-floor-pages, "

@@ -4,6 +4,7 @@ the other lanes run theirs. The store, the worker, the UI and Prometheus are sha
 GPU-minute for an A/A campaign, and harsher sharing: the engines of every lane contend for the one GPU (or cores)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import httpx
@@ -101,9 +102,12 @@ class Lane:
         for i, name in enumerate(self.scenarios):
             sc = cfg.scenario(name)
             out("")
-            out(f"[4/4] canary {i + 1}/{len(self.scenarios)} ({name}): {sc.kernels} - {sc.what}")
-            ro = start_rollout(self.store, self.service, sc.kernels, cfg.production_kernels, cfg.policy, self.spec,
-                               actor="demo", kernel_sets=self.catalog, local_models=True)
+            out(f"[4/4] canary {i + 1}/{len(self.scenarios)} ({name}): {sc.canary(cfg.production_kernels)} - "
+                f"{sc.what}")
+            spec = dataclasses.replace(self.spec, canary_args=(*self.spec.canary_args, *sc.canary_args))
+            ro = start_rollout(self.store, self.service, sc.canary_kernels(cfg.production_kernels),
+                               cfg.production_kernels, cfg.policy, spec, actor="demo", kernel_sets=self.catalog,
+                               local_models=True)
             out(f"      rollout {ro.id}: {ui_url}rollouts/{ro.id}")
             before = load.counts()
             phase = narrate.follow(self.store, ro.id, load, cfg.policy, cfg.rollout_timeout_s, out)

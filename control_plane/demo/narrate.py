@@ -135,7 +135,7 @@ def summary(result: DemoResult, store: Store, loads: list[tuple[str, LoadGenerat
         r = store.get(rid)
         ok = "OK" if phase == sc.expected.value else f"UNEXPECTED (wanted {sc.expected.value})"
         lane = f"[{r.service}] " if len(loads) > 1 else ""
-        out(f"  {i + 1}. {lane}{sc.name:5s} {sc.kernels:16s} {phase:11s} after {r.checks} checks, "
+        out(f"  {i + 1}. {lane}{sc.name:5s} {sc.canary(r.production_kernels):16s} {phase:11s} after {r.checks} checks, "
             f"{r.phase_since - r.created_at:.0f} s - {ok}")
         out(f"     why: {r.reason}")
         if r.replayed_requests:

@@ -16,9 +16,21 @@ from sits.control_plane.rollout import Phase
 @dataclass(slots=True, frozen=True)
 class Scenario:
     name: str
-    kernels: str
+    kernels: str | None             # the canary's kernel set; None: production's own (a release of engine flags)
     expected: Phase
     what: str
+    canary_args: tuple[str, ...] = ()   # `sits-engine serve` flags only the canary gets, after every engine's
+
+    def canary_kernels(self, production: str) -> str:
+        return self.kernels or production
+
+    def canary(self, production: str) -> str:
+        """What the canary runs, as the output names it: its set and the flags it adds."""
+        return " ".join((self.canary_kernels(production), *self.canary_args))
+
+
+# an FP8 KV cache as a release of its own: the production's kernels, e4m3 pages on the canary only
+KV_FP8 = ("--kv-cache-dtype", "fp8")
 
 
 SCENARIOS = {s.name: s for s in (
@@ -27,7 +39,11 @@ SCENARIOS = {s.name: s for s in (
     Scenario("wrong", "torch-wrong-rope", Phase.ROLLED_BACK,
              "a WRONG kernel set (as fast, RoPE without the llama3 scaling): the correctness gate must roll it back"),
     Scenario("good", "torch", Phase.SUCCEEDED,
-             "a GOOD release (production's own kernels, an equivalent set): it must be promoted"))}
+             "a GOOD release (production's own kernels, an equivalent set): it must be promoted"),
+    Scenario("kvfp8", None, Phase.SUCCEEDED,
+             "an ENGINE FLAG release (production's own kernels, an FP8 KV cache on the canary: e4m3 pages, twice "
+             "the tokens in the same memory): the gate judges its answers, the checks its speed; expected to be "
+             "promoted", canary_args=KV_FP8))}
 
 GPU_SCENARIOS = {s.name: s for s in (
     Scenario("slow", "triton-v1-unsplit", Phase.ROLLED_BACK,
@@ -53,7 +69,17 @@ GPU_SCENARIOS = {s.name: s for s in (
     Scenario("staged", "triton-v1.8", Phase.SUCCEEDED,
              "an fp8 attention release (decode attention over FP8 pages converting each tile where it is loaded, a "
              "sequence's kv heads side by side): expected to be promoted; with --production-kernels triton-v1.7 the "
-             "gate judges only paged_decode_attention"))}
+             "gate judges only paged_decode_attention"),
+    Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
+             "a SLOWER fused release (SiLU-and-mul in the down projection's prologue with int8/fp8 weights at decode "
+             "sizes: 3-5x slower than v1.5's two ops at llama3-8b's shapes with int8): with --model llama3-8b "
+             "--engine-arg '--quantization int8' --production-kernels triton-v1.5 the latency checks must roll it "
+             "back (at the tiny model's sizes the difference is small)"),
+    Scenario("kvfp8", None, Phase.SUCCEEDED,
+             "an ENGINE FLAG release (production's own kernels, an FP8 KV cache on the canary: e4m3 pages, twice "
+             "the tokens in the same memory; production must read them: --production-kernels triton-v1.3 or "
+             "later): the gate judges every op on FP8 pages and the answers; expected to be promoted",
+             canary_args=KV_FP8))}
 
 
 # from this live rate on (requests/s through the router) the checked step's samples come mostly from users: the slow

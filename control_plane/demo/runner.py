@@ -107,6 +107,13 @@ class DemoConfig:
             raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(prof.scenarios)} or all")
         deal(self.scenarios, self.parallel)   # ValueError unless 1 <= parallel <= len(scenarios)
         self.engine_extra = check_args(self.engine_extra, "--engine-arg")   # ValidationError (a ValueError)
+        for sc in {prof.scenarios[s] for s in self.scenarios}:
+            both = [a for a in sc.canary_args if a.startswith("--") and
+                    any(x.partition("=")[0] == a for x in self.engine_extra)]
+            if both:
+                raise ValueError(f"scenario {sc.name} releases {' '.join(sc.canary_args)} on the canary alone; "
+                                 f"--engine-arg already gives every engine {', '.join(both)}: its canary would "
+                                 "change nothing")
         for name in lane_services(self.service, self.parallel):
             service_name(name, "service")
 
@@ -132,13 +139,20 @@ class DemoConfig:
         return self.profile.scenarios[name]
 
     def check_kernels(self, catalog: KernelCatalog) -> None:
-        """ValueError unless every kernel set the demo runs is one the engine here has, and runs on the device."""
-        for name in {self.production_kernels, *(self.scenario(s).kernels for s in self.scenarios)}:
+        """ValueError unless every kernel set the demo runs is one the engine here has, runs on the device and reads
+        the KV pages its engine is given (a scenario's canary flags on top of every engine's)."""
+        runs = {("production", self.production_kernels, self.engine_args)}
+        for sc in map(self.scenario, self.scenarios):
+            runs.add((f"scenario {sc.name}", sc.canary_kernels(self.production_kernels),
+                      (*self.engine_args, *sc.canary_args)))
+        for what, name, args in sorted(runs):
             info = catalog.get(name)
             if info is None:
                 raise ValueError(f"kernel set {name} is not registered here (known: {', '.join(catalog.names())})")
             if self.device not in info.devices:
                 raise ValueError(f"kernel set {name} does not run on {self.device.upper()}")
+            if why := catalog.kv_cache_dtype_problem(name, args, what):
+                raise ValueError(why)
 
 
 @dataclass(slots=True)

@@ -98,6 +98,11 @@ def start_rollout(store: Store, service: str, canary_kernels: str, production_ke
     _kernel_set(canary_kernels, "kernels", known)
     _kernel_set(production_kernels, "production_kernels", known)
     policy, spec = _policy(policy), _spec(spec)
+    if isinstance(known, KernelCatalog):   # a rollout whose engines could not start fails here, not after a deploy
+        for kernels, args, field in ((canary_kernels, spec.canary_args, "args"),
+                                     (production_kernels, spec.production_args, "production_args")):
+            if why := known.kv_cache_dtype_problem(kernels, args, field):
+                raise ValidationError(why, field)
     if local_models:
         _model_here(spec)
     if retry_of is not None:

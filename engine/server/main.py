@@ -238,8 +238,10 @@ def build_app(config: ServerConfig, *, span_exporter: Any = None, engine_factory
 
         runner = EngineRunner(make_engine, metrics=metrics, warmup=config.warmup,
                               fault_token_latency_s=faults.token_latency_s)
+    # what the answers' precision depends on beside the compute dtype: the correctness gate compares a canary that
+    # quantizes what its baseline does not with the tolerances for quantized serving
     version = {"model": config.model_name, "kernel_set": kernel_name, "kernel_version": kernel_version,
-               "build": build}
+               "build": build, "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype}
     state = ServerState(runner=runner, metrics=metrics, tracer=tracer, faults=faults,
                         model_names={config.model_name}, version=version,
                         system_fingerprint=system_fingerprint(config.service))

@@ -43,7 +43,29 @@ def test_device_cuda_runs_triton_sets_on_the_gpu_with_a_memory_split():
 
 def test_the_cli_takes_scenario_lists_and_names_a_bad_one(capsys):
     assert main(["demo", "--device", "cuda", "--scenario", "slow,bogus"]) == 2
-    assert "--scenario 'slow,bogus': choose from slow, wrong, good, aa, w8a8, f16, fused, staged" in capsys.readouterr().err
+    assert ("--scenario 'slow,bogus': choose from slow, wrong, good, aa, w8a8, f16, fused, staged, prologue, kvfp8"
+            in capsys.readouterr().err)
+
+
+def test_an_engine_flag_release_runs_productions_set_with_the_flag_on_the_canary_alone():
+    cfg = DemoConfig(device="cuda", scenarios=("kvfp8", "prologue"), production_kernels="triton-v1.5",
+                     engine_extra=("--quantization", "fp8"))
+    kv = cfg.scenario("kvfp8")
+    assert kv.canary_kernels(cfg.production_kernels) == "triton-v1.5" and kv.canary_args == ("--kv-cache-dtype", "fp8")
+    assert kv.canary("triton-v1.5") == "triton-v1.5 --kv-cache-dtype fp8" and kv.expected is Phase.SUCCEEDED
+    assert cfg.scenario("prologue").canary("triton-v1.5") == "triton-v1.6"
+    cfg.check_kernels(KernelCatalog.shipped())
+    # production's set must read the pages the canary gets, and every engine must not have the flag already
+    with pytest.raises(ValueError, match="scenario kvfp8: --kv-cache-dtype fp8 needs a kernel set that reads such "
+                                         "KV pages; triton-v1 reads auto only"):
+        DemoConfig(device="cuda", scenarios=("kvfp8",)).check_kernels(KernelCatalog.shipped())
+    with pytest.raises(ValueError, match="production: --kv-cache-dtype fp8 needs .*triton-v1.2 reads auto only"):
+        DemoConfig(device="cuda", scenarios=("aa",), production_kernels="triton-v1.2",
+                   engine_extra=("--kv-cache-dtype", "fp8")).check_kernels(KernelCatalog.shipped())
+    with pytest.raises(ValueError, match="scenario kvfp8 releases --kv-cache-dtype fp8 on the canary alone; "
+                                         "--engine-arg already gives every engine --kv-cache-dtype"):
+        DemoConfig(device="cuda", scenarios=("kvfp8",), production_kernels="triton-v1.8",
+                   engine_extra=("--kv-cache-dtype=fp8",))
 
 
 def test_the_fp8_releases_run_with_every_engine_serving_fp8(capsys):

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from sits.control_plane.adapters.deploy import VariantStatus
+from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.cli.main import main
 from sits.control_plane.demo.lanes import deal, lane_services, tagged
-from sits.control_plane.demo.profiles import GPU_MEMORY_SHARE
+from sits.control_plane.demo.profiles import GPU_MEMORY_SHARE, KV_FP8
 from sits.control_plane.demo.prometheus import scrape_targets
 from sits.control_plane.demo.runner import DemoConfig
 from sits.control_plane.rollout import Phase, Rollout
@@ -101,6 +102,10 @@ def test_the_gpu_demo_report_matches_each_lanes_lines_and_counts_decisions_per_s
     with Store(str(tmp_path / "s.db")) as s:
         for i, (svc, ks, phase) in enumerate(runs):
             s.create_rollout(Rollout(f"r{i}", svc, ks, "triton-v1", phase=phase, created_at=100.0 + i))
+        # an engine-flag release (kvfp8): production's own set, FP8 pages on the canary only -- not an A/A run
+        s.create_rollout(Rollout("r5", "demo-2", "triton-v1.8", "triton-v1.8", phase=Phase.SUCCEEDED,
+                                 created_at=106.0), DeploySpec(production_args=("--quantization", "fp8"),
+                                                               canary_args=("--quantization", "fp8", *KV_FP8)))
     # the lanes' lines interleave: demo-2 finished its first scenario before demo-1 did
     log = tmp_path / "demo.log"
     log.write_text("[  90.0s] [demo-2]       scenario load: B1\n[  95.0s] [demo-1]       scenario load: A1\n"
@@ -111,10 +116,11 @@ def test_the_gpu_demo_report_matches_each_lanes_lines_and_counts_decisions_per_s
     rows = [line.split()[:4] for line in text.splitlines() if line[:2].strip().isdigit()]
     assert rows == [["1", "demo-1", "triton-v1", "succeeded"], ["2", "demo-2", "triton-v1", "rolled_back"],
                     ["3", "demo-1", "triton-v1-unsplit", "rolled_back"], ["4", "demo-2", "triton-v1", "succeeded"],
-                    ["5", "demo-1", "triton-v1", "progressing"]]
-    table = text[text.index("decisions per scenario (5 rollouts, 2 lane(s)):"):].splitlines()
+                    ["5", "demo-1", "triton-v1", "progressing"], ["6", "demo-2", "triton-v1.8", "--kv-cache-dtype"]]
+    table = text[text.index("decisions per scenario (6 rollouts, 2 lane(s)):"):].splitlines()
     assert table[2].split() == ["aa", "triton-v1", "4", "2", "1", "0", "1", "2/3"]   # one false rollback of three
-    assert table[3].split() == ["slow", "triton-v1-unsplit", "1", "0", "1", "0", "0", "1/1"]
+    assert table[3].split() == ["kvfp8", "triton-v1.8", "--kv-cache-dtype", "fp8", "1", "1", "0", "0", "0", "1/1"]
+    assert table[4].split() == ["slow", "triton-v1-unsplit", "1", "0", "1", "0", "0", "1/1"]
 
 
 @pytest.mark.slow   # ~1 min alone on 2 cores: two lanes, each a production engine, a wrong canary and its baseline

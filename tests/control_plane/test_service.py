@@ -31,6 +31,13 @@ def store():
     (dict(spec={"env": {"A": 1}}), "env", "map strings"),
     (dict(spec={"gpus": -1}), "gpus", "gpus"),
     (dict(spec={"modle": "tiny"}), "modle", "unknown spec field"),
+    # a KV page format the set cannot read: refused here, not when its engine fails to start after a deploy
+    (dict(spec={"canary_args": ["--kv-cache-dtype", "fp8"]}), "args",
+     "args: --kv-cache-dtype fp8 needs a kernel set that reads such KV pages; triton-v1 reads auto only "
+     r"\(kernel sets that read fp8: torch, triton-v1.3, "),
+    (dict(canary_kernels="triton-v1.8", production_kernels="triton-v1.2",
+          spec={"production_args": ["--kv-cache-dtype=fp8"], "canary_args": ["--kv-cache-dtype=fp8"]}),
+     "production_args", "production_args: --kv-cache-dtype fp8 needs .*; triton-v1.2 reads auto only"),
 ])
 def test_start_rollout_rejects_bad_input_naming_the_field(store, kwargs, field, message):
     args = dict(service="chat", canary_kernels="triton-v1", production_kernels="torch") | kwargs
@@ -54,6 +61,9 @@ def test_start_rollout_writes_the_rollout_its_spec_and_who_created_it(store):
     assert other.id == "s1" and store.events("s1")[0]["message"] == "created"
     with pytest.raises(ValidationError, match="known: torch"):
         start_rollout(store, "x", "triton-v1", "torch", kernel_sets={"torch"})
+    # an engine-flag release: production's own set with an FP8 KV cache on the canary alone
+    flag = start_rollout(store, "kv", "triton-v1.8", "triton-v1.8", spec={"canary_args": ["--kv-cache-dtype", "fp8"]})
+    assert store.spec(flag.id).canary_args == ("--kv-cache-dtype", "fp8") and store.spec(flag.id).production_args == ()
 
 
 def at_phase(store, phase, **fields) -> Rollout:

@@ -133,6 +133,23 @@ def test_an_fp8_kv_engine_measures_its_kv_ops_on_fp8_pages(fp8_decode_sets, torc
     assert plain.outcome is Outcome.PASS, plain.reason
 
 
+def test_an_engine_flag_release_judges_every_op_under_the_new_conditions(fp8_decode_sets):
+    # a rollout that only adds --kv-cache-dtype fp8: production's own set, so no op names another implementation;
+    # its engine serves other data, so every measured op is judged there (before, "nothing to judge" passed a decode
+    # attention that ignores the page scales)
+    plain = _report("fp8-decode-no-scales", max_model_len=1000)
+    assert judge(plain, plain, POLICY).judged_ops == ()
+    bad = judge(_report("fp8-decode-no-scales", kv_cache_dtype="fp8", max_model_len=1000), plain, POLICY)
+    assert bad.outcome is Outcome.FAIL and {f.op for f in bad.failures} == {"paged_decode_attention"}, bad.reason
+    assert bad.judged_ops == ("rope_and_cache", "paged_decode_attention") and bad.unchanged_ops == ()
+    assert bad.reason.endswith("every measured op judged: the canary's engine serves under other conditions than "
+                               "production's (+fp8 KV pages)")
+    good = judge(_report("fp8-decode-release", kv_cache_dtype="fp8", max_model_len=1000),
+                 _report("fp8-decode-release", max_model_len=1000), POLICY)
+    assert good.outcome is Outcome.PASS and good.judged_ops == ("rope_and_cache", "paged_decode_attention")
+    assert "(+fp8 KV pages)" in good.reason
+
+
 def _silu_and_mul_linear_through(x, weight, bias=None):
     """The reference's activation and linear under another name: a correct release of the fused op."""
     ref = get_kernel_set("torch")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sits.control_plane.adapters import kernel_catalog
-from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog
+from sits.control_plane.adapters.kernel_catalog import CatalogError, KernelCatalog, KernelSetInfo
 from sits.control_plane.errors import ValidationError
 from sits.kernels import catalog as kernels_catalog
 from sits.kernels.catalog import builtin_catalogue, catalogue, dumps
@@ -76,10 +76,29 @@ def test_the_installed_engine_lists_a_plugin_set(tmp_path, monkeypatch):
     assert e.value.field == "production_kernels" and "plugin-cat" in str(e.value)
 
 
+def test_the_control_plane_knows_which_kv_pages_each_set_reads():
+    cat = KernelCatalog.shipped()
+    assert cat.get("triton-v1.2").kv_cache_dtypes == ("auto",) and cat.get("triton-v1.8").kv_cache_dtypes == (
+        "auto", "fp8")
+    assert cat.kv_cache_dtype_problem("triton-v1.8", ("--kv-cache-dtype", "fp8"), "args") is None
+    assert cat.kv_cache_dtype_problem("triton-v1.2", ("--seed", "7"), "args") is None   # auto, the default
+    why = cat.kv_cache_dtype_problem("triton-v1.1", ("--kv-cache-dtype", "fp8"), "args")
+    assert why.startswith("args: --kv-cache-dtype fp8 needs a kernel set that reads such KV pages; triton-v1.1 "
+                          "reads auto only (kernel sets that read fp8: torch, triton-v1.3, triton-v1.4, ")
+    # a catalogue that does not say (an older engine's) is not second-guessed
+    old = KernelCatalog.parse(json.dumps({"kernel_sets": [{"name": "x", "version": "1", "devices": ["cpu"]}]}), "t")
+    assert old.get("x").kv_cache_dtypes is None and "kv_cache_dtypes" not in old.get("x").to_dict()
+    assert old.kv_cache_dtype_problem("x", ("--kv-cache-dtype", "fp8"), "args") is None
+    assert KernelSetInfo.from_dict(cat.get("triton-v1.8").to_dict()) == cat.get("triton-v1.8")
+
+
 def test_a_broken_catalogue_is_a_clear_error(tmp_path):
     bad = tmp_path / "cat.json"
     bad.write_text('{"kernel_sets": [{"name": "x"}]}')
     with pytest.raises(CatalogError, match="lacks 'version'"):
+        KernelCatalog.from_file(bad)
+    bad.write_text('{"kernel_sets": [{"name": "x", "version": "1", "devices": [], "kv_cache_dtypes": "fp8"}]}')
+    with pytest.raises(CatalogError, match="kv_cache_dtypes must be a non-empty list"):
         KernelCatalog.from_file(bad)
     with pytest.raises(CatalogError, match="cannot read"):
         KernelCatalog.from_file(tmp_path / "missing.json")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from sits.control_plane.errors import ValidationError
 
@@ -132,6 +132,16 @@ def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERA
             raise ValidationError(f"{field}: {name} {problem}, got {value[:40]!r}", field)
         i += 1
     return out
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value checked `args` give `flag` (`--flag V` or `--flag=V`; the last one, as argparse takes it), or None."""
+    value = None
+    for i, a in enumerate(args):
+        name, eq, v = a.partition("=")
+        if name == flag:
+            value = v if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value
 
 
 def split_stored(args, faults: list[str] | None) -> tuple[list[str], list[str]]:

@@ -25,7 +25,7 @@ import requests
 from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
                                     compare_replays)
 from sits.control_plane.analysis.conformance import judge as judge_conformance
-from sits.control_plane.analysis.correctness import with_conformance
+from sits.control_plane.analysis.correctness import tolerances_key, with_conformance
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
 from sits.wire.headers import MARK, PROBE_HEADER
@@ -156,10 +156,15 @@ class CorrectnessProbe:
         except (requests.RequestException, ValueError):
             return {}
 
-    def describe(self, url: str, timeout: float) -> tuple[str, str]:
-        """(model id, compute dtype) a variant serves; "" where it does not say."""
+    def describe(self, url: str, timeout: float) -> tuple[str, str, frozenset[str]]:
+        """(model id, compute dtype, what it quantizes) a variant serves; "" / empty where it does not say. What it
+        quantizes: "int8 weights", "fp8 weights", "fp8 KV pages" (the engine's /version)."""
         models = self._get(url, "/v1/models", timeout).get("data") or [{}]
-        return str(models[0].get("id", "")), str(self._get(url, "/version", timeout).get("dtype", ""))
+        version = self._get(url, "/version", timeout)
+        quantized = {f"{q} weights" for q in (version.get("quantization"),) if isinstance(q, str) and q}
+        quantized |= {f"{kv} KV pages" for kv in (version.get("kv_cache_dtype"),) if isinstance(kv, str)
+                      and kv not in ("", "auto")}
+        return str(models[0].get("id", "")), str(version.get("dtype", "")), frozenset(quantized)
 
     def _one(self, canary: str, baseline: str, model: str, prompt: str, p: CorrectnessPolicy,
              headers: Mapping[str, str]) -> tuple[PromptReplay, int, int]:
@@ -219,12 +224,14 @@ class CorrectnessProbe:
         `interrupted()` is True, asked before every prompt)."""
         t0 = time.perf_counter()
         prompts = load_prompt_set(policy.prompt_set, self.prompt_dir)
-        model, dtype = self.describe(baseline_url, policy.request_timeout_s)
-        canary_model, canary_dtype = self.describe(canary_url, policy.request_timeout_s)
+        model, dtype, quantized = self.describe(baseline_url, policy.request_timeout_s)
+        canary_model, canary_dtype, canary_quantized = self.describe(canary_url, policy.request_timeout_s)
         replays, tokens, sent = self.replay(canary_url, baseline_url, policy, model or canary_model, prompts,
                                             interrupted)
-        # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances
-        verdict = compare_replays(replays, policy, canary_dtype or dtype or "unknown")
+        # the canary's dtype decides (it is what is being released); unknown -> the loosest tolerances; a canary
+        # that quantizes other than its baseline (an engine-flag release) -> the quantized tolerances
+        verdict = compare_replays(replays, policy, tolerances_key(canary_dtype or dtype or "unknown",
+                                                                  canary_quantized, quantized))
         if policy.conformance.enabled:
             # what each engine measured at warm-up (engine/execution/conformance.py); the baseline runs production's
             # set, so its report says which ops the canary changes

@@ -3,7 +3,7 @@ service share it); the flags the deployer owns (listen address, labels, tracing,
 the flag."""
 import pytest
 
-from sits.control_plane.adapters.deploy.engine_args import check_args
+from sits.control_plane.adapters.deploy.engine_args import check_args, flag_value
 from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.errors import ValidationError
@@ -164,6 +164,10 @@ def test_flag_values_in_range_pass():
     args = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.2", "--quantization", "int8", "--device",
             "cuda:1", "--header-timeout-s=30", "--seed", "7", "--dtype", "bfloat16", "--kv-cache-dtype", "fp8"]
     assert check_args(args, "args") == tuple(args)
+    # what the engine will take (the last of a repeated flag, as argparse does), in either spelling
+    assert flag_value(args, "--kv-cache-dtype") == "fp8" and flag_value(args, "--header-timeout-s") == "30"
+    assert flag_value(args, "--max-model-len") is None
+    assert flag_value([*args, "--kv-cache-dtype=auto"], "--kv-cache-dtype") == "auto"
 
 
 @pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_INTERPRET", "GLIBC_TUNABLES", "HTTP_PROXY", "https_proxy",

@@ -57,7 +57,8 @@ def test_echo_with_generation_prefixes_the_prompt(server):
 
 
 def test_version_reports_the_compute_dtype(server):
-    assert json.loads(http("GET", server.url + "/version")[2])["dtype"] == "float32"
+    v = json.loads(http("GET", server.url + "/version")[2])
+    assert v["dtype"] == "float32" and v["quantization"] is None and v["kv_cache_dtype"] == "auto"
 
 
 def test_probe_requests_stay_out_of_every_latency_histogram(server):

@@ -1,0 +1,105 @@
+"""Does triton-v1.6 (SiLU-and-mul in the down projection's prologue) compute what triton-v1.5 computes, in the engine?
+
+Its GPU canary on llama3-8b with int8 weights (bench/gpu_demo.sh prologue, 2026-12-05) was rolled back by the
+answer-level gate: from the second token on the canary's greedy continuations were token 0 with a zero margin (a flat
+or non-finite distribution), while the op-level conformance of `silu_and_mul_linear` passed at the served shapes. This
+runs the public offline API (`LLM(...).generate`) with both sets, with and without CUDA graphs, on the same prompts
+and weights, and prints per run the greedy tokens' agreement with triton-v1.5 (CUDA graphs), how many tokens are 0
+and whether every logprob is finite; then the fused op alone, eager and replayed from a CUDA graph, against the two
+ops at llama3-8b's down projection with activations of the model's own magnitude.
+
+    python3 bench/fused_prologue_check.py [--model llama3-8b] [--quantization int8] [--tokens 16]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["Q: What is 17 times 3?\nA:", "SELECT name FROM users WHERE", "1, 2, 3, 4, 5,",
+           "A canary release sends a small share of traffic to a new version"]
+
+
+def run_engine(model: str, kernels: str, quantization: str, eager: bool, tokens: int) -> dict:
+    import torch
+
+    from sits.engine.llm import LLM
+    from sits.engine.sampling_params import SamplingParams
+    t0 = time.perf_counter()
+    llm = LLM(model, kernels, device="cuda", quantization=quantization, enforce_eager=eager,
+              gpu_memory_utilization=0.3, max_model_len=2048, max_num_seqs=8)
+    load = time.perf_counter() - t0
+    res = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=tokens, logprobs=1), use_tqdm=False)
+    out = {"tokens": [r.token_ids for r in res], "load_s": load,
+           "finite": all(math.isfinite(lp["logprob"]) for r in res for lp in (r.logprobs or [])),
+           "margins": [[round(lp["logprob"] - next((l for t, l in lp["top_logprobs"] if t != lp["token_id"]),
+                                                   float("nan")), 3) for lp in (r.logprobs or [])][:4] for r in res]}
+    llm.close()
+    del llm
+    torch.cuda.empty_cache()
+    return out
+
+
+def op_check(model: str, quantization: str) -> list[str]:
+    """The fused op against the two ops at the model's down projection, eager and from a CUDA graph, for x of
+    std 1 and std 30 (random llama3-8b's MLP inputs are far from unit scale)."""
+    import torch
+
+    from sits.engine.model.presets import preset
+    from sits.kernels import get_kernel_set, quantize_weight
+    cfg = preset(model)
+    n, i = cfg.hidden_size, cfg.intermediate_size
+    v15, v16 = get_kernel_set("triton-v1.5"), get_kernel_set("triton-v1.6")
+    w = quantize_weight(torch.randn(n, i, device="cuda", dtype=torch.bfloat16) * i ** -0.5, quantization)
+    lines = []
+    for scale in (1.0, 30.0):
+        for m in (1, 2, 8, 16, 24, 32):
+            x = torch.randn(m, 2 * i, device="cuda", dtype=torch.bfloat16) * scale
+            ref = v15.linear(v15.silu_and_mul(x), w)
+            eager = v16.silu_and_mul_linear(x, w)
+            static_x = x.clone()
+            v16.silu_and_mul_linear(static_x, w)   # warm (tuned) before capture
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static_y = v16.silu_and_mul_linear(static_x, w)
+            g.replay()
+            g.replay()
+            torch.cuda.synchronize()
+            rel = lambda a: ((a.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()  # noqa: E731
+            lines.append(f"x std {scale:>4g} rows {m:2d}: eager rel err {rel(eager):.2e}, graph {rel(static_y):.2e}, "
+                         f"finite {bool(torch.isfinite(static_y).all())}")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama3-8b")
+    p.add_argument("--quantization", default="int8")
+    p.add_argument("--tokens", type=int, default=16)
+    a = p.parse_args(argv)
+    runs = [("triton-v1.5", False), ("triton-v1.6", False), ("triton-v1.6", True), ("triton-v1.5", True)]
+    got = {}
+    for ks, eager in runs:
+        got[(ks, eager)] = r = run_engine(a.model, ks, a.quantization, eager, a.tokens)
+        print(f"{ks} {'eager' if eager else 'graphs'}: loaded in {r['load_s']:.0f} s; first tokens "
+              f"{[t[:6] for t in r['tokens']]}; first margins {r['margins']}", flush=True)
+    for line in op_check(a.model, a.quantization):
+        print(line, flush=True)
+    base = got[("triton-v1.5", False)]["tokens"]
+    print(f"\n{a.model}, {a.quantization} weights, {len(PROMPTS)} prompts x {a.tokens} greedy tokens")
+    print(f"{'set':12} {'mode':6} {'tokens = v1.5 graphs':>20} {'tokens = 0':>10} {'logprobs finite':>15}")
+    for (ks, eager), r in got.items():
+        same = sum(x == y for t, b in zip(r["tokens"], base) for x, y in zip(t, b))
+        zeros = sum(x == 0 for t in r["tokens"] for x in t)
+        total = sum(len(t) for t in base)
+        print(f"{ks:12} {'eager' if eager else 'graphs':6} {f'{same}/{total}':>20} {zeros:>10} {str(r['finite']):>15}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
