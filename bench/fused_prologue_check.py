@@ -76,28 +76,36 @@ def op_check(model: str, quantization: str) -> list[str]:
     return lines
 
 
+def summary(got: dict, header: str) -> list[str]:
+    """The table: per (set, eager) run its greedy tokens equal to triton-v1.5 with CUDA graphs (the baseline run),
+    how many are token 0 (what a flat or non-finite distribution yields) and whether every logprob was finite."""
+    base = got[("triton-v1.5", False)]["tokens"]
+    total = sum(len(t) for t in base)
+    lines = [header, f"{'set':12} {'mode':6} {'tokens = v1.5 graphs':>20} {'tokens = 0':>10} {'logprobs finite':>15}"]
+    for (ks, eager), r in got.items():
+        same = sum(x == y for t, b in zip(r["tokens"], base) for x, y in zip(t, b))
+        zeros = sum(x == 0 for t in r["tokens"] for x in t)
+        lines.append(f"{ks:12} {'eager' if eager else 'graphs':6} {f'{same}/{total}':>20} {zeros:>10} "
+                     f"{str(r['finite']):>15}")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--quantization", default="int8")
     p.add_argument("--tokens", type=int, default=16)
     a = p.parse_args(argv)
-    runs = [("triton-v1.5", False), ("triton-v1.6", False), ("triton-v1.6", True), ("triton-v1.5", True)]
     got = {}
-    for ks, eager in runs:
+    for ks, eager in (("triton-v1.5", False), ("triton-v1.6", False), ("triton-v1.6", True), ("triton-v1.5", True)):
         got[(ks, eager)] = r = run_engine(a.model, ks, a.quantization, eager, a.tokens)
         print(f"{ks} {'eager' if eager else 'graphs'}: loaded in {r['load_s']:.0f} s; first tokens "
               f"{[t[:6] for t in r['tokens']]}; first margins {r['margins']}", flush=True)
     for line in op_check(a.model, a.quantization):
         print(line, flush=True)
-    base = got[("triton-v1.5", False)]["tokens"]
-    print(f"\n{a.model}, {a.quantization} weights, {len(PROMPTS)} prompts x {a.tokens} greedy tokens")
-    print(f"{'set':12} {'mode':6} {'tokens = v1.5 graphs':>20} {'tokens = 0':>10} {'logprobs finite':>15}")
-    for (ks, eager), r in got.items():
-        same = sum(x == y for t, b in zip(r["tokens"], base) for x, y in zip(t, b))
-        zeros = sum(x == 0 for t in r["tokens"] for x in t)
-        total = sum(len(t) for t in base)
-        print(f"{ks:12} {'eager' if eager else 'graphs':6} {f'{same}/{total}':>20} {zeros:>10} {str(r['finite']):>15}")
+    print()
+    print("\n".join(summary(got, f"{a.model}, {a.quantization} weights, {len(PROMPTS)} prompts x {a.tokens} greedy "
+                                 "tokens")))
     return 0
 
 

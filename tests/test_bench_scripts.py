@@ -1,6 +1,7 @@
 """Every benchmark script with a command line still starts: `python bench/X.py --help` exits 0. They run rarely
 (some only on a GPU), so a moved name would otherwise surface only in the next benchmark session (bench/low_traffic.py
 imported the demo policy from where it used to live)."""
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,16 @@ def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_t
     assert math.isclose(pooled, math.log(2 ** 0.25), rel_tol=1e-6) and np.allclose(pv, pooled)
     assert tc.main(["--store", path]) == 0 and tc.main(["--store", path, "--rollout", "r1"]) == 0
     assert tc.main(["--store", path, "--rollout", "nope"]) == 1     # "no rollout 'nope'", nothing else
+
+
+def test_fused_prologue_check_counts_agreement_zero_tokens_and_finiteness_per_run():
+    # bench/fused_prologue_check.py's table (the GPU runs need CUDA): runs against triton-v1.5 with CUDA graphs
+    spec = importlib.util.spec_from_file_location("fused_prologue_check", REPO / "bench" / "fused_prologue_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = {("triton-v1.5", False): {"tokens": [[5, 6, 7], [8, 9, 10]], "finite": True},
+           ("triton-v1.6", False): {"tokens": [[5, 0, 0], [8, 0, 0]], "finite": True},   # what the canary served
+           ("triton-v1.6", True): {"tokens": [[5, 6, 7], [8, 9, 11]], "finite": False}}
+    rows = [line.split() for line in mod.summary(got, "head")[2:]]
+    assert rows == [["triton-v1.5", "graphs", "6/6", "0", "True"], ["triton-v1.6", "graphs", "2/6", "4", "True"],
+                    ["triton-v1.6", "eager", "5/6", "0", "False"]]

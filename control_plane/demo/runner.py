@@ -6,6 +6,7 @@ login token, the worker beside it), a production engine behind the weighted rout
     wrong  torch-wrong-rope  as fast, numerically wrong (RoPE without the llama3 scaling): rolled back by the
                              correctness gate
     good   torch             the production kernels themselves: promoted
+    kvfp8  torch + --kv-cache-dtype fp8 on the canary alone (an engine-flag release; not in `all`): promoted
 
 No sleeps or injected faults: the regressions are the kernel sets' own (kernels/sets.py). Runs on a machine with no
 GPU and no cluster: tiny model, every variant a local `sits-engine serve` process. The policy is a demo policy (short

@@ -144,6 +144,37 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
     return value
 
 
+def flag_map(args: Sequence[str]) -> dict[str, str | None]:
+    """Checked `args` as flag -> value (None for a flag that takes none); a repeated flag keeps its last value."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if eq:
+            out[name] = value
+        elif {**OPERATOR_FLAGS, **FAULT_FLAGS}.get(name, False) and i + 1 < len(args):
+            out[name], i = args[i + 1], i + 1
+        else:
+            out[name] = None
+        i += 1
+    return out
+
+
+def flag_changes(production_args: Sequence[str], canary_args: Sequence[str]) -> list[str]:
+    """What the canary's engine flags change from production's, one line each: `--kv-cache-dtype fp8` (production does
+    not set it), `--quantization fp8 (production: int8)`, `--enforce-eager (production only)`."""
+    prod, canary = flag_map(production_args), flag_map(canary_args)
+    lines = []
+    for name in sorted(set(prod) | set(canary)):
+        if name not in canary:
+            lines.append(" ".join(x for x in (name, prod[name]) if x is not None) + " (production only)")
+        elif name not in prod:
+            lines.append(" ".join(x for x in (name, canary[name]) if x is not None))
+        elif prod[name] != canary[name]:
+            lines.append(f"{name} {canary[name]} (production: {prod[name]})")
+    return lines
+
+
 def split_stored(args, faults: list[str] | None) -> tuple[list[str], list[str]]:
     """A stored args list (from before the allow-list) as (allowed, dropped): allowed flags with their values are
     kept; fault flags with their values go to `faults` when it is given (the canary's), else are dropped; every other

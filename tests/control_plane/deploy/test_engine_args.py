@@ -3,7 +3,7 @@ service share it); the flags the deployer owns (listen address, labels, tracing,
 the flag."""
 import pytest
 
-from sits.control_plane.adapters.deploy.engine_args import check_args, flag_value
+from sits.control_plane.adapters.deploy.engine_args import check_args, flag_changes, flag_map, flag_value
 from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.errors import ValidationError
@@ -168,6 +168,16 @@ def test_flag_values_in_range_pass():
     assert flag_value(args, "--kv-cache-dtype") == "fp8" and flag_value(args, "--header-timeout-s") == "30"
     assert flag_value(args, "--max-model-len") is None
     assert flag_value([*args, "--kv-cache-dtype=auto"], "--kv-cache-dtype") == "auto"
+
+
+
+def test_flag_changes_name_what_the_canary_adds_changes_and_drops():
+    prod = ["--quantization", "int8", "--enforce-eager", "--seed", "7", "--max-num-seqs=64"]
+    canary = ["--quantization=fp8", "--seed", "7", "--max-num-seqs", "64", "--kv-cache-dtype", "fp8"]
+    assert flag_changes(prod, canary) == ["--enforce-eager (production only)", "--kv-cache-dtype fp8",
+                                          "--quantization fp8 (production: int8)"]
+    assert flag_changes(prod, prod) == [] and flag_changes([], []) == []
+    assert flag_map(["--no-warmup", "--seed", "1", "--seed", "2"]) == {"--no-warmup": None, "--seed": "2"}
 
 
 @pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_INTERPRET", "GLIBC_TUNABLES", "HTTP_PROXY", "https_proxy",

@@ -70,6 +70,20 @@ def test_a_fused_op_one_side_has_is_an_op_that_differs(client, store, canary, pr
     assert re.findall(r'<code class="op">(.*?)</code>', shown) == ["silu_and_mul_linear"]
 
 
+def test_an_engine_flag_release_shows_the_flags_it_changes(client, store):
+    # production's own set with an FP8 KV cache on the canary: no op differs, the flag does, and the page says so
+    ro = new_rollout(store, canary="triton-v1.8", production="triton-v1.8",
+                     spec={"production_args": ["--quantization", "fp8"],
+                           "canary_args": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]})
+    login(client, TOKENS["viewer"])
+    html = client.get(f"/rollouts/{ro.id}").get_data(as_text=True)
+    assert "Ops that differ: none (same implementations)" in html
+    flags = re.search(r'id="flags">Engine flags that differ \(canary\): (.*?)</p>', html, re.S).group(1)
+    assert re.findall(r'<code class="op">(.*?)</code>', flags) == ["--kv-cache-dtype fp8"]
+    plain = new_rollout(store, service="other")   # the same flags on both sides: no line
+    assert 'id="flags"' not in client.get(f"/rollouts/{plain.id}").get_data(as_text=True)
+
+
 def test_unknown_rollout_page_is_a_404_page(client):
     login(client, TOKENS["viewer"])
     r = client.get("/rollouts/nope")
