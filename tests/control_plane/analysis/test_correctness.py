@@ -7,8 +7,8 @@ import pytest
 
 from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, Outcome, Policy,
                                     PolicyError, PromptReplay, TokenLogprob, compare_replays)
-from sits.control_plane.analysis.correctness import compare_prompt, runner_up_margin
-from sits.control_plane.analysis.gate_policy import Tolerances
+from sits.control_plane.analysis.correctness import compare_prompt, runner_up_margin, tolerances_key
+from sits.control_plane.analysis.gate_policy import DEFAULT_TOLERANCES, QUANTIZED, Tolerances
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 
 POLICY = CorrectnessPolicy(max_tokens=4, compare_tokens=4)
@@ -323,3 +323,12 @@ def test_rollout_show_prints_the_confident_positions_and_where_the_canary_disagr
                                              "decision": "rollback", "step": -1, "seq": 1, "weight": 0}))
     assert "at the 32 of 32 positions where the baseline was sure: top-1 agreement 93.8%" in lines[2]
     assert sum("top-1 differed at 1 position(s) where the baseline was sure" in line for line in lines) == 2
+
+
+def test_a_canary_that_quantizes_other_than_its_baseline_gets_the_quantized_tolerances():
+    assert tolerances_key("float32", {"fp8 KV pages"}, set()) == QUANTIZED          # a flag release, either way
+    assert tolerances_key("bfloat16", set(), {"int8 weights"}) == QUANTIZED
+    assert tolerances_key("bfloat16", {"fp8 weights"}, {"int8 weights"}) == QUANTIZED
+    assert tolerances_key("float32", {"fp8 KV pages"}, {"fp8 KV pages"}) == "float32"   # both alike: the dtype's
+    assert tolerances_key("bfloat16", (), ()) == "bfloat16"
+    assert DEFAULT_TOLERANCES[QUANTIZED].confident_margin > 0   # margin-aware, like half precision
