@@ -70,7 +70,8 @@ def op_check(model: str, quantization: str) -> list[str]:
             g.replay()
             g.replay()
             torch.cuda.synchronize()
-            rel = lambda a: ((a.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()  # noqa: E731
+            def rel(a):
+                return ((a.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
             lines.append(f"x std {scale:>4g} rows {m:2d}: eager rel err {rel(eager):.2e}, graph {rel(static_y):.2e}, "
                          f"finite {bool(torch.isfinite(static_y).all())}")
     return lines

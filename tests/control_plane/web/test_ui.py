@@ -78,7 +78,7 @@ def test_an_engine_flag_release_shows_the_flags_it_changes(client, store):
     login(client, TOKENS["viewer"])
     html = client.get(f"/rollouts/{ro.id}").get_data(as_text=True)
     assert "Ops that differ: none (same implementations)" in html
-    flags = re.search(r'id="flags">Engine flags that differ \(canary\): (.*?)</p>', html, re.S).group(1)
+    flags = re.search(r'id="flags">Engine flags that differ \(canary\):\s*(.*?)</p>', html, re.S).group(1)
     assert re.findall(r'<code class="op">(.*?)</code>', flags) == ["--kv-cache-dtype fp8"]
     plain = new_rollout(store, service="other")   # the same flags on both sides: no line
     assert 'id="flags"' not in client.get(f"/rollouts/{plain.id}").get_data(as_text=True)
