@@ -8,7 +8,7 @@ and weights, and prints per run the greedy tokens' agreement with triton-v1.5 (C
 and whether every logprob is finite; then the fused op alone, eager and replayed from a CUDA graph, against the two
 ops at llama3-8b's down projection with activations of the model's own magnitude.
 
-    python3 bench/fused_prologue_check.py [--model llama3-8b] [--quantization int8] [--tokens 16]
+    python3 bench/fused_prologue_check.py [--model llama3-8b] [--quantization int8] [--tokens 16] [--split-k-off]
 """
 from __future__ import annotations
 
@@ -23,6 +23,20 @@ sys.path.insert(0, str(ROOT))
 
 PROMPTS = ["Q: What is 17 times 3?\nA:", "SELECT name FROM users WHERE", "1, 2, 3, 4, 5,",
            "A canary release sends a small share of traffic to a new version"]
+
+
+def without_split_k() -> None:
+    """Every weight-only linear's tuning candidates with SPLIT_K = 1 from now on in this process (no lock counters, no
+    fp32 partials between a launch's programs), tuned afresh: tells a split-K state fault from the arithmetic."""
+    import triton
+
+    from sits.kernels import linear as lin
+    from sits.kernels import triton_env
+    for tuner in (lin._linear_small_m, *lin._linear_mid_m.values()):
+        tuner.configs = [triton.Config({**c.kwargs, "SPLIT_K": 1}, num_warps=c.num_warps, num_stages=c.num_stages)
+                         for c in tuner.configs]
+        tuner.cache.clear()
+    triton_env._LAUNCHERS.clear()
 
 
 def run_engine(model: str, kernels: str, quantization: str, eager: bool, tokens: int) -> dict:
@@ -96,6 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--quantization", default="int8")
     p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--split-k-off", action="store_true",
+                   help="then triton-v1.6 once more with every weight-only linear tuned among SPLIT_K = 1 candidates")
     a = p.parse_args(argv)
     got = {}
     for ks, eager in (("triton-v1.5", False), ("triton-v1.6", False), ("triton-v1.6", True), ("triton-v1.5", True)):
@@ -104,6 +120,11 @@ def main(argv=None) -> int:
               f"{[t[:6] for t in r['tokens']]}; first margins {r['margins']}", flush=True)
     for line in op_check(a.model, a.quantization):
         print(line, flush=True)
+    if a.split_k_off:   # last: it changes the process's tuners for good
+        without_split_k()
+        got[("triton-v1.6 no split-K", False)] = r = run_engine(a.model, "triton-v1.6", a.quantization, False,
+                                                                 a.tokens)
+        print(f"triton-v1.6 graphs, SPLIT_K 1 only: first tokens {[t[:6] for t in r['tokens']]}", flush=True)
     print()
     print("\n".join(summary(got, f"{a.model}, {a.quantization} weights, {len(PROMPTS)} prompts x {a.tokens} greedy "
                                  "tokens")))
