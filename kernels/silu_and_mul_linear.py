@@ -21,8 +21,9 @@ And in the engine it is WRONG where it runs: its GPU canary (H200, 2026-12-05: `
 back by the answer-level gate because from the second token on its greedy continuations were token 0 with a zero
 margin (a flat distribution: an exploded hidden state normalized to zero), while this op's conformance at the same
 shapes passed (error 0.0108 of 0.076 allowed at 1 x 28672 -> 4096), as do the kernel tests and bench/fused_rows.py's
-output check, all on the op alone. The cause is not found yet; bench/fused_prologue_check.py runs both sets through
-`LLM.generate` with and without CUDA graphs and the op eager and graph-replayed (BENCHMARKS.md "Fused decode layers").
+output check, all on the op alone. The cause is not found yet; `bench/fused_prologue_check.py --split-k-off` runs both sets through
+`LLM.generate` with and without CUDA graphs and without split-K, and the op eager and graph-replayed (BENCHMARKS.md
+"Fused decode layers").
 """
 from __future__ import annotations
 
