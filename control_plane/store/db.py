@@ -301,6 +301,17 @@ class Store:
         return [dict(r) for r in self._db.rows("SELECT id, service, phase, active, created_at FROM rollouts "
                                             "ORDER BY created_at DESC, id")]
 
+    def specs(self, ids: Sequence[str]) -> dict[str, DeploySpec]:
+        """id -> DeploySpec of these rollouts, in one query per 500 (listings); a rollout without one is left out."""
+        out: dict[str, DeploySpec] = {}
+        ids = list(ids)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            rows = self._db.rows("SELECT rollout_id, body FROM rollout_specs WHERE rollout_id IN "
+                              f"({', '.join('?' * len(chunk))})", chunk)
+            out.update({r["rollout_id"]: DeploySpec.from_stored(json.loads(r["body"])) for r in rows})
+        return out
+
     def progress(self, ids: Sequence[str]) -> dict[str, tuple[int, float]]:
         """id -> (weight, phase_since) of these rollouts, read by SQLite from their states."""
         out: dict[str, tuple[int, float]] = {}

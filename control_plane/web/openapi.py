@@ -184,6 +184,9 @@ def openapi_spec() -> dict:
                     "steps": {"type": "array", "items": {"type": "integer"}}, "weight": {"type": "integer"},
                     "weights": {"type": "object"}, "kernels": {"type": "string"},
                     "production_kernels": {"type": "string"}, "last_check": {"type": ["object", "null"]},
+                    "flags": {"type": "array", "items": {"type": "string"}, "description": "the engine flags the "
+                              "canary changes from production's, e.g. '--kv-cache-dtype fp8' (a release of flags on "
+                              "production's own kernel set) or '--quantization fp8 (production: int8)'"},
                     "ended": {"type": ["object", "null"], "description": "why an ended rollout ended: {kind, text}; "
                               "kind: latency, error_rate, guard, correctness, inconclusive, aborted, deploy, promoted, "
                               "promoted_manually, other"},

@@ -6,7 +6,6 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, current_app, render_template, request
 
-from sits.control_plane.adapters.deploy.engine_args import flag_changes
 from sits.control_plane.errors import NotFoundError, ValidationError
 from sits.control_plane.service import rollouts as service
 from sits.control_plane.validation import MAX_TENSOR_PARALLEL
@@ -59,10 +58,8 @@ def retry_prefill(rollout_id: str | None) -> dict | None:
 def rollout(rollout_id: str):
     r = store().get(rollout_id)
     sets = {k["name"]: k for k in catalog.kernel_catalog()}
-    spec = spec_or_none(rollout_id)   # the engine flags the canary changes (a release of flags: --kv-cache-dtype fp8)
     return render_template("detail.html", r=detail(r), kernels=sets, can_act=current_user().can("operator"),
-                           grafana=grafana_links(current_app.config.get("GRAFANA_URL"), r),
-                           flags=flag_changes(spec.production_args, spec.canary_args) if spec else [])
+                           grafana=grafana_links(current_app.config.get("GRAFANA_URL"), r))
 
 
 def default_canary(sets: list[dict]) -> str | None:

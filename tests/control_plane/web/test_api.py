@@ -363,6 +363,19 @@ def test_openapi_describes_every_route(app, client):
                 assert (m, p) in described, (m, p)
 
 
+def test_the_list_and_the_rollout_say_which_engine_flags_the_canary_changes(client, store):
+    # a release of an engine flag: production's own set, an FP8 KV cache on the canary only
+    flag = new_rollout(store, "kv", canary="triton-v1.8", production="triton-v1.8",
+                       spec={"production_args": ["--quantization", "fp8"],
+                             "canary_args": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]})
+    new_rollout(store, "chat", now=1.0)
+    listed = {x["service"]: x for x in client.get("/api/v1/rollouts", headers=auth("viewer")).get_json()["rollouts"]}
+    assert listed["kv"]["flags"] == ["--kv-cache-dtype fp8"] and listed["chat"]["flags"] == []
+    one = client.get(f"/api/v1/rollouts/{flag.id}", headers=auth("viewer")).get_json()
+    assert one["flags"] == ["--kv-cache-dtype fp8"]
+    assert set(store.specs([flag.id, "nope"])) == {flag.id}   # one query for a page of rollouts
+
+
 def test_list_summaries_are_list_without_the_step_data(store):
     ro = new_rollout(store)
     drive(store, ro.id, 8)

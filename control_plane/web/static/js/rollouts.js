@@ -25,7 +25,8 @@
     const href = `/rollouts/${encodeURIComponent(r.id)}`;
     const tr = el("tr", { "data-id": r.id, onclick: (e) => { if (!e.target.closest("a")) location.href = href; } },
       el("td", { class: "c-service" }, el("a", { href }, el("strong", {}, r.service))),
-      el("td", { class: "c-kernels" }, el("span", { class: "kset" }, r.kernels, el("span", { class: "arrow", "aria-label": "replacing" }, "→"), r.production_kernels)),
+      el("td", { class: "c-kernels" }, el("span", { class: "kset" }, r.kernels, el("span", { class: "arrow", "aria-label": "replacing" }, "→"), r.production_kernels),
+        r.flags && r.flags.length ? el("div", { class: "flags muted small", title: "engine flags the canary changes" }, r.flags.join(" · ")) : null),
       el("td", { class: "c-phase" }, badge(r.phase)),
       el("td", { class: "c-weight" }, weightBar(r.weights, r.phase)),
       el("td", { class: "c-check" }, r.ended ? ending(r.ended) : checkLine(r.last_check)),
