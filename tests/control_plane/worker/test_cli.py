@@ -56,6 +56,7 @@ def test_rollout_lifecycle_through_the_cli(tmp_path, capsys):
     assert hook.flush(10)
     rc, out = cli(capsys, "rollout", "show", rid, "--store", db)
     assert rc == 0 and "phase succeeded" in out and "paused by alice" in out
+    assert f"rollout {rid}  service chat  canary triton-v1 with --seed 7  production torch" in out   # its flags
     assert "notifications (webhook deliveries):" in out and rx.url not in out
     assert [b["event"] for b in rx.bodies] == ["started", "step", "paused", "resumed", "promoting", "promoted"]
     assert out.count(" sent") == len(rx.bodies)
