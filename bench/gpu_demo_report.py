@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sits.control_plane.adapters.deploy.engine_args import flag_changes  # noqa: E402
 from sits.control_plane.demo.profiles import GPU_SCENARIOS, SCENARIOS  # noqa: E402
 from sits.control_plane.store.db import Store  # noqa: E402
 
@@ -53,24 +54,17 @@ def per_lane(log: str, pattern: str, services: list[str]) -> dict[str, list[str]
     return caught
 
 
-def added_args(spec) -> tuple[str, ...]:
-    """The engine flags the canary gets on top of production's (a scenario's canary_args: e.g. kvfp8's)."""
-    shared = len(spec.production_args)
-    same = tuple(spec.canary_args[:shared]) == tuple(spec.production_args)
-    return tuple(spec.canary_args[shared:]) if same else tuple(spec.canary_args)
-
-
 def canary_of(r, spec) -> str:
-    """A rollout's canary as the demo names it: its kernel set and the flags it adds."""
-    return " ".join((r.canary_kernels, *added_args(spec)))
+    """A rollout's canary as the demo names it: its kernel set and the flags it changes."""
+    return " ".join((r.canary_kernels, *spec.changed_flags()))
 
 
-def scenario_of(kernels: str, production: str = "", args: tuple[str, ...] = ()) -> tuple[str, str]:
-    """(scenario name, expected phase) of a canary's kernel set and added flags (the GPU demo's, else the CPU
-    demo's), else (kernels, ?)."""
+def scenario_of(kernels: str, production: str = "", flags: list[str] | None = None) -> tuple[str, str]:
+    """(scenario name, expected phase) of a canary's kernel set and changed flags (DeploySpec.changed_flags; the GPU
+    demo's, else the CPU demo's), else (kernels, ?)."""
     for table in (GPU_SCENARIOS, SCENARIOS):
         sc = next((s for s in table.values() if s.canary_kernels(production or kernels) == kernels
-                   and s.canary_args == args), None)
+                   and flag_changes((), s.canary_args) == (flags or [])), None)
         if sc is not None:
             return sc.name, sc.expected.value
     return kernels, "?"
@@ -82,8 +76,8 @@ def decisions(rollouts, specs: dict | None = None) -> list[str]:
     DeploySpec (to tell a flag release such as kvfp8 from an A/A run of the same set)."""
     runs: dict[tuple[str, str, str], Counter] = defaultdict(Counter)
     for r in rollouts:
-        args = added_args(specs[r.id]) if specs and r.id in specs else ()
-        key = (" ".join((r.canary_kernels, *args)), *scenario_of(r.canary_kernels, r.production_kernels, args))
+        flags = specs[r.id].changed_flags() if specs and r.id in specs else []
+        key = (" ".join((r.canary_kernels, *flags)), *scenario_of(r.canary_kernels, r.production_kernels, flags))
         runs[key]["unfinished" if r.active else r.phase.value] += 1
     lines = [f"{'scenario':8} {'canary':22} {'runs':>4} {'promoted':>8} {'rolled back':>11} {'other':>5} "
              f"{'unfinished':>10}  as expected"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Sequence
 
-from sits.control_plane.adapters.deploy.engine_args import flag_changes
 from sits.control_plane.rollout import EventKind, Rollout
 from sits.control_plane.store.db import Store
 from sits.control_plane.view import CheckView, ReplicaView, ResultView, decode_check
@@ -176,8 +175,7 @@ def rollout_report(store: Store, rollout_id: str) -> list[str]:
     """`sits-control rollout show`: the rollout, its events, every check's evidence, the last check's percentiles
     against both targets, the last window's queries and the webhook deliveries."""
     r = store.get(rollout_id)
-    spec = store.spec(r.id)
-    flags = flag_changes(spec.production_args, spec.canary_args)   # what a release of engine flags changes
+    flags = store.spec(r.id).changed_flags()   # what a release of engine flags changes
     out = [f"rollout {r.id}  service {r.service}  canary {r.canary_kernels}"
            + (f" with {'; '.join(flags)}" if flags else "") + f"  production {r.production_kernels}",
            f"phase {r.phase.value} ({r.reason or '-'}); step {r.step + 1}/{len(r.policy.steps)} at {r.weight} %; "

@@ -7,7 +7,6 @@ import time
 
 from flask import Blueprint, current_app, jsonify, request, url_for
 
-from sits.control_plane.adapters.deploy.engine_args import flag_changes
 from sits.control_plane.service import rollouts as service
 from sits.control_plane.analysis import Policy
 from sits.control_plane.errors import ValidationError
@@ -52,7 +51,7 @@ def detail(r) -> dict:
         policy=r.policy.to_dict(), paused_from=r.paused_from.value if r.paused_from else None,
         variants=present.variants_of(r, spec.replicas if spec else None, actions),
         spec=None if spec is None else {**dataclasses.asdict(spec), "env": sorted(spec.env)},
-        flags=flag_changes(spec.production_args, spec.canary_args) if spec else [],
+        flags=spec.changed_flags() if spec else [],
         steps_timeline=present.step_timeline(r, actions, current_app.config.get("CLOCK", time.time)()),
         last_verdict=present.check_compact(last[0]) if last else None,
         correctness=present.correctness_of(s, r), low_traffic=present.low_traffic_of(r),
@@ -79,10 +78,7 @@ def list_rollouts():
     rs = store().list_summaries(active=active, service=svc, phase=phase, limit=limit, offset=offset)
     total = store().count(active=active, service=svc, phase=phase)
     specs = store().specs([r.id for r in rs])   # the engine flags each canary changes (a release of flags)
-    out = []
-    for r in rs:
-        spec = specs.get(r.id)
-        out.append({**_summary(r), "flags": flag_changes(spec.production_args, spec.canary_args) if spec else []})
+    out = [{**_summary(r), "flags": specs[r.id].changed_flags() if r.id in specs else []} for r in rs]
     return jsonify({"rollouts": out, "total": total, "limit": limit, "offset": offset})
 
 

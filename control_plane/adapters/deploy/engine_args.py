@@ -77,6 +77,7 @@ DEPLOYER_FLAGS = frozenset({"--host", "--port", "--listen-fd", "--env", "--servi
                             "--otlp-endpoint", "--tensor-parallel-size", *FAULT_FLAGS})
 # the deployer's flags a rollout sets through a field of its own (named in the refusal)
 FIELD_OF_FLAG = {"--model": "model", "--kernels": "kernels", "--tensor-parallel-size": "tensor_parallel_size"}
+_TAKES_VALUE = {**OPERATOR_FLAGS, **FAULT_FLAGS}
 MAX_ARGS = 64
 MAX_ARG_CHARS = 256
 # environment the deployer owns or that changes what code runs or where it connects: SITS_* (env/service labels,
@@ -134,30 +135,26 @@ def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERA
     return out
 
 
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value checked `args` give `flag` (`--flag V` or `--flag=V`; the last one, as argparse takes it), or None."""
-    value = None
-    for i, a in enumerate(args):
-        name, eq, v = a.partition("=")
-        if name == flag:
-            value = v if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return value
-
-
 def flag_map(args: Sequence[str]) -> dict[str, str | None]:
-    """Checked `args` as flag -> value (None for a flag that takes none); a repeated flag keeps its last value."""
+    """Checked `args` as flag -> value (`--flag V` or `--flag=V`; None for a flag that takes none); a repeated flag
+    keeps its last value, as argparse does."""
     out: dict[str, str | None] = {}
     i = 0
     while i < len(args):
         name, eq, value = args[i].partition("=")
         if eq:
             out[name] = value
-        elif {**OPERATOR_FLAGS, **FAULT_FLAGS}.get(name, False) and i + 1 < len(args):
+        elif _TAKES_VALUE.get(name, False) and i + 1 < len(args):
             out[name], i = args[i + 1], i + 1
         else:
             out[name] = None
         i += 1
     return out
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value checked `args` give `flag`, or None."""
+    return flag_map(args).get(flag)
 
 
 def flag_changes(production_args: Sequence[str], canary_args: Sequence[str]) -> list[str]:

@@ -50,6 +50,11 @@ class DeploySpec:
         v.tensor_parallel_size(self.tensor_parallel_size)
         v.gpus_hold_tensor_parallel(self.gpus, self.tensor_parallel_size)
 
+    def changed_flags(self) -> list[str]:
+        """The engine flags the canary changes from production's (engine_args.flag_changes): what a release of flags
+        on production's own kernel set releases."""
+        return engine_args.flag_changes(self.production_args, self.canary_args)
+
     def variant(self, service: str, role: str, kernels: str, *, ready_timeout_s: float | None = None) -> VariantSpec:
         """The variant of `role`; `ready_timeout_s` when the spec sets none (the worker passes the policy's)."""
         canary = role == "canary"
