@@ -180,3 +180,32 @@ def test_fused_prologue_check_counts_agreement_zero_tokens_and_finiteness_per_ru
     rows = [line.split() for line in mod.summary(got, "head")[2:]]
     assert rows == [["triton-v1.5", "graphs", "6/6", "0", "True"], ["triton-v1.6", "graphs", "2/6", "4", "True"],
                     ["triton-v1.6", "eager", "5/6", "0", "False"]]
+
+
+def test_fused_prologue_served_flags_token_zero_and_forced_misses_and_tabulates_skips():
+    # bench/fused_prologue_served.py (the servers need a device for the real case): which prompts it reports, and
+    # its table with a skipped restart
+    spec = importlib.util.spec_from_file_location("fused_prologue_served", REPO / "bench" / "fused_prologue_served.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # its dataclass looks its module up while the module runs
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    from sits.control_plane.analysis import Continuation, PromptReplay, TokenLogprob
+
+    def cont(ids, top1s=None):
+        # a position is top-1 unless another token has a higher logprob
+        lps = tuple(TokenLogprob(t, -0.1, ((t, -0.1),) if ok else ((t + 1, -0.01),))
+                    for t, ok in zip(ids, top1s or [True] * len(ids)))
+        return Continuation(tuple(ids), "x", lps)
+    good = PromptReplay("a", cont([5, 6, 7]), cont([5, 6, 7]), cont([5, 6, 7]))
+    zeros = PromptReplay("b", cont([5, 6, 7]), cont([5, 0, 0]), cont([5, 6, 7], [True, False, False]))
+    first_zero = PromptReplay("c", cont([0, 6]), cont([0, 6]), cont([0, 6]))   # token 0 first: not flagged
+    assert mod.suspicious([good, zeros, first_zero]) == [{"index": 1, "zeros": 2, "forced_top1": 1 / 3, "error": ""}]
+    rows = [{"replay": "v1.6 vs v1.5", "concurrency": 4, "outcome": "fail", "top1": 0.7285, "suspicious":
+             [{"index": 4, "zeros": 2}, {"index": 8, "zeros": 4}]},
+            {"replay": "eager: v1.6 --enforce-eager", "skipped": "20 s of the budget left, a start took 80 s"}]
+    lines = mod.table(rows, "head")
+    assert lines[2].split() == ["v1.6", "vs", "v1.5", "4", "fail", "0.729", "2", "4:2", "8:4"]
+    assert "skipped" in lines[3] and "a start took 80 s" in lines[3]

@@ -74,7 +74,7 @@ GPU_SCENARIOS = {s.name: s for s in (
              "a BAD fused release (SiLU-and-mul in the down projection's prologue with int8/fp8 weights at decode "
              "sizes: 3-5x slower than v1.5's two ops at llama3-8b's shapes with int8): with --model llama3-8b "
              "--engine-arg '--quantization int8' --production-kernels triton-v1.5 it must be rolled back (on the "
-             "H200 the answer-level gate did it first: degenerate continuations from its decode steps, the op "
+             "H200 the answer-level gate did it first: degenerate answers from its engine, the op "
              "itself within tolerance; at the tiny model's sizes it is neither slow nor caught)"),
     Scenario("kvfp8", None, Phase.SUCCEEDED,
              "an ENGINE FLAG release (production's own kernels, an FP8 KV cache on the canary: e4m3 pages, twice "
