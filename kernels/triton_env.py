@@ -252,6 +252,25 @@ def tuned_launcher(autotuned, key) -> FastLauncher | None:
     return _LAUNCHERS.get((autotuned, key))
 
 
+def settle_before_tuning(args) -> None:
+    """Wait for the caller's CUDA stream before an autotuner may benchmark on `args`' buffers.
+
+    Triton times the candidates on a fresh side stream that does not wait for the caller's stream, on the caller's
+    buffers: the output and the fp32 partials, allocated on the caller's stream (where memory freed a moment ago may
+    still be read by its queued kernels), and a split-K kernel's lock counters, which every split-K launch of that
+    stream shares (kernels/linear.py). Kernels still queued there would race the candidates on them. Tuning runs once
+    per key, outside CUDA graph captures (engine/execution/cuda_graphs.py), so the wait costs nothing that counts;
+    inside a capture it cannot wait and does not."""
+    dev = next((a.device for a in args if isinstance(getattr(a, "device", None), torch.device)
+                and a.device.type == "cuda"), None)
+    if dev is not None and not torch.cuda.is_current_stream_capturing():
+        _wait_for_stream(dev)
+
+
+def _wait_for_stream(device: torch.device) -> None:
+    torch.cuda.current_stream(device).synchronize()
+
+
 def fast_tuned(autotuned, fn, key, grid, *args, derived=None, **constexprs) -> None:
     """Launch autotuned kernel `autotuned` (a triton.autotune over `fn`): the first call for `key` tunes through
     Triton's autotuner; later calls launch the winner through a FastLauncher. `grid`: a tuple, or a function of the
@@ -259,6 +278,7 @@ def fast_tuned(autotuned, fn, key, grid, *args, derived=None, **constexprs) -> N
     the config (the launcher calls `fn` itself, without them)."""
     launcher = _LAUNCHERS.get((autotuned, key))
     if launcher is None:
+        settle_before_tuning(args)
         autotuned[grid](*args, **constexprs)
         best = autotuned.best_config
         _LAUNCHERS[(autotuned, key)] = FastLauncher(fn, **best.all_kwargs(), **(derived(best) if derived else {}),

@@ -157,3 +157,42 @@ def test_fast_launch_repeats_match_the_reference_and_respecialize():
         check_op_on_gpu("rms_norm", (h, w, 1e-5), torch.bfloat16)
         check_op_on_gpu("fused_add_rms_norm", (h, h.flip(0), w, 1e-5), torch.bfloat16)
         check_op_on_gpu("silu_and_mul", (torch.randn(5, 2 * 1024, generator=g).bfloat16(),), torch.bfloat16)
+
+
+def test_fast_tuned_waits_for_the_callers_stream_before_tuning_only(monkeypatch):
+    # Triton benchmarks candidates on a side stream that does not wait for the caller's: kernels still queued there
+    # would race them on shared split-K lock counters and on freshly reused memory. The first call of a key waits
+    # for the caller's stream (not inside a capture); later calls launch without waiting.
+    monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: False)
+    waited = []
+    monkeypatch.setattr(triton_env, "_wait_for_stream", waited.append)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    class OnCuda:   # a stand-in for a CUDA tensor (no GPU here)
+        device = torch.device("cuda", 1)
+
+    class Best:
+        kwargs = {"BLOCK": 32}
+
+        def all_kwargs(self):
+            return {"BLOCK": 32}
+
+    class Autotuned:
+        best_config = Best()
+        calls = []
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: self.calls.append(args)
+
+    jit = _Jit()
+    tuned = Autotuned()
+    x = OnCuda()
+    for _ in range(3):
+        triton_env.fast_tuned(tuned, jit, ("k", 1), (1,), x, 32, 0.5, FLAG=True)
+    assert waited == [torch.device("cuda", 1)] and len(tuned.calls) == 1
+    capturing[0] = True    # inside a capture it cannot wait
+    triton_env.fast_tuned(tuned, jit, ("k", 2), (1,), x, 32, 0.5, FLAG=True)
+    assert waited == [torch.device("cuda", 1)] and len(tuned.calls) == 2
+    triton_env.fast_tuned(tuned, jit, ("k", 3), (1,), torch.zeros(4), 32, 0.5, FLAG=True)   # CPU tensors: nothing
+    assert len(waited) == 1 and len(tuned.calls) == 3
