@@ -21,6 +21,9 @@
 #                                  # (e.g. "--kv-cache-dtype fp8" with SITS_FUSED_ROWS=b256-fp8)
 #   bench/gpu_session.sh fused-rows  # bench/fused_rows.py: v1.6's fused op against v1.5's two ops at the down
 #                                  # projection by rows, and a sweep of launch configs with and without the prologue
+#   bench/gpu_session.sh prologue-served  # bench/fused_prologue_served.py under CUDA MPS as the demo ran it
+#                                  # (SITS_MPS=off: without): triton-v1.6's gate replay against served engines, per
+#                                  # canary variant (A/A, eager, no piecewise graphs, no split-K)
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
@@ -259,6 +262,21 @@ run_fused_rows() {
     "fused SiLU-and-mul (v1.6 prologue, v1.7 epilogue) by rows" "a GPU"
 }
 
+run_prologue_served() {
+  # the product's gate replay against a triton-v1.5 baseline and a triton-v1.6 canary engine (llama3-8b int8), under
+  # CUDA MPS as bench/gpu_demo.sh prologue ran them, then per canary variant
+  if [[ "$phase" == dry-run ]]; then
+    summary+=("prologue served | skipped | 0 s | bench/fused_prologue_served.py needs a GPU (on CPU: --device cpu)")
+    return
+  fi
+  source bench/mps.sh
+  mps_start "$out"
+  echo "== engines share the GPU by: $SHARING"
+  gpu_bench "prologue served" bench/fused_prologue_served.py prologue-served "${SITS_PROLOGUE_BUDGET_S:-570}" \
+    "triton-v1.6's gate replay against served engines" "a GPU"
+  mps_stop "$out"
+}
+
 run_fp8_attention() {
   gpu_bench "fp8 attention" bench/decode_attention_fp8.py decode-attention-fp8 "${SITS_FP8_ATTENTION_BUDGET_S:-420}" \
     "FP8 decode attention" "a GPU with fp8 conversion"
@@ -309,10 +327,11 @@ for ph in "${phases[@]}"; do
     fp8) run_fp8 ;;
     fp8-rows) run_fp8_rows ;;
     fused-rows) run_fused_rows ;;
+    prologue-served) run_prologue_served ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|prologue-served|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -328,6 +347,9 @@ if [[ -f "$out/decode-attention-fp8.log" ]]; then
 fi
 if [[ -f "$out/fused-rows.log" ]]; then
   sed -n '/^autotune winners/,$p' "$out/fused-rows.log"
+fi
+if [[ -f "$out/prologue-served.log" ]]; then
+  sed -n '/: the product.s gate replay/,$p' "$out/prologue-served.log"
 fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
