@@ -91,9 +91,20 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return data, scale
 
 
+@functools.lru_cache(maxsize=None)
+def _decode_table(dtype: torch.dtype) -> torch.Tensor:
+    """Every e4m3fn byte's value in `dtype` (on the CPU), indexed by the byte."""
+    return torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).to(dtype)
+
+
 def dequantize(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """data * scale[..., None] in `dtype`, computed in fp32 (fp64 for fp64)."""
+    """data * scale[..., None] in `dtype`, computed in fp32 (fp64 for fp64). On the CPU the bytes are looked up in a
+    256-entry table: torch converts e4m3 there one element at a time, which made the torch set's decode steps over
+    FP8 pages ~1.8x as long as over plain ones (the same values: every byte's exact conversion)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if data.device.type == "cpu":
+        values = _decode_table(acc).take(data.view(torch.uint8).long()).view(data.shape)
+        return values.mul_(scale.to(acc)[..., None]).to(dtype)
     return (data.to(acc) * scale.to(acc)[..., None]).to(dtype)
 
 
@@ -130,8 +141,9 @@ def _bytes(data: torch.Tensor) -> torch.Tensor:
 
 def take_blocks(cache, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """cache[index] in `dtype`: whole blocks of plain or FP8 pages ([*index.shape, block_size, kv_heads, head_dim])."""
-    if isinstance(cache, Fp8Pages):
-        return dequantize(_bytes(cache.data)[index].view(FP8_DTYPE), cache.scale[index], dtype)
+    if isinstance(cache, Fp8Pages):   # each distinct block dequantized once (a batch's tables repeat padding blocks)
+        blocks, where = torch.unique(index, return_inverse=True)
+        return dequantize(_bytes(cache.data)[blocks].view(FP8_DTYPE), cache.scale[blocks], dtype)[where]
     return cache[index].to(dtype)
 
 

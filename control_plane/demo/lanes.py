@@ -11,12 +11,15 @@ import httpx
 
 from sits.control_plane.adapters.kernel_catalog import KernelCatalog
 from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
+from sits.control_plane.adapters.deploy.engine_args import flag_changes, with_flags
 from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.demo import narrate
 from sits.control_plane.demo.gpu_memory import GpuMemorySampler
 from sits.control_plane.demo.loadgen import LoadGenerator
 from sits.control_plane.demo.model import DemoModel
 from sits.control_plane.demo.profiles import Scenario
+from sits.control_plane.errors import ValidationError
+from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout
 from sits.control_plane.store.db import Store
 from sits.wire.tracing import Tracing
@@ -67,6 +70,10 @@ class Lane:
         self.load: LoadGenerator | None = None
         self.gpu_memory: GpuMemorySampler | None = None
         self.rollouts: list[tuple[str, Scenario, str]] = []
+        # what production runs: the configured set and every engine's flags, then each promoted canary's (a later
+        # scenario is compared with it, as a later rollout through the API would be)
+        self.production_kernels: str = cfg.production_kernels
+        self.production_args: tuple[str, ...] = spec.production_args
 
     def start(self, model: DemoModel) -> None:
         cfg, prof, out = self.cfg, self.cfg.profile, self.out
@@ -101,17 +108,27 @@ class Lane:
         assert load is not None, "start() first"
         for i, name in enumerate(self.scenarios):
             sc = cfg.scenario(name)
+            production = self.production_kernels
             out("")
-            out(f"[4/4] canary {i + 1}/{len(self.scenarios)} ({name}): {sc.canary(cfg.production_kernels)} - "
-                f"{sc.what}")
-            spec = dataclasses.replace(self.spec, canary_args=(*self.spec.canary_args, *sc.canary_args))
-            ro = start_rollout(self.store, self.service, sc.canary_kernels(cfg.production_kernels),
-                               cfg.production_kernels, cfg.policy, spec, actor="demo", kernel_sets=self.catalog,
-                               local_models=True)
+            out(f"[4/4] canary {i + 1}/{len(self.scenarios)} ({name}): {sc.canary(production)} - {sc.what}")
+            spec = dataclasses.replace(self.spec, production_args=self.production_args,
+                                       canary_args=with_flags(self.production_args, sc.canary_args))
+            if (production, self.production_args) != (cfg.production_kernels, self.spec.production_args):
+                changed = flag_changes(self.spec.production_args, self.production_args)
+                out(f"      production now runs {production}" + (f" with {', '.join(changed)}" if changed else "")
+                    + " (promoted earlier in this lane): the canary is compared with that")
+            try:
+                ro = start_rollout(self.store, self.service, sc.canary_kernels(production), production, cfg.policy,
+                                   spec, actor="demo", kernel_sets=self.catalog, local_models=True)
+            except ValidationError as e:   # e.g. a set that cannot read the FP8 pages a promoted release left
+                out(f"      => NOT RUN: the product refuses this rollout: {e}")
+                continue
             out(f"      rollout {ro.id}: {ui_url}rollouts/{ro.id}")
             before = load.counts()
             phase = narrate.follow(self.store, ro.id, load, cfg.policy, cfg.rollout_timeout_s, out)
             self.rollouts.append((ro.id, sc, phase))
+            if phase == Phase.SUCCEEDED.value:   # the deployer made the canary production
+                self.production_kernels, self.production_args = ro.canary_kernels, spec.canary_args
             if cfg.profile.device != "cpu":
                 narrate.scenario_load(load, before, out, self.gpu_memory.take() if self.gpu_memory else None)
             verdict = "as expected" if phase == sc.expected.value else "NOT the expected " + sc.expected.value

@@ -141,6 +141,9 @@ def summary(result: DemoResult, store: Store, loads: list[tuple[str, LoadGenerat
         if r.replayed_requests:
             out(f"     low-traffic mode replayed {r.replayed_requests:.0f} requests to the canary (and as many to the "
                 "baseline) next to the live ones")
+    if len(result.rollouts) < result.wanted:
+        out(f"  {result.wanted - len(result.rollouts)} scenario(s) NOT RUN: the product refused their rollouts (the "
+            "lines above say why)")
     for tag, load in loads:
         counts = load.counts()
         out(f"  load{f' [{tag}]' if tag else ''}: " + "; ".join(

@@ -93,9 +93,13 @@ def create_rollout():
         kept = {k: old_spec[k] for k in validate.RETRY_KEEPS}   # what a body cannot say: as the old rollout had it
     body = validate.create_body(body)
     policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
-    production = body.get("production_kernels") or _current_production(body["service"])
-    spec = {"model": body.get("model") or "tiny", "canary_args": body.get("args") or [],
-            "production_args": body.get("production_args") or []}
+    # what the body leaves out is what the service's production runs now (its kernel set and engine flags, those of
+    # the last promoted canary), so a canary changes only what it names; the canary's args default to production's
+    current_kernels, current_args = _current_production(body["service"])
+    production = body.get("production_kernels") or current_kernels
+    production_args = body["production_args"] if body.get("production_args") is not None else current_args
+    spec = {"model": body.get("model") or "tiny", "production_args": production_args,
+            "canary_args": body["args"] if body.get("args") is not None else production_args}
     spec.update({k: body[k] for k in ("replicas", "gpus", "device", "ready_timeout_s", "tensor_parallel_size")
                  if body.get(k) is not None})
     spec.update(kept)
@@ -113,11 +117,12 @@ def policy_defaults() -> Policy:
     return Policy.from_dict(current_app.config["POLICY_DEFAULTS"] or {})
 
 
-def _current_production(name: str) -> str:
+def _current_production(name: str) -> tuple[str, list[str]]:
+    """(kernel set, engine flags) the service's production runs now; ("torch", []) for a new service."""
     for s in catalog.services(store(), spec_or_none):
         if s["service"] == name:
-            return s["production_kernels"]
-    return "torch"
+            return s["production_kernels"], s["production_args"]
+    return "torch", []
 
 
 @bp.get("/rollouts/<rollout_id>")

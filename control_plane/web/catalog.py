@@ -25,7 +25,7 @@ def replica_limit(config) -> dict:
 
 def services(store, spec_of) -> list[dict]:
     """Each service seen in the store with what production runs now, from its latest rollout: the canary's kernel
-    set if that rollout succeeded, else the production it was compared with. Readiness is the production variant's
+    set and engine flags if that rollout succeeded, else the production it was compared with. Readiness is the production variant's
     as the worker last observed it, and where its traffic enters as the worker last deployed it (views never ask the
 deployer)."""
     routers = store.services.routers()
@@ -37,8 +37,10 @@ deployer)."""
         r = latest[name]
         spec = spec_of(r.id)
         ready, seen_at = _production_ready(store, r)
-        out.append({"service": name, "production_kernels": r.canary_kernels if r.phase is Phase.SUCCEEDED
-                    else r.production_kernels, "model": spec.model if spec else None,
+        promoted = r.phase is Phase.SUCCEEDED
+        out.append({"service": name, "production_kernels": r.canary_kernels if promoted else r.production_kernels,
+                    "production_args": list((spec.canary_args if promoted else spec.production_args) if spec else ()),
+                    "model": spec.model if spec else None,
                     "replicas": spec.replicas if spec else None,
                     "ready": ready, "ready_seen_at": seen_at, "watched": r.active,
                     "latest_rollout": {"id": r.id, "phase": r.phase.value, "kernels": r.canary_kernels,

@@ -168,8 +168,13 @@ def openapi_spec() -> dict:
                                                        "policy's ready_timeout_s"},
                                    "policy": {"type": "object", "description": "fields of Policy (steps, checks, "
                                               "check_interval_s, compare_to, ...); defaults from GET /config"},
-                                   "args": {"type": "array", "items": {"type": "string"}},
-                                   "production_args": {"type": "array", "items": {"type": "string"}},
+                                   "args": {"type": "array", "items": {"type": "string"},
+                                            "description": "the canary's extra `sits-engine serve` flags; default: "
+                                            "production_args (a canary changes only what it names)"},
+                                   "production_args": {"type": "array", "items": {"type": "string"},
+                                                       "description": "production's and the baseline's flags; "
+                                                       "default: what the service's production runs now (the "
+                                                       "last promoted canary's flags)"},
                                    "retry_of": {"type": "string", "description": "retry an ended rollout that did "
                                                 "not succeed (rolled back, aborted, failed): the new rollout is "
                                                 "linked to it (its retry_of; the old one's retried_as), and every "

@@ -144,3 +144,43 @@ def test_two_lanes_run_side_by_side_and_the_summary_covers_both(tmp_path):
         rows = sorted(db.execute("SELECT service, phase FROM rollouts"))
     assert rows == [("demo-1", "rolled_back"), ("demo-2", "rolled_back")]
     assert not engine_pids("demo-1", under=tmp_path) and not engine_pids("demo-2", under=tmp_path)
+
+
+def test_a_lane_compares_each_scenario_with_what_production_runs_after_a_promotion(tmp_path, monkeypatch):
+    # a release train: kvfp8 promoted leaves production on torch with an FP8 KV cache, so the next scenario's
+    # baseline runs those flags and its canary keeps them (adding none twice); a rolled-back one changes nothing; a
+    # set that cannot read those pages is refused by the product and reported, and the lane goes on
+    import dataclasses
+
+    from sits.control_plane.adapters.kernel_catalog import KernelCatalog
+    from sits.control_plane.demo import lanes, narrate
+    outcomes = iter([Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.SUCCEEDED])
+
+    def follow(store, rid, load, policy, timeout, out):   # the worker's part: the rollout ends as scripted
+        r = store.get(rid)
+        store.save(dataclasses.replace(r, phase=next(outcomes)))
+        return store.get(rid).phase.value
+    monkeypatch.setattr(narrate, "follow", follow)
+
+    class Load:
+        def counts(self):
+            return {}
+    cfg = DemoConfig(scenarios=("kvfp8", "good", "slow", "kvfp8"), workdir=str(tmp_path))
+    lines = []
+    with Store(str(tmp_path / "s.db")) as store:
+        base = DeploySpec(production_args=("--max-num-seqs", "8"), canary_args=("--max-num-seqs", "8"))
+        lane = lanes.Lane(cfg, 0, cfg.scenarios, lines.append, deployer=None, store=store,
+                          catalog=KernelCatalog.shipped(), spec=base, tracing=None)
+        lane.load = Load()
+        lane.run("http://ui/")
+        got = [(r.production_kernels, r.canary_kernels, store.spec(r.id).production_args, store.spec(r.id).canary_args)
+               for r in sorted(store.list(limit=10), key=lambda r: r.created_at)]
+    eight, kv = ("--max-num-seqs", "8"), ("--max-num-seqs", "8", *KV_FP8)
+    assert got == [("torch", "torch", eight, kv),                   # the flag release
+                   ("torch", "torch", kv, kv),                      # compared with production's FP8 pages
+                   ("torch", "torch", kv, kv)]                       # the flag again: nothing added twice
+    assert sum("production now runs torch with --kv-cache-dtype fp8" in line for line in lines) == 3
+    refused = [line for line in lines if "NOT RUN" in line]
+    assert len(refused) == 1 and "torch-slow-attn reads auto only" in refused[0]
+    assert (lane.production_kernels, lane.production_args) == ("torch", kv)
+    assert [sc.name for _, sc, _ in lane.rollouts] == ["kvfp8", "good", "kvfp8"]

@@ -239,3 +239,23 @@ def test_rope_and_cache_fp8_llama_shape():
     same_k = (kc.data.view(torch.uint8) == kr.data.view(torch.uint8)).float().mean().item()
     assert same_k >= 0.95, same_k
     torch.testing.assert_close(kc.scale, kr.scale, rtol=2 ** -7, atol=0)
+
+
+def test_fp8_pages_dequantize_exactly_on_cpu_and_gather_repeated_blocks_once():
+    # the CPU path looks every byte up in a table instead of torch's element-by-element e4m3 conversion: the same
+    # values for every finite byte; take_blocks dequantizes each distinct block once and still returns one per index
+    from sits.kernels.kv_fp8 import FP8_DTYPE, dequantize, take_blocks
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = ~torch.isnan(codes.view(FP8_DTYPE).to(torch.float32))
+    data = codes[finite].view(FP8_DTYPE).reshape(1, 1, 2, 127)
+    scale = torch.tensor([[[0.5, 3.0]]])
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        want = (data.to(torch.float64) * scale.to(torch.float64)[..., None]).to(dtype)
+        assert torch.equal(dequantize(data, scale, dtype), want), dtype
+    g = torch.Generator().manual_seed(3)
+    pages = Fp8Pages(torch.randn(6, 4, 2, 8, generator=g).mul(50).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE),
+                     torch.rand(6, 4, 2, generator=g) + 0.1)
+    index = torch.tensor([[3, 0, 0, 0], [5, 3, 1, 0]])   # padding repeats block 0
+    got = take_blocks(pages, index, torch.float32)
+    assert got.shape == (2, 4, 4, 2, 8)
+    assert torch.equal(got, pages.dequantize(torch.float32)[index])

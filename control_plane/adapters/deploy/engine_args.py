@@ -152,6 +152,24 @@ def flag_map(args: Sequence[str]) -> dict[str, str | None]:
     return out
 
 
+def _groups(args: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """Checked `args` split into (flag, its tokens): `--flag V`, `--flag=V` or `--flag` alone."""
+    out, i = [], 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        n = 2 if not eq and _TAKES_VALUE.get(name, False) and i + 1 < len(args) else 1
+        out.append((name, tuple(args[i:i + n])))
+        i += n
+    return out
+
+
+def with_flags(args: Sequence[str], extra: Sequence[str]) -> tuple[str, ...]:
+    """`args` with `extra`'s flags set: every flag `extra` gives is taken out of `args` (with its value), then
+    `extra` follows, so a flag never appears twice (`--kv-cache-dtype fp8` over args that already set it)."""
+    given = {name for name, _ in _groups(extra)}
+    return (*(t for name, tokens in _groups(args) if name not in given for t in tokens), *extra)
+
+
 def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value checked `args` give `flag`, or None."""
     return flag_map(args).get(flag)

@@ -3,7 +3,7 @@ service share it); the flags the deployer owns (listen address, labels, tracing,
 the flag."""
 import pytest
 
-from sits.control_plane.adapters.deploy.engine_args import check_args, flag_changes, flag_map, flag_value
+from sits.control_plane.adapters.deploy.engine_args import check_args, flag_changes, flag_map, flag_value, with_flags
 from sits.control_plane.adapters.deploy import VariantSpec
 from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.errors import ValidationError
@@ -178,6 +178,16 @@ def test_flag_changes_name_what_the_canary_adds_changes_and_drops():
                                           "--quantization fp8 (production: int8)"]
     assert flag_changes(prod, prod) == [] and flag_changes([], []) == []
     assert flag_map(["--no-warmup", "--seed", "1", "--seed", "2"]) == {"--no-warmup": None, "--seed": "2"}
+
+
+def test_with_flags_sets_each_given_flag_once_keeping_the_rest_in_order():
+    prod = ["--max-num-seqs", "64", "--kv-cache-dtype=auto", "--enforce-eager", "--seed", "7"]
+    assert with_flags(prod, ["--kv-cache-dtype", "fp8"]) == ("--max-num-seqs", "64", "--enforce-eager", "--seed", "7",
+                                                             "--kv-cache-dtype", "fp8")
+    assert with_flags(prod, ["--enforce-eager", "--seed=8"]) == ("--max-num-seqs", "64", "--kv-cache-dtype=auto",
+                                                                 "--enforce-eager", "--seed=8")
+    assert with_flags(prod, []) == tuple(prod) and with_flags([], ["--no-warmup"]) == ("--no-warmup",)
+    assert flag_map(with_flags(prod, ["--kv-cache-dtype", "fp8"]))["--kv-cache-dtype"] == "fp8"
 
 
 @pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_INTERPRET", "GLIBC_TUNABLES", "HTTP_PROXY", "https_proxy",

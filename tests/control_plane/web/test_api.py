@@ -117,6 +117,32 @@ def test_create_defaults_production_to_what_the_service_runs_now(client, store):
     assert r.get_json()["production_kernels"] == "triton-v1.1"
 
 
+def test_create_defaults_both_variants_flags_to_what_production_runs_after_a_promoted_flag_release(client, store):
+    # a promoted engine-flag release (production's set with an FP8 KV cache on the canary) leaves production running
+    # those flags: a later canary that names none must be compared with a baseline that has them, and runs them
+    # itself (it changes only what it names); given flags are kept, an explicit empty list too
+    kv = ["--kv-cache-dtype", "fp8"]
+    ro = new_rollout(store, canary="triton-v1.5", production="triton-v1.5",
+                     spec={"production_args": ["--max-num-seqs", "64"], "canary_args": ["--max-num-seqs", "64", *kv]})
+    drive(store, ro.id, 40)
+    assert store.get(ro.id).phase is Phase.SUCCEEDED
+    svc = {s["service"]: s for s in client.get("/api/v1/services", headers=auth("viewer")).get_json()["services"]}
+    assert svc["chat"]["production_kernels"] == "triton-v1.5"
+    assert svc["chat"]["production_args"] == ["--max-num-seqs", "64", *kv]
+    r = client.post("/api/v1/rollouts", json={"service": "chat", "kernels": "triton-v1.8"}, headers=auth("operator"))
+    assert r.status_code == 201, r.get_json()
+    spec = store.spec(r.get_json()["id"])
+    assert spec.production_args == spec.canary_args == ("--max-num-seqs", "64", *kv)
+    assert r.get_json()["flags"] == []    # nothing differs: the canary changes its kernels alone
+    client.post(f"/api/v1/rollouts/{r.get_json()['id']}/abort", headers=auth("operator"))
+    drive(store, r.get_json()["id"], 5)
+    r = client.post("/api/v1/rollouts", json={"service": "chat", "kernels": "triton-v1.8", "args": [],
+                                              "production_args": ["--max-num-seqs", "32"]}, headers=auth("operator"))
+    assert r.status_code == 201, r.get_json()
+    spec = store.spec(r.get_json()["id"])
+    assert spec.production_args == ("--max-num-seqs", "32") and spec.canary_args == ()
+
+
 def test_duplicate_active_rollout_is_409_and_changes_nothing(client, store):
     new_rollout(store)
     before = snapshot(store)

@@ -209,6 +209,25 @@ def test_services_say_where_traffic_enters_for_a_production_deployed_before(brow
         assert row.locator('td[data-label="Traffic to"]').inner_text() == "mem://fresh"
 
 
+@BOTH
+def test_after_a_promoted_flag_release_production_shows_its_flags_and_the_form_says_who_gets_them(browser, sc,
+                                                                                                   width):
+    with browser.page("operator", width) as page:
+        page.goto(browser.url + "/services")
+        row = page.locator("tr", has=page.locator('a[href="/services/kv"]'))
+        assert "--kv-cache-dtype fp8" in row.locator('td[data-label="Production"]').inner_text()
+        page.goto(browser.url + "/rollouts/new?service=kv")
+        note = page.locator("#production-flags")
+        note.wait_for()
+        assert note.is_visible() and page.locator("#production-flags-value").inner_text() == "--kv-cache-dtype fp8"
+        assert page.locator("#args").get_attribute("placeholder") == "--kv-cache-dtype fp8"
+        assert page.locator("#production_kernels").input_value() == "triton-v1.5"
+        shot(page, "new-canary-production-flags")
+        page.locator("#service").fill("brand-new")   # a service with no production yet: no note
+        page.locator("#service").dispatch_event("input")
+        assert not note.is_visible()
+
+
 # cosmetic --------------------------------------------------------------------------------------------------------
 CONTRAST = """(sel) => {
   const lum = (c) => { const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map((x) => { x = x / 255;

@@ -8,7 +8,8 @@ metrics, frozen clock):
 - wrong: a correctness gate that FAILED before traffic (a wrong canary), rolled back;
 - queue: pending (no worker picks it up here), no checks;
 - hold: progressing, then paused by otto;
-- fresh: production deployed before its first rollout (as the demo does), the rollout then run by the worker.
+- fresh: production deployed before its first rollout (as the demo does), the rollout then run by the worker;
+- kv: an engine-flag release (triton-v1.5 with --kv-cache-dtype fp8 on the canary) promoted.
 """
 from __future__ import annotations
 
@@ -98,11 +99,17 @@ def build(path: str):
     sc.fresh = start("fresh", "triton-v1.1", "triton-v1", t + 10)
     t = _drive(store, sc.fresh, deployer, CannedSource(rate=20.0), t + 10, 3)
 
+    # an engine-flag release promoted: production now runs triton-v1.5 with an FP8 KV cache
+    sc.flag_release = start_rollout(store, "kv", "triton-v1.5", "triton-v1.5", POLICY,
+                                    DeploySpec(canary_args=("--kv-cache-dtype", "fp8")), now=t + 10, actor="otto").id
+    t = _drive(store, sc.flag_release, InMemoryDeployer(), CannedSource(rate=20.0), t + 10, 200, until=ended)
+
     sc.pending = start("queue", "triton-v1.1", "triton-v1", t + 10)   # last: no worker pass picks it up
     sc.clock = t + 10
     for rid, phase in ((sc.failed_promote, Phase.FAILED), (sc.unknown_model, Phase.ROLLED_BACK),
                        (sc.gate_failed, Phase.ROLLED_BACK), (sc.pending, Phase.PENDING), (sc.paused, Phase.PAUSED),
-                       (sc.fresh, Phase.PROGRESSING), (sc.running, Phase.PROGRESSING)):
+                       (sc.fresh, Phase.PROGRESSING), (sc.running, Phase.PROGRESSING),
+                       (sc.flag_release, Phase.SUCCEEDED)):
         got = store.get(rid)
         assert got.phase is phase, (rid, got.phase, got.reason)
     return sc

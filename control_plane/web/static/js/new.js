@@ -78,8 +78,18 @@
     const nums = parts.map(Number);
     return nums.every((n) => Number.isInteger(n)) ? nums : null;
   }
+  // production's engine flags (the last promoted canary's): the server gives them to the baseline, and to the
+  // canary when its field is empty
+  function updateProductionFlags(s) {
+    const flags = (s && s.production_args) || [];
+    $("production-flags").hidden = !flags.length;
+    $("production-flags-value").textContent = flags.join(" ");
+    $("args").placeholder = flags.length ? flags.join(" ") : "--max-num-seqs 64";
+    if (flags.length) document.querySelector("details.advanced").open = true;
+  }
   $("service").addEventListener("input", () => {
     const s = services.find((x) => x.service === $("service").value);
+    updateProductionFlags(s);
     if (s && byName[s.production_kernels]) { $("production_kernels").value = s.production_kernels; updateChanges(); }
   });
   $("kernels").addEventListener("change", updateChanges);
@@ -91,6 +101,7 @@
     $("service").value = pre.get("service");
     const s = services.find((x) => x.service === pre.get("service"));   // production: what the service runs now
     if (s && byName[s.production_kernels]) $("production_kernels").value = s.production_kernels;
+    updateProductionFlags(s);
   }
   // a set the link names but the catalogue lacks: nothing is chosen for it, and the field says why
   const unknown = [];
