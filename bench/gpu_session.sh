@@ -24,6 +24,8 @@
 #   bench/gpu_session.sh prologue-served  # bench/fused_prologue_served.py under CUDA MPS as the demo ran it
 #                                  # (SITS_MPS=off: without): triton-v1.6's gate replay against served engines, per
 #                                  # canary variant (A/A, eager, no piecewise graphs, no split-K)
+#   bench/gpu_session.sh prologue-pattern  # bench/fused_prologue_pattern.py: the gate's request pattern through
+#                                  # LLMEngine in-process (v1.5 control, then v1.6), with every weight fingerprinted
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
 #                                  # cache) and triton-v1.1, then bench/int8_rows.py (the int8 linear by row count:
 #                                  # Triton vs dequantize + cuBLAS vs bf16 cuBLAS)
@@ -277,6 +279,11 @@ run_prologue_served() {
   mps_stop "$out"
 }
 
+run_prologue_pattern() {
+  gpu_bench "prologue pattern" bench/fused_prologue_pattern.py prologue-pattern "${SITS_PROLOGUE_BUDGET_S:-480}" \
+    "triton-v1.6 under the gate's request pattern in-process, weights fingerprinted" "a GPU (llama3-8b)"
+}
+
 run_fp8_attention() {
   gpu_bench "fp8 attention" bench/decode_attention_fp8.py decode-attention-fp8 "${SITS_FP8_ATTENTION_BUDGET_S:-420}" \
     "FP8 decode attention" "a GPU with fp8 conversion"
@@ -328,10 +335,11 @@ for ph in "${phases[@]}"; do
     fp8-rows) run_fp8_rows ;;
     fused-rows) run_fused_rows ;;
     prologue-served) run_prologue_served ;;
+    prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|prologue-served|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -347,6 +355,9 @@ if [[ -f "$out/decode-attention-fp8.log" ]]; then
 fi
 if [[ -f "$out/fused-rows.log" ]]; then
   sed -n '/^autotune winners/,$p' "$out/fused-rows.log"
+fi
+if [[ -f "$out/prologue-pattern.log" ]]; then
+  sed -n '/: the gate.s request pattern in-process/,$p' "$out/prologue-pattern.log"
 fi
 if [[ -f "$out/prologue-served.log" ]]; then
   sed -n '/: the product.s gate replay/,$p' "$out/prologue-served.log"

@@ -24,7 +24,8 @@ shapes passed (error 0.0108 of 0.076 allowed at 1 x 28672 -> 4096), as do the ke
 output check, all on the op alone. The cause is not found yet, and the evidence points past this op's arithmetic to
 state that outlives a step (the failing prompts' teacher-forced passes, prefills of more rows than this kernel takes,
 were wrong too): `bench/fused_prologue_served.py` replays the gate against served engines per variant (graphs,
-eager, no piecewise graphs, no split-K) and `bench/fused_prologue_check.py --split-k-off` runs both sets through
+eager, no piecewise graphs, no split-K), `bench/fused_prologue_pattern.py` drives its request pattern in-process and
+checks the weights, and `bench/fused_prologue_check.py --split-k-off` runs both sets through
 `LLM.generate` and the op eager and graph-replayed (BENCHMARKS.md "Fused decode layers").
 """
 from __future__ import annotations

@@ -209,3 +209,46 @@ def test_fused_prologue_served_flags_token_zero_and_forced_misses_and_tabulates_
     lines = mod.table(rows, "head")
     assert lines[2].split() == ["v1.6", "vs", "v1.5", "4", "fail", "0.729", "2", "4:2", "8:4"]
     assert "skipped" in lines[3] and "a start took 80 s" in lines[3]
+
+
+def test_fused_prologue_pattern_fingerprints_every_weight_and_reports_the_signature():
+    # bench/fused_prologue_pattern.py: a stray write into any weight tensor (plain, quantized, in a layer list)
+    # changes the fingerprint; the prompts it reports and its table
+    import torch
+
+    spec = importlib.util.spec_from_file_location("fused_prologue_pattern", REPO / "bench" / "fused_prologue_pattern.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from sits.kernels.quant import quantize_weight
+
+    class Layer:
+        def __init__(self):
+            self.w = quantize_weight(torch.randn(8, 16), "int8")
+            self.norm = torch.ones(16)
+
+    class Proj:   # the engine's Linear: its weight one level further down
+        def __init__(self):
+            self.weight = quantize_weight(torch.randn(8, 16), "int8")
+
+    class Model:
+        def __init__(self):
+            self.embed_tokens = torch.randn(32, 16)
+            self.layers = [Layer(), Layer()]
+            self.layers[1].down_proj = Proj()   # model -> layers -> [1] -> down_proj -> weight -> qweight
+            self.ks = object()   # the kernel set: not a weight
+
+    m = Model()
+    names = set(mod.weight_tensors(m))
+    assert names == {"embed_tokens", "layers[0].w.qweight", "layers[0].w.scale", "layers[0].norm",
+                     "layers[1].w.qweight", "layers[1].w.scale", "layers[1].norm",
+                     "layers[1].down_proj.weight.qweight", "layers[1].down_proj.weight.scale"}
+    before = mod.fingerprint(m)
+    m.layers[1].w.qweight[3, 5] += 1
+    after = mod.fingerprint(m)
+    assert [k for k in before if before[k] != after[k]] == ["layers[1].w.qweight"]
+    result = [{"tokens": [5, 6, 7], "forced_top1": 1.0}, {"tokens": [5, 0, 0], "forced_top1": 1 / 16},
+              {"tokens": [0, 4], "forced_top1": 0.9}]
+    assert mod.bad_prompts(result) == [(1, 2, 1 / 16)]
+    lines = mod.table([{"label": "triton-v1.6", "same": "20/32", "bad": [(4, 2, 0.06), (8, 5, 0.06)],
+                        "weights": "unchanged"}], "head")
+    assert lines[2].split() == ["triton-v1.6", "20/32", "2", "unchanged", "4:2", "8:5"]
