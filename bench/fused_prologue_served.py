@@ -47,6 +47,7 @@ VARIANTS = {
     "no-piecewise": ("canary", ("--no-piecewise-graphs",), False),
     "no-split-k": ("canary", ("--engine-process", "off"), True),
 }
+DEFAULT_VARIANTS = "aa,eager,no-split-k,no-piecewise"   # the most telling first: the budget may cut the last
 _SPLIT_K_OFF = ("import sys; sys.path.insert(0, {root!r}); from bench.fused_prologue_check import without_split_k; "
                 "without_split_k(); from sits.engine.cli import main; sys.exit(main(sys.argv[1:]))")
 
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--canary", default="triton-v1.6")
     p.add_argument("--baseline", default="triton-v1.5")
-    p.add_argument("--variants", default="aa,eager,no-piecewise,no-split-k",
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
                    help=f"canary restarts after the first replays, in order (of {','.join(VARIANTS)}; '' for none)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--budget-s", type=float, default=540, help="skip a restart that would not finish inside it")
