@@ -210,9 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "their own where the machine has enough free, Kubernetes asks for nvidia.com/gpu N")
     s.add_argument("--arg", action="append", default=[], metavar="ARGS",
                    help="extra `sits-engine serve` args of the canary: one, or several in one shell-quoted string "
-                        "(repeatable; a lone flag as --arg=--enforce-eager): --arg '--seed 7' --arg '--dtype bfloat16'")
+                        "(repeatable; a lone flag as --arg=--enforce-eager): --arg '--seed 7' --arg '--dtype bfloat16'; "
+                        "none: none here, over the API production's args")
     s.add_argument("--production-arg", action="append", default=[], metavar="ARGS",
-                   help="the same for production and the baseline (repeatable)")
+                   help="the same for production and the baseline (repeatable; none: none here, over the API what the "
+                        "service's production runs, the flags of its last promoted canary)")
     s.add_argument("--device", choices=DEVICES, default=None,
                    help="`sits-engine serve --device` of every variant (default: the engine's choice, a GPU where "
                         "one is visible)")
