@@ -141,9 +141,11 @@ def _bytes(data: torch.Tensor) -> torch.Tensor:
 
 def take_blocks(cache, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """cache[index] in `dtype`: whole blocks of plain or FP8 pages ([*index.shape, block_size, kv_heads, head_dim])."""
-    if isinstance(cache, Fp8Pages):   # each distinct block dequantized once (a batch's tables repeat padding blocks)
-        blocks, where = torch.unique(index, return_inverse=True)
-        return dequantize(_bytes(cache.data)[blocks].view(FP8_DTYPE), cache.scale[blocks], dtype)[where]
+    if isinstance(cache, Fp8Pages):
+        if index.device.type == "cpu":   # each distinct block dequantized once (a batch's tables repeat padding
+            blocks, where = torch.unique(index, return_inverse=True)   # blocks); on a GPU unique would sync the host
+            return dequantize(_bytes(cache.data)[blocks].view(FP8_DTYPE), cache.scale[blocks], dtype)[where]
+        return dequantize(_bytes(cache.data)[index].view(FP8_DTYPE), cache.scale[index], dtype)
     return cache[index].to(dtype)
 
 

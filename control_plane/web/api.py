@@ -95,9 +95,11 @@ def create_rollout():
     policy = validate.policy(body.get("policy"), current_app.config["POLICY_DEFAULTS"])
     # what the body leaves out is what the service's production runs now (its kernel set and engine flags, those of
     # the last promoted canary), so a canary changes only what it names; the canary's args default to production's
-    current_kernels, current_args = _current_production(body["service"])
-    production = body.get("production_kernels") or current_kernels
-    production_args = body["production_args"] if body.get("production_args") is not None else current_args
+    current = None   # (kernels, args) of the service's production, read only when the body leaves one out
+    if not body.get("production_kernels") or body.get("production_args") is None:
+        current = _current_production(body["service"])
+    production = body.get("production_kernels") or current[0]
+    production_args = body["production_args"] if body.get("production_args") is not None else current[1]
     spec = {"model": body.get("model") or "tiny", "production_args": production_args,
             "canary_args": body["args"] if body.get("args") is not None else production_args}
     spec.update({k: body[k] for k in ("replicas", "gpus", "device", "ready_timeout_s", "tensor_parallel_size")

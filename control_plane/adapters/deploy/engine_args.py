@@ -135,23 +135,6 @@ def check_args(args: Iterable[str], field: str, allowed: dict[str, bool] = OPERA
     return out
 
 
-def flag_map(args: Sequence[str]) -> dict[str, str | None]:
-    """Checked `args` as flag -> value (`--flag V` or `--flag=V`; None for a flag that takes none); a repeated flag
-    keeps its last value, as argparse does."""
-    out: dict[str, str | None] = {}
-    i = 0
-    while i < len(args):
-        name, eq, value = args[i].partition("=")
-        if eq:
-            out[name] = value
-        elif _TAKES_VALUE.get(name, False) and i + 1 < len(args):
-            out[name], i = args[i + 1], i + 1
-        else:
-            out[name] = None
-        i += 1
-    return out
-
-
 def _groups(args: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     """Checked `args` split into (flag, its tokens): `--flag V`, `--flag=V` or `--flag` alone."""
     out, i = [], 0
@@ -160,6 +143,15 @@ def _groups(args: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
         n = 2 if not eq and _TAKES_VALUE.get(name, False) and i + 1 < len(args) else 1
         out.append((name, tuple(args[i:i + n])))
         i += n
+    return out
+
+
+def flag_map(args: Sequence[str]) -> dict[str, str | None]:
+    """Checked `args` as flag -> value (`--flag V` or `--flag=V`; None for a flag that takes none); a repeated flag
+    keeps its last value, as argparse does."""
+    out: dict[str, str | None] = {}
+    for name, tokens in _groups(args):
+        out[name] = tokens[1] if len(tokens) == 2 else (tokens[0].partition("=")[2] if "=" in tokens[0] else None)
     return out
 
 
