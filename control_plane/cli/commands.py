@@ -73,51 +73,62 @@ def _first_line(e: Exception) -> str:
     return (" ".join(lines[:3]) or type(e).__name__)[:300]
 
 
-def engine_args(a) -> tuple[list[str], list[str]]:
+def engine_args(a) -> tuple[list[str] | None, list[str] | None]:
     """(production's, the canary's) engine args from `rollout start`'s flags: every --production-arg / --arg
     (each shell-quoted, split with shlex), then the older rest-of-the-line forms --production-args / --args, each
-    ending where the other begins (argparse gives the first of them the rest of the line, the other included)."""
-    rest = {"--production-args": list(a.production_args or ()), "--args": list(a.args or ())}
+    ending where the other begins (argparse gives the first of them the rest of the line, the other included).
+    None where neither form of a flag was given (an empty one, `--arg ''`, is an explicit none)."""
+    rest = {"--production-args": a.production_args, "--args": a.args}
     for flag, other in (("--production-args", "--args"), ("--args", "--production-args")):
-        if other in rest[flag]:   # `--production-args A --args B`: B went to --production-args
+        if rest[flag] is not None and other in rest[flag]:   # `--production-args A --args B`: B went to the first
             i = rest[flag].index(other)
-            rest[flag], rest[other] = rest[flag][:i], rest[other] + rest[flag][i + 1:]
+            rest[flag], rest[other] = rest[flag][:i], (rest[other] or []) + rest[flag][i + 1:]
 
-    def split(values: list[str], flag: str) -> list[str]:
+    def split(values: list[str], older: list[str] | None, flag: str) -> list[str] | None:
+        if not values and older is None:
+            return None
         out = []
         for v in values:
             try:
                 out += shlex.split(v)
             except ValueError as e:   # an unclosed quote
                 raise CLIError(f"{flag} {v[:80]!r}: {e}") from None
-        return out
-    return (split(a.production_arg, "--production-arg") + rest["--production-args"],
-            split(a.arg, "--arg") + rest["--args"])
+        return out + list(older or ())
+    return (split(a.production_arg, rest["--production-args"], "--production-arg"),
+            split(a.arg, rest["--args"], "--arg"))
 
 
 # ---- commands ---------------------------------------------------------------------------------------------------
 def cmd_rollout_start(a) -> int:
     policy = _load_policy(a.policy)
     production_args, canary_args = engine_args(a)
-    if a.url:
+    if a.url:   # what is left out the service decides: its production's kernel set and flags
         body = {"service": a.service, "kernels": a.kernels, "model": a.model, "replicas": a.replicas, "gpus": a.gpus,
-                "policy": policy.to_dict() if a.policy else None, "args": canary_args or None,
-                "production_args": production_args or None, "production_kernels": a.production_kernels,
+                "policy": policy.to_dict() if a.policy else None, "args": canary_args,
+                "production_args": production_args, "production_kernels": a.production_kernels,
                 "device": a.device, "ready_timeout_s": a.ready_timeout,
                 "tensor_parallel_size": a.tensor_parallel_size if a.tensor_parallel_size != 1 else None}
         return client.remote_start(a, {k: v for k, v in body.items() if v is not None})
-    spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(production_args),
-                      canary_args=tuple(canary_args), production_image=a.production_image, canary_image=a.image,
-                      gpus=a.gpus, device=a.device, ready_timeout_s=a.ready_timeout,
-                      tensor_parallel_size=a.tensor_parallel_size)
     with open_store(a.store, must_exist=False) as store:
-        production = "torch" if a.production_kernels is None else a.production_kernels   # "" is refused there
+        # as over the API: what is left out is what the service's production runs now, so a canary changes only
+        # what it names (production's set and flags, the last promoted canary's; the canary's flags: production's)
+        production = a.production_kernels   # "" is refused by start_rollout
+        if production is None or production_args is None:
+            current = service.current_production(store, a.service)
+            production = current[0] if production is None else production
+            production_args = current[1] if production_args is None else production_args
+        canary_args = production_args if canary_args is None else canary_args
+        spec = DeploySpec(model=a.model, replicas=a.replicas, production_args=tuple(production_args),
+                          canary_args=tuple(canary_args), production_image=a.production_image, canary_image=a.image,
+                          gpus=a.gpus, device=a.device, ready_timeout_s=a.ready_timeout,
+                          tensor_parallel_size=a.tensor_parallel_size)
         r = service.start_rollout(store, a.service, a.kernels, production, policy, spec, actor=a.by,
                                   kernel_sets=KernelCatalog.discover(a.kernel_catalog, need=(a.kernels, production)),
                                   local_models=a.deployer == "local")
+        shown = f" {' '.join(production_args)}" if production_args else ""
         print(f"rollout {r.id} created for service {r.service}: canary {r.canary_kernels} vs production "
-              f"{r.production_kernels}; a running `sits-control worker --store {a.store}` (or `serve`) takes it "
-              "from here", flush=True)
+              f"{r.production_kernels}{shown}; a running `sits-control worker --store {a.store}` (or `serve`) takes "
+              "it from here", flush=True)
         if a.wait:
             return client.wait(lambda: _summary(store, r.id))
     return 0

@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--service", required=True)
     s.add_argument("--kernels", required=True, help="the canary's kernel set")
     s.add_argument("--production-kernels", default=None,
-                   help="the kernel set production runs now (default: torch; over the API, what the service runs)")
+                   help="the kernel set production runs now (default: what the service runs, its last promoted "
+                        "canary's; torch for a new service)")
     s.add_argument("--policy", default=None, help="policy file (JSON or YAML; fields of Policy)")
     s.add_argument("--model", default="tiny", help="a preset (tiny, llama3-8b) or a checkpoint directory's absolute "
                                                   "path (no URLs)")
@@ -211,10 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arg", action="append", default=[], metavar="ARGS",
                    help="extra `sits-engine serve` args of the canary: one, or several in one shell-quoted string "
                         "(repeatable; a lone flag as --arg=--enforce-eager): --arg '--seed 7' --arg '--dtype bfloat16'; "
-                        "none: none here, over the API production's args")
+                        "none given: production's args; --arg '': none")
     s.add_argument("--production-arg", action="append", default=[], metavar="ARGS",
-                   help="the same for production and the baseline (repeatable; none: none here, over the API what the "
-                        "service's production runs, the flags of its last promoted canary)")
+                   help="the same for production and the baseline (repeatable; none given: what the service's "
+                        "production runs, the flags of its last promoted canary; --production-arg '': none)")
     s.add_argument("--device", choices=DEVICES, default=None,
                    help="`sits-engine serve --device` of every variant (default: the engine's choice, a GPU where "
                         "one is visible)")

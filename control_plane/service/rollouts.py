@@ -78,6 +78,28 @@ def _retry_of(store: Store, rollout_id: object, service: str) -> Rollout:
     return old
 
 
+def production_after(r: Rollout, spec: DeploySpec | None) -> tuple[str, list[str]]:
+    """(kernel set, engine flags) the service's production runs after rollout `r` (with its spec, None if lost): the
+    canary's if `r` succeeded (was promoted), else the production it was compared with."""
+    promoted = r.phase is Phase.SUCCEEDED
+    args = (spec.canary_args if promoted else spec.production_args) if spec else ()
+    return (r.canary_kernels if promoted else r.production_kernels), list(args)
+
+
+def current_production(store: Store, service: str) -> tuple[str, list[str]]:
+    """(kernel set, engine flags) the service's production runs now, after its latest rollout; ("torch", []) for a
+    new service. What a new rollout gets for the production (and canary) it does not name, so that a canary changes
+    only what it names (the API's POST /rollouts and the local `rollout start`)."""
+    latest = store.list_summaries(service=service, limit=1)
+    if not latest:
+        return "torch", []
+    try:
+        spec = store.spec(latest[0].id)
+    except KeyError:
+        spec = None
+    return production_after(latest[0], spec)
+
+
 def start_rollout(store: Store, service: str, canary_kernels: str, production_kernels: str,
                   policy: Policy | Mapping[str, Any] | None = None, spec: DeploySpec | Mapping[str, Any] | None = None,
                   *, now: float | None = None,

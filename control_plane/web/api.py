@@ -97,7 +97,7 @@ def create_rollout():
     # the last promoted canary), so a canary changes only what it names; the canary's args default to production's
     current = None   # (kernels, args) of the service's production, read only when the body leaves one out
     if not body.get("production_kernels") or body.get("production_args") is None:
-        current = _current_production(body["service"])
+        current = service.current_production(store(), body["service"])
     production = body.get("production_kernels") or current[0]
     production_args = body["production_args"] if body.get("production_args") is not None else current[1]
     spec = {"model": body.get("model") or "tiny", "production_args": production_args,
@@ -117,14 +117,6 @@ def create_rollout():
 def policy_defaults() -> Policy:
     """What a new rollout gets for the policy fields it does not give."""
     return Policy.from_dict(current_app.config["POLICY_DEFAULTS"] or {})
-
-
-def _current_production(name: str) -> tuple[str, list[str]]:
-    """(kernel set, engine flags) the service's production runs now; ("torch", []) for a new service."""
-    for s in catalog.services(store(), spec_or_none):
-        if s["service"] == name:
-            return s["production_kernels"], s["production_args"]
-    return "torch", []
 
 
 @bp.get("/rollouts/<rollout_id>")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from flask import current_app
 
 from sits.control_plane.rollout import Phase
+from sits.control_plane.service.rollouts import production_after
 from sits.control_plane.validation import MAX_REPLICAS
 from sits.control_plane.web.present import weights_of
 
@@ -37,9 +38,8 @@ deployer)."""
         r = latest[name]
         spec = spec_of(r.id)
         ready, seen_at = _production_ready(store, r)
-        promoted = r.phase is Phase.SUCCEEDED
-        out.append({"service": name, "production_kernels": r.canary_kernels if promoted else r.production_kernels,
-                    "production_args": list((spec.canary_args if promoted else spec.production_args) if spec else ()),
+        kernels, args = production_after(r, spec)
+        out.append({"service": name, "production_kernels": kernels, "production_args": args,
                     "model": spec.model if spec else None,
                     "replicas": spec.replicas if spec else None,
                     "ready": ready, "ready_seen_at": seen_at, "watched": r.active,

@@ -123,6 +123,49 @@ def test_engine_args_for_both_sides_and_the_device(tmp_path, capsys, argv, produ
     assert spec.device == "cuda" and spec.ready_timeout_s == 900.0
 
 
+def test_start_without_production_compares_with_what_the_service_runs_now(tmp_path, capsys):
+    # as over the API: after a promoted flag release (an FP8 KV cache on production's set), a local `rollout start`
+    # that names neither production nor flags compares with that production and gives the canary its flags (the
+    # canary changes only its kernels); an explicit empty --arg '' is kept, as is a named production
+    db, pol = str(tmp_path / "s.db"), tmp_path / "p.json"
+    pol.write_text(json.dumps(POLICY))
+    kv = ("--kv-cache-dtype", "fp8")
+    rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "triton-v1.5", "--production-kernels",
+                  "triton-v1.5", "--arg", " ".join(kv), "--policy", str(pol), "--store", db)
+    assert rc == 0, out
+    rid, t = out.split()[1], [0.0]
+    with Store(db) as store:
+        w = Worker(store, InMemoryDeployer(), CannedSource(), clock=lambda: t[0])
+        for _ in range(8):
+            t[0] += 5
+            if w.reconcile_rollout(rid).phase is Phase.SUCCEEDED:
+                break
+        assert store.get(rid).phase is Phase.SUCCEEDED
+
+    def started(*argv):
+        rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "triton-v1.8", "--store", db,
+                      "--policy", str(pol), *argv)
+        assert rc == 0, out
+        with Store(db) as store:
+            r = store.list(limit=1)[0]
+            spec = store.spec(r.id)
+        assert cli(capsys, "rollout", "abort", r.id, "--store", db)[0] == 0
+        with Store(db) as store:   # the abort ends it before a deploy (the worker applies it)
+            w = Worker(store, InMemoryDeployer(), CannedSource(), clock=lambda: t[0])
+            for _ in range(4):
+                t[0] += 5
+                if not w.reconcile_rollout(r.id).active:
+                    break
+        return out, r, spec
+    out, r, spec = started()
+    assert r.production_kernels == "triton-v1.5" and spec.production_args == spec.canary_args == kv
+    assert "vs production triton-v1.5 --kv-cache-dtype fp8;" in out
+    _, r, spec = started("--arg", "")
+    assert spec.production_args == kv and spec.canary_args == ()
+    _, r, spec = started("--production-kernels", "torch", "--production-arg", "--seed 3")
+    assert r.production_kernels == "torch" and spec.production_args == spec.canary_args == ("--seed", "3")
+
+
 def test_an_unclosed_quote_in_an_engine_arg_is_one_line_naming_the_flag(tmp_path, capsys):
     rc, out = cli(capsys, "rollout", "start", "--service", "chat", "--kernels", "torch", "--store",
                   str(tmp_path / "s.db"), "--production-arg", "--served-model-name 'x")
