@@ -13,6 +13,7 @@ ops at llama3-8b's down projection with activations of the model's own magnitude
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import sys
 import time
@@ -48,13 +49,17 @@ def run_engine(model: str, kernels: str, quantization: str, eager: bool, tokens:
     llm = LLM(model, kernels, device="cuda", quantization=quantization, enforce_eager=eager,
               gpu_memory_utilization=0.3, max_model_len=2048, max_num_seqs=8)
     load = time.perf_counter() - t0
-    res = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=tokens, logprobs=1), use_tqdm=False)
-    out = {"tokens": [r.token_ids for r in res], "load_s": load,
+    params = SamplingParams(temperature=0, max_tokens=tokens, logprobs=2)
+    res = llm.generate(PROMPTS, params, use_tqdm=False)
+    # each prompt alone too: the served replay at concurrency 1 failed on every prompt (batch-1 decode steps)
+    alone = [llm.generate([p], params, use_tqdm=False)[0].token_ids for p in PROMPTS]
+    out = {"tokens": [r.token_ids for r in res], "alone": alone, "load_s": load,
            "finite": all(math.isfinite(lp["logprob"]) for r in res for lp in (r.logprobs or [])),
            "margins": [[round(lp["logprob"] - next((l for t, l in lp["top_logprobs"] if t != lp["token_id"]),
                                                    float("nan")), 3) for lp in (r.logprobs or [])][:4] for r in res]}
     llm.close()
-    del llm
+    del llm, res
+    gc.collect()   # the engine's graphs and caches hold GPU memory until collected: the next engine needs it
     torch.cuda.empty_cache()
     return out
 
@@ -96,12 +101,14 @@ def summary(got: dict, header: str) -> list[str]:
     how many are token 0 (what a flat or non-finite distribution yields) and whether every logprob was finite."""
     base = got[("triton-v1.5", False)]["tokens"]
     total = sum(len(t) for t in base)
-    lines = [header, f"{'set':12} {'mode':6} {'tokens = v1.5 graphs':>20} {'tokens = 0':>10} {'logprobs finite':>15}"]
+    lines = [header, f"{'set':22} {'mode':6} {'batch':>5} {'tokens = v1.5 graphs':>20} {'tokens = 0':>10} "
+                     f"{'logprobs finite':>15}"]
     for (ks, eager), r in got.items():
-        same = sum(x == y for t, b in zip(r["tokens"], base) for x, y in zip(t, b))
-        zeros = sum(x == 0 for t in r["tokens"] for x in t)
-        lines.append(f"{ks:12} {'eager' if eager else 'graphs':6} {f'{same}/{total}':>20} {zeros:>10} "
-                     f"{str(r['finite']):>15}")
+        for batch, key in ((len(base), "tokens"), (1, "alone")):
+            same = sum(x == y for t, b in zip(r[key], base) for x, y in zip(t, b))
+            zeros = sum(x == 0 for t in r[key] for x in t)
+            lines.append(f"{ks:22} {'eager' if eager else 'graphs':6} {batch:>5} {f'{same}/{total}':>20} "
+                         f"{zeros:>10} {str(r['finite']) if key == 'tokens' else '':>15}")
     return lines
 
 
@@ -117,14 +124,16 @@ def main(argv=None) -> int:
     for ks, eager in (("triton-v1.5", False), ("triton-v1.6", False), ("triton-v1.6", True), ("triton-v1.5", True)):
         got[(ks, eager)] = r = run_engine(a.model, ks, a.quantization, eager, a.tokens)
         print(f"{ks} {'eager' if eager else 'graphs'}: loaded in {r['load_s']:.0f} s; first tokens "
-              f"{[t[:6] for t in r['tokens']]}; first margins {r['margins']}", flush=True)
+              f"{[t[:6] for t in r['tokens']]}, alone {[t[:6] for t in r['alone']]}; first margins {r['margins']}",
+              flush=True)
     for line in op_check(a.model, a.quantization):
         print(line, flush=True)
     if a.split_k_off:   # last: it changes the process's tuners for good
         without_split_k()
         got[("triton-v1.6 no split-K", False)] = r = run_engine(a.model, "triton-v1.6", a.quantization, False,
                                                                  a.tokens)
-        print(f"triton-v1.6 graphs, SPLIT_K 1 only: first tokens {[t[:6] for t in r['tokens']]}", flush=True)
+        print(f"triton-v1.6 graphs, SPLIT_K 1 only: first tokens {[t[:6] for t in r['tokens']]}, alone "
+              f"{[t[:6] for t in r['alone']]}", flush=True)
     print()
     print("\n".join(summary(got, f"{a.model}, {a.quantization} weights, {len(PROMPTS)} prompts x {a.tokens} greedy "
                                  "tokens")))

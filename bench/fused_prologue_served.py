@@ -46,6 +46,7 @@ VARIANTS = {
     "eager": ("canary", ("--enforce-eager",), False),
     "no-piecewise": ("canary", ("--no-piecewise-graphs",), False),
     "no-split-k": ("canary", ("--engine-process", "off"), True),
+    "no-engine-process": ("canary", ("--engine-process", "off"), False),   # split-K on: which of the two matters
 }
 DEFAULT_VARIANTS = "aa,eager,no-split-k,no-piecewise"   # the most telling first: the budget may cut the last
 _SPLIT_K_OFF = ("import sys; sys.path.insert(0, {root!r}); from bench.fused_prologue_check import without_split_k; "
@@ -175,6 +176,9 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", default="triton-v1.5")
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
                    help=f"canary restarts after the first replays, in order (of {','.join(VARIANTS)}; '' for none)")
+    p.add_argument("--first", default="c4,c1,swapped",
+                   help="the replays against the first canary: c4 (concurrency 4), c1 (1), swapped (roles swapped)")
+    p.add_argument("--variant-concurrency", type=int, default=4, help="the variants' replays' concurrency")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--budget-s", type=float, default=540, help="skip a restart that would not finish inside it")
     p.add_argument("--logs", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "fused-prologue-served")
@@ -184,6 +188,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    if set(a.first.split(",")) - {"c4", "c1", "swapped", ""}:
+        p.error(f"--first {a.first!r}: a comma-separated list of c4, c1, swapped")
     a.logs.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     rows: list[dict] = []
@@ -198,9 +204,10 @@ def main(argv=None) -> int:
         ready = wait_ready(base, canary)
         print(f"baseline {a.baseline} and canary {a.canary} ready in {ready:.0f} s ({a.model}, "
               f"{a.quantization or 'no'} quantization, {a.device}); logs in {a.logs}", flush=True)
-        for label, c, b, conc in ((f"{a.canary} vs {a.baseline}", canary, base, 4),
-                                  (f"{a.canary} vs {a.baseline}", canary, base, 1),
-                                  (f"swapped: {a.baseline} vs {a.canary}", base, canary, 4)):
+        first = {"c4": (f"{a.canary} vs {a.baseline}", canary, base, 4),
+                 "c1": (f"{a.canary} vs {a.baseline}", canary, base, 1),
+                 "swapped": (f"swapped: {a.baseline} vs {a.canary}", base, canary, 4)}
+        for label, c, b, conc in (first[f] for f in a.first.split(",") if f):
             rows.append(replay(label, c, b, conc))
             save()
         restart_s = ready
@@ -218,7 +225,7 @@ def main(argv=None) -> int:
             canary = start(f"canary-{name}", a, ks, extra, split_off)
             restart_s = wait_ready(canary)
             print(f"canary {label} ready in {restart_s:.0f} s", flush=True)
-            rows.append(replay(label, canary, base, 4))
+            rows.append(replay(label, canary, base, a.variant_concurrency))
             save()
     finally:
         canary.stop()

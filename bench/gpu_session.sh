@@ -23,7 +23,8 @@
 #                                  # projection by rows, and a sweep of launch configs with and without the prologue
 #   bench/gpu_session.sh prologue-served  # bench/fused_prologue_served.py under CUDA MPS as the demo ran it
 #                                  # (SITS_MPS=off: without): triton-v1.6's gate replay against served engines, per
-#                                  # canary variant (A/A, eager, no piecewise graphs, no split-K)
+#                                  # canary variant (A/A, eager, no piecewise graphs, no split-K); SITS_PROLOGUE_ARGS:
+#                                  # more arguments (e.g. "--first c1 --variants no-engine-process --variant-concurrency 1")
 #   bench/gpu_session.sh prologue-pattern  # bench/fused_prologue_pattern.py: the gate's request pattern through
 #                                  # LLMEngine in-process (v1.5 control, then v1.6), with every weight fingerprinted
 #   bench/gpu_session.sh int8      # the int8 throughput rows with triton-v1.2 (cold, then a restart on the same
@@ -278,7 +279,7 @@ run_prologue_served() {
   echo "== triton-v1.6's gate replay against served engines (budget ${budget} s): bench/fused_prologue_served.py"
   # the script skips a canary restart that would not finish 40 s before the budget, so its table always prints
   timeout -k 10 "$budget" "$py" bench/fused_prologue_served.py --budget-s $((budget - 40)) \
-    --json "$out/prologue-served.json" 2>&1 | tee "$out/prologue-served.log"
+    --json "$out/prologue-served.json" ${SITS_PROLOGUE_ARGS:-} 2>&1 | tee "$out/prologue-served.log"
   summary+=("prologue served | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | table in prologue-served.log")
   mps_stop "$out"
 }
