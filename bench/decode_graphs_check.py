@@ -53,7 +53,13 @@ def run(model: str, kernels: str, quantization: str, seqs: int, max_len: int, mo
     llm = LLM(model, kernels, device="cuda", quantization=quantization or None, enforce_eager=mode == "eager",
               gpu_memory_utilization=utilization, max_model_len=max_len, max_num_seqs=seqs,
               conformance=mode != "graphs-no-conformance")
+    if mode == "graphs-capture-first":   # every size captured largest first before anything runs (warm-up's first
+        llm.engine.model_runner.capture_decode_graphs()   # request otherwise captures batch 1 on demand, first)
     llm.engine.warmup()   # as `sits-engine serve` does: warm-up steps, conformance, the decode graphs' capture
+    if mode == "graphs-recapture-1":   # batch 1's graph, captured first (on demand by warm-up's request), again now
+        graphs = llm.engine.model_runner.decode_graphs
+        del graphs.graphs[1]
+        graphs.capture_all()
     ready = time.perf_counter() - t0
     locks_after_warmup = nonzero_locks()
     params = SamplingParams(temperature=0, max_tokens=tokens, logprobs=5)
@@ -80,7 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="64x8192", help="max_num_seqs x max_model_len, ...")
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--modes", default="graphs,graphs-no-conformance",
-                   help="runs beside the eager one: graphs, graphs-no-conformance")
+                   help="runs beside the eager one: graphs, graphs-no-conformance, graphs-capture-first, "
+                        "graphs-recapture-1")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--split-k-off", action="store_true",
                    help="every weight-only linear tuned among SPLIT_K = 1 candidates (bench/fused_prologue_check.py)")
