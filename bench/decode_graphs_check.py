@@ -49,6 +49,8 @@ def run(model: str, kernels: str, quantization: str, seqs: int, max_len: int, mo
 
     from sits.engine.llm import LLM
     from sits.engine.sampling_params import SamplingParams
+    from sits.kernels import paged_decode_attention as pda
+    pda._TUNE_MIN_BLOCKS = 1 << 40 if mode == "graphs-no-attn-tuning" else 512   # decode attention never autotuned
     t0 = time.perf_counter()
     llm = LLM(model, kernels, device="cuda", quantization=quantization or None, enforce_eager=mode == "eager",
               gpu_memory_utilization=utilization, max_model_len=max_len, max_num_seqs=seqs,
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--modes", default="graphs,graphs-no-conformance",
                    help="runs beside the eager one: graphs, graphs-no-conformance, graphs-capture-first, "
-                        "graphs-recapture-1")
+                        "graphs-recapture-1, graphs-no-attn-tuning")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--split-k-off", action="store_true",
                    help="every weight-only linear tuned among SPLIT_K = 1 candidates (bench/fused_prologue_check.py)")
