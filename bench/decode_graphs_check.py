@@ -5,7 +5,10 @@ for the canary AND the baseline (triton-v1.6 and v1.5, both with CUDA graphs): c
 second token on, while the same engines in-process (bench/fused_prologue_check.py: max_num_seqs 8, max_model_len 2048)
 answered right one prompt at a time. The served engines ran with max_num_seqs 64 and the default max_model_len
 (8192). Those in-process runs never called `LLMEngine.warmup()`, which `serve` calls and which captures the decode graphs
-(and measures the op-level conformance): they were eager. This runs `LLM.generate` after `warmup()`, one prompt at a
+(and measures the op-level conformance): they were eager. With it (2026-12-05, fifth session, H200) triton-v1.5 int8
+at 64 x 8192 answered wrong one prompt at a time (4 of 64 tokens as the eager engine's) and right four at a time;
+at 8 x 2048 right. The cause (kernels/linear.py `_split_k_locks`): the batch-1 graph, captured first by warm-up's
+request, counted split-K arrivals in a lock buffer that a 64-row capture then outgrew and freed. This runs `LLM.generate` after `warmup()`, one prompt at a
 time and all together (greedy, logprobs as the gate asks), eagerly, with CUDA graphs, and with graphs but without
 the conformance measurement, and prints per run the tokens equal to the eager run's, the count of token 0 and any
 split-K arrival counter left non-zero (each launch's last split resets its tiles' counters).
@@ -28,18 +31,19 @@ PROMPTS = ["Q: What is 17 times 3?\nA:", "SELECT name FROM users WHERE", "1, 2, 
 
 
 def nonzero_locks() -> list[str]:
-    """Split-K arrival counters that are not 0 between launches (each launch's last split resets its tiles')."""
+    """Split-K arrival counters that are not 0 between launches (each launch's last split resets its tiles'), in
+    every stream's buffer and in the outgrown ones kept for the graphs that captured them (kernels/linear.py)."""
     import torch
 
     from sits.kernels import linear as lin
     torch.cuda.synchronize()
     out = []
-    for (device, stream), locks in lin._LOCKS.items():
+    buffers = [(f"stream {stream}", locks) for (_, stream), locks in lin._LOCKS.items()]
+    buffers += [(f"outgrown #{i}", locks) for i, locks in enumerate(getattr(lin, "_RETIRED", []))]
+    for name, locks in buffers:
         nz = torch.nonzero(locks).flatten().tolist()
-        out.append(f"[{stream}: {locks.numel()} at {locks.data_ptr():#x}]")
         if nz:
-            out.append(f"stream {stream}: {len(nz)} of {locks.numel()} counters, e.g. "
-                       f"{[(i, int(locks[i])) for i in nz[:4]]}")
+            out.append(f"{name}: {len(nz)} of {locks.numel()} counters, e.g. {[(i, int(locks[i])) for i in nz[:4]]}")
     return out
 
 

@@ -48,6 +48,7 @@ def run_engine(model: str, kernels: str, quantization: str, eager: bool, tokens:
     t0 = time.perf_counter()
     llm = LLM(model, kernels, device="cuda", quantization=quantization, enforce_eager=eager,
               gpu_memory_utilization=0.3, max_model_len=2048, max_num_seqs=8)
+    llm.engine.warmup()   # as `sits-engine serve` does: without it the decode graphs are never captured (eager)
     load = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=tokens, logprobs=2)
     res = llm.generate(PROMPTS, params, use_tqdm=False)

@@ -164,6 +164,7 @@ _linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT", "SILU_MUL", "SILU_EPI
                  for bm, c in _MID_M.items()}
 _linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
 _LOCKS: dict = {}
+_RETIRED: list = []   # lock buffers replaced by larger ones: kept for the CUDA graphs that captured them
 
 
 def autotuner_for(m: int):
@@ -176,13 +177,21 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
     """Per-tile arrival counters for split-K, zero between launches (the last split of a tile resets its counter).
 
     One buffer per (device, stream): launches on one stream run in order, so they can share it. A CUDA graph
-    captured on a new stream gets its own, whose zero-fill is captured (and replayed) with it."""
+    captured on a stream records the address of that stream's buffer, so a buffer is never freed: when a launch
+    needs more tiles than the stream's buffer holds, a larger one replaces it for later launches and the old one
+    stays allocated (in _RETIRED) for the graphs that captured it. Freeing it had broken the engine's batch-1 decode
+    graph on the GPU: captured first (on demand by the warm-up's request), before a larger batch's capture grew the
+    stream's buffer, it kept counting in freed memory that later allocations overwrote, so split-K tiles were summed
+    before all their splits had arrived or never written (BENCHMARKS.md "Fused decode layers"). A buffer allocated
+    inside a capture comes from the graph's pool, its zero-fill captured (and replayed) with it."""
     stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
                                                  torch.cuda.current_device()) if device.type == "cuda" else 0
     key = (str(device), stream)
     locks = _LOCKS.get(key)
     if locks is None or locks.numel() < tiles:
-        locks = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
+        if locks is not None:
+            _RETIRED.append(locks)   # graphs captured with it still count in it: never freed (growth doubles, so
+        locks = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)   # all <= 2x the last)
         _LOCKS[key] = locks
     return locks
 

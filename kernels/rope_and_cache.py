@@ -116,6 +116,7 @@ HARDCODED_ROPE_BASE = 10000.0
 
 
 _FIXED_BASE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED_TABLES: list = []   # tables replaced by larger ones, kept: a CUDA graph may have captured their addresses
 
 
 def _fixed_base_tables(d: int, n: int, device, acc) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,6 +124,8 @@ def _fixed_base_tables(d: int, n: int, device, acc) -> tuple[torch.Tensor, torch
     key = (d, str(device), acc)
     cos, sin = _FIXED_BASE_TABLES.get(key, (None, None))
     if cos is None or cos.shape[0] < n:
+        if cos is not None:
+            _RETIRED_TABLES.append((cos, sin))
         size = max(4096, 1 << (n - 1).bit_length())
         inv_freq = 1.0 / (HARDCODED_ROPE_BASE ** (torch.arange(0, d, 2, device=device, dtype=acc) / d))
         angles = torch.arange(size, device=device, dtype=acc)[:, None] * inv_freq[None, :]

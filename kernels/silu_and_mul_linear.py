@@ -16,17 +16,13 @@ N tile recomputes the activation for each x tile inside its K loop, and the down
 ops with int8 weights (72.8 us against 21.2 at one row). The set stays a release, a regression a canary must catch;
 triton-v1.7 (kernels/linear_silu_and_mul.py) puts the activation in the gate/up projection's epilogue instead.
 
-And the engine serving it gave WRONG answers: its GPU canary (H200, 2026-12-05: `sits-control demo --device cuda
---scenario prologue --model llama3-8b --engine-arg '--quantization int8' --production-kernels triton-v1.5`) was rolled
-back by the answer-level gate because from the second token on its greedy continuations were token 0 with a zero
-margin (a flat distribution), while this op's conformance at the same
-shapes passed (error 0.0108 of 0.076 allowed at 1 x 28672 -> 4096), as do the kernel tests and bench/fused_rows.py's
-output check, all on the op alone. The cause is not found yet, and the evidence points past this op's arithmetic to
-state that outlives a step (the failing prompts' teacher-forced passes, prefills of more rows than this kernel takes,
-were wrong too): `bench/fused_prologue_served.py` replays the gate against served engines per variant (graphs,
-eager, no piecewise graphs, no split-K), `bench/fused_prologue_pattern.py` drives its request pattern in-process and
-checks the weights, and `bench/fused_prologue_check.py --split-k-off` runs both sets through
-`LLM.generate` and the op eager and graph-replayed (BENCHMARKS.md "Fused decode layers").
+Its GPU canary (H200, 2026-12-05: `sits-control demo --device cuda --scenario prologue --model llama3-8b
+--engine-arg '--quantization int8' --production-kernels triton-v1.5`) was rolled back by the answer-level gate
+(continuations of token 0 from the second token on), but the fault was not this op's: the baseline, triton-v1.5,
+answered wrong too wherever a sequence decoded alone, and so did every Triton set with int8 weights in an engine of
+64 sequences (bench/fused_prologue_served.py, bench/decode_graphs_check.py). The engine's batch-1 decode graph,
+captured first (by warm-up's request), counted split-K arrivals in its stream's lock buffer, which a 64-row capture
+then outgrew and freed; kernels/linear.py now keeps outgrown buffers (BENCHMARKS.md "Fused decode layers").
 """
 from __future__ import annotations
 

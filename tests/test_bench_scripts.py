@@ -174,12 +174,25 @@ def test_fused_prologue_check_counts_agreement_zero_tokens_and_finiteness_per_ru
     spec = importlib.util.spec_from_file_location("fused_prologue_check", REPO / "bench" / "fused_prologue_check.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    got = {("triton-v1.5", False): {"tokens": [[5, 6, 7], [8, 9, 10]], "finite": True},
-           ("triton-v1.6", False): {"tokens": [[5, 0, 0], [8, 0, 0]], "finite": True},   # what the canary served
-           ("triton-v1.6", True): {"tokens": [[5, 6, 7], [8, 9, 11]], "finite": False}}
+    got = {("triton-v1.5", False): {"tokens": [[5, 6, 7], [8, 9, 10]], "alone": [[5, 0, 0], [8, 9, 10]],
+                                    "finite": True},
+           ("triton-v1.6", False): {"tokens": [[5, 0, 0], [8, 0, 0]], "alone": [[5, 6, 7], [8, 9, 10]],
+                                    "finite": True},   # what the canary served
+           ("triton-v1.6", True): {"tokens": [[5, 6, 7], [8, 9, 11]], "alone": [[5, 6, 7], [8, 9, 11]],
+                                   "finite": False}}
     rows = [line.split() for line in mod.summary(got, "head")[2:]]
-    assert rows == [["triton-v1.5", "graphs", "6/6", "0", "True"], ["triton-v1.6", "graphs", "2/6", "4", "True"],
-                    ["triton-v1.6", "eager", "5/6", "0", "False"]]
+    assert rows == [["triton-v1.5", "graphs", "2", "6/6", "0", "True"], ["triton-v1.5", "graphs", "1", "4/6", "2"],
+                    ["triton-v1.6", "graphs", "2", "2/6", "4", "True"], ["triton-v1.6", "graphs", "1", "6/6", "0"],
+                    ["triton-v1.6", "eager", "2", "5/6", "0", "False"], ["triton-v1.6", "eager", "1", "5/6", "0"]]
+
+
+def test_decode_graphs_check_counts_tokens_equal_position_by_position():
+    spec = importlib.util.spec_from_file_location("decode_graphs_check", REPO / "bench" / "decode_graphs_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.same([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5, 6]]) == 4
+    with pytest.raises(SystemExit):   # a malformed size is refused before anything loads
+        mod.main(["--sizes", "64by8192"])
 
 
 def test_fused_prologue_served_flags_token_zero_and_forced_misses_and_tabulates_skips():

@@ -163,6 +163,64 @@ def test_weight_only_linear_split_k(m, block_m, split_k, n, k):
         assert torch.equal(got, first)  # the partials are summed in split order: deterministic
 
 
+def test_an_outgrown_split_k_lock_buffer_stays_allocated_for_the_graphs_that_captured_it(monkeypatch):
+    # a CUDA graph records the address of its stream's lock buffer: when a later launch needs more tiles and the
+    # stream gets a larger buffer, the old one must stay allocated, or the graph counts in memory that later
+    # allocations overwrite (the engine's batch-1 decode graph did, BENCHMARKS.md "Fused decode layers")
+    import gc
+    import weakref
+
+    from sits.kernels import linear as lin
+    monkeypatch.setattr(lin, "_LOCKS", {})
+    monkeypatch.setattr(lin, "_RETIRED", [], raising=False)
+    cpu = torch.device("cpu")
+    small = lin._split_k_locks(cpu, 300)
+    assert small.numel() == 1024 and lin._split_k_locks(cpu, 1024) is small   # enough: the same buffer
+    grown = lin._split_k_locks(cpu, 1792)
+    assert grown is not small and grown.numel() == 2048 and not grown.any()
+    kept = weakref.ref(small)
+    del small
+    gc.collect()
+    assert kept() is not None, "the outgrown buffer was freed while a graph may still use it"
+    assert lin._split_k_locks(cpu, 5) is grown
+
+
+@on_gpu
+def test_a_graph_captured_before_its_streams_lock_buffer_grows_still_computes_right():
+    # the engine's sequence, small: a batch-1 step's split-K linear captured on a stream, then a 64-row launch on
+    # the same stream that needs more split-K tiles than its lock buffer holds, then allocations that reuse freed
+    # memory; the graph's replays must still give the eager result, bit for bit
+    from sits.kernels.linear import _LOCKS, linear_with_config
+    g = torch.Generator().manual_seed(11)
+    qw = quantize_weight(torch.randn(4096, 14336, generator=g) * 0.02, "int8").to("cuda")
+    x = torch.randn(1, 14336, generator=g).bfloat16().cuda()
+    wide = quantize_weight(torch.randn(28672, 4096, generator=g) * 0.02, "int8").to("cuda")
+    xw = torch.randn(64, 4096, generator=g).bfloat16().cuda()
+    want = linear_with_config(x, qw, split_k=4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        linear_with_config(x, qw, split_k=4)   # compiles; the side stream's lock buffer, outside the capture
+        key = (str(x.device), torch.cuda.current_stream().cuda_stream)
+    side.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        got = linear_with_config(x, qw, split_k=4)
+    before = _LOCKS.get(key)
+    with torch.cuda.stream(side):   # 64 rows x 28672 columns in 16 x 16 tiles: more than the buffer held
+        linear_with_config(xw, wide, block_m=16, block_n=16, block_k=64, split_k=2, num_stages=2)
+    side.synchronize()
+    assert before is None or _LOCKS.get(key) is not before   # the stream's buffer did grow
+    with torch.cuda.stream(side):   # the caching allocator hands a block freed on a stream to that stream's requests
+        junk = [torch.full((n,), 3, dtype=torch.int32, device="cuda") for n in (1024, 2048) for _ in range(64)]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+    del junk
+
+
 @on_gpu
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="fp8 tensor cores need sm_89+")
