@@ -163,6 +163,7 @@ _linear_mid_m = {bm: autotune(c, key=["N", "K", "F16_DOT", "SILU_MUL", "SILU_EPI
                               **_BENCH)(_even_k(_linear_kernel))
                  for bm, c in _MID_M.items()}
 _linear_large_m = autotune(_LARGE_M, key=["N", "K"], **_BENCH)(_even_k(_linear_kernel))
+MIN_LOCKS = 1024   # counters in a stream's first lock buffer
 _LOCKS: dict = {}
 _RETIRED: list = []   # lock buffers replaced by larger ones: kept for the CUDA graphs that captured them
 
@@ -189,9 +190,9 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
     key = (str(device), stream)
     locks = _LOCKS.get(key)
     if locks is None or locks.numel() < tiles:
-        if locks is not None:
-            _RETIRED.append(locks)   # graphs captured with it still count in it: never freed (growth doubles, so
-        locks = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)   # all <= 2x the last)
+        if locks is not None:   # graphs captured with it still count in it: never freed (growth doubles, so all
+            _RETIRED.append(locks)   # the outgrown ones together hold fewer counters than the last)
+        locks = torch.zeros(max(MIN_LOCKS, next_pow2(tiles)), dtype=torch.int32, device=device)
         _LOCKS[key] = locks
     return locks
 

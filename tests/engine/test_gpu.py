@@ -253,3 +253,57 @@ def test_the_fp8_sets_score_like_the_torch_set_with_the_same_fp8_weights_and_pag
     agree = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
     worst = max(abs(a[1] - b[1]) for a, b in pairs)
     assert agree >= 0.85 and worst <= 0.5, (agree, worst)
+
+
+
+def test_decode_graphs_answer_as_the_eager_engine_after_their_streams_lock_buffer_grows(monkeypatch):
+    """A CUDA graph records the address of its capture stream's split-K lock buffer; when a later launch on that
+    stream needs more counters, the buffer it outgrew must stay allocated. The engine's warm-up captured the batch-1
+    graph first, then a 17-64-row capture outgrew the buffer (llama3-8b's gate/up projection: 1,792 tiles > 1,024),
+    and freeing it made every quantized Triton set answer wrong one sequence at a time (BENCHMARKS.md "Fused decode
+    layers"). Here: the tiny model with int8 weights, every weight-only linear tuned among split-K candidates only;
+    after warm-up the decode graphs' stream gets a larger buffer and allocations on that stream reuse freed memory;
+    then one prompt at a time, the graphs must give the eager engine's tokens."""
+    import triton
+
+    from sits.kernels import linear as lin
+    from sits.kernels import triton_env
+    monkeypatch.setattr(lin, "_TUNE_MIN_WEIGHT", 0)   # the tiny model's linears tuned too, not a fixed config
+    for tuner in (lin._linear_small_m, *lin._linear_mid_m.values()):
+        monkeypatch.setattr(tuner, "configs", [triton.Config({**c.kwargs, "SPLIT_K": max(2, c.kwargs["SPLIT_K"])},
+                                                              num_warps=c.num_warps, num_stages=c.num_stages)
+                                               for c in tuner.configs])
+        monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(triton_env, "_LAUNCHERS", {})
+    monkeypatch.setattr(lin, "_LOCKS", {})
+    monkeypatch.setattr(lin, "_RETIRED", [])
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 17, 99, 3, 42, 7], [300, 2, 2, 81], [11] * 20]
+    got = {}
+    for eager in (True, False):
+        engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.5", quantization="int8", max_num_seqs=64,
+                                        enforce_eager=eager, conformance=False))
+        engine.warmup()
+        if not eager:
+            graphs = engine.model_runner.decode_graphs
+            assert 1 in graphs.graphs
+            dev = torch.device("cuda", torch.cuda.current_device())   # as a tensor's device names it: the key
+            with torch.cuda.stream(graphs.stream):
+                held = lin._LOCKS[(str(dev), graphs.stream.cuda_stream)]
+                lin._split_k_locks(dev, held.numel() * 4)   # a launch that needs more counters
+                junk = [torch.full((n,), 3, dtype=torch.int32, device="cuda")   # what freed memory would hold
+                        for n in (held.numel(), 2 * held.numel()) for _ in range(32)]
+            torch.cuda.synchronize()
+            assert lin._RETIRED and lin._RETIRED[-1] is held
+        outs = []
+        for i, p in enumerate(prompts):
+            engine.add_request(f"p{i}", p, params)
+            tokens = []
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    tokens += out.new_token_ids
+            outs.append(tokens)
+        got[eager] = outs
+        engine.close()
+    del junk
+    assert got[False] == got[True]
