@@ -9,7 +9,8 @@ once per padded batch size and replayed with a single launch.
   are dropped. Larger decode batches, and steps with prefill tokens, run eagerly.
 - `LLMEngine.warmup()` (the server runs it before /readyz turns 200) captures every size; otherwise a graph is
   captured on the first step that needs it. Each capture follows one eager forward of that size on the capture
-  stream (Triton compiles and autotunes there, never inside a capture). All graphs share one memory pool.
+  stream (Triton compiles and autotunes there, never inside a capture). All graphs share one memory pool. Then
+  `verify()` replays each graph against the eager forward on the same inputs and turns graphs off if one disagrees.
 - Inputs live in static device buffers, filled with one host-to-device copy per step (from a pinned buffer). Block
   tables are kept at the full width (max_model_len / block_size), so a graph never depends on how long the contexts
   are, in persistent rows, one per sequence, of which a step sends only the entries that changed (a new block every
@@ -189,6 +190,40 @@ class DecodeGraphs:
                 return
             if b not in self.graphs:
                 self._capture(b)
+
+    # a graph's output may differ from the eager forward's by rounding (cuBLAS may pick other kernels inside a
+    # capture); a broken graph differs by far more (garbage tiles, non-finite values)
+    VERIFY_TOLERANCE = 0.05   # of the eager output's largest magnitude
+
+    def verify(self) -> str | None:
+        """Replay every captured graph on the inputs its capture tuned with (each row a context of its own blocks,
+        nothing written) and compare with the eager forward of the same static buffers. A graph that disagrees is
+        a fault of the capture (a buffer it recorded and someone freed, a launch it missed): graphs are turned off
+        for the runner, as after a failed capture, and the engine goes on eagerly. Returns why, or None. Checked
+        once, after the warm-up's captures (LLMEngine.warmup); the tables' rows are restored."""
+        if not self.capture or self.failed is not None:
+            return self.failed
+        for b in sorted(self.graphs):
+            saved, saved_rows = self.stage[:5 * b].clone(), self.table_rows[:b].clone()
+            self.tuning_inputs(b)
+            want = self._forward(b).clone()
+            if not torch.isfinite(want).all():   # what the blocks hold gives no reference: nothing to compare
+                self.stage[:5 * b].copy_(saved)
+                self.table_rows[:b].copy_(saved_rows)
+                continue
+            graph, out = self.graphs[b]
+            graph.replay()
+            got = out.clone()
+            self.stage[:5 * b].copy_(saved)
+            self.table_rows[:b].copy_(saved_rows)
+            scale = want.float().abs().max().item()
+            diff = (got.float() - want.float()).abs().max().item()
+            if not (torch.isfinite(got).all() and diff <= self.VERIFY_TOLERANCE * max(scale, 1e-6)):
+                self.failed = (f"the decode graph of batch size {b} disagrees with the eager forward on the same "
+                               f"inputs (largest difference {diff:.3g}, eager output up to {scale:.3g})")
+                log.error("%s; decode runs eagerly from now on", self.failed)
+                return self.failed
+        return None
 
     def _forward(self, b: int) -> torch.Tensor:
         st = self.stage

@@ -141,9 +141,11 @@ class ModelRunner:
         self._mirror(CaptureOp())
         self._log(("capture",))
         self.decode_graphs.capture_all()
+        if self.parallel is None:   # (tensor-parallel ranks would have to verify in lockstep: not done)
+            self.decode_graphs.verify()
         if self.piecewise is not None:
             self.piecewise.capture_all()
-        return len(self.decode_graphs.graphs)
+        return len(self.decode_graphs.graphs) if self.decode_graphs.failed is None else 0
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, int, dict | None]]:

@@ -3,6 +3,7 @@
 On CPU the padded, static-buffer path runs eagerly (DecodeGraphs(capture=False)) and must give what the normal
 eager path gives; on a GPU the captured graphs must too."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -256,3 +257,61 @@ def test_a_capture_while_serving_leaves_the_live_rows_as_they_were():
 class _CaptureModel:
     def forward(self, ids, pos, kv, meta):
         return (meta.decode_block_tables.float().sum(1, keepdim=True) + meta.decode_context_lens[:, None]).expand(-1, 2)
+
+
+class _ReplayInto:
+    """A stand-in for a captured graph on CPU (no CUDA graphs there): replay() writes `compute()` into the output."""
+
+    def __init__(self, out, compute):
+        self.out, self.compute = out, compute
+
+    def replay(self):
+        self.out.copy_(self.compute())
+
+
+def test_a_graph_that_disagrees_with_the_eager_forward_turns_graphs_off(caplog):
+    """After the warm-up's captures every graph is replayed on its tuning inputs and compared with the eager forward
+    of the same static buffers (a graph that had recorded a freed buffer answered wrong; BENCHMARKS.md "Fused decode
+    layers"): a graph within rounding passes, a wrong one turns graphs off (decode runs eagerly) with the reason
+    logged, and the live rows and inputs come back as they were either way."""
+    class Model:
+        def forward(self, ids, pos, kv, meta):
+            return (meta.decode_block_tables.float().sum(1, keepdim=True) + meta.decode_context_lens[:, None]).expand(
+                -1, 3).clone()
+
+    def graphs_with(fault):
+        g = DecodeGraphs(Model(), None, max_num_seqs=4, max_blocks_per_seq=5, block_size=4,
+                         device=torch.device("cpu"), capture=False, num_blocks=14)
+        g.capture = True   # as after capture_all on a GPU: graphs of sizes 1 and 4
+        for b in (1, 4):
+            out = torch.zeros(b, 3)
+            g.graphs[b] = (_ReplayInto(out, (lambda b=b: fault(g._forward(b)) if b == 4 else g._forward(b))), out)
+        g.table_rows[:2, :2] = torch.tensor([[3, 4], [5, 6]], dtype=torch.int32)
+        g.stage[:20] = torch.arange(20)
+        return g
+
+    g = graphs_with(lambda y: y * 1.01)   # rounding-size differences: fine
+    rows, stage = g.table_rows.clone(), g.stage.clone()
+    assert g.verify() is None and g.failed is None
+    assert torch.equal(g.table_rows, rows) and torch.equal(g.stage, stage)
+    seqs = [SimpleNamespace(seq_id=0, block_table=[1], token_ids=[1, 2], num_computed_tokens=1)]
+    assert g.usable(seqs)
+    for fault in (lambda y: y * 0 + 7.0, lambda y: y.masked_fill(y > 0, float("nan"))):
+        g = graphs_with(fault)
+        rows = g.table_rows.clone()
+        with caplog.at_level(logging.ERROR, logger="sits.engine"):
+            why = g.verify()
+        assert why and "batch size 4 disagrees" in why and g.failed == why and not g.usable(seqs)
+        assert torch.equal(g.table_rows, rows)
+        assert "decode runs eagerly from now on" in caplog.text
+
+
+@gpu
+@pytest.mark.gpu
+def test_captured_graphs_verify_against_the_eager_forward_after_warmup():
+    engine = LLMEngine(EngineConfig(model="tiny", kernels="triton-v1.5", quantization="int8", num_kv_blocks=64,
+                                    max_num_seqs=32))
+    engine.warmup()
+    graphs = engine.model_runner.decode_graphs
+    assert graphs.failed is None and len(graphs.graphs) == len(graphs.sizes)
+    assert graphs.verify() is None   # again, on what the warm-up's request left in the cache
