@@ -39,7 +39,7 @@ def nonzero_locks() -> list[str]:
     torch.cuda.synchronize()
     out = []
     buffers = [(f"stream {stream}", locks) for (_, stream), locks in lin._LOCKS.items()]
-    buffers += [(f"outgrown #{i}", locks) for i, locks in enumerate(getattr(lin, "_RETIRED", []))]
+    buffers += [(f"outgrown #{i}", locks) for i, locks in enumerate(lin._RETIRED)]
     for name, locks in buffers:
         nz = torch.nonzero(locks).flatten().tolist()
         if nz:
@@ -54,7 +54,9 @@ def run(model: str, kernels: str, quantization: str, seqs: int, max_len: int, mo
     from sits.engine.llm import LLM
     from sits.engine.sampling_params import SamplingParams
     from sits.kernels import paged_decode_attention as pda
-    pda._TUNE_MIN_BLOCKS = 1 << 40 if mode == "graphs-no-attn-tuning" else 512   # decode attention never autotuned
+    tune_min_blocks = pda._TUNE_MIN_BLOCKS
+    if mode == "graphs-no-attn-tuning":   # decode attention never autotuned (restored below)
+        pda._TUNE_MIN_BLOCKS = 1 << 40
     t0 = time.perf_counter()
     llm = LLM(model, kernels, device="cuda", quantization=quantization or None, enforce_eager=mode == "eager",
               gpu_memory_utilization=utilization, max_model_len=max_len, max_num_seqs=seqs,
@@ -74,6 +76,7 @@ def run(model: str, kernels: str, quantization: str, seqs: int, max_len: int, mo
     print(f"  {kernels} {mode}: split-K counters not 0 after warm-up: {locks_after_warmup or 'none'}; after the "
           f"requests: {nonzero_locks() or 'none'}", flush=True)
     llm.close()
+    pda._TUNE_MIN_BLOCKS = tune_min_blocks
     del llm
     gc.collect()
     torch.cuda.empty_cache()

@@ -205,17 +205,17 @@ class DecodeGraphs:
             return self.failed
         for b in sorted(self.graphs):
             saved, saved_rows = self.stage[:5 * b].clone(), self.table_rows[:b].clone()
-            self.tuning_inputs(b)
-            want = self._forward(b).clone()
-            if not torch.isfinite(want).all():   # what the blocks hold gives no reference: nothing to compare
+            try:
+                self.tuning_inputs(b)
+                want = self._forward(b).clone()
+                graph, out = self.graphs[b]
+                graph.replay()
+                got = out.clone()
+            finally:
                 self.stage[:5 * b].copy_(saved)
                 self.table_rows[:b].copy_(saved_rows)
+            if not torch.isfinite(want).all():   # what the blocks hold gives no reference: nothing to compare
                 continue
-            graph, out = self.graphs[b]
-            graph.replay()
-            got = out.clone()
-            self.stage[:5 * b].copy_(saved)
-            self.table_rows[:b].copy_(saved_rows)
             scale = want.float().abs().max().item()
             diff = (got.float() - want.float()).abs().max().item()
             if not (torch.isfinite(got).all() and diff <= self.VERIFY_TOLERANCE * max(scale, 1e-6)):

@@ -286,7 +286,7 @@ def test_decode_graphs_answer_as_the_eager_engine_after_their_streams_lock_buffe
         engine.warmup()
         if not eager:
             graphs = engine.model_runner.decode_graphs
-            assert 1 in graphs.graphs
+            assert graphs.failed is None and 1 in graphs.graphs, graphs.failed   # warm-up captured batch 1
             dev = torch.device("cuda", torch.cuda.current_device())   # as a tensor's device names it: the key
             with torch.cuda.stream(graphs.stream):
                 held = lin._LOCKS[(str(dev), graphs.stream.cuda_stream)]
@@ -303,6 +303,8 @@ def test_decode_graphs_answer_as_the_eager_engine_after_their_streams_lock_buffe
                 for out in engine.step():
                     tokens += out.new_token_ids
             outs.append(tokens)
+        if not eager:   # the decode steps went through the graphs, which nothing turned off
+            assert engine.model_runner.decode_graphs.failed is None
         got[eager] = outs
         engine.close()
     del junk
