@@ -145,6 +145,8 @@ class ModelRunner:
             self.decode_graphs.verify()
         if self.piecewise is not None:
             self.piecewise.capture_all()
+            if self.parallel is None:
+                self.piecewise.verify()
         return len(self.decode_graphs.graphs) if self.decode_graphs.failed is None else 0
 
     @torch.inference_mode()

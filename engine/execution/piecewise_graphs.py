@@ -20,7 +20,9 @@ graphs, that part is captured per padded token count and only attention runs eag
   never inside a capture).
 - Only for `graph_safe` kernel sets, on CUDA, wherever decode steps use graphs (on by default; `--no-piecewise-graphs`
   turns it off).
-  A capture that fails turns it off for the runner (logged); steps then run eagerly.
+  A capture that fails turns it off for the runner (logged); steps then run eagerly. So does a captured piece that
+  disagrees with the same piece run eagerly (`verify`, after the warm-up's captures; the decode graphs are checked
+  alike).
 
 capture=False runs the same static-buffer path eagerly (tests on CPU check it against the model's forward).
 """
@@ -100,6 +102,47 @@ class PiecewiseGraphs:
                 return
             if size not in self._pieces:
                 self._prepare(size)
+
+    VERIFY_TOLERANCE = 0.05   # of the eager output's largest magnitude (as DecodeGraphs.verify)
+
+    @torch.inference_mode()
+    def verify(self) -> str | None:
+        """Replay every captured piece of every size once on seeded inputs (token ids, attention output, residual)
+        and compare what it writes with the same piece run eagerly on the same static buffers. A piece that disagrees
+        by more than rounding (cuBLAS may pick other kernels inside a capture) is a fault of the capture (a buffer it
+        recorded and someone freed, a launch it missed): piecewise graphs are turned off, as after a failed capture,
+        and steps with prefill run eagerly. Returns why, or None. Checked once, after the warm-up's captures
+        (ModelRunner.capture_decode_graphs); the buffers' contents are not kept (every step writes them first)."""
+        if not self.capture or self.failed is not None:
+            return self.failed
+        gen = torch.Generator(self.device).manual_seed(0)
+        vocab = self.model.embed_tokens.shape[0]
+        for size, p in sorted(self._pieces.items()):
+            if not p.graphs:
+                continue
+            bufs = (p.ids, p.qkv, p.attn, p.res, p.out)
+            p.ids.copy_(torch.randint(vocab, (size,), generator=gen, device=self.device))
+            for b in (p.attn, p.res, p.qkv, p.out):
+                b.copy_(torch.randn(b.shape, generator=gen, device=self.device, dtype=torch.float32).to(b.dtype))
+            for i, graph in enumerate(p.graphs):
+                inputs = [b.clone() for b in bufs]
+                self._piece(p, i)
+                want = [b.clone() for b in bufs]
+                for b, x in zip(bufs, inputs):
+                    b.copy_(x)
+                graph.replay()
+                for name, w, g in zip(("ids", "qkv", "attn", "res", "out"), want, bufs):
+                    scale = w.float().abs().max().item()
+                    if not torch.isfinite(w).all():   # nothing to compare against
+                        continue
+                    diff = (g.float() - w.float()).abs().max().item()
+                    if not (torch.isfinite(g).all() and diff <= self.VERIFY_TOLERANCE * max(scale, 1e-6)):
+                        self.failed = (f"piece {i} of the {size}-token piecewise graphs disagrees with the eager "
+                                       f"piece on the same inputs ({name}: largest difference {diff:.3g}, eager "
+                                       f"values up to {scale:.3g})")
+                        log.error("%s; steps with prefill run eagerly from now on", self.failed)
+                        return self.failed
+        return None
 
     # ---- the pieces ----
     def _piece(self, p: _Pieces, i: int) -> None:

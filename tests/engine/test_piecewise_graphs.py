@@ -121,3 +121,62 @@ def test_warmup_captures_every_size():
     pw = engine.model_runner.piecewise
     assert pw.failed is None and set(pw._pieces) == set(pw.sizes) == {16, 32, 64}
     assert all(len(p.graphs) == len(engine.model_runner.model.layers) + 1 for p in pw._pieces.values())
+
+
+class _Piece:
+    """A stand-in for one captured piece on CPU (no CUDA graphs there): replay() runs the piece eagerly, then `fault`
+    on the buffers it wrote."""
+
+    def __init__(self, pw, p, i, fault=None):
+        self.pw, self.p, self.i, self.fault = pw, p, i, fault
+
+    def replay(self):
+        self.pw._piece(self.p, self.i)
+        if self.fault is not None:
+            self.fault(self.p)
+
+
+def test_a_piece_that_disagrees_with_the_eager_piece_turns_piecewise_graphs_off(caplog):
+    """After the warm-up's captures each piece is replayed on seeded inputs and compared with the same piece run
+    eagerly on the same buffers (a decode graph that had recorded a freed buffer answered wrong; BENCHMARKS.md "Fused
+    decode layers"): pieces within rounding pass, a wrong or non-finite one turns piecewise graphs off (steps with
+    prefill run the model's forward) with the reason logged."""
+    import logging
+
+    runner = tiny(device="cpu").model_runner
+    n = len(runner.model.layers) + 1
+
+    def graphs_with(fault_at=None, fault=None):
+        pw = PiecewiseGraphs(runner.model, runner.kv_caches, max_tokens=32, device=runner.device, capture=False)
+        for size in pw.sizes:
+            pw._prepare(size)
+            p = pw._pieces[size]
+            p.graphs = [_Piece(pw, p, i, fault if (size, i) == fault_at else None) for i in range(n)]
+        pw.capture = True   # as after capture_all on a GPU
+        return pw
+
+    def rounding(p):
+        p.qkv.mul_(1.01)
+        p.res.mul_(1.01)
+
+    pw = graphs_with((32, 1), rounding)
+    assert pw.verify() is None and pw.failed is None and pw.size_for(20) == 32
+    for where, fault, what in (((32, 1), lambda p: p.res.zero_(), "res"),
+                               ((16, n - 1), lambda p: p.out.fill_(float("nan")), "out"),
+                               ((16, 0), lambda p: p.qkv.add_(3.0), "qkv")):
+        pw = graphs_with(where, fault)
+        with caplog.at_level(logging.ERROR, logger="sits.engine"):
+            why = pw.verify()
+        assert why and f"piece {where[1]} of the {where[0]}-token piecewise graphs disagrees" in why, why
+        assert f"({what}:" in why and pw.failed == why and pw.size_for(20) is None
+        assert "steps with prefill run eagerly from now on" in caplog.text
+
+
+@gpu
+@pytest.mark.gpu
+def test_captured_pieces_verify_against_the_eager_pieces_after_warmup():
+    engine = tiny(device="cuda", kernels="triton-v1.5", quantization="int8", piecewise_graphs=True)
+    engine.warmup()
+    pw = engine.model_runner.piecewise
+    assert pw.failed is None and set(pw._pieces) == set(pw.sizes)
+    assert pw.verify() is None   # again, after the warm-up
