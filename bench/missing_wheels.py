@@ -50,4 +50,5 @@ if __name__ == "__main__":
     if bad:
         print("not the lock's versions (bash bench/fetch_wheels.sh fetches them): " + ", ".join(bad), file=sys.stderr)
         sys.exit(2)
-    print("\n".join(str(w) for w in wanted))
+    for w in wanted:   # nothing at all when nothing is missing: an empty line would reach pip as a requirement
+        print(w)

@@ -27,6 +27,11 @@ def test_missing_wheels_lists_only_what_this_interpreter_lacks(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert [line.rsplit("/", 1)[-1] for line in r.stdout.split()] == ["surely_not_installed_sits_pkg-1.0-py3-none-any.whl"]
+    (tmp_path / "surely_not_installed_sits_pkg-1.0-py3-none-any.whl").unlink()
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "missing_wheels.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    # nothing missing: no output at all (an empty line reached pip as a requirement when gpu_session.sh ran twice)
+    assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
 
 
 def test_bundle_out_keeps_the_named_files_and_archives_the_rest_past_eight(tmp_path):

@@ -148,7 +148,7 @@ def test_fast_launch_repeats_match_the_reference_and_respecialize():
             ref64 = REF.linear(x.double(), qw)
             assert_close_to_fp64(TRI.linear(x, qw), REF.linear(x, qw), ref64, tol * max(1.0, ref64.abs().max().item()))
     dev = torch.device("cuda", torch.cuda.current_device())
-    launcher = tuned_launcher(lin._linear_small_m, (dev, n, k, torch.bfloat16, False, "tf32"))
+    launcher = tuned_launcher(lin._linear_small_m, (dev, n, k, torch.bfloat16, False, "tf32", False, False, False))
     # M=1 vs M=5 (an int arg equal to 1 is specialized) x aligned vs not: four kernels, each reused on the repeats
     assert len(launcher.compiled) == 4
     h = torch.randn(3, 4096, generator=g).bfloat16().cuda()
