@@ -283,6 +283,12 @@ def cmd_demo(a) -> int:
         return 0 if run_demo(cfg).ok else 1
     except DeployError as e:   # an engine did not start: its log tail is in the message
         print(f"sits-control demo: a variant could not be deployed: {e}", file=sys.stderr)
+        if "--gpu-memory-utilization" in str(e) and "--gpu-memory-utilization" in cfg.engine_args:
+            share = cfg.engine_args[cfg.engine_args.index("--gpu-memory-utilization") + 1]
+            print(f"sits-control demo: each engine has {share} of the GPU's memory (up to four run at once during a "
+                  f"promotion); give them more with --gpu-memory-share (at most 0.24 with four), or need less: "
+                  f"--engine-arg '--max-model-len 2048' (on an 80 GB card llama3-8b int8 ran with "
+                  f"--gpu-memory-share 0.23)", file=sys.stderr)
         return 1
     except ValueError as e:   # e.g. no prometheus binary
         print(f"sits-control demo: {e}", file=sys.stderr)

@@ -71,11 +71,12 @@ GPU_SCENARIOS = {s.name: s for s in (
              "sequence's kv heads side by side): expected to be promoted; with --production-kernels triton-v1.7 the "
              "gate judges only paged_decode_attention"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
-             "a BAD fused release (SiLU-and-mul in the down projection's prologue with int8/fp8 weights at decode "
-             "sizes: 3-5x slower than v1.5's two ops at llama3-8b's shapes with int8): with --model llama3-8b "
-             "--engine-arg '--quantization int8' --production-kernels triton-v1.5 it must be rolled back (on the "
-             "H200 the answer-level gate did it first: degenerate answers from its engine, the op "
-             "itself within tolerance; at the tiny model's sizes it is neither slow nor caught)"),
+             "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
+             "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "
+             "--engine-arg '--quantization int8' --production-kernels triton-v1.5 it should be rolled back on "
+             "latency. Not yet seen: at 10 req/s under CUDA MPS (H100) its ITL P90 moved +13 %, between the "
+             "policy's ship and limit lines, and it was promoted (its earlier rollback by the answer-level gate was "
+             "an engine fault both variants shared, since mended; BENCHMARKS.md \"Fused decode layers\")"),
     Scenario("kvfp8", None, Phase.SUCCEEDED,
              "an ENGINE FLAG release (production's own kernels, an FP8 KV cache on the canary: e4m3 pages, twice "
              "the tokens in the same memory; production must read them: --production-kernels triton-v1.3 or "

@@ -184,3 +184,27 @@ def test_a_lane_compares_each_scenario_with_what_production_runs_after_a_promoti
     assert len(refused) == 1 and "torch-slow-attn reads auto only" in refused[0]
     assert (lane.production_kernels, lane.production_args) == ("torch", kv)
     assert [sc.name for _, sc, _ in lane.rollouts] == ["kvfp8", "good", "kvfp8"]
+
+
+def test_an_engine_short_of_gpu_memory_gets_a_hint_about_the_share(monkeypatch, capsys):
+    """An 80 GB card holds llama3-8b int8 at a fifth of its memory per engine only with less KV than one sequence of
+    max_model_len needs: the demo says which flag gives each engine more (the engine's own error names its flag)."""
+    from sits.control_plane.adapters.deploy import DeployError
+    from sits.control_plane.cli import commands
+
+    def short(cfg):
+        raise DeployError("demo/production: engine failed to load: InvalidRequestError: --gpu-memory-utilization "
+                          "0.2 leaves 0.96 GiB for the KV cache after the weights (9.5 GiB) and activations")
+    monkeypatch.setattr(commands, "run_demo", short)
+    assert main(["demo", "--scenario", "good", "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "a variant could not be deployed" in err and f"each engine has {GPU_MEMORY_SHARE:g} of the GPU" in err
+    assert "--gpu-memory-share" in err and "--max-model-len 2048" in err
+    assert main(["demo", "--scenario", "good", "--device", "cuda", "--gpu-memory-share", "0.23"]) == 1
+    assert "each engine has 0.23 of the GPU" in capsys.readouterr().err
+
+    def other(cfg):
+        raise DeployError("demo/canary: not ready after 600 s")
+    monkeypatch.setattr(commands, "run_demo", other)
+    assert main(["demo", "--scenario", "good", "--device", "cuda"]) == 1
+    assert "--gpu-memory-share" not in capsys.readouterr().err
