@@ -60,6 +60,22 @@ def padded_batch_size(n: int, sizes: tuple[int, ...]) -> int | None:
     return None
 
 
+# a graph's output may differ from the eager forward's by rounding (cuBLAS may pick other kernels inside a capture);
+# a broken graph differs by far more (garbage tiles, non-finite values)
+VERIFY_TOLERANCE = 0.05   # of the eager values' largest magnitude
+
+
+def disagreements(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float] | None]:
+    """For each (eager, replayed) pair of tensors: None when the replay agrees within VERIFY_TOLERANCE (or the eager
+    values are not finite: no reference to compare with), else (largest difference, eager values' largest magnitude).
+    One copy to the host for all pairs (DecodeGraphs.verify, PiecewiseGraphs.verify)."""
+    stats = torch.stack([torch.stack((w.float().abs().max(), (g.float() - w.float()).abs().max(),
+                                      torch.isfinite(w).all().float(), torch.isfinite(g).all().float()))
+                         for w, g in pairs]).tolist()
+    return [None if not want_finite or (got_finite and diff <= VERIFY_TOLERANCE * max(scale, 1e-6))
+            else (diff, scale) for scale, diff, want_finite, got_finite in stats]
+
+
 class DecodeGraphs:
     """Runs decode-only forward passes through static buffers, replaying one CUDA graph per padded batch size.
 
@@ -191,10 +207,6 @@ class DecodeGraphs:
             if b not in self.graphs:
                 self._capture(b)
 
-    # a graph's output may differ from the eager forward's by rounding (cuBLAS may pick other kernels inside a
-    # capture); a broken graph differs by far more (garbage tiles, non-finite values)
-    VERIFY_TOLERANCE = 0.05   # of the eager output's largest magnitude
-
     def verify(self) -> str | None:
         """Replay every captured graph on the inputs its capture tuned with (each row a context of its own blocks,
         nothing written) and compare with the eager forward of the same static buffers. A graph that disagrees is
@@ -214,11 +226,9 @@ class DecodeGraphs:
             finally:
                 self.stage[:5 * b].copy_(saved)
                 self.table_rows[:b].copy_(saved_rows)
-            if not torch.isfinite(want).all():   # what the blocks hold gives no reference: nothing to compare
-                continue
-            scale = want.float().abs().max().item()
-            diff = (got.float() - want.float()).abs().max().item()
-            if not (torch.isfinite(got).all() and diff <= self.VERIFY_TOLERANCE * max(scale, 1e-6)):
+            bad = disagreements([(want, got)])[0]
+            if bad is not None:
+                diff, scale = bad
                 self.failed = (f"the decode graph of batch size {b} disagrees with the eager forward on the same "
                                f"inputs (largest difference {diff:.3g}, eager output up to {scale:.3g})")
                 log.error("%s; decode runs eagerly from now on", self.failed)

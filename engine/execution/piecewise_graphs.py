@@ -34,6 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from sits.engine.execution.cuda_graphs import disagreements
 from sits.engine.model.layers.attention import AttentionMetadata
 
 log = logging.getLogger("sits.engine")
@@ -103,8 +104,6 @@ class PiecewiseGraphs:
             if size not in self._pieces:
                 self._prepare(size)
 
-    VERIFY_TOLERANCE = 0.05   # of the eager output's largest magnitude (as DecodeGraphs.verify)
-
     @torch.inference_mode()
     def verify(self) -> str | None:
         """Replay every captured piece of every size once on seeded inputs (token ids, attention output, residual)
@@ -131,15 +130,9 @@ class PiecewiseGraphs:
                 for b, x in zip(bufs, inputs):
                     b.copy_(x)
                 graph.replay()
-                # per buffer: the eager values' largest magnitude, the largest difference, and whether each is finite
-                # (one copy to the host per piece)
-                stats = torch.stack([torch.stack((w.float().abs().max(), (g.float() - w.float()).abs().max(),
-                                                  torch.isfinite(w).all().float(), torch.isfinite(g).all().float()))
-                                     for w, g in zip(want, bufs)]).tolist()
-                for name, (scale, diff, want_finite, got_finite) in zip(("ids", "qkv", "attn", "res", "out"), stats):
-                    if not want_finite:   # nothing to compare against
-                        continue
-                    if not (got_finite and diff <= self.VERIFY_TOLERANCE * max(scale, 1e-6)):
+                for name, bad in zip(("ids", "qkv", "attn", "res", "out"), disagreements(list(zip(want, bufs)))):
+                    if bad is not None:
+                        diff, scale = bad
                         self.failed = (f"piece {i} of the {size}-token piecewise graphs disagrees with the eager "
                                        f"piece on the same inputs ({name}: largest difference {diff:.3g}, eager "
                                        f"values up to {scale:.3g})")

@@ -259,7 +259,6 @@ def test_the_fp8_sets_score_like_the_torch_set_with_the_same_fp8_weights_and_pag
     assert agree >= 0.85 and worst <= 0.5, (agree, worst)
 
 
-
 def test_decode_graphs_answer_as_the_eager_engine_after_their_streams_lock_buffer_grows(monkeypatch):
     """A CUDA graph records the address of its capture stream's split-K lock buffer; when a later launch on that
     stream needs more counters, the buffer it outgrew must stay allocated. The engine's warm-up captured the batch-1

@@ -172,7 +172,7 @@ def test_an_outgrown_split_k_lock_buffer_stays_allocated_for_the_graphs_that_cap
 
     from sits.kernels import linear as lin
     monkeypatch.setattr(lin, "_LOCKS", {})
-    monkeypatch.setattr(lin, "_RETIRED", [], raising=False)
+    monkeypatch.setattr(lin, "_RETIRED", [])
     cpu = torch.device("cpu")
     small = lin._split_k_locks(cpu, 300)
     assert small.numel() == 1024 and lin._split_k_locks(cpu, 1024) is small   # enough: the same buffer
