@@ -21,6 +21,9 @@
 #                                  # (e.g. "--kv-cache-dtype fp8" with SITS_FUSED_ROWS=b256-fp8)
 #   bench/gpu_session.sh fused-rows  # bench/fused_rows.py: v1.6's fused op against v1.5's two ops at the down
 #                                  # projection by rows, and a sweep of launch configs with and without the prologue
+#   bench/gpu_session.sh gemv-rows # bench/gemv_rows.py: triton-v1.9's GEMV against v1.8's linear at one row (int8,
+#                                  # fp8, bf16 weights), a sweep of its launch configs and the read-only ceiling
+#                                  # (SITS_GEMV_ARGS: more arguments, e.g. "--kinds int8 --no-sweep")
 #   bench/gpu_session.sh prologue-served  # bench/fused_prologue_served.py under CUDA MPS as the demo ran it
 #                                  # (SITS_MPS=off: without): triton-v1.6's gate replay against served engines, per
 #                                  # canary variant (A/A, eager, no piecewise graphs, no split-K); SITS_PROLOGUE_ARGS:
@@ -265,6 +268,18 @@ run_fused_rows() {
     "fused SiLU-and-mul (v1.6 prologue, v1.7 epilogue) by rows" "a GPU"
 }
 
+run_gemv_rows() {
+  local budget="${SITS_GEMV_BUDGET_S:-330}" t0=$SECONDS
+  if [[ "$phase" == dry-run ]]; then
+    summary+=("gemv rows | skipped | 0 s | bench/gemv_rows.py needs a GPU"); return
+  fi
+  echo "== triton-v1.9's GEMV by weight shape (budget ${budget} s): bench/gemv_rows.py"
+  # the sweep stops 60 s before the budget, so the table always prints
+  timeout -k 10 "$budget" "$py" bench/gemv_rows.py --budget-s $((budget - 60)) --json "$out/gemv-rows.json" \
+    ${SITS_GEMV_ARGS:-} 2>&1 | tee "$out/gemv-rows.log"
+  summary+=("gemv rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in gemv-rows.log")
+}
+
 run_prologue_served() {
   # the product's gate replay against a triton-v1.5 baseline and a triton-v1.6 canary engine (llama3-8b int8), under
   # CUDA MPS as bench/gpu_demo.sh prologue ran them, then per canary variant
@@ -339,12 +354,13 @@ for ph in "${phases[@]}"; do
     fp8) run_fp8 ;;
     fp8-rows) run_fp8_rows ;;
     fused-rows) run_fused_rows ;;
+    gemv-rows) run_gemv_rows ;;
     prologue-served) run_prologue_served ;;
     prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -358,6 +374,9 @@ fi
 if [[ -f "$out/decode-attention-fp8.log" ]]; then
   sed -n '/^| batch x ctx/,$p' "$out/decode-attention-fp8.log"
 fi
+if [[ -f "$out/gemv-rows.log" ]]; then
+  sed -n '/^sweep, the five best/,$p' "$out/gemv-rows.log"
+fi
 if [[ -f "$out/fused-rows.log" ]]; then
   sed -n '/^autotune winners/,$p' "$out/fused-rows.log"
 fi
@@ -370,7 +389,7 @@ fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
 fi
-for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6 fused-triton-v1.7 fused-triton-v1.8; do
+for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6 fused-triton-v1.7 fused-triton-v1.8 fused-triton-v1.9; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f.log"; sed -n '/^row /,$p' "$out/$f.log"; }
 done
 if [[ -f "$out/kv-fp8.log" ]]; then

@@ -9,6 +9,7 @@ from sits.kernels import decode_attention_regressions as _decode_bad
 from sits.kernels import linear as _linear
 from sits.kernels import linear_dequant as _linear_dequant
 from sits.kernels import linear_fp8_f16 as _linear_fp8_f16
+from sits.kernels import linear_gemv as _linear_gemv
 from sits.kernels import linear_silu_and_mul as _linear_silu_and_mul
 from sits.kernels import linear_w8a8 as _linear_w8a8
 from sits.kernels import paged_decode_attention as _decode
@@ -123,6 +124,16 @@ TRITON_V1_8 = register_kernel_set(TRITON_V1_7.derive(
                 "rounding (4e-5 relative on the H200); plain pages and other calls as v1.7",
     kv_cache_dtypes=("auto", "fp8"),
     paged_decode_attention=_decode_fp8.paged_decode_attention_fp8kv_staged,
+))
+
+TRITON_V1_9 = register_kernel_set(TRITON_V1_8.derive(
+    "triton-v1.9", "1.9.0",
+    description="triton-v1.8 with int8/fp8 weights times one row (batch-1 decode) on a GEMV without tensor cores "
+                "(kernels/linear_gemv.py): weight tiles loaded straight into registers, converted exactly and summed "
+                "in fp32 on the CUDA cores, no shared memory, no split-K; the fused gate/up projection likewise, with "
+                "v1.7's SiLU-and-mul epilogue; more rows and plain weights as v1.8",
+    linear=_linear_gemv.linear_gemv,
+    linear_silu_and_mul=_linear_gemv.linear_silu_and_mul_gemv,
 ))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----

@@ -1,0 +1,197 @@
+"""triton-v1.9's linear at batch 1: a GEMV on the CUDA cores, without tensor cores or shared memory.
+
+At one row the weight-only kernel of kernels/linear.py pads x to a 16-row MMA tile and moves every weight tile
+through shared memory (cp.async -> ldmatrix -> convert -> HMMA); on the H200 it streamed int8 weights at 68-75 % of
+the copy rate and fp8 at 57 %, while a kernel that only reads the same bytes reached 92 % (BENCHMARKS.md "Kernels",
+docs/benchmarks-history.md: the dependent chain's latency at 1.7 warps a scheduler, not the conversion). One output
+row needs no MMA: here each program owns BLOCK_N weight rows, loads [BLOCK_N, BLOCK_K] tiles straight into registers
+(K contiguous, 16-byte loads), converts them and accumulates w * x elementwise in fp32 ([BLOCK_N, BLOCK_K]
+partial sums), and reduces over K once at the end. No split-K: programs of few rows (BLOCK_N 4-16) give even the
+narrow projections (N 4096) hundreds of programs, so there are no partials, counters or second pass, and the result
+does not depend on how many programs run.
+
+Numerics: int8 and e4m3 weights and bf16/fp16 activations are exact in fp32, their products too (8 x 11 significand
+bits), so only the fp32 sums round -- in another order than the MMA's, so the result matches the weight-only
+kernel's to fp32 rounding before the one rounding to x's dtype, not bit for bit. The per-channel scale and the bias
+apply once after the reduction, as there. Conversions: int8 through bf16 (Triton's byte-permute path, two
+instructions a byte; a direct int8 -> fp32 conversion is a quarter-rate instruction), e4m3 through fp16
+(cvt.rn.f16x2.e4m3x2, one instruction a pair), both exact.
+
+M rows (up to GEMV_MAX_M) run as M programs per weight tile, neighbours in launch order, so the tile's re-reads come
+from the L2. Everything else -- more rows, plain weights (cuBLAS), GPUs without fp8 conversion for fp8 weights -- is
+triton-v1.5's linear unchanged. triton-v1.9's fused gate/up projection (linear_silu_and_mul) uses the same GEMV with
+triton-v1.7's epilogue: output rows 2j and 2j + 1 of a tile are gate row j and up row j, and the tile writes
+silu(gate) * up of the pair rounded to x's dtype, as kernels/silu_and_mul.py would.
+"""
+from __future__ import annotations
+
+import torch
+
+from sits.kernels import linear as _lin
+from sits.kernels.linear_fp8_f16 import linear_fp8_f16
+from sits.kernels.linear_silu_and_mul import linear_silu_and_mul
+from sits.kernels.quant import QuantizedWeight
+from sits.kernels.triton_env import autotune, check_device, fast_tuned, interpreting, tl, triton
+
+GEMV_MAX_M = 1   # rows served by the GEMV; more: triton-v1.5's linear (the MMA kernel reads the weights once for all)
+INT8_DIRECT, INT8_VIA_BF16, INT8_MAGIC = 0, 1, 2   # how an int8 weight becomes fp32 (constexpr INT8_CONV)
+
+
+@triton.jit
+def int8x4_to_f32(w):
+    """Four int8 values (one 32-bit register) to fp32, exactly, in 9 instructions: each biased byte b + 128 goes
+    into the low mantissa byte of 2^23 (0x4B0000xx, one byte permute) and 2^23 + 128 is subtracted. Triton's own
+    int8 -> fp32 conversion is a quarter-rate I2F; through bf16 it takes two instructions a byte, then one more."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t, c; xor.b32 t, $4, 0x80808080; mov.b32 c, 0x4B000000; "
+        "prmt.b32 $0, t, c, 0x7540; prmt.b32 $1, t, c, 0x7541; prmt.b32 $2, t, c, 0x7542; prmt.b32 $3, t, c, 0x7543; "
+        "sub.f32 $0, $0, 0f4B000080; sub.f32 $1, $1, 0f4B000080; sub.f32 $2, $2, 0f4B000080; "
+        "sub.f32 $3, $3, 0f4B000080; }",
+        "=r,=r,=r,=r,r", [w.to(tl.uint8, bitcast=True)], dtype=tl.float32, is_pure=True, pack=4)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                 HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr):
+    # grid: (cdiv(N, BLOCK_N) * M,). Program p computes output row p % M, columns (p // M) * BLOCK_N + [0, BLOCK_N).
+    pid = tl.program_id(0)
+    pid_m = pid % M
+    pid_n = pid // M
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = rn % N   # weight rows past N wrap around (valid addresses); their outputs are not stored
+    if SILU_EPI:      # tile columns 2j, 2j + 1 = gate row j, up row j (W = [gate; up], N = 2 I)
+        offs_n = offs_n // 2 + (offs_n % 2) * (N // 2)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_k
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")   # weights stream through once
+            x = tl.load(x_ptrs)
+        else:
+            mask_k = (k0 + offs_k) < K
+            w = tl.load(w_ptrs, mask=mask_k[None, :], other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=mask_k, other=0.0)
+        if w_ptr.dtype.element_ty == tl.int8 and INT8_CONV == 2:
+            wf = int8x4_to_f32(w)
+        elif w_ptr.dtype.element_ty == tl.int8 and INT8_CONV == 1:   # (Triton's interpreter casts int8 to bf16
+            wf = w.to(tl.bfloat16).to(tl.float32)                      # wrong: there it converts directly)
+        elif w_ptr.dtype.element_ty == tl.float8e4nv:
+            wf = w.to(tl.float16).to(tl.float32)
+        else:
+            wf = w.to(tl.float32)
+        acc += wf * x.to(tl.float32)[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y = tl.sum(acc, 1)
+    if HAS_SCALE:
+        y = y * tl.load(scale_ptr + offs_n)   # per-output-channel scale, once per output
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + offs_n).to(tl.float32)
+    out_row = out_ptr + pid_m.to(tl.int64) * stride_om
+    if SILU_EPI:
+        gu = y.to(out_ptr.dtype.element_ty).to(tl.float32)   # the [gate | up] output, rounded as stored
+        g, u = tl.split(tl.reshape(gu, [BLOCK_N // 2, 2]))
+        rj = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_row + rj, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=rj < N // 2)
+    else:
+        tl.store(out_row + rn, y.to(out_ptr.dtype.element_ty), mask=rn < N)
+
+
+def _cfg(bn: int, bk: int, warps: int, stages: int = 1) -> triton.Config:
+    return triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
+
+
+# Autotuning candidates (each costs a compilation and a timing per shape in a cold warm-up): the best fixed config of
+# each of llama3-8b's four weight shapes in a sweep of 38 (bench/gemv_rows.py on the H200, int8, fp8 and bf16
+# weights: BENCHMARKS.md "A GEMV for batch 1"); stages do not matter (no pipelined loads).
+CANDIDATES = [_cfg(16, 512, 8), _cfg(8, 1024, 4), _cfg(16, 256, 4), _cfg(8, 512, 4), _cfg(4, 2048, 4)]
+INT8_CONV = INT8_MAGIC   # measured: bench/gemv_rows.py --int8-conv
+_even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
+_gemv_tuned = autotune(CANDIDATES, key=["N", "K", "SILU_EPI"], use_cuda_graph=True, warmup=5, rep=25)(
+    _even_k(_gemv_kernel))
+
+
+def _supported(x: torch.Tensor, weight) -> bool:
+    """The GEMV serves int8/fp8 weights with bf16/fp16/fp32 activations and plain weights in x's dtype (bf16/fp16),
+    on CUDA (fp8: sm_89+) or on CPU under Triton's interpreter."""
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if isinstance(weight, QuantizedWeight):
+        fp8_ok = weight.kind == "int8" or x.device.type == "cpu" or torch.cuda.get_device_capability(x.device) >= (8, 9)
+    elif isinstance(weight, torch.Tensor):
+        fp8_ok = weight.dtype == x.dtype and x.dtype != torch.float32 and weight.dim() == 2 and weight.stride(-1) == 1
+    else:
+        return False
+    if x.device.type == "cpu":
+        return fp8_ok and interpreting()
+    return fp8_ok and x.is_cuda and not interpreting()
+
+
+def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = False,
+         config: dict | None = None) -> None:
+    """out = x2 W^T (+ b) for few rows: x2 [M, K] with unit column stride, W a QuantizedWeight or a plain [N, K]
+    tensor with unit column stride, out [M, N] (or [M, N / 2] with silu_epi). config: BLOCK_N, BLOCK_K (+ num_warps,
+    num_stages, INT8_CONV) for a fixed launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile
+    under the interpreter."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    quantized = isinstance(weight, QuantizedWeight)
+    w = weight.qweight if quantized else weight
+    scale = weight.scale if quantized else w
+    has_bias = bias is not None
+    b = bias.contiguous() if has_bias else scale
+    args = (x2, w, scale, b, out, m, n, k, x2.stride(0), w.stride(0), out.stride(0))
+    flags = dict(HAS_SCALE=quantized, HAS_BIAS=has_bias, SILU_EPI=silu_epi)
+    if config is None and interpreting():   # the interpreter's cost is per program: wide tiles; no inline asm
+        config = dict(BLOCK_N=32 if n >= 32 else 2, BLOCK_K=64 if k >= 64 else 32, INT8_CONV=INT8_DIRECT)
+    if config is None:
+        key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi)
+        grid = lambda c: (triton.cdiv(n, c["BLOCK_N"]) * m,)  # noqa: E731
+        fast_tuned(_gemv_tuned, _gemv_kernel, key, grid, *args, **flags, INT8_CONV=INT8_CONV,
+                   derived=lambda best: {"EVEN_K": k % best.kwargs["BLOCK_K"] == 0})
+        return
+    c = dict(config)
+    c.setdefault("INT8_CONV", INT8_DIRECT if interpreting() else INT8_CONV)
+    return _gemv_kernel[(triton.cdiv(n, c["BLOCK_N"]) * m,)](*args, **flags, EVEN_K=k % c["BLOCK_K"] == 0, **c)
+
+
+def _rows(x: torch.Tensor, k: int) -> int:
+    return x.numel() // k if k and x.shape[-1] == k else 0
+
+
+def _run(x: torch.Tensor, weight, bias, n_out: int, silu_epi: bool) -> torch.Tensor:
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape[0], n_out, dtype=x.dtype, device=x.device)
+    gemv(x2, weight, bias, out, silu_epi=silu_epi)
+    return out.view(*x.shape[:-1], n_out)
+
+
+def linear_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = x W^T (+ b): int8/fp8 weights, or plain bf16/fp16 weights, times up to GEMV_MAX_M rows through the GEMV;
+    everything else as triton-v1.5 (kernels/linear_fp8_f16.py)."""
+    m = _rows(x, weight.shape[1]) if len(weight.shape) == 2 else 0
+    if not (0 < m <= GEMV_MAX_M) or not _supported(x, weight):
+        return linear_fp8_f16(x, weight, bias)
+    _lin.check_linear_args(x, weight, bias)
+    check_device("linear", x)
+    return _run(x, weight, bias, weight.shape[0], False)
+
+
+def linear_silu_and_mul_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: up to GEMV_MAX_M rows through the GEMV
+    with triton-v1.7's epilogue (int8/fp8 or plain bf16/fp16 weights); more rows as triton-v1.7's fused op
+    (kernels/linear_silu_and_mul.py)."""
+    if len(weight.shape) != 2 or weight.shape[0] % 2:
+        raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
+    m = _rows(x, weight.shape[1])
+    if not (0 < m <= GEMV_MAX_M) or not _supported(x, weight):
+        return linear_silu_and_mul(x, weight, bias)
+    _lin.check_linear_args(x, weight, bias)
+    check_device("linear_silu_and_mul", x)
+    return _run(x, weight, bias, weight.shape[0] // 2, True)

@@ -1,0 +1,180 @@
+"""triton-v1.9's GEMV (kernels/linear_gemv.py): int8/fp8 weights times one row on the CUDA cores, and the fused
+gate/up projection with v1.7's SiLU-and-mul epilogue. On CPU through Triton's interpreter: against fp64 within the
+bound of torch's own result in x's precision, the same bits for any BLOCK_N (a row's sum never sees another row's),
+more rows and plain weights routed to triton-v1.8 bit for bit; on a GPU at Llama-3-8B's four weight shapes and with
+every autotuning candidate."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sits.kernels import get_kernel_set, quantize_weight
+from sits.kernels.linear import linear_ref
+from sits.kernels.linear_gemv import CANDIDATES, GEMV_MAX_M, gemv, linear_gemv, linear_silu_and_mul_gemv
+from sits.kernels.silu_and_mul import silu_and_mul_ref
+from tests.kernels.helpers import ATOL, assert_close_to_fp64, on_gpu
+
+V18, V19 = get_kernel_set("triton-v1.8"), get_kernel_set("triton-v1.9")
+
+
+def _ref64(x, w, bias=None):
+    y = F.linear(x.double(), w.dequantize(torch.float64))
+    return y if bias is None else y + bias.double()
+
+
+def test_the_set_serves_it_and_keeps_v18s_other_ops():
+    assert V19.linear is linear_gemv and V19.linear_silu_and_mul is linear_silu_and_mul_gemv
+    assert set(V19.overrides) == {"linear", "linear_silu_and_mul"}
+    assert all(getattr(V19, op) is getattr(V18, op) for op in V18.ops() if op not in V19.overrides)
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n,k", [(96, 160), (128, 128), (10, 100)])   # partial K and N tiles; whole ones; tiny N
+def test_one_row_against_fp64(dev, kind, dtype, n, k):
+    g = torch.Generator().manual_seed(n + k)
+    w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to(dev)
+    x = (torch.randn(1, k, generator=g) * 3).to(dtype).to(dev)
+    bias = torch.randn(n, generator=g).to(dev)
+    got = linear_gemv(x, w, bias)
+    assert got.shape == (1, n) and got.dtype == dtype
+    ref64 = _ref64(x, w, bias)
+    assert_close_to_fp64(got, linear_ref(x, w, bias), ref64, ATOL[dtype] * max(1.0, ref64.abs().max().item()))
+    assert torch.equal(linear_gemv(x, w, bias), got)   # no atomics, no split-K: the same bits again
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_the_tile_width_does_not_change_a_rows_bits(dev, kind):
+    g = torch.Generator().manual_seed(5)
+    n, k = 70, 192   # N a multiple of no tile width: the last tile wraps around
+    w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to(dev)
+    x = torch.randn(1, k, generator=g).bfloat16().to(dev)
+    outs = []
+    for bn in (2, 4, 8, 32):
+        o = torch.full((1, n), float("nan"), dtype=torch.bfloat16, device=dev)
+        gemv(x, w, None, o, config=dict(BLOCK_N=bn, BLOCK_K=64))
+        outs.append(o)
+    assert not outs[0].isnan().any()
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert_close_to_fp64(outs[0], linear_ref(x, w), _ref64(x, w), ATOL[torch.bfloat16] * 4)
+
+
+def test_more_rows_and_fp32_plain_weights_are_v18s_linear(dev):
+    g = torch.Generator().manual_seed(6)
+    w = quantize_weight(torch.randn(48, 64, generator=g), "int8").to(dev)
+    x = torch.randn(GEMV_MAX_M + 2, 64, generator=g).bfloat16().to(dev)
+    assert torch.equal(linear_gemv(x, w), V18.linear(x, w))
+    x32 = torch.randn(1, 64, generator=g).to(dev)
+    plain32 = torch.randn(48, 64, generator=g).to(dev)
+    assert torch.equal(linear_gemv(x32, plain32), V18.linear(x32, plain32))   # fp32 plain weights: cuBLAS / torch
+    mixed = torch.randn(48, 64, generator=g).half().to(dev)   # weights not in x's dtype: as v1.8 (it casts them)
+    assert torch.equal(linear_gemv(x[:1], mixed), V18.linear(x[:1], mixed))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_plain_weights_in_xs_dtype_one_row_against_fp64(dev, dtype):
+    g = torch.Generator().manual_seed(8)
+    n, k = 72, 160
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype).to(dev)
+    x = torch.randn(1, k, generator=g).to(dtype).to(dev)
+    bias = torch.randn(n, generator=g).to(dtype).to(dev)
+    got = linear_gemv(x, w, bias)
+    ref64 = F.linear(x.double(), w.double(), bias.double())
+    assert_close_to_fp64(got, linear_ref(x, w, bias), ref64, ATOL[dtype] * max(1.0, ref64.abs().max().item()))
+    fused = linear_silu_and_mul_gemv(x, w, bias)
+    assert torch.equal(fused, V18.silu_and_mul(got))
+
+
+def test_any_leading_shape_and_strided_rows(dev):
+    g = torch.Generator().manual_seed(7)
+    w = quantize_weight(torch.randn(40, 64, generator=g), "fp8").to(dev)
+    x = torch.randn(1, 1, 64, generator=g).to(dev)
+    assert linear_gemv(x, w).shape == (1, 1, 40)
+    assert torch.equal(linear_gemv(x, w)[0], linear_gemv(x[0], w))
+    wide = torch.randn(1, 100, generator=g).to(dev)[:, :64]
+    assert torch.equal(linear_gemv(wide, w), linear_gemv(wide.contiguous(), w))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("h,i", [(96, 40), (128, 32)])
+def test_fused_gate_up_against_the_two_ops(dev, kind, h, i):
+    g = torch.Generator().manual_seed(h + i)
+    w = quantize_weight(torch.randn(2 * i, h, generator=g) * h ** -0.5, kind).to(dev)
+    x = (torch.randn(1, h, generator=g) * 3).bfloat16().to(dev)
+    bias = torch.randn(2 * i, generator=g).to(dev)
+    bias[0] = -300.0   # a saturated gate: silu -> -0
+    got = linear_silu_and_mul_gemv(x, w, bias)
+    assert got.shape == (1, i) and got.dtype == torch.bfloat16
+    # gate and up each within one bf16 rounding of fp64, as the two ops' stored [T, 2I] output is
+    gu = linear_gemv(x, w, bias)
+    assert torch.equal(got, V18.silu_and_mul(gu))   # as kernels/silu_and_mul.py computes it
+    ref64 = silu_and_mul_ref(_ref64(x, w, bias))
+    assert_close_to_fp64(got, V18.linear_silu_and_mul(x, w, bias), ref64,
+                         ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+    more = (torch.randn(3, h, generator=g) * 3).bfloat16().to(dev)
+    assert torch.equal(linear_silu_and_mul_gemv(more, w, bias), V18.linear_silu_and_mul(more, w, bias))
+
+
+def test_errors_are_clear(dev):
+    w = quantize_weight(torch.randn(48, 64), "int8").to(dev)
+    with pytest.raises(ValueError, match=r"does not match weight \[N, K\]"):
+        linear_gemv(torch.randn(1, 63).to(dev), w)
+    with pytest.raises(ValueError, match="bias"):
+        linear_gemv(torch.randn(1, 64).to(dev), w, torch.zeros(5).to(dev))
+    with pytest.raises(ValueError, match=r"must be \[2 x I, H\]"):
+        linear_silu_and_mul_gemv(torch.randn(1, 64).to(dev), quantize_weight(torch.randn(47, 64), "int8").to(dev))
+
+
+LLAMA = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+needs_fp8 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                               reason="fp8 conversion needs sm_89+")
+
+
+@on_gpu
+@needs_fp8
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("shape", list(LLAMA))
+def test_gpu_at_llamas_weight_shapes(kind, shape):
+    n, k = LLAMA[shape]
+    g = torch.Generator().manual_seed(n + k)
+    w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to("cuda")
+    x = torch.randn(1, k, generator=g).bfloat16().cuda()
+    got = linear_gemv(x, w)
+    ref64 = _ref64(x, w)
+    assert_close_to_fp64(got, linear_ref(x, w), ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+    assert torch.equal(linear_gemv(x, w), got)
+    if shape == "gate_up":
+        fused = linear_silu_and_mul_gemv(x, w)
+        assert torch.equal(fused, V18.silu_and_mul(got))
+
+
+@on_gpu
+@needs_fp8
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: f"N{c.kwargs['BLOCK_N']}K{c.kwargs['BLOCK_K']}w{c.num_warps}")
+def test_gpu_every_autotuning_candidate(kind, cfg):
+    n, k = 4096, 14336
+    g = torch.Generator().manual_seed(3)
+    w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to("cuda")
+    x = torch.randn(1, k, generator=g).bfloat16().cuda()
+    o = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    gemv(x, w, None, o, config=dict(**cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    ref64 = _ref64(x, w)
+    assert_close_to_fp64(o, linear_ref(x, w), ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+
+
+@on_gpu
+def test_gpu_int8_conversions_are_exact_for_every_byte_in_every_lane():
+    # column j of W holds all 256 int8 values (row n: n - 128) for j in 0..3, the four lanes of a packed register;
+    # x = e_j reads column j back exactly (scale 1) through each conversion
+    from sits.kernels.linear_gemv import INT8_MAGIC, INT8_VIA_BF16
+    q = torch.zeros(256, 64, dtype=torch.int8)
+    q[:, :4] = (torch.arange(256) - 128).to(torch.int8)[:, None]
+    w = quantize_weight(torch.zeros(256, 64), "int8")
+    w = type(w)(q.cuda(), torch.ones(256, device="cuda"), "int8")
+    for j in range(4):
+        x = torch.zeros(1, 64, device="cuda", dtype=torch.float32)
+        x[0, j] = 1.0
+        for conv in (INT8_VIA_BF16, INT8_MAGIC):
+            o = torch.empty(1, 256, device="cuda", dtype=torch.float32)
+            gemv(x, w, None, o, config=dict(BLOCK_N=8, BLOCK_K=64, num_warps=4, INT8_CONV=conv))
+            assert torch.equal(o[0], (torch.arange(256, device="cuda") - 128).float()), (j, conv)
