@@ -70,6 +70,11 @@ GPU_SCENARIOS = {s.name: s for s in (
              "an fp8 attention release (decode attention over FP8 pages converting each tile where it is loaded, a "
              "sequence's kv heads side by side): expected to be promoted; with --production-kernels triton-v1.7 the "
              "gate judges only paged_decode_attention"),
+    Scenario("gemv", "triton-v1.9", Phase.SUCCEEDED,
+             "a batch-1 release (int8/fp8 and bf16 weights times one row on a GEMV without tensor cores, the fused "
+             "gate/up projection too): expected to be promoted; with --production-kernels triton-v1.8 the gate "
+             "judges only linear and linear_silu_and_mul, and with --model llama3-8b at a low --rate (steps of one "
+             "sequence) its ITL should fall"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "
