@@ -2,7 +2,12 @@
 
 Input per prompt (gathered by adapters/inference/correctness.py): each variant's greedy continuation with the logprob
 of every chosen token and the top-N alternatives, and the canary's logprobs of the BASELINE's continuation (teacher
-forcing: the canary is fed the baseline's tokens, so positions after a divergence are still comparable).
+forcing: the canary is fed the baseline's tokens, so positions after a divergence are still comparable), and the
+baseline's own logprobs of that continuation scored the same way (`forced_baseline`). The teacher-forced comparisons
+take the baseline's side from that scoring pass where it is present: an engine scores a prompt in one prefill,
+which can round differently from its decode steps (fp8 weights: e4m3 activations above 32 rows, weight-only bf16
+ones in decode), so the canary's prefill against the baseline's decode would compare two numerical paths, not two
+kernel sets -- an A/A of llama3-8b with fp8 weights failed the gate that way (BENCHMARKS.md "A GEMV for batch 1").
 
 Per prompt: the first position where the greedy tokens differ; whether the first K tokens are identical; the drift
 |canary - baseline| of the chosen tokens' logprobs up to the first divergence (mean, max); under teacher forcing the
@@ -84,6 +89,7 @@ class PromptReplay:
     baseline: Continuation
     canary: Continuation
     forced: Continuation = field(default_factory=Continuation)   # canary scoring the baseline's tokens
+    forced_baseline: Continuation = field(default_factory=Continuation)   # the baseline scoring them the same way
 
 
 @dataclass(slots=True, frozen=True)
@@ -195,24 +201,34 @@ def compare_prompt(index: int, replay: PromptReplay, compare_tokens: int,
     same = n if first is None else first
     drifts = [abs(c.logprobs[i].logprob - b.logprobs[i].logprob)
               for i in range(min(same, len(b.logprobs), len(c.logprobs)))]
-    forced = replay.forced.logprobs[:len(b.logprobs)]
-    forced_top1 = sum(f.is_top1 for f in forced) / len(forced) if forced else math.nan
-    forced_drift = max((abs(f.logprob - bl.logprob) for f, bl in zip(forced, b.logprobs)), default=math.nan)
+    # the teacher-forced comparisons: the canary's scoring of the baseline's tokens against the baseline's own
+    # scoring of them (the same numerical path) where the replay has it, else against the baseline's decode steps
+    ref = replay.forced_baseline.logprobs if replay.forced_baseline.logprobs else b.logprobs
+    forced = replay.forced.logprobs[:min(len(b.logprobs), len(ref))]
+    forced_top1 = sum(_agrees(f, r) for f, r in zip(forced, ref)) / len(forced) if forced else math.nan
+    forced_drift = max((abs(f.logprob - r.logprob) for f, r in zip(forced, ref)), default=math.nan)
     margins: tuple[float | None, float | None] = (None, None)
     if first is not None and first < n and first < len(b.logprobs) and first < len(c.logprobs):
         margins = (_margin(b.logprobs[first], c.token_ids[first]), _margin(c.logprobs[first], b.token_ids[first]))
     k = min(compare_tokens, max(len(b.token_ids), len(c.token_ids)))
     identical_k = first is None or first >= k
-    sure = [(f, bl) for f, bl in zip(forced, b.logprobs)
-            if confident_margin > 0 and (m := runner_up_margin(bl)) is not None and m > confident_margin]
-    sure_drift = [abs(f.logprob - bl.logprob) for f, bl in sure]
+    sure = [(f, r) for f, r in zip(forced, ref)
+            if confident_margin > 0 and (m := runner_up_margin(r)) is not None and m > confident_margin]
+    sure_drift = [abs(f.logprob - r.logprob) for f, r in sure]
     return PromptComparison(
         index, label, n, first, identical_k,
         sum(drifts) / len(drifts) if drifts else 0.0, max(drifts, default=0.0), forced_top1, forced_drift,
         len(forced), *margins, tuple(b.token_ids), tuple(c.token_ids), b.text, c.text,
-        confident_positions=len(sure), confident_disagreements=sum(not f.is_top1 for f, _ in sure),
+        confident_positions=len(sure), confident_disagreements=sum(not _agrees(f, r) for f, r in sure),
         confident_drift_mean=sum(sure_drift) / len(sure_drift) if sure_drift else 0.0,
         confident_drift_max=max(sure_drift, default=0.0))
+
+
+def _agrees(pos: TokenLogprob, ref: TokenLogprob) -> bool:
+    """The top-1 of `ref`'s distribution is also a top-1 of `pos`'s (both score the same token; ties agree)."""
+    best = ref.token_id if ref.is_top1 else ref.top[0][0]
+    lp = pos.logprob_of(best)
+    return lp is not None and lp >= max(pos.logprob, pos.top[0][1] if pos.top else pos.logprob)
 
 
 def runner_up_margin(pos: TokenLogprob) -> float | None:

@@ -1,11 +1,13 @@
 """The correctness gate's I/O: replay the prompt set against canary and baseline through their OpenAI API.
 
-Per prompt, three requests, all marked `X-SITS-Probe: 1` (the engine keeps them out of the latency histograms):
+Per prompt, four requests, all marked `X-SITS-Probe: 1` (the engine keeps them out of the latency histograms):
   1. baseline: greedy completion with top-N logprobs (token ids via vLLM's return_tokens_as_token_ids and
      return_token_ids extensions, so a token is never confused with another that prints the same);
   2. canary: the same, with the baseline's prompt token ids as its prompt (exactly the same input);
   3. canary: prompt + the baseline's continuation with `echo` and `max_tokens: 0` -- the canary scores the baseline's
-     tokens (teacher forcing).
+     tokens (teacher forcing);
+  4. baseline: the same scoring request, so the teacher-forced comparisons compare like with like (one prefill on
+     each side: an engine's prefill can round differently from its decode steps, e.g. fp8 weights' e4m3 activations).
 The pure core (analysis/correctness.py) decides; this module only fetches. A failed request marks that prompt's
 replay as failed (the verdict is inconclusive past policy.max_error_fraction), never as a pass.
 """
@@ -187,13 +189,22 @@ class CorrectnessProbe:
             can = Continuation(tuple(c["token_ids"]), c["text"], _positions(c["logprobs"], 0))
             tokens += len(ids) + len(can.token_ids)
             sent += 1
-            f = self._post(canary, {"model": model, "prompt": ids + list(base.token_ids), "max_tokens": 0,
-                                    "echo": True, "logprobs": p.top_logprobs, "return_tokens_as_token_ids": True}, t, headers)
+            score = {"model": model, "prompt": ids + list(base.token_ids), "max_tokens": 0, "echo": True,
+                     "logprobs": p.top_logprobs, "return_tokens_as_token_ids": True}
+            f = self._post(canary, score, t, headers)
             tokens += len(ids) + len(base.token_ids)
             forced = Continuation(base.token_ids, base.text, _positions(f["logprobs"], len(ids)))
         except (ReplayError, KeyError, TypeError, ValueError) as e:
             return PromptReplay(prompt, base, Continuation(error=str(e))), tokens, sent
-        return PromptReplay(prompt, base, can, forced), tokens, sent
+        try:   # the baseline's own scoring: without it the comparison falls back to its decode steps' logprobs
+            sent += 1
+            fb = self._post(baseline, score, t, headers)
+            tokens += len(ids) + len(base.token_ids)
+            forced_base = Continuation(base.token_ids, base.text, _positions(fb["logprobs"], len(ids)))
+        except (ReplayError, KeyError, TypeError, ValueError) as e:
+            return PromptReplay(prompt, Continuation(error=f"scoring its own continuation: {e}"), can, forced), \
+                tokens, sent
+        return PromptReplay(prompt, base, can, forced, forced_base), tokens, sent
 
     def replay(self, canary_url: str, baseline_url: str, policy: CorrectnessPolicy, model: str,
                prompts: tuple[str, ...], interrupted: Callable[[], bool] | None = None

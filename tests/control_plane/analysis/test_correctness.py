@@ -332,3 +332,42 @@ def test_a_canary_that_quantizes_other_than_its_baseline_gets_the_quantized_tole
     assert tolerances_key("float32", {"fp8 KV pages"}, {"fp8 KV pages"}) == "float32"   # both alike: the dtype's
     assert tolerances_key("bfloat16", (), ()) == "bfloat16"
     assert DEFAULT_TOLERANCES[QUANTIZED].confident_margin > 0   # margin-aware, like half precision
+
+
+def _shifted(c: Continuation, by: float, flip_at: int | None = None) -> Continuation:
+    """c's logprobs `by` nats lower everywhere (another numerical path), and at `flip_at` a runner-up 0.2 nats
+    above the scored token (that path's top-1 differs there)."""
+    out = []
+    for i, t in enumerate(c.logprobs):
+        top = [(k, lp - by) for k, lp in t.top]
+        if i == flip_at:
+            top = [(t.token_id + 50, t.logprob - by + 0.2)] + top
+        out.append(TokenLogprob(t.token_id, t.logprob - by, tuple(top)))
+    return Continuation(c.token_ids, c.text, tuple(out))
+
+
+def test_teacher_forcing_compares_like_with_like_when_the_baseline_scored_its_own_tokens():
+    # An A/A of an engine whose prefill rounds otherwise than its decode (fp8 weights: e4m3 activations): both sides
+    # score the baseline's tokens 0.5 nats lower than the baseline decoded them, and pick another top-1 at position 1
+    # where the decode was sure. Against the decode steps that reads as a confident flip and drift: a false FAIL;
+    # against the baseline's own scoring, the same path, it is identical: PASS.
+    scored = _shifted(SURE, 0.5, flip_at=1)
+    old = compare_replays([replay(SURE, SURE, scored)] * 8, AWARE_POLICY, "bfloat16")
+    assert old.outcome is Outcome.FAIL and "confident_top1" in old.failed and "confident_drift_mean" in old.failed
+    aa = [PromptReplay("p", SURE, SURE, scored, scored)] * 8
+    v = compare_replays(aa, AWARE_POLICY, "bfloat16")
+    assert v.outcome is Outcome.PASS, v.reason
+    assert (v.top1_agreement, v.confident_drift_max) == (1.0, 0.0)
+    assert v.confident_positions == 24   # position 1 is not confident on the scoring path (its top-1 is another)
+
+
+def test_a_canary_that_scores_otherwise_than_the_baselines_own_scoring_still_fails():
+    scored = _shifted(SURE, 0.0)
+    wrong = _shifted(SURE, 0.0, flip_at=2)   # the canary's top-1 differs where the baseline's scoring was sure
+    bad = compare_replays([PromptReplay("p", SURE, SURE, scored, scored)] * 6
+                          + [PromptReplay("p", SURE, SURE, wrong, scored)] * 2, AWARE_POLICY, "bfloat16")
+    assert bad.outcome is Outcome.FAIL and bad.failed == ("confident_top1",)
+    assert bad.confident_top1 == pytest.approx(30 / 32)
+    drifted = _shifted(SURE, 1.5)   # 1.5 nats off the baseline's own scoring at every confident position
+    worse = compare_replays([PromptReplay("p", SURE, SURE, drifted, scored)] * 8, AWARE_POLICY, "bfloat16")
+    assert worse.outcome is Outcome.FAIL and {"confident_drift_mean", "confident_drift_max"} <= set(worse.failed)
