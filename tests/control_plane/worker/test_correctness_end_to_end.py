@@ -91,7 +91,7 @@ def test_the_wrong_set_is_rolled_back_by_the_gate_and_promoted_without_it(world,
     (gate,) = checks
     cv = gate["verdict"]["correctness"]
     assert gate["source"] == "correctness" and gate["decision"] == "rollback" and cv["outcome"] == "fail"
-    assert cv["dtype"] == "float32" and cv["prompts"] == len(PROMPTS) and cv["requests"] == 3 * len(PROMPTS)
+    assert cv["dtype"] == "float32" and cv["prompts"] == len(PROMPTS) and cv["requests"] == 4 * len(PROMPTS)
     assert {"conformance", "drift_max", "top1_agreement"} <= set(cv["failed"])
     assert cv["conformance"]["judged_ops"] == ["rope_and_cache"] and cv["conformance"]["outcome"] == "fail"
     diverged = [e for e in cv["evidence"] if e["first_divergence"] is not None]
