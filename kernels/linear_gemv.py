@@ -11,15 +11,20 @@ narrow projections (N 4096) hundreds of programs, so there are no partials, coun
 does not depend on how many programs run.
 
 Numerics: int8 and e4m3 weights and bf16/fp16 activations are exact in fp32, their products too (8 x 11 significand
-bits), so only the fp32 sums round -- in another order than the MMA's, so the result matches the weight-only
-kernel's to fp32 rounding before the one rounding to x's dtype, not bit for bit. The per-channel scale and the bias
-apply once after the reduction, as there. Conversions: int8 through bf16 (Triton's byte-permute path, two
-instructions a byte; a direct int8 -> fp32 conversion is a quarter-rate instruction), e4m3 through fp16
-(cvt.rn.f16x2.e4m3x2, one instruction a pair), both exact.
+bits), so only the fp32 sums round -- in another order than the MMA's (or cuBLAS's, for plain weights), so the result
+matches theirs to fp32 rounding before the one rounding to x's dtype, not bit for bit; it is the same for any
+BLOCK_N. The per-channel scale and the bias apply once after the reduction, as there. Conversions, all exact: int8
+by byte permute into the mantissa of 2^23 (`int8x4_to_f32`: 9 instructions for 4 values, 2-4 % faster on an H100
+than Triton's int8 -> bf16 -> fp32, whose int8 GEMV had lost to the MMA kernel at the H200's two large projections;
+Triton's direct int8 -> fp32 is a quarter-rate I2F), e4m3 through fp16 (cvt.rn.f16x2.e4m3x2, one instruction a
+pair), bf16/fp16 by a shift.
 
-M rows (up to GEMV_MAX_M) run as M programs per weight tile, neighbours in launch order, so the tile's re-reads come
-from the L2. Everything else -- more rows, plain weights (cuBLAS), GPUs without fp8 conversion for fp8 weights -- is
-triton-v1.5's linear unchanged. triton-v1.9's fused gate/up projection (linear_silu_and_mul) uses the same GEMV with
+Measured (BENCHMARKS.md "A GEMV for batch 1"): a batch-1 step's linears on an H100 int8 3.06 -> 2.69 ms, fp8 3.34 ->
+2.65, bf16 (cuBLAS) 5.17 -> 4.74, 91-98 % of a kernel that only reads the weights; batch-1 decode 245 -> 274 tok/s
+int8, 229 -> 277 fp8, 158 -> 179 bf16. At 2-4 rows the GEMV, which runs M programs per weight tile (neighbours in
+launch order, so the tile's re-reads come from the L2), took 1.5-3.4x the MMA kernel's time on the H200: it serves
+GEMV_MAX_M = 1 row. Everything else -- more rows, fp32 plain weights, GPUs without fp8 conversion for fp8 weights --
+is triton-v1.5's linear unchanged. The fused gate/up projection (linear_silu_and_mul) uses the same GEMV with
 triton-v1.7's epilogue: output rows 2j and 2j + 1 of a tile are gate row j and up row j, and the tile writes
 silu(gate) * up of the pair rounded to x's dtype, as kernels/silu_and_mul.py would.
 """
@@ -104,11 +109,12 @@ def _cfg(bn: int, bk: int, warps: int, stages: int = 1) -> triton.Config:
     return triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
 
 
-# Autotuning candidates (each costs a compilation and a timing per shape in a cold warm-up): the best fixed config of
-# each of llama3-8b's four weight shapes in a sweep of 38 (bench/gemv_rows.py on the H200, int8, fp8 and bf16
-# weights: BENCHMARKS.md "A GEMV for batch 1"); stages do not matter (no pipelined loads).
+# Autotuning candidates (each costs a compilation and a timing per shape in a cold warm-up; 25-30 tuning runs, 6-8 s
+# of an engine's warm-up on the H100): the best fixed config of each of llama3-8b's four weight shapes in a sweep of
+# 38 (bench/gemv_rows.py on the H200, int8, fp8 and bf16 weights: BENCHMARKS.md "A GEMV for batch 1"); stages made no
+# difference (no pipelined loads).
 CANDIDATES = [_cfg(16, 512, 8), _cfg(8, 1024, 4), _cfg(16, 256, 4), _cfg(8, 512, 4), _cfg(4, 2048, 4)]
-INT8_CONV = INT8_MAGIC   # measured: bench/gemv_rows.py --int8-conv
+INT8_CONV = INT8_MAGIC   # measured against INT8_VIA_BF16: bench/gemv_rows.py --sweep candidates
 _even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 _gemv_tuned = autotune(CANDIDATES, key=["N", "K", "SILU_EPI"], use_cuda_graph=True, warmup=5, rep=25)(
     _even_k(_gemv_kernel))
