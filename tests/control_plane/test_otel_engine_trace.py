@@ -42,9 +42,9 @@ def test_correctness_replay_spans_join_the_reconcile_trace(tmp_path, engine):
         assert s.checks("r1")[0]["source"] == "correctness"
     (gate,) = named(exporter.get_finished_spans(), "sits.correctness")
     assert gate.attributes["sits.correctness.verdict"] == "pass"
-    assert gate.attributes["sits.correctness.requests"] == 6   # 3 per prompt
+    assert gate.attributes["sits.correctness.requests"] == 8   # 4 per prompt
     engine_spans = [sp for sp in engine.exporter.get_finished_spans() if sp.name == "POST /v1/completions"]
-    assert len(engine_spans) == 6
+    assert len(engine_spans) == 8
     assert {sp.context.trace_id for sp in engine_spans} == {gate.context.trace_id}
     assert {sp.parent.span_id for sp in engine_spans} == {gate.context.span_id}
     (check,) = named(exporter.get_finished_spans(), "sits.check")
