@@ -67,6 +67,7 @@ def _weights(kind: str, n: int, k: int):
 
 def measure(kinds, rows, sweep: str, deadline: float) -> tuple[list[dict], list[dict]]:
     import torch
+    import triton
 
     from bench.kernel_timings import bench_graph, rel_err
     from bench.stream_read import stream_read
@@ -85,7 +86,7 @@ def measure(kinds, rows, sweep: str, deadline: float) -> tuple[list[dict], list[
                    "weight_mb": n * k * (2 if plain else 1) / 2**20}
             row["v18_us"] = 1e3 * bench_graph([lambda q=q: v18.linear(x, q) for q in ws])
             flat = [(q if plain else q.qweight).view(torch.int8).view(-1) for q in ws]
-            sums = torch.empty(triton_cdiv(flat[0].numel(), 16384), dtype=torch.int32, device="cuda")
+            sums = torch.empty(triton.cdiv(flat[0].numel(), 16384), dtype=torch.int32, device="cuda")
             row["read_us"] = 1e3 * bench_graph([lambda f=f: stream_read(f, sums) for f in flat])
             out = v19.linear(x, ws[0])
             row["v19_err"] = rel_err(out, ref)
@@ -137,10 +138,6 @@ def measure(kinds, rows, sweep: str, deadline: float) -> tuple[list[dict], list[
             del ws
             torch.cuda.empty_cache()
     return table, swept
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def report(res: dict) -> None:

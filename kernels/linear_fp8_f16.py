@@ -55,11 +55,7 @@ def weight_only_rows(x: torch.Tensor, weight: QuantizedWeight, bias, n_out: int,
     """x [..., K] (at least one row, arguments checked) through kernels/linear.py's weight-only kernel as triton-v1.5
     runs it -- fp16 dots for a bf16 model's fp8 weights up to F16_DOT_MAX_M rows -> [..., n_out]. `fusion`: the
     kernel's silu_mul or silu_epi (the fused ops of triton-v1.6 and v1.7), which change what K and n_out are."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    m = x2.shape[0]
-    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    m = x.numel() // x.shape[-1]
     f16 = weight.kind == "fp8" and m <= F16_DOT_MAX_M and _f16_path(x)
-    _lin.weight_only(x2, weight, bias, out, f16_dot=f16, **fusion)
-    return out.view(*x.shape[:-1], n_out)
+    return _lin.through_rows(x, n_out, lambda x2, out: _lin.weight_only(x2, weight, bias, out, f16_dot=f16,
+                                                                          **fusion))

@@ -126,14 +126,14 @@ def _supported(x: torch.Tensor, weight) -> bool:
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
     if isinstance(weight, QuantizedWeight):
-        fp8_ok = weight.kind == "int8" or x.device.type == "cpu" or torch.cuda.get_device_capability(x.device) >= (8, 9)
+        ok = weight.kind == "int8" or x.device.type == "cpu" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     elif isinstance(weight, torch.Tensor):
-        fp8_ok = weight.dtype == x.dtype and x.dtype != torch.float32 and weight.dim() == 2 and weight.stride(-1) == 1
+        ok = weight.dtype == x.dtype and x.dtype != torch.float32 and weight.dim() == 2 and weight.stride(-1) == 1
     else:
         return False
     if x.device.type == "cpu":
-        return fp8_ok and interpreting()
-    return fp8_ok and x.is_cuda and not interpreting()
+        return ok and interpreting()
+    return ok and x.is_cuda and not interpreting()
 
 
 def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = False,
@@ -169,13 +169,7 @@ def _rows(x: torch.Tensor, k: int) -> int:
 
 
 def _run(x: torch.Tensor, weight, bias, n_out: int, silu_epi: bool) -> torch.Tensor:
-    n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty(x2.shape[0], n_out, dtype=x.dtype, device=x.device)
-    gemv(x2, weight, bias, out, silu_epi=silu_epi)
-    return out.view(*x.shape[:-1], n_out)
+    return _lin.through_rows(x, n_out, lambda x2, out: gemv(x2, weight, bias, out, silu_epi=silu_epi))
 
 
 def linear_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
