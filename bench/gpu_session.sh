@@ -24,6 +24,8 @@
 #   bench/gpu_session.sh gemv-rows # bench/gemv_rows.py: triton-v1.9's GEMV against v1.8's linear at one row (int8,
 #                                  # fp8, bf16 weights), a sweep of its launch configs and the read-only ceiling
 #                                  # (SITS_GEMV_ARGS: more arguments, e.g. "--kinds int8 --no-sweep")
+#   bench/gpu_session.sh norm-gemv-rows  # bench/norm_gemv_rows.py: triton-v1.10's norm in the batch-1 GEMV against
+#                                  # v1.9's norm kernel then GEMV at the q/k/v and gate/up projections, by launch config
 #   bench/gpu_session.sh prologue-served  # bench/fused_prologue_served.py under CUDA MPS as the demo ran it
 #                                  # (SITS_MPS=off: without): triton-v1.6's gate replay against served engines, per
 #                                  # canary variant (A/A, eager, no piecewise graphs, no split-K); SITS_PROLOGUE_ARGS:
@@ -280,6 +282,11 @@ run_gemv_rows() {
   summary+=("gemv rows | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in gemv-rows.log")
 }
 
+run_norm_gemv_rows() {
+  gpu_bench "norm gemv rows" bench/norm_gemv_rows.py norm-gemv-rows "${SITS_NORM_GEMV_BUDGET_S:-240}" \
+    "triton-v1.10's norm in the GEMV against v1.9's two ops" "a GPU"
+}
+
 run_prologue_served() {
   # the product's gate replay against a triton-v1.5 baseline and a triton-v1.6 canary engine (llama3-8b int8), under
   # CUDA MPS as bench/gpu_demo.sh prologue ran them, then per canary variant
@@ -355,12 +362,13 @@ for ph in "${phases[@]}"; do
     fp8-rows) run_fp8_rows ;;
     fused-rows) run_fused_rows ;;
     gemv-rows) run_gemv_rows ;;
+    norm-gemv-rows) run_norm_gemv_rows ;;
     prologue-served) run_prologue_served ;;
     prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done

@@ -56,10 +56,17 @@ def int8x4_to_f32(w):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_ptr, M, N, K, eps,
+                 stride_xm, stride_wn, stride_om, stride_rm, stride_resm,
                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr):
+                 EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr, NORM: tl.constexpr,
+                 RES_AFTER: tl.constexpr = True):
     # grid: (cdiv(N, BLOCK_N) * M,). Program p computes output row p % M, columns (p // M) * BLOCK_N + [0, BLOCK_N).
+    # NORM (triton-v1.10, kernels/norm_linear.py): 0 = x as given; 1 = rms_norm(x) with weight nw; 2 = the residual
+    # add first, h = x + r rounded to x's dtype (the programs of the first N tile store it to res), then rms_norm(h).
+    # Every program walks all of K, so it sums h^2 as it goes and scales its dot products by 1/rms once at the end.
+    # RES_AFTER: the first tile's programs store h in a loop of their own after the dot products (else in the main
+    # loop, where the stores sit between the weight loads of consecutive tiles; bench/norm_gemv_rows.py compares).
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M
@@ -71,14 +78,33 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm,
     x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_k
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if NORM == 2:
+        r_ptrs = r_ptr + pid_m.to(tl.int64) * stride_rm + offs_k
+        res_ptrs = res_ptr + pid_m.to(tl.int64) * stride_resm + offs_k
+        res_k = (pid_n == 0).to(tl.int32) * K   # the columns this program stores h at: all (first tile) or none
+    if NORM > 0:
+        nw_ptrs = nw_ptr + offs_k
+        sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
+        mask_k = (k0 + offs_k) < K
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy="evict_first")   # weights stream through once
             x = tl.load(x_ptrs)
         else:
-            mask_k = (k0 + offs_k) < K
             w = tl.load(w_ptrs, mask=mask_k[None, :], other=0.0, eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=mask_k, other=0.0)
+        if NORM == 2:   # h = x + r rounded as kernels/rms_norm.py rounds it (the sum in fp32)
+            r = tl.load(r_ptrs, mask=mask_k, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            if not RES_AFTER:
+                tl.store(res_ptrs, x, mask=(k0 + offs_k) < res_k)
+                res_ptrs += BLOCK_K
+            r_ptrs += BLOCK_K
+        xf = x.to(tl.float32)
+        if NORM > 0:
+            sumsq += xf * xf
+            xf = xf * tl.load(nw_ptrs, mask=mask_k, other=0.0).to(tl.float32)
+            nw_ptrs += BLOCK_K
         if w_ptr.dtype.element_ty == tl.int8 and INT8_CONV == 2:
             wf = int8x4_to_f32(w)
         elif w_ptr.dtype.element_ty == tl.int8 and INT8_CONV == 1:   # (Triton's interpreter casts int8 to bf16
@@ -87,10 +113,24 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm,
             wf = w.to(tl.float16).to(tl.float32)
         else:
             wf = w.to(tl.float32)
-        acc += wf * x.to(tl.float32)[None, :]
+        acc += wf * xf[None, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
+    if NORM > 0:   # sum_k W[n, k] (h_k nw_k) / rms(h): the norm is a scale of the row, applied once here
+        y = y * (1.0 / tl.sqrt(tl.sum(sumsq, 0) / K + eps))
+    if NORM == 2 and RES_AFTER:
+        if pid_n == 0:
+            xr_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_k
+            r_ptrs = r_ptr + pid_m.to(tl.int64) * stride_rm + offs_k
+            for k0 in range(0, K, BLOCK_K):
+                mask_k = (k0 + offs_k) < K
+                h = tl.load(xr_ptrs, mask=mask_k, other=0.0).to(tl.float32) + \
+                    tl.load(r_ptrs, mask=mask_k, other=0.0).to(tl.float32)
+                tl.store(res_ptrs, h.to(x_ptr.dtype.element_ty), mask=mask_k)
+                xr_ptrs += BLOCK_K
+                r_ptrs += BLOCK_K
+                res_ptrs += BLOCK_K
     if HAS_SCALE:
         y = y * tl.load(scale_ptr + offs_n)   # per-output-channel scale, once per output
     if HAS_BIAS:
@@ -116,7 +156,7 @@ def _cfg(bn: int, bk: int, warps: int, stages: int = 1) -> triton.Config:
 CANDIDATES = [_cfg(16, 512, 8), _cfg(8, 1024, 4), _cfg(16, 256, 4), _cfg(8, 512, 4), _cfg(4, 2048, 4)]
 INT8_CONV = INT8_MAGIC   # measured against INT8_VIA_BF16: bench/gemv_rows.py --sweep candidates
 _even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
-_gemv_tuned = autotune(CANDIDATES, key=["N", "K", "SILU_EPI"], use_cuda_graph=True, warmup=5, rep=25)(
+_gemv_tuned = autotune(CANDIDATES, key=["N", "K", "SILU_EPI", "NORM"], use_cuda_graph=True, warmup=5, rep=25)(
     _even_k(_gemv_kernel))
 
 
@@ -136,12 +176,13 @@ def _supported(x: torch.Tensor, weight) -> bool:
     return ok and x.is_cuda and not interpreting()
 
 
-def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = False,
+def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = False, norm: tuple | None = None,
          config: dict | None = None) -> None:
     """out = x2 W^T (+ b) for few rows: x2 [M, K] with unit column stride, W a QuantizedWeight or a plain [N, K]
-    tensor with unit column stride, out [M, N] (or [M, N / 2] with silu_epi). config: BLOCK_N, BLOCK_K (+ num_warps,
-    num_stages, INT8_CONV) for a fixed launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile
-    under the interpreter."""
+    tensor with unit column stride, out [M, N] (or [M, N / 2] with silu_epi). norm = (r2, norm_weight, eps, res_out):
+    x2 is first normalized, out = rms_norm(h) W^T with h = x2 + r2 (r2 [M, K], stored to res_out [M, K]), or h = x2
+    where r2 is None (res_out unused). config: BLOCK_N, BLOCK_K (+ num_warps, num_stages, INT8_CONV) for a fixed
+    launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile under the interpreter."""
     m, k = x2.shape
     n = weight.shape[0]
     quantized = isinstance(weight, QuantizedWeight)
@@ -149,12 +190,17 @@ def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = 
     scale = weight.scale if quantized else w
     has_bias = bias is not None
     b = bias.contiguous() if has_bias else scale
-    args = (x2, w, scale, b, out, m, n, k, x2.stride(0), w.stride(0), out.stride(0))
-    flags = dict(HAS_SCALE=quantized, HAS_BIAS=has_bias, SILU_EPI=silu_epi)
+    r2, nw, eps, res = norm if norm is not None else (None, x2, 0.0, None)
+    norm_kind = 0 if norm is None else (1 if r2 is None else 2)
+    r2 = x2 if r2 is None else r2
+    res = x2 if res is None else res
+    args = (x2, w, scale, b, out, r2, nw, res, m, n, k, float(eps), x2.stride(0), w.stride(0), out.stride(0),
+            r2.stride(0), res.stride(0))
+    flags = dict(HAS_SCALE=quantized, HAS_BIAS=has_bias, SILU_EPI=silu_epi, NORM=norm_kind)
     if config is None and interpreting():   # the interpreter's cost is per program: wide tiles; no inline asm
         config = dict(BLOCK_N=32 if n >= 32 else 2, BLOCK_K=64 if k >= 64 else 32, INT8_CONV=INT8_DIRECT)
     if config is None:
-        key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi)
+        key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi, norm_kind)
         grid = lambda c: (triton.cdiv(n, c["BLOCK_N"]) * m,)  # noqa: E731
         fast_tuned(_gemv_tuned, _gemv_kernel, key, grid, *args, **flags, INT8_CONV=INT8_CONV,
                    derived=lambda best: {"EVEN_K": k % best.kwargs["BLOCK_K"] == 0})

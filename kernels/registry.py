@@ -29,11 +29,35 @@ OP_NAMES = (
 FUSED_OPS = {
     "silu_and_mul_linear": ("silu_and_mul", "linear"),   # (x [T, 2I], w [N, I], bias=None) -> linear(silu_and_mul(x))
     "linear_silu_and_mul": ("linear", "silu_and_mul"),   # (x [T, H], w [2I, H], bias=None) -> silu_and_mul(linear(x))
+    # (x [T, H], w [N, H], residual [T, H] or None, norm_weight [H], eps, bias=None) -> (linear(rms_norm(h)), h),
+    # h = x + residual (fused_add_rms_norm) or x (rms_norm, residual None)
+    "add_rms_norm_linear": ("rms_norm", "fused_add_rms_norm", "linear"),
+    # the same arguments, w = [gate; up] [2I, H] -> (linear_silu_and_mul(rms_norm(h)), h)
+    "add_rms_norm_linear_silu_and_mul": ("rms_norm", "fused_add_rms_norm", "linear", "silu_and_mul",
+                                         "linear_silu_and_mul"),
 }
+
+
+def _norm_then(project):
+    """A fused norm + projection as the composition of a set's ops: `project(ks)(h, weight, bias)` after the set's
+    rms_norm (residual None) or fused_add_rms_norm."""
+    def compose(ks):
+        def add_rms_norm_then(x, weight, residual, norm_weight, eps, bias=None):
+            if residual is None:
+                h, residual = ks.rms_norm(x, norm_weight, eps), x
+            else:
+                h, residual = ks.fused_add_rms_norm(x, residual, norm_weight, eps)
+            return project(ks)(h, weight, bias), residual
+        return add_rms_norm_then
+    return compose
+
+
 # each fused op as the composition of a set's own ops (KernelSet.op: what runs where a set has no fusion)
 _COMPOSITIONS = {
     "silu_and_mul_linear": lambda ks: lambda x, weight, bias=None: ks.linear(ks.silu_and_mul(x), weight, bias),
     "linear_silu_and_mul": lambda ks: lambda x, weight, bias=None: ks.silu_and_mul(ks.linear(x, weight, bias)),
+    "add_rms_norm_linear": _norm_then(lambda ks: ks.linear),
+    "add_rms_norm_linear_silu_and_mul": _norm_then(lambda ks: ks.op("linear_silu_and_mul")),
 }
 assert set(_COMPOSITIONS) == set(FUSED_OPS)
 DEVICES = ("cpu", "cuda")
@@ -89,6 +113,8 @@ class KernelSet:
     linear: Callable
     silu_and_mul_linear: Callable | None = None   # FUSED_OPS
     linear_silu_and_mul: Callable | None = None   # FUSED_OPS
+    add_rms_norm_linear: Callable | None = None   # FUSED_OPS
+    add_rms_norm_linear_silu_and_mul: Callable | None = None   # FUSED_OPS
     # the ops never wait on the GPU from the host and launch the same kernels for the same shapes, so the engine may
     # capture decode steps in CUDA graphs (engine/execution/cuda_graphs.py); derived sets inherit it
     graph_safe: bool = False

@@ -76,6 +76,11 @@ GPU_SCENARIOS = {s.name: s for s in (
              "--production-kernels triton-v1.8 the gate judges only linear and linear_silu_and_mul. With --model "
              "llama3-8b int8 at --rate 3 on an H100 it was promoted with ITL unchanged (-0.2 %): beside two other "
              "engines under MPS the GPU's bandwidth is shared"),
+    Scenario("normfused", "triton-v1.10", Phase.SUCCEEDED,
+             "a fused-norm release (the RMSNorm and its residual add inside the batch-1 GEMVs of the q/k/v and "
+             "gate/up projections: two launches fewer a decode layer, the same values to one bf16 rounding): "
+             "expected to be promoted; with --production-kernels triton-v1.9 the gate judges only the two fused "
+             "norm ops"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

@@ -246,18 +246,30 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
         yield _Case("linear_silu_and_mul", f"{t} x {s.hidden} -> {2 * s.intermediate} -> {s.intermediate}"
                     + (f" ({s.quantization})" if s.quantization else ""),
                     [inp.normal(t, s.hidden), w], quantize=s.quantization)
+    # the norm (with the residual add) in front of the q/k/v and the gate/up projections; without a residual (the
+    # first layer) at one row and the most
+    for op, n_out in (("add_rms_norm_linear", (s.q_heads + 2 * s.kv_heads) * s.head_dim),
+                      ("add_rms_norm_linear_silu_and_mul", 2 * s.intermediate)):
+        w = inp.normal(n_out, s.hidden, std=s.hidden ** -0.5)
+        for t in rows:
+            for residual in (True, False) if t in (1, tmax) else (True,):
+                yield _Case(op, f"{t} x {s.hidden}" + (" + residual" if residual else "") + f" -> {n_out}"
+                            + (f" ({s.quantization})" if s.quantization else ""),
+                            [inp.normal(t, s.hidden), w, inp.normal(t, s.hidden) if residual else None,
+                             inp.normal(s.hidden, std=0.1, mean=1), s.eps], quantize=s.quantization)
     w = inp.normal(s.vocab, s.hidden, std=s.hidden ** -0.5)
     for t in sorted({1, min(s.max_num_seqs, tmax)}):
         yield _Case("linear", f"{t} x {s.hidden} -> {s.vocab} (LM head)", [inp.normal(t, s.hidden), w])
 
 
 def _served(case: _Case, dtype: torch.dtype) -> _Case:
-    """A linear case with its weight quantized from the model dtype, as the engine loads it: every precision then
+    """A linear case (or a fused op's: the weight is always the second argument) with its weight quantized from the model dtype, as the engine loads it: every precision then
     multiplies the same quantized values (the fp64 reference included)."""
     if case.quantize is None:
         return case
-    x, w = case.args
-    return _Case(case.op, case.case, [x, quantize_weight(w.to(dtype), case.quantize)], case.outputs)
+    args = list(case.args)
+    args[1] = quantize_weight(args[1].to(dtype), case.quantize)
+    return _Case(case.op, case.case, args, case.outputs)
 
 
 def _fp8_weight(case: _Case) -> bool:

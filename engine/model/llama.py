@@ -71,6 +71,9 @@ class LlamaDecoderLayer:
     # in CUDA graphs and runs attention (whose shapes follow the batch's layout) between them
     def qkv(self, hidden, residual):
         """(input norm, with the residual add from the layer before) and the q/k/v projection -> (qkv, residual)."""
+        if self.ks.add_rms_norm_linear is not None:   # a set that folds the norm into the projection
+            return self.ks.add_rms_norm_linear(hidden, self.qkv_proj.weight, residual, self.input_layernorm.weight,
+                                               self.input_layernorm.eps)
         if residual is None:
             x, residual = self.input_layernorm(hidden), hidden
         else:
@@ -92,13 +95,19 @@ class LlamaDecoderLayer:
         hidden = self.o_proj(attn)
         if self.tp is not None:   # row-parallel: each rank holds a partial sum
             hidden = self.tp.all_reduce(hidden)
-        x, residual = self.post_attention_layernorm(hidden, residual)
-        if self.ks.linear_silu_and_mul is not None:   # a set that fuses the activation into the gate/up projection
-            out = self.down_proj(self.ks.linear_silu_and_mul(x, self.gate_up_proj.weight))
-        elif self.ks.silu_and_mul_linear is not None:   # ... or into the down projection
-            out = self.ks.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
+        norm = self.post_attention_layernorm
+        if self.ks.add_rms_norm_linear_silu_and_mul is not None:   # norm, gate/up projection and activation in one op
+            act, residual = self.ks.add_rms_norm_linear_silu_and_mul(hidden, self.gate_up_proj.weight, residual,
+                                                                     norm.weight, norm.eps)
+            out = self.down_proj(act)
         else:
-            out = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
+            x, residual = norm(hidden, residual)
+            if self.ks.linear_silu_and_mul is not None:   # a set that fuses the activation into the gate/up projection
+                out = self.down_proj(self.ks.linear_silu_and_mul(x, self.gate_up_proj.weight))
+            elif self.ks.silu_and_mul_linear is not None:   # ... or into the down projection
+                out = self.ks.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
+            else:
+                out = self.down_proj(self.ks.silu_and_mul(self.gate_up_proj(x)))
         if self.tp is not None:
             out = self.tp.all_reduce(out)
         return out, residual

@@ -226,3 +226,79 @@ def test_the_model_runs_the_fused_op_where_a_set_has_one(fused_sets, op):
     for rid in prompts:
         assert got[rid][1] == ref[rid][1]
         assert all(torch.equal(a, b) for a, b in zip(got[rid][0], ref[rid][0]))
+
+
+def _norm_linear_through(x, weight, residual, norm_weight, eps, bias=None):
+    """The reference's norm and linear under another name: a correct release of the fused norm."""
+    return get_kernel_set("torch").op("add_rms_norm_linear")(x, weight, residual, norm_weight, eps, bias)
+
+
+def _norm_linear_residual_dropped(x, weight, residual, norm_weight, eps, bias=None):
+    """A fused norm that normalizes x + residual but hands back the residual it was given: the next layer adds the
+    wrong stream (the projection itself is right)."""
+    y, _ = _norm_linear_through(x, weight, residual, norm_weight, eps, bias)
+    return y, (x if residual is None else residual)
+
+
+def _norm_linear_without_weight(x, weight, residual, norm_weight, eps, bias=None):
+    """A fused norm that forgets the norm's weight (a scale of 1 for every channel)."""
+    return _norm_linear_through(x, weight, residual, torch.ones_like(norm_weight), eps, bias)
+
+
+@pytest.fixture(scope="module")
+def norm_sets():
+    from sits.kernels.norm_linear import add_rms_norm_linear, add_rms_norm_linear_silu_and_mul
+    torch_set = get_kernel_set("torch")
+    names = {"norm-release": ("add_rms_norm_linear", _norm_linear_through),
+             "norm-residual-dropped": ("add_rms_norm_linear", _norm_linear_residual_dropped),
+             "norm-unweighted": ("add_rms_norm_linear", _norm_linear_without_weight),
+             "norm-triton": ("add_rms_norm_linear", add_rms_norm_linear),
+             "norm-epilogue-triton": ("add_rms_norm_linear_silu_and_mul", add_rms_norm_linear_silu_and_mul)}
+    for name, (op, fn) in names.items():
+        register_kernel_set(torch_set.derive(name, "0.0.1", **{op: fn}))
+    yield
+    for name in names:
+        unregister_kernel_set(name)
+
+
+@pytest.mark.parametrize("name,op,outcome", [
+    ("norm-release", "add_rms_norm_linear", Outcome.PASS),
+    ("norm-residual-dropped", "add_rms_norm_linear", Outcome.FAIL),
+    ("norm-unweighted", "add_rms_norm_linear", Outcome.FAIL),
+    ("norm-triton", "add_rms_norm_linear", Outcome.PASS),
+    ("norm-epilogue-triton", "add_rms_norm_linear_silu_and_mul", Outcome.PASS)])
+def test_a_fused_norm_is_judged_on_both_of_its_outputs(norm_sets, torch_report, name, op, outcome):
+    # int8 weights: triton-v1.10's GEMV with the norm in front (under the interpreter here) serves one row
+    report = _report(name, quantization="int8")
+    assert report["measured_ops"] == [op]
+    v = judge(report, torch_report, POLICY)
+    assert v.outcome is outcome, v.reason
+    assert v.judged_ops == (op,) and v.cases >= 5   # rows 1 (with and without a residual), 7, 64 (both)
+    if outcome is Outcome.FAIL:
+        assert f"{op} at " in v.reason
+
+
+@pytest.mark.parametrize("op", ["add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul"])
+def test_the_model_runs_the_fused_norm_where_a_set_has_one(op):
+    # one call per layer and step (the first layer without a residual), and the reference's answers
+    calls = []
+    composed = get_kernel_set("torch").op(op)
+
+    def counted(x, weight, residual, norm_weight, eps, bias=None):
+        calls.append(residual is None)
+        return composed(x, weight, residual, norm_weight, eps, bias)
+    register_kernel_set(get_kernel_set("torch").derive("norm-counted", "0.0.1", **{op: counted}))
+    try:
+        prompts = {"a": [5, 17, 99, 3], "b": list(range(70))}
+        ref, got = greedy_logits("torch", prompts, "cpu", steps=4), greedy_logits("norm-counted", prompts, "cpu",
+                                                                                   steps=4)
+    finally:
+        unregister_kernel_set("norm-counted")
+    n_layers = LLMEngine(EngineConfig(model="tiny", device="cpu", conformance=False)).model_runner.model_config \
+        .num_hidden_layers
+    assert len(calls) >= 4 * n_layers and len(calls) % n_layers == 0
+    # the q/k/v projection's norm has no residual in the first layer only; the MLP's always has one
+    assert sum(calls) == (len(calls) // n_layers if op == "add_rms_norm_linear" else 0)
+    for rid in prompts:
+        assert got[rid][1] == ref[rid][1]
+        assert all(torch.equal(a, b) for a, b in zip(got[rid][0], ref[rid][0]))

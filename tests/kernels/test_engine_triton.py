@@ -45,6 +45,17 @@ def test_interpreter_runs_the_tiny_model_with_an_fp8_kv_cache_on_cpu():
     _assert_same(ref, got, 1e-3)
 
 
+@pytest.mark.skipif(triton_device() != "cpu", reason="needs Triton's interpreter (CPU, TRITON_INTERPRET=1)")
+def test_interpreter_runs_the_norm_in_the_batch_1_gemv_as_the_two_ops_on_cpu():
+    # triton-v1.10 folds the norms into the q/k/v and gate/up GEMVs at one row: one prompt decoding (int8 weights,
+    # float32) answers as triton-v1.9's norm kernel then GEMV, to float32 rounding
+    llms = {k: LLM(model="tiny", kernels=k, device="cpu", quantization="int8") for k in ("triton-v1.9", "triton-v1.10")}
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
+    ref, got = (llms[k].generate(PROMPTS[:1], params, use_tqdm=False) for k in llms)
+    assert len(ref) == len(got) == 1 and ref[0].token_ids == got[0].token_ids and len(got[0].token_ids) == 4
+    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(ref[0].logprobs, got[0].logprobs)) <= 1e-4
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])

@@ -103,6 +103,27 @@ def test_the_epilogue_fusion_is_inherited_and_composed_like_the_prologue_one():
     assert torch.equal(torch_set.op("linear_silu_and_mul")(x, w), torch_set.silu_and_mul(torch_set.linear(x, w)))
 
 
+def test_the_norm_fusions_are_inherited_composed_and_dropped_with_any_op_they_fold():
+    v19, v110 = get_kernel_set("triton-v1.9"), get_kernel_set("triton-v1.10")
+    assert kernels.FUSED_OPS["add_rms_norm_linear"] == ("rms_norm", "fused_add_rms_norm", "linear")
+    assert {"add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul"} <= set(v110.ops())
+    assert v110.derive("kept", "1.0.0", rope_and_cache=v19.rope_and_cache).add_rms_norm_linear is \
+        v110.add_rms_norm_linear
+    for op in ("rms_norm", "fused_add_rms_norm", "linear"):   # a replaced part runs: no inherited fusion bypasses it
+        d = v110.derive("new-part", "1.0.0", **{op: getattr(v19, op)})
+        assert d.add_rms_norm_linear is None and d.add_rms_norm_linear_silu_and_mul is None
+    d = v110.derive("new-epilogue", "1.0.0", linear_silu_and_mul=v19.linear_silu_and_mul)
+    assert d.add_rms_norm_linear is v110.add_rms_norm_linear and d.add_rms_norm_linear_silu_and_mul is None
+    torch_set = get_kernel_set("torch")
+    x, r, nw, w = torch.randn(3, 4), torch.randn(3, 4), torch.rand(4) + 0.5, torch.randn(10, 4)
+    y, res = torch_set.op("add_rms_norm_linear")(x, w, r, nw, 1e-5)
+    h, want_res = torch_set.fused_add_rms_norm(x, r, nw, 1e-5)
+    assert torch.equal(y, torch_set.linear(h, w)) and torch.equal(res, want_res)
+    y, res = torch_set.op("add_rms_norm_linear_silu_and_mul")(x, w, None, nw, 1e-5)
+    assert torch.equal(y, torch_set.silu_and_mul(torch_set.linear(torch_set.rms_norm(x, nw, 1e-5), w)))
+    assert res is x
+
+
 def test_derive_rejects_unknown_op():
     with pytest.raises(KernelSetError, match="unknown op"):
         get_kernel_set("torch").derive("x", "1.0.0", flash=lambda: None)
