@@ -60,13 +60,14 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
                  stride_xm, stride_wn, stride_om, stride_rm, stride_resm,
                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr, NORM: tl.constexpr,
-                 RES_AFTER: tl.constexpr = True):
+                 RES_AFTER: tl.constexpr = False):
     # grid: (cdiv(N, BLOCK_N) * M,). Program p computes output row p % M, columns (p // M) * BLOCK_N + [0, BLOCK_N).
     # NORM (triton-v1.10, kernels/norm_linear.py): 0 = x as given; 1 = rms_norm(x) with weight nw; 2 = the residual
     # add first, h = x + r rounded to x's dtype (the programs of the first N tile store it to res), then rms_norm(h).
     # Every program walks all of K, so it sums h^2 as it goes and scales its dot products by 1/rms once at the end.
-    # RES_AFTER: the first tile's programs store h in a loop of their own after the dot products (else in the main
-    # loop, where the stores sit between the weight loads of consecutive tiles; bench/norm_gemv_rows.py compares).
+    # The first tile's programs store h in the main loop, masked off elsewhere (measured on the H200 and tested on the
+    # GPU); RES_AFTER: in a loop of their own after the dot products instead (6 instructions fewer in the main loop
+    # of sm_90 SASS; CPU-tested, not yet timed on a GPU: bench/norm_gemv_rows.py compares the two).
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M

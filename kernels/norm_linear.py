@@ -2,17 +2,23 @@
 
 A decode layer at batch 1 launches two norm kernels (input and post-attention: kernels/rms_norm.py, one program on a
 row of H values) right before the two GEMVs that read their output; on the H200 a llama3-8b step of triton-v1.9 is
-4.18 ms against a 3.70 ms copy floor, and those 64 launches a step are a part of the gap (BENCHMARKS.md "A GEMV for
-batch 1"). Here the GEMV (kernels/linear_gemv.py, constexpr NORM) does the norm itself: every program walks all of K
-anyway, so as it loads each x tile it forms h = x + residual (rounded to x's dtype, exactly as the norm kernel
-rounds it), accumulates h^2, multiplies h by the norm weight before the dot products, and scales its sums by
-1/rms(h) once after the reduction -- the norm is a scale of the row, so it commutes with the matmul. No extra pass
-over x, no [T, H] round trip through memory, one launch instead of two. The programs of the first output tile store
-h: the residual the next layer adds.
+4.18 ms against a 3.70 ms copy floor, and those 64 launches a step were taken for a part of the gap. Here the GEMV
+(kernels/linear_gemv.py, constexpr NORM) does the norm itself: every program walks all of K anyway, so as it loads
+each x tile it forms h = x + residual (rounded to x's dtype, exactly as the norm kernel rounds it), accumulates h^2,
+multiplies h by the norm weight before the dot products, and scales its sums by 1/rms(h) once after the reduction --
+the norm is a scale of the row, so it commutes with the matmul. No extra pass over x, no [T, H] round trip through
+memory, one launch instead of two. The programs of the first output tile store h (in the main loop; elsewhere the
+store is masked off): the residual the next layer adds.
 
 Numerics: the residual output is the norm kernel's bit for bit. The projection's input is not rounded to x's dtype
 twice (the norm kernel rounds h / rms to x's dtype, then its product with the weight): the fused op is the
 two ops' values to the rounding of one bf16 activation, closer to the fp64 result than they are.
+
+Measured (BENCHMARKS.md "A GEMV for batch 1", H200, each set's engine in a process of its own, the same call):
+batch-1 decode bf16 236 tok/s against v1.9's 239, int8 333 against 331, fp8 341 against 348: this release is no
+faster. Where the launches it saves went (the norm kernels' own time in a graph, the GEMVs' extra loads, their
+tuning) is not yet measured: bench/norm_gemv_rows.py (`bench/gpu_session.sh norm-gemv-rows`) times the fused op
+against the two ops by launch config, with h stored in the main loop and after it (RES_AFTER).
 
 Where triton-v1.9 would not run the GEMV (more than GEMV_MAX_M rows, unsupported dtypes or devices) these are
 triton-v1's norm then v1.9's linear (or fused gate/up projection): the two ops' result bit for bit.

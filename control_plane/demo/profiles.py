@@ -80,7 +80,7 @@ GPU_SCENARIOS = {s.name: s for s in (
              "a fused-norm release (the RMSNorm and its residual add inside the batch-1 GEMVs of the q/k/v and "
              "gate/up projections: two launches fewer a decode layer, the same values to one bf16 rounding): "
              "expected to be promoted; with --production-kernels triton-v1.9 the gate judges only the two fused "
-             "norm ops"),
+             "norm ops. Offline on the H200 it measured no faster than v1.9 at batch 1; not yet run here on a GPU"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

@@ -263,8 +263,9 @@ def cases(s: Shapes, inp: _Inputs, cos: torch.Tensor, sin: torch.Tensor, device:
 
 
 def _served(case: _Case, dtype: torch.dtype) -> _Case:
-    """A linear case (or a fused op's: the weight is always the second argument) with its weight quantized from the model dtype, as the engine loads it: every precision then
-    multiplies the same quantized values (the fp64 reference included)."""
+    """A linear case (or a fused op's: the weight is always the second argument) with its weight quantized from the
+    model dtype, as the engine loads it: every precision then multiplies the same quantized values (the fp64
+    reference included)."""
     if case.quantize is None:
         return case
     args = list(case.args)

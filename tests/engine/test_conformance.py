@@ -169,21 +169,26 @@ def _linear_silu_and_mul_without_silu(x, weight, bias=None):
     return y[..., :i] * y[..., i:]
 
 
-@pytest.fixture(scope="module")
-def fused_sets():
-    from sits.kernels.linear_silu_and_mul import linear_silu_and_mul
-    from sits.kernels.silu_and_mul_linear import silu_and_mul_linear
+def _registered_on_torch(names: dict):
+    """Each name registered as the torch set with one op replaced (name -> (op, fn)) until the generator resumes."""
     torch_set = get_kernel_set("torch")
-    names = {"fused-release": ("silu_and_mul_linear", _silu_and_mul_linear_through),
-             "fused-no-silu": ("silu_and_mul_linear", _silu_and_mul_linear_without_silu),
-             "fused-triton": ("silu_and_mul_linear", silu_and_mul_linear),
-             "epilogue-no-silu": ("linear_silu_and_mul", _linear_silu_and_mul_without_silu),
-             "epilogue-triton": ("linear_silu_and_mul", linear_silu_and_mul)}
     for name, (op, fn) in names.items():
         register_kernel_set(torch_set.derive(name, "0.0.1", **{op: fn}))
     yield
     for name in names:
         unregister_kernel_set(name)
+
+
+@pytest.fixture(scope="module")
+def fused_sets():
+    from sits.kernels.linear_silu_and_mul import linear_silu_and_mul
+    from sits.kernels.silu_and_mul_linear import silu_and_mul_linear
+    yield from _registered_on_torch({
+        "fused-release": ("silu_and_mul_linear", _silu_and_mul_linear_through),
+        "fused-no-silu": ("silu_and_mul_linear", _silu_and_mul_linear_without_silu),
+        "fused-triton": ("silu_and_mul_linear", silu_and_mul_linear),
+        "epilogue-no-silu": ("linear_silu_and_mul", _linear_silu_and_mul_without_silu),
+        "epilogue-triton": ("linear_silu_and_mul", linear_silu_and_mul)})
 
 
 @pytest.mark.parametrize("name,op,outcome", [
@@ -204,15 +209,17 @@ def test_a_fused_op_is_judged_against_the_reference_composition(fused_sets, torc
         assert f"{op} at " in v.reason
 
 
-@pytest.mark.parametrize("op", ["silu_and_mul_linear", "linear_silu_and_mul"])
-def test_the_model_runs_the_fused_op_where_a_set_has_one(fused_sets, op):
-    # the engine calls the set's fused op for the MLP (one call per layer and step) and answers as the reference does
+@pytest.mark.parametrize("op", ["silu_and_mul_linear", "linear_silu_and_mul", "add_rms_norm_linear",
+                                "add_rms_norm_linear_silu_and_mul"])
+def test_the_model_runs_the_fused_op_where_a_set_has_one(op):
+    # the engine calls the set's fused op (one call per layer and step) and answers as the reference does; a fused
+    # norm has no residual in the first layer's attention block only
     calls = []
     composed = get_kernel_set("torch").op(op)
 
-    def counted(x, weight, bias=None):
-        calls.append(x.shape[0])
-        return composed(x, weight, bias)
+    def counted(x, weight, *rest, **kw):
+        calls.append(op.startswith("add_rms_norm") and rest[0] is None)
+        return composed(x, weight, *rest, **kw)
     register_kernel_set(get_kernel_set("torch").derive("fused-counted", "0.0.1", **{op: counted}))
     try:
         prompts = {"a": [5, 17, 99, 3], "b": list(range(70))}   # b: past one page
@@ -223,6 +230,7 @@ def test_the_model_runs_the_fused_op_where_a_set_has_one(fused_sets, op):
     n_layers = LLMEngine(EngineConfig(model="tiny", device="cpu", conformance=False)).model_runner.model_config \
         .num_hidden_layers
     assert len(calls) >= 4 * n_layers and len(calls) % n_layers == 0
+    assert sum(calls) == (len(calls) // n_layers if op == "add_rms_norm_linear" else 0)
     for rid in prompts:
         assert got[rid][1] == ref[rid][1]
         assert all(torch.equal(a, b) for a, b in zip(got[rid][0], ref[rid][0]))
@@ -248,17 +256,12 @@ def _norm_linear_without_weight(x, weight, residual, norm_weight, eps, bias=None
 @pytest.fixture(scope="module")
 def norm_sets():
     from sits.kernels.norm_linear import add_rms_norm_linear, add_rms_norm_linear_silu_and_mul
-    torch_set = get_kernel_set("torch")
-    names = {"norm-release": ("add_rms_norm_linear", _norm_linear_through),
-             "norm-residual-dropped": ("add_rms_norm_linear", _norm_linear_residual_dropped),
-             "norm-unweighted": ("add_rms_norm_linear", _norm_linear_without_weight),
-             "norm-triton": ("add_rms_norm_linear", add_rms_norm_linear),
-             "norm-epilogue-triton": ("add_rms_norm_linear_silu_and_mul", add_rms_norm_linear_silu_and_mul)}
-    for name, (op, fn) in names.items():
-        register_kernel_set(torch_set.derive(name, "0.0.1", **{op: fn}))
-    yield
-    for name in names:
-        unregister_kernel_set(name)
+    yield from _registered_on_torch({
+        "norm-release": ("add_rms_norm_linear", _norm_linear_through),
+        "norm-residual-dropped": ("add_rms_norm_linear", _norm_linear_residual_dropped),
+        "norm-unweighted": ("add_rms_norm_linear", _norm_linear_without_weight),
+        "norm-triton": ("add_rms_norm_linear", add_rms_norm_linear),
+        "norm-epilogue-triton": ("add_rms_norm_linear_silu_and_mul", add_rms_norm_linear_silu_and_mul)})
 
 
 @pytest.mark.parametrize("name,op,outcome", [
@@ -276,29 +279,3 @@ def test_a_fused_norm_is_judged_on_both_of_its_outputs(norm_sets, torch_report, 
     assert v.judged_ops == (op,) and v.cases >= 5   # rows 1 (with and without a residual), 7, 64 (both)
     if outcome is Outcome.FAIL:
         assert f"{op} at " in v.reason
-
-
-@pytest.mark.parametrize("op", ["add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul"])
-def test_the_model_runs_the_fused_norm_where_a_set_has_one(op):
-    # one call per layer and step (the first layer without a residual), and the reference's answers
-    calls = []
-    composed = get_kernel_set("torch").op(op)
-
-    def counted(x, weight, residual, norm_weight, eps, bias=None):
-        calls.append(residual is None)
-        return composed(x, weight, residual, norm_weight, eps, bias)
-    register_kernel_set(get_kernel_set("torch").derive("norm-counted", "0.0.1", **{op: counted}))
-    try:
-        prompts = {"a": [5, 17, 99, 3], "b": list(range(70))}
-        ref, got = greedy_logits("torch", prompts, "cpu", steps=4), greedy_logits("norm-counted", prompts, "cpu",
-                                                                                   steps=4)
-    finally:
-        unregister_kernel_set("norm-counted")
-    n_layers = LLMEngine(EngineConfig(model="tiny", device="cpu", conformance=False)).model_runner.model_config \
-        .num_hidden_layers
-    assert len(calls) >= 4 * n_layers and len(calls) % n_layers == 0
-    # the q/k/v projection's norm has no residual in the first layer only; the MLP's always has one
-    assert sum(calls) == (len(calls) // n_layers if op == "add_rms_norm_linear" else 0)
-    for rid in prompts:
-        assert got[rid][1] == ref[rid][1]
-        assert all(torch.equal(a, b) for a, b in zip(got[rid][0], ref[rid][0]))

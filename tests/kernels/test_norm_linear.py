@@ -80,7 +80,7 @@ def test_other_activation_dtypes(dev, dtype):
     assert_close_to_fp64(got, two_ops, ref64, ATOL[dtype] * max(1.0, ref64.abs().max().item()))
 
 
-@pytest.mark.parametrize("res_after", [True, False])   # h stored after the dot products (the default) or in the loop
+@pytest.mark.parametrize("res_after", [False, True])   # h stored in the main loop (the default) or after it
 @pytest.mark.parametrize("silu_epi", [False, True])
 def test_the_tile_width_changes_no_bits_and_every_tile_leaves_the_residual_whole(dev, silu_epi, res_after):
     g = torch.Generator().manual_seed(5)
