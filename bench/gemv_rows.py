@@ -7,7 +7,8 @@ the read-only ceiling of the same bytes.
 Per shape and weight kind: triton-v1.8's linear (the MMA weight-only kernel, autotuned; bf16 weights: cuBLAS),
 triton-v1.9's (the GEMV, autotuned over its candidates), a sweep of fixed GEMV launch configs (full: BLOCK_N, BLOCK_K,
 warps, stages; candidates: the autotuner's, int8 with each weight conversion: through bf16 and the byte-permute one),
-and a kernel that only reads the weight bytes (bench/stream_read.py): the ceiling a GEMV can approach.
+and a kernel that only reads the weight bytes (bench/stream_read.py): the ceiling a GEMV can approach. With
+`--sweep candidates` bf16 weights also run each candidate with x loaded as broadcast tiles (the kernel's X_BCAST).
 The fused gate/up projection (v1.7's epilogue) against v1.8's too, and 2-4 rows at each shape's best config.
 Times: microseconds per call from a CUDA graph replaying calls round-robin over weight copies past the L2
 (bench/kernel_timings.py's `bench_graph`); every output is checked against v1.8's (rel. error) before it is timed.
@@ -42,16 +43,19 @@ def sweep_configs(elem_bytes: int) -> list[dict]:
 
 
 def candidate_configs(kind: str) -> list[dict]:
-    """The autotuner's candidates as fixed configs; int8 once per weight conversion (through bf16, byte permute)."""
+    """The autotuner's candidates as fixed configs; int8 once per weight conversion (through bf16, byte permute),
+    bf16 once per way of loading x (vectors moved into the weight tile's layout, or broadcast tiles: X_BCAST)."""
     from sits.kernels import linear_gemv as lg
     convs = (lg.INT8_VIA_BF16, lg.INT8_MAGIC) if kind == "int8" else (lg.INT8_CONV,)
-    return [dict(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, INT8_CONV=v)
-            for c in lg.CANDIDATES for v in convs]
+    bcast = (False, True) if kind == "bf16" else (False,)
+    return [dict(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, INT8_CONV=v, X_BCAST=b)
+            for c in lg.CANDIDATES for v in convs for b in bcast]
 
 
 def _name(c: dict) -> str:
     conv = {1: " bf16cvt", 2: " prmt"}.get(c.get("INT8_CONV"), "") if c.get("kind", "int8") == "int8" else ""
-    return f"N{c['BLOCK_N']} K{c['BLOCK_K']} w{c.get('num_warps', '?')} s{c.get('num_stages', '?')}{conv}"
+    bcast = " xbcast" if c.get("X_BCAST") else ""
+    return f"N{c['BLOCK_N']} K{c['BLOCK_K']} w{c.get('num_warps', '?')} s{c.get('num_stages', '?')}{conv}{bcast}"
 
 
 def _weights(kind: str, n: int, k: int):
@@ -92,7 +96,7 @@ def measure(kinds, rows, sweep: str, deadline: float) -> tuple[list[dict], list[
             row["v19_err"] = rel_err(out, ref)
             row["v19_us"] = 1e3 * bench_graph([lambda q=q: v19.linear(x, q) for q in ws])
             wdt = ws[0].dtype if plain else ws[0].qweight.dtype
-            tuned = tuned_launcher(lg._gemv_tuned, (x.device, n, k, x.dtype, wdt, False, False))
+            tuned = tuned_launcher(lg._gemv_tuned, (x.device, n, k, x.dtype, wdt, False, False, 0))
             row["v19_config"] = _name({**tuned.constexprs, "kind": kind}) if tuned is not None else "?"
             o = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
             best = None

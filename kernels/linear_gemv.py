@@ -60,7 +60,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
                  stride_xm, stride_wn, stride_om, stride_rm, stride_resm,
                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr, NORM: tl.constexpr,
-                 RES_AFTER: tl.constexpr = False):
+                 RES_AFTER: tl.constexpr = False, X_BCAST: tl.constexpr = False):
     # grid: (cdiv(N, BLOCK_N) * M,). Program p computes output row p % M, columns (p // M) * BLOCK_N + [0, BLOCK_N).
     # NORM (triton-v1.10, kernels/norm_linear.py): 0 = x as given; 1 = rms_norm(x) with weight nw; 2 = the residual
     # add first, h = x + r rounded to x's dtype (the programs of the first N tile store it to res), then rms_norm(h).
@@ -68,6 +68,12 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # The first tile's programs store h in the main loop, masked off elsewhere (measured on the H200 and tested on the
     # GPU); RES_AFTER: in a loop of their own after the dot products instead (6 instructions fewer in the main loop
     # of sm_90 SASS; CPU-tested, not yet timed on a GPU: bench/norm_gemv_rows.py compares the two).
+    # X_BCAST: x (and r, nw) loaded as [BLOCK_N, BLOCK_K] tiles whose rows repeat the same K offsets. The default
+    # loads [BLOCK_K] vectors and moves them into the weight tile's layout through shared memory: in sm_90 SASS
+    # compiled here, 2-4 barriers an iteration of the main loop for three of the five candidates with bf16 weights
+    # and 2-8 for every candidate with int8 or fp8 weights. With X_BCAST the bf16 loops have none (the x tile takes
+    # the weight tile's layout: the same 16-byte loads); int8/fp8 loops get more (x's 16-byte loads cover half the
+    # K span of a weight load). Not yet timed on a GPU: bench/gemv_rows.py --sweep candidates times both for bf16.
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M
@@ -76,29 +82,36 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     if SILU_EPI:      # tile columns 2j, 2j + 1 = gate row j, up row j (W = [gate; up], N = 2 I)
         offs_n = offs_n // 2 + (offs_n % 2) * (N // 2)
     offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_k
+    if X_BCAST:   # x's K offsets for every row of the tile
+        kx = offs_k[None, :] + 0 * offs_n[:, None]
+    else:
+        kx = offs_k
+    x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + kx
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if NORM == 2:
-        r_ptrs = r_ptr + pid_m.to(tl.int64) * stride_rm + offs_k
-        res_ptrs = res_ptr + pid_m.to(tl.int64) * stride_resm + offs_k
-        res_k = (pid_n == 0).to(tl.int32) * K   # the columns this program stores h at: all (first tile) or none
+        r_ptrs = r_ptr + pid_m.to(tl.int64) * stride_rm + kx
+        res_ptrs = res_ptr + pid_m.to(tl.int64) * stride_resm + kx
+        # the columns this program stores h at: all (first tile, its first row with X_BCAST) or none
+        res_k = (pid_n == 0).to(tl.int32) * K
+        if X_BCAST:
+            res_k = res_k * (tl.arange(0, BLOCK_N)[:, None] == 0).to(tl.int32)
     if NORM > 0:
-        nw_ptrs = nw_ptr + offs_k
-        sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        nw_ptrs = nw_ptr + kx
+        sumsq = tl.zeros(kx.shape, dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        mask_k = (k0 + offs_k) < K
+        mask_k = (k0 + kx) < K
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy="evict_first")   # weights stream through once
             x = tl.load(x_ptrs)
         else:
-            w = tl.load(w_ptrs, mask=mask_k[None, :], other=0.0, eviction_policy="evict_first")
+            w = tl.load(w_ptrs, mask=(k0 + offs_k[None, :]) < K, other=0.0, eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=mask_k, other=0.0)
         if NORM == 2:   # h = x + r rounded as kernels/rms_norm.py rounds it (the sum in fp32)
             r = tl.load(r_ptrs, mask=mask_k, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
             if not RES_AFTER:
-                tl.store(res_ptrs, x, mask=(k0 + offs_k) < res_k)
+                tl.store(res_ptrs, x, mask=(k0 + kx) < res_k)
                 res_ptrs += BLOCK_K
             r_ptrs += BLOCK_K
         xf = x.to(tl.float32)
@@ -106,6 +119,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
             sumsq += xf * xf
             xf = xf * tl.load(nw_ptrs, mask=mask_k, other=0.0).to(tl.float32)
             nw_ptrs += BLOCK_K
+        if not X_BCAST:
+            xf = xf[None, :]
         if w_ptr.dtype.element_ty == tl.int8 and INT8_CONV == 2:
             wf = int8x4_to_f32(w)
         elif w_ptr.dtype.element_ty == tl.int8 and INT8_CONV == 1:   # (Triton's interpreter casts int8 to bf16
@@ -114,12 +129,13 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
             wf = w.to(tl.float16).to(tl.float32)
         else:
             wf = w.to(tl.float32)
-        acc += wf * xf[None, :]
+        acc += wf * xf
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
     if NORM > 0:   # sum_k W[n, k] (h_k nw_k) / rms(h): the norm is a scale of the row, applied once here
-        y = y * (1.0 / tl.sqrt(tl.sum(sumsq, 0) / K + eps))
+        # (with X_BCAST every row of sumsq holds the same sums: one per output row)
+        y = y * (1.0 / tl.sqrt(tl.sum(sumsq, len(sumsq.shape) - 1) / K + eps))
     if NORM == 2 and RES_AFTER:
         if pid_n == 0:
             xr_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_k

@@ -58,6 +58,27 @@ def test_the_tile_width_does_not_change_a_rows_bits(dev, kind):
     assert_close_to_fp64(outs[0], linear_ref(x, w), _ref64(x, w), ATOL[torch.bfloat16] * 4)
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp8", "plain"])
+@pytest.mark.parametrize("norm", [False, True])
+def test_x_loaded_as_broadcast_tiles_gives_the_same_bits(dev, kind, norm):
+    # X_BCAST (benchmarked, not served) changes how x reaches the weight tile's layout, not a sum
+    g = torch.Generator().manual_seed(9)
+    n, k = 40, 160   # a partial K tile
+    w = torch.randn(n, k, generator=g) * k ** -0.5
+    w = (quantize_weight(w, kind) if kind != "plain" else w.bfloat16()).to(dev)
+    x, r = (torch.randn(2, 1, k, generator=g).bfloat16().to(dev))
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).bfloat16().to(dev)
+    outs = []
+    for bcast in (False, True):
+        o, res = torch.empty(1, n, dtype=torch.bfloat16, device=dev), torch.empty_like(r)
+        gemv(x, w, None, o, norm=(r, nw, 1e-5, res) if norm else None,
+             config=dict(BLOCK_N=8, BLOCK_K=64, X_BCAST=bcast))
+        outs.append((o, res))
+    assert torch.equal(outs[0][0], outs[1][0])
+    if norm:
+        assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][1], V18.fused_add_rms_norm(x, r, nw, 1e-5)[1])
+
+
 def test_more_rows_and_fp32_plain_weights_are_v18s_linear(dev):
     g = torch.Generator().manual_seed(6)
     w = quantize_weight(torch.randn(48, 64, generator=g), "int8").to(dev)
