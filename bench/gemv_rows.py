@@ -8,7 +8,8 @@ Per shape and weight kind: triton-v1.8's linear (the MMA weight-only kernel, aut
 triton-v1.9's (the GEMV, autotuned over its candidates), a sweep of fixed GEMV launch configs (full: BLOCK_N, BLOCK_K,
 warps, stages; candidates: the autotuner's, int8 with each weight conversion: through bf16 and the byte-permute one),
 and a kernel that only reads the weight bytes (bench/stream_read.py): the ceiling a GEMV can approach. With
-`--sweep candidates` bf16 weights also run each candidate with x loaded as broadcast tiles (the kernel's X_BCAST).
+`--sweep candidates` each candidate also runs with x loaded as broadcast tiles in the weight tile's layout (the
+kernel's X_BCAST; int8/fp8 weights with 8-byte weight loads too, NARROW_W): no barrier in the main loop.
 The fused gate/up projection (v1.7's epilogue) against v1.8's too, and 2-4 rows at each shape's best config.
 Times: microseconds per call from a CUDA graph replaying calls round-robin over weight copies past the L2
 (bench/kernel_timings.py's `bench_graph`); every output is checked against v1.8's (rel. error) before it is timed.
@@ -44,18 +45,19 @@ def sweep_configs(elem_bytes: int) -> list[dict]:
 
 def candidate_configs(kind: str) -> list[dict]:
     """The autotuner's candidates as fixed configs; int8 once per weight conversion (through bf16, byte permute),
-    bf16 once per way of loading x (vectors moved into the weight tile's layout, or broadcast tiles: X_BCAST)."""
+    and once per way of loading x: vectors moved into the weight tile's layout (the kernel's default), or broadcast
+    tiles in it (X_BCAST; with int8/fp8 weights with 8-byte weight loads too, NARROW_W)."""
     from sits.kernels import linear_gemv as lg
     convs = (lg.INT8_VIA_BF16, lg.INT8_MAGIC) if kind == "int8" else (lg.INT8_CONV,)
-    bcast = (False, True) if kind == "bf16" else (False,)
-    return [dict(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, INT8_CONV=v, X_BCAST=b)
-            for c in lg.CANDIDATES for v in convs for b in bcast]
+    loads = ({}, {"X_BCAST": True} if kind == "bf16" else {"X_BCAST": True, "NARROW_W": True})
+    return [dict(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, INT8_CONV=v, **how)
+            for c in lg.CANDIDATES for v in convs for how in loads]
 
 
 def _name(c: dict) -> str:
     conv = {1: " bf16cvt", 2: " prmt"}.get(c.get("INT8_CONV"), "") if c.get("kind", "int8") == "int8" else ""
-    bcast = " xbcast" if c.get("X_BCAST") else ""
-    return f"N{c['BLOCK_N']} K{c['BLOCK_K']} w{c.get('num_warps', '?')} s{c.get('num_stages', '?')}{conv}{bcast}"
+    loads = (" xbcast" if c.get("X_BCAST") else "") + (" narrow" if c.get("NARROW_W") else "")
+    return f"N{c['BLOCK_N']} K{c['BLOCK_K']} w{c.get('num_warps', '?')} s{c.get('num_stages', '?')}{conv}{loads}"
 
 
 def _weights(kind: str, n: int, k: int):

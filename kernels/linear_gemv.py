@@ -60,7 +60,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
                  stride_xm, stride_wn, stride_om, stride_rm, stride_resm,
                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr, NORM: tl.constexpr,
-                 RES_AFTER: tl.constexpr = False, X_BCAST: tl.constexpr = False):
+                 RES_AFTER: tl.constexpr = False, X_BCAST: tl.constexpr = False, NARROW_W: tl.constexpr = False):
     # grid: (cdiv(N, BLOCK_N) * M,). Program p computes output row p % M, columns (p // M) * BLOCK_N + [0, BLOCK_N).
     # NORM (triton-v1.10, kernels/norm_linear.py): 0 = x as given; 1 = rms_norm(x) with weight nw; 2 = the residual
     # add first, h = x + r rounded to x's dtype (the programs of the first N tile store it to res), then rms_norm(h).
@@ -73,7 +73,10 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # compiled here, 2-4 barriers an iteration of the main loop for three of the five candidates with bf16 weights
     # and 2-8 for every candidate with int8 or fp8 weights. With X_BCAST the bf16 loops have none (the x tile takes
     # the weight tile's layout: the same 16-byte loads); int8/fp8 loops get more (x's 16-byte loads cover half the
-    # K span of a weight load). Not yet timed on a GPU: bench/gemv_rows.py --sweep candidates times both for bf16.
+    # K span of a weight load). NARROW_W: weight loads of 8 elements a thread (8 bytes for int8/fp8, as x's 16-byte
+    # loads): with X_BCAST no int8/fp8 candidate's loop has a barrier, at the same or fewer instructions, twice the
+    # weight load instructions. (With NORM, X_BCAST repeats the norm's work on every row of the tile: 2.5x the loop.)
+    # Not yet timed on a GPU: bench/gemv_rows.py --sweep candidates times each candidate both ways.
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M
@@ -87,7 +90,10 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     else:
         kx = offs_k
     x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + kx
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    if NARROW_W:
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.max_contiguous(offs_k, 8)[None, :]
+    else:
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if NORM == 2:
         r_ptrs = r_ptr + pid_m.to(tl.int64) * stride_rm + kx
