@@ -74,7 +74,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # and 2-8 for every candidate with int8 or fp8 weights. With X_BCAST the bf16 loops have none (the x tile takes
     # the weight tile's layout: the same 16-byte loads); int8/fp8 loops get more (x's 16-byte loads cover half the
     # K span of a weight load). NARROW_W: weight loads of 8 elements a thread (8 bytes for int8/fp8, as x's 16-byte
-    # loads): with X_BCAST no int8/fp8 candidate's loop has a barrier, at the same or fewer instructions, twice the
+    # loads): with X_BCAST no int8/fp8 candidate's loop has a barrier, at one instruction more to 12 fewer, twice the
     # weight load instructions. (With NORM, X_BCAST repeats the norm's work on every row of the tile: 2.5x the loop.)
     # Not yet timed on a GPU: bench/gemv_rows.py --sweep candidates times each candidate both ways.
     pid = tl.program_id(0)
