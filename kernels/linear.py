@@ -205,12 +205,16 @@ def check_linear_args(x: torch.Tensor, weight, bias) -> None:
         raise ValueError(f"linear: bias {tuple(bias.shape)} must be [{weight.shape[0]}]")
 
 
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as rows [M, K] with unit column stride (a view where it can be)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def through_rows(x: torch.Tensor, n_out: int, launch) -> torch.Tensor:
     """x [..., K] as rows [M, K] with unit column stride, `launch(x2, out)` writing out [M, n_out] in x's dtype ->
     [..., n_out]: the reshaping around the weight-only kernel (triton-v1.5-v1.7) and the GEMV (v1.9)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     out = torch.empty(x2.shape[0], n_out, dtype=x.dtype, device=x.device)
     launch(x2, out)
     return out.view(*x.shape[:-1], n_out)

@@ -47,17 +47,12 @@ def _check(op: str, x: torch.Tensor, weight, residual, norm_weight) -> int:
     return x.numel() // k if k else 0
 
 
-def _rows2(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
-
-
 def _fused(op: str, x, weight, residual, norm_weight, eps, bias, silu_epi: bool):
     """The GEMV with the norm in front: (out, residual_out)."""
     _lin.check_linear_args(x, weight, bias)
     check_device(op, x)
     n_out = weight.shape[0] // 2 if silu_epi else weight.shape[0]
-    r2 = _rows2(residual) if residual is not None else None
+    r2 = _lin.as_rows(residual) if residual is not None else None
     res = torch.empty_like(r2) if r2 is not None else None
     nw = norm_weight.contiguous()
     out = _lin.through_rows(x, n_out, lambda x2, o: gemv(x2, weight, bias, o, silu_epi=silu_epi,

@@ -70,15 +70,10 @@ class LlamaDecoderLayer:
     # the three parts of a layer, also run apart: engine/execution/piecewise_graphs.py captures qkv and after_attention
     # in CUDA graphs and runs attention (whose shapes follow the batch's layout) between them
     def qkv(self, hidden, residual):
-        """(input norm, with the residual add from the layer before) and the q/k/v projection -> (qkv, residual)."""
-        if self.ks.add_rms_norm_linear is not None:   # a set that folds the norm into the projection
-            return self.ks.add_rms_norm_linear(hidden, self.qkv_proj.weight, residual, self.input_layernorm.weight,
-                                               self.input_layernorm.eps)
-        if residual is None:
-            x, residual = self.input_layernorm(hidden), hidden
-        else:
-            x, residual = self.input_layernorm(hidden, residual)
-        return self.qkv_proj(x), residual
+        """(input norm, with the residual add from the layer before) and the q/k/v projection -> (qkv, residual):
+        the set's fused op, or the composition of its rms_norm / fused_add_rms_norm and linear (KernelSet.op)."""
+        return self.ks.op("add_rms_norm_linear")(hidden, self.qkv_proj.weight, residual, self.input_layernorm.weight,
+                                                 self.input_layernorm.eps)
 
     def attention(self, qkv, positions, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         """RoPE, the KV-cache write and attention over qkv [T, (Hq + 2 Hkv) D] -> [T, Hq D]."""
