@@ -76,7 +76,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # K span of a weight load). NARROW_W: weight loads of 8 elements a thread (8 bytes for int8/fp8, as x's 16-byte
     # loads): with X_BCAST no int8/fp8 candidate's loop has a barrier, at one instruction more to 12 fewer, twice the
     # weight load instructions. (With NORM, X_BCAST repeats the norm's work on every row of the tile: 2.5x the loop.)
-    # Not yet timed on a GPU: bench/gemv_rows.py --sweep candidates times each candidate both ways.
+    # triton-v1.11 serves X_BCAST (8-bit weights: with NARROW_W) without NORM: linear_gemv_bcast. Not yet timed on a
+    # GPU: bench/gemv_rows.py --sweep candidates times each candidate both ways.
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M
@@ -179,8 +180,21 @@ def _cfg(bn: int, bk: int, warps: int, stages: int = 1) -> triton.Config:
 CANDIDATES = [_cfg(16, 512, 8), _cfg(8, 1024, 4), _cfg(16, 256, 4), _cfg(8, 512, 4), _cfg(4, 2048, 4)]
 INT8_CONV = INT8_MAGIC   # measured against INT8_VIA_BF16: bench/gemv_rows.py --sweep candidates
 _even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
-_gemv_tuned = autotune(CANDIDATES, key=["N", "K", "SILU_EPI", "NORM"], use_cuda_graph=True, warmup=5, rep=25)(
-    _even_k(_gemv_kernel))
+
+
+def _tuned(**loads) -> object:
+    """The GEMV autotuned over CANDIDATES, each with the constexprs `loads` (how x and the weights are loaded)."""
+    configs = [triton.Config({**c.kwargs, **loads}, num_warps=c.num_warps, num_stages=c.num_stages)
+               for c in CANDIDATES]
+    return autotune(configs, key=["N", "K", "SILU_EPI", "NORM"], use_cuda_graph=True, warmup=5, rep=25)(
+        _even_k(_gemv_kernel))
+
+
+# how each set loads x: triton-v1.9's vectors moved into the weight layout; triton-v1.11's broadcast tiles (X_BCAST,
+# 8-bit weights with 8-byte loads too: NARROW_W), no barrier in the main loop
+LOADS = {"vector": {}, "bcast": {"X_BCAST": True}, "bcast-narrow": {"X_BCAST": True, "NARROW_W": True}}
+_TUNED = {name: _tuned(**flags) for name, flags in LOADS.items()}
+_gemv_tuned = _TUNED["vector"]
 
 
 def _supported(x: torch.Tensor, weight) -> bool:
@@ -200,12 +214,13 @@ def _supported(x: torch.Tensor, weight) -> bool:
 
 
 def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = False, norm: tuple | None = None,
-         config: dict | None = None) -> None:
+         config: dict | None = None, bcast: bool = False) -> None:
     """out = x2 W^T (+ b) for few rows: x2 [M, K] with unit column stride, W a QuantizedWeight or a plain [N, K]
     tensor with unit column stride, out [M, N] (or [M, N / 2] with silu_epi). norm = (r2, norm_weight, eps, res_out):
     x2 is first normalized, out = rms_norm(h) W^T with h = x2 + r2 (r2 [M, K], stored to res_out [M, K]), or h = x2
     where r2 is None (res_out unused). config: BLOCK_N, BLOCK_K (+ num_warps, num_stages, INT8_CONV) for a fixed
-    launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile under the interpreter."""
+    launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile under the interpreter. bcast: x
+    loaded as broadcast tiles in the weight tile's layout, 8-bit weights with 8-byte loads (triton-v1.11)."""
     m, k = x2.shape
     n = weight.shape[0]
     quantized = isinstance(weight, QuantizedWeight)
@@ -220,12 +235,14 @@ def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = 
     args = (x2, w, scale, b, out, r2, nw, res, m, n, k, float(eps), x2.stride(0), w.stride(0), out.stride(0),
             r2.stride(0), res.stride(0))
     flags = dict(HAS_SCALE=quantized, HAS_BIAS=has_bias, SILU_EPI=silu_epi, NORM=norm_kind)
+    loads = "vector" if not bcast else ("bcast-narrow" if quantized else "bcast")
     if config is None and interpreting():   # the interpreter's cost is per program: wide tiles; no inline asm
-        config = dict(BLOCK_N=32 if n >= 32 else 2, BLOCK_K=64 if k >= 64 else 32, INT8_CONV=INT8_DIRECT)
+        config = dict(BLOCK_N=32 if n >= 32 else 2, BLOCK_K=64 if k >= 64 else 32, INT8_CONV=INT8_DIRECT,
+                      **LOADS[loads])
     if config is None:
         key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi, norm_kind)
         grid = lambda c: (triton.cdiv(n, c["BLOCK_N"]) * m,)  # noqa: E731
-        fast_tuned(_gemv_tuned, _gemv_kernel, key, grid, *args, **flags, INT8_CONV=INT8_CONV,
+        fast_tuned(_TUNED[loads], _gemv_kernel, key, grid, *args, **flags, INT8_CONV=INT8_CONV,
                    derived=lambda best: {"EVEN_K": k % best.kwargs["BLOCK_K"] == 0})
         return
     c = dict(config)
@@ -237,25 +254,20 @@ def _rows(x: torch.Tensor, k: int) -> int:
     return x.numel() // k if k and x.shape[-1] == k else 0
 
 
-def _run(x: torch.Tensor, weight, bias, n_out: int, silu_epi: bool) -> torch.Tensor:
-    return _lin.through_rows(x, n_out, lambda x2, out: gemv(x2, weight, bias, out, silu_epi=silu_epi))
+def _run(x: torch.Tensor, weight, bias, n_out: int, silu_epi: bool, bcast: bool) -> torch.Tensor:
+    return _lin.through_rows(x, n_out, lambda x2, out: gemv(x2, weight, bias, out, silu_epi=silu_epi, bcast=bcast))
 
 
-def linear_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """y = x W^T (+ b): int8/fp8 weights, or plain bf16/fp16 weights, times up to GEMV_MAX_M rows through the GEMV;
-    everything else as triton-v1.5 (kernels/linear_fp8_f16.py)."""
+def _linear(x: torch.Tensor, weight, bias, bcast: bool) -> torch.Tensor:
     m = _rows(x, weight.shape[1]) if len(weight.shape) == 2 else 0
     if not (0 < m <= GEMV_MAX_M) or not _supported(x, weight):
         return linear_fp8_f16(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)
-    return _run(x, weight, bias, weight.shape[0], False)
+    return _run(x, weight, bias, weight.shape[0], False, bcast)
 
 
-def linear_silu_and_mul_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: up to GEMV_MAX_M rows through the GEMV
-    with triton-v1.7's epilogue (int8/fp8 or plain bf16/fp16 weights); more rows as triton-v1.7's fused op
-    (kernels/linear_silu_and_mul.py)."""
+def _linear_silu_and_mul(x: torch.Tensor, weight, bias, bcast: bool) -> torch.Tensor:
     if len(weight.shape) != 2 or weight.shape[0] % 2:
         raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
     m = _rows(x, weight.shape[1])
@@ -263,4 +275,27 @@ def linear_silu_and_mul_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor
         return linear_silu_and_mul(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)
-    return _run(x, weight, bias, weight.shape[0] // 2, True)
+    return _run(x, weight, bias, weight.shape[0] // 2, True, bcast)
+
+
+def linear_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = x W^T (+ b): int8/fp8 weights, or plain bf16/fp16 weights, times up to GEMV_MAX_M rows through the GEMV;
+    everything else as triton-v1.5 (kernels/linear_fp8_f16.py)."""
+    return _linear(x, weight, bias, False)
+
+
+def linear_silu_and_mul_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: up to GEMV_MAX_M rows through the GEMV
+    with triton-v1.7's epilogue (int8/fp8 or plain bf16/fp16 weights); more rows as triton-v1.7's fused op
+    (kernels/linear_silu_and_mul.py)."""
+    return _linear_silu_and_mul(x, weight, bias, False)
+
+
+def linear_gemv_bcast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """triton-v1.11's linear: linear_gemv with x loaded as broadcast tiles (8-bit weights: 8-byte loads)."""
+    return _linear(x, weight, bias, True)
+
+
+def linear_silu_and_mul_gemv_bcast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """triton-v1.11's fused gate/up projection: linear_silu_and_mul_gemv with x loaded as broadcast tiles."""
+    return _linear_silu_and_mul(x, weight, bias, True)

@@ -151,6 +151,17 @@ TRITON_V1_10 = register_kernel_set(TRITON_V1_9.derive(
     add_rms_norm_linear_silu_and_mul=_norm_linear.add_rms_norm_linear_silu_and_mul,
 ))
 
+TRITON_V1_11 = register_kernel_set(TRITON_V1_9.derive(
+    "triton-v1.11", "1.11.0",
+    description="triton-v1.9 whose batch-1 GEMV loads x as broadcast tiles in the weight tile's layout (and int8/fp8 "
+                "weights 8 bytes a load): no shared-memory shuffle and no barrier in its main loop "
+                "(kernels/linear_gemv.py X_BCAST, NARROW_W); the same fp32 products and sums, v1.9's values to fp32 "
+                "rounding; more rows as v1.9. Not yet timed on a GPU against v1.9 (bench/gpu_session.sh fused with "
+                "SITS_FUSED_SETS=triton-v1.9,triton-v1.11)",
+    linear=_linear_gemv.linear_gemv_bcast,
+    linear_silu_and_mul=_linear_gemv.linear_silu_and_mul_gemv_bcast,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",

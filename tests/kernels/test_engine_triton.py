@@ -46,10 +46,11 @@ def test_interpreter_runs_the_tiny_model_with_an_fp8_kv_cache_on_cpu():
 
 
 @pytest.mark.skipif(triton_device() != "cpu", reason="needs Triton's interpreter (CPU, TRITON_INTERPRET=1)")
-def test_interpreter_runs_the_norm_in_the_batch_1_gemv_as_the_two_ops_on_cpu():
-    # triton-v1.10 folds the norms into the q/k/v and gate/up GEMVs at one row: one prompt decoding (int8 weights,
-    # float32) answers as triton-v1.9's norm kernel then GEMV, to float32 rounding
-    llms = {k: LLM(model="tiny", kernels=k, device="cpu", quantization="int8") for k in ("triton-v1.9", "triton-v1.10")}
+@pytest.mark.parametrize("kernels", ["triton-v1.10", "triton-v1.11"])
+def test_interpreter_runs_v19s_batch_1_gemv_variants_as_v19_on_cpu(kernels):
+    # triton-v1.10 folds the norms into the q/k/v and gate/up GEMVs at one row, triton-v1.11 loads x as broadcast
+    # tiles: one prompt decoding (int8 weights, float32) answers as triton-v1.9, to float32 rounding
+    llms = {k: LLM(model="tiny", kernels=k, device="cpu", quantization="int8") for k in ("triton-v1.9", kernels)}
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
     ref, got = (llms[k].generate(PROMPTS[:1], params, use_tqdm=False) for k in llms)
     assert len(ref) == len(got) == 1 and ref[0].token_ids == got[0].token_ids and len(got[0].token_ids) == 4

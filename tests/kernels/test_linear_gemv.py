@@ -9,11 +9,12 @@ import torch.nn.functional as F
 
 from sits.kernels import get_kernel_set, quantize_weight
 from sits.kernels.linear import linear_ref
-from sits.kernels.linear_gemv import CANDIDATES, GEMV_MAX_M, gemv, linear_gemv, linear_silu_and_mul_gemv
+from sits.kernels.linear_gemv import (CANDIDATES, GEMV_MAX_M, LOADS, gemv, linear_gemv, linear_gemv_bcast,
+                                     linear_silu_and_mul_gemv, linear_silu_and_mul_gemv_bcast)
 from sits.kernels.silu_and_mul import silu_and_mul_ref
 from tests.kernels.helpers import ATOL, assert_close_to_fp64, on_gpu
 
-V18, V19 = get_kernel_set("triton-v1.8"), get_kernel_set("triton-v1.9")
+V18, V19, V111 = get_kernel_set("triton-v1.8"), get_kernel_set("triton-v1.9"), get_kernel_set("triton-v1.11")
 
 
 def _ref64(x, w, bias=None):
@@ -27,19 +28,26 @@ def test_the_set_serves_it_and_keeps_v18s_other_ops():
     assert all(getattr(V19, op) is getattr(V18, op) for op in V18.ops() if op not in V19.overrides)
 
 
+def test_v111_serves_the_gemv_with_broadcast_x_and_keeps_v19s_other_ops():
+    assert V111.linear is linear_gemv_bcast and V111.linear_silu_and_mul is linear_silu_and_mul_gemv_bcast
+    assert set(V111.overrides) == {"linear", "linear_silu_and_mul"}
+    assert all(getattr(V111, op) is getattr(V19, op) for op in V19.ops() if op not in V111.overrides)
+
+
+@pytest.mark.parametrize("op", [linear_gemv, linear_gemv_bcast])
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,k", [(96, 160), (128, 128), (10, 100)])   # partial K and N tiles; whole ones; tiny N
-def test_one_row_against_fp64(dev, kind, dtype, n, k):
+def test_one_row_against_fp64(dev, op, kind, dtype, n, k):
     g = torch.Generator().manual_seed(n + k)
     w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to(dev)
     x = (torch.randn(1, k, generator=g) * 3).to(dtype).to(dev)
     bias = torch.randn(n, generator=g).to(dev)
-    got = linear_gemv(x, w, bias)
+    got = op(x, w, bias)
     assert got.shape == (1, n) and got.dtype == dtype
     ref64 = _ref64(x, w, bias)
     assert_close_to_fp64(got, linear_ref(x, w, bias), ref64, ATOL[dtype] * max(1.0, ref64.abs().max().item()))
-    assert torch.equal(linear_gemv(x, w, bias), got)   # no atomics, no split-K: the same bits again
+    assert torch.equal(op(x, w, bias), got)   # no atomics, no split-K: the same bits again
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
@@ -62,7 +70,7 @@ def test_the_tile_width_does_not_change_a_rows_bits(dev, kind):
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("narrow", [False, True])
 def test_x_loaded_as_broadcast_tiles_and_narrow_weight_loads(dev, kind, norm, narrow):
-    # X_BCAST and NARROW_W (benchmarked, not served) change how x and the weights reach one layout: X_BCAST alone
+    # X_BCAST and NARROW_W (triton-v1.11 serves them without NORM) change how x and the weights reach one layout: X_BCAST alone
     # not a sum (the same bits); NARROW_W also the tile's layout, so the order of the fp32 sums (within fp64's bound)
     g = torch.Generator().manual_seed(9)
     n, k = 40, 160   # a partial K tile
@@ -121,24 +129,28 @@ def test_any_leading_shape_and_strided_rows(dev):
     assert torch.equal(linear_gemv(wide, w), linear_gemv(wide.contiguous(), w))
 
 
-@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("kind", ["int8", "fp8", "plain"])
 @pytest.mark.parametrize("h,i", [(96, 40), (128, 32)])
-def test_fused_gate_up_against_the_two_ops(dev, kind, h, i):
+@pytest.mark.parametrize("ks", [V19, V111], ids=lambda ks: ks.name)
+def test_fused_gate_up_against_the_two_ops(dev, ks, kind, h, i):
     g = torch.Generator().manual_seed(h + i)
-    w = quantize_weight(torch.randn(2 * i, h, generator=g) * h ** -0.5, kind).to(dev)
+    w = torch.randn(2 * i, h, generator=g) * h ** -0.5
+    w = (quantize_weight(w, kind) if kind != "plain" else w.bfloat16()).to(dev)
     x = (torch.randn(1, h, generator=g) * 3).bfloat16().to(dev)
     bias = torch.randn(2 * i, generator=g).to(dev)
     bias[0] = -300.0   # a saturated gate: silu -> -0
-    got = linear_silu_and_mul_gemv(x, w, bias)
+    bias = bias.bfloat16() if kind == "plain" else bias
+    got = ks.linear_silu_and_mul(x, w, bias)
     assert got.shape == (1, i) and got.dtype == torch.bfloat16
     # gate and up each within one bf16 rounding of fp64, as the two ops' stored [T, 2I] output is
-    gu = linear_gemv(x, w, bias)
+    gu = ks.linear(x, w, bias)
     assert torch.equal(got, V18.silu_and_mul(gu))   # as kernels/silu_and_mul.py computes it
-    ref64 = silu_and_mul_ref(_ref64(x, w, bias))
+    ref64 = silu_and_mul_ref(_ref64(x, w, bias) if kind != "plain" else F.linear(x.double(), w.double(),
+                                                                                  bias.double()))
     assert_close_to_fp64(got, V18.linear_silu_and_mul(x, w, bias), ref64,
                          ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
     more = (torch.randn(3, h, generator=g) * 3).bfloat16().to(dev)
-    assert torch.equal(linear_silu_and_mul_gemv(more, w, bias), V18.linear_silu_and_mul(more, w, bias))
+    assert torch.equal(ks.linear_silu_and_mul(more, w, bias), V18.linear_silu_and_mul(more, w, bias))
 
 
 def test_errors_are_clear(dev):
@@ -160,16 +172,17 @@ needs_fp8 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_devi
 @needs_fp8
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("shape", list(LLAMA))
-def test_gpu_at_llamas_weight_shapes(kind, shape):
+@pytest.mark.parametrize("ks", [V19, V111], ids=lambda ks: ks.name)
+def test_gpu_at_llamas_weight_shapes(ks, kind, shape):
     n, k = LLAMA[shape]
     g = torch.Generator().manual_seed(n + k)
     w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to("cuda")
     x = torch.randn(1, k, generator=g).bfloat16().cuda()
-    got = linear_gemv(x, w)
+    got = ks.linear(x, w)
     ref64 = _ref64(x, w)
     assert_close_to_fp64(got, linear_ref(x, w), ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
-    assert torch.equal(linear_gemv(x, w), got)
-    if shape == "gate_up":   # tuned apart from the plain GEMV: its K tile, so its fp32 summation order, may differ
+    assert torch.equal(ks.linear(x, w), got)
+    if shape == "gate_up" and ks is V19:   # tuned apart from the plain GEMV: its K tile, so its sum order, may differ
         fused = linear_silu_and_mul_gemv(x, w)
         ref64 = silu_and_mul_ref(ref64)
         assert_close_to_fp64(fused, V18.silu_and_mul(got), ref64,
@@ -183,15 +196,22 @@ def test_gpu_at_llamas_weight_shapes(kind, shape):
 
 @on_gpu
 @needs_fp8
-@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("kind", ["int8", "fp8", "plain"])
+@pytest.mark.parametrize("loads", ["vector", "bcast"])   # triton-v1.9's, v1.11's (8-bit weights: bcast-narrow)
 @pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: f"N{c.kwargs['BLOCK_N']}K{c.kwargs['BLOCK_K']}w{c.num_warps}")
-def test_gpu_every_autotuning_candidate(kind, cfg):
+def test_gpu_every_autotuning_candidate(kind, loads, cfg):
     n, k = 4096, 14336
     g = torch.Generator().manual_seed(3)
-    w = quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5, kind).to("cuda")
+    w = torch.randn(n, k, generator=g) * k ** -0.5
+    w = (quantize_weight(w, kind) if kind != "plain" else w.bfloat16()).to("cuda")
     x = torch.randn(1, k, generator=g).bfloat16().cuda()
     o = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
-    gemv(x, w, None, o, config=dict(**cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    flags = LOADS[loads + ("-narrow" if loads == "bcast" and kind != "plain" else "")]
+    gemv(x, w, None, o, config=dict(**cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags))
+    if kind == "plain":
+        ref64 = F.linear(x.double(), w.double())
+        assert_close_to_fp64(o, linear_ref(x, w), ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
+        return
     ref64 = _ref64(x, w)
     assert_close_to_fp64(o, linear_ref(x, w), ref64, ATOL[torch.bfloat16] * max(1.0, ref64.abs().max().item()))
 
