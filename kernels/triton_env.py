@@ -177,12 +177,16 @@ class FastLauncher:
     def __init__(self, fn, **constexprs):
         import inspect
         self.fn = fn
-        self.constexprs = constexprs
         params = inspect.signature(getattr(fn, "fn", fn)).parameters
         names = list(params)
+        # the launcher fills every constexpr slot itself: one left out takes its default, else it is an error
+        defaults = {n: p.default for n, p in params.items() if _is_constexpr(p.annotation) and n not in constexprs
+                    and p.default is not inspect.Parameter.empty}
+        constexprs = {**defaults, **constexprs}
         missing = [n for n, p in params.items() if _is_constexpr(p.annotation) and n not in constexprs]
-        if missing:  # the launcher fills every constexpr slot itself: a default would be skipped, shifting the args
+        if missing:
             raise TypeError(f"FastLauncher: constexpr(s) {missing} of {names} must be given")
+        self.constexprs = constexprs
         # every argument in signature order, constexprs filled in; runtime arguments go to `runtime_at` per call
         self.template = [constexprs.get(n) for n in names]
         self.runtime_at = [i for i, n in enumerate(names) if n not in constexprs]

@@ -86,6 +86,37 @@ def test_every_constexpr_and_runtime_argument_is_accounted_for():
         launch((1,), torch.zeros(4), 16)
 
 
+def _kernel_with_defaults(x_ptr, BLOCK: tl.constexpr, n, WIDE: tl.constexpr = False, MODE: tl.constexpr = 2):
+    pass
+
+
+def test_a_constexpr_left_out_takes_its_default_in_its_slot(monkeypatch):
+    monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: True)
+    monkeypatch.setattr(triton_env, "current_device", lambda: 0)
+    monkeypatch.setattr(triton_env, "current_raw_stream", lambda dev: 7)
+    jit = _Jit()
+    jit.fn = _kernel_with_defaults
+    launch = triton_env.FastLauncher(jit, BLOCK=64, MODE=1)
+    assert launch.constexprs == {"WIDE": False, "BLOCK": 64, "MODE": 1}
+    x = torch.zeros(64)
+    launch((1,), x, 32)
+    launch((1,), x, 32)
+    assert jit.log[-1] == ("run", (1, 1, 1), (x, 64, 32, False, 1))   # every slot in signature order
+
+
+def test_the_gemv_launchers_build_as_fast_tuned_builds_them():
+    # the GEMV's constexprs with defaults (RES_AFTER, X_BCAST, NARROW_W): each tuned variant's candidate, with the
+    # flags gemv() passes, makes a launcher (the GPU path; under the interpreter gemv() launches fixed configs)
+    from sits.kernels import linear_gemv as lg
+    flags = dict(HAS_SCALE=True, HAS_BIAS=False, SILU_EPI=False, NORM=0, INT8_CONV=lg.INT8_CONV, EVEN_K=True)
+    for loads, tuned in lg._TUNED.items():
+        for cfg in tuned.configs:
+            launch = triton_env.FastLauncher(lg._gemv_kernel, **cfg.all_kwargs(), **flags)
+            assert launch.constexprs["X_BCAST"] == lg.LOADS[loads].get("X_BCAST", False)
+            assert launch.constexprs["NARROW_W"] == lg.LOADS[loads].get("NARROW_W", False)
+            assert launch.constexprs["RES_AFTER"] is False and launch.num_runtime == 17
+
+
 def test_the_real_kernels_constexprs_are_found():
     # the wrappers' own launchers are checked whenever they run (the CPU kernel tests run every one of them); here:
     # the signatures of the real kernels (string annotations under the interpreter) are read right
