@@ -76,8 +76,9 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # K span of a weight load). NARROW_W: weight loads of 8 elements a thread (8 bytes for int8/fp8, as x's 16-byte
     # loads): with X_BCAST no int8/fp8 candidate's loop has a barrier, at one instruction more to 12 fewer, twice the
     # weight load instructions. (With NORM, X_BCAST repeats the norm's work on every row of the tile: 2.5x the loop.)
-    # triton-v1.11 serves X_BCAST (8-bit weights: with NARROW_W) without NORM: linear_gemv_bcast. Not yet timed on a
-    # GPU: bench/gemv_rows.py --sweep candidates times each candidate both ways.
+    # triton-v1.11 serves X_BCAST (8-bit weights: with NARROW_W) without NORM: linear_gemv_bcast. Timed on the H200
+    # (bench/gemv_rows.py --sweep candidates): 0-0.6 us a call faster at best, batch-1 decode unchanged -- the
+    # barriers cost nothing measurable (BENCHMARKS.md "A GEMV for batch 1").
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M

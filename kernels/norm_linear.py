@@ -16,9 +16,10 @@ two ops' values to the rounding of one bf16 activation, closer to the fp64 resul
 
 Measured (BENCHMARKS.md "A GEMV for batch 1", H200, each set's engine in a process of its own, the same call):
 batch-1 decode bf16 236 tok/s against v1.9's 239, int8 333 against 331, fp8 341 against 348: this release is no
-faster. Where the launches it saves went (the norm kernels' own time in a graph, the GEMVs' extra loads, their
-tuning) is not yet measured: bench/norm_gemv_rows.py (`bench/gpu_session.sh norm-gemv-rows`) times the fused op
-against the two ops by launch config, with h stored in the main loop and after it (RES_AFTER).
+faster. Where the launches it saves went (bench/norm_gemv_rows.py, H200): the GEMV with the norm in its loop is
+slower than the norm kernel (1.7-1.8 us) then the plain GEMV at four of six projections (bf16 qkv 17.2 against 15.5
+us, fp8 gate/up 41.2 against 33.8); both normed projections of a step bf16 2.40 ms against 2.28, fp8 1.69 against
+1.47. Storing h after the loop (RES_AFTER) helps at some launch configs, hurts at others, never below the two ops.
 
 Where triton-v1.9 would not run the GEMV (more than GEMV_MAX_M rows, unsupported dtypes or devices) these are
 triton-v1's norm then v1.9's linear (or fused gate/up projection): the two ops' result bit for bit.

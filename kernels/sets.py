@@ -156,8 +156,9 @@ TRITON_V1_11 = register_kernel_set(TRITON_V1_9.derive(
     description="triton-v1.9 whose batch-1 GEMV loads x as broadcast tiles in the weight tile's layout (and int8/fp8 "
                 "weights 8 bytes a load): no shared-memory shuffle and no barrier in its main loop "
                 "(kernels/linear_gemv.py X_BCAST, NARROW_W); the same fp32 products and sums, v1.9's values to fp32 "
-                "rounding; more rows as v1.9. Not yet timed on a GPU against v1.9 (bench/gpu_session.sh fused with "
-                "SITS_FUSED_SETS=triton-v1.9,triton-v1.11)",
+                "rounding; more rows as v1.9. Measured on the H200: NO FASTER than v1.9 at batch 1 (bf16 238-239 "
+                "against 237-238 tok/s, fp8 349-350 against 346; each candidate 0-0.6 us a call): a release for the "
+                "canary to judge, not a speed-up",
     linear=_linear_gemv.linear_gemv_bcast,
     linear_silu_and_mul=_linear_gemv.linear_silu_and_mul_gemv_bcast,
 ))
