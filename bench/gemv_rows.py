@@ -13,7 +13,9 @@ kernel's X_BCAST; int8/fp8 weights with 8-byte weight loads too, NARROW_W): no b
 The fused gate/up projection (v1.7's epilogue) against v1.8's too, and 2-4 rows at each shape's best config.
 Times: microseconds per call from a CUDA graph replaying calls round-robin over weight copies past the L2
 (bench/kernel_timings.py's `bench_graph`); every output is checked against v1.8's (rel. error) before it is timed.
-The step columns sum a decode step's 32 layers (qkv, o, gate/up, down). A table last.
+The step columns sum a decode step's 32 layers (qkv, o, gate/up, down). Each swept config is also timed on one
+weight tensor replayed, as the autotuner times its candidates (from the L2 where the weights fit): the table
+`timing from the L2` shows which config that picks and what it costs past the L2. A table last.
 """
 from __future__ import annotations
 
@@ -113,10 +115,12 @@ def measure(kinds, rows, sweep: str, deadline: float) -> tuple[list[dict], list[
                     lg.gemv(x, ws[0], None, o, config=cfg)
                     err = rel_err(o, ref)
                     us = 1e3 * bench_graph([lambda q=q: lg.gemv(x, q, None, o, config=cfg) for q in ws])
+                    # as the autotuner times it: one weight tensor replayed (do_bench_cudagraph flushes nothing)
+                    hot = 1e3 * bench_graph([lambda: lg.gemv(x, ws[0], None, o, config=cfg)])
                 except Exception as e:   # a config that does not compile: recorded, not fatal
                     swept.append({"kind": kind, "shape": shape, **cfg, "error": str(e)[:200]})
                     continue
-                swept.append({"kind": kind, "shape": shape, **cfg, "us": us, "err": err})
+                swept.append({"kind": kind, "shape": shape, **cfg, "us": us, "hot_us": hot, "err": err})
                 cfg = {**cfg, "kind": kind}
                 if best is None or us < best[0]:
                     best = (us, cfg, err)
@@ -144,6 +148,22 @@ def measure(kinds, rows, sweep: str, deadline: float) -> tuple[list[dict], list[
             del ws
             torch.cuda.empty_cache()
     return table, swept
+
+
+def tuner_view(swept: list[dict]) -> list[dict]:
+    """Per weight kind and shape: the config that wins when each is timed on one weight tensor replayed (L2-hot, as
+    the autotuner times its candidates), its time past the L2 (as the engine runs it), and the config that wins past
+    the L2. Where the two winners differ, tuning from the L2 costs `lost_us` a call."""
+    out = []
+    timed = sorted((s for s in swept if "us" in s and "hot_us" in s), key=lambda s: (s["kind"], s["shape"]))
+    for (kind, shape), group in itertools.groupby(timed, key=lambda s: (s["kind"], s["shape"])):
+        group = list(group)
+        hot = min(group, key=lambda s: s["hot_us"])
+        cold = min(group, key=lambda s: s["us"])
+        out.append({"kind": kind, "shape": shape, "hot_pick": _name(hot), "hot_pick_hot_us": hot["hot_us"],
+                    "hot_pick_us": hot["us"], "cold_pick": _name(cold), "cold_pick_us": cold["us"],
+                    "lost_us": hot["us"] - cold["us"]})
+    return out
 
 
 def report(res: dict) -> None:
@@ -176,6 +196,19 @@ def report(res: dict) -> None:
             cells = [f"M={key[1:-8]} {r[key.replace('_gemv', '_v18')]:.1f} / {r[key]:.1f}"
                      for key in r if key.endswith("_gemv_us")]
             print(f"  {r['kind']:5s} {r['shape']:8s} " + "  ".join(cells))
+    view = tuner_view(res.get("sweep", []))
+    if view:
+        print("\ntiming from the L2 (one weight replayed, as the autotuner does) against past it, us:")
+        print(f"{'kind':5s} {'shape':8s} {'L2-hot pick':>30s} {'hot':>6s} {'past L2':>8s} {'past-L2 pick':>30s} "
+              f"{'past L2':>8s} {'lost':>6s}")
+        for v in view:
+            print(f"{v['kind']:5s} {v['shape']:8s} {v['hot_pick']:>30s} {v['hot_pick_hot_us']:6.1f} "
+                  f"{v['hot_pick_us']:8.1f} {v['cold_pick']:>30s} {v['cold_pick_us']:8.1f} {v['lost_us']:6.1f}")
+        lost: dict = {}
+        for v in view:
+            lost[v["kind"]] = lost.get(v["kind"], 0.0) + v["lost_us"]
+        print("  a batch-1 step's linears lose, ms: " + ", ".join(f"{k} {LAYERS * us / 1e3:.3f}"
+                                                              for k, us in lost.items()))
     fused = [r for r in res["rows"] if "fused_v19_us" in r]
     for r in fused:
         print(f"fused gate/up + SiLU-and-mul, {r['kind']}: v1.8 {r['fused_v18_us']:.1f} us, v1.9 "

@@ -122,6 +122,25 @@ def test_tuning_winners_reads_the_autotuners_timings_as_triton_writes_them(tmp_p
     assert describe(t["candidates"][0][0]) == "BLOCK_M=64 BLOCK_N=128 warps=4 stages=3"
 
 
+def test_gemv_rows_shows_which_config_timing_from_the_l2_picks_and_what_it_costs_past_it(capsys):
+    # bench/gemv_rows.py's sweep times each config past the L2 ("us") and replaying one weight ("hot_us", as the
+    # autotuner does): where the two rankings disagree, the hot winner's past-L2 time minus the past-L2 winner's
+    from bench.gemv_rows import report, tuner_view
+
+    def cfg(bn, bk, us, hot, shape="qkv", kind="fp8"):
+        return dict(kind=kind, shape=shape, BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=1, us=us, hot_us=hot)
+    swept = [cfg(4, 2048, 10.5, 6.0), cfg(16, 512, 8.8, 6.4), cfg(8, 512, 9.7, 6.2),
+             cfg(8, 1024, 7.0, 5.0, shape="o"), cfg(4, 2048, 7.5, 5.5, shape="o"),
+             dict(kind="fp8", shape="down", BLOCK_N=4, BLOCK_K=4096, error="out of resources")]
+    view = {v["shape"]: v for v in tuner_view(swept)}
+    assert set(view) == {"qkv", "o"}   # a config that failed to compile is left out
+    assert view["qkv"]["hot_pick"].startswith("N4 K2048") and view["qkv"]["cold_pick"].startswith("N16 K512")
+    assert view["qkv"]["lost_us"] == pytest.approx(1.7) and view["o"]["lost_us"] == 0.0
+    report({"device": "GPU", "torch": "t", "triton": "tr", "rows": [], "sweep": swept})
+    out = capsys.readouterr().out
+    assert "timing from the L2" in out and "a batch-1 step's linears lose, ms: fp8 0.054" in out
+
+
 def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_two_estimators(tmp_path):
     # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window
     # per check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for
