@@ -26,6 +26,8 @@
 #                                  # (SITS_GEMV_ARGS: more arguments, e.g. "--kinds int8 --no-sweep")
 #   bench/gpu_session.sh norm-gemv-rows  # bench/norm_gemv_rows.py: triton-v1.10's norm in the batch-1 GEMV against
 #                                  # v1.9's norm kernel then GEMV at the q/k/v and gate/up projections, by launch config
+#   bench/gpu_session.sh pdl-chain # bench/pdl_chain.py: norm + GEMV kernels of 32 batch-1 layers in one CUDA graph
+#                                  # with and without programmatic dependent launch (the kernels' PDL), same bits
 #   bench/gpu_session.sh prologue-served  # bench/fused_prologue_served.py under CUDA MPS as the demo ran it
 #                                  # (SITS_MPS=off: without): triton-v1.6's gate replay against served engines, per
 #                                  # canary variant (A/A, eager, no piecewise graphs, no split-K); SITS_PROLOGUE_ARGS:
@@ -287,6 +289,11 @@ run_norm_gemv_rows() {
     "triton-v1.10's norm in the GEMV against v1.9's two ops" "a GPU"
 }
 
+run_pdl_chain() {
+  gpu_bench "pdl chain" bench/pdl_chain.py pdl-chain "${SITS_PDL_BUDGET_S:-240}" \
+    "a batch-1 layer chain with and without programmatic dependent launch" "a GPU with PDL (sm_90+)"
+}
+
 run_prologue_served() {
   # the product's gate replay against a triton-v1.5 baseline and a triton-v1.6 canary engine (llama3-8b int8), under
   # CUDA MPS as bench/gpu_demo.sh prologue ran them, then per canary variant
@@ -363,12 +370,13 @@ for ph in "${phases[@]}"; do
     fused-rows) run_fused_rows ;;
     gemv-rows) run_gemv_rows ;;
     norm-gemv-rows) run_norm_gemv_rows ;;
+    pdl-chain) run_pdl_chain ;;
     prologue-served) run_prologue_served ;;
     prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -384,6 +392,9 @@ if [[ -f "$out/decode-attention-fp8.log" ]]; then
 fi
 if [[ -f "$out/gemv-rows.log" ]]; then
   sed -n '/^sweep, the five best/,$p' "$out/gemv-rows.log"
+fi
+if [[ -f "$out/pdl-chain.log" ]]; then
+  sed -n '/one row through/,$p' "$out/pdl-chain.log"
 fi
 if [[ -f "$out/fused-rows.log" ]]; then
   sed -n '/^autotune winners/,$p' "$out/fused-rows.log"

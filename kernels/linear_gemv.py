@@ -36,7 +36,8 @@ from sits.kernels import linear as _lin
 from sits.kernels.linear_fp8_f16 import linear_fp8_f16
 from sits.kernels.linear_silu_and_mul import linear_silu_and_mul
 from sits.kernels.quant import QuantizedWeight
-from sits.kernels.triton_env import autotune, check_device, fast_tuned, interpreting, tl, triton
+from sits.kernels.triton_env import (autotune, check_device, fast_tuned, gdc_launch_dependents, gdc_wait, interpreting,
+                                     tl, triton)
 
 GEMV_MAX_M = 1   # rows served by the GEMV; more: triton-v1.5's linear (the MMA kernel reads the weights once for all)
 INT8_DIRECT, INT8_VIA_BF16, INT8_MAGIC = 0, 1, 2   # how an int8 weight becomes fp32 (constexpr INT8_CONV)
@@ -60,7 +61,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
                  stride_xm, stride_wn, stride_om, stride_rm, stride_resm,
                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, SILU_EPI: tl.constexpr, INT8_CONV: tl.constexpr, NORM: tl.constexpr,
-                 RES_AFTER: tl.constexpr = False, X_BCAST: tl.constexpr = False, NARROW_W: tl.constexpr = False):
+                 RES_AFTER: tl.constexpr = False, X_BCAST: tl.constexpr = False, NARROW_W: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     # grid: (cdiv(N, BLOCK_N) * M,). Program p computes output row p % M, columns (p // M) * BLOCK_N + [0, BLOCK_N).
     # NORM (triton-v1.10, kernels/norm_linear.py): 0 = x as given; 1 = rms_norm(x) with weight nw; 2 = the residual
     # add first, h = x + r rounded to x's dtype (the programs of the first N tile store it to res), then rms_norm(h).
@@ -79,6 +81,10 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # triton-v1.11 serves X_BCAST (8-bit weights: with NARROW_W) without NORM: linear_gemv_bcast. Timed on the H200
     # (bench/gemv_rows.py --sweep candidates): 0-0.6 us a call faster at best, batch-1 decode unchanged -- the
     # barriers cost nothing measurable (BENCHMARKS.md "A GEMV for batch 1").
+    # PDL (benchmark-only, bench/pdl_chain.py; launch with launch_pdl=True on sm_90+): programmatic dependent launch.
+    # The program may start while the kernel before it still runs: it asks the L2 for its first weight tile (one
+    # prefetch a 128-byte line: the weights are no earlier kernel's output), waits for the earlier kernel's writes
+    # (griddepcontrol.wait) before it reads x, and lets the next kernel launch once its main loop is done.
     pid = tl.program_id(0)
     pid_m = pid % M
     pid_n = pid // M
@@ -97,6 +103,12 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     else:
         w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if PDL:
+        LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth   # elements a 128-byte line
+        first = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (tl.arange(0, BLOCK_K // LINE) * LINE)[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [first], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        gdc_wait()
     if NORM == 2:
         r_ptrs = r_ptr + pid_m.to(tl.int64) * stride_rm + kx
         res_ptrs = res_ptr + pid_m.to(tl.int64) * stride_resm + kx
@@ -140,6 +152,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
         acc += wf * xf
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if PDL:
+        gdc_launch_dependents()
     y = tl.sum(acc, 1)
     if NORM > 0:   # sum_k W[n, k] (h_k nw_k) / rms(h): the norm is a scale of the row, applied once here
         # (with X_BCAST every row of sumsq holds the same sums: one per output row)

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import torch
 
-from sits.kernels.triton_env import check_device, fast, next_pow2, tl, triton
+from sits.kernels.triton_env import check_device, fast, gdc_launch_dependents, gdc_wait, next_pow2, tl, triton
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
                      stride_x, stride_r, stride_o, stride_ro, H, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
+    # PDL (benchmark-only, bench/pdl_chain.py; launch with launch_pdl=True on sm_90+): the norm weight is read
+    # before waiting for the earlier kernel's writes; the next kernel may launch once the row is loaded
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H
+    if PDL:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        gdc_wait()
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         # residual_out = x + residual rounds to x.dtype, exactly like the reference (add in fp32: the interpreter
@@ -24,9 +29,12 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
         r = tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+    if PDL:
+        gdc_launch_dependents()
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    if not PDL:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     y = (xf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 

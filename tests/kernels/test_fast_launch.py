@@ -114,7 +114,11 @@ def test_the_gemv_launchers_build_as_fast_tuned_builds_them():
             launch = triton_env.FastLauncher(lg._gemv_kernel, **cfg.all_kwargs(), **flags)
             assert launch.constexprs["X_BCAST"] == lg.LOADS[loads].get("X_BCAST", False)
             assert launch.constexprs["NARROW_W"] == lg.LOADS[loads].get("NARROW_W", False)
-            assert launch.constexprs["RES_AFTER"] is False and launch.num_runtime == 17
+            assert launch.constexprs["RES_AFTER"] is False and launch.constexprs["PDL"] is False
+            assert launch.num_runtime == 17
+    from sits.kernels import rms_norm as rn   # as kernels/rms_norm.py's _launch builds it (PDL: benchmarks only)
+    launch = triton_env.FastLauncher(rn._rms_norm_kernel, HAS_RESIDUAL=True, BLOCK_H=4096, num_warps=16)
+    assert launch.constexprs["PDL"] is False and launch.num_runtime == 11
 
 
 def test_the_real_kernels_constexprs_are_found():
