@@ -199,6 +199,10 @@ def test_the_stepper_shows_where_the_gate_stopped(browser, sc, width):
         page.goto(f"{browser.url}/rollouts/{sc.promoted}")   # the gate off: no stop for it
         page.locator("#stepper li").first.wait_for()
         assert page.locator("#gate-stop").count() == 0
+        # a promoted rollout's steps are all done: each shows its time, the 100 % one (promotion) says so, none
+        # reads as still running
+        times = page.locator("#stepper li.done .t").all_inner_texts()
+        assert times and "…" not in times and times[-1] == "promoted", times
 
 
 # services --------------------------------------------------------------------------------------------------------

@@ -71,7 +71,8 @@
       const cls = s.state === "current" && failed ? "failed" : s.state === "current" && !R.active ? "done" : s.state;
       return el("li", { class: cls, "aria-current": s.state === "current" ? "step" : null },
         el("span", { class: "dot", "aria-hidden": "true" }), el("span", { class: "w" }, s.weight + " %"),
-        el("span", { class: "t" }, s.seconds != null ? dur(s.seconds) : s.state === "todo" ? "" : "…"),
+        el("span", { class: "t" }, s.seconds != null ? dur(s.seconds) : s.state === "todo" ? ""
+          : s.state === "done" ? (s.weight === 100 && R.phase === SITS.PHASE.SUCCEEDED ? "promoted" : "✓") : "…"),
         el("span", { class: "sr-only" }, ` ${s.state}`));
     })].filter(Boolean));
     $("variants").replaceChildren(...SITS.ROLES.map((role) => {
