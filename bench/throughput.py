@@ -181,6 +181,20 @@ def prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[list[in
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
+def gpu_clocks() -> dict:
+    """The GPU's SM clock (MHz), power draw (W) and active clock-throttle reasons as nvidia-smi reports them now
+    (an empty dict where it cannot): read between timed runs, outside their timings."""
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
+                              "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True,
+                             timeout=10).stdout.strip().splitlines()
+        sm, power, reasons = (v.strip() for v in out[0].split(","))
+        return {"sm_mhz": int(float(sm)), "power_w": float(power), "throttle": reasons}
+    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
+        return {}
+
+
 def timed_generate(llm, device, batch, **kw) -> tuple[float, list]:
     from sits.kernels.jit_watch import JitWatch
     _sync(device)
@@ -243,16 +257,19 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
         n = sz["ttft_len"]
         p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         floor = shape.prefill_s(1, n, tflops, copy)
-        walls = []
+        walls, clocks = [], []
         for i in range(sz["ttft_reps"] + 1):
             wall, _, watch = timed_generate(llm, device, prompts(rng, 1, n, vocab), sampling_params=p)
             walls.append(wall)
+            # each run's wall and the GPU's clock right after it: whether later runs are slower at a lower clock
+            clocks.append(gpu_clocks() if device == "cuda" else {})
             if i == 0:
                 add(f"ttft {n}{' ' + quant if quant else ''} first{kv}", wall, 1, floor, watch,
-                    {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor})
+                    {"ttft_ms": 1e3 * wall, "floor_ms": 1e3 * floor, **clocks[0]})
         med = statistics.median(walls[1:])
         add(f"ttft {n}{' ' + quant if quant else ''} median{kv}", med, 1, floor, watch,
-            {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor})
+            {"ttft_ms": 1e3 * med, "floor_ms": 1e3 * floor, "runs_ms": [round(1e3 * w, 2) for w in walls],
+             "runs_sm_mhz": [c.get("sm_mhz") for c in clocks], "runs_throttle": [c.get("throttle") for c in clocks]})
     if (f"decode1-{quant}" if quant else "decode1") in rows:
         p = SamplingParams(max_tokens=sz["d1_out"], temperature=0.0, ignore_eos=True)
         floor = shape.prefill_s(1, sz["d1_in"], tflops, copy) + shape.decode_s(1, sz["d1_in"], sz["d1_out"], copy)
@@ -451,6 +468,11 @@ def main(argv=None) -> int:
         extra = f" ttft {r['ttft_ms']:.1f} ms (floor {r['floor_ms']:.1f})" if "ttft_ms" in r else ""
         print(f"{r['row']:34s} {r['wall_s']:8.2f} {r['out_tok_s']:8.0f} {floor} {r.get('compiles', ''):>4} "
               f"{r.get('autotune_runs', ''):>4}  {step}{extra}")
+        if r.get("runs_ms"):   # the TTFT runs one by one, with the SM clock after each where nvidia-smi told it
+            clocks = r.get("runs_sm_mhz") or []
+            print(f"{'':34s}   runs: " + ", ".join(
+                f"{ms:.1f} ms" + (f" @ {mhz} MHz" if mhz else "") for ms, mhz in
+                zip(r["runs_ms"], clocks + [None] * (len(r["runs_ms"]) - len(clocks)))))
     for line in logs:
         if not line.startswith("cProfile"):
             print(line)

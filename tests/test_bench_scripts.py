@@ -141,6 +141,22 @@ def test_gemv_rows_shows_which_config_timing_from_the_l2_picks_and_what_it_costs
     assert "timing from the L2" in out and "a batch-1 step's linears lose, ms: fp8 0.054" in out
 
 
+def test_throughput_reads_the_gpus_clock_from_nvidia_smi_or_nothing(monkeypatch):
+    import subprocess
+
+    from bench import throughput
+
+    class Done:
+        stdout = "1980, 655.21, 0x0000000000000004\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done())
+    assert throughput.gpu_clocks() == {"sm_mhz": 1980, "power_w": 655.21, "throttle": "0x0000000000000004"}
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert throughput.gpu_clocks() == {}
+
+
 def test_tail_cliff_reads_back_each_check_interval_of_a_stored_rollout_and_its_two_estimators(tmp_path):
     # bench/tail_cliff.py --store: a rollout driven through the real reconcile() and Store with one two-mode window
     # per check; the replay's intervals (differences of the checks' cumulative evidence) are those windows, bucket for
