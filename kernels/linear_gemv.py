@@ -69,7 +69,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     # Every program walks all of K, so it sums h^2 as it goes and scales its dot products by 1/rms once at the end.
     # The first tile's programs store h in the main loop, masked off elsewhere (measured on the H200 and tested on the
     # GPU); RES_AFTER: in a loop of their own after the dot products instead (6 instructions fewer in the main loop
-    # of sm_90 SASS; CPU-tested, not yet timed on a GPU: bench/norm_gemv_rows.py compares the two).
+    # of sm_90 SASS; on the H200 faster at some launch configs, slower at others: bench/norm_gemv_rows.py).
     # X_BCAST: x (and r, nw) loaded as [BLOCK_N, BLOCK_K] tiles whose rows repeat the same K offsets. The default
     # loads [BLOCK_K] vectors and moves them into the weight tile's layout through shared memory: in sm_90 SASS
     # compiled here, 2-4 barriers an iteration of the main loop for three of the five candidates with bf16 weights
