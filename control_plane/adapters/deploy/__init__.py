@@ -166,7 +166,8 @@ class ReplicaStatus:
     last_log_line: str = ""    # what the engine logged last: one printable line, redacted, at most 200 characters
     log_error: str = ""        # why the log could not be read (e.g. "403: grant get on pods/log"); "" when it was
     address: str | None = None  # local: its URL; Kubernetes: the pod IP
-    # where it runs on GPUs: "own" (GPUs no other variant is given), "shared" (it sees every GPU, as the others do),
+    # where it runs on GPUs: "own" (GPUs no other engine runs on), "shared" (it sees every GPU, as the others do, or
+    # holds GPUs that engines placed "shared" run on too),
     # "" (none: the CPU, or not known); `gpus` the ones it sees (local: its CUDA_VISIBLE_DEVICES), `gpu_note` in words
     gpu_placement: str = ""
     gpus: tuple[str, ...] = ()

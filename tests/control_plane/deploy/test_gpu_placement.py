@@ -226,6 +226,16 @@ def test_too_few_gpus_share_and_every_view_says_so(deployer, monkeypatch, caplog
     assert canary["note"] == "shares GPUs 0,1 with the other engines: 1 engine × 1 GPU needed, 0 of 2 free"
     assert "too few free GPUs" in caplog.text and "chat/canary" in caplog.text
     assert "shares GPUs 0,1" in d.status("chat")["canary"].message
+    # production and the baseline hold a GPU no other variant is given, but the canary runs on both: shared, says so
+    for role, gpu in (("production", "0"), ("baseline", "1")):
+        e = got[role][0]
+        assert e["placement"] == SHARED and e["gpus"] == (gpu,)
+        assert e["note"] == f"GPU {gpu}, given to no other variant, but shared: 1 engine of other variants runs on " \
+                            f"every GPU"
+        assert e["note"] in d.status("chat")[role].message
+    d.rollback("chat")   # the canary gone, production's GPU is its own again
+    (prod,) = started(d, "chat")["production"]
+    assert (prod["placement"], prod["note"]) == (OWN, "GPU 0 of its own")
 
 
 def test_rollback_releases_and_promote_keeps_the_canarys_gpus(deployer):

@@ -16,13 +16,14 @@ def test_each_variant_says_which_gpus_its_engines_run_on(browser, sc, width):
         page.goto(f"{browser.url}/rollouts/{sc.gpus}")
         page.locator("#engines-rows tr").first.wait_for()
         cells = page.locator("#engines-rows td.gpus")
+        held = "GPUs {}, given to no other variant, but shared: 1 engine of other variants runs on every GPU"
         assert [cells.nth(i).inner_text() for i in range(3)] == [
-            "GPUs 0,1 of its own", "GPUs 2,3 of its own", ui_scenarios_engines.GPU_SHARED_NOTE]
-        assert page.locator('#engines-rows tr[data-role="canary"] td.gpus .warn').count() == 1   # sharing stands out
-        assert page.locator('#engines-rows tr[data-role="production"] td.gpus .warn').count() == 0
+            held.format("0,1"), held.format("2,3"), ui_scenarios_engines.GPU_SHARED_NOTE]
+        for role in ("production", "baseline", "canary"):   # sharing stands out, where it is held too
+            assert page.locator(f'#engines-rows tr[data-role="{role}"] td.gpus .warn').count() == 1
         # the variant cards say it too, with the GPUs each engine spans
         page.wait_for_function("document.querySelector('[data-gpus=canary]').textContent.length > 0")
-        assert page.locator("[data-gpus=production]").inner_text() == "GPUs 0,1 of its own"
+        assert page.locator("[data-gpus=production]").inner_text() == held.format("0,1")
         assert page.locator("[data-gpus=canary]").inner_text() == ui_scenarios_engines.GPU_SHARED_NOTE
         assert page.locator(".variant.canary .tp").inner_text() == "2 GPUs per engine (tensor parallel)"
         assert page.evaluate("document.scrollingElement.scrollWidth") <= width

@@ -4,12 +4,14 @@ real worker and state machine (frozen clock, canned metrics):
 - pods: progressing, its engines listed as a Kubernetes deployer lists pods: production 2 ready, baseline ready, the
   canary's pod restarted 3 times after crashing, not ready, its last log line a long traceback line;
 - gpus: progressing with tensor_parallel_size 2, its engines listed as the local deployer lists them on a machine of
-  four GPUs: production 0,1 and baseline 2,3 of their own, the canary sharing all four (none left free);
+  four GPUs: production 0,1 and baseline 2,3 held by them, the canary sharing all four (none left free), so the
+  first two say they are shared too;
 - the rest as ui_scenarios says (chat promoted then rolled back, embed aborted, search's deploy failed, rank running).
 """
 from __future__ import annotations
 
 from sits.control_plane.adapters.deploy import ReplicaStatus
+from sits.control_plane.adapters.deploy.local.gpus import OWN, Placement
 from sits.control_plane.adapters.deploy.spec import DeploySpec
 from sits.control_plane.rollout import Phase
 from sits.control_plane.service.rollouts import start_rollout
@@ -40,6 +42,9 @@ class PodsDeployer(InMemoryDeployer):
 
 
 GPU_SHARED_NOTE = "shares GPUs 0-3 with the other engines: 1 engine × 2 GPUs needed, 0 of 4 free"
+# what the local deployer reports for a variant's own GPUs that the canary shares (Placement.describe, sharers=1)
+HELD = {role: Placement(OWN, (gpus,), ("0", "1", "2", "3"), sharers=1)
+        for role, gpus in (("production", ("0", "1")), ("baseline", ("2", "3")))}
 
 
 class GpuDeployer(InMemoryDeployer):
@@ -50,8 +55,7 @@ class GpuDeployer(InMemoryDeployer):
             return ReplicaStatus(role, f"{role}-0", True, 0, "running", "INFO: Application startup complete.",
                                  address=f"http://127.0.0.1:{9000 + len(role)}", gpu_placement=placement,
                                  gpus=gpus, gpu_note=note)
-        return [engine("production", ("0", "1"), "own", "GPUs 0,1 of its own"),
-                engine("baseline", ("2", "3"), "own", "GPUs 2,3 of its own"),
+        return [*(engine(role, p.sets[0], p.seen_as, p.describe(0)) for role, p in HELD.items()),
                 engine("canary", ("0", "1", "2", "3"), "shared", GPU_SHARED_NOTE)]
 
 

@@ -28,7 +28,7 @@ from sits.control_plane.adapters.deploy import (DeployError, DeployNotFoundError
                                                 VariantSpec, VariantStatus, check_role, normalize_weights)
 from sits.control_plane.adapters.deploy.local import process
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, default_max_replicas
-from sits.control_plane.adapters.deploy.local.gpus import SHARED, GpuPool, Placement, Sets, visible_gpus
+from sits.control_plane.adapters.deploy.local.gpus import OWN, SHARED, GpuPool, Placement, Sets, visible_gpus
 from sits.control_plane.adapters.deploy.local.replicas import Replica, ReplicaLauncher
 from sits.control_plane.rollout import ROLES
 from sits.control_plane.router import RouterError
@@ -137,7 +137,8 @@ class LocalDeployer:
         with svc.state:
             variants = dict(svc.variants)
             weights = svc.router.weights()
-        return {role: self.launcher.status(role, v.spec, v.replicas, weights.get(role, 0), v.placement)
+        return {role: self.launcher.status(role, v.spec, v.replicas, weights.get(role, 0),
+                                           self._seen_placement(service, role, v.placement))
                 for role, v in variants.items()}
 
     def replicas(self, service: str) -> list[ReplicaStatus]:
@@ -149,7 +150,22 @@ class LocalDeployer:
         with svc.state:
             variants = dict(svc.variants)
         return [rs for role in ROLES if role in variants
-                for rs in self.launcher.replica_statuses(role, variants[role].replicas, variants[role].placement)]
+                for rs in self.launcher.replica_statuses(
+                    role, variants[role].replicas, self._seen_placement(service, role, variants[role].placement))]
+
+    def _seen_placement(self, service: str, role: str, placement: Placement) -> Placement:
+        """The variant's placement as its status reports it: GPUs of its own, unless engines of other variants placed
+        SHARED (too few GPUs free when they started) run on them too (Placement.sharers)."""
+        if placement.mode != OWN:
+            return placement
+        with self._lock:
+            services = list(self._services.items())
+        sharers = 0
+        for name, svc in services:
+            with svc.state:
+                sharers += sum(len(v.replicas) for r, v in svc.variants.items()
+                               if v.placement.mode == SHARED and (name, r) != (service, role))
+        return dataclasses.replace(placement, sharers=sharers) if sharers else placement
 
     def promote(self, service: str) -> None:
         svc = self._service(service)

@@ -62,11 +62,19 @@ def gpu_list(gpus: Sequence[str]) -> str:
 class Placement:
     """Where a variant's engines run. `mode` OWN: `sets[i]` are replica i's GPUs, given to no other variant; SHARED:
     every engine sees every GPU the control plane sees (`visible`); NONE: not on GPUs (the CPU, or none listed).
-    `note`: why it shares, in words."""
+    `note`: why it shares, in words. `sharers` (status time only): engines of other variants placed SHARED, which
+    run on an OWN placement's GPUs too -- the first variant placed on a one-GPU machine holds that GPU, but the
+    variants after it share it."""
     mode: str = NONE
     sets: Sets = ()
     visible: tuple[str, ...] = ()
     note: str = ""
+    sharers: int = 0
+
+    @property
+    def seen_as(self) -> str:
+        """ReplicaStatus.gpu_placement: SHARED also for GPUs of its own that engines placed SHARED run on."""
+        return SHARED if self.mode == OWN and self.sharers else self.mode
 
     def env(self, replica: int) -> dict[str, str]:
         """Replica's extra environment: its own GPUs, or nothing (it inherits what the control plane sees)."""
@@ -81,7 +89,12 @@ class Placement:
         if self.mode == OWN and self.sets:
             sets = self.sets if replica is None else (self.sets[replica],)
             words = " | ".join(gpu_list(s) for s in sets)
-            return f"GPU{'s' if sum(map(len, sets)) > 1 else ''} {words} of its own"
+            gpus = f"GPU{'s' if sum(map(len, sets)) > 1 else ''} {words}"
+            if self.sharers:
+                n = self.sharers
+                return f"{gpus}, given to no other variant, but shared: {n} engine{'s' if n > 1 else ''} of other " \
+                       f"variants run{'' if n > 1 else 's'} on every GPU"
+            return f"{gpus} of its own"
         if self.mode == SHARED:
             return f"shares GPU{'s' if len(self.visible) > 1 else ''} {gpu_list(self.visible)} with the other " \
                    f"engines: {self.note}"

@@ -158,7 +158,7 @@ class ReplicaLauncher:
             out.append(ReplicaStatus(role=role, name=f"{role}-{i}", ready=rc is None and self.ready(r.url), restarts=0,
                                      state="running" if rc is None else f"exited {rc}",
                                      last_log_line=shown_log_line(without_probe_lines(_tail(r.log_path, 8192))),
-                                     address=r.url, gpu_placement=placement.mode, gpus=placement.gpus(i),
+                                     address=r.url, gpu_placement=placement.seen_as, gpus=placement.gpus(i),
                                      gpu_note=placement.describe(i)))
         return out
 

@@ -6,6 +6,12 @@ const SITS = (() => {
   // (control_plane/view/names.py): named once, in Python
   const { roles: ROLES, phases: PHASE, metrics: METRICS } = JSON.parse(document.getElementById("sits-vocabulary").textContent);
 
+  // Set once the page is navigating away (a form posted, e.g. Log out): a poll's 401 answered in between must not
+  // send the browser to the login page over that navigation (it would cancel the logout's own redirect).
+  let leaving = false;
+  document.addEventListener("submit", (e) => { if (!e.defaultPrevented) leaving = true; });   // after the form's own handlers
+  addEventListener("pagehide", () => { leaving = true; });
+
   async function api(path, opts = {}) {
     const init = { method: opts.method || "GET", headers: { "Accept": "application/json" }, credentials: "same-origin" };
     if (init.method !== "GET") {
@@ -16,7 +22,7 @@ const SITS = (() => {
     const r = await fetch("/api/v1" + path, init);
     let data = null;
     try { data = await r.json(); } catch (e) { data = null; }
-    if (r.status === 401 && !opts.noRedirect) {
+    if (r.status === 401 && !opts.noRedirect && !leaving) {
       location.href = "/login?next=" + encodeURIComponent(location.pathname + location.search);
     }
     return { ok: r.ok, status: r.status, data, headers: r.headers };
