@@ -8,8 +8,8 @@ on the H200 a bf16 step of triton-v1.9 is 4.17 ms where its linears take 3.42 (B
 With PDL (sm_90+: launched with `launch_pdl=True`, the device side `griddepcontrol`) a kernel's programs start while
 the previous kernel's last programs run: the GEMV asks the L2 for its first weight tile, then waits
 (`gdc_wait`) for the previous kernel's writes before it reads x; the norm reads its weight, then waits. Both let the
-next kernel launch once their main work is done (`gdc_launch_dependents`). The kernels' benchmark-only constexpr
-`PDL` (kernels/linear_gemv.py, kernels/rms_norm.py) does this; nothing served uses it.
+next kernel launch once their main work is done (`gdc_launch_dependents`). The kernels' constexpr `PDL`
+(kernels/linear_gemv.py, kernels/rms_norm.py) does this; triton-v1.12 serves it (each op at its tuned config).
 
 The chain, per layer, for `LAYERS` layers in one CUDA graph, one row of bf16 activations, llama3-8b's weights
 (random; int8/fp8 quantized per channel): add + RMSNorm -> q/k/v GEMV -> o GEMV (reading the first 4,096 q/k/v

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from sits.kernels.triton_env import check_device, fast, gdc_launch_dependents, gdc_wait, next_pow2, tl, triton
+from sits.kernels.triton_env import (check_device, fast, gdc_launch_dependents, gdc_wait, next_pow2, pdl_supported, tl,
+                                     triton)
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
                      stride_x, stride_r, stride_o, stride_ro, H, eps,
                      HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
-    # PDL (benchmark-only, bench/pdl_chain.py; launch with launch_pdl=True on sm_90+): the norm weight is read
-    # before waiting for the earlier kernel's writes; the next kernel may launch once the row is loaded
+    # PDL (triton-v1.12, bench/pdl_chain.py; launched with launch_pdl=True, sm_90+): the norm weight is read before
+    # waiting for the earlier kernel's writes (griddepcontrol.wait); the next kernel may launch once the row is loaded
+    # (it waits for this one's writes before it reads them)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -44,7 +46,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} does not match hidden size of x {tuple(x.shape)}")
 
 
-def _launch(x, residual, weight, eps):
+def _launch(x, residual, weight, eps, pdl: bool = False):
     h = x.shape[-1]
     x2 = x.reshape(-1, h)
     if x2.stride(-1) != 1:
@@ -59,28 +61,49 @@ def _launch(x, residual, weight, eps):
     rows = x2.shape[0]
     if rows:
         block = next_pow2(h)
+        launch = {"PDL": True, "launch_pdl": True} if pdl and pdl_supported(x2.device) else {}
         fast(_rms_norm_kernel, HAS_RESIDUAL=residual is not None, BLOCK_H=block,
-             num_warps=min(16, max(1, block // 256)))(
+             num_warps=min(16, max(1, block // 256)), **launch)(
             (rows,), x2, r2 if r2 is not None else x2, weight.contiguous(), out,
             res_out if res_out is not None else out, x2.stride(0), r2.stride(0) if r2 is not None else 0,
             out.stride(0), res_out.stride(0) if res_out is not None else 0, h, float(eps))
     return out.view(x.shape), (res_out.view(x.shape) if res_out is not None else None)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool) -> torch.Tensor:
     # x: [T, H], weight: [H]
     _check(x, weight)
     check_device("rms_norm", x)
-    return _launch(x, None, weight, eps)[0]
+    return _launch(x, None, weight, eps, pdl)[0]
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+              pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape != residual.shape:
         raise ValueError(f"fused_add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
     _check(x, weight)
     check_device("fused_add_rms_norm", x)
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps, pdl)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _norm(x, weight, eps, False)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _add_norm(x, residual, weight, eps, False)
+
+
+def rms_norm_pdl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """triton-v1.12's rms_norm: launched with programmatic dependent launch where pdl_supported() (sm_90+)."""
+    return _norm(x, weight, eps, True)
+
+
+def fused_add_rms_norm_pdl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """triton-v1.12's fused_add_rms_norm: launched with programmatic dependent launch where pdl_supported()."""
+    return _add_norm(x, residual, weight, eps, True)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -163,6 +163,20 @@ TRITON_V1_11 = register_kernel_set(TRITON_V1_9.derive(
     linear_silu_and_mul=_linear_gemv.linear_silu_and_mul_gemv_bcast,
 ))
 
+TRITON_V1_12 = register_kernel_set(TRITON_V1_9.derive(
+    "triton-v1.12", "1.12.0",
+    description="triton-v1.9 whose batch-1 GEMVs and RMSNorms launch with programmatic dependent launch on sm_90+ "
+                "GPUs (Hopper and later): each starts while the kernel before it finishes, sends its first weight "
+                "tile to the L2, waits for the earlier kernel's writes (griddepcontrol.wait) before it reads them "
+                "and lets the next kernel launch once its main loop is done; the same kernels and values as v1.9, "
+                "bit for bit; on other devices v1.9's launches. NOT YET TIMED on a GPU (bench/pdl_chain.py, then "
+                "the batch-1 rows): a release for the canary to judge",
+    linear=_linear_gemv.linear_gemv_pdl,
+    linear_silu_and_mul=_linear_gemv.linear_silu_and_mul_gemv_pdl,
+    rms_norm=_rms.rms_norm_pdl,
+    fused_add_rms_norm=_rms.fused_add_rms_norm_pdl,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",

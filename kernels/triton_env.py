@@ -26,9 +26,9 @@ if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not 
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402,F401
-try:  # programmatic dependent launch's device side (sm_90+): kernels' benchmark-only PDL constexprs
+try:  # programmatic dependent launch's device side (sm_90+): the GEMV's and the norm's PDL constexprs
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402,F401
-except ImportError:  # a Triton without it: a kernel compiled with PDL=True fails to compile, nothing else changes
+except ImportError:  # a Triton without it: a kernel compiled with PDL=True fails to compile; pdl_supported() is False
     gdc_launch_dependents = gdc_wait = None
 
 
@@ -64,6 +64,20 @@ def check_device(op: str, t) -> None:
                 f"(it was imported without it); set the variable in the environment and restart")
         return
     raise TritonUnavailableError(f"{op}: Triton kernels don't support {t.device} tensors")
+
+
+_PDL: dict = {}   # CUDA device index -> whether programmatic dependent launch works there
+
+
+def pdl_supported(device) -> bool:
+    """Whether kernels on `device` may launch with programmatic dependent launch (`launch_pdl=True` and their PDL
+    constexpr, triton-v1.12): a CUDA GPU of sm_90 or later, a Triton with griddepcontrol, not the interpreter."""
+    if device.type != "cuda" or gdc_wait is None or interpreting():
+        return False
+    index = device.index if device.index is not None else current_device()
+    if index not in _PDL:
+        _PDL[index] = torch.cuda.get_device_capability(index) >= (9, 0)
+    return _PDL[index]
 
 
 @triton.jit

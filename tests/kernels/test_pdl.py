@@ -1,8 +1,8 @@
-"""The kernels' benchmark-only PDL constexpr (programmatic dependent launch; kernels/linear_gemv.py,
-kernels/rms_norm.py) and bench/pdl_chain.py, whose GPU run times it. On CPU: the bench's layer chain (PDL off, through
-Triton's interpreter) computes what the ops compose to; compiled for sm_90 in a process without the interpreter, PDL
-puts exactly one griddepcontrol.wait and one launch_dependents (and the GEMV's L2 prefetch) into each kernel, and
-nothing without it."""
+"""The GEMV's and the norm's PDL constexpr (programmatic dependent launch; kernels/linear_gemv.py, kernels/rms_norm.py),
+bench/pdl_chain.py, whose GPU run times it, and triton-v1.12, which serves it. On CPU: the bench's layer chain (PDL
+off, through Triton's interpreter) computes what the ops compose to; compiled for sm_90 in a process without the
+interpreter, PDL puts exactly one griddepcontrol.wait and one launch_dependents (and the GEMV's L2 prefetch) into each
+kernel, and nothing without it; v1.12's ops give v1.9's bits; on an sm_90+ GPU, in a CUDA graph too."""
 import os
 import subprocess
 import sys
@@ -75,3 +75,96 @@ def test_pdl_compiles_to_one_wait_and_one_early_launch_for_sm90():
     lines = proc.stdout.split("\n")
     assert "gemv False 0 0 0" in lines and "norm False 0 0 0" in lines
     assert "gemv True 1 1 1" in lines and "norm True 1 1 0" in lines
+
+
+# triton-v1.12 serves the PDL launches: v1.9's ops otherwise -------------------------------------------------------
+def test_v112_launches_v19s_gemv_and_norm_with_pdl():
+    from sits.kernels import linear_gemv as lg, rms_norm as rn
+    v112 = get_kernel_set("triton-v1.12")
+    assert (v112.linear, v112.linear_silu_and_mul) == (lg.linear_gemv_pdl, lg.linear_silu_and_mul_gemv_pdl)
+    assert (v112.rms_norm, v112.fused_add_rms_norm) == (rn.rms_norm_pdl, rn.fused_add_rms_norm_pdl)
+    v19 = get_kernel_set("triton-v1.9")
+    for op in ("paged_decode_attention", "prefill_attention", "rope_and_cache", "silu_and_mul"):
+        assert getattr(v112, op) is getattr(v19, op), op
+
+
+def test_pdl_is_only_for_cuda_gpus_of_sm90_on(monkeypatch):
+    from sits.kernels import triton_env
+    assert not triton_env.pdl_supported(torch.device("cpu"))
+    if triton_env.interpreting() or triton_env.gdc_wait is None:   # and no CUDA GPU either way
+        assert not triton_env.pdl_supported(torch.device("cuda", 0))
+    # the capability rule, as a compiled Triton with griddepcontrol sees it
+    monkeypatch.setattr(triton_env, "interpreting", lambda: False)
+    monkeypatch.setattr(triton_env, "gdc_wait", triton_env.gdc_wait or (lambda: None))
+    monkeypatch.setattr(triton_env, "_PDL", {})
+    for cap, want in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i, c=cap: c)
+        triton_env._PDL.clear()
+        assert triton_env.pdl_supported(torch.device("cuda", 0)) is want, cap
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
+def test_v112s_ops_give_v19s_bits(dev, kind):
+    """Where PDL is off (the CPU, GPUs before sm_90) v1.12 is v1.9's launches; where it is on, the same kernels and
+    sums: bit for bit either way, one row and (past the GEMV) several."""
+    from sits.kernels import quantize_weight
+    if kind == "fp8" and dev == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 weights need sm_89+")
+    v19, v112 = get_kernel_set("triton-v1.9"), get_kernel_set("triton-v1.12")
+    g = torch.Generator().manual_seed(3)
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    x = torch.randn(3, 128, generator=g).to(dev, dt)
+    r = torch.randn(3, 128, generator=g).to(dev, dt)
+    nw = (1 + 0.1 * torch.randn(128, generator=g)).to(dev, dt)
+    w = torch.randn(96, 128, generator=g).to(dev, dt)
+    weight = w if kind == "bf16" else quantize_weight(w, kind)
+    if kind == "bf16" and dt == torch.float32:
+        weight = w.to(torch.bfloat16).to(dt)
+    for rows in (1, 3):
+        xs, rs = x[:rows], r[:rows]
+        assert torch.equal(v112.linear(xs, weight), v19.linear(xs, weight)), rows
+        assert torch.equal(v112.linear_silu_and_mul(xs, weight), v19.linear_silu_and_mul(xs, weight)), rows
+        assert torch.equal(v112.rms_norm(xs, nw, 1e-5), v19.rms_norm(xs, nw, 1e-5)), rows
+        for a, b in zip(v112.fused_add_rms_norm(xs, rs, nw, 1e-5), v19.fused_add_rms_norm(xs, rs, nw, 1e-5)):
+            assert torch.equal(a, b), rows
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="needs a CUDA GPU of sm_90+ (programmatic dependent launch)")
+def test_v112s_decode_layer_in_a_cuda_graph_launches_with_pdl_and_gives_v19s_bits():
+    """A batch-1 layer's norm -> GEMV -> norm -> fused gate/up -> down chain captured in one CUDA graph with v1.12's
+    ops: each launch compiled with launch_pdl (the FastLauncher keeps it), the graph's result v1.9's bits on every
+    replay (a kernel that read its input before the earlier one's writes landed would differ)."""
+    from sits.kernels import triton_env
+    v19, v112 = get_kernel_set("triton-v1.9"), get_kernel_set("triton-v1.12")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    h, inter = 4096, 14336
+    w = {k: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g) / 64
+         for k, s in (("qkv", (h, h)), ("gate_up", (2 * inter, h)), ("down", (h, inter)))}
+    nw = torch.ones(h, device="cuda", dtype=torch.bfloat16)
+    x0 = torch.randn(1, h, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def layer(ks, x):
+        hn, r = ks.fused_add_rms_norm(x, x, nw, 1e-5)
+        o = ks.linear(hn, w["qkv"])
+        hn, r = ks.fused_add_rms_norm(o, r, nw, 1e-5)
+        return ks.linear(ks.linear_silu_and_mul(hn, w["gate_up"]), w["down"]) + r
+
+    outs = {}
+    for name, ks in (("v1.9", v19), ("v1.12", v112)):
+        layer(ks, x0)   # tunes and compiles outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = layer(ks, x0)
+        got = []
+        for _ in range(20):
+            graph.replay()
+            got.append(y.clone())
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, got[0]) for a in got), name
+        outs[name] = got[0]
+    assert torch.equal(outs["v1.12"], outs["v1.9"])
+    pdl = [ln for key, ln in triton_env._LAUNCHERS.items() if ln.constexprs.get("launch_pdl")]
+    assert pdl and all(k.metadata.launch_pdl for ln in pdl for k in ln.compiled.values())
