@@ -103,6 +103,7 @@ def test_pdl_is_only_for_cuda_gpus_of_sm90_on(monkeypatch):
         assert triton_env.pdl_supported(torch.device("cuda", 0)) is want, cap
 
 
+@pytest.mark.gpu   # and on CPU, through the interpreter
 @pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
 def test_v112s_ops_give_v19s_bits(dev, kind):
     """Where PDL is off (the CPU, GPUs before sm_90) v1.12 is v1.9's launches; where it is on, the same kernels and
