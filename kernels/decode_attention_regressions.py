@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from sits.kernels.paged_decode_attention import _merge_splits_kernel, check_decode_args, choose_num_splits
+from sits.kernels.paged_decode_attention import check_decode_args, choose_num_splits, merge_splits
 from sits.kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
 
 
@@ -197,6 +197,5 @@ def paged_decode_attention_floor_pages(q, k_cache, v_cache, block_tables, contex
     else:
         fast(_paged_decode_attention_floor_pages_kernel, **meta, BLOCK_N=64, NUM_SPLITS=splits, DOT_F32=False,
              num_warps=4, num_stages=3)((s, hkv, splits), *args)
-    fast(_merge_splits_kernel, HEAD_DIM=meta["HEAD_DIM"], HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
-        (s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
+    merge_splits(part_o, part_lse, out, splits)
     return out

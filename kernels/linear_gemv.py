@@ -41,7 +41,7 @@ from sits.kernels.linear_fp8_f16 import linear_fp8_f16
 from sits.kernels.linear_silu_and_mul import linear_silu_and_mul
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import (autotune, check_device, fast_tuned, gdc_launch_dependents, gdc_wait, interpreting,
-                                     pdl_supported, tl, triton)
+                                     pdl_launch, pdl_launches, tl, triton)
 
 GEMV_MAX_M = 1   # rows served by the GEMV; more: triton-v1.5's linear (the MMA kernel reads the weights once for all)
 INT8_DIRECT, INT8_VIA_BF16, INT8_MAGIC = 0, 1, 2   # how an int8 weight becomes fp32 (constexpr INT8_CONV)
@@ -234,15 +234,15 @@ def _supported(x: torch.Tensor, weight) -> bool:
 
 
 def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = False, norm: tuple | None = None,
-         config: dict | None = None, bcast: bool = False, pdl: bool = False) -> None:
+         config: dict | None = None, bcast: bool = False) -> None:
     """out = x2 W^T (+ b) for few rows: x2 [M, K] with unit column stride, W a QuantizedWeight or a plain [N, K]
     tensor with unit column stride, out [M, N] (or [M, N / 2] with silu_epi). norm = (r2, norm_weight, eps, res_out):
     x2 is first normalized, out = rms_norm(h) W^T with h = x2 + r2 (r2 [M, K], stored to res_out [M, K]), or h = x2
     where r2 is None (res_out unused). config: BLOCK_N, BLOCK_K (+ num_warps, num_stages, INT8_CONV) for a fixed
     launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile under the interpreter. bcast: x
-    loaded as broadcast tiles in the weight tile's layout, 8-bit weights with 8-byte loads (triton-v1.11). pdl:
-    launched with programmatic dependent launch (triton-v1.12; the caller checks pdl_supported(); autotuned only,
-    a fixed config passes PDL and launch_pdl itself)."""
+    loaded as broadcast tiles in the weight tile's layout, 8-bit weights with 8-byte loads (triton-v1.11). Inside
+    pdl_launches() the autotuned launch uses programmatic dependent launch (triton-v1.12; a fixed config passes PDL
+    and launch_pdl itself)."""
     m, k = x2.shape
     n = weight.shape[0]
     quantized = isinstance(weight, QuantizedWeight)
@@ -262,10 +262,10 @@ def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = 
         config = dict(BLOCK_N=32 if n >= 32 else 2, BLOCK_K=64 if k >= 64 else 32, INT8_CONV=INT8_DIRECT,
                       **LOADS[loads])
     if config is None:
-        key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi, norm_kind, pdl)
+        launch = pdl_launch(x2.device)
+        key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi, norm_kind, bool(launch))
         grid = lambda c: (triton.cdiv(n, c["BLOCK_N"]) * m,)  # noqa: E731
         # PDL tunes as the plain launch does (the autotuner's cache is shared: the same winner), launched its own way
-        launch = {"PDL": True, "launch_pdl": True} if pdl else {}
         fast_tuned(_TUNED[loads], _gemv_kernel, key, grid, *args, **flags, **launch, INT8_CONV=INT8_CONV,
                    derived=lambda best: {"EVEN_K": k % best.kwargs["BLOCK_K"] == 0})
         return
@@ -278,22 +278,20 @@ def _rows(x: torch.Tensor, k: int) -> int:
     return x.numel() // k if k and x.shape[-1] == k else 0
 
 
-def _run(x: torch.Tensor, weight, bias, n_out: int, silu_epi: bool, bcast: bool, pdl: bool) -> torch.Tensor:
-    pdl = pdl and pdl_supported(x.device)
-    return _lin.through_rows(x, n_out, lambda x2, out: gemv(x2, weight, bias, out, silu_epi=silu_epi, bcast=bcast,
-                                                            pdl=pdl))
+def _run(x: torch.Tensor, weight, bias, n_out: int, silu_epi: bool, bcast: bool) -> torch.Tensor:
+    return _lin.through_rows(x, n_out, lambda x2, out: gemv(x2, weight, bias, out, silu_epi=silu_epi, bcast=bcast))
 
 
-def _linear(x: torch.Tensor, weight, bias, bcast: bool, pdl: bool = False) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight, bias, bcast: bool) -> torch.Tensor:
     m = _rows(x, weight.shape[1]) if len(weight.shape) == 2 else 0
     if not (0 < m <= GEMV_MAX_M) or not _supported(x, weight):
         return linear_fp8_f16(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)
-    return _run(x, weight, bias, weight.shape[0], False, bcast, pdl)
+    return _run(x, weight, bias, weight.shape[0], False, bcast)
 
 
-def _linear_silu_and_mul(x: torch.Tensor, weight, bias, bcast: bool, pdl: bool = False) -> torch.Tensor:
+def _linear_silu_and_mul(x: torch.Tensor, weight, bias, bcast: bool) -> torch.Tensor:
     if len(weight.shape) != 2 or weight.shape[0] % 2:
         raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
     m = _rows(x, weight.shape[1])
@@ -301,7 +299,7 @@ def _linear_silu_and_mul(x: torch.Tensor, weight, bias, bcast: bool, pdl: bool =
         return linear_silu_and_mul(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)
-    return _run(x, weight, bias, weight.shape[0] // 2, True, bcast, pdl)
+    return _run(x, weight, bias, weight.shape[0] // 2, True, bcast)
 
 
 def linear_gemv(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
@@ -328,11 +326,13 @@ def linear_silu_and_mul_gemv_bcast(x: torch.Tensor, weight, bias=None) -> torch.
 
 
 def linear_gemv_pdl(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """triton-v1.12's linear: linear_gemv launched with programmatic dependent launch where pdl_supported() (sm_90+):
-    it starts while the kernel before it finishes and waits for that kernel's writes before it reads x."""
-    return _linear(x, weight, bias, False, pdl=True)
+    """triton-v1.12's linear: linear_gemv inside pdl_launches(), so at one row on sm_90+ the GEMV starts while the
+    kernel before it finishes and waits for that kernel's writes before it reads x (more rows: v1.5's kernels)."""
+    with pdl_launches():
+        return linear_gemv(x, weight, bias)
 
 
 def linear_silu_and_mul_gemv_pdl(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """triton-v1.12's fused gate/up projection: linear_silu_and_mul_gemv with programmatic dependent launch."""
-    return _linear_silu_and_mul(x, weight, bias, False, pdl=True)
+    """triton-v1.12's fused gate/up projection: linear_silu_and_mul_gemv inside pdl_launches()."""
+    with pdl_launches():
+        return linear_silu_and_mul_gemv(x, weight, bias)

@@ -14,8 +14,8 @@ import torch
 
 from sits.kernels.kv_fp8 import page_tensors, take_blocks
 from sits.kernels.paged import check_lens, check_paged_args, softmax_dtype
-from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, interpreting, next_pow2, num_sms, tl,
-                                triton)
+from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, gdc_launch_dependents, gdc_wait,
+                                     interpreting, next_pow2, num_sms, pdl_launch, tl, triton)
 
 
 
@@ -26,9 +26,12 @@ def _paged_decode_attention_kernel(
     stride_os, stride_oh, num_q_heads, BATCH_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid: (num_seqs, num_kv_heads, NUM_SPLITS)
+    if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
+        gdc_wait()
+        gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -90,8 +93,12 @@ def _paged_decode_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(part_o_ptr, part_lse_ptr, o_ptr, stride_os, stride_oh, num_q_heads,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                         PDL: tl.constexpr = False):
     # grid: (num_seqs, num_q_heads); out = sum_j w_j o_j / sum_j w_j with w_j = 2^(lse_j - max lse)
+    if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
+        gdc_wait()
+        gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS)
@@ -159,7 +166,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
             v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), hq,
             min(next_pow2(s), 256))
     meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
-                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl_launch(q.device))
     if interp:
         _paged_decode_attention_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
                                                          DOT_F32=q.dtype != torch.float16, num_warps=4, num_stages=1)
@@ -170,9 +177,15 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         fast_tuned(_paged_decode_attention_tuned, _paged_decode_attention_kernel,
                    (*meta.values(), args[-1], q.dtype, k_cache.dtype), (s, hkv, splits), *args, **meta, DOT_F32=False)
     if splits > 1:
-        fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
-            (s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
+        merge_splits(part_o, part_lse, out, splits)
     return out
+
+
+def merge_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, splits: int) -> None:
+    """out [S, Hq, D] from the `splits` partials of a split-KV decode (split_buffers)."""
+    s, hq, d = out.shape
+    fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=part_o.shape[-1], NUM_SPLITS=splits, num_warps=4,
+         **pdl_launch(out.device))((s, hq), part_o, part_lse, out, out.stride(0), out.stride(1), hq)
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale):

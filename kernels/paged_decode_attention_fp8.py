@@ -20,9 +20,10 @@ import torch
 
 from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
-from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, _merge_splits_kernel, check_decode_args,
-                                                 choose_num_splits, paged_decode_attention, split_buffers)
-from sits.kernels.triton_env import autotune, check_device, fast, fast_tuned, interpreting, next_pow2, tl, triton
+from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, check_decode_args, choose_num_splits,
+                                                 merge_splits, paged_decode_attention, split_buffers)
+from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, gdc_launch_dependents, gdc_wait,
+                                     interpreting, next_pow2, pdl_launch, pdl_launches, tl, triton)
 
 PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
 # triton-v1.5's launch config past the small problems, fixed rather than autotuned: the engine tunes decode attention
@@ -62,10 +63,14 @@ def _paged_decode_attention_fp8_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr, STAGED: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel, or with HEADS_FIRST (triton-v1.8)
     # (num_kv_heads, num_seqs, NUM_SPLITS): the programs that run side by side are one sequence's kv heads, which
     # read the neighbouring 128-byte pieces of the same tokens' rows; STAGED: q in fp16 (e4m3_to_f16)
+    if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
+        gdc_wait()
+        gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
     if HEADS_FIRST:
         kv_head = tl.program_id(0)
         seq = tl.program_id(1).to(tl.int64)
@@ -175,6 +180,14 @@ def paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, conte
                        f16_dot=q.dtype == torch.bfloat16, v18=True)
 
 
+def paged_decode_attention_pdl(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                               num_splits: int | None = None):
+    """triton-v1.13's decode attention: triton-v1.8's (plain or FP8 pages) inside pdl_launches(), so on sm_90+ the
+    attention kernel and its split merge start while the kernel before each finishes, and wait for its writes."""
+    with pdl_launches():
+        return paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                                   num_splits=num_splits)
+
 def _staged_conversion(q: torch.Tensor) -> bool:
     """Whether triton-v1.8's kernel converts with `e4m3_to_f16`'s asm (STAGED): a 16-bit model on a GPU (the kernels
     that read FP8 pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
@@ -240,7 +253,7 @@ class DecodeLaunch:
                 block_tables.stride(0), out.stride(0), out.stride(1), hq, min(next_pow2(max(s, 1)), 256))
         meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
                     NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_DOT=f16_dot,
-                    STAGED=staged, HEADS_FIRST=heads_first)
+                    STAGED=staged, HEADS_FIRST=heads_first, **pdl_launch(q.device))
         return cls(out, part_o, part_lse, args, meta, (hkv, s, splits) if heads_first else (s, hkv, splits))
 
     def run(self, *, BLOCK_N: int, num_warps: int, num_stages: int, DOT_F32: bool = False) -> None:
@@ -249,9 +262,6 @@ class DecodeLaunch:
                                                       num_warps=num_warps, num_stages=num_stages)
 
     def merge(self) -> torch.Tensor:
-        splits, d_p, d = self.meta["NUM_SPLITS"], self.meta["HEAD_DIM_P"], self.meta["HEAD_DIM"]
-        if splits > 1:
-            s, hq = self.out.shape[0], self.out.shape[1]
-            fast(_merge_splits_kernel, HEAD_DIM=d, HEAD_DIM_P=d_p, NUM_SPLITS=splits, num_warps=4)(
-                (s, hq), self.part_o, self.part_lse, self.out, self.out.stride(0), self.out.stride(1), hq)
+        if self.meta["NUM_SPLITS"] > 1:
+            merge_splits(self.part_o, self.part_lse, self.out, self.meta["NUM_SPLITS"])
         return self.out

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from sits.kernels.triton_env import (check_device, fast, gdc_launch_dependents, gdc_wait, next_pow2, pdl_supported, tl,
-                                     triton)
+from sits.kernels.triton_env import (check_device, fast, gdc_launch_dependents, gdc_wait, next_pow2, pdl_launch,
+                                     pdl_launches, tl, triton)
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} does not match hidden size of x {tuple(x.shape)}")
 
 
-def _launch(x, residual, weight, eps, pdl: bool = False):
+def _launch(x, residual, weight, eps):
     h = x.shape[-1]
     x2 = x.reshape(-1, h)
     if x2.stride(-1) != 1:
@@ -61,49 +61,41 @@ def _launch(x, residual, weight, eps, pdl: bool = False):
     rows = x2.shape[0]
     if rows:
         block = next_pow2(h)
-        launch = {"PDL": True, "launch_pdl": True} if pdl and pdl_supported(x2.device) else {}
         fast(_rms_norm_kernel, HAS_RESIDUAL=residual is not None, BLOCK_H=block,
-             num_warps=min(16, max(1, block // 256)), **launch)(
+             num_warps=min(16, max(1, block // 256)), **pdl_launch(x2.device))(
             (rows,), x2, r2 if r2 is not None else x2, weight.contiguous(), out,
             res_out if res_out is not None else out, x2.stride(0), r2.stride(0) if r2 is not None else 0,
             out.stride(0), res_out.stride(0) if res_out is not None else 0, h, float(eps))
     return out.view(x.shape), (res_out.view(x.shape) if res_out is not None else None)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # x: [T, H], weight: [H]
     _check(x, weight)
     check_device("rms_norm", x)
-    return _launch(x, None, weight, eps, pdl)[0]
-
-
-def _add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-              pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.shape != residual.shape:
-        raise ValueError(f"fused_add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
-    _check(x, weight)
-    check_device("fused_add_rms_norm", x)
-    return _launch(x, residual, weight, eps, pdl)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _norm(x, weight, eps, False)
+    return _launch(x, None, weight, eps)[0]
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _add_norm(x, residual, weight, eps, False)
+    if x.shape != residual.shape:
+        raise ValueError(f"fused_add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
+    _check(x, weight)
+    check_device("fused_add_rms_norm", x)
+    return _launch(x, residual, weight, eps)
 
 
 def rms_norm_pdl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """triton-v1.12's rms_norm: launched with programmatic dependent launch where pdl_supported() (sm_90+)."""
-    return _norm(x, weight, eps, True)
+    """triton-v1.12's rms_norm: rms_norm inside pdl_launches() (programmatic dependent launch on sm_90+)."""
+    with pdl_launches():
+        return rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm_pdl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """triton-v1.12's fused_add_rms_norm: launched with programmatic dependent launch where pdl_supported()."""
-    return _add_norm(x, residual, weight, eps, True)
+    """triton-v1.12's fused_add_rms_norm: fused_add_rms_norm inside pdl_launches()."""
+    with pdl_launches():
+        return fused_add_rms_norm(x, residual, weight, eps)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages, check_fp8_device, page_tensors, write_tokens
-from sits.kernels.triton_env import check_device, fast, interpreting, next_pow2, tl, triton
+from sits.kernels.triton_env import (check_device, fast, gdc_launch_dependents, gdc_wait, interpreting, next_pow2,
+                                     pdl_launch, pdl_launches, tl, triton)
 
 
 @triton.jit
@@ -18,9 +19,12 @@ def _rope_and_cache_kernel(
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     stride_qot, stride_qoh, stride_kot, stride_koh,
     HQ, HKV, PAGE,
-    HALF: tl.constexpr, HALF_P: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr,
+    HALF: tl.constexpr, HALF_P: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # one program per token: rotate all its q and k heads, then store rotated k and v into the cache slot
+    if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
+        gdc_wait()
+        gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF_P)
@@ -166,7 +170,7 @@ def rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
     if t:
         half = d // 2
         fast(_rope_and_cache_kernel, HALF=half, HALF_P=next_pow2(half), HQ_P=next_pow2(hq), HKV_P=next_pow2(hkv),
-             num_warps=4)(
+             num_warps=4, **pdl_launch(q.device))(
             (t,), q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_out, k_out,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
@@ -217,9 +221,13 @@ def _rope_and_cache_fp8_kernel(
     stride_qot, stride_qoh, stride_kot, stride_koh,
     HQ, HKV, PAGE,
     HALF: tl.constexpr, HALF_P: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr, ROUND_E4M3: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # _rope_and_cache_kernel with the KV write quantized: one program per token rotates its q and k heads, then stores
     # each kv head's rotated k (rounded to the model's dtype first, as the reference) and v as e4m3 with a scale
+    if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
+        gdc_wait()
+        gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF_P)
@@ -285,10 +293,17 @@ def rope_and_cache_fp8kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_ma
     if t:
         half = d // 2
         fast(_rope_and_cache_fp8_kernel, HALF=half, HALF_P=next_pow2(half), HQ_P=next_pow2(hq),
-             HKV_P=next_pow2(hkv), ROUND_E4M3=interpreting(), num_warps=4)(
+             HKV_P=next_pow2(hkv), ROUND_E4M3=interpreting(), num_warps=4, **pdl_launch(q.device))(
             (t,), q, k, v, positions, cos, sin, kd, vd, ks, vs, slot_mapping, q_out, k_out,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
             kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1), vd.stride(2),
             ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), hq, hkv, kd.shape[1])
     return q_out, k_out
+
+
+def rope_and_cache_pdl(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+    """triton-v1.13's rope_and_cache: triton-v1.3's (plain or FP8 pages) inside pdl_launches(), so on sm_90+ the
+    kernel starts while the q/k/v projection finishes and waits for its writes before it reads anything."""
+    with pdl_launches():
+        return rope_and_cache_fp8kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)

@@ -177,6 +177,18 @@ TRITON_V1_12 = register_kernel_set(TRITON_V1_9.derive(
     fused_add_rms_norm=_rms.fused_add_rms_norm_pdl,
 ))
 
+TRITON_V1_13 = register_kernel_set(TRITON_V1_12.derive(
+    "triton-v1.13", "1.13.0",
+    description="triton-v1.12 with RoPE and the KV write, decode attention and its split merge also launched with "
+                "programmatic dependent launch on sm_90+ (plain and FP8 pages): every kernel of a batch-1 decode "
+                "layer may start while the one before it finishes, each waiting for the earlier kernel's writes "
+                "before it reads or writes anything; the same kernels and values as v1.9, bit for bit; on other "
+                "devices v1.9's launches. NOT YET TIMED on a GPU: a release for the canary to judge",
+    kv_cache_dtypes=("auto", "fp8"),
+    rope_and_cache=_rope.rope_and_cache_pdl,
+    paged_decode_attention=_decode_fp8.paged_decode_attention_pdl,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 
 import torch
 
@@ -66,18 +67,46 @@ def check_device(op: str, t) -> None:
     raise TritonUnavailableError(f"{op}: Triton kernels don't support {t.device} tensors")
 
 
+# Programmatic dependent launch (PDL, sm_90+). A kernel with a `PDL` constexpr launched with it (`launch_pdl=True`)
+# may start while the kernel before it in the stream still runs; it must call gdc_wait() -- the earlier grid done, its
+# writes visible -- before it reads or writes anything an earlier kernel writes or reads, and lets the next kernel
+# launch early with gdc_launch_dependents(). A kernel without PDL support is launched as always (it waits for the whole
+# earlier kernel), so any mix is safe. Kernel sets choose: their ops run their parent's inside `pdl_launches()`, and
+# the launch sites of kernels that support it add `pdl_launch(device)` to their launch options.
 _PDL: dict = {}   # CUDA device index -> whether programmatic dependent launch works there
+_SCOPE = threading.local()   # .pdl: inside pdl_launches() on this thread
+_PDL_ON: dict = {"PDL": True, "launch_pdl": True}
+_PDL_OFF: dict = {}
 
 
 def pdl_supported(device) -> bool:
     """Whether kernels on `device` may launch with programmatic dependent launch (`launch_pdl=True` and their PDL
-    constexpr, triton-v1.12): a CUDA GPU of sm_90 or later, a Triton with griddepcontrol, not the interpreter."""
+    constexpr): a CUDA GPU of sm_90 or later, a Triton with griddepcontrol, not the interpreter."""
     if device.type != "cuda" or gdc_wait is None or interpreting():
         return False
     index = device.index if device.index is not None else current_device()
     if index not in _PDL:
         _PDL[index] = torch.cuda.get_device_capability(index) >= (9, 0)
     return _PDL[index]
+
+
+class pdl_launches:
+    """Within it (on this thread), kernels that support programmatic dependent launch launch with it where
+    pdl_supported(): triton-v1.12's and v1.13's ops run v1.9's inside one. Nests; cheap (no generator)."""
+    __slots__ = ("_prev",)
+
+    def __enter__(self) -> None:
+        self._prev = getattr(_SCOPE, "pdl", False)
+        _SCOPE.pdl = True
+
+    def __exit__(self, *exc) -> None:
+        _SCOPE.pdl = self._prev
+
+
+def pdl_launch(device) -> dict:
+    """The launch options of a kernel with a `PDL` constexpr: PDL and launch_pdl on inside pdl_launches() where
+    pdl_supported(device), else none (its default launch). Read-only: pass it on with **."""
+    return _PDL_ON if getattr(_SCOPE, "pdl", False) and pdl_supported(device) else _PDL_OFF
 
 
 @triton.jit

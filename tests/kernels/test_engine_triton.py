@@ -46,10 +46,10 @@ def test_interpreter_runs_the_tiny_model_with_an_fp8_kv_cache_on_cpu():
 
 
 @pytest.mark.skipif(triton_device() != "cpu", reason="needs Triton's interpreter (CPU, TRITON_INTERPRET=1)")
-@pytest.mark.parametrize("kernels", ["triton-v1.10", "triton-v1.11", "triton-v1.12"])
+@pytest.mark.parametrize("kernels", ["triton-v1.10", "triton-v1.11", "triton-v1.12", "triton-v1.13"])
 def test_interpreter_runs_v19s_batch_1_gemv_variants_as_v19_on_cpu(kernels):
     # triton-v1.10 folds the norms into the q/k/v and gate/up GEMVs at one row, triton-v1.11 loads x as broadcast
-    # tiles, triton-v1.12 launches v1.9's GEMV and norm with PDL on sm_90+ (here v1.9's launches): one prompt
+    # tiles, triton-v1.12 and v1.13 launch v1.9's kernels with PDL on sm_90+ (here v1.9's launches): one prompt
     # decoding (int8 weights, float32) answers as triton-v1.9, to float32 rounding
     llms = {k: LLM(model="tiny", kernels=k, device="cpu", quantization="int8") for k in ("triton-v1.9", kernels)}
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)

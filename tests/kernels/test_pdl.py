@@ -42,6 +42,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sits.kernels import linear_gemv as lg, rms_norm as rn
+from sits.kernels import paged_decode_attention as pda, paged_decode_attention_fp8 as pdf, rope_and_cache as rc
 
 def ptx(fn, sig, const, warps, pdl):
     s = dict(sig); s.update({k: "constexpr" for k in const})
@@ -61,6 +62,29 @@ for pdl in (False, True):
              NORM=0, RES_AFTER=False, X_BCAST=False, NARROW_W=False, PDL=pdl)
     print("gemv", pdl, *ptx(lg._gemv_kernel, gsig, g, 4, pdl))
     print("norm", pdl, *ptx(rn._rms_norm_kernel, nsig, dict(HAS_RESIDUAL=True, BLOCK_H=4096, PDL=pdl), 16, pdl))
+
+# triton-v1.13's: every other kernel of a batch-1 decode layer (pointers by name, the rest i32 or fp32)
+def sig(fn, const, ptrs, floats=()):
+    return {n: ptrs.get(n, "*bf16") if n.endswith("_ptr") else "fp32" if n in floats else "i32"
+            for n in fn.arg_names if n not in const}
+
+ints = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "bt_ptr": "*i32",
+        "ctx_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+fp8 = dict(ints, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
+           kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv", ks_ptr="*fp32", vs_ptr="*fp32")
+attn = dict(HEAD_DIM=128, HEAD_DIM_P=128, GROUP=4, GROUP_P=16, PAGE=64, BLOCK_N=64, NUM_SPLITS=8, DOT_F32=False,
+            DOT_PRECISION="tf32")
+rope = dict(HALF=64, HALF_P=64, HQ_P=32, HKV_P=8)
+for pdl in (False, True):
+    for name, fn, const, ptrs, floats in (
+            ("rope", rc._rope_and_cache_kernel, rope, ints, ()),
+            ("rope-fp8", rc._rope_and_cache_fp8_kernel, dict(rope, ROUND_E4M3=False), fp8, ()),
+            ("attention", pda._paged_decode_attention_kernel, attn, ints, ("qk_scale",)),
+            ("attention-fp8", pdf._paged_decode_attention_fp8_kernel,
+             dict(attn, F16_DOT=True, STAGED=True, HEADS_FIRST=True), fp8, ("qk_scale",)),
+            ("merge", pda._merge_splits_kernel, dict(HEAD_DIM=128, HEAD_DIM_P=128, NUM_SPLITS=8), ints, ())):
+        c = dict(const, PDL=pdl)
+        print(name, pdl, *ptx(fn, sig(fn, c, ptrs, floats), c, 4, pdl))
 """
 
 
@@ -75,6 +99,8 @@ def test_pdl_compiles_to_one_wait_and_one_early_launch_for_sm90():
     lines = proc.stdout.split("\n")
     assert "gemv False 0 0 0" in lines and "norm False 0 0 0" in lines
     assert "gemv True 1 1 1" in lines and "norm True 1 1 0" in lines
+    for name in ("rope", "rope-fp8", "attention", "attention-fp8", "merge"):
+        assert f"{name} False 0 0 0" in lines and f"{name} True 1 1 0" in lines, (name, lines)
 
 
 # triton-v1.12 serves the PDL launches: v1.9's ops otherwise -------------------------------------------------------
@@ -86,6 +112,16 @@ def test_v112_launches_v19s_gemv_and_norm_with_pdl():
     v19 = get_kernel_set("triton-v1.9")
     for op in ("paged_decode_attention", "prefill_attention", "rope_and_cache", "silu_and_mul"):
         assert getattr(v112, op) is getattr(v19, op), op
+
+
+def test_v113_adds_rope_and_decode_attention_to_v112s_pdl_launches():
+    from sits.kernels import paged_decode_attention_fp8 as pdf, rope_and_cache as rc
+    v112, v113 = get_kernel_set("triton-v1.12"), get_kernel_set("triton-v1.13")
+    assert (v113.rope_and_cache, v113.paged_decode_attention) == (rc.rope_and_cache_pdl, pdf.paged_decode_attention_pdl)
+    for op in ("linear", "linear_silu_and_mul", "rms_norm", "fused_add_rms_norm", "prefill_attention", "silu_and_mul"):
+        assert getattr(v113, op) is getattr(v112, op), op
+    v19 = get_kernel_set("triton-v1.9")
+    assert v113.kv_cache_dtypes == v19.kv_cache_dtypes
 
 
 def test_pdl_is_only_for_cuda_gpus_of_sm90_on(monkeypatch):
@@ -169,3 +205,29 @@ def test_v112s_decode_layer_in_a_cuda_graph_launches_with_pdl_and_gives_v19s_bit
     assert torch.equal(outs["v1.12"], outs["v1.9"])
     pdl = [ln for key, ln in triton_env._LAUNCHERS.items() if ln.constexprs.get("launch_pdl")]
     assert pdl and all(k.metadata.launch_pdl for ln in pdl for k in ln.compiled.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="needs a CUDA GPU of sm_90+ (programmatic dependent launch)")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_v112_and_v113_decode_as_v19_through_the_engine(kv_cache_dtype):
+    """The tiny model in bf16 through LLM.generate with its decode CUDA graphs (every kernel of a batch-1 layer
+    launched with PDL under v1.13): greedy tokens and logprobs as v1.9's, one prompt (the GEMV's batch 1) and four.
+    A kernel reading its input before the earlier kernel's writes landed would change them."""
+    from sits.engine import LLM, SamplingParams
+    prompts = ["The canary compares latency histograms", "Paged attention reads the KV cache",
+               "a b c d e f g h i j", "Gray releases of GPU kernels, step by step"]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
+    got = {}
+    for kernels in ("triton-v1.9", "triton-v1.12", "triton-v1.13"):
+        llm = LLM(model="tiny", kernels=kernels, device="cuda", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype)
+        got[kernels] = [llm.generate(prompts[:1], params, use_tqdm=False)[0],
+                        *llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+        torch.cuda.empty_cache()
+    for kernels in ("triton-v1.12", "triton-v1.13"):
+        for ref, out in zip(got["triton-v1.9"], got[kernels]):
+            assert out.token_ids == ref.token_ids and len(out.token_ids) == 24, kernels
+            worst = max(abs(a["logprob"] - b["logprob"]) for a, b in zip(ref.logprobs, out.logprobs))
+            assert worst <= 1e-5, (kernels, worst)
