@@ -166,7 +166,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
             v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), hq,
             min(next_pow2(s), 256))
     meta = dict(HEAD_DIM=d, HEAD_DIM_P=d_p, GROUP=group, GROUP_P=max(16, next_pow2(group)), PAGE=page,
-                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl_launch(q.device))
+                NUM_SPLITS=splits, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                **pdl_launch(q.device))
     if interp:
         _paged_decode_attention_kernel[(s, hkv, splits)](*args, **meta, BLOCK_N=64,
                                                          DOT_F32=q.dtype != torch.float16, num_warps=4, num_stages=1)

@@ -188,6 +188,7 @@ def paged_decode_attention_pdl(q, k_cache, v_cache, block_tables, context_lens, 
         return paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, context_lens, scale,
                                                    num_splits=num_splits)
 
+
 def _staged_conversion(q: torch.Tensor) -> bool:
     """Whether triton-v1.8's kernel converts with `e4m3_to_f16`'s asm (STAGED): a 16-bit model on a GPU (the kernels
     that read FP8 pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""

@@ -27,7 +27,7 @@ if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not 
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402,F401
-try:  # programmatic dependent launch's device side (sm_90+): the GEMV's and the norm's PDL constexprs
+try:  # programmatic dependent launch's device side (sm_90+): the kernels' PDL constexprs (pdl_launch below)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402,F401
 except ImportError:  # a Triton without it: a kernel compiled with PDL=True fails to compile; pdl_supported() is False
     gdc_launch_dependents = gdc_wait = None
