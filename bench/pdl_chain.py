@@ -14,8 +14,9 @@ next kernel launch once their main work is done (`gdc_launch_dependents`). The k
 The chain, per layer, for `LAYERS` layers in one CUDA graph, one row of bf16 activations, llama3-8b's weights
 (random; int8/fp8 quantized per channel): add + RMSNorm -> q/k/v GEMV -> o GEMV (reading the first 4,096 q/k/v
 outputs where attention would be: attention and RoPE are not in the chain) -> add + RMSNorm -> gate/up GEMV with the
-SiLU-and-mul epilogue -> down GEMV. Each GEMV at a fixed launch config (the best swept past the L2 on the H200,
-bench/gemv_rows.py). Timed: the graph replayed, median of `--reps`, ms a step; without PDL, then with it. The final
+SiLU-and-mul epilogue -> down GEMV. The norms are the served op (triton-v1.12's launch with PDL); each GEMV at a
+fixed launch config (the best swept past the L2 on the H200, bench/gemv_rows.py). Timed: the graph replayed, median
+of `--reps`, ms a step; without PDL, then with it. The final
 hidden state must be the same bits both ways (and as the chain run eagerly): PDL must not let a kernel read an
 input before the kernel that writes it is done. A table last.
 """
@@ -67,34 +68,32 @@ class Chain:
                         "down": weight(h, inter), "n1": 1 + 0.1 * rand(h), "n2": 1 + 0.1 * rand(h)}
                        for _ in range(layers)]
         self.x0, self.r0 = rand(1, h), rand(1, h)
-        # every intermediate in buffers of its own, so a graph replays on fixed addresses
+        # the GEMVs' outputs in buffers of their own (the norms allocate theirs, from the graph's pool when captured)
         e = lambda n: torch.empty(1, n, device=device, dtype=torch.bfloat16)  # noqa: E731
-        self.bufs = [{"h1": e(h), "r1": e(h), "qkv": e(qkv), "o": e(h), "h2": e(h), "r2": e(h), "act": e(inter),
-                      "down": e(h)} for _ in range(layers)]
+        self.bufs = [{"qkv": e(qkv), "o": e(h), "act": e(inter), "down": e(h)} for _ in range(layers)]
 
     def _config(self, proj: str, pdl: bool) -> dict:
         bn, bk, warps = self.configs[proj]
         return dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, PDL=pdl, launch_pdl=pdl)
 
-    def _norm(self, x, r, w, out, res_out, pdl: bool) -> None:
-        from sits.kernels.rms_norm import _rms_norm_kernel
-        from sits.kernels.triton_env import next_pow2
-        _rms_norm_kernel[(1,)](x, r, w, out, res_out, x.stride(0), r.stride(0), out.stride(0), res_out.stride(0),
-                               self.h, EPS, HAS_RESIDUAL=True, BLOCK_H=next_pow2(self.h), PDL=pdl, num_warps=16,
-                               launch_pdl=pdl)
+    @staticmethod
+    def _norm(x, r, w, pdl: bool):
+        """The served add + RMSNorm (triton-v1.12's launch when pdl): (normed, residual)."""
+        from sits.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_pdl
+        return (fused_add_rms_norm_pdl if pdl else fused_add_rms_norm)(x, r, w, EPS)
 
     def run(self, pdl: bool):
         """Launch the whole chain once (on the current stream); returns the last layer's output and residual."""
         from sits.kernels.linear_gemv import gemv
         x, r = self.x0, self.r0
         for w, b in zip(self.layers, self.bufs):
-            self._norm(x, r, w["n1"], b["h1"], b["r1"], pdl)
-            gemv(b["h1"], w["qkv"], None, b["qkv"], config=self._config("qkv", pdl))
+            h1, r = self._norm(x, r, w["n1"], pdl)
+            gemv(h1, w["qkv"], None, b["qkv"], config=self._config("qkv", pdl))
             gemv(b["qkv"][:, :self.h], w["o"], None, b["o"], config=self._config("o", pdl))
-            self._norm(b["o"], b["r1"], w["n2"], b["h2"], b["r2"], pdl)
-            gemv(b["h2"], w["gate_up"], None, b["act"], silu_epi=True, config=self._config("gate_up", pdl))
+            h2, r = self._norm(b["o"], r, w["n2"], pdl)
+            gemv(h2, w["gate_up"], None, b["act"], silu_epi=True, config=self._config("gate_up", pdl))
             gemv(b["act"], w["down"], None, b["down"], config=self._config("down", pdl))
-            x, r = b["down"], b["r2"]
+            x = b["down"]
         return x, r
 
 
@@ -108,14 +107,13 @@ def measure(kind: str, reps: int) -> dict:
     for pdl in (False, True):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            chain.run(pdl)
-        out = chain.bufs[-1]
+            out = chain.run(pdl)   # the replays write these
         g.replay()
         torch.cuda.synchronize()
-        same = torch.equal(out["down"], eager[0]) and torch.equal(out["r2"], eager[1])
+        same = all(torch.equal(t, e) for t, e in zip(out, eager))
         times = []
         for _ in range(reps):
-            for t in (out["down"], out["r2"]):
+            for t in out:
                 t.fill_(float("nan"))   # a replay that skipped a kernel would leave NaNs
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -123,13 +121,13 @@ def measure(kind: str, reps: int) -> dict:
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
-            same = same and torch.equal(out["down"], eager[0]) and torch.equal(out["r2"], eager[1])
+            same = same and all(torch.equal(t, e) for t, e in zip(out, eager))
         name = "pdl" if pdl else "plain"
         row[f"{name}_ms"] = statistics.median(times)
         row[f"{name}_min_ms"] = min(times)
         row[f"{name}_same_bits"] = bool(same)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-        del g
+        del g, out
     del chain
     torch.cuda.empty_cache()
     return row

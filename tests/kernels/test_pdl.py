@@ -23,7 +23,7 @@ def test_the_chain_runs_each_layer_as_the_ops_compose(dev, kind):
     h = 64
     chain = Chain(kind, device=dev, layers=2, dims=(h, 96, 80),
                   configs={p: (8, 32, 1) for p in ("qkv", "o", "gate_up", "down")})
-    x, r = chain.run(False)
+    x, r = (t.clone() for t in chain.run(False))
     xr, rr = chain.x0, chain.r0
     for w in chain.layers:   # the same layers through the reference set's ops
         h1, r1 = TORCH.fused_add_rms_norm(xr, rr, w["n1"], EPS)

@@ -64,6 +64,13 @@
       el("span", { class: "dot", "aria-hidden": "true" }), el("span", { class: "w" }, "gate"), el("span", { class: "t" }, t),
       el("span", { class: "sr-only" }, " correctness gate before traffic"));
   }
+  // a traffic step's time: its duration once known; a done step without one "✓" ("promoted" for a promoted 100 %)
+  function stepTime(s) {
+    if (s.seconds != null) return dur(s.seconds);
+    if (s.state === "todo") return "";
+    if (s.state !== "done") return "…";
+    return s.weight === 100 && R.phase === SITS.PHASE.SUCCEEDED ? "promoted" : "✓";
+  }
   function stepper() {
     const failed = [SITS.PHASE.ROLLED_BACK, SITS.PHASE.ROLLING_BACK, SITS.PHASE.FAILED].includes(R.phase);
     const gate = gateStop(failed);
@@ -71,8 +78,7 @@
       const cls = s.state === "current" && failed ? "failed" : s.state === "current" && !R.active ? "done" : s.state;
       return el("li", { class: cls, "aria-current": s.state === "current" ? "step" : null },
         el("span", { class: "dot", "aria-hidden": "true" }), el("span", { class: "w" }, s.weight + " %"),
-        el("span", { class: "t" }, s.seconds != null ? dur(s.seconds) : s.state === "todo" ? ""
-          : s.state === "done" ? (s.weight === 100 && R.phase === SITS.PHASE.SUCCEEDED ? "promoted" : "✓") : "…"),
+        el("span", { class: "t" }, stepTime(s)),
         el("span", { class: "sr-only" }, ` ${s.state}`));
     })].filter(Boolean));
     $("variants").replaceChildren(...SITS.ROLES.map((role) => {
