@@ -15,7 +15,8 @@ The chain, per layer, for `LAYERS` layers in one CUDA graph, one row of bf16 act
 (random; int8/fp8 quantized per channel): add + RMSNorm -> q/k/v GEMV -> o GEMV (reading the first 4,096 q/k/v
 outputs where attention would be: attention and RoPE are not in the chain) -> add + RMSNorm -> gate/up GEMV with the
 SiLU-and-mul epilogue -> down GEMV. The norms are the served op (triton-v1.12's launch with PDL); each GEMV at a
-fixed launch config (the best swept past the L2 on the H200, bench/gemv_rows.py). Timed: the graph replayed, median
+fixed launch config (the best swept past the L2 on the H200, bench/gemv_rows.py), then (`--launch tuned`) as the
+engine launches it: autotuned, through the FastLauncher, PDL from `pdl_launches()`. Timed: the graph replayed, median
 of `--reps`, ms a step; without PDL, then with it. The final
 hidden state must be the same bits both ways (and as the chain run eagerly): PDL must not let a kernel read an
 input before the kernel that writes it is done. A table last.
@@ -46,7 +47,9 @@ CONFIGS = {
 
 class Chain:
     """One row through `layers` layers of norm and GEMV kernels, launched with or without PDL. dims: (hidden,
-    intermediate, q/k/v outputs); configs: (BLOCK_N, BLOCK_K, warps) per projection (CONFIGS[kind] by default)."""
+    intermediate, q/k/v outputs); configs: (BLOCK_N, BLOCK_K, warps) per projection (CONFIGS[kind] by default), or
+    "tuned": each GEMV launched as the engine launches it (autotuned, through the FastLauncher; triton-v1.12's
+    launch inside pdl_launches())."""
 
     def __init__(self, kind: str, *, device: str = "cuda", layers: int = LAYERS, dims=(H, I, QKV),
                  configs: dict | None = None, seed: int = 0):
@@ -72,7 +75,9 @@ class Chain:
         e = lambda n: torch.empty(1, n, device=device, dtype=torch.bfloat16)  # noqa: E731
         self.bufs = [{"qkv": e(qkv), "o": e(h), "act": e(inter), "down": e(h)} for _ in range(layers)]
 
-    def _config(self, proj: str, pdl: bool) -> dict:
+    def _config(self, proj: str, pdl: bool) -> dict | None:
+        if self.configs == "tuned":   # the served launch: autotuned, PDL from pdl_launches() (run() enters it)
+            return None
         bn, bk, warps = self.configs[proj]
         return dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, PDL=pdl, launch_pdl=pdl)
 
@@ -85,6 +90,13 @@ class Chain:
     def run(self, pdl: bool):
         """Launch the whole chain once (on the current stream); returns the last layer's output and residual."""
         from sits.kernels.linear_gemv import gemv
+        from sits.kernels.triton_env import pdl_launches
+        if pdl and self.configs == "tuned":
+            with pdl_launches():
+                return self._run(pdl, gemv)
+        return self._run(pdl, gemv)
+
+    def _run(self, pdl: bool, gemv):
         x, r = self.x0, self.r0
         for w, b in zip(self.layers, self.bufs):
             h1, r = self._norm(x, r, w["n1"], pdl)
@@ -97,13 +109,13 @@ class Chain:
         return x, r
 
 
-def measure(kind: str, reps: int) -> dict:
+def measure(kind: str, reps: int, launch: str = "fixed") -> dict:
     import torch
-    chain = Chain(kind)
+    chain = Chain(kind, configs="tuned" if launch == "tuned" else None)
     eager = [t.clone() for t in chain.run(False)]   # compiles both variants' kernels outside any capture
     chain.run(True)
     torch.cuda.synchronize()
-    row = {"kind": kind, "layers": LAYERS, "kernels_a_step": 6 * LAYERS}
+    row = {"kind": kind, "launch": launch, "layers": LAYERS, "kernels_a_step": 6 * LAYERS}
     for pdl in (False, True):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
@@ -136,10 +148,10 @@ def measure(kind: str, reps: int) -> dict:
 def report(res: dict) -> None:
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: one row through {LAYERS} layers of "
           f"norm + 4 GEMVs (no attention, no RoPE), one CUDA graph, ms a step (median of {res['reps']})")
-    print(f"{'kind':5s} {'kernels':>8s} {'plain':>8s} {'PDL':>8s} {'saved':>8s} {'a kernel':>9s} {'same bits':>10s}")
+    print(f"{'kind':5s} {'launch':6s} {'kernels':>8s} {'plain':>8s} {'PDL':>8s} {'saved':>8s} {'a kernel':>9s} {'same bits':>10s}")
     for r in res["rows"]:
         saved = r["plain_ms"] - r["pdl_ms"]
-        print(f"{r['kind']:5s} {r['kernels_a_step']:8d} {r['plain_ms']:8.3f} {r['pdl_ms']:8.3f} {saved:8.3f} "
+        print(f"{r['kind']:5s} {r.get('launch', 'fixed'):6s} {r['kernels_a_step']:8d} {r['plain_ms']:8.3f} {r['pdl_ms']:8.3f} {saved:8.3f} "
               f"{1e3 * saved / r['kernels_a_step']:7.2f}us "
               f"{'yes' if r['plain_same_bits'] and r['pdl_same_bits'] else 'NO':>10s}")
 
@@ -148,6 +160,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default="bf16,fp8,int8")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--launch", default="fixed,tuned",
+                    help="fixed: each GEMV at CONFIGS' launch config; tuned: autotuned and fast-launched as served")
     ap.add_argument("--json")
     a = ap.parse_args()
     import torch
@@ -155,7 +169,7 @@ def main() -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("bench/pdl_chain.py needs a CUDA GPU with programmatic dependent launch (sm_90+)", file=sys.stderr)
         return 2
-    rows = [measure(kind, a.reps) for kind in a.kinds.split(",")]
+    rows = [measure(kind, a.reps, launch) for launch in a.launch.split(",") for kind in a.kinds.split(",")]
     res = {"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "reps": a.reps, "rows": rows}
     if a.json:

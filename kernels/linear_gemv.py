@@ -110,7 +110,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, res_
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if PDL:
         LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth   # elements a 128-byte line
-        first = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (tl.arange(0, BLOCK_K // LINE) * LINE)[None, :]
+        LINES: tl.constexpr = (BLOCK_K + LINE - 1) // LINE   # (at least one: a tile narrower than a line)
+        first = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (tl.arange(0, LINES) * LINE)[None, :]
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [first], dtype=tl.int32,
                                   is_pure=False, pack=1)
         gdc_wait()

@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCH = get_kernel_set("torch")
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8", "fp8"])
-def test_the_chain_runs_each_layer_as_the_ops_compose(dev, kind):
+@pytest.mark.parametrize("kind,launch", [("bf16", "fixed"), ("int8", "fixed"), ("fp8", "fixed"), ("bf16", "tuned")])
+def test_the_chain_runs_each_layer_as_the_ops_compose(dev, kind, launch):
     from bench.pdl_chain import EPS, Chain
     h = 64
-    chain = Chain(kind, device=dev, layers=2, dims=(h, 96, 80),
-                  configs={p: (8, 32, 1) for p in ("qkv", "o", "gate_up", "down")})
+    configs = "tuned" if launch == "tuned" else {p: (8, 32, 1) for p in ("qkv", "o", "gate_up", "down")}
+    chain = Chain(kind, device=dev, layers=2, dims=(h, 96, 80), configs=configs)
     x, r = (t.clone() for t in chain.run(False))
     xr, rr = chain.x0, chain.r0
     for w in chain.layers:   # the same layers through the reference set's ops
@@ -35,6 +35,8 @@ def test_the_chain_runs_each_layer_as_the_ops_compose(dev, kind):
     assert (x.float() - xr.float()).abs().max().item() <= 0.05 * xr.float().abs().max().item()
     assert (r.float() - rr.float()).abs().max().item() <= 0.05 * rr.float().abs().max().item()
     assert torch.equal(chain.run(False)[0], x)   # the same bits again
+    if launch == "tuned":   # PDL asked for as the engine asks (pdl_launches(): off on CPU): the same launches
+        assert torch.equal(chain.run(True)[0], x)
 
 
 _COMPILE = r"""
