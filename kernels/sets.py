@@ -169,8 +169,8 @@ TRITON_V1_12 = register_kernel_set(TRITON_V1_9.derive(
                 "GPUs (Hopper and later): each starts while the kernel before it finishes, sends its first weight "
                 "tile to the L2, waits for the earlier kernel's writes (griddepcontrol.wait) before it reads them "
                 "and lets the next kernel launch once its main loop is done; the same kernels and values as v1.9, "
-                "bit for bit; on other devices v1.9's launches. NOT YET TIMED on a GPU (bench/pdl_chain.py, then "
-                "the batch-1 rows): a release for the canary to judge",
+                "bit for bit; on other devices v1.9's launches. On an H100, batch-1 decode with fp8 weights 3.58 -> "
+                "3.52 ms a step, bf16 unchanged (5.56): a step had only 0.13 ms between its kernels to win",
     linear=_linear_gemv.linear_gemv_pdl,
     linear_silu_and_mul=_linear_gemv.linear_silu_and_mul_gemv_pdl,
     rms_norm=_rms.rms_norm_pdl,
@@ -183,7 +183,8 @@ TRITON_V1_13 = register_kernel_set(TRITON_V1_12.derive(
                 "programmatic dependent launch on sm_90+ (plain and FP8 pages): every kernel of a batch-1 decode "
                 "layer may start while the one before it finishes, each waiting for the earlier kernel's writes "
                 "before it reads or writes anything; the same kernels and values as v1.9, bit for bit; on other "
-                "devices v1.9's launches. NOT YET TIMED on a GPU: a release for the canary to judge",
+                "devices v1.9's launches. On an H100 as v1.12 at batch 1 (fp8 weights 3.52 ms a step, bf16 5.56) "
+                "and as v1.9 at 32 and 256 sequences",
     kv_cache_dtypes=("auto", "fp8"),
     rope_and_cache=_rope.rope_and_cache_pdl,
     paged_decode_attention=_decode_fp8.paged_decode_attention_pdl,

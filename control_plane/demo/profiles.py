@@ -91,12 +91,12 @@ GPU_SCENARIOS = {s.name: s for s in (
              "a launch release (v1.9's batch-1 GEMVs and RMSNorms launched with programmatic dependent launch on "
              "sm_90+: each starts while the kernel before it finishes; the same values bit for bit): expected to "
              "be promoted; with --production-kernels triton-v1.9 the gate judges linear, linear_silu_and_mul, "
-             "rms_norm and fused_add_rms_norm. Not yet run on a GPU"),
+             "rms_norm and fused_add_rms_norm. On the H100 (tiny trained model) promoted after 20 checks"),
     Scenario("pdlall", "triton-v1.13", Phase.SUCCEEDED,
              "a launch release (every kernel of a batch-1 decode layer launched with programmatic dependent launch "
              "on sm_90+: v1.12 plus RoPE and the KV write, decode attention and its split merge; the same values "
              "bit for bit): expected to be promoted; with --production-kernels triton-v1.9 the gate judges those "
-             "six ops. Not yet run on a GPU"),
+             "six ops. On the H100 (tiny trained model) promoted after 24 checks"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "
