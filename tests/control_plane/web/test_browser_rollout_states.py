@@ -203,6 +203,10 @@ def test_the_stepper_shows_where_the_gate_stopped(browser, sc, width):
         # reads as still running
         times = page.locator("#stepper li.done .t").all_inner_texts()
         assert times and "…" not in times and times[-1] == "promoted", times
+        # the production the promotion replaced: not "ready" at 100 %, but replaced by the canary's kernels
+        prod, canary = (page.locator(f"#variants .variant.{role}").inner_text() for role in ("production", "canary"))
+        assert "promoted to production" in canary and "● ready" not in prod, prod
+        assert "torch · replaced by triton-v1, which serves production's 100 % now" in prod, prod
 
 
 # services --------------------------------------------------------------------------------------------------------

@@ -84,12 +84,14 @@
     $("variants").replaceChildren(...SITS.ROLES.map((role) => {
       const v = R.variants[role];
       const ready = v.state === "removed" ? el("span", { class: "muted" }, "removed") : v.state === "promoted" ? el("span", { class: "ok" }, "promoted to production")
+        : v.state === "replaced" ? el("span", { class: "muted" }, `replaced by ${R.variants.canary.kernels}, which serves production's ${v.weight} % now`)
         : v.state === "stranded" ? el("span", { class: "warn" }, "● still deployed, not watched")
         : v.crashing ? el("span", { class: "bad" }, "● crashing") : v.ready === true ? el("span", { class: "ok" }, "● ready")
         : v.ready === false ? el("span", { class: "bad" }, "● not ready") : el("span", { class: "muted" }, "not observed");
       const tp = R.spec && R.spec.tensor_parallel_size > 1 ? `${R.spec.tensor_parallel_size} GPUs per engine (tensor parallel)` : "";
       return el("div", { class: `variant ${role}` }, el("div", { class: "role" }, role),
-        el("div", {}, el("strong", {}, v.kernels), " · ", el("span", { class: "num" }, v.weight + " %"), " · ", ready),
+        el("div", {}, el("strong", {}, v.kernels), " · ", v.state === "replaced" ? null : el("span", { class: "num" }, v.weight + " %"),
+          v.state === "replaced" ? null : " · ", ready),
         tp ? el("div", { class: "muted small tp" }, tp) : null,
         el("div", { class: "muted small gpus", "data-gpus": role }, Engines.placement(role)),
         el("div", { class: "muted small num" }, v.requests == null ? "no data this step"

@@ -36,7 +36,8 @@ const Engines = (() => {
     c.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); } });
     return c;
   }
-  // gone: the variant was removed (rolled back) or promoted since the worker listed it; its last sight is shown muted
+  // gone: the variant was removed (rolled back), promoted or replaced by the promotion since the worker listed it; its
+  // last sight is shown muted
   function row(e, gone) {
     const ready = gone ? el("span", { class: "muted" }, "removed since") : e.ready ? el("span", { class: "ok" }, "● ready")
       : el("span", { class: "bad" }, "● not ready");
@@ -60,7 +61,7 @@ const Engines = (() => {
     const { engines, observed_at: at } = res.data;
     if (at === seenAt) return;
     seenAt = at;
-    const gone = (role) => !R.active && ["removed", "promoted"].includes((R.variants[role] || {}).state);
+    const gone = (role) => !R.active && ["removed", "promoted", "replaced"].includes((R.variants[role] || {}).state);
     document.getElementById("engines-rows").replaceChildren(...engines.map((e) => row(e, gone(e.role))));
     byRole = {};
     for (const role of SITS.ROLES) {
