@@ -1,5 +1,7 @@
 """The engine on the tiny model with triton-v1 (and v1.1, and v1.3 with an FP8 KV cache) gives what it gives with the
 torch reference set."""
+import functools
+
 import pytest
 import torch
 
@@ -45,6 +47,13 @@ def test_interpreter_runs_the_tiny_model_with_an_fp8_kv_cache_on_cpu():
     _assert_same(ref, got, 1e-3)
 
 
+@functools.cache   # triton-v1.9's answer, once per test process (under the interpreter each engine takes seconds)
+def _one_prompt_int8(kernels: str) -> list:
+    llm = LLM(model="tiny", kernels=kernels, device="cpu", quantization="int8")
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
+    return llm.generate(PROMPTS[:1], params, use_tqdm=False)
+
+
 @pytest.mark.skipif(triton_device() != "cpu", reason="needs Triton's interpreter (CPU, TRITON_INTERPRET=1)")
 # (triton-v1.13 runs every op of v1.12 as well; v1.12's own ops are held to v1.9's bits in test_pdl.py)
 @pytest.mark.parametrize("kernels", ["triton-v1.10", "triton-v1.11", "triton-v1.13"])
@@ -52,9 +61,7 @@ def test_interpreter_runs_v19s_batch_1_gemv_variants_as_v19_on_cpu(kernels):
     # triton-v1.10 folds the norms into the q/k/v and gate/up GEMVs at one row, triton-v1.11 loads x as broadcast
     # tiles, triton-v1.12 and v1.13 launch v1.9's kernels with PDL on sm_90+ (here v1.9's launches): one prompt
     # decoding (int8 weights, float32) answers as triton-v1.9, to float32 rounding
-    llms = {k: LLM(model="tiny", kernels=k, device="cpu", quantization="int8") for k in ("triton-v1.9", kernels)}
-    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
-    ref, got = (llms[k].generate(PROMPTS[:1], params, use_tqdm=False) for k in llms)
+    ref, got = _one_prompt_int8("triton-v1.9"), _one_prompt_int8(kernels)
     assert len(ref) == len(got) == 1 and ref[0].token_ids == got[0].token_ids and len(got[0].token_ids) == 4
     assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(ref[0].logprobs, got[0].logprobs)) <= 1e-4
 
