@@ -4,6 +4,11 @@
 #   bench/gpu_session.sh tests     # the whole GPU suite: pytest -m gpu tests/engine tests/kernels
 #   bench/gpu_session.sh serving   # bench/serving.py llama3-8b, 256 streams: offline vs served with the engine-core
 #                                  # process vs served in-process (the baseline), all in this one run
+#   bench/gpu_session.sh open-loop # bench/serving.py with the engine-core process: 32 closed-loop streams, then
+#                                  # open-loop Poisson arrivals (SITS_SERVING_RATES, default 32,64,128; 256 requests
+#                                  # a rate), once with bf16 weights (the baseline) and once with fp8 weights + FP8 KV
+#                                  # pages, one kernel set (SITS_SERVING_KERNELS, default triton-v1.9), each server
+#                                  # with half of SITS_OPEN_LOOP_BUDGET_S (default 540); the two tables last
 #   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
 #                                  # batch-1 with int8 weights in its own process)
 #   bench/gpu_session.sh throughput  # bench/throughput.py: the offline rows (SITS_THROUGHPUT_ROWS)
@@ -125,6 +130,27 @@ run_serving() {
   local rc=${PIPESTATUS[0]}
   timeout 60 "$py" bench/core_transport.py --steps 1000 2>&1 | tee "$out/transport.log"
   summary+=("serving | rc $rc | $((SECONDS - t0)) s | table in serving.log")
+}
+
+run_open_loop() {
+  local budget="${SITS_OPEN_LOOP_BUDGET_S:-540}" t0=$SECONDS rc=0 left name i=0
+  local args=(--model llama3-8b --device cuda --kernels "${SITS_SERVING_KERNELS:-triton-v1.9}" --clients 32
+              --max-tokens 128 --repeat 1 --rates "${SITS_SERVING_RATES:-32,64,128}" --open-requests 256
+              --engine-process on)
+  if [[ "$phase" == dry-run ]]; then
+    args=(--model tiny --device cpu --kernels torch --clients 4 --max-tokens 8 --repeat 1 --rates 4,8
+          --open-requests 8 --engine-process on)
+  fi
+  for name in bf16 fp8; do
+    local more=()
+    [[ $name == fp8 ]] && more=(--quantization fp8 --kv-cache-dtype fp8)
+    left=$(( (budget - (SECONDS - t0)) / (2 - i) ))   # the first half of the budget, then what is left
+    i=$((i + 1))
+    echo "== open loop, $name (budget ${left} s): bench/serving.py ${args[*]} ${more[*]}"
+    timeout -k 10 "$left" "$py" bench/serving.py "${args[@]}" "${more[@]}" 2>&1 | tee "$out/open-loop-$name.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  done
+  summary+=("open loop | rc $rc | $((SECONDS - t0)) s | tables in open-loop-bf16.log, open-loop-fp8.log")
 }
 
 run_profile() {
@@ -353,7 +379,7 @@ versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving profile throughput kv-fp8 fp8 fused tensor-parallel) ;;
+  dry-run) phases=(tests serving open-loop profile throughput kv-fp8 fp8 fused tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -371,12 +397,13 @@ for ph in "${phases[@]}"; do
     gemv-rows) run_gemv_rows ;;
     norm-gemv-rows) run_norm_gemv_rows ;;
     pdl-chain) run_pdl_chain ;;
+    open-loop) run_open_loop ;;
     prologue-served) run_prologue_served ;;
     prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -393,6 +420,9 @@ fi
 if [[ -f "$out/gemv-rows.log" ]]; then
   sed -n '/^sweep, the five best/,$p' "$out/gemv-rows.log"
 fi
+for name in bf16 fp8; do
+  [[ -f "$out/open-loop-$name.log" ]] && { echo "-- open loop, $name"; sed -n '/^open loop: /,$p' "$out/open-loop-$name.log"; }
+done
 if [[ -f "$out/pdl-chain.log" ]]; then
   sed -n '/one row through/,$p' "$out/pdl-chain.log"
 fi
