@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from sits.control_plane.analysis import CorrectnessVerdict, Outcome
+from sits.control_plane.analysis.conformance import ConformanceVerdict
 from sits.control_plane.rollout import Observation, reconcile
 from sits.control_plane.service.rollouts import start_rollout
 from tests.control_plane.test_rollout import window
@@ -15,9 +16,15 @@ from .browser_support import BOTH, BROWSER_TESTS, shot
 from .conftest import GATED_POLICY
 
 pytestmark = BROWSER_TESTS
+# the op-level conformance of triton-v1.13 against v1.9 as the GPU demo stored it: six judged ops, long names
+JUDGED = ("rms_norm", "fused_add_rms_norm", "rope_and_cache", "paged_decode_attention", "linear", "linear_silu_and_mul")
+CONFORMANCE = ConformanceVerdict(Outcome.PASS, "op-level conformance: within tolerance", kernel_set="triton-v1.13",
+                                 reference="torch", device="cuda", dtype="bfloat16", judged_ops=JUDGED,
+                                 unchanged_ops=("silu_and_mul", "prefill_attention"), cases=48, seconds=2.0, k=4.0)
 PASS = CorrectnessVerdict(Outcome.PASS, "float32 tolerances: every prompt identical", prompts=32,
                           identical_fraction=1.0, top1_agreement=1.0, drift_mean=0.0, drift_max=0.0, failed=(),
-                          dtype="float32", evidence=(), diverged=0, tokens=1024, requests=64, seconds=1.5)
+                          dtype="float32", evidence=(), diverged=0, tokens=1024, requests=64, seconds=1.5,
+                          conformance=CONFORMANCE)
 
 
 def with_a_passed_gate(path: str) -> ui_scenarios.Scenario:
@@ -49,6 +56,12 @@ def test_a_passing_correctness_card_has_no_null_text(browser, sc, width):
         text = page.locator("#correctness").inner_text()
         assert "✓ pass" in text and "null" not in text
         assert "History · 1 run" in text
+        # the conformance card's op lists: each op a code element of its own, none broken across two lines
+        ops = page.locator("#conformance dd.ops").first.locator("code")
+        assert ops.all_inner_texts() == list(JUDGED)
+        lines = ops.evaluate_all("els => els.map(e => e.getClientRects().length)")
+        assert lines == [1] * len(JUDGED), lines
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
 # 2 ---------------------------------------------------------------------------------------------------------------

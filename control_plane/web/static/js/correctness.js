@@ -49,12 +49,15 @@ const Correctness = (() => {
       el("td", { class: "num", "data-label": "Allowed" }, num(f.allowed)),
       el("td", { class: "num", "data-label": "Reference's own" }, num(f.reference_error))));
     const w = cf.worst;
+    // op names whole, one code element each: a line breaks between two ops, not inside one
+    const opList = (ops) => !ops || !ops.length ? el("dd", {}, "none")
+      : el("dd", { class: "ops" }, ...ops.flatMap((op, i) => [i ? ", " : null, el("code", {}, op)]));
     return el("div", { class: "card conformance", id: "conformance" },
       el("p", { class: "conformance-head" }, outcome(cf.outcome), " ", el("strong", {}, "Op-level conformance"),
         el("span", { class: "muted" }, ` · the canary's engine${cf.device ? ` on ${cf.device}` : ""}${cf.dtype ? ` · ${cf.dtype}` : ""}`)),
       el("dl", { class: "stats" },
-        el("div", {}, el("dt", {}, "Judged (changed from production)"), el("dd", {}, cf.judged_ops && cf.judged_ops.length ? cf.judged_ops.join(", ") : "none")),
-        cf.unchanged_ops && cf.unchanged_ops.length ? el("div", {}, el("dt", {}, "As production (not judged)"), el("dd", {}, cf.unchanged_ops.join(", "))) : null,
+        el("div", {}, el("dt", {}, "Judged (changed from production)"), opList(cf.judged_ops)),
+        cf.unchanged_ops && cf.unchanged_ops.length ? el("div", {}, el("dt", {}, "As production (not judged)"), opList(cf.unchanged_ops)) : null,
         el("div", {}, el("dt", {}, "Cases at the served shapes"), el("dd", { class: cf.failed_cases ? "bad" : null },
           `${cf.cases}` + (cf.failed_cases ? `, ${cf.failed_cases} out of tolerance` : "") + (cf.seconds != null ? ` · measured in ${cf.seconds.toFixed(1)} s` : ""))),
         el("div", {}, el("dt", {}, "Bound"), el("dd", {}, `error ≤ ${cf.k != null ? cf.k : "k"} × the reference's own error + atol`)),
