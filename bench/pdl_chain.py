@@ -148,10 +148,12 @@ def measure(kind: str, reps: int, launch: str = "fixed") -> dict:
 def report(res: dict) -> None:
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: one row through {LAYERS} layers of "
           f"norm + 4 GEMVs (no attention, no RoPE), one CUDA graph, ms a step (median of {res['reps']})")
-    print(f"{'kind':5s} {'launch':6s} {'kernels':>8s} {'plain':>8s} {'PDL':>8s} {'saved':>8s} {'a kernel':>9s} {'same bits':>10s}")
+    print(f"{'kind':5s} {'launch':6s} {'kernels':>8s} {'plain':>8s} {'PDL':>8s} {'saved':>8s} {'a kernel':>9s} "
+          f"{'same bits':>10s}")
     for r in res["rows"]:
         saved = r["plain_ms"] - r["pdl_ms"]
-        print(f"{r['kind']:5s} {r.get('launch', 'fixed'):6s} {r['kernels_a_step']:8d} {r['plain_ms']:8.3f} {r['pdl_ms']:8.3f} {saved:8.3f} "
+        print(f"{r['kind']:5s} {r.get('launch', 'fixed'):6s} {r['kernels_a_step']:8d} {r['plain_ms']:8.3f} "
+              f"{r['pdl_ms']:8.3f} {saved:8.3f} "
               f"{1e3 * saved / r['kernels_a_step']:7.2f}us "
               f"{'yes' if r['plain_same_bits'] and r['pdl_same_bits'] else 'NO':>10s}")
 

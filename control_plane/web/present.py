@@ -140,8 +140,8 @@ def rollout_summary(r: Rollout, last_check: Headline | None, allowed: set, ended
 
 def variants_of(r: Rollout, spec_replicas: int | None, actions: list[dict] | None = None) -> dict:
     """Each variant's kernels, weight, readiness and requests this step. "removed" after a rollback, "promoted" for a
-    promoted canary and "replaced" for the production it replaced (the promotion stopped those engines; production's
-    weight is the canary's kernels' now); "stranded" when the rollout FAILED (its promote or rollback failed: the
+    promoted canary and "replaced" for the production it replaced (the promotion stopped its engines: the canary's
+    kernels serve production's weight now); "stranded" when the rollout FAILED (its promote or rollback failed: the
     variant still runs, as that action left it, and nothing watches it any more)."""
     kernels = {"production": r.production_kernels, "baseline": r.production_kernels, "canary": r.canary_kernels}
     weights = weights_of(r, actions)
@@ -149,16 +149,18 @@ def variants_of(r: Rollout, spec_replicas: int | None, actions: list[dict] | Non
     for role in ROLES:
         d = r.data.get(role)
         stranded = r.phase is Phase.FAILED and role != "production"
-        replaced = r.phase is Phase.SUCCEEDED and role == "production"
-        gone = (not r.active and role != "production" and not stranded) or replaced
+        if r.phase is Phase.SUCCEEDED and role != "baseline":
+            state = "promoted" if role == "canary" else "replaced"
+        elif not r.active and role != "production" and not stranded:
+            state = "removed"
+        else:
+            state = "stranded" if stranded else "deployed" if d is not None else "unknown"
+        gone = state in ("promoted", "replaced", "removed")
         out[role] = {"kernels": kernels[role], "replicas": spec_replicas, "weight": weights[role],
                      "ready": None if d is None or gone else d.ready,
                      "crashing": None if d is None or gone else d.crashing,
                      "requests": None if d is None else d.requests, "errors": None if d is None else d.errors,
-                     "replayed": None if d is None else d.replayed,
-                     "state": "replaced" if replaced else ("promoted" if r.phase is Phase.SUCCEEDED and role == "canary"
-                                                           else "removed")
-                     if gone else "stranded" if stranded else "deployed" if d is not None else "unknown"}
+                     "replayed": None if d is None else d.replayed, "state": state}
     return out
 
 
