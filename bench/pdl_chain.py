@@ -24,6 +24,7 @@ input before the kernel that writes it is done. A table last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -91,12 +92,11 @@ class Chain:
         """Launch the whole chain once (on the current stream); returns the last layer's output and residual."""
         from sits.kernels.linear_gemv import gemv
         from sits.kernels.triton_env import pdl_launches
-        if pdl and self.configs == "tuned":
-            with pdl_launches():
-                return self._run(pdl, gemv)
-        return self._run(pdl, gemv)
+        # tuned GEMVs take PDL from the scope, as triton-v1.12's linear gives it; fixed configs carry it themselves
+        with pdl_launches() if pdl and self.configs == "tuned" else contextlib.nullcontext():
+            return self._layers(pdl, gemv)
 
-    def _run(self, pdl: bool, gemv):
+    def _layers(self, pdl: bool, gemv):
         x, r = self.x0, self.r0
         for w, b in zip(self.layers, self.bufs):
             h1, r = self._norm(x, r, w["n1"], pdl)

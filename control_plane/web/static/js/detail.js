@@ -90,8 +90,8 @@
         : v.ready === false ? el("span", { class: "bad" }, "● not ready") : el("span", { class: "muted" }, "not observed");
       const tp = R.spec && R.spec.tensor_parallel_size > 1 ? `${R.spec.tensor_parallel_size} GPUs per engine (tensor parallel)` : "";
       return el("div", { class: `variant ${role}` }, el("div", { class: "role" }, role),
-        el("div", {}, el("strong", {}, v.kernels), " · ", v.state === "replaced" ? null : el("span", { class: "num" }, v.weight + " %"),
-          v.state === "replaced" ? null : " · ", ready),
+        el("div", {}, el("strong", {}, v.kernels), " · ",
+          ...(v.state === "replaced" ? [] : [el("span", { class: "num" }, v.weight + " %"), " · "]), ready),
         tp ? el("div", { class: "muted small tp" }, tp) : null,
         el("div", { class: "muted small gpus", "data-gpus": role }, Engines.placement(role)),
         el("div", { class: "muted small num" }, v.requests == null ? "no data this step"
