@@ -7,7 +7,7 @@ import json
 import shlex
 import signal
 import sys
-import threading
+import time
 
 import yaml
 from prometheus_client import start_http_server
@@ -35,6 +35,8 @@ from sits.control_plane.web import present
 from sits.control_plane.web.serve import ServeError, serve
 from sits.control_plane.worker.lifecycle import shutdown
 from sits.control_plane.worker.loop import Worker
+
+SIGNAL_POLL_S = 0.2   # how soon `sits-control worker` sees a SIGTERM that another of its threads took
 
 
 def cmd_backup(a) -> int:
@@ -227,13 +229,18 @@ def cmd_worker(a) -> int:
         raise CLIError(str(e)) from None
     if a.metrics_port:
         start_http_server(a.metrics_port, a.metrics_host, registry=worker.metrics.registry)
-    stop = threading.Event()
+    # The handler only records, and the main thread naps instead of blocking in one Event.wait(): the kernel may hand
+    # a SIGTERM to any of the worker's threads, and CPython then runs the handler only when the main thread next runs
+    # bytecode, which a blocking wait never does (a worker once deployed on for a minute after its SIGTERM); an
+    # Event.set() in the handler could also deadlock on the lock of the very wait it interrupts.
+    signals: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: signals.append(signum))
     print(redact(f"worker: store {worker.store.path}, every {worker.config.interval_s:g} s, metrics from "
                  f"{worker.source.name}; Ctrl-C to stop"), flush=True)
     worker.start()
-    stop.wait()
+    while not signals:
+        time.sleep(SIGNAL_POLL_S)
     shutdown(worker.deployer, worker=worker, notifier=worker.notifier, source=worker.source)
     worker.tracing.shutdown()
     worker.store.close()

@@ -253,7 +253,8 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         narrate.summary(result, store, [(lane.tag, lane.load) for lane in lanes], out, worker.metrics.replayed)
         if cfg.keep_running:
             out(f"UI still up at {result.url} (token above); Ctrl-C to stop")
-            threading.Event().wait()
+            while True:   # naps, not one blocking wait: a Ctrl-C taken by another thread still ends it
+                time.sleep(1.0)
     finally:
         in_parallel(Lane.stop, [(lane,) for lane in lanes])
         shutdown(deployer, worker=worker, source=source)   # every variant stops here

@@ -304,7 +304,8 @@ def in_parallel(fn: Callable[..., None], calls: list[tuple], *, daemon: bool = F
                for args in calls]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    for t in threads:   # joined in naps: on the main thread (the demo) a Ctrl-C taken by another thread still ends it
+        while t.is_alive():
+            t.join(0.5)
     if raised:
         raise raised[0]

@@ -2,7 +2,10 @@
 stops it promptly (cancelled starts, nothing left running, the store still resumable), and two workers on one store
 never both deploy (the issue's reproductions: 10 -> 30 engines after SIGTERM; two routers with production and
 baseline each)."""
+import ctypes
 import json
+import os
+import platform
 import signal
 import subprocess
 import sys
@@ -107,3 +110,28 @@ def test_two_workers_on_one_store_deploy_once(tmp_path, policy):
             if w.poll() is None:
                 _stop(w)
     assert process.wait_until(lambda: not _engines("twoworkers"), 15)
+
+
+_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+
+
+@pytest.mark.skipif(sys.platform != "linux" or _TGKILL is None, reason="tgkill(2) is Linux's")
+def test_a_signal_taken_by_another_thread_stops_the_worker(tmp_path):
+    """The kernel may hand a process's SIGTERM to any of its threads; CPython runs the handler on the main thread only
+    when that thread runs bytecode. Sent here to the worker's loop thread (tgkill), it must still stop the worker: a
+    main thread blocked in one Event.wait() never woke (seen once in CI: a worker deployed on for a minute)."""
+    db = str(tmp_path / "s.db")
+    Store(db).close()
+    w = _worker(db, tmp_path / "w")
+    try:
+        def threads() -> list[int]:
+            return [int(t.name) for t in Path(f"/proc/{w.pid}/task").iterdir() if int(t.name) != w.pid]
+        assert process.wait_until(lambda: "Ctrl-C to stop" in (tmp_path / "w.log").read_text() and threads(), 60), \
+            (tmp_path / "w.log").read_text()
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(_TGKILL, w.pid, threads()[0], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        assert w.wait(20) == 0, (tmp_path / "w.log").read_text()
+    finally:
+        if w.poll() is None:
+            process.stop(w, 5)
+    assert "Traceback" not in (tmp_path / "w.log").read_text()
