@@ -47,6 +47,8 @@
 #   bench/gpu_session.sh fp8-attention  # bench/decode_attention_fp8.py: decode attention over FP8 pages (v1.3, v1.5,
 #                                  # v1.8 and a sweep of its launch configs) against the bf16 kernel, 256 and 32 x
 #                                  # 2,304 tokens (its counters: bench/decode_attention_ncu.py under ncu, by hand)
+#   bench/gpu_session.sh attention-bound  # bench/decode_attention_bound.py: read probes with the FP8 kernels' walk
+#                                  # (engine's rows, head-major, bf16) against the kernels, warps 1-2, the L2 hot
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -349,6 +351,12 @@ run_fp8_attention() {
     "FP8 decode attention" "a GPU with fp8 conversion"
 }
 
+run_attention_bound() {
+  gpu_bench "attention bound" bench/decode_attention_bound.py decode-attention-bound \
+    "${SITS_ATTENTION_BOUND_BUDGET_S:-420}" "what bounds FP8 decode attention (read probes and kernels)" \
+    "a GPU with fp8 conversion"
+}
+
 run_conformance() {
   # the correctness gate's op-level conformance: every wrong release caught, every good one passing, on the tiny
   # model trained here (cached in $SITS_CACHE_DIR) and on llama3-8b (bench/conformance.py)
@@ -401,9 +409,10 @@ for ph in "${phases[@]}"; do
     prologue-served) run_prologue_served ;;
     prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
+    attention-bound) run_attention_bound ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
@@ -416,6 +425,9 @@ if [[ -f "$out/throughput.log" ]]; then
 fi
 if [[ -f "$out/decode-attention-fp8.log" ]]; then
   sed -n '/^| batch x ctx/,$p' "$out/decode-attention-fp8.log"
+fi
+if [[ -f "$out/decode-attention-bound.log" ]]; then
+  sed -n '/^| what | us/,$p' "$out/decode-attention-bound.log"
 fi
 if [[ -f "$out/gemv-rows.log" ]]; then
   sed -n '/^sweep, the five best/,$p' "$out/gemv-rows.log"
