@@ -35,6 +35,10 @@ F16_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=3)
 # triton-v1.8's (HEADS_FIRST, pages converted where they are loaded): measured on the H200 in
 # bench/decode_attention_fp8.py's sweep
 V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
+# triton-v1.14's: one warp a program (bench/decode_attention_bound.py on an H100, 2026-12-06: the pages can be read at
+# the copy rate with this walk, so the four-warp programs' on-chip path is the bound; a one-warp program exchanges no
+# tile between warps, and more of them fit an SM)
+V114_CONFIG = dict(BLOCK_N=32, num_warps=1, num_stages=3)
 
 
 @triton.jit
@@ -189,6 +193,16 @@ def paged_decode_attention_pdl(q, k_cache, v_cache, block_tables, context_lens, 
                                                    num_splits=num_splits)
 
 
+def paged_decode_attention_one_warp(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                                    num_splits: int | None = None):
+    """triton-v1.14's decode attention: triton-v1.13's (PDL on sm_90+; plain pages through triton-v1's kernel) whose
+    kernel over FP8 pages runs one warp a program on 32-token tiles (V114_CONFIG) instead of four warps on 128: the
+    same kernel and arithmetic, so v1.8's values up to fp32 rounding (the tiles' sums in another order)."""
+    with pdl_launches():
+        return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+                           f16_dot=q.dtype == torch.bfloat16, v18=True, config=V114_CONFIG)
+
+
 def _staged_conversion(q: torch.Tensor) -> bool:
     """Whether triton-v1.8's kernel converts with `e4m3_to_f16`'s asm (STAGED): a 16-bit model on a GPU (the kernels
     that read FP8 pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
@@ -196,8 +210,8 @@ def _staged_conversion(q: torch.Tensor) -> bool:
 
 
 def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
-                v18: bool = False):
-    # v18: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at its config
+                v18: bool = False, config: dict = V18_CONFIG):
+    # v18: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at `config` (v1.8's, or v1.14's)
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
@@ -212,9 +226,8 @@ def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_spli
     if q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
              num_stages=3)(launch.grid, *launch.args)
-    elif v18:       # triton-v1.8: its measured config
-        fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **V18_CONFIG)(launch.grid,
-                                                                                               *launch.args)
+    elif v18:       # triton-v1.8 and later: a measured config
+        fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **config)(launch.grid, *launch.args)
     elif f16_dot:   # triton-v1.5: the measured config (F16_CONFIG)
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **F16_CONFIG)(launch.grid, *launch.args)
     else:  # tuned per (meta, batch bucket), as the autotuner's key

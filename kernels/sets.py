@@ -190,6 +190,17 @@ TRITON_V1_13 = register_kernel_set(TRITON_V1_12.derive(
     paged_decode_attention=_decode_fp8.paged_decode_attention_pdl,
 ))
 
+TRITON_V1_14 = register_kernel_set(TRITON_V1_13.derive(
+    "triton-v1.14", "1.14.0",
+    description="triton-v1.13 whose decode attention over FP8 KV pages (--kv-cache-dtype fp8) runs one warp a "
+                "program on 32-token tiles instead of four warps on 128: the same kernel and arithmetic (v1.8's "
+                "values up to fp32 rounding); plain pages and other calls as v1.13. Why: read alone with the "
+                "kernel's walk the FP8 pages stream at the copy rate, so the four-warp programs' on-chip path, not "
+                "DRAM, bounds the kernel (bench/decode_attention_bound.py)",
+    kv_cache_dtypes=("auto", "fp8"),
+    paged_decode_attention=_decode_fp8.paged_decode_attention_one_warp,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",

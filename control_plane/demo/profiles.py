@@ -97,6 +97,11 @@ GPU_SCENARIOS = {s.name: s for s in (
              "on sm_90+: v1.12 plus RoPE and the KV write, decode attention and its split merge; the same values "
              "bit for bit): expected to be promoted; with --production-kernels triton-v1.9 the gate judges those "
              "six ops. On the H100 (tiny trained model) promoted after 24 checks"),
+    Scenario("onewarp", "triton-v1.14", Phase.SUCCEEDED,
+             "an fp8 attention release (decode attention over FP8 pages at one warp a program on 32-token tiles "
+             "instead of four warps on 128; the same kernel and values to fp32 rounding): expected to be promoted; "
+             "with --production-kernels triton-v1.13 --engine-arg '--kv-cache-dtype fp8' the gate judges only "
+             "paged_decode_attention"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

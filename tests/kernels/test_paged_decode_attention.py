@@ -13,6 +13,7 @@ REF = get_kernel_set("torch")
 V13 = get_kernel_set("triton-v1.3")
 V15 = get_kernel_set("triton-v1.5")
 V18 = get_kernel_set("triton-v1.8")
+V114 = get_kernel_set("triton-v1.14")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -118,6 +119,18 @@ def test_triton_v1_8_decodes_fp8_pages(dev, dtype):
         assert torch.equal(V18.paged_decode_attention(*args), V15.paged_decode_attention(*args))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_v1_14_decodes_fp8_pages(dev, dtype):
+    # one warp a program on 32-token tiles (V114_CONFIG; on a GPU at llama3-8b's shapes: the batches test below); the
+    # interpreter runs one config for every set, so on CPU v1.14 is v1.8 bit for bit; plain pages are triton-v1's
+    args = fp8_kv(decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=37))
+    check_op("paged_decode_attention", args, dtype, dev, kernel_set=V114)
+    if dev == "cpu":
+        assert torch.equal(V114.paged_decode_attention(*args), V18.paged_decode_attention(*args))
+    plain = args_to(decode_args([1, 65, 300], 6, 2, 64, dtype, seed=38), device=dev)
+    assert torch.equal(V114.paged_decode_attention(*plain), get_kernel_set("triton-v1").paged_decode_attention(*plain))
+
+
 def test_triton_v1_3_decodes_plain_pages_with_triton_v1s_kernel(dev):
     # --kv-cache-dtype auto on triton-v1.3 is triton-v1's decode, bit for bit
     args = args_to(decode_args([1, 65, 300], 6, 2, 64, torch.bfloat16, seed=34), device=dev)
@@ -150,3 +163,9 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
         check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V15)
     # triton-v1.8: the tiles converted where they are loaded (e4m3_to_f16's asm), its own launch config
     check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V18)
+    # triton-v1.14: the same kernel at one warp a program (V114_CONFIG), against the reference and against v1.8
+    check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V114)
+    if dtype == torch.bfloat16:
+        got, v18 = V114.paged_decode_attention(*args_to(args, device="cuda")), \
+            V18.paged_decode_attention(*args_to(args, device="cuda"))
+        assert ((got.float() - v18.float()).norm() / v18.float().norm()).item() < 1e-3
