@@ -13,8 +13,8 @@ the pages point at the walk. This script separates the two:
   head_dim]: a head's 128-byte rows 1 KB apart), head-major ([blocks, kv heads, page, head_dim]: a head's page one
   8 KB run), and bf16 pages (256-byte rows 2 KB apart);
 - the kernels on the same pages: the bf16 kernel (triton-v1) at the full context and at half of it (the FP8 pages'
-  bytes), triton-v1.8 at its config and at one and two warps a program (never swept), and triton-v1.8 with the
-  pages hot in the L2 (a batch whose pages fit, 48 calls replayed from one CUDA graph): its rate when DRAM is not in the way.
+  bytes), and triton-v1.8 at its config and at one and two warps a program (never swept before; --small-programs: a
+  wider sweep of those, stages 2-4, 1x and 2x the splits, without the FP8 read probes).
 Times: medians of triton.testing.do_bench (the L2 flushed) unless said; the copy rate measured first.
 """
 from __future__ import annotations
@@ -135,8 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--shape", default="256x2304", help="BATCHxCONTEXT")
     ap.add_argument("--small-programs", action="store_true",
-                    help="only the kernels: triton-v1.8 with one and two warps a program, stages 2-4, 1x and 2x the "
-                         "splits (no read probes)")
+                    help="the bf16 rows, then triton-v1.8 with one and two warps a program, stages 2-4, 1x and 2x "
+                         "the splits (no FP8 read probes)")
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: the probes' sums checked")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         print("bench/decode_attention_bound.py needs a CUDA GPU (or --smoke under TRITON_INTERPRET=1)",
               file=sys.stderr)
         return 2
-    from bench.kernel_timings import bench, bench_graph, paged, rel_err
+    from bench.kernel_timings import bench, paged, rel_err
     from sits.kernels.kv_fp8 import Fp8Pages, quantize
     from sits.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
     from sits.kernels.paged_decode_attention_fp8 import (V18_CONFIG, DecodeLaunch,
@@ -235,16 +235,6 @@ def main(argv=None) -> int:
                     continue
                 row(f"read probe, FP8 {layout}{' + scales' if scales else ''}, BLOCK_N {bn} w{w} s{st}", ms,
                     fp8_bytes if scales else fp8_data)
-    # the L2: a batch whose FP8 pages fit (the H100's and H200's L2 hold 50 MB), hot against flushed
-    small = max(1, int(30e6 // (2 * ctx * HKV * (D + 4))))
-    st_, sl, sq = tables[:small], lens[:small], q[:small]   # the first sequences' blocks of the same pages
-    small_bytes = 2 * small * ctx * HKV * (D + 4)
-
-    def small_call():
-        return paged_decode_attention_fp8kv_staged(sq, k8, v8, st_, sl, scale)
-    row(f"triton-v1.8 FP8 kernel, {small} seqs, L2 flushed", bench(small_call), small_bytes)
-    row(f"triton-v1.8 FP8 kernel, {small} seqs, L2 hot (48 calls in a CUDA graph)", bench_graph([small_call]),
-        small_bytes)
     return report(res, rows, args, b, ctx, copy)
 
 

@@ -168,4 +168,6 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
     if dtype == torch.bfloat16:
         got, v18 = V114.paged_decode_attention(*args_to(args, device="cuda")), \
             V18.paged_decode_attention(*args_to(args, device="cuda"))
-        assert ((got.float() - v18.float()).norm() / v18.float().norm()).item() < 1e-3
+        # tiles of 32 tokens move the running max, so p rounds to fp16 at other points: a few bf16 ulps apart (4.8e-4
+        # measured at 256 x 2,304; one ulp on every element would be ~2e-3)
+        assert ((got.float() - v18.float()).norm() / v18.float().norm()).item() < 2e-3
