@@ -198,7 +198,8 @@ TRITON_V1_14 = register_kernel_set(TRITON_V1_13.derive(
                 "kernel's walk the FP8 pages stream at the copy rate, so the four-warp programs' on-chip path, not "
                 "DRAM, bounds the kernel (bench/decode_attention_bound.py). Measured on an H100: 568 -> 522 us a "
                 "layer at 256 x 2,304 tokens, a decode step at 256 sequences 24.27 -> 22.60 ms, 32 x 2048/512 +1 %, "
-                "256 x 2048/512 unchanged within its spread (full-batch decode is a fifth of that row)",
+                "but 256 x 2048/512 0.7 % SLOWER (its prefill-carrying and tail steps lose more than its full-batch "
+                "decode steps gain): a release for the canary to judge",
     kv_cache_dtypes=("auto", "fp8"),
     paged_decode_attention=_decode_fp8.paged_decode_attention_one_warp,
 ))
