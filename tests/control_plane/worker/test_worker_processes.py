@@ -128,8 +128,10 @@ def test_a_signal_taken_by_another_thread_stops_the_worker(tmp_path):
             return [int(t.name) for t in Path(f"/proc/{w.pid}/task").iterdir() if int(t.name) != w.pid]
         assert process.wait_until(lambda: "Ctrl-C to stop" in (tmp_path / "w.log").read_text() and threads(), 60), \
             (tmp_path / "w.log").read_text()
+        # to every thread but the main one (a short-lived one may exit first and lose it): one is enough
         libc = ctypes.CDLL(None, use_errno=True)
-        assert libc.syscall(_TGKILL, w.pid, threads()[0], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        sent = [libc.syscall(_TGKILL, w.pid, tid, signal.SIGTERM) == 0 for tid in threads()]
+        assert any(sent), os.strerror(ctypes.get_errno())
         assert w.wait(20) == 0, (tmp_path / "w.log").read_text()
     finally:
         if w.poll() is None:
