@@ -107,13 +107,15 @@ class Shape:
 
 class StepMeter:
     """Wraps engine.step: wall time of decode-only steps and the part of it the engine thread waits for the GPU
-    (the runner's own counter when it has one, else a synchronize placed just before sampling); cProfile of a few
-    steps with `profile_at` sequences running."""
+    (the runner's own counter when it has one, else a synchronize placed just before sampling); the wall time of
+    every step by kind (`by_kind`: where a batch row's time goes); cProfile of a few steps with `profile_at` sequences
+    running."""
 
     def __init__(self, engine, device: str, profile_at: int | None = None, profile_steps: int = 8):
         import torch
         self.engine, self.device = engine, device
         self.rows: list[tuple[int, float, float, float]] = []  # (batch, wall s, gpu wait s, thread cpu s)
+        self.steps: list[tuple[bool, int, float]] = []   # every step: (decode only, sequences running, wall s)
         self.profile_at, self.profile_steps = profile_at, profile_steps
         self.profile: cProfile.Profile | None = None
         self.profiled = 0
@@ -154,7 +156,17 @@ class StepMeter:
         t1, c1, w1 = time.perf_counter(), time.thread_time(), self._read_wait()
         if decode_only and not prof:
             self.rows.append((n, t1 - t0, w1 - w0, c1 - c0))
+        self.steps.append((decode_only, n, t1 - t0))
         return outs
+
+    def by_kind(self, batch: int) -> dict:
+        """Steps and their summed wall time: those that carry prompt tokens (and decode what is already running), the
+        decode-only steps at `batch`, and the decode-only steps of fewer sequences (the tail as sequences finish)."""
+        kinds = {"prefill": [], "decode_full": [], "decode_fewer": []}
+        for decode_only, n, wall in self.steps:
+            kinds["decode_full" if decode_only and n == batch else "decode_fewer" if decode_only
+                  else "prefill"].append(wall)
+        return {k: {"steps": len(w), "s": sum(w)} for k, w in kinds.items()}
 
     def detach(self) -> None:
         self.engine.step = self._step
@@ -293,7 +305,7 @@ def run_engine_rows(args, sz, device, copy, tflops, quant, rows, out_rows, logs)
             assert all(len(r.token_ids) == sz["b_out"] for r in res)
             add(f"{b} x {sz['b_in']}/{sz['b_out']}{' ' + quant if quant else ''} {run}{kv}", wall, b * sz["b_out"], floor,
                 watch,
-                {"decode_steps_at_full_batch": meter.summary(b)})
+                {"decode_steps_at_full_batch": meter.summary(b), "steps_by_kind": meter.by_kind(b)})
             if meter.profile is not None:
                 logs.append(meter.profile_text())
     del llm, engine
@@ -468,6 +480,13 @@ def main(argv=None) -> int:
         extra = f" ttft {r['ttft_ms']:.1f} ms (floor {r['floor_ms']:.1f})" if "ttft_ms" in r else ""
         print(f"{r['row']:34s} {r['wall_s']:8.2f} {r['out_tok_s']:8.0f} {floor} {r.get('compiles', ''):>4} "
               f"{r.get('autotune_runs', ''):>4}  {step}{extra}")
+        if r.get("steps_by_kind"):   # where a batch row's wall goes, step kind by step kind
+            k = r["steps_by_kind"]
+            outside = r["wall_s"] - sum(v["s"] for v in k.values())
+            print(f"{'':34s}   steps: " + ", ".join(
+                f"{v['steps']} {name} {v['s']:.2f} s" for name, v in
+                (("with prompt tokens", k["prefill"]), ("decode-only at full batch", k["decode_full"]),
+                 ("decode-only below full batch", k["decode_fewer"]))) + f"; outside steps {outside:.2f} s")
         if r.get("runs_ms"):   # the TTFT runs one by one, with the SM clock after each where nvidia-smi told it
             clocks = r.get("runs_sm_mhz") or []
             print(f"{'':34s}   runs: " + ", ".join(

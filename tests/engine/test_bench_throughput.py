@@ -25,11 +25,17 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
     # decode rows measure their steps: 6 output tokens = 5 decode steps at batch 1
     assert [r["steps"] for r in timed if r["row"].startswith("decode b1")] == [5, 5, 5, 5]
     assert timed[8]["decode_steps_at_full_batch"]["steps"] == 3 == timed[2]["decode_steps_at_full_batch"]["steps"]
+    # and every step of a batch row by kind: 3 prompts, 4 tokens each (prompt steps, 3 decode-only at 3 sequences)
+    for r in (timed[2], timed[3], timed[8], timed[9]):
+        k = r["steps_by_kind"]
+        assert k["prefill"]["steps"] >= 1 and k["decode_full"]["steps"] == 3 and k["decode_fewer"]["steps"] == 0
+        assert 0 < sum(v["s"] for v in k.values()) <= r["wall_s"]
     # the TTFT median row keeps each run (the first and the 2 smoke repetitions); on CPU no clocks
     med = next(r for r in rows if r["row"] == "ttft 40 median")
     assert len(med["runs_ms"]) == 3 and all(ms > 0 for ms in med["runs_ms"]) and med["runs_sm_mhz"] == [None] * 3
     out = capsys.readouterr().out
     assert "floor" in out and "runs: " in out
+    assert "steps: " in out and " 3 decode-only at full batch " in out and "outside steps" in out
 
 
 def test_unknown_rows_are_refused():
