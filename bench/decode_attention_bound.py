@@ -202,9 +202,8 @@ def main(argv=None) -> int:
     row("triton-v1.8 FP8 kernel, its config", bench(lambda: paged_decode_attention_fp8kv_staged(
         q, k8, v8, tables, lens, scale)), fp8_bytes, f"{V18_CONFIG}")
 
-    def v18(w: int, st: int, bn: int, sp: int, pages=(k8, v8)):
-        launch = DecodeLaunch.prepare(q, *pages, tables, lens, scale, sp, f16_dot=True, staged=True,
-                                      heads_first=True)
+    def v18(w: int, st: int, bn: int, sp: int):
+        launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, sp, f16_dot=True, staged=True, heads_first=True)
 
         def call():
             launch.run(BLOCK_N=bn, num_warps=w, num_stages=st)
@@ -220,7 +219,7 @@ def main(argv=None) -> int:
                         f"err {err:.1e}")
                 except Exception as e:  # noqa: BLE001
                     print(f"  v1.8 splits {sp} BLOCK_N {bn} w{w} s{st}: {type(e).__name__}: {str(e)[:100]}")
-    if args.small_programs:   # the kernels only: the read probes were measured (BENCHMARKS.md)
+    if args.small_programs:   # no FP8 read probes: measured once (BENCHMARKS.md)
         return report(res, rows, args, b, ctx, copy)
     for layout, (kd, vd) in (("rows (the engine's)", (k8d, v8d)),
                              ("head-major", tuple(x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
