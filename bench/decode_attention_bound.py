@@ -69,7 +69,7 @@ def _read_probe_kernel(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, out_ptr,
 
 
 def probe(k, v, ks, vs, tables, lens, *, block_n: int, warps: int, stages: int, splits: int):
-    """Launch the read probe; returns (call, the sums' buffer). k/v: [blocks, page, heads, D] views (any strides
+    """The read probe as a call that launches it and returns its sums (one per program). k/v: [blocks, page, heads, D] views (any strides
     whose last is 1); ks/vs: [blocks, page, heads] scales, or None."""
     import torch
     s = tables.shape[0]

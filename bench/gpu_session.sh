@@ -48,7 +48,7 @@
 #                                  # v1.8 and a sweep of its launch configs) against the bf16 kernel, 256 and 32 x
 #                                  # 2,304 tokens (its counters: bench/decode_attention_ncu.py under ncu, by hand)
 #   bench/gpu_session.sh attention-bound  # bench/decode_attention_bound.py: read probes with the FP8 kernels' walk
-#                                  # (engine's rows, head-major, bf16) against the kernels, warps 1-2, the L2 hot
+#                                  # (engine's rows, head-major, bf16) against the kernels, 1-2 warps a program
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2

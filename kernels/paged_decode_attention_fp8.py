@@ -181,7 +181,7 @@ def paged_decode_attention_fp8kv_staged(q, k_cache, v_cache, block_tables, conte
     changes no sum, but the tensor cores get the tiles in another operand arrangement (4e-5 relative on the H200
     at 256 x 2,304); under the interpreter (no asm) v1.5's bit for bit."""
     return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
-                       f16_dot=q.dtype == torch.bfloat16, v18=True)
+                       f16_dot=q.dtype == torch.bfloat16, config=V18_CONFIG)
 
 
 def paged_decode_attention_pdl(q, k_cache, v_cache, block_tables, context_lens, scale, *,
@@ -201,7 +201,7 @@ def paged_decode_attention_one_warp(q, k_cache, v_cache, block_tables, context_l
     the softmax weights round to fp16 at other points: 4.8e-4 relative at 256 x 2,304 on an H100)."""
     with pdl_launches():
         return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
-                           f16_dot=q.dtype == torch.bfloat16, v18=True, config=V114_CONFIG)
+                           f16_dot=q.dtype == torch.bfloat16, config=V114_CONFIG)
 
 
 def _staged_conversion(q: torch.Tensor) -> bool:
@@ -211,13 +211,15 @@ def _staged_conversion(q: torch.Tensor) -> bool:
 
 
 def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
-                v18: bool = False, config: dict = V18_CONFIG):
-    # v18: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at `config` (v1.8's, or v1.14's)
+                config: dict | None = None):
+    # config: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at that launch config (v1.8's or
+    # v1.14's); None: v1.3's / v1.5's
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
     launch = DecodeLaunch.prepare(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, f16_dot=f16_dot,
-                                  staged=v18 and _staged_conversion(q), heads_first=v18)
+                                  staged=config is not None and _staged_conversion(q),
+                                  heads_first=config is not None)
     s = q.shape[0]
     if s == 0:
         return launch.out
@@ -227,7 +229,7 @@ def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_spli
     if q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
              num_stages=3)(launch.grid, *launch.args)
-    elif v18:       # triton-v1.8 and later: a measured config
+    elif config is not None:   # triton-v1.8 and later: a measured config
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **config)(launch.grid, *launch.args)
     elif f16_dot:   # triton-v1.5: the measured config (F16_CONFIG)
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **F16_CONFIG)(launch.grid, *launch.args)

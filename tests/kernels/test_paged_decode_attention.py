@@ -166,8 +166,8 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
     # triton-v1.14: the same kernel at one warp a program (V114_CONFIG), against the reference and against v1.8
     check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V114)
     if dtype == torch.bfloat16:
-        got, v18 = V114.paged_decode_attention(*args_to(args, device="cuda")), \
-            V18.paged_decode_attention(*args_to(args, device="cuda"))
+        on_cuda = args_to(args, device="cuda")
+        got, v18 = V114.paged_decode_attention(*on_cuda), V18.paged_decode_attention(*on_cuda)
         # tiles of 32 tokens move the running max, so p rounds to fp16 at other points: a few bf16 ulps apart (4.8e-4
         # measured at 256 x 2,304; one ulp on every element would be ~2e-3)
         assert ((got.float() - v18.float()).norm() / v18.float().norm()).item() < 2e-3
