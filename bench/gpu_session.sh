@@ -49,6 +49,9 @@
 #                                  # 2,304 tokens (its counters: bench/decode_attention_ncu.py under ncu, by hand)
 #   bench/gpu_session.sh attention-bound  # bench/decode_attention_bound.py: read probes with the FP8 kernels' walk
 #                                  # (engine's rows, head-major, bf16) against the kernels, 1-2 warps a program
+#   bench/gpu_session.sh attention-batch  # bench/decode_attention_batch.py: FP8 decode attention at 8-256 sequences,
+#                                  # every launch config and split count against v1.13, v1.14 and v1.15's pick
+#                                  # (SITS_ATTENTION_BATCH_ARGS: more arguments, e.g. "--no-sweep")
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -357,6 +360,21 @@ run_attention_bound() {
     "a GPU with fp8 conversion"
 }
 
+run_attention_batch() {
+  # SITS_ATTENTION_BATCH_ARGS: more arguments (e.g. "--no-sweep", "--batches 96,192")
+  local name="attention batch" budget="${SITS_ATTENTION_BATCH_BUDGET_S:-300}" t0=$SECONDS extra
+  read -ra extra <<< "${SITS_ATTENTION_BATCH_ARGS:-}"
+  if [[ "$phase" == dry-run ]]; then
+    echo "== $name (dry run): TRITON_INTERPRET=1 bench/decode_attention_batch.py --smoke"
+    TRITON_INTERPRET=1 "$py" bench/decode_attention_batch.py --smoke 2>&1 | tee "$out/decode-attention-batch.log"
+    summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | smoke in decode-attention-batch.log"); return
+  fi
+  echo "== FP8 decode attention by batch size (budget ${budget} s): bench/decode_attention_batch.py ${extra[*]}"
+  timeout -k 10 "$budget" "$py" bench/decode_attention_batch.py "${extra[@]}" \
+    --json "$out/decode-attention-batch.json" 2>&1 | tee "$out/decode-attention-batch.log"
+  summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in decode-attention-batch.log")
+}
+
 run_conformance() {
   # the correctness gate's op-level conformance: every wrong release caught, every good one passing, on the tiny
   # model trained here (cached in $SITS_CACHE_DIR) and on llama3-8b (bench/conformance.py)
@@ -387,7 +405,7 @@ versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving open-loop profile throughput kv-fp8 fp8 fused tensor-parallel) ;;
+  dry-run) phases=(tests serving open-loop profile throughput kv-fp8 fp8 fused attention-batch tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -410,6 +428,7 @@ for ph in "${phases[@]}"; do
     prologue-pattern) run_prologue_pattern ;;
     fp8-attention) run_fp8_attention ;;
     attention-bound) run_attention_bound ;;
+    attention-batch) run_attention_batch ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
     *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"

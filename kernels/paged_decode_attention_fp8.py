@@ -23,7 +23,8 @@ from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, check_decode_args, choose_num_splits,
                                                  merge_splits, paged_decode_attention, split_buffers)
 from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, gdc_launch_dependents, gdc_wait,
-                                     interpreting, next_pow2, pdl_launch, pdl_launches, tl, triton)
+                                     interpreting, next_pow2, num_sms, pdl_launch, pdl_launches, programs_per_sm,
+                                     sm_limits, tl, triton, wave_fill)
 
 PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
 # triton-v1.5's launch config past the small problems, fixed rather than autotuned: the engine tunes decode attention
@@ -39,6 +40,12 @@ V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
 # the copy rate with this walk, so the four-warp programs' on-chip path is the bound; a one-warp program exchanges no
 # tile between warps, and more of them fit an SM)
 V114_CONFIG = dict(BLOCK_N=32, num_warps=1, num_stages=3)
+# triton-v1.15's rule between v1.14's config and v1.8's: the four-warp programs only where their last wave leaves at
+# least this much less of the GPU idle. bench/decode_attention_batch.py on an H100 (2026-12-06), 8-256 sequences of
+# 2,048-2,560 tokens: where both configs fill their waves alike (16-128 and 256 sequences, 1,024 or 2,048 programs)
+# one warp won by 3-10 %; at 96 and 192 sequences (768 and 1,536 programs: ~8 one-warp and 3 four-warp programs an SM)
+# the four-warp programs filled 0.97 of their waves against the one-warp programs' 0.73 and won by 10 % and 21 %.
+WAVE_MARGIN = 0.1
 
 
 @triton.jit
@@ -204,6 +211,51 @@ def paged_decode_attention_one_warp(q, k_cache, v_cache, block_tables, context_l
                            f16_dot=q.dtype == torch.bfloat16, config=V114_CONFIG)
 
 
+def paged_decode_attention_by_waves(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                                    num_splits: int | None = None):
+    """triton-v1.15's decode attention: triton-v1.14's (PDL on sm_90+; plain pages through triton-v1's kernel) whose
+    kernel over FP8 pages runs v1.8's four-warp config instead of one warp where that fills the GPU's waves better
+    (`config_by_waves`); each call's values are v1.14's or v1.13's, bit for bit."""
+    with pdl_launches():
+        return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+                           f16_dot=q.dtype == torch.bfloat16, config=config_by_waves)
+
+
+_PER_SM: dict = {}   # (device, the launch's constexprs, a config) -> programs an SM holds (0: does not fit)
+
+
+def config_by_waves(launch: "DecodeLaunch") -> dict:
+    """V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's programs fill the four-warp
+    programs' waves by WAVE_MARGIN more of the GPU: each config's programs an SM come from its compiled kernel
+    (registers, shared memory) and the device's limits, the launch's programs from its grid. V114_CONFIG where the
+    device's limits are unknown."""
+    dev = launch.out.device
+    limits = sm_limits(dev)
+    if limits is None:
+        return V114_CONFIG
+    programs = math.prod(launch.grid)
+    fills = [wave_fill(programs, programs_per_sm_of(launch, c, limits) * num_sms(dev))
+             for c in (V114_CONFIG, V18_CONFIG)]
+    return V18_CONFIG if fills[1] >= fills[0] + WAVE_MARGIN else V114_CONFIG
+
+
+def programs_per_sm_of(launch: "DecodeLaunch", config: dict, limits: dict) -> int:
+    """How many programs of the kernel at `config`, with the launch's constexprs, one SM holds (0: it does not fit)."""
+    key = (launch.out.device, *launch.meta.items(), *config.items())
+    per = _PER_SM.get(key)
+    if per is None:   # compiled (or found in Triton's cache) without a launch
+        from triton.runtime.errors import OutOfResources
+        kernel = _paged_decode_attention_fp8_kernel.warmup(*launch.args, grid=launch.grid, **launch.meta,
+                                                           DOT_F32=False, **config)
+        try:
+            kernel._init_handles()   # loads it: its registers a thread are known from here
+            per = programs_per_sm(kernel.n_regs, kernel.metadata.shared, config["num_warps"], limits)
+        except OutOfResources:
+            per = 0
+        _PER_SM[key] = per
+    return per
+
+
 def _staged_conversion(q: torch.Tensor) -> bool:
     """Whether triton-v1.8's kernel converts with `e4m3_to_f16`'s asm (STAGED): a 16-bit model on a GPU (the kernels
     that read FP8 pages need sm_89+: kv_fp8.check_fp8_device), not the interpreter."""
@@ -211,9 +263,9 @@ def _staged_conversion(q: torch.Tensor) -> bool:
 
 
 def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
-                config: dict | None = None):
+                config=None):
     # config: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at that launch config (v1.8's or
-    # v1.14's); None: v1.3's / v1.5's
+    # v1.14's dict, or v1.15's function of the launch); None: v1.3's / v1.5's
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
@@ -229,7 +281,8 @@ def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_spli
     if q.dtype == torch.float32 or s * block_tables.shape[1] < _TUNE_MIN_BLOCKS:
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, BLOCK_N=64, DOT_F32=False, num_warps=4,
              num_stages=3)(launch.grid, *launch.args)
-    elif config is not None:   # triton-v1.8 and later: a measured config
+    elif config is not None:   # triton-v1.8 and later: a measured config (v1.15: a rule that picks one a launch)
+        config = config(launch) if callable(config) else config
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **config)(launch.grid, *launch.args)
     elif f16_dot:   # triton-v1.5: the measured config (F16_CONFIG)
         fast(_paged_decode_attention_fp8_kernel, **launch.meta, DOT_F32=False, **F16_CONFIG)(launch.grid, *launch.args)

@@ -132,6 +132,37 @@ def num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def programs_per_sm(regs: int, shared: int, num_warps: int, limits: dict) -> int:
+    """How many programs of a kernel one SM holds at once: its registers a thread (allocated 256 a warp at a time),
+    shared memory a program (plus the 1 KB the driver reserves for each), and warps, against the SM's `limits`
+    (regs, shared, threads, blocks: an SM's registers, bytes of shared memory, threads and resident blocks)."""
+    warp_regs = -(-max(regs, 1) * 32 // 256) * 256
+    fits = [limits["blocks"], limits["threads"] // (32 * num_warps), limits["regs"] // (warp_regs * num_warps)]
+    if shared:
+        fits.append(limits["shared"] // (shared + 1024))
+    return max(0, min(fits))
+
+
+def sm_limits(device) -> dict | None:
+    """The `limits` programs_per_sm takes, from torch's properties of a CUDA device; None where torch lacks one."""
+    p = torch.cuda.get_device_properties(device)
+    names = dict(regs="regs_per_multiprocessor", shared="shared_memory_per_multiprocessor",
+                 threads="max_threads_per_multi_processor")
+    limits = {k: getattr(p, a, None) for k, a in names.items()}
+    if None in limits.values():
+        return None
+    # resident blocks an SM: 32 from sm_50 on (16 on sm_86/89/120 consumer parts, where the other limits bind first)
+    return {**limits, "blocks": 16 if (p.major, p.minor) in ((8, 6), (8, 9), (12, 0)) else 32}
+
+
+def wave_fill(programs: int, slots: int) -> float:
+    """The share of `slots` (programs the whole GPU holds at once) that `programs` keep busy, over every wave they
+    take: 1.0 when they fill whole waves, 0.55 when 1.1 waves' worth leaves the second wave nine-tenths empty."""
+    if programs <= 0 or slots <= 0:
+        return 0.0
+    return programs / (-(-programs // slots) * slots)
+
+
 # Milliseconds of GPU time per replay when an autotuner times its candidates inside CUDA graphs (Triton's default is
 # 100, and do_bench_cudagraph replays 10 times: ~1 s a candidate whatever the kernel's length). Since decode steps are
 # tuned at real context lengths, llama3-8b's 7 graph sizes x 5 decode-attention candidates took 50-55 s of a 79-92 s

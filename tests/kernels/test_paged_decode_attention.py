@@ -7,13 +7,15 @@ import torch
 
 from sits.kernels import get_kernel_set
 from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_close_to_fp64, assert_verbose_allclose,
-                                   check_op, check_op_on_gpu, decode_args, fp8_kv, make_paged_kv, on_gpu, sdpa_masked)
+                                   check_op, check_op_on_gpu, decode_args, fp8_kv, make_paged_kv, on_gpu,
+                                   quantize_pages, sdpa_masked)
 
 REF = get_kernel_set("torch")
 V13 = get_kernel_set("triton-v1.3")
 V15 = get_kernel_set("triton-v1.5")
 V18 = get_kernel_set("triton-v1.8")
 V114 = get_kernel_set("triton-v1.14")
+V115 = get_kernel_set("triton-v1.15")
 
 
 # ---- the torch reference against independent fp64 formulations ----
@@ -131,6 +133,61 @@ def test_triton_v1_14_decodes_fp8_pages(dev, dtype):
     assert torch.equal(V114.paged_decode_attention(*plain), get_kernel_set("triton-v1").paged_decode_attention(*plain))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_v1_15_decodes_fp8_pages(dev, dtype):
+    # v1.14's kernel at the config config_by_waves picks a launch (on a GPU at llama3-8b's shapes: the batches test
+    # below); the interpreter runs one config for every set, so on CPU v1.15 is v1.14 bit for bit
+    args = fp8_kv(decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=39))
+    check_op("paged_decode_attention", args, dtype, dev, kernel_set=V115)
+    if dev == "cpu":
+        assert torch.equal(V115.paged_decode_attention(*args), V114.paged_decode_attention(*args))
+
+
+@pytest.mark.parametrize("programs, per_sm, want", [
+    # measured on an H100 (bench/decode_attention_batch.py): ~8 one-warp and 3 four-warp programs an SM, 132 SMs
+    (1024, (8, 3), "one warp"),     # 16-128 sequences: both fill 0.97 / 0.86 of their waves; one warp won by 3-10 %
+    (2048, (8, 3), "one warp"),     # 256 sequences: 0.97 / 0.86
+    (768, (8, 3), "four warps"),    # 96: 0.73 / 0.97, four warps won by 10 %
+    (1536, (8, 3), "four warps"),   # 192: 0.73 / 0.97, four warps won by 21 %
+    (1592, (8, 3), "one warp"),     # 0.75 / 0.80: four warps fill more, by less than WAVE_MARGIN
+    (768, (0, 3), "four warps"),    # one warp does not fit
+])
+def test_triton_v1_15_picks_the_config_whose_waves_fill_the_gpu(monkeypatch, programs, per_sm, want):
+    from sits.kernels import paged_decode_attention_fp8 as fp8
+
+    class Launch:   # what config_by_waves reads of a DecodeLaunch: its grid, its output's device, its constexprs
+        grid, out, meta = (8, programs // 8, 1), torch.empty(0), {}
+    monkeypatch.setattr(fp8, "sm_limits", lambda dev: {"regs": 65536})
+    monkeypatch.setattr(fp8, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(fp8, "programs_per_sm_of",
+                        lambda launch, config, limits: per_sm[0] if config is fp8.V114_CONFIG else per_sm[1])
+    picked = fp8.config_by_waves(Launch())
+    assert picked == (fp8.V114_CONFIG if want == "one warp" else fp8.V18_CONFIG)
+    monkeypatch.setattr(fp8, "sm_limits", lambda dev: None)   # limits unknown: v1.14's config
+    assert fp8.config_by_waves(Launch()) == fp8.V114_CONFIG
+
+
+@on_gpu
+def test_triton_v1_15_picks_on_this_gpu_as_the_h100_measured():
+    # config_by_waves with the compiled kernels' registers and shared memory and this device's limits, at llama3-8b's
+    # shapes (32 / 8 heads, head_dim 128, bf16 q): where the H100's sweep had four warps win (96 and 192 sequences),
+    # those, elsewhere one warp (bench/decode_attention_batch.py); the device has the H100's / H200's 132 SMs
+    from sits.kernels import paged_decode_attention_fp8 as fp8
+    from sits.kernels.triton_env import num_sms
+    if num_sms(torch.device("cuda")) != 132:
+        pytest.skip("the H100's measured winners hold for its 132 SMs")
+    k_cache, v_cache, tables, _, _ = make_paged_kv([64], 8, 128, 64, torch.bfloat16, "cuda", seed=8)
+    k8, v8 = quantize_pages(k_cache), quantize_pages(v_cache)
+    picked = {}
+    for b in (16, 64, 96, 128, 192, 256):
+        q = torch.randn(b, 32, 128, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((b,), 64, dtype=torch.int32, device="cuda")
+        launch = fp8.DecodeLaunch.prepare(q, k8, v8, tables.expand(b, -1), lens, 0.088, None, f16_dot=True,
+                                          staged=True, heads_first=True)
+        picked[b] = fp8.config_by_waves(launch)["num_warps"]
+    assert picked == {16: 1, 64: 1, 96: 4, 128: 1, 192: 4, 256: 1}, picked
+
+
 def test_triton_v1_3_decodes_plain_pages_with_triton_v1s_kernel(dev):
     # --kv-cache-dtype auto on triton-v1.3 is triton-v1's decode, bit for bit
     args = args_to(decode_args([1, 65, 300], 6, 2, 64, torch.bfloat16, seed=34), device=dev)
@@ -171,3 +228,8 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
         # tiles of 32 tokens move the running max, so p rounds to fp16 at other points: a few bf16 ulps apart (4.8e-4
         # measured at 256 x 2,304; one ulp on every element would be ~2e-3)
         assert ((got.float() - v18.float()).norm() / v18.float().norm()).item() < 2e-3
+    # triton-v1.15: each launch at v1.14's config or v1.8's, so its values are one of theirs, bit for bit
+    check_op_on_gpu("paged_decode_attention", args, dtype, kernel_set=V115)
+    on_cuda = args_to(args, device="cuda")
+    got = V115.paged_decode_attention(*on_cuda)
+    assert any(torch.equal(got, ks.paged_decode_attention(*on_cuda)) for ks in (V114, V18))
