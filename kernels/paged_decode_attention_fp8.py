@@ -40,12 +40,13 @@ V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
 # the copy rate with this walk, so the four-warp programs' on-chip path is the bound; a one-warp program exchanges no
 # tile between warps, and more of them fit an SM)
 V114_CONFIG = dict(BLOCK_N=32, num_warps=1, num_stages=3)
-# triton-v1.15's rule between v1.14's config and v1.8's: the four-warp programs only where their last wave leaves at
-# least this much less of the GPU idle. bench/decode_attention_batch.py on an H100 (2026-12-06), 8-256 sequences of
-# 2,048-2,560 tokens: where both configs fill their waves alike (16-128 and 256 sequences, 1,024 or 2,048 programs)
-# one warp won by 3-10 %; at 96 and 192 sequences (768 and 1,536 programs: ~8 one-warp and 3 four-warp programs an SM)
-# the four-warp programs filled 0.97 of their waves against the one-warp programs' 0.73 and won by 10 % and 21 %.
-WAVE_MARGIN = 0.1
+# triton-v1.15's rule between v1.14's config and v1.8's (`config_by_waves`), fitted to bench/decode_attention_batch.py
+# on an H100 (2026-12-06), 8-256 sequences of 2,048-2,560 tokens. The compiled kernels hold 10 one-warp and 3 four-warp
+# programs an SM. Counting one-warp programs in whole rounds of the SM's four warp schedulers (10 -> 8) and taking the
+# config whose programs fill more of their waves picks the faster config at all ten batch sizes measured: one warp at
+# 16-128 and 256 sequences (1,024 and 2,048 programs, won by 3-10 %), four at 96, 160, 192 and 224 (768-1,792
+# programs, won by 10 %, 14 %, 21 % and 7 %); the plain count (10) picked one warp at 160, 14 % slower.
+SCHEDULERS_PER_SM = 4
 
 
 @triton.jit
@@ -225,18 +226,20 @@ _PER_SM: dict = {}   # (device, the launch's constexprs, a config) -> programs a
 
 
 def config_by_waves(launch: "DecodeLaunch") -> dict:
-    """V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's programs fill the four-warp
-    programs' waves by WAVE_MARGIN more of the GPU: each config's programs an SM come from its compiled kernel
-    (registers, shared memory) and the device's limits, the launch's programs from its grid. V114_CONFIG where the
-    device's limits are unknown."""
+    """V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's programs fill more of the four-warp
+    programs' waves: each config's programs an SM come from its compiled kernel (registers, shared memory) and the
+    device's limits, counted in whole rounds of the SM's warp schedulers (SCHEDULERS_PER_SM), the launch's programs
+    from its grid. V114_CONFIG where the device's limits are unknown."""
     dev = launch.out.device
     limits = sm_limits(dev)
     if limits is None:
         return V114_CONFIG
     programs = math.prod(launch.grid)
-    fills = [wave_fill(programs, programs_per_sm_of(launch, c, limits) * num_sms(dev))
-             for c in (V114_CONFIG, V18_CONFIG)]
-    return V18_CONFIG if fills[1] >= fills[0] + WAVE_MARGIN else V114_CONFIG
+    fills = []
+    for c in (V114_CONFIG, V18_CONFIG):
+        warps = programs_per_sm_of(launch, c, limits) * c["num_warps"] // SCHEDULERS_PER_SM * SCHEDULERS_PER_SM
+        fills.append(wave_fill(programs, warps // c["num_warps"] * num_sms(dev)))
+    return V18_CONFIG if fills[1] > fills[0] else V114_CONFIG
 
 
 def programs_per_sm_of(launch: "DecodeLaunch", config: dict, limits: dict) -> int:

@@ -144,13 +144,16 @@ def test_triton_v1_15_decodes_fp8_pages(dev, dtype):
 
 
 @pytest.mark.parametrize("programs, per_sm, want", [
-    # measured on an H100 (bench/decode_attention_batch.py): ~8 one-warp and 3 four-warp programs an SM, 132 SMs
-    (1024, (8, 3), "one warp"),     # 16-128 sequences: both fill 0.97 / 0.86 of their waves; one warp won by 3-10 %
-    (2048, (8, 3), "one warp"),     # 256 sequences: 0.97 / 0.86
-    (768, (8, 3), "four warps"),    # 96: 0.73 / 0.97, four warps won by 10 %
-    (1536, (8, 3), "four warps"),   # 192: 0.73 / 0.97, four warps won by 21 %
-    (1592, (8, 3), "one warp"),     # 0.75 / 0.80: four warps fill more, by less than WAVE_MARGIN
-    (768, (0, 3), "four warps"),    # one warp does not fit
+    # the H100's compiled kernels: 10 one-warp programs an SM (counted as 8: two rounds of its four schedulers) and 3
+    # four-warp ones, 132 SMs; bench/decode_attention_batch.py's winners there
+    (1024, (10, 3), "one warp"),     # 16-128 sequences: fills 0.97 / 0.86; one warp won by 3-10 %
+    (2048, (10, 3), "one warp"),     # 256: 0.97 / 0.86
+    (768, (10, 3), "four warps"),    # 96: 0.73 / 0.97, four warps won by 10 %
+    (1280, (10, 3), "four warps"),   # 160: 0.61 / 0.81, by 14 % (the plain count, 10, would fill 0.97 with one warp)
+    (1536, (10, 3), "four warps"),   # 192: 0.73 / 0.97, by 21 %
+    (1792, (10, 3), "four warps"),   # 224: 0.85 / 0.91, by 7 %
+    (768, (3, 3), "four warps"),     # one warp counted as 0 programs an SM (fewer than a round of schedulers)
+    (768, (10, 0), "one warp"),      # four warps do not fit
 ])
 def test_triton_v1_15_picks_the_config_whose_waves_fill_the_gpu(monkeypatch, programs, per_sm, want):
     from sits.kernels import paged_decode_attention_fp8 as fp8
@@ -171,7 +174,7 @@ def test_triton_v1_15_picks_the_config_whose_waves_fill_the_gpu(monkeypatch, pro
 def test_triton_v1_15_picks_on_this_gpu_as_the_h100_measured():
     # config_by_waves with the compiled kernels' registers and shared memory and this device's limits, at llama3-8b's
     # shapes (32 / 8 heads, head_dim 128, bf16 q): where the H100's sweep had four warps win (96 and 192 sequences),
-    # those, elsewhere one warp (bench/decode_attention_batch.py); the device has the H100's / H200's 132 SMs
+    # (96-224 sequences) those, elsewhere one warp (bench/decode_attention_batch.py); with the H100's / H200's 132 SMs
     from sits.kernels import paged_decode_attention_fp8 as fp8
     from sits.kernels.triton_env import num_sms
     if num_sms(torch.device("cuda")) != 132:
@@ -179,13 +182,13 @@ def test_triton_v1_15_picks_on_this_gpu_as_the_h100_measured():
     k_cache, v_cache, tables, _, _ = make_paged_kv([64], 8, 128, 64, torch.bfloat16, "cuda", seed=8)
     k8, v8 = quantize_pages(k_cache), quantize_pages(v_cache)
     picked = {}
-    for b in (16, 64, 96, 128, 192, 256):
+    for b in (16, 64, 96, 128, 160, 192, 224, 256):
         q = torch.randn(b, 32, 128, device="cuda", dtype=torch.bfloat16)
         lens = torch.full((b,), 64, dtype=torch.int32, device="cuda")
         launch = fp8.DecodeLaunch.prepare(q, k8, v8, tables.expand(b, -1), lens, 0.088, None, f16_dot=True,
                                           staged=True, heads_first=True)
         picked[b] = fp8.config_by_waves(launch)["num_warps"]
-    assert picked == {16: 1, 64: 1, 96: 4, 128: 1, 192: 4, 256: 1}, picked
+    assert picked == {16: 1, 64: 1, 96: 4, 128: 1, 160: 4, 192: 4, 224: 4, 256: 1}, picked
 
 
 def test_triton_v1_3_decodes_plain_pages_with_triton_v1s_kernel(dev):
