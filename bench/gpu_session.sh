@@ -52,6 +52,8 @@
 #   bench/gpu_session.sh attention-batch  # bench/decode_attention_batch.py: FP8 decode attention at 8-256 sequences,
 #                                  # every launch config and split count against v1.13, v1.14 and v1.15's pick
 #                                  # (SITS_ATTENTION_BATCH_ARGS: more arguments, e.g. "--no-sweep")
+#   bench/gpu_session.sh silu-rows # bench/w8a8_silu_rows.py: the gate/up projection + SiLU-and-mul at prefill rows,
+#                                  # triton-v1.15's two ops against v1.16's GEMM epilogue (llama3-8b's shape)
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -375,6 +377,11 @@ run_attention_batch() {
   summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in decode-attention-batch.log")
 }
 
+run_silu_rows() {
+  gpu_bench "w8a8 silu rows" bench/w8a8_silu_rows.py w8a8-silu-rows "${SITS_SILU_ROWS_BUDGET_S:-240}" \
+    "the gate/up projection with fp8 weights: v1.15's two ops against v1.16's epilogue" "a GPU with fp8 tensor cores"
+}
+
 run_conformance() {
   # the correctness gate's op-level conformance: every wrong release caught, every good one passing, on the tiny
   # model trained here (cached in $SITS_CACHE_DIR) and on llama3-8b (bench/conformance.py)
@@ -429,6 +436,7 @@ for ph in "${phases[@]}"; do
     fp8-attention) run_fp8_attention ;;
     attention-bound) run_attention_bound ;;
     attention-batch) run_attention_batch ;;
+    silu-rows) run_silu_rows ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
     *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"

@@ -22,7 +22,10 @@ FP8_MAX = 448.0
 @triton.jit
 def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_am, stride_wn,
                        stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SILU_EPI: tl.constexpr = False):
+    # SILU_EPI (triton-v1.16): w is [gate; up] [2N, K] and out [M, N] = silu(x gate^T) * (x up^T), both products
+    # scaled and rounded to out's dtype first, then combined in fp32 as silu_and_mul does: each program multiplies the
+    # same x tile by its gate columns and by the up columns N rows further, so the [M, 2N] product never leaves it
     pid = tl.program_id(0)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -32,12 +35,18 @@ def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     mask_n = offs_n < N
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    up_ptrs = w_ptr + (offs_n[None, :] + N).to(tl.int64) * stride_wn + offs_k[:, None]   # unused unless SILU_EPI
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask_k = (k0 + offs_k) < K
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         acc = tl.dot(a, w, acc)
+        if SILU_EPI:
+            w_up = tl.load(up_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc_up = tl.dot(a, w_up, acc_up)
+            up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     sa = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
@@ -45,6 +54,14 @@ def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     acc = acc * sa[:, None] * sw[None, :]
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if SILU_EPI:
+        sw_up = tl.load(w_scale_ptr + N + offs_n, mask=mask_n, other=0.0)
+        up = acc_up * sa[:, None] * sw_up[None, :]
+        if HAS_BIAS:
+            up = up + tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
+        acc = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 

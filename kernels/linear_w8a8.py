@@ -40,6 +40,11 @@ SCALED_MM_MAX_M = 512    # up to this many rows: torch._scaled_mm; more: the Tri
 _LARGE = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=8, num_stages=st)
           for bm, bn, st in ((128, 256, 3), (128, 128, 4), (256, 128, 3))]
 _gemm = autotune(_LARGE, key=["N", "K"], warmup=5, rep=25)(_linear_fp8_kernel)
+# the same GEMM with triton-v1.16's SiLU-and-mul epilogue (SILU_EPI: two accumulators a program, gate and up): tiles
+# of half _LARGE's width so that a program holds as many accumulators
+_PAIRED = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=w, num_stages=st)
+           for bm, bn, w, st in ((128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 4, 4), (64, 128, 4, 4))]
+_gemm_silu = autotune(_PAIRED, key=["N", "K", "SILU_EPI"], warmup=5, rep=25)(_linear_fp8_kernel)
 
 
 def w8a8_available(x: torch.Tensor) -> bool:
@@ -78,26 +83,40 @@ def linear_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
 
 
 def linear_w8a8_gemm(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int, block_n: int,
-                     block_k: int, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
-    """The Triton W8A8 GEMM with one fixed tile config at any row count (benchmark sweeps, tests)."""
+                     block_k: int, num_warps: int = 8, num_stages: int = 3, silu_epi: bool = False) -> torch.Tensor:
+    """The Triton W8A8 GEMM with one fixed tile config at any row count (benchmark sweeps, tests); `silu_epi`: with
+    triton-v1.16's SiLU-and-mul epilogue, weight = [gate; up] [2I, H] -> [..., I]."""
     if not isinstance(weight, QuantizedWeight) or weight.kind != "fp8":
         raise ValueError("linear_w8a8_gemm: needs an fp8 QuantizedWeight")
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)
+    n = weight.shape[0] // 2 if silu_epi else weight.shape[0]
     x2 = x.reshape(-1, weight.shape[1]).contiguous()
-    out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8)
         if not interpreting():
             config.update(num_warps=num_warps, num_stages=num_stages)
         xq, xs = quantize_rows(x2)
-        _gemm_launch(xq, xs, weight, bias, out, config)
-    return out.view(*x.shape[:-1], weight.shape[0])
+        _gemm_launch(xq, xs, weight, bias, out, config, silu_epi=silu_epi)
+    return out.view(*x.shape[:-1], n)
 
 
-def _gemm_launch(xq, xs, weight: QuantizedWeight, bias, out, config: dict | None) -> None:
+def gemm_silu_and_mul(x2: torch.Tensor, weight: QuantizedWeight, bias=None) -> torch.Tensor:
+    """silu_and_mul(x2 W^T (+ b)) for fp8 weights W = [gate; up] [2I, K] and x2 [M, K] (unit column stride): x2 to
+    e4m3 per row (quantize_rows), then the W8A8 GEMM with the SiLU-and-mul epilogue, tuned for its weight shape
+    (triton-v1.16, kernels/linear_w8a8_silu.py) -> [M, I] in x2's dtype."""
+    out = torch.empty(x2.shape[0], weight.shape[0] // 2, dtype=x2.dtype, device=x2.device)
+    if x2.shape[0]:
+        xq, xs = quantize_rows(x2)
+        _gemm_launch(xq, xs, weight, bias, out, None, silu_epi=True)
+    return out
+
+
+def _gemm_launch(xq, xs, weight: QuantizedWeight, bias, out, config: dict | None, *, silu_epi: bool = False) -> None:
+    # out [M, N]: N = the weight's rows, or half of them with the SiLU-and-mul epilogue
     m, k = xq.shape
-    n = weight.shape[0]
+    n = out.shape[1]
     qw = weight.qweight
     has_bias = bias is not None
     b = bias.contiguous() if has_bias else weight.scale
@@ -106,11 +125,15 @@ def _gemm_launch(xq, xs, weight: QuantizedWeight, bias, out, config: dict | None
         config = dict(BLOCK_M=32, BLOCK_N=32 if n >= 32 else 16, BLOCK_K=64 if k >= 64 else 32, GROUP_M=8)
     if config is None:
         grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)  # noqa: E731
-        fast_tuned(_gemm, _linear_fp8_kernel, (xq.device, n, k, out.dtype, has_bias), grid, *args,
-                   HAS_BIAS=has_bias)
+        if silu_epi:
+            fast_tuned(_gemm_silu, _linear_fp8_kernel, (xq.device, n, k, out.dtype, has_bias, True), grid, *args,
+                       HAS_BIAS=has_bias, SILU_EPI=True)
+        else:
+            fast_tuned(_gemm, _linear_fp8_kernel, (xq.device, n, k, out.dtype, has_bias), grid, *args,
+                       HAS_BIAS=has_bias)
         return
     grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
-    _linear_fp8_kernel[grid](*args, HAS_BIAS=has_bias, **config)
+    _linear_fp8_kernel[grid](*args, HAS_BIAS=has_bias, SILU_EPI=silu_epi, **config)
 
 
 def linear_w8a8_ref(x: torch.Tensor, weight: QuantizedWeight, bias=None) -> torch.Tensor:

@@ -246,7 +246,8 @@ def fp8_scores(kernels: str, device: str, texts: list[str]) -> list[list[tuple[i
 
 @pytest.mark.parametrize("kernels", ["triton-v1.4", "triton-v1.5", "triton-v1.6", "triton-v1.7",
                                      "triton-v1.8", "triton-v1.9", "triton-v1.10", "triton-v1.11",
-                                     "triton-v1.12", "triton-v1.13", "triton-v1.14", "triton-v1.15"])
+                                     "triton-v1.12", "triton-v1.13", "triton-v1.14", "triton-v1.15",
+                                     "triton-v1.16"])
 def test_the_fp8_sets_score_like_the_torch_set_with_the_same_fp8_weights_and_pages(kernels):
     # the torch set multiplies fp8 weights with exact activations; v1.4/v1.5 round activations to e4m3 past 32 rows
     # (W8A8) and v1.5 reads e4m3 through fp16 dots. On CPU, W8A8's numerics against weight-only moved the random tiny
@@ -258,6 +259,21 @@ def test_the_fp8_sets_score_like_the_torch_set_with_the_same_fp8_weights_and_pag
     agree = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
     worst = max(abs(a[1] - b[1]) for a, b in pairs)
     assert agree >= 0.85 and worst <= 0.5, (agree, worst)
+
+
+def test_triton_v1_16_prefills_past_512_rows_as_triton_v1_15():
+    # v1.16's gate/up projection with the SiLU-and-mul epilogue runs only past 512 rows: a 1,500-token prompt in one
+    # prefill step (fp8 weights, bf16); the same greedy tokens as v1.15's two ops and logprobs within bf16 rounding
+    prompt = [(7 * i) % 300 + 3 for i in range(1500)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    out = {}
+    for ks in ("triton-v1.15", "triton-v1.16"):
+        llm = LLM(model="tiny", kernels=ks, device="cuda", dtype="bfloat16", quantization="fp8",
+                  max_num_batched_tokens=2048)
+        out[ks] = llm.generate([prompt], params, use_tqdm=False)[0]
+    a, b = out["triton-v1.15"], out["triton-v1.16"]
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 8
+    assert max(abs(x["logprob"] - y["logprob"]) for x, y in zip(a.logprobs, b.logprobs)) <= 0.05
 
 
 def test_decode_graphs_answer_as_the_eager_engine_after_their_streams_lock_buffer_grows(monkeypatch):
