@@ -22,6 +22,14 @@ sys.path.insert(0, str(ROOT))
 SECTION = "## Kernels (H200)"
 
 
+def run_smoke(smoke) -> int:
+    """A bench script's --smoke: `smoke()`, its CPU check under Triton's interpreter; refused (2) without it."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("--smoke runs under TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    return smoke()
+
+
 def bench(fn) -> float:
     """Median milliseconds."""
     import triton
