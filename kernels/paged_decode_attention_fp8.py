@@ -223,40 +223,52 @@ def paged_decode_attention_by_waves(q, k_cache, v_cache, block_tables, context_l
 
 
 _PER_SM: dict = {}   # (device, the launch's constexprs, a config) -> programs an SM holds (0: does not fit)
+_PICKED: dict = {}   # (device, grid, the launch's constexprs) -> config_by_waves' pick
 
 
 def config_by_waves(launch: "DecodeLaunch") -> dict:
     """V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's programs fill more of the four-warp
     programs' waves: each config's programs an SM come from its compiled kernel (registers, shared memory) and the
     device's limits, counted in whole rounds of the SM's warp schedulers (SCHEDULERS_PER_SM), the launch's programs
-    from its grid. V114_CONFIG where the device's limits are unknown."""
+    from its grid. V114_CONFIG where the device's limits or a kernel's registers are unknown. Picked once per grid
+    and constexprs (a dict lookup on later calls)."""
+    key = (launch.out.device, launch.grid, *launch.meta.values())
+    picked = _PICKED.get(key)
+    if picked is None:
+        picked = _PICKED[key] = _pick_by_waves(launch)
+    return picked
+
+
+def _pick_by_waves(launch: "DecodeLaunch") -> dict:
     dev = launch.out.device
     limits = sm_limits(dev)
-    if limits is None:
+    per_sm = [programs_per_sm_of(launch, c, limits) if limits else None for c in (V114_CONFIG, V18_CONFIG)]
+    if None in per_sm:
         return V114_CONFIG
     programs = math.prod(launch.grid)
     fills = []
-    for c in (V114_CONFIG, V18_CONFIG):
-        warps = programs_per_sm_of(launch, c, limits) * c["num_warps"] // SCHEDULERS_PER_SM * SCHEDULERS_PER_SM
+    for c, per in zip((V114_CONFIG, V18_CONFIG), per_sm):
+        warps = per * c["num_warps"] // SCHEDULERS_PER_SM * SCHEDULERS_PER_SM
         fills.append(wave_fill(programs, warps // c["num_warps"] * num_sms(dev)))
     return V18_CONFIG if fills[1] > fills[0] else V114_CONFIG
 
 
-def programs_per_sm_of(launch: "DecodeLaunch", config: dict, limits: dict) -> int:
-    """How many programs of the kernel at `config`, with the launch's constexprs, one SM holds (0: it does not fit)."""
+def programs_per_sm_of(launch: "DecodeLaunch", config: dict, limits: dict) -> int | None:
+    """How many programs of the kernel at `config`, with the launch's constexprs, one SM holds (0: it does not fit;
+    None: this Triton does not say how many registers it takes)."""
     key = (launch.out.device, *launch.meta.items(), *config.items())
-    per = _PER_SM.get(key)
-    if per is None:   # compiled (or found in Triton's cache) without a launch
+    if key not in _PER_SM:   # compiled (or found in Triton's cache) without a launch
         from triton.runtime.errors import OutOfResources
         kernel = _paged_decode_attention_fp8_kernel.warmup(*launch.args, grid=launch.grid, **launch.meta,
                                                            DOT_F32=False, **config)
         try:
-            kernel._init_handles()   # loads it: its registers a thread are known from here
-            per = programs_per_sm(kernel.n_regs, kernel.metadata.shared, config["num_warps"], limits)
+            kernel._init_handles()   # loads it: its registers a thread are known from here (Triton 3.x)
+            _PER_SM[key] = programs_per_sm(kernel.n_regs, kernel.metadata.shared, config["num_warps"], limits)
         except OutOfResources:
-            per = 0
-        _PER_SM[key] = per
-    return per
+            _PER_SM[key] = 0
+        except AttributeError:
+            _PER_SM[key] = None
+    return _PER_SM[key]
 
 
 def _staged_conversion(q: torch.Tensor) -> bool:

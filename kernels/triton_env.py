@@ -7,6 +7,7 @@ present and the user hasn't chosen, we set it before the first import.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -143,6 +144,7 @@ def programs_per_sm(regs: int, shared: int, num_warps: int, limits: dict) -> int
     return max(0, min(fits))
 
 
+@functools.cache
 def sm_limits(device) -> dict | None:
     """The `limits` programs_per_sm takes, from torch's properties of a CUDA device; None where torch lacks one."""
     p = torch.cuda.get_device_properties(device)
@@ -151,8 +153,9 @@ def sm_limits(device) -> dict | None:
     limits = {k: getattr(p, a, None) for k, a in names.items()}
     if None in limits.values():
         return None
-    # resident blocks an SM: 32 from sm_50 on (16 on sm_86/89/120 consumer parts, where the other limits bind first)
-    return {**limits, "blocks": 16 if (p.major, p.minor) in ((8, 6), (8, 9), (12, 0)) else 32}
+    # resident blocks an SM: 32 on the data-center parts (sm_80, sm_90, sm_100); elsewhere 16, the fewest of the
+    # others (sm_86; sm_89 holds 24): a bound that only one-warp programs with few registers could reach
+    return {**limits, "blocks": 32 if (p.major, p.minor) in ((8, 0), (9, 0), (10, 0)) else 16}
 
 
 def wave_fill(programs: int, slots: int) -> float:

@@ -160,13 +160,21 @@ def test_triton_v1_15_picks_the_config_whose_waves_fill_the_gpu(monkeypatch, pro
 
     class Launch:   # what config_by_waves reads of a DecodeLaunch: its grid, its output's device, its constexprs
         grid, out, meta = (8, programs // 8, 1), torch.empty(0), {}
+    monkeypatch.setattr(fp8, "_PICKED", {})
     monkeypatch.setattr(fp8, "sm_limits", lambda dev: {"regs": 65536})
     monkeypatch.setattr(fp8, "num_sms", lambda dev: 132)
     monkeypatch.setattr(fp8, "programs_per_sm_of",
                         lambda launch, config, limits: per_sm[0] if config is fp8.V114_CONFIG else per_sm[1])
     picked = fp8.config_by_waves(Launch())
     assert picked == (fp8.V114_CONFIG if want == "one warp" else fp8.V18_CONFIG)
+    monkeypatch.setattr(fp8, "num_sms", lambda dev: 1 / 0)
+    assert fp8.config_by_waves(Launch()) is picked   # once per grid and constexprs: later calls look it up
+    monkeypatch.setattr(fp8, "_PICKED", {})
     monkeypatch.setattr(fp8, "sm_limits", lambda dev: None)   # limits unknown: v1.14's config
+    assert fp8.config_by_waves(Launch()) == fp8.V114_CONFIG
+    monkeypatch.setattr(fp8, "_PICKED", {})
+    monkeypatch.setattr(fp8, "sm_limits", lambda dev: {"regs": 65536})
+    monkeypatch.setattr(fp8, "programs_per_sm_of", lambda launch, config, limits: None)   # registers unknown
     assert fp8.config_by_waves(Launch()) == fp8.V114_CONFIG
 
 
