@@ -52,8 +52,9 @@
 #   bench/gpu_session.sh attention-batch  # bench/decode_attention_batch.py: FP8 decode attention at 8-256 sequences,
 #                                  # every launch config and split count against v1.13, v1.14 and v1.15's pick
 #                                  # (SITS_ATTENTION_BATCH_ARGS: more arguments, e.g. "--no-sweep")
-#   bench/gpu_session.sh silu-rows # bench/w8a8_silu_rows.py: the gate/up projection + SiLU-and-mul at prefill rows,
-#                                  # triton-v1.15's two ops against v1.16's GEMM epilogue (llama3-8b's shape)
+#   bench/gpu_session.sh fp8-fronts  # bench/fp8_fronts.py: the norm + q/k/v and norm + gate/up + SiLU-and-mul fronts
+#                                  # with fp8 weights at 64-2,048 rows, triton-v1.15, v1.16 (SiLU-and-mul in the GEMM's
+#                                  # epilogue) and v1.17 (the norm quantizes) in one CUDA graph a set (SITS_FRONTS_ARGS)
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -286,12 +287,13 @@ run_int8() {
 # one GPU-only benchmark script: NAME (the summary's), SCRIPT, STEM (its .json and .log in $out), BUDGET (s), WHAT
 # (the heading), NEEDS (why dry-run skips it)
 gpu_bench() {
-  local name="$1" script="$2" stem="$3" budget="$4" what="$5" needs="$6" t0=$SECONDS
+  local name="$1" script="$2" stem="$3" budget="$4" what="$5" needs="$6" t0=$SECONDS extra
+  read -ra extra <<< "${7:-}"   # more arguments for the script (a phase's SITS_*_ARGS), split at spaces
   if [[ "$phase" == dry-run ]]; then
     summary+=("$name | skipped | 0 s | $script needs $needs"); return
   fi
-  echo "== $what (budget ${budget} s): $script"
-  timeout -k 10 "$budget" "$py" "$script" --json "$out/$stem.json" 2>&1 | tee "$out/$stem.log"
+  echo "== $what (budget ${budget} s): $script ${extra[*]}"
+  timeout -k 10 "$budget" "$py" "$script" "${extra[@]}" --json "$out/$stem.json" 2>&1 | tee "$out/$stem.log"
   summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in $stem.log")
 }
 
@@ -377,9 +379,10 @@ run_attention_batch() {
   summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in decode-attention-batch.log")
 }
 
-run_silu_rows() {
-  gpu_bench "w8a8 silu rows" bench/w8a8_silu_rows.py w8a8-silu-rows "${SITS_SILU_ROWS_BUDGET_S:-240}" \
-    "the gate/up projection with fp8 weights: v1.15's two ops against v1.16's epilogue" "a GPU with fp8 tensor cores"
+run_fp8_fronts() {
+  gpu_bench "fp8 fronts" bench/fp8_fronts.py fp8-fronts "${SITS_FRONTS_BUDGET_S:-300}" \
+    "the norm + projection fronts with fp8 weights by set (v1.15, v1.16's epilogue, v1.17's quantizing norm)" \
+    "a GPU with fp8 tensor cores" "${SITS_FRONTS_ARGS:-}"
 }
 
 run_conformance() {
@@ -436,10 +439,10 @@ for ph in "${phases[@]}"; do
     fp8-attention) run_fp8_attention ;;
     attention-bound) run_attention_bound ;;
     attention-batch) run_attention_batch ;;
-    silu-rows) run_silu_rows ;;
+    fp8-fronts) run_fp8_fronts ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|attention-batch|fp8-fronts|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done

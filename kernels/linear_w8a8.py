@@ -54,9 +54,9 @@ def w8a8_available(x: torch.Tensor) -> bool:
     return x.is_cuda and not interpreting() and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
-def _scaled_mm_takes(x2: torch.Tensor, n: int, k: int) -> bool:
+def _scaled_mm_takes(xq: torch.Tensor, dtype: torch.dtype, n: int, k: int) -> bool:
     # cuBLASLt's row-wise scaled fp8 GEMM: bf16 output, both dims multiples of 16; not on CPU
-    return x2.is_cuda and x2.dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
+    return xq.is_cuda and dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
 
 
 def linear_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
@@ -73,13 +73,24 @@ def linear_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     xq, xs = quantize_rows(x2)
-    if m <= SCALED_MM_MAX_M and _scaled_mm_takes(x2, n, k):
-        out = torch._scaled_mm(xq, weight.qweight.t(), scale_a=xs[:, None], scale_b=weight.scale[None, :],
-                               bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)
-    else:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    return w8a8_quantized(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], n)
+
+
+def w8a8_quantized(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """The W8A8 routes of linear_w8a8 (more than WEIGHT_ONLY_MAX_M rows) for x already quantized per row: xq [M, K]
+    e4m3 and xs [M] its scales (quantize_rows, or triton-v1.17's norm that quantizes, kernels/rms_norm.py) times fp8
+    weights [N, K] (+ b) -> [M, N] in dtype: torch._scaled_mm up to SCALED_MM_MAX_M rows where it takes them, else
+    the Triton GEMM tuned for prefill."""
+    m, k = xq.shape
+    n = weight.shape[0]
+    if m <= SCALED_MM_MAX_M and _scaled_mm_takes(xq, dtype, n, k):
+        return torch._scaled_mm(xq, weight.qweight.t(), scale_a=xs[:, None], scale_b=weight.scale[None, :],
+                                bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)
+    out = torch.empty(m, n, dtype=dtype, device=xq.device)
+    if m:
         _gemm_launch(xq, xs, weight, bias, out, None)
-    return out.view(*x.shape[:-1], n)
+    return out
 
 
 def linear_w8a8_gemm(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, block_m: int, block_n: int,
@@ -102,13 +113,13 @@ def linear_w8a8_gemm(x: torch.Tensor, weight: QuantizedWeight, bias=None, *, blo
     return out.view(*x.shape[:-1], n)
 
 
-def gemm_silu_and_mul(x2: torch.Tensor, weight: QuantizedWeight, bias=None) -> torch.Tensor:
-    """silu_and_mul(x2 W^T (+ b)) for fp8 weights W = [gate; up] [2I, K] and x2 [M, K] (unit column stride): x2 to
-    e4m3 per row (quantize_rows), then the W8A8 GEMM with the SiLU-and-mul epilogue, tuned for its weight shape
-    (triton-v1.16, kernels/linear_w8a8_silu.py) -> [M, I] in x2's dtype."""
-    out = torch.empty(x2.shape[0], weight.shape[0] // 2, dtype=x2.dtype, device=x2.device)
-    if x2.shape[0]:
-        xq, xs = quantize_rows(x2)
+def gemm_silu_and_mul(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """silu_and_mul(x W^T (+ b)) for fp8 weights W = [gate; up] [2I, K] and x quantized per row (xq [M, K] e4m3, xs
+    [M]): the W8A8 GEMM with the SiLU-and-mul epilogue, tuned for its weight shape (triton-v1.16,
+    kernels/linear_w8a8_silu.py) -> [M, I] in dtype."""
+    out = torch.empty(xq.shape[0], weight.shape[0] // 2, dtype=dtype, device=xq.device)
+    if xq.shape[0]:
         _gemm_launch(xq, xs, weight, bias, out, None, silu_epi=True)
     return out
 

@@ -17,6 +17,7 @@ import torch
 
 from sits.kernels import linear as _lin
 from sits.kernels.linear_gemv import linear_silu_and_mul_gemv_pdl
+from sits.kernels.fp8_gemm import quantize_rows
 from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, gemm_silu_and_mul, w8a8_available
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import check_device
@@ -37,4 +38,5 @@ def linear_silu_and_mul_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    return gemm_silu_and_mul(x2, weight, bias).view(*x.shape[:-1], weight.shape[0] // 2)
+    xq, xs = quantize_rows(x2)
+    return gemm_silu_and_mul(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0] // 2)

@@ -247,7 +247,7 @@ def fp8_scores(kernels: str, device: str, texts: list[str]) -> list[list[tuple[i
 @pytest.mark.parametrize("kernels", ["triton-v1.4", "triton-v1.5", "triton-v1.6", "triton-v1.7",
                                      "triton-v1.8", "triton-v1.9", "triton-v1.10", "triton-v1.11",
                                      "triton-v1.12", "triton-v1.13", "triton-v1.14", "triton-v1.15",
-                                     "triton-v1.16"])
+                                     "triton-v1.16", "triton-v1.17"])
 def test_the_fp8_sets_score_like_the_torch_set_with_the_same_fp8_weights_and_pages(kernels):
     # the torch set multiplies fp8 weights with exact activations; v1.4/v1.5 round activations to e4m3 past 32 rows
     # (W8A8) and v1.5 reads e4m3 through fp16 dots. On CPU, W8A8's numerics against weight-only moved the random tiny
@@ -274,6 +274,23 @@ def test_triton_v1_16_prefills_past_512_rows_as_triton_v1_15():
     a, b = out["triton-v1.15"], out["triton-v1.16"]
     assert a.token_ids == b.token_ids and len(a.token_ids) == 8
     assert max(abs(x["logprob"] - y["logprob"]) for x, y in zip(a.logprobs, b.logprobs)) <= 0.05
+
+
+def test_triton_v1_17_answers_as_triton_v1_16():
+    # v1.17's norms quantize for the W8A8 GEMM past 32 rows: a 1,500-token prompt (prefill past 512 rows) and 40
+    # short ones decoding together (33+ rows through torch._scaled_mm), fp8 weights, bf16, decode graphs on: the
+    # same bytes into the same GEMMs, so the same greedy tokens and logprobs
+    prompts = [[(7 * i) % 300 + 3 for i in range(1500)]] + [[(11 * j + i) % 300 + 3 for i in range(9)]
+                                                             for j in range(40)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1)
+    out = {}
+    for ks in ("triton-v1.16", "triton-v1.17"):
+        llm = LLM(model="tiny", kernels=ks, device="cuda", dtype="bfloat16", quantization="fp8",
+                  max_num_batched_tokens=2048)
+        out[ks] = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(out["triton-v1.16"], out["triton-v1.17"]):
+        assert a.token_ids == b.token_ids and len(a.token_ids) == 6
+        assert max(abs(x["logprob"] - y["logprob"]) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-6
 
 
 def test_decode_graphs_answer_as_the_eager_engine_after_their_streams_lock_buffer_grows(monkeypatch):

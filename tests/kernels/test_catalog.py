@@ -35,7 +35,7 @@ def test_every_committed_catalogue_equals_the_registry():
     assert [e["name"] for e in shipped] == ["torch", "triton-v1", "triton-v1.1", "triton-v1.2", "triton-v1.3",
                                             "triton-v1.4", "triton-v1.5", "triton-v1.6", "triton-v1.7", "triton-v1.8", "triton-v1.9",
                                             "triton-v1.10", "triton-v1.11", "triton-v1.12", "triton-v1.13",
-                                            "triton-v1.14", "triton-v1.15", "triton-v1.16",
+                                            "triton-v1.14", "triton-v1.15", "triton-v1.16", "triton-v1.17",
                                             "torch-wrong-rope", "torch-slow-attn", "triton-v1-unsplit",
                                             "triton-v1-floor-pages"]
 

@@ -118,7 +118,7 @@ def test_the_gemv_launchers_build_as_fast_tuned_builds_them():
             assert launch.num_runtime == 17
     from sits.kernels import rms_norm as rn   # as kernels/rms_norm.py's _launch builds it (PDL: benchmarks only)
     launch = triton_env.FastLauncher(rn._rms_norm_kernel, HAS_RESIDUAL=True, BLOCK_H=4096, num_warps=16)
-    assert launch.constexprs["PDL"] is False and launch.num_runtime == 11
+    assert launch.constexprs["PDL"] is False and launch.constexprs["QUANT"] is False and launch.num_runtime == 12
 
 
 def test_the_real_kernels_constexprs_are_found():

@@ -57,13 +57,14 @@ def ptx(fn, sig, const, warps, pdl):
 gsig = {n: "*bf16" for n in ("x_ptr", "scale_ptr", "bias_ptr", "out_ptr", "r_ptr", "nw_ptr", "res_ptr")}
 gsig.update({"w_ptr": "*i8", "M": "i32", "N": "i32", "K": "i32", "eps": "fp32", "stride_xm": "i32",
              "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "stride_resm": "i32"})
-nsig = {n: "*bf16" for n in ("x_ptr", "r_ptr", "w_ptr", "out_ptr", "res_out_ptr")}
+nsig = {n: "*bf16" for n in ("x_ptr", "r_ptr", "w_ptr", "out_ptr", "res_out_ptr", "scale_ptr")}
 nsig.update({n: "i32" for n in ("stride_x", "stride_r", "stride_o", "stride_ro", "H")}, eps="fp32")
 for pdl in (False, True):
     g = dict(HAS_SCALE=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, SILU_EPI=False, INT8_CONV=2,
              NORM=0, RES_AFTER=False, X_BCAST=False, NARROW_W=False, PDL=pdl)
     print("gemv", pdl, *ptx(lg._gemv_kernel, gsig, g, 4, pdl))
-    print("norm", pdl, *ptx(rn._rms_norm_kernel, nsig, dict(HAS_RESIDUAL=True, BLOCK_H=4096, PDL=pdl), 16, pdl))
+    n = dict(HAS_RESIDUAL=True, BLOCK_H=4096, PDL=pdl, QUANT=False)
+    print("norm", pdl, *ptx(rn._rms_norm_kernel, nsig, n, 16, pdl))
 
 # triton-v1.13's: every other kernel of a batch-1 decode layer (pointers by name, the rest i32 or fp32)
 def sig(fn, const, ptrs, floats=()):
