@@ -55,6 +55,9 @@
 #   bench/gpu_session.sh fp8-fronts  # bench/fp8_fronts.py: the norm + q/k/v and norm + gate/up + SiLU-and-mul fronts
 #                                  # with fp8 weights at 64-2,048 rows, triton-v1.15, v1.16 (SiLU-and-mul in the GEMM's
 #                                  # epilogue) and v1.17 (the norm quantizes) in one CUDA graph a set (SITS_FRONTS_ARGS)
+#   bench/gpu_session.sh prefill-fp8  # bench/prefill_attention_fp8.py: prefill attention over FP8 pages, triton-v1.17's
+#                                  # pointer-gather kernel against v1.18's TMA one (and v1.1's on bf16 pages), llama3-8b's
+#                                  # heads at 1 x 2,048, 8 x 2,048 and 2 x 8,192 tokens (SITS_PREFILL_FP8_ARGS)
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
 #   bench/gpu_session.sh tensor-parallel  # bench/tensor_parallel.py: llama3-8b with tensor_parallel_size 1 and 2
@@ -379,6 +382,12 @@ run_attention_batch() {
   summary+=("$name | rc ${PIPESTATUS[0]} | $((SECONDS - t0)) s | tables in decode-attention-batch.log")
 }
 
+run_prefill_fp8() {
+  gpu_bench "prefill fp8" bench/prefill_attention_fp8.py prefill-attention-fp8 "${SITS_PREFILL_FP8_BUDGET_S:-240}" \
+    "prefill attention over FP8 pages: v1.17's pointer-gather kernel, v1.18's TMA kernel" "a Hopper GPU" \
+    "${SITS_PREFILL_FP8_ARGS:-}"
+}
+
 run_fp8_fronts() {
   gpu_bench "fp8 fronts" bench/fp8_fronts.py fp8-fronts "${SITS_FRONTS_BUDGET_S:-300}" \
     "the norm + projection fronts with fp8 weights by set (v1.15, v1.16's epilogue, v1.17's quantizing norm)" \
@@ -440,9 +449,10 @@ for ph in "${phases[@]}"; do
     attention-bound) run_attention_bound ;;
     attention-batch) run_attention_batch ;;
     fp8-fronts) run_fp8_fronts ;;
+    prefill-fp8) run_prefill_fp8 ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|attention-batch|fp8-fronts|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|attention-batch|fp8-fronts|prefill-fp8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done

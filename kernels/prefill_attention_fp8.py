@@ -121,19 +121,24 @@ def prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q,
                         f16_dot=q.dtype == torch.bfloat16)
 
 
+def fp8_prefill_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens):
+    """A prefill over FP8 pages, checked for the kernels: (q with unit stride along head_dim, k data, v data, k
+    scales, v scales, out [T, Hq, D] to write, the number of sequences)."""
+    kd, vd = page_tensors(k_cache, v_cache)
+    b = check_prefill_args(q, kd, vd, block_tables, cu_seqlens_q, context_lens)
+    check_device("prefill_attention", q)
+    kd, vd, ks, vs = kernel_page_args("prefill_attention", k_cache, v_cache)
+    return (q if q.stride(-1) == 1 else q.contiguous()), kd, vd, ks, vs, torch.empty_like(q), b
+
+
 def _prefill_fp8(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, f16_dot: bool):
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return prefill_attention_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
-    b = check_prefill_args(q, kd, vd, block_tables, cu_seqlens_q, context_lens)
-    check_device("prefill_attention", q)
-    kd, vd, ks, vs = kernel_page_args("prefill_attention", k_cache, v_cache)
+    q, kd, vd, ks, vs, out, b = fp8_prefill_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     t, hq, d = q.shape
-    out = torch.empty_like(q)
     if t == 0 or b == 0:
         return out
-    if q.stride(-1) != 1:
-        q = q.contiguous()
     page, hkv = kd.shape[1], kd.shape[2]
     args = (q, kd, vd, ks, vs, block_tables, cu_seqlens_q, context_lens, out, float(scale) * math.log2(math.e),
             q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1),

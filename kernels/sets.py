@@ -19,6 +19,7 @@ from sits.kernels import paged_decode_attention as _decode
 from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
 from sits.kernels import prefill_attention as _prefill
 from sits.kernels import prefill_attention_fp8 as _prefill_fp8
+from sits.kernels import prefill_attention_fp8_tma as _prefill_fp8_tma
 from sits.kernels import prefill_attention_ref as _prefill_ref
 from sits.kernels import rms_norm as _rms
 from sits.kernels import rope_and_cache as _rope
@@ -241,6 +242,18 @@ TRITON_V1_17 = register_kernel_set(TRITON_V1_16.derive(
                 "bit. Fewer rows, other weights and GPUs without fp8 tensor cores as v1.16. Not yet measured on a GPU",
     add_rms_norm_linear=_norm_w8a8.add_rms_norm_linear_w8a8,
     add_rms_norm_linear_silu_and_mul=_norm_w8a8.add_rms_norm_linear_silu_and_mul_w8a8,
+))
+
+TRITON_V1_18 = register_kernel_set(TRITON_V1_17.derive(
+    "triton-v1.18", "1.18.0",
+    description="triton-v1.17 whose prefill attention over FP8 KV pages (--kv-cache-dtype fp8) reads the e4m3 pages "
+                "through the tensor-memory accelerator as triton-v1.1 reads bf16 pages (kernels/"
+                "prefill_attention_fp8_tma.py): one descriptor box a page, 128 queries a program, the tiles converted "
+                "to fp16 where they are loaded, v1.5's scales and fp16 dots; the same function as v1.17's pointer-"
+                "gather kernel to fp16 rounding (other tiles). Hopper and later, 16-bit models; plain pages and "
+                "everything else as v1.17. Not yet measured on a GPU",
+    kv_cache_dtypes=("auto", "fp8"),
+    prefill_attention=_prefill_fp8_tma.prefill_attention_fp8kv_tma,
 ))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----

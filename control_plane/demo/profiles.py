@@ -119,6 +119,11 @@ GPU_SCENARIOS = {s.name: s for s in (
              "the W8A8 GEMM past 32 rows; v1.16's values bit for bit): expected to be promoted; with "
              "--production-kernels triton-v1.16 --engine-arg '--quantization fp8 --kv-cache-dtype fp8' the gate "
              "judges only the two fused norm ops. Not yet run on a GPU"),
+    Scenario("tmafp8", "triton-v1.18", Phase.SUCCEEDED,
+             "an fp8 attention release (prefill attention over FP8 pages through the tensor-memory accelerator, "
+             "128 queries a program; v1.17's values to fp16 rounding): expected to be promoted; with "
+             "--production-kernels triton-v1.17 --engine-arg '--kv-cache-dtype fp8' the gate judges only "
+             "prefill_attention. Not yet run on a GPU"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

@@ -113,7 +113,8 @@ def test_triton_v1_5_prefills_over_fp8_pages_with_fp16_dots(dev, q_scale):
     assert torch.equal(V15.prefill_attention(*other), V13.prefill_attention(*other))
 
 
-def test_prefill_attention_fp8_ignores_stale_slots(dev):
+@pytest.mark.parametrize("set_name", ["triton-v1.3", "triton-v1.18"])   # v1.3's pointer kernel; v1.18's TMA one
+def test_prefill_attention_fp8_ignores_stale_slots(dev, set_name):
     # the slots past each context hold e4m3 NaNs and NaN scales, as a recycled block may
     ctx, qlens = [1, 64, 65, 200], [1, 64, 3, 130]
     q, k_cache, v_cache, tables, cu, lens, scale = fp8_kv(prefill_args(ctx, qlens, 4, 2, 64, torch.bfloat16, seed=26))
@@ -123,7 +124,7 @@ def test_prefill_attention_fp8_ignores_stale_slots(dev):
             pages.data.view(torch.uint8)[last, (n - 1) % 64 + 1:] = 0x7F   # NaN in e4m3fn
             pages.scale[last, (n - 1) % 64 + 1:] = float("nan")
     got = check_op("prefill_attention", (q, k_cache, v_cache, tables, cu, lens, scale), torch.bfloat16, dev,
-                   kernel_set=V13)
+                   kernel_set=get_kernel_set(set_name))
     assert torch.isfinite(got).all()
 
 

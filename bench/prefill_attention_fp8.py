@@ -1,0 +1,104 @@
+"""Prefill attention over FP8 KV pages by kernel set, at llama3-8b's heads (32 query / 8 kv heads, head_dim 128, pages
+of 64 in shuffled blocks), in one run: triton-v1.17's pointer-gather kernel (v1.5's fp16 dots), triton-v1.18's TMA
+kernel (kernels/prefill_attention_fp8_tma.py), and triton-v1.1's TMA kernel over bf16 pages of the same values (what
+the bf16 rows run).
+
+    python3 bench/prefill_attention_fp8.py [--shapes 1x2048,8x2048,2x8192] [--json OUT.json]
+    TRITON_INTERPRET=1 .venv/bin/python bench/prefill_attention_fp8.py --smoke   # CPU: v1.18 and v1.17 agree
+
+Each op runs once first (its autotuning), its output compared with v1.17's, then timed: medians of
+triton.testing.do_bench (the L2 flushed). TFLOP/s count the causal half of the score matrix; "a step, ms": one call
+times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention). The table last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HQ, HKV, D, LAYERS = 32, 8, 128, 32
+SETS = (("v1.17 FP8 gather", "triton-v1.17", True), ("v1.18 FP8 TMA", "triton-v1.18", True),
+        ("v1.1 bf16 TMA", "triton-v1.1", False))
+
+
+def smoke() -> int:
+    """Under TRITON_INTERPRET=1 on CPU: two prompts and a chunk over FP8 pages, v1.18's TMA kernel against v1.17's."""
+    import torch
+
+    from sits.kernels import get_kernel_set
+    from sits.kernels.kv_fp8 import quantize_pages
+    from tests.kernels.helpers import prefill_args
+    q, kc, vc, *rest = prefill_args([130, 65, 300], [130, 65, 40], 4, 2, 64, torch.bfloat16, seed=5)
+    args = (q, quantize_pages(kc), quantize_pages(vc), *rest)
+    same = torch.equal(get_kernel_set("triton-v1.18").prefill_attention(*args),
+                       get_kernel_set("triton-v1.17").prefill_attention(*args))
+    print(f"smoke: 3 sequences over FP8 pages, v1.18's TMA kernel {'equals' if same else 'DIFFERS FROM'} v1.17's")
+    return 0 if same else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="1x2048,8x2048,2x8192", help="sequences x tokens, comma-separated")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: v1.18 equals v1.17")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        from bench.kernel_timings import run_smoke
+        return run_smoke(smoke)
+    import torch
+    import triton
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        print("bench/prefill_attention_fp8.py needs a Hopper (or later) GPU (or --smoke)", file=sys.stderr)
+        return 2
+    from bench.kernel_timings import bench, paged, rel_err
+    from sits.kernels import get_kernel_set
+    from sits.kernels.kv_fp8 import quantize_pages
+    res = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(0),
+           "torch": torch.__version__, "triton": triton.__version__, "rows": []}
+    print(f"{res['device']}: prefill attention, {HQ}/{HKV} heads x {D}, pages of 64, bf16 queries", flush=True)
+    for shape in args.shapes.split(","):
+        b, s = (int(v) for v in shape.split("x"))
+        kc, vc, tables = paged([s] * b, HKV, D, torch.bfloat16)
+        q = torch.randn(b * s, HQ, D, device="cuda", dtype=torch.bfloat16)
+        cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device="cuda")
+        lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        fp8 = (q, quantize_pages(kc), quantize_pages(vc), tables, cu, lens, D ** -0.5)
+        plain = (q, kc, vc, tables, cu, lens, D ** -0.5)
+        flops = 4 * b * HQ * s * s * D / 2
+        row = {"shape": f"{b} x {s}", "ms": {}, "tflops": {}, "err": {}}
+        base = None
+        for label, name, on_fp8 in SETS:
+            fn = get_kernel_set(name).prefill_attention
+            call = fp8 if on_fp8 else plain
+            out = fn(*call)   # tunes here
+            base = out if base is None else base
+            row["err"][label] = rel_err(out, base)
+            ms = bench(lambda fn=fn, call=call: fn(*call))
+            row["ms"][label], row["tflops"][label] = ms, flops / ms / 1e9
+        res["rows"].append(row)
+        print(f"  {row['shape']}: " + ", ".join(f"{k} {row['ms'][k]:.3f} ms ({row['tflops'][k]:.0f} TFLOP/s, "
+                                                f"difference {row['err'][k]:.1e})" for k in row["ms"]), flush=True)
+        del kc, vc, fp8, plain, q
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    labels = [label for label, _, _ in SETS]
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: prefill attention, ms a call (TFLOP/s), "
+          f"a step = x {LAYERS} layers; difference from v1.17's output")
+    print("| sequences x tokens | " + " | ".join(labels) + " | v1.18 / v1.17 | a step, ms (v1.17 / v1.18) | "
+          "difference v1.18, v1.1 |")
+    print("|---|" + "---:|" * len(labels) + "---:|---:|---:|")
+    for r in res["rows"]:
+        ms = [r["ms"][k] for k in labels]
+        print(f"| {r['shape']} | " + " | ".join(f"{m:.3f} ({r['tflops'][k]:.0f})" for m, k in zip(ms, labels))
+              + f" | {ms[1] / ms[0]:.2f} | {ms[0] * LAYERS:.1f} / {ms[1] * LAYERS:.1f} | "
+              + ", ".join(f"{r['err'][k]:.1e}" for k in labels[1:]) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

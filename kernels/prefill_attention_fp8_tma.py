@@ -1,0 +1,163 @@
+"""triton-v1.18's prefill attention over FP8 KV pages: the e4m3 pages through the tensor-memory accelerator, as
+triton-v1.1 reads bf16 pages.
+
+Up to triton-v1.17, prefill over FP8 pages (--kv-cache-dtype fp8) is kernels/prefill_attention_fp8.py's pointer-gather
+kernel with triton-v1.5's fp16 dots: on an H100 6.3 ms of a 2,048-token llama3-8b prefill step (bench/profile_steps.py,
+BENCHMARKS.md), ~175 TFLOP/s of causal attention. Over bf16 pages at 8 x 2,048 tokens the H200 ran triton-v1's
+pointer-gather kernel at 286 TFLOP/s and v1.1's TMA kernel at 380 (docs/benchmarks-history.md, first kernel
+timings). Here the FP8 pages come in as v1.1's do: a descriptor over the e4m3 cache viewed as [num_blocks * page,
+num_kv_heads * head_dim] bytes, one [page, head_dim] box a page (8 KB at llama3-8b's shapes, half a bf16 page), one
+block-table entry a page; the page's per-token scales by pointer (one fp32 a token and kv head); 128 queries of one
+head a program (v1.1's winners). The arithmetic is v1.5's kernel's: q lowered by a power of two into fp16's range
+(bf16 models) and the e4m3 tiles converted to fp16 where they are loaded (exact; one instruction a pair on Hopper) for
+fp16 dots, each key's scale multiplying its score column, each value's scale (raised by 2^8, out of fp16's
+subnormals) its column of the softmax weights. Other tiles than v1.5's kernel (64 queries, 128 keys), so the online
+softmax rescales at other points: the same function to fp32 and fp16 rounding, not the same bits.
+
+Where it does not apply -- plain pages, fp32 models, a page that is not a power of two in 16..256, head_dim other than
+64/128/256, pages not contiguous, GPUs before Hopper -- triton-v1.5's op runs (v1.17's). Under TRITON_INTERPRET=1 the
+kernel runs on CPU tensors (the interpreter emulates the descriptors), so the CPU tests cover it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sits.kernels.kv_fp8 import Fp8Pages, page_tensors
+from sits.kernels.linear import fp16_shift
+from sits.kernels.paged_decode_attention_fp8 import PV_SHIFT
+from sits.kernels.prefill_attention import TensorDescriptor, _key_bounds, _q_tile, _query_tile, _TUNE_MIN_TOKENS
+from sits.kernels.prefill_attention_fp8 import fp8_prefill_inputs, prefill_attention_fp8kv_f16
+from sits.kernels.triton_env import autotune, interpreting, next_pow2, tl, triton
+
+
+@triton.jit
+def _fp8_page(desc, scale_ptr, bt_row, page_idx, valid, col, kv_head, stride_sb, stride_ss, stride_sh,
+              PAGE: tl.constexpr):
+    # one [PAGE, HEAD_DIM] e4m3 page of one kv head through TMA, and its [PAGE] scales (a page past the sequence
+    # reads block 0, which exists; the caller masks what lies past the context)
+    blk = tl.load(bt_row + page_idx, mask=valid, other=0)
+    tile = desc.load([blk * PAGE, col])
+    scale = tl.load(scale_ptr + blk.to(tl.int64) * stride_sb + tl.arange(0, PAGE) * stride_ss + kv_head * stride_sh)
+    return tile, scale
+
+
+@triton.jit
+def _tma_tile_fp8(acc, l_i, m_i, q, start_n, k_desc, v_desc, k_scale_ptr, v_scale_ptr, bt_row, col, kv_head, qpos,
+                  ctx, qk_scale, stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
+                  PAGE: tl.constexpr, MASK: tl.constexpr):
+    # one page of keys and values (BLOCK_N = PAGE); scores in the log2 domain, as prefill_attention_fp8.py's tile
+    j = start_n // PAGE
+    offs = start_n + tl.arange(0, PAGE)
+    k, k_scale = _fp8_page(k_desc, k_scale_ptr, bt_row, j, True, col, kv_head, stride_ksb, stride_kss, stride_ksh,
+                           PAGE)
+    qk = tl.dot(q, k.to(q.dtype).T) * (k_scale * qk_scale)[None, :]
+    if MASK:   # past the diagonal or the context (where the bytes and scales are whatever the cache held): -inf
+        qk = tl.where((offs[None, :] <= qpos[:, None]) & (offs < ctx)[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v, v_scale = _fp8_page(v_desc, v_scale_ptr, bt_row, j, True, col, kv_head, stride_vsb, stride_vss, stride_vsh,
+                           PAGE)
+    v = v.to(q.dtype)
+    if MASK:   # p = 0 there must meet neither a NaN byte nor a NaN scale
+        live = offs < ctx
+        v = tl.where(live[:, None], v, 0.0)
+        v_scale = tl.where(live, v_scale, 0.0)
+    acc = tl.dot((p * (v_scale * PV_SHIFT)[None, :]).to(q.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _prefill_attention_fp8_tma_kernel(
+    q_ptr, k_desc, v_desc, k_scale_ptr, v_scale_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
+    stride_qt, stride_qh, stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh, stride_bt,
+    stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, F16_DOT: tl.constexpr,
+):
+    # prefill_attention.py's schedule and masking (grid (T // BLOCK_M + B, Hq), the heaviest tiles first)
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
+    if m0 < q_len:
+        ctx = tl.load(ctx_ptr + seq)
+        kv_head = head // GROUP
+        q, rows, offs_m, mask, offs_d, _ = _q_tile(q_ptr, q_start, q_len, m0, head, stride_qt, stride_qh, HEAD_DIM,
+                                                   HEAD_DIM, BLOCK_M, False)
+        qpos = ctx - q_len + offs_m
+        if F16_DOT:   # a bf16 model: q in fp16 below 2^14 (exact), the scores raised back by the same power of two
+            qf = q.to(tl.float32)
+            q_shift = fp16_shift(tl.max(tl.max(tl.abs(qf), 1), 0))
+            q = (qf / q_shift).to(tl.float16)
+            qk_scale = qk_scale * q_shift
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+        col = kv_head * HEAD_DIM
+        hi, full_hi = _key_bounds(ctx, q_len, m0, BLOCK_M, PAGE)
+        for start_n in range(0, full_hi, PAGE):
+            acc, l_i, m_i = _tma_tile_fp8(acc, l_i, m_i, q, start_n, k_desc, v_desc, k_scale_ptr, v_scale_ptr,
+                                          bt_row, col, kv_head, qpos, ctx, qk_scale, stride_ksb, stride_kss,
+                                          stride_ksh, stride_vsb, stride_vss, stride_vsh, PAGE, False)
+        for start_n in range(full_hi, hi, PAGE):
+            acc, l_i, m_i = _tma_tile_fp8(acc, l_i, m_i, q, start_n, k_desc, v_desc, k_scale_ptr, v_scale_ptr,
+                                          bt_row, col, kv_head, qpos, ctx, qk_scale, stride_ksb, stride_kss,
+                                          stride_ksh, stride_vsb, stride_vss, stride_vsh, PAGE, True)
+        out = acc / (l_i * PV_SHIFT)[:, None]
+        tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+# v1.1's TMA candidates at one page a key tile (its H200 sweep's leaders: one warpgroup over 128 queries first)
+_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st)
+            for bm, w, st in ((128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 4, 3))]
+_tuned = autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE", "F16_DOT"])(
+    _prefill_attention_fp8_tma_kernel)
+
+
+def tma_takes(q: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor) -> bool:
+    """Whether the kernel takes these FP8 pages' data ([num_blocks, page, num_kv_heads, head_dim] e4m3): a 16-bit
+    model, a power-of-two page of 16..256, head_dim 64/128/256, contiguous pages, Hopper or newer (or the
+    interpreter, which emulates the descriptors)."""
+    page, d = kd.shape[1], kd.shape[3]
+    if q.dtype not in (torch.float16, torch.bfloat16) or TensorDescriptor is None:
+        return False
+    if not (page & (page - 1) == 0 and 16 <= page <= 256 and d in (64, 128, 256)
+            and kd.is_contiguous() and vd.is_contiguous()):
+        return False
+    if q.device.type == "cpu":
+        return interpreting()
+    return q.is_cuda and not interpreting() and torch.cuda.get_device_capability(q.device) >= (9, 0)
+
+
+def _descriptor(data: torch.Tensor) -> "TensorDescriptor":
+    nb, page, hkv, d = data.shape
+    return TensorDescriptor(data.view(nb * page, hkv * d), [nb * page, hkv * d], [hkv * d, 1], [page, d])
+
+
+def prefill_attention_fp8kv_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """triton-v1.18: FP8 pages through the TMA kernel above where it applies (tma_takes); everything else, plain
+    pages included, as triton-v1.5's prefill_attention_fp8kv_f16. q: [T, Hq, D] -> out [T, Hq, D]."""
+    kd, vd = page_tensors(k_cache, v_cache)
+    if not isinstance(k_cache, Fp8Pages) or not tma_takes(q, kd, vd):
+        return prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    q, kd, vd, ks, vs, out, b = fp8_prefill_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    t, hq, d = q.shape
+    if t == 0 or b == 0:
+        return out
+    page, hkv = kd.shape[1], kd.shape[2]
+    args = (q, _descriptor(kd), _descriptor(vd), ks, vs, block_tables, cu_seqlens_q, context_lens, out,
+            float(scale) * math.log2(math.e), q.stride(0), q.stride(1), ks.stride(0), ks.stride(1), ks.stride(2),
+            vs.stride(0), vs.stride(1), vs.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), b,
+            min(next_pow2(t), 8192))
+    meta = dict(HEAD_DIM=d, GROUP=hq // hkv, PAGE=page, F16_DOT=q.dtype == torch.bfloat16)
+    if interpreting() or t < _TUNE_MIN_TOKENS:   # short prompts: a fixed config, no tuning on the request path
+        bm = 64
+        _prefill_attention_fp8_tma_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, num_warps=4, num_stages=2)
+    else:
+        grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
+        _tuned[grid](*args, **meta)
+    return out

@@ -1,0 +1,121 @@
+"""triton-v1.18's prefill attention over FP8 pages through TMA (kernels/prefill_attention_fp8_tma.py). On CPU through
+Triton's interpreter (which emulates the descriptors): against the fp64 reference on the same e4m3 pages, full
+prompts, prefix hits and chunks, partial pages, q past fp16's range (stale NaN slots: test_prefill_attention.py);
+against triton-v1.17's pointer-gather kernel bit for bit (the interpreter runs both at the same tiles; on a GPU to
+fp16 rounding); plain pages and fp32 models are v1.17's op bit for bit. On a GPU at llama3-8b's heads: the same
+checks at full size."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sits.kernels import get_kernel_set
+from sits.kernels.prefill_attention_fp8_tma import prefill_attention_fp8kv_tma, tma_takes
+from tests.kernels.conftest import triton_device
+from tests.kernels.helpers import args_to, check_op, check_op_on_gpu, fp8_kv, make_paged_kv, on_gpu, prefill_args
+
+ROOT = Path(__file__).resolve().parents[2]
+V117 = get_kernel_set("triton-v1.17")
+V118 = get_kernel_set("triton-v1.18")
+CTX, QLENS = [1, 63, 64, 65, 130, 300], [1, 63, 64, 65, 66, 40]   # full prompts; a prefix hit; a chunk
+
+
+def test_the_set_serves_it():
+    assert V118.prefill_attention is prefill_attention_fp8kv_tma and V118.kv_cache_dtypes == ("auto", "fp8")
+    assert V118.overrides == ("prefill_attention",)
+    assert V117.prefill_attention is not prefill_attention_fp8kv_tma   # the released set is unchanged
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_pages_against_the_fp64_reference_and_v117(dev, dtype):
+    args = args_to(fp8_kv(prefill_args(CTX, QLENS, 6, 2, 64, dtype, seed=41)), device=dev)
+    assert tma_takes(args[0], args[1].data, args[2].data)
+    got = check_op("prefill_attention", args, dtype, dev, kernel_set=V118)
+    want = V117.prefill_attention(*args)
+    if dev == "cpu":   # the interpreter runs both kernels at 64 x 64 tiles: the same arithmetic in the same order
+        assert torch.equal(got, want)
+    else:              # 128 queries a program here, 64 x 128 tiles there: the online softmax rescales elsewhere
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 2e-3
+
+
+def test_q_past_fp16s_range_is_lowered_into_it(dev):
+    q, *rest = fp8_kv(prefill_args(CTX, QLENS, 4, 2, 64, torch.bfloat16, seed=42))
+    got = check_op("prefill_attention", ((q.float() * 3e5).bfloat16(), *rest), torch.bfloat16, dev, kernel_set=V118)
+    assert torch.isfinite(got).all()
+
+
+def test_plain_pages_and_fp32_models_are_v117s_op(dev):
+    plain = args_to(prefill_args([65, 130], [65, 66], 4, 2, 64, torch.bfloat16, seed=44), device=dev)
+    assert torch.equal(V118.prefill_attention(*plain), V117.prefill_attention(*plain))
+    fp32 = args_to(fp8_kv(prefill_args([65, 130], [65, 66], 4, 2, 64, torch.float32, seed=45)), device=dev)
+    assert not tma_takes(fp32[0], fp32[1].data, fp32[2].data)
+    assert torch.equal(V118.prefill_attention(*fp32), V117.prefill_attention(*fp32))
+
+
+def test_pages_it_cannot_describe_go_to_v117s_kernel(dev):
+    q, k_cache, v_cache, *rest = fp8_kv(prefill_args([65], [65], 4, 2, 64, torch.bfloat16, seed=46))
+    odd = type(k_cache)(k_cache.data[:, :, :, :48], k_cache.scale)   # head_dim 48, not contiguous
+    assert not tma_takes(q[..., :48], odd.data, odd.data)
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_llama3_heads_long_mixed_batch(dtype):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the TMA kernel needs Hopper or later")
+    ctx = [1, 63, 64, 65, 1000, 3000, 4096]
+    qlens = [1, 63, 64, 1, 1000, 1000, 2048]   # full prompts, decode-like, prefix-cache hits / chunks
+    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, 8, 128, 64, dtype, "cuda", seed=47)
+    q = torch.randn(sum(qlens), 32, 128, generator=torch.Generator().manual_seed(48)).to(dtype)
+    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    args = args_to(fp8_kv((q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), 128 ** -0.5)),
+                   device="cuda")
+    check_op_on_gpu("prefill_attention", args, dtype, kernel_set=V118)
+    got, want = V118.prefill_attention(*args), V117.prefill_attention(*args)
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 2e-3
+
+
+def test_the_benchmarks_smoke_run_compares_the_two_kernels(capsys):
+    # bench/prefill_attention_fp8.py times v1.17's and v1.18's kernels on a GPU; on CPU its smoke run holds them equal
+    from bench import prefill_attention_fp8
+    if triton_device() != "cpu":
+        pytest.skip("the smoke run needs Triton's interpreter")
+    assert prefill_attention_fp8.smoke() == 0, capsys.readouterr().out
+
+
+_COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sits.kernels import prefill_attention_fp8_tma as m
+fn = m._prefill_attention_fp8_tma_kernel
+ptrs = {"q_ptr": "*bf16", "o_ptr": "*bf16", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "bt_ptr": "*i32",
+        "cu_q_ptr": "*i32", "ctx_ptr": "*i32", "k_desc": "tensordesc<fp8e4nv[64, 128]>",
+        "v_desc": "tensordesc<fp8e4nv[64, 128]>"}
+for c in m._CONFIGS:
+    const = dict(HEAD_DIM=128, GROUP=4, PAGE=64, F16_DOT=True, **c.kwargs)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": c.num_warps,
+                                                                         "num_stages": c.num_stages})
+    p = k.asm["ptx"]
+    print("config", c.kwargs["BLOCK_M"], c.num_warps, "tma" if "cp.async.bulk.tensor" in p else "no-tma",
+          "cvt" if "cvt.rn.f16x2.e4m3x2" in p else "no-cvt", "wgmma" if "wgmma" in p else "no-wgmma",
+          "spills" if "st.local" in p else "no-spills")
+"""
+
+
+def test_every_candidate_compiles_for_sm90_to_tma_loads_e4m3_conversions_and_wgmma():
+    # no GPU needed: Triton compiles for Hopper here (as test_pdl.py does); what the interpreter cannot show
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode and "ptxas" in proc.stderr.lower() and "not found" in proc.stderr.lower():
+        pytest.skip("this Triton has no ptxas to compile for sm_90")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.split("\n") if line.startswith("config")]
+    assert len(lines) == 4 and all(line.endswith("tma cvt wgmma no-spills") for line in lines), lines
