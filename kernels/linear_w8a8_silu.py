@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from sits.kernels import linear as _lin
-from sits.kernels.linear_gemv import linear_silu_and_mul_gemv_pdl
 from sits.kernels.fp8_gemm import quantize_rows
+from sits.kernels.linear_gemv import linear_silu_and_mul_gemv_pdl
 from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, gemm_silu_and_mul, w8a8_available
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import check_device
