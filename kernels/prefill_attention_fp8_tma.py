@@ -154,9 +154,9 @@ def prefill_attention_fp8kv_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q,
             vs.stride(0), vs.stride(1), vs.stride(2), block_tables.stride(0), out.stride(0), out.stride(1), b,
             min(next_pow2(t), 8192))
     meta = dict(HEAD_DIM=d, GROUP=hq // hkv, PAGE=page, F16_DOT=q.dtype == torch.bfloat16)
-    if interpreting() or t < _TUNE_MIN_TOKENS:   # short prompts: a fixed config, no tuning on the request path
+    if interpreting() or t < _TUNE_MIN_TOKENS:   # short prompts: the last candidate, no tuning on the request path
         bm = 64
-        _prefill_attention_fp8_tma_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, num_warps=4, num_stages=2)
+        _prefill_attention_fp8_tma_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, num_warps=4, num_stages=3)
     else:
         grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
         _tuned[grid](*args, **meta)
