@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     from bench.kernel_timings import bench, paged, rel_err
     from sits.kernels.kv_fp8 import Fp8Pages, quantize
     from sits.kernels.paged_decode_attention import choose_num_splits
-    from sits.kernels.triton_env import pdl_launches, sm_limits
+    from sits.kernels.occupancy import sm_limits
+    from sits.kernels.triton_env import pdl_launches
     from sits.kernels import paged_decode_attention_fp8 as fp8
     from sits.kernels.paged_decode_attention_fp8 import (DecodeLaunch, paged_decode_attention_by_waves,
                                                          paged_decode_attention_one_warp, paged_decode_attention_pdl)

@@ -22,9 +22,9 @@ from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, check_decode_args, choose_num_splits,
                                                  merge_splits, paged_decode_attention, split_buffers)
+from sits.kernels.occupancy import programs_per_sm, sm_limits, wave_fill
 from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, gdc_launch_dependents, gdc_wait,
-                                     interpreting, next_pow2, num_sms, pdl_launch, pdl_launches, programs_per_sm,
-                                     sm_limits, tl, triton, wave_fill)
+                                     interpreting, next_pow2, num_sms, pdl_launch, pdl_launches, tl, triton)
 
 PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
 # triton-v1.5's launch config past the small problems, fixed rather than autotuned: the engine tunes decode attention

@@ -7,7 +7,6 @@ present and the user hasn't chosen, we set it before the first import.
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 import sys
@@ -131,39 +130,6 @@ def num_sms(device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def programs_per_sm(regs: int, shared: int, num_warps: int, limits: dict) -> int:
-    """How many programs of a kernel one SM holds at once: its registers a thread (allocated 256 a warp at a time),
-    shared memory a program (plus the 1 KB the driver reserves for each), and warps, against the SM's `limits`
-    (regs, shared, threads, blocks: an SM's registers, bytes of shared memory, threads and resident blocks)."""
-    warp_regs = -(-max(regs, 1) * 32 // 256) * 256
-    fits = [limits["blocks"], limits["threads"] // (32 * num_warps), limits["regs"] // (warp_regs * num_warps)]
-    if shared:
-        fits.append(limits["shared"] // (shared + 1024))
-    return max(0, min(fits))
-
-
-@functools.cache
-def sm_limits(device) -> dict | None:
-    """The `limits` programs_per_sm takes, from torch's properties of a CUDA device; None where torch lacks one."""
-    p = torch.cuda.get_device_properties(device)
-    names = dict(regs="regs_per_multiprocessor", shared="shared_memory_per_multiprocessor",
-                 threads="max_threads_per_multi_processor")
-    limits = {k: getattr(p, a, None) for k, a in names.items()}
-    if None in limits.values():
-        return None
-    # resident blocks an SM: 32 on the data-center parts (sm_80, sm_90, sm_100); elsewhere 16, the fewest of the
-    # others (sm_86; sm_89 holds 24): a bound that only one-warp programs with few registers could reach
-    return {**limits, "blocks": 32 if (p.major, p.minor) in ((8, 0), (9, 0), (10, 0)) else 16}
-
-
-def wave_fill(programs: int, slots: int) -> float:
-    """The share of `slots` (programs the whole GPU holds at once) that `programs` keep busy, over every wave they
-    take: 1.0 when they fill whole waves, 0.55 when 1.1 waves' worth leaves the second wave nine-tenths empty."""
-    if programs <= 0 or slots <= 0:
-        return 0.0
-    return programs / (-(-programs // slots) * slots)
 
 
 # Milliseconds of GPU time per replay when an autotuner times its candidates inside CUDA graphs (Triton's default is
