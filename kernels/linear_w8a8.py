@@ -69,9 +69,7 @@ def linear_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
         return linear_dequant_many_rows(x, weight, bias)   # which checks its arguments (and m == 0)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _lin.as_rows(x)
     xq, xs = quantize_rows(x2)
     return w8a8_quantized(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], n)
 

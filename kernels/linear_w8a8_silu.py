@@ -35,8 +35,6 @@ def linear_silu_and_mul_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor
         return linear_silu_and_mul_gemv_pdl(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _lin.as_rows(x)
     xq, xs = quantize_rows(x2)
     return gemm_silu_and_mul(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0] // 2)

@@ -52,6 +52,15 @@ def _attn_tile_fp8(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, k_scale_
 
 
 @triton.jit
+def q_in_f16(q, qk_scale):
+    """A bf16 model's query tile for fp16 dots (triton-v1.5): (q lowered by a power of two below 2^14 -- exact -- in
+    fp16, qk_scale raised by the same power), so the scores come out as they would from q itself."""
+    qf = q.to(tl.float32)
+    q_shift = fp16_shift(tl.max(tl.max(tl.abs(qf), 1), 0))
+    return (qf / q_shift).to(tl.float16), qk_scale * q_shift
+
+
+@triton.jit
 def _prefill_attention_fp8_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -72,11 +81,7 @@ def _prefill_attention_fp8_kernel(
                                                         HEAD_DIM, HEAD_DIM_P, BLOCK_M, DOT_F32)
         qpos = ctx - q_len + offs_m
         if F16_DOT:   # (triton-v1.5) as paged_decode_attention_fp8.py: q in fp16 below 2^14, the scores raised back
-            qf = q.to(tl.float32)
-            q_max = tl.max(tl.max(tl.abs(qf), 1), 0)
-            q_shift = fp16_shift(q_max)
-            q = (qf / q_shift).to(tl.float16)
-            qk_scale = qk_scale * q_shift
+            q, qk_scale = q_in_f16(q, qk_scale)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)

@@ -25,10 +25,9 @@ import math
 import torch
 
 from sits.kernels.kv_fp8 import Fp8Pages, page_tensors
-from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention_fp8 import PV_SHIFT
 from sits.kernels.prefill_attention import TensorDescriptor, _key_bounds, _q_tile, _query_tile, _TUNE_MIN_TOKENS
-from sits.kernels.prefill_attention_fp8 import fp8_prefill_inputs, prefill_attention_fp8kv_f16
+from sits.kernels.prefill_attention_fp8 import fp8_prefill_inputs, prefill_attention_fp8kv_f16, q_in_f16
 from sits.kernels.triton_env import autotune, interpreting, next_pow2, tl, triton
 
 
@@ -88,10 +87,7 @@ def _prefill_attention_fp8_tma_kernel(
                                                    HEAD_DIM, BLOCK_M, False)
         qpos = ctx - q_len + offs_m
         if F16_DOT:   # a bf16 model: q in fp16 below 2^14 (exact), the scores raised back by the same power of two
-            qf = q.to(tl.float32)
-            q_shift = fp16_shift(tl.max(tl.max(tl.abs(qf), 1), 0))
-            q = (qf / q_shift).to(tl.float16)
-            qk_scale = qk_scale * q_shift
+            q, qk_scale = q_in_f16(q, qk_scale)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)

@@ -3,17 +3,12 @@ bench/pdl_chain.py, whose GPU run times it, and triton-v1.12, which serves it. O
 off, through Triton's interpreter) computes what the ops compose to; compiled for sm_90 in a process without the
 interpreter, PDL puts exactly one griddepcontrol.wait and one launch_dependents (and the GEMV's L2 prefetch) into each
 kernel, and nothing without it; v1.12's ops give v1.9's bits; on an sm_90+ GPU, in a CUDA graph too."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from sits.kernels import get_kernel_set
+from tests.kernels.helpers import compile_for_sm90
 
-ROOT = Path(__file__).resolve().parents[2]
 TORCH = get_kernel_set("torch")
 
 
@@ -92,14 +87,7 @@ for pdl in (False, True):
 
 
 def test_pdl_compiles_to_one_wait_and_one_early_launch_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    if proc.returncode and "ptxas" in proc.stderr.lower() and "not found" in proc.stderr.lower():
-        pytest.skip("this Triton has no ptxas to compile for sm_90")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.split("\n")
+    lines = compile_for_sm90(_COMPILE).split("\n")
     assert "gemv False 0 0 0" in lines and "norm False 0 0 0" in lines
     assert "gemv True 1 1 1" in lines and "norm True 1 1 0" in lines
     for name in ("rope", "rope-fp8", "attention", "attention-fp8", "merge"):

@@ -4,20 +4,15 @@ prompts, prefix hits and chunks, partial pages, q past fp16's range (stale NaN s
 against triton-v1.17's pointer-gather kernel bit for bit (the interpreter runs both at the same tiles; on a GPU to
 fp16 rounding); plain pages and fp32 models are v1.17's op bit for bit. On a GPU at llama3-8b's heads: the same
 checks at full size."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from sits.kernels import get_kernel_set
 from sits.kernels.prefill_attention_fp8_tma import prefill_attention_fp8kv_tma, tma_takes
 from tests.kernels.conftest import triton_device
-from tests.kernels.helpers import args_to, check_op, check_op_on_gpu, fp8_kv, make_paged_kv, on_gpu, prefill_args
+from tests.kernels.helpers import (args_to, check_op, check_op_on_gpu, compile_for_sm90, fp8_kv, make_paged_kv, on_gpu,
+                                  prefill_args)
 
-ROOT = Path(__file__).resolve().parents[2]
 V117 = get_kernel_set("triton-v1.17")
 V118 = get_kernel_set("triton-v1.18")
 CTX, QLENS = [1, 63, 64, 65, 130, 300], [1, 63, 64, 65, 66, 40]   # full prompts; a prefix hit; a chunk
@@ -110,12 +105,5 @@ for c in m._CONFIGS:
 
 def test_every_candidate_compiles_for_sm90_to_tma_loads_e4m3_conversions_and_wgmma():
     # no GPU needed: Triton compiles for Hopper here (as test_pdl.py does); what the interpreter cannot show
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    if proc.returncode and "ptxas" in proc.stderr.lower() and "not found" in proc.stderr.lower():
-        pytest.skip("this Triton has no ptxas to compile for sm_90")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.split("\n") if line.startswith("config")]
+    lines = [line for line in compile_for_sm90(_COMPILE).split("\n") if line.startswith("config")]
     assert len(lines) == 4 and all(line.endswith("tma cvt wgmma no-spills") for line in lines), lines
