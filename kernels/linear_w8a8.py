@@ -59,14 +59,21 @@ def _scaled_mm_takes(xq: torch.Tensor, dtype: torch.dtype, n: int, k: int) -> bo
     return xq.is_cuda and dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
 
 
+def w8a8_rows(x: torch.Tensor, weight) -> int:
+    """x's rows [..., K] where they take the W8A8 routes (fp8 weights, more than WEIGHT_ONLY_MAX_M rows, fp8 tensor
+    cores or the interpreter); 0 where they do not (or x does not match the weight)."""
+    if not (isinstance(weight, QuantizedWeight) and weight.kind == "fp8") or not w8a8_available(x):
+        return 0
+    k = weight.shape[1]
+    m = x.numel() // k if k and x.shape[-1] == k else 0
+    return m if m > WEIGHT_ONLY_MAX_M else 0
+
+
 def linear_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     """y = x W^T (+ b): fp8 weights by row count (the module docstring); everything else as triton-v1.3."""
-    if not (isinstance(weight, QuantizedWeight) and weight.kind == "fp8") or not w8a8_available(x):
-        return linear_dequant_many_rows(x, weight, bias)
-    n, k = weight.shape
-    m = x.numel() // k if x.shape[-1] == k else 0
-    if m <= WEIGHT_ONLY_MAX_M:
+    if not w8a8_rows(x, weight):
         return linear_dequant_many_rows(x, weight, bias)   # which checks its arguments (and m == 0)
+    n = weight.shape[0]
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)
     x2 = _lin.as_rows(x)

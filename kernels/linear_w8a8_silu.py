@@ -18,8 +18,7 @@ import torch
 from sits.kernels import linear as _lin
 from sits.kernels.fp8_gemm import quantize_rows
 from sits.kernels.linear_gemv import linear_silu_and_mul_gemv_pdl
-from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, gemm_silu_and_mul, w8a8_available
-from sits.kernels.quant import QuantizedWeight
+from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, gemm_silu_and_mul, w8a8_rows
 from sits.kernels.triton_env import check_device
 
 
@@ -28,10 +27,7 @@ def linear_silu_and_mul_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor
     SCALED_MM_MAX_M rows through the W8A8 GEMM with the SiLU-and-mul epilogue; everything else as triton-v1.15."""
     if len(weight.shape) != 2 or weight.shape[0] % 2:
         raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
-    k = weight.shape[1]
-    m = x.numel() // k if k and x.shape[-1] == k else 0
-    if (m <= SCALED_MM_MAX_M or not (isinstance(weight, QuantizedWeight) and weight.kind == "fp8")
-            or not w8a8_available(x)):
+    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
         return linear_silu_and_mul_gemv_pdl(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)

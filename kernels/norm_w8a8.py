@@ -22,22 +22,11 @@ import torch
 
 from sits.kernels import linear as _lin
 from sits.kernels.linear_gemv import linear_gemv_pdl
-from sits.kernels.linear_w8a8 import (SCALED_MM_MAX_M, WEIGHT_ONLY_MAX_M, gemm_silu_and_mul, w8a8_available,
-                                      w8a8_quantized)
+from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, gemm_silu_and_mul, w8a8_quantized, w8a8_rows
 from sits.kernels.linear_w8a8_silu import linear_silu_and_mul_w8a8
-from sits.kernels.quant import QuantizedWeight
 from sits.kernels.rms_norm import add_rms_norm_quant, fused_add_rms_norm_pdl, rms_norm_pdl
 from sits.kernels.silu_and_mul import silu_and_mul
 from sits.kernels.triton_env import pdl_launches
-
-
-def _w8a8_rows(x: torch.Tensor, weight) -> int:
-    """x's rows where triton-v1.16's projection would quantize them for the W8A8 GEMM; 0 where it would not."""
-    if not (isinstance(weight, QuantizedWeight) and weight.kind == "fp8") or not w8a8_available(x):
-        return 0
-    k = weight.shape[1]
-    m = x.numel() // k if k and x.shape[-1] == k else 0
-    return m if m > WEIGHT_ONLY_MAX_M else 0
 
 
 def _norm(x, residual, norm_weight, eps):
@@ -57,7 +46,7 @@ def add_rms_norm_linear_w8a8(x: torch.Tensor, weight, residual: torch.Tensor | N
                              eps: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(h), W, b), h), h = x + residual (or x): the norm quantizing for the W8A8 GEMM where v1.16
     would quantize its output; else v1.16's norm then linear. x [..., H], W [N, H] -> ([..., N], [..., H])."""
-    m = _w8a8_rows(x, weight)
+    m = w8a8_rows(x, weight)
     if not m:
         h, r = _norm(x, residual, norm_weight, eps)
         return linear_gemv_pdl(h, weight, bias), r
@@ -75,7 +64,7 @@ def add_rms_norm_linear_silu_and_mul_w8a8(x: torch.Tensor, weight, residual: tor
     if len(weight.shape) != 2 or weight.shape[0] % 2:
         raise ValueError(f"add_rms_norm_linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] "
                          "([gate; up])")
-    m = _w8a8_rows(x, weight)
+    m = w8a8_rows(x, weight)
     if not m:
         h, r = _norm(x, residual, norm_weight, eps)
         return linear_silu_and_mul_w8a8(h, weight, bias), r
