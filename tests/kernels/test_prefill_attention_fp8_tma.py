@@ -99,11 +99,12 @@ for c in m._CONFIGS:
     p = k.asm["ptx"]
     print("config", c.kwargs["BLOCK_M"], c.num_warps, "tma" if "cp.async.bulk.tensor" in p else "no-tma",
           "cvt" if "cvt.rn.f16x2.e4m3x2" in p else "no-cvt", "wgmma" if "wgmma" in p else "no-wgmma",
-          "spills" if "st.local" in p else "no-spills")
+          "ptx-local" if "st.local" in p else "no-ptx-local")
 """
 
 
 def test_every_candidate_compiles_for_sm90_to_tma_loads_e4m3_conversions_and_wgmma():
-    # no GPU needed: Triton compiles for Hopper here (as test_pdl.py does); what the interpreter cannot show
+    # no GPU needed: Triton compiles for Hopper here (as test_pdl.py does); what the interpreter cannot show. No
+    # local memory in the PTX Triton writes; ptxas may still spill registers (BENCHMARKS.md "FP8 prefill fronts")
     lines = [line for line in compile_for_sm90(_COMPILE).split("\n") if line.startswith("config")]
-    assert len(lines) == 4 and all(line.endswith("tma cvt wgmma no-spills") for line in lines), lines
+    assert len(lines) == 4 and all(line.endswith("tma cvt wgmma no-ptx-local") for line in lines), lines
