@@ -1,0 +1,151 @@
+"""What Triton builds for Hopper from the prefill attention kernels, without a GPU: each launch candidate compiled for
+sm_90 at llama3-8b's heads (head_dim 128, 4 query heads a kv head, pages of 64, a bf16 model), and from the result
+its registers and spill stack (`cuobjdump -res-usage` of Triton's own cubin), its shared memory, and what its key loop
+does (Triton's TTGIR): register tiles stored back to shared memory (`local_alloc` of a value), shared-memory tiles
+loaded into registers (`local_load`), wgmma dots, and the dots waited for at once (`warp_group_dot_wait {pendings =
+0}` inside the loop; v1.1's P V dot stays in flight across iterations instead).
+
+    python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18] [--json OUT.json]
+    PYTHONPATH=/path/to/triton-3.6 python3 bench/kernel_resources.py   # what the device's Triton builds
+
+Triton's compiler and its bundled ptxas/cuobjdump do this on CPU (the `triton` wheel carries them). The figures are
+the compiler's for this Triton: another Triton (the device's 3.6, the lock's 3.9) builds other code. Registers and
+loop structure explain timings, they are not timings (BENCHMARKS.md "FP8 prefill fronts and the issue's rows").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HEAD_DIM, GROUP, PAGE = 128, 4, 64
+KERNELS = ("v1.1", "v1.17", "v1.18")
+_IDX = {"bt_ptr", "cu_q_ptr", "ctx_ptr"}
+
+
+def _kernels():
+    """(name, jit function, pointer types, fixed constexprs, candidates: (constexprs, num_warps, num_stages))."""
+    from sits.kernels import prefill_attention as v1
+    from sits.kernels import prefill_attention_fp8 as v117
+    from sits.kernels import prefill_attention_fp8_tma as v118
+    bf16 = {"q_ptr": "*bf16", "o_ptr": "*bf16", **{n: "*i32" for n in _IDX}}
+    scales = {"k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
+    desc = f"[{PAGE}, {HEAD_DIM}]>"
+    return {
+        "v1.1": ("triton-v1.1 TMA, bf16 pages", v1._prefill_attention_tma_kernel,
+                 {**bf16, "k_desc": "tensordesc<bf16" + desc, "v_desc": "tensordesc<bf16" + desc},
+                 dict(DOT_F32=False), [(c.kwargs, c.num_warps, c.num_stages) for c in v1._TMA_CONFIGS]),
+        "v1.17": ("triton-v1.17 pointer gather, FP8 pages", v117._prefill_attention_fp8_kernel,
+                  {**bf16, **scales, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"},
+                  dict(HEAD_DIM_P=HEAD_DIM, DOT_F32=False, DOT_PRECISION="tf32", F16_DOT=True),
+                  [(c.kwargs, c.num_warps, c.num_stages) for c in v117._FP8_CONFIGS]),
+        "v1.18": ("triton-v1.18 TMA, FP8 pages", v118._prefill_attention_fp8_tma_kernel,
+                  {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
+                  dict(F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
+    }
+
+
+def loop_ops(ttgir: str) -> dict[str, int]:
+    """Counts in the body of the TTGIR's busiest `scf.for` (the most wgmma dots; ties: the first, the unmasked key
+    loop): register tiles stored to shared memory, tiles loaded from it, dots, and dots waited for at once."""
+    lines, loops = ttgir.splitlines(), []
+    for i, line in enumerate(lines):
+        if "scf.for" not in line:
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = []
+        for inner in lines[i + 1:]:
+            if len(inner) - len(inner.lstrip()) <= indent and inner.strip().startswith("}"):
+                break
+            body.append(inner)
+        loops.append("\n".join(body))
+    if not loops:
+        return {"loops": 0, "stores": 0, "loads": 0, "dots": 0, "waited_at_once": 0}
+    body = max(loops, key=lambda b: len(re.findall(r"warp_group_dot |tt\.dot ", b)))
+    return {"loops": len(loops),
+            "stores": len(re.findall(r"ttg\.local_alloc %", body)),   # a value written to shared memory
+            "loads": len(re.findall(r"ttg\.local_load ", body)),
+            "dots": len(re.findall(r"warp_group_dot |tt\.dot ", body)),
+            "waited_at_once": len(re.findall(r"warp_group_dot_wait .*pendings = 0", body))}
+
+
+def resources(cubin: bytes, tools: Path) -> dict[str, int]:
+    """Registers and spill stack of a cubin, by cuobjdump -res-usage."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    got = {k: re.search(rf"{k}:(\d+)", out) for k in ("REG", "STACK")}
+    if not all(got.values()):
+        raise RuntimeError(f"cuobjdump -res-usage printed no REG/STACK: {out[-500:]}")
+    return {"registers": int(got["REG"].group(1)), "spill_stack_bytes": int(got["STACK"].group(1))}
+
+
+def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return {**resources(k.asm["cubin"], tools), "shared_kib": round(k.metadata.shared / 1024, 1),
+            **loop_ops(k.asm["ttgir"])}
+
+
+def run(names: list[str]) -> list[dict]:
+    import triton
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not (tools / "cuobjdump").exists():
+        raise SystemExit(f"this Triton ({triton.__version__}) carries no cuobjdump in {tools}")
+    table, rows = _kernels(), []
+    for name in names:
+        what, fn, ptrs, fixed, candidates = table[name]
+        for kw, warps, stages in candidates:
+            const = dict(HEAD_DIM=HEAD_DIM, GROUP=GROUP, PAGE=PAGE, **fixed, **kw)
+            config = ", ".join(f"{k} {v}" for k, v in kw.items()) + f", {warps} warps, {stages} stages"
+            print(f"  {what}: {config} ...", flush=True)
+            rows.append({"kernel": what, "config": config, **compile_candidate(fn, ptrs, const, warps, stages, tools)})
+    return rows
+
+
+def table(rows: list[dict], version: str) -> str:
+    out = [f"Triton {version}, sm_90, llama3-8b's heads (head_dim {HEAD_DIM}, {GROUP} query heads a kv head, pages "
+           f"of {PAGE}), a bf16 model; the key loop: the scf.for with the most dots",
+           "| kernel | config | registers | spill stack, B | shared, KiB | loop: tiles back to shared memory | "
+           "loop: shared -> registers | loop: dots | loop: dots waited at once |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {r['kernel']} | {r['config']} | {r['registers']} | {r['spill_stack_bytes']} | {r['shared_kib']} | "
+            f"{r['stores']} | {r['loads']} | {r['dots']} | {r['waited_at_once']} |" for r in rows]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", default=",".join(KERNELS), help=f"comma list of: {', '.join(KERNELS)}")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    names = [n for n in args.kernels.split(",") if n]
+    unknown = sorted(set(names) - set(KERNELS))
+    if unknown or not names:
+        ap.error(f"unknown kernels {unknown}; known: {', '.join(KERNELS)}")
+    if os.environ.pop("TRITON_INTERPRET", None) and "sits.kernels" in sys.modules:
+        raise SystemExit("run this in a process without TRITON_INTERPRET: its kernels were built for the interpreter")
+    import triton   # before the kernels: without a GPU, kernels/triton_env.py would choose the interpreter
+    rows = run(names)
+    if args.json:
+        args.json.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))
+    print(table(rows, triton.__version__))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
