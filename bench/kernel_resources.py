@@ -69,17 +69,18 @@ def _kernels():
     bf16 = {"q_ptr": "*bf16", "o_ptr": "*bf16", **{n: "*i32" for n in _IDX}}
     scales = {"k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
     desc = f"[{PAGE}, {HEAD_DIM}]>"
+    heads = dict(HEAD_DIM=HEAD_DIM, GROUP=GROUP, PAGE=PAGE)
     return {
         "v1.1": ("triton-v1.1 TMA, bf16 pages", v1._prefill_attention_tma_kernel,
                  {**bf16, "k_desc": "tensordesc<bf16" + desc, "v_desc": "tensordesc<bf16" + desc},
-                 dict(DOT_F32=False), [(c.kwargs, c.num_warps, c.num_stages) for c in v1._TMA_CONFIGS]),
+                 dict(**heads, DOT_F32=False), [(c.kwargs, c.num_warps, c.num_stages) for c in v1._TMA_CONFIGS]),
         "v1.17": ("triton-v1.17 pointer gather, FP8 pages", v117._prefill_attention_fp8_kernel,
                   {**bf16, **scales, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"},
-                  dict(HEAD_DIM_P=HEAD_DIM, DOT_F32=False, DOT_PRECISION="tf32", F16_DOT=True),
+                  dict(**heads, HEAD_DIM_P=HEAD_DIM, DOT_F32=False, DOT_PRECISION="tf32", F16_DOT=True),
                   [(c.kwargs, c.num_warps, c.num_stages) for c in v117._FP8_CONFIGS]),
         "v1.18": ("triton-v1.18 TMA, FP8 pages", v118._prefill_attention_fp8_tma_kernel,
                   {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
-                  dict(F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
+                  dict(**heads, F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
         "probe": ("probe: scores transposed, FP8", _transposed_scores_probe,
                   {"q_ptr": "*fp16", "o_ptr": "*fp16", "k_desc": "tensordesc<fp8e4nv" + desc,
                    "v_desc": "tensordesc<fp8e4nv" + desc}, dict(HEAD=HEAD_DIM, PAGE_=PAGE),
@@ -138,12 +139,11 @@ def run(names: list[str]) -> list[dict]:
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     if not (tools / "cuobjdump").exists():
         raise SystemExit(f"this Triton ({triton.__version__}) carries no cuobjdump in {tools}")
-    table, rows = _kernels(), []
+    kernels, rows = _kernels(), []
     for name in names:
-        what, fn, ptrs, fixed, candidates = table[name]
+        what, fn, ptrs, fixed, candidates = kernels[name]
         for kw, warps, stages in candidates:
-            const = {**(dict(HEAD_DIM=HEAD_DIM, GROUP=GROUP, PAGE=PAGE) if name != "probe" else {}), **fixed,
-                     **kw}
+            const = {**fixed, **kw}
             config = ", ".join(f"{k} {v}" for k, v in kw.items()) + f", {warps} warps, {stages} stages"
             print(f"  {what}: {config} ...", flush=True)
             rows.append({"kernel": what, "config": config, **compile_candidate(fn, ptrs, const, warps, stages, tools)})
