@@ -63,10 +63,13 @@ def _attn_tile(acc, l_i, m_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row, kv_h
 
 
 @triton.jit
-def _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M: tl.constexpr):
-    # Sequence b owns query tiles [cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1), at least cdiv(q_len_b, BLOCK_M)
-    # of them; find tile pid's sequence by binary search (vLLM's trick). Returns (seq, q_start, q_len, m0): the tile
-    # covers new tokens [m0, m0 + BLOCK_M) of the sequence, none when m0 >= q_len.
+def _query_tile(cu_q_ptr, num_seqs, BLOCK_M: tl.constexpr):
+    # This program's query tile and head, on the grid (T // BLOCK_M + B, Hq) every prefill kernel launches: the last
+    # tiles (the heaviest under the causal mask) start first. Sequence b owns query tiles [cu[b] // BLOCK_M + b,
+    # cu[b+1] // BLOCK_M + b + 1), at least cdiv(q_len_b, BLOCK_M) of them; find tile pid's sequence by binary search
+    # (vLLM's trick). Returns (seq, head, q_start, q_len, m0): the tile covers new tokens [m0, m0 + BLOCK_M) of the
+    # sequence, none when m0 >= q_len.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     left = tl.full([], 0, tl.int32)  # tensors, not constexprs: they are loop-carried
     right = tl.full([], 0, tl.int32) + num_seqs - 1
     while left < right:
@@ -77,7 +80,7 @@ def _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M: tl.constexpr):
             right = mid - 1
     q_start = tl.load(cu_q_ptr + left)
     q_len = tl.load(cu_q_ptr + left + 1) - q_start
-    return left, q_start, q_len, (pid - q_start // BLOCK_M - left) * BLOCK_M
+    return left, tl.program_id(1), q_start, q_len, (pid - q_start // BLOCK_M - left) * BLOCK_M
 
 
 @triton.jit
@@ -111,10 +114,8 @@ def _prefill_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # grid: (T // BLOCK_M + B, Hq); the last tiles (the heaviest under the causal mask) start first.
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
+    # the grid (T // BLOCK_M + B, Hq) and its tile order: _query_tile
+    seq, head, q_start, q_len, m0 = _query_tile(cu_q_ptr, num_seqs, BLOCK_M)
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         kv_head = head // GROUP
@@ -207,9 +208,7 @@ def _prefill_attention_tma_kernel(
     # The same schedule and masking as _prefill_attention_kernel; K/V pages come through TMA descriptors over the
     # cache viewed as [num_blocks * PAGE, num_kv_heads * HEAD_DIM] (Hopper+), one [PAGE, HEAD_DIM] box per page.
     BLOCK_N: tl.constexpr = PAGES * PAGE
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
+    seq, head, q_start, q_len, m0 = _query_tile(cu_q_ptr, num_seqs, BLOCK_M)
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         col = (head // GROUP) * HEAD_DIM

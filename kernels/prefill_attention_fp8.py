@@ -70,10 +70,8 @@ def _prefill_attention_fp8_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     F16_DOT: tl.constexpr,
 ):
-    # grid: (T // BLOCK_M + B, Hq), as _prefill_attention_kernel: the last tiles (heaviest under the mask) first
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
+    # the grid (T // BLOCK_M + B, Hq) and its tile order: _query_tile
+    seq, head, q_start, q_len, m0 = _query_tile(cu_q_ptr, num_seqs, BLOCK_M)
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         kv_head = head // GROUP

@@ -77,9 +77,7 @@ def _prefill_attention_fp8_tma_kernel(
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     # prefill_attention.py's schedule and masking (grid (T // BLOCK_M + B, Hq), the heaviest tiles first)
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq, q_start, q_len, m0 = _query_tile(pid, cu_q_ptr, num_seqs, BLOCK_M)
+    seq, head, q_start, q_len, m0 = _query_tile(cu_q_ptr, num_seqs, BLOCK_M)
     if m0 < q_len:
         ctx = tl.load(ctx_ptr + seq)
         kv_head = head // GROUP
