@@ -3,11 +3,11 @@ sm_90 at llama3-8b's heads (head_dim 128, 4 query heads a kv head, pages of 64, 
 its registers and spill stack (`cuobjdump -res-usage` of Triton's own cubin), its shared memory, and what its key loop
 does (Triton's TTGIR): register tiles stored back to shared memory (`local_alloc` of a value), shared-memory tiles
 loaded into registers (`local_load`), wgmma dots, and the dots waited for at once (`warp_group_dot_wait {pendings =
-0}` inside the loop; v1.1's P V dot stays in flight across iterations instead). `probe` is a design, in no kernel set:
-the FP8 loop with the scores transposed (S^T = K Q^T, O^T += V^T P^T), to see whether Triton then keeps the converted
-tiles in registers.
+0}` inside the loop; v1.1's P V dot stays in flight across iterations instead). v1.19 is v1.18's loop with the scores
+transposed (S^T = K Q^T, O^T += V^T P^T), built after a design probe here showed Triton then keeps the converted tiles
+as wgmma's register operands.
 
-    python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,probe] [--json OUT.json]
+    python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,v1.19] [--json OUT.json]
     PYTHONPATH=/path/to/triton-3.6 python3 bench/kernel_resources.py   # what the device's Triton builds
 
 Triton's compiler and its bundled ptxas/cuobjdump do this on CPU (the `triton` wheel carries them). The figures are
@@ -32,33 +32,8 @@ import triton  # noqa: E402  (before the kernels: without a GPU, kernels/triton_
 import triton.language as tl  # noqa: E402
 
 HEAD_DIM, GROUP, PAGE = 128, 4, 64
-KERNELS = ("v1.1", "v1.17", "v1.18", "probe")
+KERNELS = ("v1.1", "v1.17", "v1.18", "v1.19")
 _IDX = {"bt_ptr", "cu_q_ptr", "ctx_ptr"}
-
-
-@triton.jit
-def _transposed_scores_probe(q_ptr, k_desc, v_desc, o_ptr, n_keys, BLOCK_M: tl.constexpr, HEAD: tl.constexpr,
-                             PAGE_: tl.constexpr):
-    # A design probe, in no kernel set (no pages, masks or scales; never launched): the FP8 prefill loop with the
-    # scores transposed, S^T = K Q^T and O^T += V^T P^T, so the converted K and V are wgmma's register operand and only
-    # P^T goes to shared memory; what Triton builds of it is the question
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD)
-    q_t = tl.trans(tl.load(q_ptr + offs_m[:, None] * HEAD + offs_d[None, :]))
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc_t = tl.zeros([HEAD, BLOCK_M], tl.float32)
-    for start in range(0, n_keys, PAGE_):
-        s_t = tl.dot(k_desc.load([start, 0]).to(tl.float16), q_t)
-        m_new = tl.maximum(m_i, tl.max(s_t, 0))
-        p_t = tl.math.exp2(s_t - m_new[None, :])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p_t, 0)
-        v_t = tl.trans(v_desc.load([start, 0]).to(tl.float16))
-        acc_t = tl.dot(v_t, p_t.to(tl.float16), acc_t * alpha[None, :])
-        m_i = m_new
-    out = tl.trans(acc_t / l_i[None, :])
-    tl.store(o_ptr + offs_m[:, None] * HEAD + offs_d[None, :], out.to(tl.float16))
 
 
 def _kernels():
@@ -81,10 +56,9 @@ def _kernels():
         "v1.18": ("triton-v1.18 TMA, FP8 pages", v118._prefill_attention_fp8_tma_kernel,
                   {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
                   dict(**heads, F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
-        "probe": ("probe: scores transposed, FP8", _transposed_scores_probe,
-                  {"q_ptr": "*fp16", "o_ptr": "*fp16", "k_desc": "tensordesc<fp8e4nv" + desc,
-                   "v_desc": "tensordesc<fp8e4nv" + desc}, dict(HEAD=HEAD_DIM, PAGE_=PAGE),
-                  [({"BLOCK_M": 128}, 4, 2), ({"BLOCK_M": 128}, 8, 2), ({"BLOCK_M": 64}, 4, 3)]),
+        "v1.19": ("triton-v1.19 TMA, FP8 pages, scores transposed", v118._prefill_attention_fp8_tma_t_kernel,
+                  {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
+                  dict(**heads, F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._T_CONFIGS]),
     }
 
 

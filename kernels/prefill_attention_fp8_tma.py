@@ -105,11 +105,84 @@ def _prefill_attention_fp8_tma_kernel(
                  out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _tma_tile_fp8_t(acc_t, l_i, m_i, q_t, start_n, k_desc, v_desc, k_scale_ptr, v_scale_ptr, bt_row, col, kv_head,
+                    qpos, ctx, qk_scale, stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
+                    PAGE: tl.constexpr, MASK: tl.constexpr):
+    # _tma_tile_fp8 with the scores transposed (triton-v1.19): S^T = K Q^T and O^T += V^T P^T, a query a column. The
+    # converted K and V are the dots' first operand, which wgmma takes from registers: only P^T goes to shared memory
+    # (bench/kernel_resources.py); the same products and sums as _tma_tile_fp8, other accumulation order
+    j = start_n // PAGE
+    offs = start_n + tl.arange(0, PAGE)
+    k, k_scale = _fp8_page(k_desc, k_scale_ptr, bt_row, j, True, col, kv_head, stride_ksb, stride_kss, stride_ksh,
+                           PAGE)
+    s_t = tl.dot(k.to(q_t.dtype), q_t) * (k_scale * qk_scale)[:, None]
+    if MASK:   # past the diagonal or the context: -inf
+        s_t = tl.where((offs[:, None] <= qpos[None, :]) & (offs < ctx)[:, None], s_t, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s_t, 0))
+    p_t = tl.math.exp2(s_t - m_new[None, :])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p_t, 0)
+    v, v_scale = _fp8_page(v_desc, v_scale_ptr, bt_row, j, True, col, kv_head, stride_vsb, stride_vss, stride_vsh,
+                           PAGE)
+    v = v.to(q_t.dtype)
+    if MASK:   # p = 0 there must meet neither a NaN byte nor a NaN scale
+        live = offs < ctx
+        v = tl.where(live[:, None], v, 0.0)
+        v_scale = tl.where(live, v_scale, 0.0)
+    acc_t = tl.dot(tl.trans(v), (p_t * (v_scale * PV_SHIFT)[:, None]).to(q_t.dtype), acc_t * alpha[None, :])
+    return acc_t, l_i, m_new
+
+
+@triton.jit
+def _prefill_attention_fp8_tma_t_kernel(
+    q_ptr, k_desc, v_desc, k_scale_ptr, v_scale_ptr, bt_ptr, cu_q_ptr, ctx_ptr, o_ptr, qk_scale,
+    stride_qt, stride_qh, stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh, stride_bt,
+    stride_ot, stride_oh, num_seqs, TOKENS_BUCKET,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, F16_DOT: tl.constexpr,
+):
+    # triton-v1.19: the kernel above with the scores transposed (_tma_tile_fp8_t); the accumulator is O^T [HEAD_DIM,
+    # BLOCK_M], the softmax statistics a query a column
+    seq, head, q_start, q_len, m0 = _query_tile(cu_q_ptr, num_seqs, BLOCK_M)
+    if m0 < q_len:
+        ctx = tl.load(ctx_ptr + seq)
+        kv_head = head // GROUP
+        q, rows, offs_m, mask, offs_d, _ = _q_tile(q_ptr, q_start, q_len, m0, head, stride_qt, stride_qh, HEAD_DIM,
+                                                   HEAD_DIM, BLOCK_M, False)
+        qpos = ctx - q_len + offs_m
+        if F16_DOT:   # a bf16 model: q in fp16 below 2^14 (exact), the scores raised back by the same power of two
+            q, qk_scale = q_in_f16(q, qk_scale)
+        q_t = tl.trans(q)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_t = tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32)
+        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+        col = kv_head * HEAD_DIM
+        hi, full_hi = _key_bounds(ctx, q_len, m0, BLOCK_M, PAGE)
+        for start_n in range(0, full_hi, PAGE):
+            acc_t, l_i, m_i = _tma_tile_fp8_t(acc_t, l_i, m_i, q_t, start_n, k_desc, v_desc, k_scale_ptr,
+                                              v_scale_ptr, bt_row, col, kv_head, qpos, ctx, qk_scale, stride_ksb,
+                                              stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh, PAGE, False)
+        for start_n in range(full_hi, hi, PAGE):
+            acc_t, l_i, m_i = _tma_tile_fp8_t(acc_t, l_i, m_i, q_t, start_n, k_desc, v_desc, k_scale_ptr,
+                                              v_scale_ptr, bt_row, col, kv_head, qpos, ctx, qk_scale, stride_ksb,
+                                              stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh, PAGE, True)
+        out = tl.trans(acc_t / (l_i * PV_SHIFT)[None, :])
+        tl.store(o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
 # v1.1's TMA candidates at one page a key tile (its H200 sweep's leaders: one warpgroup over 128 queries first)
 _CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st)
             for bm, w, st in ((128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 4, 3))]
 _tuned = autotune(_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE", "F16_DOT"])(
     _prefill_attention_fp8_tma_kernel)
+# the transposed loop holds O^T and S^T, [128 x 128] and [64 x 128] fp32 at 128 queries: two warpgroups split them
+# (compiled for sm_90, four warps spill ~0.5 KB a thread, eight next to none: bench/kernel_resources.py)
+_T_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st)
+              for bm, w, st in ((128, 8, 2), (128, 8, 3), (128, 4, 2), (64, 4, 3))]
+_tuned_t = autotune(_T_CONFIGS, key=["TOKENS_BUCKET", "HEAD_DIM", "GROUP", "PAGE", "F16_DOT"])(
+    _prefill_attention_fp8_tma_t_kernel)
 
 
 def tma_takes(q: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor) -> bool:
@@ -132,9 +205,9 @@ def _descriptor(data: torch.Tensor) -> "TensorDescriptor":
     return TensorDescriptor(data.view(nb * page, hkv * d), [nb * page, hkv * d], [hkv * d, 1], [page, d])
 
 
-def prefill_attention_fp8kv_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    """triton-v1.18: FP8 pages through the TMA kernel above where it applies (tma_takes); everything else, plain
-    pages included, as triton-v1.5's prefill_attention_fp8kv_f16. q: [T, Hq, D] -> out [T, Hq, D]."""
+def _launch(kernel, tuned, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    # FP8 pages through `kernel` where it applies (tma_takes); everything else, plain pages included, as
+    # triton-v1.5's prefill_attention_fp8kv_f16
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages) or not tma_takes(q, kd, vd):
         return prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
@@ -150,8 +223,21 @@ def prefill_attention_fp8kv_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q,
     meta = dict(HEAD_DIM=d, GROUP=hq // hkv, PAGE=page, F16_DOT=q.dtype == torch.bfloat16)
     if interpreting() or t < _TUNE_MIN_TOKENS:   # short prompts: the last candidate, no tuning on the request path
         bm = 64
-        _prefill_attention_fp8_tma_kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, num_warps=4, num_stages=3)
+        kernel[(t // bm + b, hq)](*args, **meta, BLOCK_M=bm, num_warps=4, num_stages=3)
     else:
         grid = lambda m: (t // m["BLOCK_M"] + b, hq)  # noqa: E731
-        _tuned[grid](*args, **meta)
+        tuned[grid](*args, **meta)
     return out
+
+
+def prefill_attention_fp8kv_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """triton-v1.18: FP8 pages through the TMA kernel above where it applies (tma_takes); everything else, plain
+    pages included, as triton-v1.5's prefill_attention_fp8kv_f16. q: [T, Hq, D] -> out [T, Hq, D]."""
+    return _launch(_prefill_attention_fp8_tma_kernel, _tuned, q, k_cache, v_cache, block_tables, cu_seqlens_q,
+                   context_lens, scale)
+
+
+def prefill_attention_fp8kv_tma_t(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """triton-v1.19: as prefill_attention_fp8kv_tma, through the kernel with the scores transposed."""
+    return _launch(_prefill_attention_fp8_tma_t_kernel, _tuned_t, q, k_cache, v_cache, block_tables, cu_seqlens_q,
+                   context_lens, scale)

@@ -262,6 +262,19 @@ TRITON_V1_18 = register_kernel_set(TRITON_V1_17.derive(
     prefill_attention=_prefill_fp8_tma.prefill_attention_fp8kv_tma,
 ))
 
+TRITON_V1_19 = register_kernel_set(TRITON_V1_18.derive(
+    "triton-v1.19", "1.19.0",
+    description="triton-v1.18 whose TMA prefill attention over FP8 KV pages (--kv-cache-dtype fp8) computes the "
+                "scores transposed (kernels/prefill_attention_fp8_tma.py): S^T = K Q^T and O^T += V^T P^T, so the "
+                "e4m3 K and V tiles, converted to fp16 in registers, are the tensor-core dots' register operand and "
+                "only the softmax weights go back through shared memory each step (v1.17's and v1.18's loops send "
+                "K and V back: two [64 x 128] fp16 tiles a step; bench/kernel_resources.py); the same products, "
+                "scales and fp16 dots as v1.18, other accumulation order. Hopper and later, 16-bit models; plain "
+                "pages and everything else as v1.18 (= v1.17 there)",
+    kv_cache_dtypes=("auto", "fp8"),
+    prefill_attention=_prefill_fp8_tma.prefill_attention_fp8kv_tma_t,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",
