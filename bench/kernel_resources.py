@@ -1,11 +1,12 @@
 """What Triton builds for Hopper from the prefill attention kernels, without a GPU: each launch candidate compiled for
-sm_90 at llama3-8b's heads (head_dim 128, 4 query heads a kv head, pages of 64, a bf16 model), and from the result
-its registers and spill stack (`cuobjdump -res-usage` of Triton's own cubin), its shared memory, and what its key loop
-does (Triton's TTGIR): register tiles stored back to shared memory (`local_alloc` of a value), shared-memory tiles
-loaded into registers (`local_load`), wgmma dots, and the dots waited for at once (`warp_group_dot_wait {pendings =
-0}` inside the loop; v1.1's P V dot stays in flight across iterations instead). v1.19 is v1.18's loop with the scores
-transposed (S^T = K Q^T, O^T += V^T P^T), built after a design probe here showed Triton then keeps the converted tiles
-as wgmma's register operands.
+sm_90 at llama3-8b's heads (head_dim 128, 4 query heads a kv head, pages of 64, a bf16 model), and from the result its
+registers and spill stack (`cuobjdump -res-usage` of Triton's own cubin), its shared memory, and what its key loop does
+(Triton's TTGIR): register tiles stored back to shared memory (`local_alloc` of a value), shared-memory tiles loaded
+into registers (`local_load`), wgmma dots, and the dots waited for at once (`warp_group_dot_wait {pendings = 0}` inside
+the loop; v1.1's P V dot stays in flight across iterations instead), and static SASS instruction counts of the whole
+kernel (`cuobjdump -sass`: tensor-core ops, shared-memory loads and stores, warp shuffles, spill traffic). v1.19 is
+v1.18's loop with the scores transposed (S^T = K Q^T, O^T += V^T P^T), built after a design probe here showed Triton
+then keeps the converted tiles as wgmma's register operands (and measured slower: BENCHMARKS.md).
 
     python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,v1.19] [--json OUT.json]
     PYTHONPATH=/path/to/triton-3.6 python3 bench/kernel_resources.py   # what the device's Triton builds
@@ -55,10 +56,12 @@ def _kernels():
                   [(c.kwargs, c.num_warps, c.num_stages) for c in v117._FP8_CONFIGS]),
         "v1.18": ("triton-v1.18 TMA, FP8 pages", v118._prefill_attention_fp8_tma_kernel,
                   {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
-                  dict(**heads, F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
-        "v1.19": ("triton-v1.19 TMA, FP8 pages, scores transposed", v118._prefill_attention_fp8_tma_t_kernel,
+                  dict(**heads, F16_DOT=True, TRANSPOSED=False),
+                  [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
+        "v1.19": ("triton-v1.19 TMA, FP8 pages, scores transposed", v118._prefill_attention_fp8_tma_kernel,
                   {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
-                  dict(**heads, F16_DOT=True), [(c.kwargs, c.num_warps, c.num_stages) for c in v118._T_CONFIGS]),
+                  dict(**heads, F16_DOT=True, TRANSPOSED=True),
+                  [(c.kwargs, c.num_warps, c.num_stages) for c in v118._T_CONFIGS]),
     }
 
 
@@ -99,6 +102,24 @@ def resources(cubin: bytes, tools: Path) -> dict[str, int]:
     return {"registers": int(got["REG"].group(1)), "spill_stack_bytes": int(got["STACK"].group(1))}
 
 
+SASS_KINDS = {"tensor-core ops": ("HGMMA",), "shared loads": ("LDS", "LDSM"), "shared stores": ("STS",),
+              "shuffles": ("SHFL",), "spill loads+stores": ("LDL", "STL")}
+
+
+def sass_counts(cubin: bytes, tools: Path) -> dict[str, int]:
+    """Static instruction counts in the whole kernel (its loops once each, prologue and epilogue), by SASS_KINDS,
+    from `cuobjdump -sass`: not what runs (a loop's body runs once a key tile), what Triton asked the SM to do."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M)
+    if not ops:
+        raise RuntimeError(f"cuobjdump -sass printed no instructions: {sass[-500:]}")
+    return {kind: sum(op in names for op in ops) for kind, names in SASS_KINDS.items()} | {"instructions": len(ops)}
+
+
 def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -106,7 +127,7 @@ def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tool
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     return {**resources(k.asm["cubin"], tools), "shared_kib": round(k.metadata.shared / 1024, 1),
-            **loop_ops(k.asm["ttgir"])}
+            **loop_ops(k.asm["ttgir"]), "sass": sass_counts(k.asm["cubin"], tools)}
 
 
 def run(names: list[str]) -> list[dict]:
@@ -128,10 +149,12 @@ def table(rows: list[dict], version: str) -> str:
     out = [f"Triton {version}, sm_90, llama3-8b's heads (head_dim {HEAD_DIM}, {GROUP} query heads a kv head, pages "
            f"of {PAGE}), a bf16 model; the key loop: the scf.for with the most dots",
            "| kernel | config | registers | spill stack, B | shared, KiB | loop: tiles back to shared memory | "
-           "loop: shared -> registers | loop: dots | loop: dots waited at once |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "loop: shared -> registers | loop: dots | loop: dots waited at once | SASS: "
+           + " / ".join(SASS_KINDS) + " / all |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     out += [f"| {r['kernel']} | {r['config']} | {r['registers']} | {r['spill_stack_bytes']} | {r['shared_kib']} | "
-            f"{r['stores']} | {r['loads']} | {r['dots']} | {r['waited_at_once']} |" for r in rows]
+            f"{r['stores']} | {r['loads']} | {r['dots']} | {r['waited_at_once']} | "
+            + " / ".join(str(r["sass"][k]) for k in (*SASS_KINDS, "instructions")) + " |" for r in rows]
     return "\n".join(out)
 
 

@@ -7,8 +7,10 @@ kernel over bf16 pages of the same values (what the bf16 rows run).
     TRITON_INTERPRET=1 .venv/bin/python bench/prefill_attention_fp8.py --smoke   # CPU: v1.18, v1.19 agree with v1.17
 
 Each op runs once first (its autotuning), its output compared with v1.17's, then timed: medians of
-triton.testing.do_bench (the L2 flushed). TFLOP/s count the causal half of the score matrix; "a step, ms": one call
-times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention). The table last.
+triton.testing.do_bench (the L2 flushed). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch
+config of SWEEP, the tuner bypassed, and names each kernel's pick. TFLOP/s count the causal half of the score matrix; "a
+step, ms": one call times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention).
+The table last.
 """
 from __future__ import annotations
 
@@ -24,6 +26,32 @@ sys.path.insert(0, str(ROOT))
 HQ, HKV, D, LAYERS = 32, 8, 128, 32
 SETS = (("v1.17 FP8 gather", "triton-v1.17", True), ("v1.18 FP8 TMA", "triton-v1.18", True),
         ("v1.19 FP8 TMA transposed", "triton-v1.19", True), ("v1.1 bf16 TMA", "triton-v1.1", False))
+
+
+# (BLOCK_M, num_warps, num_stages): both kernels' candidates and their neighbours
+SWEEP = ((128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3))
+
+
+def sweep(call, shape: str) -> list[dict]:
+    """v1.18's and v1.19's TMA kernels at each SWEEP config on `call` (prefill_attention's arguments), and the
+    config each kernel's tuner picked for this shape."""
+    from bench.kernel_timings import bench
+    from sits.kernels import prefill_attention_fp8_tma as m
+    rows = []
+    for label, transposed, tuned in (("v1.18", False, m._tuned), ("v1.19", True, m._tuned_t)):
+        picked = getattr(tuned, "best_config", None)   # the main loop ran the tuned op on this shape last
+        for bm, warps, stages in SWEEP:
+            cfg = (bm, warps, stages)
+            try:
+                ms = bench(lambda: m._launch(transposed, tuned, *call, config=cfg))
+            except Exception as e:   # out of shared memory or registers: that config cannot run
+                print(f"  {shape} {label} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            pick = picked is not None and (picked.kwargs["BLOCK_M"], picked.num_warps, picked.num_stages) == cfg
+            rows.append({"shape": shape, "kernel": label, "config": cfg, "ms": ms, "tuner_pick": pick})
+            print(f"  {shape} {label} BLOCK_M {bm}, {warps} warps, {stages} stages: {ms:.3f} ms"
+                  + (" (the tuner's pick)" if pick else ""), flush=True)
+    return rows
 
 
 def smoke() -> int:
@@ -49,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="1x2048,8x2048,2x8192", help="sequences x tokens, comma-separated")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: v1.18, v1.19 agree with v1.17")
+    ap.add_argument("--sweep", action="store_true", help="also time the TMA kernels at every config of SWEEP")
     args = ap.parse_args(argv)
     if args.smoke:
         from bench.kernel_timings import run_smoke
@@ -62,7 +91,7 @@ def main(argv=None) -> int:
     from sits.kernels import get_kernel_set
     from sits.kernels.kv_fp8 import quantize_pages
     res = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(0),
-           "torch": torch.__version__, "triton": triton.__version__, "rows": []}
+           "torch": torch.__version__, "triton": triton.__version__, "rows": [], "sweep": []}
     print(f"{res['device']}: prefill attention, {HQ}/{HKV} heads x {D}, pages of 64, bf16 queries", flush=True)
     for shape in args.shapes.split(","):
         b, s = (int(v) for v in shape.split("x"))
@@ -84,6 +113,8 @@ def main(argv=None) -> int:
             ms = bench(lambda fn=fn, call=call: fn(*call))
             row["ms"][label], row["tflops"][label] = ms, flops / ms / 1e9
         res["rows"].append(row)
+        if args.sweep:
+            res["sweep"] += sweep(fp8, row["shape"])
         print(f"  {row['shape']}: " + ", ".join(f"{k} {row['ms'][k]:.3f} ms ({row['tflops'][k]:.0f} TFLOP/s, "
                                                 f"difference {row['err'][k]:.1e})" for k in row["ms"]), flush=True)
         del kc, vc, fp8, plain, q
@@ -92,8 +123,8 @@ def main(argv=None) -> int:
     labels = [label for label, _, _ in SETS]
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: prefill attention, ms a call (TFLOP/s), "
           f"a step = x {LAYERS} layers; difference from v1.17's output")
-    print("| sequences x tokens | " + " | ".join(labels) + " | v1.18 / v1.17 | v1.19 / v1.17 | a step, ms (v1.17 / v1.18 / "
-          "v1.19) | difference v1.18, v1.19, v1.1 |")
+    print("| sequences x tokens | " + " | ".join(labels) + " | v1.18 / v1.17 | v1.19 / v1.17 | "
+          "a step, ms (v1.17 / v1.18 / v1.19) | difference v1.18, v1.19, v1.1 |")
     print("|---|" + "---:|" * len(labels) + "---:|---:|---:|---:|")
     for r in res["rows"]:
         ms = [r["ms"][k] for k in labels]
@@ -101,6 +132,20 @@ def main(argv=None) -> int:
               + f" | {ms[1] / ms[0]:.2f} | {ms[2] / ms[0]:.2f} | "
               + " / ".join(f"{m * LAYERS:.1f}" for m in ms[:3]) + " | "
               + ", ".join(f"{r['err'][k]:.1e}" for k in labels[1:]) + " |")
+    if res["sweep"]:
+        shapes = list(dict.fromkeys(r["shape"] for r in res["sweep"]))
+        print("\nlaunch configs of the TMA kernels, ms a call (* the tuner's pick); v1.17's gather kernel for scale")
+        print("| kernel | BLOCK_M, warps, stages | " + " | ".join(shapes) + " |")
+        print("|---|---|" + "---:|" * len(shapes))
+        for kernel in ("v1.18", "v1.19"):
+            for cfg in SWEEP:
+                got = {r["shape"]: r for r in res["sweep"] if r["kernel"] == kernel and r["config"] == cfg}
+                if got:
+                    print(f"| {kernel} | {cfg[0]}, {cfg[1]}, {cfg[2]} | " + " | ".join(
+                        f"{got[sh]['ms']:.3f}{'*' if got[sh]['tuner_pick'] else ''}" if sh in got else "-"
+                        for sh in shapes) + " |")
+        print("| v1.17 gather | tuned | " + " | ".join(
+            f"{r['ms'][labels[0]]:.3f}" for r in res["rows"] if r["shape"] in shapes) + " |")
     return 0
 
 

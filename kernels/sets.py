@@ -252,7 +252,8 @@ TRITON_V1_18 = register_kernel_set(TRITON_V1_17.derive(
     "triton-v1.18", "1.18.0",
     description="triton-v1.17 whose prefill attention over FP8 KV pages (--kv-cache-dtype fp8) reads the e4m3 pages "
                 "through the tensor-memory accelerator as triton-v1.1 reads bf16 pages (kernels/"
-                "prefill_attention_fp8_tma.py): one descriptor box a page, 128 queries a program, the tiles converted "
+                "prefill_attention_fp8_tma.py): one descriptor box a page, v1.1's candidates (the tuner picked 64 "
+                "queries, four warps on an H100), the tiles converted "
                 "to fp16 where they are loaded, v1.5's scales and fp16 dots; the same function as v1.17's pointer-"
                 "gather kernel to fp16 rounding (other tiles). Hopper and later, 16-bit models; plain pages and "
                 "everything else as v1.17. Measured on an H100: the TMA kernel is 10 % SLOWER than v1.17's at 1 x "
@@ -267,10 +268,14 @@ TRITON_V1_19 = register_kernel_set(TRITON_V1_18.derive(
     description="triton-v1.18 whose TMA prefill attention over FP8 KV pages (--kv-cache-dtype fp8) computes the "
                 "scores transposed (kernels/prefill_attention_fp8_tma.py): S^T = K Q^T and O^T += V^T P^T, so the "
                 "e4m3 K and V tiles, converted to fp16 in registers, are the tensor-core dots' register operand and "
-                "only the softmax weights go back through shared memory each step (v1.17's and v1.18's loops send "
-                "K and V back: two [64 x 128] fp16 tiles a step; bench/kernel_resources.py); the same products, "
-                "scales and fp16 dots as v1.18, other accumulation order. Hopper and later, 16-bit models; plain "
-                "pages and everything else as v1.18 (= v1.17 there)",
+                "only the softmax weights go back through shared memory each step instead of K and V; 64 queries a "
+                "program; v1.18's products, scales and fp16 dots, other accumulation order. Hopper and later, 16-bit "
+                "models; plain pages and everything else as v1.18 (= v1.17 there). Measured SLOWER on an H100: "
+                "0.229 ms a layer at 1 x 2,048 tokens against v1.18's 0.207 and v1.17's 0.190 (8 x 2,048: 1.495 / "
+                "1.336 / 1.218), at every launch config tried: Triton fetches the e4m3 tiles into the dots' "
+                "register layout with narrow shared-memory loads and warp shuffles, more work than the round trip "
+                "saved (bench/kernel_resources.py). v1.17 is the faster set; a release the canary judges (promoted "
+                "on the tiny model, whose short prompts hardly use the kernel)",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_tma.prefill_attention_fp8kv_tma_t,
 ))
