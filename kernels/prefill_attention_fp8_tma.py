@@ -198,9 +198,9 @@ def _descriptor(data: torch.Tensor) -> "TensorDescriptor":
 
 
 def _launch(transposed, tuned, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, config=None):
-    # FP8 pages through the kernel (its scores `transposed` or not; `tuned`: its autotuner) where it applies (tma_takes); everything else, plain pages included, as
-    # triton-v1.5's prefill_attention_fp8kv_f16. config: (BLOCK_M, num_warps, num_stages) instead of the tuner's
-    # pick (bench/prefill_attention_fp8.py --sweep)
+    # FP8 pages through the kernel, its scores `transposed` or not (`tuned`: that variant's autotuner), where it
+    # applies (tma_takes); everything else, plain pages included, as triton-v1.5's prefill_attention_fp8kv_f16.
+    # config: (BLOCK_M, num_warps, num_stages) instead of the tuner's pick (bench/prefill_attention_fp8.py --sweep)
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages) or not tma_takes(q, kd, vd):
         return prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
@@ -228,11 +228,9 @@ def _launch(transposed, tuned, q, k_cache, v_cache, block_tables, cu_seqlens_q, 
 def prefill_attention_fp8kv_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
     """triton-v1.18: FP8 pages through the TMA kernel above where it applies (tma_takes); everything else, plain
     pages included, as triton-v1.5's prefill_attention_fp8kv_f16. q: [T, Hq, D] -> out [T, Hq, D]."""
-    return _launch(False, _tuned, q, k_cache, v_cache, block_tables, cu_seqlens_q,
-                   context_lens, scale)
+    return _launch(False, _tuned, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
 
 
 def prefill_attention_fp8kv_tma_t(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
     """triton-v1.19: as prefill_attention_fp8kv_tma, through the kernel with the scores transposed."""
-    return _launch(True, _tuned_t, q, k_cache, v_cache, block_tables, cu_seqlens_q,
-                   context_lens, scale)
+    return _launch(True, _tuned_t, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
