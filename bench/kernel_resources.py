@@ -120,12 +120,18 @@ def sass_counts(cubin: bytes, tools: Path) -> dict[str, int]:
     return {kind: sum(op in names for op in ops) for kind, names in SASS_KINDS.items()} | {"instructions": len(ops)}
 
 
-def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path) -> dict:
+def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int):
+    """One candidate of `fn` compiled for sm_90: `const` its constexprs, `ptrs` its pointer and descriptor types (the
+    other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in fn.arg_names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path) -> dict:
+    k = compile_sm90(fn, ptrs, const, warps, stages)
     return {**resources(k.asm["cubin"], tools), "shared_kib": round(k.metadata.shared / 1024, 1),
             **loop_ops(k.asm["ttgir"]), "sass": sass_counts(k.asm["cubin"], tools)}
 

@@ -49,6 +49,21 @@ def _fp8_page(desc, scale_ptr, bt_row, page_idx, valid, col, kv_head, stride_sb,
 
 
 @triton.jit
+def _fp8_values(v_desc, v_scale_ptr, bt_row, page_idx, col, kv_head, offs, ctx, stride_vsb, stride_vss, stride_vsh,
+                DTYPE: tl.constexpr, PAGE: tl.constexpr, MASK: tl.constexpr):
+    # one page of values in DTYPE (fp16 for a bf16 model's dots) and their scales; past the context (MASK) both 0,
+    # so p = 0 there meets neither a NaN byte nor a NaN scale
+    v, v_scale = _fp8_page(v_desc, v_scale_ptr, bt_row, page_idx, True, col, kv_head, stride_vsb, stride_vss,
+                           stride_vsh, PAGE)
+    v = v.to(DTYPE)
+    if MASK:
+        live = offs < ctx
+        v = tl.where(live[:, None], v, 0.0)
+        v_scale = tl.where(live, v_scale, 0.0)
+    return v, v_scale
+
+
+@triton.jit
 def _tma_tile_fp8(acc, l_i, m_i, q, start_n, k_desc, v_desc, k_scale_ptr, v_scale_ptr, bt_row, col, kv_head, qpos,
                   ctx, qk_scale, stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
                   PAGE: tl.constexpr, MASK: tl.constexpr):
@@ -64,13 +79,8 @@ def _tma_tile_fp8(acc, l_i, m_i, q, start_n, k_desc, v_desc, k_scale_ptr, v_scal
     p = tl.math.exp2(qk - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v, v_scale = _fp8_page(v_desc, v_scale_ptr, bt_row, j, True, col, kv_head, stride_vsb, stride_vss, stride_vsh,
-                           PAGE)
-    v = v.to(q.dtype)
-    if MASK:   # p = 0 there must meet neither a NaN byte nor a NaN scale
-        live = offs < ctx
-        v = tl.where(live[:, None], v, 0.0)
-        v_scale = tl.where(live, v_scale, 0.0)
+    v, v_scale = _fp8_values(v_desc, v_scale_ptr, bt_row, j, col, kv_head, offs, ctx, stride_vsb, stride_vss,
+                             stride_vsh, q.dtype, PAGE, MASK)
     acc = tl.dot((p * (v_scale * PV_SHIFT)[None, :]).to(q.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
 
@@ -93,13 +103,8 @@ def _tma_tile_fp8_t(acc_t, l_i, m_i, q_t, start_n, k_desc, v_desc, k_scale_ptr, 
     p_t = tl.math.exp2(s_t - m_new[None, :])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p_t, 0)
-    v, v_scale = _fp8_page(v_desc, v_scale_ptr, bt_row, j, True, col, kv_head, stride_vsb, stride_vss, stride_vsh,
-                           PAGE)
-    v = v.to(q_t.dtype)
-    if MASK:   # p = 0 there must meet neither a NaN byte nor a NaN scale
-        live = offs < ctx
-        v = tl.where(live[:, None], v, 0.0)
-        v_scale = tl.where(live, v_scale, 0.0)
+    v, v_scale = _fp8_values(v_desc, v_scale_ptr, bt_row, j, col, kv_head, offs, ctx, stride_vsb, stride_vss,
+                             stride_vsh, q_t.dtype, PAGE, MASK)
     acc_t = tl.dot(tl.trans(v), (p_t * (v_scale * PV_SHIFT)[:, None]).to(q_t.dtype), acc_t * alpha[None, :])
     return acc_t, l_i, m_new
 

@@ -100,24 +100,12 @@ def test_the_benchmarks_smoke_run_compares_the_two_kernels(capsys):
 
 
 _COMPILE = r"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from sits.kernels import prefill_attention_fp8_tma as m
-ptrs = {"q_ptr": "*bf16", "o_ptr": "*bf16", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "bt_ptr": "*i32",
-        "cu_q_ptr": "*i32", "ctx_ptr": "*i32", "k_desc": "tensordesc<fp8e4nv[64, 128]>",
-        "v_desc": "tensordesc<fp8e4nv[64, 128]>"}
-fn = m._prefill_attention_fp8_tma_kernel
-for name, transposed, configs in (("v1.18", False, m._CONFIGS), ("v1.19", True, m._T_CONFIGS)):
-    for c in configs:
-        const = dict(HEAD_DIM=128, GROUP=4, PAGE=64, F16_DOT=True, TRANSPOSED=transposed, **c.kwargs)
-        sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32")
-               for n in fn.arg_names}
-        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": c.num_warps,
-                                                                             "num_stages": c.num_stages})
-        p = k.asm["ptx"]
-        print("config", name, c.kwargs["BLOCK_M"], c.num_warps, "tma" if "cp.async.bulk.tensor" in p else "no-tma",
+from bench import kernel_resources as kr   # first: it imports Triton before the kernels (no interpreter)
+for name in ("v1.18", "v1.19"):   # each set's candidates at llama3-8b's heads, a bf16 model
+    _, fn, ptrs, fixed, candidates = kr._kernels()[name]
+    for kw, warps, stages in candidates:
+        p = kr.compile_sm90(fn, ptrs, {**fixed, **kw}, warps, stages).asm["ptx"]
+        print("config", name, kw["BLOCK_M"], warps, "tma" if "cp.async.bulk.tensor" in p else "no-tma",
               "cvt" if "cvt.rn.f16x2.e4m3x2" in p else "no-cvt", "wgmma" if "wgmma" in p else "no-wgmma",
               "ptx-local" if "st.local" in p else "no-ptx-local")
 """
