@@ -45,6 +45,7 @@ def _kernels():
     bf16 = {"q_ptr": "*bf16", "o_ptr": "*bf16", **{n: "*i32" for n in _IDX}}
     scales = {"k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
     desc = f"[{PAGE}, {HEAD_DIM}]>"
+    fp8_tma = {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc}
     heads = dict(HEAD_DIM=HEAD_DIM, GROUP=GROUP, PAGE=PAGE)
     return {
         "v1.1": ("triton-v1.1 TMA, bf16 pages", v1._prefill_attention_tma_kernel,
@@ -54,12 +55,10 @@ def _kernels():
                   {**bf16, **scales, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"},
                   dict(**heads, HEAD_DIM_P=HEAD_DIM, DOT_F32=False, DOT_PRECISION="tf32", F16_DOT=True),
                   [(c.kwargs, c.num_warps, c.num_stages) for c in v117._FP8_CONFIGS]),
-        "v1.18": ("triton-v1.18 TMA, FP8 pages", v118._prefill_attention_fp8_tma_kernel,
-                  {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
+        "v1.18": ("triton-v1.18 TMA, FP8 pages", v118._prefill_attention_fp8_tma_kernel, fp8_tma,
                   dict(**heads, F16_DOT=True, TRANSPOSED=False),
                   [(c.kwargs, c.num_warps, c.num_stages) for c in v118._CONFIGS]),
-        "v1.19": ("triton-v1.19 TMA, FP8 pages, scores transposed", v118._prefill_attention_fp8_tma_kernel,
-                  {**bf16, **scales, "k_desc": "tensordesc<fp8e4nv" + desc, "v_desc": "tensordesc<fp8e4nv" + desc},
+        "v1.19": ("triton-v1.19 TMA, FP8 pages, scores transposed", v118._prefill_attention_fp8_tma_kernel, fp8_tma,
                   dict(**heads, F16_DOT=True, TRANSPOSED=True),
                   [(c.kwargs, c.num_warps, c.num_stages) for c in v118._T_CONFIGS]),
     }
@@ -89,13 +88,17 @@ def loop_ops(ttgir: str) -> dict[str, int]:
             "waited_at_once": len(re.findall(r"warp_group_dot_wait .*pendings = 0", body))}
 
 
-def resources(cubin: bytes, tools: Path) -> dict[str, int]:
-    """Registers and spill stack of a cubin, by cuobjdump -res-usage."""
+def _cuobjdump(cubin: bytes, tools: Path, flag: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        return subprocess.run([str(tools / "cuobjdump"), flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def resources(cubin: bytes, tools: Path) -> dict[str, int]:
+    """Registers and spill stack of a cubin, by cuobjdump -res-usage."""
+    out = _cuobjdump(cubin, tools, "-res-usage")
     got = {k: re.search(rf"{k}:(\d+)", out) for k in ("REG", "STACK")}
     if not all(got.values()):
         raise RuntimeError(f"cuobjdump -res-usage printed no REG/STACK: {out[-500:]}")
@@ -109,11 +112,7 @@ SASS_KINDS = {"tensor-core ops": ("HGMMA",), "shared loads": ("LDS", "LDSM"), "s
 def sass_counts(cubin: bytes, tools: Path) -> dict[str, int]:
     """Static instruction counts in the whole kernel (its loops once each, prologue and epilogue), by SASS_KINDS,
     from `cuobjdump -sass`: not what runs (a loop's body runs once a key tile), what Triton asked the SM to do."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
+    sass = _cuobjdump(cubin, tools, "-sass")
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M)
     if not ops:
         raise RuntimeError(f"cuobjdump -sass printed no instructions: {sass[-500:]}")
