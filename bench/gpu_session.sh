@@ -56,8 +56,8 @@
 #                                  # with fp8 weights at 64-2,048 rows, triton-v1.15, v1.16 (SiLU-and-mul in the GEMM's
 #                                  # epilogue) and v1.17 (the norm quantizes) in one CUDA graph a set (SITS_FRONTS_ARGS)
 #   bench/gpu_session.sh prefill-fp8  # bench/prefill_attention_fp8.py: prefill attention over FP8 pages, triton-v1.17's
-#                                  # pointer-gather kernel against v1.18's TMA one and v1.19's with the scores
-#                                  # transposed (and v1.1's on bf16 pages), llama3-8b's
+#                                  # pointer-gather kernel against v1.18's TMA one, v1.19's with the scores
+#                                  # transposed and v1.20's pages dequantized once (and v1.1's on bf16 pages), llama3-8b's
 #                                  # heads at 1 x 2,048, 8 x 2,048 and 2 x 8,192 tokens (SITS_PREFILL_FP8_ARGS)
 #   bench/gpu_session.sh conformance  # bench/conformance.py: the correctness gate's op-level conformance on every wrong
 #                                  # and good release, trained tiny model and llama3-8b
@@ -385,7 +385,7 @@ run_attention_batch() {
 
 run_prefill_fp8() {
   gpu_bench "prefill fp8" bench/prefill_attention_fp8.py prefill-attention-fp8 "${SITS_PREFILL_FP8_BUDGET_S:-240}" \
-    "prefill attention over FP8 pages: v1.17's pointer-gather kernel, v1.18's TMA kernel, v1.19's transposed one" "a Hopper GPU" \
+    "prefill attention over FP8 pages: v1.17's pointer-gather kernel, v1.18's TMA kernel, v1.19's transposed one, v1.20's dequantized pages" "a Hopper GPU" \
     "${SITS_PREFILL_FP8_ARGS:-}"
 }
 

@@ -19,6 +19,7 @@ from sits.kernels import paged_decode_attention as _decode
 from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
 from sits.kernels import prefill_attention as _prefill
 from sits.kernels import prefill_attention_fp8 as _prefill_fp8
+from sits.kernels import prefill_attention_fp8_dequant as _prefill_fp8_dequant
 from sits.kernels import prefill_attention_fp8_tma as _prefill_fp8_tma
 from sits.kernels import prefill_attention_ref as _prefill_ref
 from sits.kernels import rms_norm as _rms
@@ -279,6 +280,19 @@ TRITON_V1_19 = register_kernel_set(TRITON_V1_18.derive(
                 "model, whose short prompts hardly use the kernel)",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_tma.prefill_attention_fp8kv_tma_t,
+))
+
+TRITON_V1_20 = register_kernel_set(TRITON_V1_17.derive(
+    "triton-v1.20", "1.20.0",
+    description="triton-v1.17 whose prefill attention over FP8 KV pages (--kv-cache-dtype fp8) dequantizes the pages "
+                "the prefill reads once per call, into a 16-bit scratch cache (kernels/prefill_attention_fp8_dequant."
+                "py: e4m3 x scale in fp32, rounded to the model's dtype, as the torch reference dequantizes), then "
+                "attends with triton-v1.1's TMA kernel over it: each key converted once instead of once per query "
+                "tile. 16-bit models with at most 128 MB of scratch a call (at llama3-8b's shapes four prefill "
+                "sequences at max_model_len 8,192); fp32 models, larger calls, plain pages and everything else as "
+                "v1.17",
+    kv_cache_dtypes=("auto", "fp8"),
+    prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant,
 ))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----

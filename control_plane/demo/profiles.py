@@ -134,6 +134,12 @@ GPU_SCENARIOS = {s.name: s for s in (
              "gate judges only prefill_attention. On the H100 promoted after 20 checks (its kernel is 10 % slower "
              "than v1.18's and 20 % slower than v1.17's at llama3-8b's shapes, which the tiny model's short prompts "
              "do not show)"),
+    Scenario("dequant", "triton-v1.20", Phase.SUCCEEDED,
+             "an fp8 attention release (prefill attention over FP8 pages dequantized once a call into a bf16 "
+             "scratch cache, then triton-v1.1's kernel over it: each key converted once instead of once per query "
+             "tile; the torch reference's dequantized values, so v1.17's to bf16 rounding): expected to be "
+             "promoted; with --production-kernels triton-v1.17 --engine-arg '--quantization fp8 --kv-cache-dtype "
+             "fp8' the gate judges only prefill_attention"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "
