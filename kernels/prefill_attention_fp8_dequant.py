@@ -26,10 +26,11 @@ import functools
 
 import torch
 
-from sits.kernels.kv_fp8 import Fp8Pages, page_tensors
+from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
+from sits.kernels.paged import check_prefill_args
 from sits.kernels.prefill_attention import prefill_attention_tma
-from sits.kernels.prefill_attention_fp8 import fp8_prefill_inputs, prefill_attention_fp8kv_f16
-from sits.kernels.triton_env import next_pow2, tl, triton
+from sits.kernels.prefill_attention_fp8 import prefill_attention_fp8kv_f16
+from sits.kernels.triton_env import check_device, next_pow2, tl, triton
 
 # The scratch cache's largest size (K and V together). llama3-8b (8 kv heads x 128, pages of 64, bf16): 256 KB a page
 # of K and V, so 512 pages -- four prefill sequences a step at the engine's default max_model_len of 8,192 (block
@@ -113,11 +114,15 @@ def prefill_attention_fp8kv_dequant(q, k_cache, v_cache, block_tables, cu_seqlen
     and calls whose scratch would pass SCRATCH_MAX_BYTES as triton-v1.5 (v1.17); plain pages as v1.1."""
     if not isinstance(k_cache, Fp8Pages) and not isinstance(v_cache, Fp8Pages):
         return prefill_attention_tma(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
-    kd, _ = page_tensors(k_cache, v_cache)   # both caches FP8, or say so
+    kd, vd = page_tensors(k_cache, v_cache)   # both caches FP8, or say so
     if q.dtype not in (torch.float16, torch.bfloat16) or scratch_bytes(q, block_tables, kd) > SCRATCH_MAX_BYTES:
         return prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
-    q, *_, out, b = fp8_prefill_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    b = check_prefill_args(q, kd, vd, block_tables, cu_seqlens_q, context_lens)
+    check_device("prefill_attention", q)
+    kernel_page_args("prefill_attention", k_cache, v_cache)   # a GPU that converts e4m3, pages contiguous
     if q.shape[0] == 0 or b == 0:
-        return out
+        return torch.empty_like(q)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     k16, v16, table = dequantize_prefill_pages(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, b)
     return prefill_attention_tma(q, k16, v16, table, cu_seqlens_q, context_lens, scale)
