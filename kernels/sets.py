@@ -288,7 +288,7 @@ TRITON_V1_20 = register_kernel_set(TRITON_V1_17.derive(
                 "the prefill reads once per call, into a 16-bit scratch cache (kernels/prefill_attention_fp8_dequant."
                 "py: e4m3 x scale in fp32, rounded to the model's dtype, as the torch reference dequantizes), then "
                 "attends with triton-v1.1's TMA kernel over it: each key converted once instead of once per query "
-                "tile. 16-bit models with at most 128 MB of scratch a call (at llama3-8b's shapes four prefill "
+                "tile. 16-bit models with at most 256 MB of scratch a call (at llama3-8b's shapes eight prefill "
                 "sequences at max_model_len 8,192); fp32 models, larger calls, plain pages and everything else as "
                 "v1.17",
     kv_cache_dtypes=("auto", "fp8"),
