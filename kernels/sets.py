@@ -290,7 +290,9 @@ TRITON_V1_20 = register_kernel_set(TRITON_V1_17.derive(
                 "attends with triton-v1.1's TMA kernel over it: each key converted once instead of once per query "
                 "tile. 16-bit models with at most 256 MB of scratch a call (at llama3-8b's shapes eight prefill "
                 "sequences at max_model_len 8,192); fp32 models, larger calls, plain pages and everything else as "
-                "v1.17",
+                "v1.17. On an H100: 0.122 against v1.17's 0.188 ms a layer at 1 x 2,048 tokens (v1.1 on bf16 pages "
+                "0.118); TTFT of 2,048 tokens with fp8 weights and FP8 pages 31.4 against 33.4 ms; 256 x 2048/512 "
+                "5,800 against 5,627 tok/s (+3.0 %, 1.55x bf16; interleaved engines, one machine)",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant,
 ))
