@@ -10,8 +10,9 @@ values (what the bf16 rows run).
 
 Each op runs once first (its autotuning), its output compared with v1.17's, then timed: medians of
 triton.testing.do_bench (the L2 flushed; the host's launch work counts where it outlasts the GPU's, as v1.20's two
-launches and allocations can at one prompt), and the GPU time alone (`graph`: 48 calls replayed from one CUDA graph). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch
-config of SWEEP, the tuner bypassed, and names each kernel's pick. TFLOP/s count the causal half of the score matrix; "a
+launches and allocations can at one prompt), and the GPU time alone (`graph`: 48 calls replayed from one CUDA
+graph). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch config of SWEEP, the tuner
+bypassed, and names each kernel's pick. TFLOP/s count the causal half of the score matrix; "a
 step, ms": one call times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention).
 The table last.
 """
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
     fp8 = labels[:FP8_SETS]
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: prefill attention, ms a call (TFLOP/s), "
           f"a step = x {LAYERS} layers; difference from v1.17's output")
-    print("| sequences x tokens | " + " | ".join(labels) + " | " + " | ".join(f"{k.split()[0]} / v1.17" for k in fp8[1:])
+    print("| sequences x tokens | " + " | ".join(labels) + " | "
+          + " | ".join(f"{k.split()[0]} / v1.17" for k in fp8[1:])
           + " | a step, ms (" + " / ".join(k.split()[0] for k in fp8) + ") | difference "
           + ", ".join(k.split()[0] for k in labels[1:]) + " |")
     print("|---|" + "---:|" * (len(labels) + len(fp8) + 1))

@@ -145,6 +145,14 @@ def prefill_args(ctx, qlens, hq, hkv, d, dtype, seed):
     return q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), d ** -0.5
 
 
+def llama3_mixed_fp8_prefill(dtype, seed):
+    """prefill_attention's arguments on the GPU at llama3-8b's heads (32 / 8 x 128) over FP8 pages: a long mixed batch
+    of full prompts, decode-like rows, prefix-cache hits and chunks, up to a 4,096-token context."""
+    ctx = [1, 63, 64, 65, 1000, 3000, 4096]
+    qlens = [1, 63, 64, 1, 1000, 1000, 2048]
+    return args_to(fp8_kv(prefill_args(ctx, qlens, 32, 8, 128, dtype, seed=seed)), device="cuda")
+
+
 def decode_args(ctx, hq, hkv, d, dtype, seed):
     """paged_decode_attention's arguments: one query per sequence of context `ctx`, 64-token pages (CPU)."""
     k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, hkv, d, 64, dtype, "cpu", seed=seed)

@@ -12,7 +12,8 @@ from sits.kernels import get_kernel_set
 from sits.kernels import prefill_attention_fp8_dequant as m
 from sits.kernels.kv_fp8 import dequantize
 from sits.kernels.prefill_attention import prefill_attention_tma
-from tests.kernels.helpers import args_to, check_op, check_op_on_gpu, fp8_kv, make_paged_kv, on_gpu, prefill_args
+from tests.kernels.helpers import (args_to, check_op, check_op_on_gpu, fp8_kv, llama3_mixed_fp8_prefill, on_gpu,
+                                  prefill_args)
 
 V11 = get_kernel_set("triton-v1.1")
 V117 = get_kernel_set("triton-v1.17")
@@ -100,13 +101,7 @@ def test_mixed_caches_are_refused(dev):
 @on_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_llama3_heads_long_mixed_batch(dtype):
-    ctx = [1, 63, 64, 65, 1000, 3000, 4096]
-    qlens = [1, 63, 64, 1, 1000, 1000, 2048]   # full prompts, decode-like, prefix-cache hits / chunks
-    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, 8, 128, 64, dtype, "cuda", seed=69)
-    q = torch.randn(sum(qlens), 32, 128, generator=torch.Generator().manual_seed(70)).to(dtype)
-    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
-    args = args_to(fp8_kv((q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), 128 ** -0.5)),
-                   device="cuda")
+    args = llama3_mixed_fp8_prefill(dtype, seed=69)
     check_op_on_gpu("prefill_attention", args, dtype, kernel_set=V120)
     got, want = V120.prefill_attention(*args), V117.prefill_attention(*args)
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 2e-2

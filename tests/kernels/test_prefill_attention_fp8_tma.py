@@ -11,8 +11,8 @@ import torch
 from sits.kernels import get_kernel_set
 from sits.kernels.prefill_attention_fp8_tma import prefill_attention_fp8kv_tma, prefill_attention_fp8kv_tma_t, tma_takes
 from tests.kernels.conftest import triton_device
-from tests.kernels.helpers import (args_to, check_op, check_op_on_gpu, compile_for_sm90, fp8_kv, make_paged_kv, on_gpu,
-                                  prefill_args)
+from tests.kernels.helpers import (args_to, check_op, check_op_on_gpu, compile_for_sm90, fp8_kv,
+                                  llama3_mixed_fp8_prefill, on_gpu, prefill_args)
 
 V117 = get_kernel_set("triton-v1.17")
 V118 = get_kernel_set("triton-v1.18")
@@ -79,13 +79,7 @@ def test_pages_it_cannot_describe_go_to_v117s_kernel(dev):
 def test_gpu_llama3_heads_long_mixed_batch(dtype, kset):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the TMA kernel needs Hopper or later")
-    ctx = [1, 63, 64, 65, 1000, 3000, 4096]
-    qlens = [1, 63, 64, 1, 1000, 1000, 2048]   # full prompts, decode-like, prefix-cache hits / chunks
-    k_cache, v_cache, tables, _, _ = make_paged_kv(ctx, 8, 128, 64, dtype, "cuda", seed=47)
-    q = torch.randn(sum(qlens), 32, 128, generator=torch.Generator().manual_seed(48)).to(dtype)
-    cu = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
-    args = args_to(fp8_kv((q, k_cache, v_cache, tables, cu, torch.tensor(ctx, dtype=torch.int32), 128 ** -0.5)),
-                   device="cuda")
+    args = llama3_mixed_fp8_prefill(dtype, seed=47)
     check_op_on_gpu("prefill_attention", args, dtype, kernel_set=kset)
     got, want = kset.prefill_attention(*args), V117.prefill_attention(*args)
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 2e-3
