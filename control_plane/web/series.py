@@ -2,7 +2,8 @@
 metric, e.g. one per route, merged), and the canary-vs-target delta of each checked quantile with its interval.
 
 Each check's evidence holds the step's accumulated bucket counts per variant, so a point is the quantile of the
-current step's data so far (it starts afresh at each weight change). Columnar and rounded to 4 significant digits;
+current step's data so far (it starts afresh at each weight change). Columnar and rounded to 4 significant digits
+(effects and their bounds to EFFECT_DIGITS);
 more than `max_points` checks are thinned evenly (failed checks and the last one are always kept), so a one-hour
 rollout's series stay far below 200 KB.
 """
@@ -25,6 +26,11 @@ QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 # a sequential result's fields the gated columns carry beside its method: both boundaries (the limit is `threshold`),
 # the windows used, the time to decide and the two-mode hint (the newest point's)
 SEQUENTIAL_FIELDS = ("ship", "windows", "block", "eta_s", "jumps")
+
+
+# Effects and their interval bounds are shown to 0.1 % (0.01 pt): rounded to 4 significant digits on the wire first,
+# a bound of 0.159466 became 0.1595 and read "+16.0 %" on the rollout page where the worker's log said +15.9 %
+EFFECT_DIGITS = 6
 
 
 def thin(checks: Sequence[Mapping], max_points: int) -> list[Mapping]:
@@ -200,7 +206,7 @@ def assemble(pts: Sequence[dict], compare_to: str, metrics: Sequence[str] = CHAR
                 if d["threshold"] is not None:
                     col["threshold"] = d["threshold"]
                 for k in ("delta", "low", "high"):
-                    col[k][i] = num(d[k])
+                    col[k][i] = num(d[k], EFFECT_DIGITS)
                 col["outcome"][i] = d["outcome"]
         out["metrics"][metric] = {"label": short_name(metric), "quantiles": qs,
                                   "deltas": dict(sorted(deltas.items(), key=lambda kv: -_qf(kv[0])))}
@@ -227,7 +233,7 @@ def _gated_columns(pts: Sequence[dict]) -> dict[str, dict]:
                 elif d.get("method") is None:
                     col.pop(k, None)
             for k in ("delta", "low", "high"):
-                col[k][i] = num(d[k])
+                col[k][i] = num(d[k], EFFECT_DIGITS)
             col["outcome"][i] = d["outcome"]
     return out
 

@@ -131,3 +131,18 @@ def test_health_readiness_and_the_worker_histogram(store, users):
     m = _metrics(c)
     assert m[("sits_reconcile_duration_seconds_count", ())] >= 1
     assert store.get(ro.id).phase is not Phase.PENDING   # the loop drove it
+
+
+def test_effects_and_bounds_keep_the_digits_the_page_shows(store):
+    # a bound of +15.9466 % (a GPU canary's ITL P90) rounded to 4 significant digits on the wire read "+16.0 %" on the
+    # rollout page while the worker's log said +15.9 %: the series carry effects and bounds to 6
+    from sits.control_plane.web.series import build_series
+    ro = new_rollout(store)
+    drive(store, ro.id, 10, scale=1.3)
+    checks = store.checks(ro.id)
+    checks = [c for c in checks if any(r.get("ci_high") is not None for r in c["verdict"]["results"])]
+    result = next(r for r in checks[-1]["verdict"]["results"] if r.get("ci_high") is not None)
+    result["ci_low"], result["ci_high"] = 0.016882939789049367, 0.15946640318512253
+    gated = build_series(checks, "baseline")["gated"][result["check"]]
+    assert f"{gated['high'][-1] * 100:.1f}" == "15.9" and f"{gated['low'][-1] * 100:.1f}" == "1.7"
+    assert abs(gated["high"][-1] - 0.15946640318512253) < 1e-6
