@@ -132,14 +132,14 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     labels = [label for label, _, _ in SETS]
-    fp8 = labels[:FP8_SETS]
+    fp8_labels = labels[:FP8_SETS]
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: prefill attention, ms a call (TFLOP/s), "
           f"a step = x {LAYERS} layers; difference from v1.17's output")
     print("| sequences x tokens | " + " | ".join(labels) + " | "
-          + " | ".join(f"{k.split()[0]} / v1.17" for k in fp8[1:])
-          + " | a step, ms (" + " / ".join(k.split()[0] for k in fp8) + ") | difference "
+          + " | ".join(f"{k.split()[0]} / v1.17" for k in fp8_labels[1:])
+          + " | a step, ms (" + " / ".join(k.split()[0] for k in fp8_labels) + ") | difference "
           + ", ".join(k.split()[0] for k in labels[1:]) + " |")
-    print("|---|" + "---:|" * (len(labels) + len(fp8) + 1))
+    print("|---|" + "---:|" * (len(labels) + len(fp8_labels) + 1))
     for r in res["rows"]:
         ms = [r["ms"][k] for k in labels]
         print(f"| {r['shape']} | " + " | ".join(f"{m:.3f} ({r['tflops'][k]:.0f})" for m, k in zip(ms, labels))

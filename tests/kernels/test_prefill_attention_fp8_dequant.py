@@ -10,7 +10,6 @@ import torch
 
 from sits.kernels import get_kernel_set
 from sits.kernels import prefill_attention_fp8_dequant as m
-from sits.kernels.kv_fp8 import dequantize
 from sits.kernels.prefill_attention import prefill_attention_tma
 from tests.kernels.helpers import (args_to, check_op, check_op_on_gpu, fp8_kv, llama3_mixed_fp8_prefill, on_gpu,
                                   prefill_args)
@@ -27,10 +26,6 @@ def test_the_set_serves_it():
     assert V117.prefill_attention is not m.prefill_attention_fp8kv_dequant   # the released set is unchanged
 
 
-def _dequantized(pages, dtype):
-    return dequantize(pages.data, pages.scale, dtype)
-
-
 def _exact(dev, dtype) -> bool:
     """Does the kernel's rounding to dtype match torch's here? Triton's interpreter rounds fp32 to bf16 toward zero
     whatever the kernel asks (as in test_linear.py's dequantized weights): within one bf16 ulp on CPU."""
@@ -45,7 +40,7 @@ def test_the_scratch_holds_the_references_values_sequence_by_sequence(dev, dtype
     assert k16.dtype == dtype and k16.shape == (len(CTX) * width, *kc.data.shape[1:])
     assert torch.equal(table.cpu(), torch.arange(len(CTX) * width, dtype=torch.int32).view(len(CTX), width))
     for pages, scratch in ((kc, k16), (vc, v16)):
-        want = _dequantized(pages, dtype)
+        want = pages.dequantize(dtype)
         for i, n in enumerate(CTX):
             for j in range(-(-n // 64)):
                 got, ref = scratch[i * width + j], want[tables[i, j].long()]
@@ -64,7 +59,7 @@ def test_fp8_pages_against_the_fp64_reference_and_v11_on_the_dequantized_pages(d
     got = check_op("prefill_attention", args, dtype, dev, kernel_set=V120)
     q, kc, vc, *rest = args
     # v1.1's kernel over the reference's dequantized pages: the same kernel on the same values, so the same bits
-    same = V11.prefill_attention(q, _dequantized(kc, dtype), _dequantized(vc, dtype), *rest)
+    same = V11.prefill_attention(q, kc.dequantize(dtype), vc.dequantize(dtype), *rest)
     if _exact(dev, dtype):
         assert torch.equal(got, same)
     else:
