@@ -62,6 +62,27 @@ def bench_graph(calls, reps: int = 15) -> float:
     return statistics.median(times)
 
 
+def host_ms(fn, calls: int = 64, reps: int = 5) -> float:
+    """Median host milliseconds a call of `fn`: `calls` calls enqueued behind a kernel that keeps the GPU busy
+    (torch.cuda._sleep) so that the host never waits for it -- Python, argument checks, allocations, launches: what
+    a launch-bound step pays for the op whatever its kernels take."""
+    import statistics
+    import time
+
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda._sleep(200_000_000)   # ~0.1 s at the H100's clocks: longer than the calls' host work
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) * 1e3 / calls)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def rel_err(a, b) -> float:
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()

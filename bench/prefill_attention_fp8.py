@@ -10,8 +10,9 @@ values (what the bf16 rows run).
 
 Each op runs once first (its autotuning), its output compared with v1.17's, then timed: medians of
 triton.testing.do_bench (the L2 flushed; the host's launch work counts where it outlasts the GPU's, as v1.20's two
-launches and allocations can at one prompt), and the GPU time alone (`graph`: 48 calls replayed from one CUDA
-graph). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch config of SWEEP, the tuner
+launches and allocations can at one prompt), the GPU time alone (`graph`: 48 calls replayed from one CUDA
+graph) and the host's time alone (calls enqueued behind a kernel that keeps the GPU busy: what a launch-bound step
+pays). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch config of SWEEP, the tuner
 bypassed, and names each kernel's pick. TFLOP/s count the causal half of the score matrix; "a
 step, ms": one call times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention).
 The table last.
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("bench/prefill_attention_fp8.py needs a Hopper (or later) GPU (or --smoke)", file=sys.stderr)
         return 2
-    from bench.kernel_timings import bench, bench_graph, paged, rel_err
+    from bench.kernel_timings import bench, bench_graph, host_ms, paged, rel_err
     from sits.kernels import get_kernel_set
     from sits.kernels.kv_fp8 import quantize_pages
     res = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(0),
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
         fp8 = (q, quantize_pages(kc), quantize_pages(vc), tables, cu, lens, D ** -0.5)
         plain = (q, kc, vc, tables, cu, lens, D ** -0.5)
         flops = 4 * b * HQ * s * s * D / 2
-        row = {"shape": f"{b} x {s}", "ms": {}, "tflops": {}, "err": {}, "graph_ms": {}}
+        row = {"shape": f"{b} x {s}", "ms": {}, "tflops": {}, "err": {}, "graph_ms": {}, "host_ms": {}}
         base = None
         for label, name, on_fp8 in SETS:
             fn = get_kernel_set(name).prefill_attention
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
             ms = bench(lambda fn=fn, call=call: fn(*call))
             row["ms"][label], row["tflops"][label] = ms, flops / ms / 1e9
             row["graph_ms"][label] = bench_graph([lambda fn=fn, call=call: fn(*call)])
+            row["host_ms"][label] = host_ms(lambda fn=fn, call=call: fn(*call))
         res["rows"].append(row)
         if args.sweep:
             res["sweep"] += sweep(fp8, row["shape"])
@@ -151,6 +153,12 @@ def main(argv=None) -> int:
     print("|---|" + "---:|" * len(labels))
     for r in res["rows"]:
         print(f"| {r['shape']} | " + " | ".join(f"{r['graph_ms'][k]:.3f}" for k in labels) + " |")
+    print("\nhost time, ms a call (Python, checks, allocations, launches; the GPU kept busy so the host never waits):"
+          " what a launch-bound step pays")
+    print("| sequences x tokens | " + " | ".join(labels) + " |")
+    print("|---|" + "---:|" * len(labels))
+    for r in res["rows"]:
+        print(f"| {r['shape']} | " + " | ".join(f"{r['host_ms'][k]:.3f}" for k in labels) + " |")
     if res["sweep"]:
         shapes = list(dict.fromkeys(r["shape"] for r in res["sweep"]))
         print("\nlaunch configs of the TMA kernels, ms a call (* the tuner's pick); v1.17's gather kernel for scale")

@@ -19,6 +19,13 @@ them would stop the host for the GPU every layer): a sequence's pages past its c
 read, and slots past the context in its last page are written as zeros. Where that would exceed SCRATCH_MAX_BYTES
 (many prefill sequences in one step, or very wide block tables), and for fp32 models, triton-v1.5's kernel runs
 instead (v1.17's op: the same function, converted per tile). Plain pages go to v1.1's kernel as in every set since.
+
+triton-v1.21 takes this path only for calls with enough attention work to pay for it (`prefill_attention_fp8kv_
+dequant_large`): v1.20's second launch, two allocations and second set of argument checks cost the host time a call
+whatever the call's size, which a launch-bound step (short prompts, small models) pays in full, while what the
+dequantized pages save grows with the square of the prompt. The host has no copy of the context lengths, so the
+choice is made on a lower bound of the work it knows: `attention_work` (T new tokens over b sequences attend at least
+T^2 / b query-key pairs, times the query heads and head_dim). Below DEQUANT_MIN_WORK the call runs v1.17's op.
 """
 from __future__ import annotations
 
@@ -37,6 +44,10 @@ from sits.kernels.triton_env import check_device, next_pow2, tl, triton
 # tables 128 pages wide). The engine's activation headroom (engine/execution/model_runner.py) holds the torch
 # reference's score matrix, which the Triton sets never build: 4 GB at 2,048 tokens of that model.
 SCRATCH_MAX_BYTES = 256 * 2**20
+
+# triton-v1.21's threshold on attention_work: where the dequantized pages' op, host included, overtakes v1.17's
+# (bench/prefill_attention_fp8.py's host and GPU tables; BENCHMARKS.md "... triton-v1.21").
+DEQUANT_MIN_WORK = 2**32
 
 
 @triton.jit
@@ -126,3 +137,19 @@ def prefill_attention_fp8kv_dequant(q, k_cache, v_cache, block_tables, cu_seqlen
         q = q.contiguous()
     k16, v16, table = dequantize_prefill_pages(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, b)
     return prefill_attention_tma(q, k16, v16, table, cu_seqlens_q, context_lens, scale)
+
+
+def attention_work(q: torch.Tensor, block_tables: torch.Tensor) -> int:
+    """A lower bound, known on the host, of a prefill call's query-key products times head_dim: T new tokens over b
+    sequences (b the block table's rows) have sum T_i^2 >= T^2 / b query-key pairs in their causal squares -- prefix
+    hits and chunks only add keys -- times the query heads and head_dim."""
+    t, hq, d = q.shape
+    return t * t // max(1, block_tables.shape[0]) * hq * d
+
+
+def prefill_attention_fp8kv_dequant_large(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """triton-v1.21: v1.20's op (pages dequantized once) for calls with at least DEQUANT_MIN_WORK of attention work,
+    v1.17's (converted per tile) below it, where v1.20's host work outweighs what it saves on the GPU."""
+    if isinstance(k_cache, Fp8Pages) and attention_work(q, block_tables) < DEQUANT_MIN_WORK:
+        return prefill_attention_fp8kv_f16(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    return prefill_attention_fp8kv_dequant(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)

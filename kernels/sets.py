@@ -297,6 +297,18 @@ TRITON_V1_20 = register_kernel_set(TRITON_V1_17.derive(
     prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant,
 ))
 
+TRITON_V1_21 = register_kernel_set(TRITON_V1_20.derive(
+    "triton-v1.21", "1.21.0",
+    description="triton-v1.20 whose prefill attention over FP8 KV pages (--kv-cache-dtype fp8) dequantizes the pages "
+                "only for calls with enough attention work to pay for its second launch and allocations (kernels/"
+                "prefill_attention_fp8_dequant.py DEQUANT_MIN_WORK: T new tokens over b sequences x query heads x "
+                "head_dim, T^2 / b x Hq x D, a lower bound the host knows without the context lengths); smaller calls "
+                "-- short prompts, small models, launch-bound steps -- run v1.17's kernel. Each call's values are "
+                "v1.20's or v1.17's bit for bit; plain pages and everything else as v1.20",
+    kv_cache_dtypes=("auto", "fp8"),
+    prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant_large,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",

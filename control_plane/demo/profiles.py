@@ -142,6 +142,12 @@ GPU_SCENARIOS = {s.name: s for s in (
              "fp8' the gate judges only prefill_attention. On the H100 promoted after 27 checks, measured slower on "
              "the tiny model (ITL P90 +5.2 % [+1.7, +15.9], under the +12.5 % ship line): its host-bound steps pay "
              "the second launch a prefill layer; at llama3-8b's prompt lengths it is faster"),
+    Scenario("bywork", "triton-v1.21", Phase.SUCCEEDED,
+             "an fp8 attention release (v1.20's dequantized FP8 pages only for prefill calls with enough attention "
+             "work to pay for the second launch, v1.17's kernel below that; each call's values are v1.20's or "
+             "v1.17's bit for bit): expected to be promoted; with --production-kernels triton-v1.17 --engine-arg "
+             "'--quantization fp8 --kv-cache-dtype fp8' the gate judges only prefill_attention, and the tiny "
+             "model's short prompts run v1.17's kernel, so its latency should match production's"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

@@ -113,7 +113,7 @@ def test_triton_v1_5_prefills_over_fp8_pages_with_fp16_dots(dev, q_scale):
     assert torch.equal(V15.prefill_attention(*other), V13.prefill_attention(*other))
 
 
-@pytest.mark.parametrize("set_name", ["triton-v1.3", "triton-v1.18", "triton-v1.19", "triton-v1.20"])
+@pytest.mark.parametrize("set_name", ["triton-v1.3", "triton-v1.18", "triton-v1.19", "triton-v1.20", "triton-v1.21"])
 def test_prefill_attention_fp8_ignores_stale_slots(dev, set_name):
     # the slots past each context hold e4m3 NaNs and NaN scales, as a recycled block may (the sets: pointer gather,
     # TMA, scores transposed, pages dequantized once)

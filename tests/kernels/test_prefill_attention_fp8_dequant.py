@@ -3,8 +3,9 @@ once into a 16-bit scratch cache, then triton-v1.1's kernel over it. On CPU thro
 holds the torch reference's dequantized values (to one bf16 ulp there: the interpreter rounds bf16 toward zero) and
 zeros past each context; the op against the fp64 reference on the same e4m3 pages (full prompts, prefix hits, chunks,
 partial pages; stale NaN slots: test_prefill_attention.py) and equal to v1.1's kernel run on the reference's
-dequantized pages; fp32 models, plain pages and calls past the scratch limit are the other sets' ops bit for bit. On
-a GPU at llama3-8b's heads: a long mixed batch against the fp64 reference and v1.17."""
+dequantized pages; fp32 models, plain pages and calls past the scratch limit are the other sets' ops bit for bit.
+triton-v1.21: v1.20's op from DEQUANT_MIN_WORK of attention work on, v1.17's below, bit for bit either way. On a GPU
+at llama3-8b's heads: a long mixed batch against the fp64 reference and v1.17, and v1.21's choice at the threshold."""
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from tests.kernels.helpers import (args_to, check_op, check_op_on_gpu, fp8_kv, l
 V11 = get_kernel_set("triton-v1.1")
 V117 = get_kernel_set("triton-v1.17")
 V120 = get_kernel_set("triton-v1.20")
+V121 = get_kernel_set("triton-v1.21")
 CTX, QLENS = [1, 63, 64, 65, 130, 300], [1, 63, 64, 65, 66, 40]   # full prompts; a prefix hit; a chunk
 
 
@@ -91,6 +93,38 @@ def test_mixed_caches_are_refused(dev):
     q, kc, vc, *rest = fp8_kv(prefill_args([65], [65], 4, 2, 64, torch.bfloat16, seed=68))
     with pytest.raises(Exception, match="both be Fp8Pages or both be tensors"):
         V120.prefill_attention(q, kc, vc.dequantize(torch.bfloat16), *rest)
+
+
+def test_v121_is_v120_with_a_threshold():
+    assert V121.prefill_attention is m.prefill_attention_fp8kv_dequant_large and V121.parent == "triton-v1.20"
+    assert V121.overrides == ("prefill_attention",) and V121.kv_cache_dtypes == ("auto", "fp8")
+
+
+def test_attention_work_is_a_lower_bound_the_host_knows():
+    q = torch.empty(300, 4, 64)
+    # 300 new tokens over 3 sequences: at least 3 x 100^2 query-key pairs, x 4 heads x 64
+    assert m.attention_work(q, torch.empty(3, 8)) == 300 * 300 // 3 * 4 * 64
+    assert m.attention_work(q[:0], torch.empty(0, 8)) == 0
+    for lens in ([100, 100, 100], [1, 1, 298], [150, 150, 0]):   # any split of the 300 tokens attends at least that
+        assert sum(n * n for n in lens) * 4 * 64 >= m.attention_work(q, torch.empty(3, 8))
+    # llama3-8b's heads: the threshold sits between short prompts and 2,048-token ones
+    llama = torch.empty(2048, 32, 128)
+    assert m.attention_work(llama[:256], torch.empty(1, 128)) < m.DEQUANT_MIN_WORK
+    assert m.attention_work(llama, torch.empty(1, 128)) >= m.DEQUANT_MIN_WORK
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_v121_runs_v120_from_the_threshold_and_v117_below_it(dev, dtype, monkeypatch):
+    args = args_to(fp8_kv(prefill_args(CTX, QLENS, 4, 2, 64, dtype, seed=70)), device=dev)
+    work = m.attention_work(args[0], args[3])
+    v117, v120 = V117.prefill_attention(*args), V120.prefill_attention(*args)
+    assert not torch.equal(v117, v120)   # the two ops round differently, so the test can tell which one ran
+    monkeypatch.setattr(m, "DEQUANT_MIN_WORK", work)
+    assert torch.equal(V121.prefill_attention(*args), v120)
+    monkeypatch.setattr(m, "DEQUANT_MIN_WORK", work + 1)
+    assert torch.equal(V121.prefill_attention(*args), v117)
+    plain = args_to(prefill_args([65, 130], [65, 66], 4, 2, 64, dtype, seed=71), device=dev)
+    assert torch.equal(V121.prefill_attention(*plain), prefill_attention_tma(*plain))   # plain pages: v1.1 always
 
 
 @on_gpu
