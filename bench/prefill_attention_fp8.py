@@ -2,10 +2,10 @@
 of 64 in shuffled blocks, block tables 128 pages wide as the engine's at max_model_len 8,192), in one run:
 triton-v1.17's pointer-gather kernel (v1.5's fp16 dots), triton-v1.18's TMA kernel and triton-v1.19's with the scores
 transposed (kernels/prefill_attention_fp8_tma.py), triton-v1.20's pages dequantized once into a bf16 scratch for
-v1.1's kernel (kernels/prefill_attention_fp8_dequant.py), and triton-v1.1's TMA kernel over bf16 pages of the same
-values (what the bf16 rows run).
+v1.1's kernel (kernels/prefill_attention_fp8_dequant.py), triton-v1.21's choice between v1.20's op and v1.17's by the
+call's attention work, and triton-v1.1's TMA kernel over bf16 pages of the same values (what the bf16 rows run).
 
-    python3 bench/prefill_attention_fp8.py [--shapes 1x2048,8x2048,2x8192] [--json OUT.json]
+    python3 bench/prefill_attention_fp8.py [--shapes 1x2048,8x2048,2x8192] [--sets v1.17,v1.20,v1.21] [--json OUT.json]
     TRITON_INTERPRET=1 .venv/bin/python bench/prefill_attention_fp8.py --smoke   # CPU: v1.18-v1.20 agree with v1.17
 
 Each op runs once first (its autotuning), its output compared with v1.17's, then timed: medians of
@@ -32,8 +32,7 @@ HQ, HKV, D, LAYERS = 32, 8, 128, 32
 TABLE_WIDTH = 128   # pages: the engine's block tables at max_model_len 8,192 (what v1.20's scratch is sized by)
 SETS = (("v1.17 FP8 gather", "triton-v1.17", True), ("v1.18 FP8 TMA", "triton-v1.18", True),
         ("v1.19 FP8 TMA transposed", "triton-v1.19", True), ("v1.20 FP8 dequantized once", "triton-v1.20", True),
-        ("v1.1 bf16 TMA", "triton-v1.1", False))
-FP8_SETS = 4   # the first four of SETS read FP8 pages
+        ("v1.21 FP8 by work", "triton-v1.21", True), ("v1.1 bf16 TMA", "triton-v1.1", False))
 
 
 # (BLOCK_M, num_warps, num_stages): both kernels' candidates and their neighbours
@@ -88,10 +87,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: v1.18-v1.20 agree with v1.17")
     ap.add_argument("--sweep", action="store_true", help="also time the TMA kernels at every config of SWEEP")
+    ap.add_argument("--sets", default=",".join(label.split()[0] for label, _, _ in SETS),
+                    help="which columns, comma-separated (v1.17, the baseline, always first)")
     args = ap.parse_args(argv)
     if args.smoke:
         from bench.kernel_timings import run_smoke
         return run_smoke(smoke)
+    chosen = {"v1.17", *args.sets.split(",")}
+    unknown = chosen - {label.split()[0] for label, _, _ in SETS}
+    if unknown:
+        ap.error(f"--sets: no such column {', '.join(sorted(unknown))}")
+    sets = [entry for entry in SETS if entry[0].split()[0] in chosen]
+    fp8_sets = sum(on_fp8 for _, _, on_fp8 in sets)   # the FP8 columns come first
     import torch
     import triton
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
@@ -115,7 +122,7 @@ def main(argv=None) -> int:
         flops = 4 * b * HQ * s * s * D / 2
         row = {"shape": f"{b} x {s}", "ms": {}, "tflops": {}, "err": {}, "graph_ms": {}, "host_ms": {}}
         base = None
-        for label, name, on_fp8 in SETS:
+        for label, name, on_fp8 in sets:
             fn = get_kernel_set(name).prefill_attention
             call = fp8 if on_fp8 else plain
             out = fn(*call)   # tunes here
@@ -133,8 +140,8 @@ def main(argv=None) -> int:
         del kc, vc, fp8, plain, q
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
-    labels = [label for label, _, _ in SETS]
-    fp8_labels = labels[:FP8_SETS]
+    labels = [label for label, _, _ in sets]
+    fp8_labels = labels[:fp8_sets]
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: prefill attention, ms a call (TFLOP/s), "
           f"a step = x {LAYERS} layers; difference from v1.17's output")
     print("| sequences x tokens | " + " | ".join(labels) + " | "
@@ -145,8 +152,8 @@ def main(argv=None) -> int:
     for r in res["rows"]:
         ms = [r["ms"][k] for k in labels]
         print(f"| {r['shape']} | " + " | ".join(f"{m:.3f} ({r['tflops'][k]:.0f})" for m, k in zip(ms, labels))
-              + " | " + " | ".join(f"{m / ms[0]:.2f}" for m in ms[1:FP8_SETS]) + " | "
-              + " / ".join(f"{m * LAYERS:.1f}" for m in ms[:FP8_SETS]) + " | "
+              + " | " + " | ".join(f"{m / ms[0]:.2f}" for m in ms[1:fp8_sets]) + " | "
+              + " / ".join(f"{m * LAYERS:.1f}" for m in ms[:fp8_sets]) + " | "
               + ", ".join(f"{r['err'][k]:.1e}" for k in labels[1:]) + " |")
     print("\nGPU time alone, ms a call (48 calls replayed from one CUDA graph: no launch gaps, the L2 not flushed)")
     print("| sequences x tokens | " + " | ".join(labels) + " |")
