@@ -12,7 +12,8 @@ Each op runs once first (its autotuning), its output compared with v1.17's, then
 triton.testing.do_bench (the L2 flushed; the host's launch work counts where it outlasts the GPU's, as v1.20's two
 launches and allocations can at one prompt), the GPU time alone (`graph`: 48 calls replayed from one CUDA
 graph) and the host's time alone (calls enqueued behind a kernel that keeps the GPU busy: what a launch-bound step
-pays). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch config of SWEEP, the tuner
+pays); then, by the call's attention work, the GPU time v1.20's op saves against the host time it adds, and from
+which work on every measured call pays (what triton-v1.21's DEQUANT_MIN_WORK should be). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch config of SWEEP, the tuner
 bypassed, and names each kernel's pick. TFLOP/s count the causal half of the score matrix; "a
 step, ms": one call times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention).
 The table last.
@@ -61,6 +62,25 @@ def sweep(call, shape: str) -> list[dict]:
     return rows
 
 
+def crossover(rows: list[dict], v117: str, v120: str, threshold: int) -> str:
+    """Where v1.20's op pays for itself against v1.17's: the GPU time it saves (graph column) against the host time
+    it adds (host column), by the call's attention work (the quantity triton-v1.21 compares with DEQUANT_MIN_WORK);
+    the smallest work from which every larger measured call pays is the threshold these rows support."""
+    lines = [f"\nv1.20 against v1.17 by attention work (T^2 / b x heads x head_dim; triton-v1.21 takes v1.20's op from "
+             f"{threshold:.3g}): GPU time saved, host time added, us a call",
+             "| sequences x tokens | attention work | GPU saved | host added | pays |", "|---|---:|---:|---:|---|"]
+    paying = []
+    for r in sorted(rows, key=lambda r: r["work"]):
+        saved = (r["graph_ms"][v117] - r["graph_ms"][v120]) * 1e3
+        added = (r["host_ms"][v120] - r["host_ms"][v117]) * 1e3
+        paying.append((r["work"], saved >= added))
+        lines.append(f"| {r['shape']} | {r['work']:.3g} | {saved:.1f} | {added:.1f} | {'yes' if saved >= added else 'no'} |")
+    from_work = next((w for i, (w, _) in enumerate(paying) if all(ok for _, ok in paying[i:])), None)
+    lines.append("every measured call from attention work " + (f"{from_work:.3g} on pays" if from_work is not None
+                                                              else "-: none of the largest pays") + " for v1.20's host work")
+    return "\n".join(lines)
+
+
 def smoke() -> int:
     """Under TRITON_INTERPRET=1 on CPU: two prompts and a chunk over FP8 pages; v1.18's TMA kernel equals v1.17's
     (the interpreter runs both at the same tiles), v1.19's transposed one is within fp16 rounding of them, v1.20's
@@ -107,6 +127,7 @@ def main(argv=None) -> int:
     from bench.kernel_timings import bench, bench_graph, host_ms, paged, rel_err
     from sits.kernels import get_kernel_set
     from sits.kernels.kv_fp8 import quantize_pages
+    from sits.kernels.prefill_attention_fp8_dequant import DEQUANT_MIN_WORK, attention_work
     res = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "triton": triton.__version__, "rows": [], "sweep": []}
     print(f"{res['device']}: prefill attention, {HQ}/{HKV} heads x {D}, pages of 64, bf16 queries", flush=True)
@@ -120,7 +141,8 @@ def main(argv=None) -> int:
         fp8 = (q, quantize_pages(kc), quantize_pages(vc), tables, cu, lens, D ** -0.5)
         plain = (q, kc, vc, tables, cu, lens, D ** -0.5)
         flops = 4 * b * HQ * s * s * D / 2
-        row = {"shape": f"{b} x {s}", "ms": {}, "tflops": {}, "err": {}, "graph_ms": {}, "host_ms": {}}
+        row = {"shape": f"{b} x {s}", "ms": {}, "tflops": {}, "err": {}, "graph_ms": {}, "host_ms": {},
+               "work": attention_work(q, tables)}
         base = None
         for label, name, on_fp8 in sets:
             fn = get_kernel_set(name).prefill_attention
@@ -166,6 +188,9 @@ def main(argv=None) -> int:
     print("|---|" + "---:|" * len(labels))
     for r in res["rows"]:
         print(f"| {r['shape']} | " + " | ".join(f"{r['host_ms'][k]:.3f}" for k in labels) + " |")
+    v117, v120 = labels[0], next((k for k in labels if k.startswith("v1.20")), None)
+    if v120:
+        print(crossover(res["rows"], v117, v120, DEQUANT_MIN_WORK))
     if res["sweep"]:
         shapes = list(dict.fromkeys(r["shape"] for r in res["sweep"]))
         print("\nlaunch configs of the TMA kernels, ms a call (* the tuner's pick); v1.17's gather kernel for scale")
