@@ -10,13 +10,13 @@ call's attention work, and triton-v1.1's TMA kernel over bf16 pages of the same 
 
 Each op runs once first (its autotuning), its output compared with v1.17's, then timed: medians of
 triton.testing.do_bench (the L2 flushed; the host's launch work counts where it outlasts the GPU's, as v1.20's two
-launches and allocations can at one prompt), the GPU time alone (`graph`: 48 calls replayed from one CUDA
-graph) and the host's time alone (calls enqueued behind a kernel that keeps the GPU busy: what a launch-bound step
-pays); then, by the call's attention work, the GPU time v1.20's op saves against the host time it adds, and from
-which work on every measured call pays (what triton-v1.21's DEQUANT_MIN_WORK should be). --sweep then times the two TMA kernels (v1.18's and v1.19's) at every launch config of SWEEP, the tuner
-bypassed, and names each kernel's pick. TFLOP/s count the causal half of the score matrix; "a
-step, ms": one call times llama3-8b's 32 layers (for 1 x 2,048: what a 2,048-token prefill step spends in attention).
-The table last.
+launches and allocations can at one prompt), the GPU time alone (`graph`: 48 calls replayed from one CUDA graph) and
+the host's time alone (calls enqueued behind a kernel that keeps the GPU busy: what a launch-bound step pays); then,
+by the call's attention work, the GPU time v1.20's op saves against the host time it adds, and from which work on
+every measured call pays (what triton-v1.21's DEQUANT_MIN_WORK should be). --sweep then times the two TMA kernels
+(v1.18's and v1.19's) at every launch config of SWEEP, the tuner bypassed, and names each kernel's pick. TFLOP/s
+count the causal half of the score matrix; "a step, ms": one call times llama3-8b's 32 layers (for 1 x 2,048: what a
+2,048-token prefill step spends in attention). The table last.
 """
 from __future__ import annotations
 
