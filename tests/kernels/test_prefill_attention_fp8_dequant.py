@@ -111,6 +111,8 @@ def test_attention_work_is_a_lower_bound_the_host_knows():
     llama = torch.empty(2048, 32, 128)
     assert m.attention_work(llama[:256], torch.empty(1, 128)) < m.DEQUANT_MIN_WORK
     assert m.attention_work(llama, torch.empty(1, 128)) >= m.DEQUANT_MIN_WORK
+    # the tiny model (4 heads x 64): a whole default step of 2,048 prompt tokens stays with v1.17's kernel
+    assert m.attention_work(torch.empty(2048, 4, 64), torch.empty(1, 64)) < m.DEQUANT_MIN_WORK
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
