@@ -304,7 +304,9 @@ TRITON_V1_21 = register_kernel_set(TRITON_V1_20.derive(
                 "prefill_attention_fp8_dequant.py DEQUANT_MIN_WORK: T new tokens over b sequences x query heads x "
                 "head_dim, T^2 / b x Hq x D, a lower bound the host knows without the context lengths); smaller calls "
                 "-- short prompts, small models, launch-bound steps -- run v1.17's kernel. Each call's values are "
-                "v1.20's or v1.17's bit for bit; plain pages and everything else as v1.20",
+                "v1.20's or v1.17's bit for bit; plain pages and everything else as v1.20. The threshold (2^32: llama3-8b "
+                "from one 1,024-token prompt; never the tiny model at 2,048 tokens a step) is reasoned from v1.20's "
+                "H100 figures, NOT YET MEASURED on a GPU",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant_large,
 ))
