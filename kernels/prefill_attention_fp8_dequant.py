@@ -45,8 +45,13 @@ from sits.kernels.triton_env import check_device, next_pow2, tl, triton
 # reference's score matrix, which the Triton sets never build: 4 GB at 2,048 tokens of that model.
 SCRATCH_MAX_BYTES = 256 * 2**20
 
-# triton-v1.21's threshold on attention_work: where the dequantized pages' op, host included, overtakes v1.17's
-# (bench/prefill_attention_fp8.py's host and GPU tables; BENCHMARKS.md "... triton-v1.21").
+# triton-v1.21's threshold on attention_work. Measured on an H100 (bench/prefill_attention_fp8.py; BENCHMARKS.md
+# "triton-v1.21"), v1.20's op adds 26-164 us of host work a call and saves 8 us of GPU time at 1 x 256 llama3-8b
+# tokens, 22 at 1 x 1,024 (2^32), 68 at 1 x 2,048 (2^34): alone, with the host waiting on nothing else, it pays from
+# 2^34. But a step with 2^32 of attention work carries >= 1,024 tokens x heads x head_dim through its linears too
+# (llama3-8b: ~0.4 ms a layer at fp8 rates), so the host runs ahead of the GPU and only the GPU time counts; and the
+# 256 x 2048/512 row's prefill chunks (2,048 tokens less the decoding sequences) lie between 2^32 and 2^34. Small
+# models never reach it: the tiny model's 4 heads x 64 need 4,096 tokens a call, twice the default step.
 DEQUANT_MIN_WORK = 2**32
 
 
