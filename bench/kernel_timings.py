@@ -62,10 +62,13 @@ def bench_graph(calls, reps: int = 15) -> float:
     return statistics.median(times)
 
 
-def host_ms(fn, calls: int = 64, reps: int = 5) -> float:
+def host_ms(fn, calls: int = 64, reps: int = 9) -> float:
     """Median host milliseconds a call of `fn`: `calls` calls enqueued behind a kernel that keeps the GPU busy
     (torch.cuda._sleep) so that the host never waits for it -- Python, argument checks, allocations, launches: what
-    a launch-bound step pays for the op whatever its kernels take."""
+    a launch-bound step pays for the op whatever its kernels take. Python's garbage collector is held off while
+    timing: in the first measurement columns running the same code differed by 50-100 us, and its pauses are one
+    suspect (not yet checked on a GPU)."""
+    import gc
     import statistics
     import time
 
@@ -73,13 +76,18 @@ def host_ms(fn, calls: int = 64, reps: int = 5) -> float:
     fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(reps):
-        torch.cuda._sleep(200_000_000)   # ~0.1 s at the H100's clocks: longer than the calls' host work
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) * 1e3 / calls)
-        torch.cuda.synchronize()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            torch.cuda._sleep(200_000_000)   # ~0.1 s at the H100's clocks: longer than the calls' host work
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / calls)
+            torch.cuda.synchronize()
+    finally:
+        gc.enable()
     return statistics.median(times)
 
 
