@@ -74,10 +74,11 @@ def crossover(rows: list[dict], v117: str, v120: str, threshold: int) -> str:
         saved = (r["graph_ms"][v117] - r["graph_ms"][v120]) * 1e3
         added = (r["host_ms"][v120] - r["host_ms"][v117]) * 1e3
         paying.append((r["work"], saved >= added))
-        lines.append(f"| {r['shape']} | {r['work']:.3g} | {saved:.1f} | {added:.1f} | {'yes' if saved >= added else 'no'} |")
-    from_work = next((w for i, (w, _) in enumerate(paying) if all(ok for _, ok in paying[i:])), None)
-    lines.append("every measured call from attention work " + (f"{from_work:.3g} on pays" if from_work is not None
-                                                              else "-: none of the largest pays") + " for v1.20's host work")
+        lines.append(f"| {r['shape']} | {r['work']:.3g} | {saved:.1f} | {added:.1f} | "
+                     f"{'yes' if saved >= added else 'no'} |")
+    first = 1 + max((i for i, (_, ok) in enumerate(paying) if not ok), default=-1)   # past the last call that loses
+    where = f"{paying[first][0]:.3g} on pays" if first < len(paying) else "-: none of the largest pays"
+    lines.append(f"every measured call from attention work {where} for v1.20's host work")
     return "\n".join(lines)
 
 

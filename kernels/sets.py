@@ -300,15 +300,15 @@ TRITON_V1_20 = register_kernel_set(TRITON_V1_17.derive(
 TRITON_V1_21 = register_kernel_set(TRITON_V1_20.derive(
     "triton-v1.21", "1.21.0",
     description="triton-v1.20 whose prefill attention over FP8 KV pages (--kv-cache-dtype fp8) dequantizes the pages "
-                "only for calls with enough attention work to pay for its second launch and allocations (kernels/"
-                "prefill_attention_fp8_dequant.py DEQUANT_MIN_WORK: T new tokens over b sequences x query heads x "
-                "head_dim, T^2 / b x Hq x D, a lower bound the host knows without the context lengths); smaller calls "
-                "-- short prompts, small models, launch-bound steps -- run v1.17's kernel. Each call's values are "
-                "v1.20's or v1.17's bit for bit; plain pages and everything else as v1.20. Threshold 2^32: llama3-8b from "
-                "one 1,024-token prompt, never the tiny model at 2,048 tokens a step. Measured on an H100: v1.20's op "
-                "adds 26-164 us of host work a call and saves 8 us of GPU time at 1 x 256, 22 at 1 x 1,024, 68 at 1 x "
-                "2,048; v1.21 ran v1.17's kernel at 1 x 256 and 1 x 512 (its bits) and v1.20's from 1 x 1,024 (0.117 "
-                "against 0.185 ms at 1 x 2,048). No GPU canary yet",
+                "only for calls with enough attention work to pay for its second launch and allocations "
+                "(kernels/prefill_attention_fp8_dequant.py DEQUANT_MIN_WORK: T new tokens over b sequences x query "
+                "heads x head_dim, T^2 / b x Hq x D, a lower bound the host knows without the context lengths); "
+                "smaller calls -- short prompts, small models, launch-bound steps -- run v1.17's kernel. Each call's "
+                "values are v1.20's or v1.17's bit for bit; plain pages and everything else as v1.20. Threshold "
+                "2^32: llama3-8b from one 1,024-token prompt, never the tiny model at 2,048 tokens a step. Measured "
+                "on an H100: v1.20's op adds 26-164 us of host work a call and saves 8 us of GPU time at 1 x 256, 22 "
+                "at 1 x 1,024, 68 at 1 x 2,048; v1.21 ran v1.17's kernel at 1 x 256 and 1 x 512 (its bits) and "
+                "v1.20's from 1 x 1,024 (0.117 against 0.185 ms at 1 x 2,048). No GPU canary yet",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant_large,
 ))
