@@ -36,7 +36,9 @@ def _norm(x, residual, norm_weight, eps):
     return fused_add_rms_norm_pdl(x, residual, norm_weight, eps)
 
 
-def _norm_quant(x, weight, residual, norm_weight, eps, bias):
+def norm_quant(x, weight, residual, norm_weight, eps, bias):
+    """(xq, xs, h): h = x + residual (or x) and rms_norm(h) quantized per row for the W8A8 GEMM (e4m3 [M, H] and
+    [M] scales), after checking x and bias against the weight."""
     _lin.check_linear_args(x, weight, bias)
     with pdl_launches():   # as v1.16's norm launches: it may start while the kernel before it finishes
         return add_rms_norm_quant(x, residual, norm_weight, eps)
@@ -50,7 +52,7 @@ def add_rms_norm_linear_w8a8(x: torch.Tensor, weight, residual: torch.Tensor | N
     if not m:
         h, r = _norm(x, residual, norm_weight, eps)
         return linear_gemv_pdl(h, weight, bias), r
-    xq, xs, h = _norm_quant(x, weight, residual, norm_weight, eps, bias)
+    xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
     n = weight.shape[0]
     return w8a8_quantized(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], n), h
 
@@ -68,7 +70,7 @@ def add_rms_norm_linear_silu_and_mul_w8a8(x: torch.Tensor, weight, residual: tor
     if not m:
         h, r = _norm(x, residual, norm_weight, eps)
         return linear_silu_and_mul_w8a8(h, weight, bias), r
-    xq, xs, h = _norm_quant(x, weight, residual, norm_weight, eps, bias)
+    xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
     if m > SCALED_MM_MAX_M:
         act = gemm_silu_and_mul(xq, xs, weight, bias, x.dtype)
     else:

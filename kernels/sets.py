@@ -15,6 +15,7 @@ from sits.kernels import norm_w8a8 as _norm_w8a8
 from sits.kernels import linear_silu_and_mul as _linear_silu_and_mul
 from sits.kernels import linear_w8a8 as _linear_w8a8
 from sits.kernels import linear_w8a8_silu as _linear_w8a8_silu
+from sits.kernels import linear_w8a8_tma as _linear_w8a8_tma
 from sits.kernels import paged_decode_attention as _decode
 from sits.kernels import paged_decode_attention_fp8 as _decode_fp8
 from sits.kernels import prefill_attention as _prefill
@@ -311,6 +312,22 @@ TRITON_V1_21 = register_kernel_set(TRITON_V1_20.derive(
                 "v1.20's from 1 x 1,024 (0.117 against 0.185 ms at 1 x 2,048). No GPU canary yet",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant_large,
+))
+
+TRITON_V1_22 = register_kernel_set(TRITON_V1_21.derive(
+    "triton-v1.22", "1.22.0",
+    description="triton-v1.21 whose W8A8 GEMM past 512 rows (prefill steps with fp8 weights: the q/k/v, o, gate/up "
+                "with SiLU-and-mul and down projections) is a persistent kernel fed by the tensor-memory accelerator "
+                "(kernels/fp8_gemm_tma.py: one program an SM walking the output tiles, x and weight tiles copied "
+                "by TMA descriptors, the epilogue stored through one, the next tile's loads issued during this "
+                "one's epilogue) instead of v1.4's pointer kernel; the same quantization, math and K order. "
+                "Calls TMA cannot take (fp32 models, K not a multiple of 16, GPUs before sm_90) run the pointer "
+                "kernel; up to 512 rows, other weights and everything else as v1.21. Not yet measured on a GPU",
+    kv_cache_dtypes=("auto", "fp8"),
+    linear=_linear_w8a8_tma.linear_w8a8_tma,
+    linear_silu_and_mul=_linear_w8a8_tma.linear_silu_and_mul_w8a8_tma,
+    add_rms_norm_linear=_linear_w8a8_tma.add_rms_norm_linear_w8a8_tma,
+    add_rms_norm_linear_silu_and_mul=_linear_w8a8_tma.add_rms_norm_linear_silu_and_mul_w8a8_tma,
 ))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----

@@ -1,0 +1,164 @@
+"""A persistent W8A8 GEMM fed by the tensor-memory accelerator (sm_90+): kernels/fp8_gemm.py's `_linear_fp8_kernel`
+math (x quantized per row to e4m3, fp8 weights, y = acc * sx[t] * sw[n] (+ b), fp32 accumulation, the same K order)
+with a different way to the tensor cores, for the prefill-size row counts where the W8A8 GEMM runs (more than
+kernels/linear_w8a8.py's SCALED_MM_MAX_M rows).
+
+- The x and weight tiles come in through TMA descriptors (`TensorDescriptor` over xq [M, K] and the weight [N, K]):
+  no per-element address arithmetic or masks in the K loop (the descriptor zero-fills past M, N and K), and the
+  copies land in shared memory in the layout wgmma reads.
+- One program per SM walks the output tiles (`tl.range` over tiles, NUM_SMS apart, flattened with the K loop), so
+  the next tile's first loads are issued while this tile's epilogue runs, and no launch tail of short-lived
+  programs is left.
+- The epilogue stores through a descriptor too (the tile, or its two halves with EPILOGUE_SPLIT, which keeps the
+  shared-memory staging within budget next to four pipeline stages).
+- SILU_EPI: triton-v1.16's SiLU-and-mul epilogue (weight = [gate; up] [2N, K], out [M, N]): a second accumulator
+  over the up rows N further, both rounded to out's dtype first, then silu(gate) * up in fp32, as silu_and_mul does.
+
+Each output element sums the same K tiles in the same order as `_linear_fp8_kernel` with the same BLOCK_K, so the
+two agree bit for bit under Triton's interpreter (CPU tests); on the GPU the tensor-core instruction shapes may
+order the in-tile sums differently (agreement to the fp32 rounding of the accumulator, checked on a GPU). Under the
+interpreter the descriptors are emulated, so the CPU tests cover this kernel too.
+"""
+from __future__ import annotations
+
+import torch
+
+from sits.kernels.quant import QuantizedWeight
+from sits.kernels.triton_env import (autotune, grouped_tile, interpreting, num_sms, settle_before_tuning, tl,
+                                     triton)
+
+try:  # Triton >= 3.4: host-side TMA descriptors
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: no TMA GEMM
+    TensorDescriptor = None
+
+
+@triton.jit
+def _w8a8_tma_kernel(a_desc, w_desc, out_desc, a_scale_ptr, w_scale_ptr, bias_ptr, M, N, K,
+                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+                     SILU_EPI: tl.constexpr = False):
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # the epilogue recomputes its tile's coordinates from a counter of its own: the flattened loop's software
+    # pipeline runs the next tile's loads alongside this epilogue, so values from the loop's head are not kept live
+    tile_c = start - NUM_SMS
+    for tile in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            acc = tl.dot(a, w_desc.load([off_n, off_k]).T, acc)
+            if SILU_EPI:
+                acc_up = tl.dot(a, w_desc.load([off_n + N, off_k]).T, acc_up)
+        tile_c += NUM_SMS
+        pid_m, pid_n = grouped_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        sa = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
+        sw = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
+        y = acc * sa[:, None] * sw[None, :]
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if SILU_EPI:
+            sw_up = tl.load(w_scale_ptr + N + offs_n, mask=mask_n, other=0.0)
+            up = acc_up * sa[:, None] * sw_up[None, :]
+            if HAS_BIAS:
+                up = up + tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+            gate = y.to(out_desc.dtype).to(tl.float32)
+            up = up.to(out_desc.dtype).to(tl.float32)
+            y = gate / (1.0 + tl.exp(-gate)) * up
+        y = y.to(out_desc.dtype)
+        if EPILOGUE_SPLIT:   # two [BLOCK_M, BLOCK_N / 2] stores: half the shared-memory staging
+            y0, y1 = y.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y0)
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], y1)
+        else:
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y)
+
+
+def _set_blocks(nargs) -> None:
+    # the autotuner's pre-hook: each candidate's tile shapes on the descriptors it is timed with
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["w_desc"].block_shape = [bn, bk]
+    nargs["out_desc"].block_shape = [bm, bn // 2 if nargs["EPILOGUE_SPLIT"] else bn]
+
+
+def _config(bm, bn, warps, stages, split):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8, "EPILOGUE_SPLIT": split},
+                         num_warps=warps, num_stages=stages, pre_hook=_set_blocks)
+
+
+# candidates: kernels/linear_w8a8.py's tiles (128 x 256 won at 2,048 rows on the H200 for the pointer kernel), with
+# three or four stages (four need the split epilogue to fit 228 KB of shared memory at 128 x 256)
+CONFIGS = [_config(bm, bn, w, st, split) for bm, bn, w, st, split in (
+    (128, 256, 8, 3, False), (128, 256, 8, 4, True), (128, 128, 8, 4, False), (128, 128, 4, 4, False),
+    (256, 128, 8, 3, False))]
+# with the SiLU-and-mul epilogue a program holds two accumulators: tiles of half the width, as _PAIRED
+CONFIGS_SILU = [_config(bm, bn, w, st, split) for bm, bn, w, st, split in (
+    (128, 128, 8, 3, False), (128, 128, 8, 4, False), (128, 64, 4, 4, False), (64, 128, 4, 4, False))]
+_tuned = autotune(CONFIGS, key=["N", "K", "SILU_EPI"], warmup=5, rep=25)(_w8a8_tma_kernel)
+_tuned_silu = autotune(CONFIGS_SILU, key=["N", "K", "SILU_EPI"], warmup=5, rep=25)(_w8a8_tma_kernel)
+_BEST: dict = {}   # (device, N, K, dtype, bias, silu) -> the winning config's kwargs
+
+
+def tma_gemm_ok(xq: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor) -> bool:
+    """Can the TMA GEMM take this call: Triton with host descriptors, sm_90+ (or the interpreter), e4m3 operands
+    with unit column stride and 16-byte aligned rows (TMA's rule), a 16-bit output with aligned rows."""
+    qw = weight.qweight
+    if TensorDescriptor is None or out.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    for t in (xq, qw, out):
+        if t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return False
+    return interpreting() or (xq.is_cuda and torch.cuda.get_device_capability(xq.device) >= (9, 0))
+
+
+def _descriptors(xq, qw, out, bm, bn, bk, split):
+    m, k = xq.shape
+    return (TensorDescriptor(xq, [m, k], [xq.stride(0), 1], [bm, bk]),
+            TensorDescriptor(qw, list(qw.shape), [qw.stride(0), 1], [bn, bk]),
+            TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [bm, bn // 2 if split else bn]))
+
+
+def gemm_tma(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, out: torch.Tensor, *,
+             silu_epi: bool = False, config: dict | None = None) -> None:
+    """out [M, N] = (xq W^T) * xs[:, None] * sw[None, :] (+ b) for xq [M, K] e4m3 and its row scales xs [M] (fp32)
+    times fp8 weights W [N, K] (or with `silu_epi` silu_and_mul of the [gate; up] product, W [2N, K]). Tuned once per
+    weight shape on a GPU (the winner kept for the process); `config` fixes the tile (benchmark sweeps, tests). The
+    caller checks `tma_gemm_ok`."""
+    m, k = xq.shape
+    n = out.shape[1]
+    if m == 0:
+        return
+    has_bias = bias is not None
+    b = bias.contiguous() if has_bias else weight.scale
+    sms = num_sms(xq.device)
+    if config is None and interpreting():   # small tiles: CPU tests cover partial tiles and the persistent walk
+        config = dict(BLOCK_M=32, BLOCK_N=32 if n >= 32 else 16, BLOCK_K=64 if k >= 64 else 32, GROUP_M=8,
+                      EPILOGUE_SPLIT=False)
+    key = (xq.device, n, k, out.dtype, has_bias, silu_epi)
+    if config is None:
+        config = _BEST.get(key)
+    if config is None:   # tune: the pre-hook sets each candidate's tile shapes on these descriptors
+        settle_before_tuning((xq, out))
+        descs = _descriptors(xq, weight.qweight, out, 64, 64, 64, False)
+        tuned = _tuned_silu if silu_epi else _tuned
+        grid = lambda c: (min(sms, triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])),)  # noqa: E731
+        tuned[grid](*descs, xs, weight.scale, b, m, n, k, HAS_BIAS=has_bias, NUM_SMS=sms, SILU_EPI=silu_epi)
+        best = tuned.best_config
+        _BEST[key] = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+        return
+    bm, bn, bk, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["EPILOGUE_SPLIT"]
+    launch = {c: v for c, v in config.items() if not (interpreting() and c in ("num_warps", "num_stages"))}
+    grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    _w8a8_tma_kernel[grid](*_descriptors(xq, weight.qweight, out, bm, bn, bk, split), xs, weight.scale, b, m, n, k,
+                           HAS_BIAS=has_bias, NUM_SMS=sms, SILU_EPI=silu_epi, **launch)

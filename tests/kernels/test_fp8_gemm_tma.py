@@ -1,0 +1,192 @@
+"""triton-v1.22's W8A8 GEMM (kernels/fp8_gemm_tma.py: persistent, TMA-fed) and its four ops (kernels/linear_w8a8_tma.py).
+On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives the pointer kernel's bits with
+the same tiles -- partial row, column and K tiles, bias, the SiLU-and-mul epilogue, the split epilogue, more tiles
+than programs (the persistent walk); calls TMA cannot take fall back to the pointer kernel; v1.22's ops give v1.21's
+bits past 512 rows and are v1.21's ops below. On a GPU at llama3-8b's shapes: the pointer kernel's values within the
+fp32 accumulator's rounding, through every op. The ops take the TMA kernel only from TMA_MIN_WORK multiply-adds a
+call (llama3-8b past 512 rows, never the tiny model)."""
+import pytest
+import torch
+
+from sits.kernels import fp8_gemm_tma as tma
+from sits.kernels import linear_w8a8_tma as ops
+from sits.kernels import get_kernel_set, quantize_weight
+from sits.kernels.fp8_gemm import quantize_rows
+from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, _gemm_launch
+from sits.kernels.linear_w8a8_tma import gemm
+from tests.kernels.helpers import on_gpu
+
+V121 = get_kernel_set("triton-v1.21")
+V122 = get_kernel_set("triton-v1.22")
+OPS = ("linear", "linear_silu_and_mul", "add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul")
+
+
+def _case(m, n, k, seed, dev, silu=False, bias=False, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    qw = quantize_weight(torch.randn(2 * n if silu else n, k, generator=g) * k ** -0.5, "fp8").to(dev)
+    x = (torch.randn(m, k, generator=g) * 3).to(dtype).to(dev)
+    x[0] = 0.0   # a row of zeros: scale 1
+    b = torch.randn(qw.shape[0], generator=g).to(dtype).to(dev) if bias else None
+    xq, xs = quantize_rows(x)
+    return x, xq, xs, qw, b
+
+
+def _pointer(xq, xs, qw, b, n, silu, config=None, dtype=torch.bfloat16):
+    out = torch.empty(xq.shape[0], n, dtype=dtype, device=xq.device)
+    _gemm_launch(xq, xs, qw, b, out, config, silu_epi=silu)
+    return out
+
+
+def test_the_set_serves_them():
+    assert V122.parent == "triton-v1.21" and V122.overrides == OPS and V122.kv_cache_dtypes == ("auto", "fp8")
+    assert V122.linear is ops.linear_w8a8_tma and V122.linear_silu_and_mul is ops.linear_silu_and_mul_w8a8_tma
+    assert V122.prefill_attention is V121.prefill_attention
+    assert V121.linear is not ops.linear_w8a8_tma   # the released set is unchanged
+
+
+@pytest.mark.parametrize("m,n,k,silu,bias", [
+    (70, 96, 160, False, False),    # partial row tiles and a partial K tile (160 = 2.5 x 64)
+    (129, 48, 64, False, True),     # 5 x 2 tiles over 4 programs: the persistent walk; bias
+    (33, 40, 128, True, True),      # the SiLU-and-mul epilogue, a partial column tile, bias on gate and up
+    (8, 32, 32, True, False),       # fewer rows than a tile
+])
+def test_the_pointer_kernels_bits(dev, m, n, k, silu, bias):
+    if dev != "cpu":
+        pytest.skip("bit for bit under the interpreter; the GPU test below holds the values")
+    _, xq, xs, qw, b = _case(m, n, k, 1, dev, silu, bias)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    assert tma.tma_gemm_ok(xq, qw, out)
+    tma.gemm_tma(xq, xs, qw, b, out, silu_epi=silu)
+    assert torch.equal(out, _pointer(xq, xs, qw, b, n, silu))
+
+
+def test_the_split_epilogue_and_a_fixed_tile(dev):
+    if dev != "cpu":
+        pytest.skip("bit for bit under the interpreter")
+    _, xq, xs, qw, b = _case(100, 96, 128, 2, dev, bias=True)
+    want = _pointer(xq, xs, qw, b, 96, False, dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8))
+    for split in (False, True):
+        out = torch.empty_like(want)
+        tma.gemm_tma(xq, xs, qw, b, out, config=dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8,
+                                                      EPILOGUE_SPLIT=split))
+        assert torch.equal(out, want), split
+
+
+def test_calls_tma_cannot_take_run_the_pointer_kernel(dev):
+    _, xq, xs, qw, _ = _case(40, 32, 200, 3, dev)   # K = 200: rows of 200 bytes are not 16-byte aligned
+    out = torch.empty(40, 32, dtype=torch.bfloat16, device=dev)
+    assert not tma.tma_gemm_ok(xq, qw, out)
+    assert torch.equal(gemm(xq, xs, qw, None, torch.bfloat16), _pointer(xq, xs, qw, None, 32, False))
+    _, xq, xs, qw, _ = _case(40, 32, 64, 4, dev, dtype=torch.float32)
+    assert not tma.tma_gemm_ok(xq, qw, torch.empty(40, 32, device=dev))   # fp32 out: not a 16-bit TMA store
+    assert torch.equal(gemm(xq, xs, qw, None, torch.float32), _pointer(xq, xs, qw, None, 32, False,
+                                                                       dtype=torch.float32))
+
+
+def _op_args(op, m, dev, seed, h=64, n=48, residual=True):
+    g = torch.Generator().manual_seed(seed)
+    silu = op.endswith("silu_and_mul")
+    qw = quantize_weight(torch.randn(2 * n if silu else n, h, generator=g) * h ** -0.5, "fp8").to(dev)
+    x = (torch.randn(m, h, generator=g) * 2).to(torch.bfloat16).to(dev)
+    if op.startswith("add_rms_norm"):
+        r = torch.randn(m, h, generator=g).to(torch.bfloat16).to(dev) if residual else None
+        nw = (torch.randn(h, generator=g) * 0.1 + 1).to(torch.bfloat16).to(dev)
+        return (x, qw, r, nw, 1e-5)
+    return (x, qw)
+
+
+@pytest.fixture
+def tma_calls(monkeypatch):
+    """The TMA kernel's launches by the ops, counted."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return tma.gemm_tma(*args, **kwargs)
+    monkeypatch.setattr(ops, "gemm_tma", counted)
+    return calls
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_prefill_rows_are_v121s_bits(dev, op, tma_calls, monkeypatch):
+    if dev != "cpu":
+        pytest.skip("bit for bit under the interpreter; the GPU test below holds the values")
+    monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)   # the small shapes here take the TMA kernel too
+    args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 5)
+    got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
+    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)]
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        assert a.shape == b.shape and torch.equal(a, b), op
+
+
+def test_the_tma_kernel_from_its_work_threshold_on(dev, tma_calls, monkeypatch):
+    x, xq, xs, qw, _ = _case(SCALED_MM_MAX_M + 1, 64, 64, 9, dev)
+    work = xq.shape[0] * 64 * 64
+    monkeypatch.setattr(ops, "TMA_MIN_WORK", work + 1)
+    below = V122.linear(x, qw)
+    assert tma_calls == []
+    monkeypatch.setattr(ops, "TMA_MIN_WORK", work)
+    at = V122.linear(x, qw)
+    assert tma_calls == [xq.shape]
+    if dev == "cpu":
+        assert torch.equal(below, at)
+
+
+def test_the_threshold_takes_llama3_8b_past_512_rows_never_the_tiny_model():
+    from sits.engine.model.presets import preset
+    for name, rows, takes in (("llama3-8b", SCALED_MM_MAX_M + 1, True), ("tiny", 2048, False),
+                              ("tiny", 4096, False)):
+        c = preset(name)
+        heads = c.num_attention_heads + 2 * c.num_key_value_heads
+        head_dim = c.hidden_size // c.num_attention_heads
+        shapes = ((heads * head_dim, c.hidden_size), (c.hidden_size, c.hidden_size),
+                  (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size))
+        assert all((rows * n * k >= ops.TMA_MIN_WORK) == takes for n, k in shapes), (name, rows)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("m", [1, 40, SCALED_MM_MAX_M])
+def test_fewer_rows_are_v121s_op(dev, op, m):
+    args = _op_args(op, m, dev, 6)
+    got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        assert torch.equal(a, b), op
+
+
+def test_a_weight_that_is_not_gate_and_up_is_refused():
+    qw = quantize_weight(torch.randn(31, 32), "fp8")
+    for op, args in (("linear_silu_and_mul", (torch.randn(600, 32), qw)),
+                     ("add_rms_norm_linear_silu_and_mul", (torch.randn(600, 32), qw, None, torch.ones(32), 1e-5))):
+        with pytest.raises(ValueError, match=r"\[2 x I, H\]"):
+            getattr(V122, op)(*args)
+
+
+@on_gpu
+@pytest.mark.parametrize("name,n,k,silu", [("qkv", 6144, 4096, False), ("gate_up", 28672, 4096, True),
+                                           ("down", 4096, 14336, False)])
+@pytest.mark.parametrize("m", [SCALED_MM_MAX_M + 1, 2048])
+def test_gpu_llama3_shapes_match_the_pointer_kernel(name, n, k, silu, m):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs sm_90+")
+    _, xq, xs, qw, _ = _case(m, n // 2 if silu else n, k, 7, "cuda", silu)
+    n_out = n // 2 if silu else n
+    out = torch.empty(m, n_out, dtype=torch.bfloat16, device="cuda")
+    assert tma.tma_gemm_ok(xq, qw, out)
+    tma.gemm_tma(xq, xs, qw, None, out, silu_epi=silu)
+    want = _pointer(xq, xs, qw, None, n_out, silu)
+    # the same K tiles in the same order; wgmma may sum inside a tile in another order: fp32 rounding of the
+    # accumulator, then one bf16 rounding apart at most
+    rel = ((out.float() - want.float()).norm() / want.float().norm()).item()
+    assert rel < 2e-3, rel
+
+
+@on_gpu
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_v122s_ops_give_v121s_values(op):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs sm_90+")
+    args = _op_args(op, 1024, "cuda", 8, h=4096, n=4096)
+    got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        assert a.shape == b.shape
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
