@@ -1,17 +1,22 @@
-"""triton-v1.22's prefill linears: triton-v1.21's four fp8 linear ops (the linear, the fused gate/up projection with
-SiLU-and-mul, and the two norm-fronted ones) with their W8A8 GEMM past SCALED_MM_MAX_M rows run by the persistent TMA
-kernel (kernels/fp8_gemm_tma.py) instead of the pointer kernel (kernels/fp8_gemm.py `_linear_fp8_kernel`). The same
-quantization (kernels/fp8_gemm.py `quantize_rows`, or triton-v1.17's norm that quantizes), the same math and K order.
-Calls the TMA kernel cannot take (an fp32 model, K not a multiple of 16, a GPU before sm_90) and calls with less than
-TMA_MIN_WORK multiply-adds run the pointer kernel; up to SCALED_MM_MAX_M rows and other weights everything is v1.21's
-op.
+"""triton-v1.22's and v1.23's prefill linears: triton-v1.21's fp8 linear ops with their W8A8 GEMM past SCALED_MM_MAX_M
+rows run by the persistent TMA kernel (kernels/fp8_gemm_tma.py) instead of the pointer kernel (kernels/fp8_gemm.py
+`_linear_fp8_kernel`). The same quantization (kernels/fp8_gemm.py `quantize_rows`, or triton-v1.17's norm that
+quantizes), the same math and K order. Calls the TMA kernel cannot take (an fp32 model, K not a multiple of 16, a GPU
+before sm_90) and calls with less than TMA_MIN_WORK multiply-adds run the pointer kernel; up to SCALED_MM_MAX_M rows
+and other weights everything is v1.21's op.
 
-Why a work threshold: the TMA kernel's launch goes through Triton's own launch path (three host descriptors a call,
-which the project's FastLauncher does not take), tens of microseconds of host work more than the pointer kernel's.
-Where a step is long on the GPU the host runs ahead and only the GPU time counts; a small model's prefill steps are
-launch-bound, and there the host time is the step (triton-v1.20's second launch a layer cost the tiny model +5 % ITL
-P90 in the canary). 2^32 multiply-adds: every llama3-8b projection past 512 rows (513 x 4,096 x 4,096 = 2^33), never
-the tiny model (2,048 x 1,536 x 256 = 2^29.6 at its default step).
+- triton-v1.22: all four ops (the linear, the fused gate/up projection with SiLU-and-mul, the two norm-fronted ones),
+  the TMA kernel launched through Triton's own launch path. Measured on an H100: the kernel 5-9 % faster than the
+  pointer one for q/k/v, o and down at 2,048 rows and 5-12 % slower with the SiLU-and-mul epilogue, 50-113 us of host
+  time a call against 18-42; the 256 x 2048/512 row 14 % slower (BENCHMARKS.md "A persistent TMA GEMM").
+- triton-v1.23: the linear (o and down projections) and the norm-fronted linear (q/k/v) only, the TMA kernel launched
+  through the project's FastLauncher (kernels/triton_env.py, now taking host descriptors); the gate/up projection
+  stays v1.21's.
+
+Why a work threshold: a launch costs host time whatever the call's size, and a small model's prefill steps are
+launch-bound: there the host time is the step (triton-v1.20's second launch a layer cost the tiny model +5 % ITL P90
+in the canary). 2^32 multiply-adds: every llama3-8b projection past 512 rows (513 x 4,096 x 4,096 = 2^33), never the
+tiny model (2,048 x 1,536 x 256 = 2^29.6 at its default step).
 """
 from __future__ import annotations
 
@@ -32,27 +37,45 @@ TMA_MIN_WORK = 2**32   # multiply-adds (M x N x K) from which a call takes the T
 
 
 def gemm(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, dtype: torch.dtype, *,
-         silu_epi: bool = False) -> torch.Tensor:
+         silu_epi: bool = False, fast_launch: bool = False) -> torch.Tensor:
     """The W8A8 GEMM past SCALED_MM_MAX_M rows for x quantized per row (xq [M, K] e4m3, xs [M]): the TMA kernel
     where it takes the call and the call has TMA_MIN_WORK multiply-adds, else the pointer kernel
-    (kernels/linear_w8a8.py) -> [M, N] (or [M, N / 2] with the SiLU-and-mul epilogue) in dtype."""
+    (kernels/linear_w8a8.py) -> [M, N] (or [M, N / 2] with the SiLU-and-mul epilogue) in dtype. `fast_launch`: the
+    TMA kernel through the project's FastLauncher (triton-v1.23) instead of Triton's own launch (v1.22)."""
     n = weight.shape[0] // 2 if silu_epi else weight.shape[0]
     out = torch.empty(xq.shape[0], n, dtype=dtype, device=xq.device)
     if xq.shape[0] * weight.shape[0] * xq.shape[1] < TMA_MIN_WORK or not tma_gemm_ok(xq, weight, out):
         return gemm_silu_and_mul(xq, xs, weight, bias, dtype) if silu_epi else w8a8_quantized(xq, xs, weight, bias,
                                                                                              dtype)
-    gemm_tma(xq, xs, weight, bias, out, silu_epi=silu_epi)
+    gemm_tma(xq, xs, weight, bias, out, silu_epi=silu_epi, fast_launch=fast_launch)
     return out
 
 
-def linear_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """y = x W^T (+ b): fp8 weights times more than SCALED_MM_MAX_M rows through the TMA GEMM; else v1.21's linear."""
+def _linear(x: torch.Tensor, weight, bias, fast_launch: bool) -> torch.Tensor:
     if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
         return linear_gemv_pdl(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear", x)
     xq, xs = quantize_rows(_lin.as_rows(x))
-    return gemm(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0])
+    return gemm(xq, xs, weight, bias, x.dtype, fast_launch=fast_launch).view(*x.shape[:-1], weight.shape[0])
+
+
+def _add_rms_norm_linear(x, weight, residual, norm_weight, eps, bias, fast_launch: bool):
+    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
+        return add_rms_norm_linear_w8a8(x, weight, residual, norm_weight, eps, bias)
+    xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
+    return gemm(xq, xs, weight, bias, x.dtype, fast_launch=fast_launch).view(*x.shape[:-1], weight.shape[0]), h
+
+
+def linear_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = x W^T (+ b): fp8 weights times more than SCALED_MM_MAX_M rows through the TMA GEMM (Triton's launch);
+    else v1.21's linear."""
+    return _linear(x, weight, bias, False)
+
+
+def linear_w8a8_tma_fast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """triton-v1.23's linear: linear_w8a8_tma with the TMA GEMM launched through FastLauncher."""
+    return _linear(x, weight, bias, True)
 
 
 def linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
@@ -71,11 +94,16 @@ def linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Te
 def add_rms_norm_linear_w8a8_tma(x: torch.Tensor, weight, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                                  eps: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(h), W, b), h), h = x + residual (or x): past SCALED_MM_MAX_M rows v1.17's quantizing norm,
-    then the TMA GEMM; else v1.21's op."""
-    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
-        return add_rms_norm_linear_w8a8(x, weight, residual, norm_weight, eps, bias)
-    xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
-    return gemm(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0]), h
+    then the TMA GEMM (Triton's launch); else v1.21's op."""
+    return _add_rms_norm_linear(x, weight, residual, norm_weight, eps, bias, False)
+
+
+def add_rms_norm_linear_w8a8_tma_fast(x: torch.Tensor, weight, residual: torch.Tensor | None,
+                                      norm_weight: torch.Tensor, eps: float,
+                                      bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """triton-v1.23's norm-fronted linear: add_rms_norm_linear_w8a8_tma with the TMA GEMM launched through
+    FastLauncher."""
+    return _add_rms_norm_linear(x, weight, residual, norm_weight, eps, bias, True)
 
 
 def add_rms_norm_linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, residual: torch.Tensor | None,

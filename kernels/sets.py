@@ -309,7 +309,9 @@ TRITON_V1_21 = register_kernel_set(TRITON_V1_20.derive(
                 "2^32: llama3-8b from one 1,024-token prompt, never the tiny model at 2,048 tokens a step. Measured "
                 "on an H100: v1.20's op adds 26-164 us of host work a call and saves 8 us of GPU time at 1 x 256, 22 "
                 "at 1 x 1,024, 68 at 1 x 2,048; v1.21 ran v1.17's kernel at 1 x 256 and 1 x 512 (its bits) and "
-                "v1.20's from 1 x 1,024 (0.117 against 0.185 ms at 1 x 2,048). No GPU canary yet",
+                "v1.20's from 1 x 1,024 (0.117 against 0.185 ms at 1 x 2,048). A GPU canary against v1.20 on the "
+                "tiny model (fp8 weights, FP8 pages, H100) promoted it after 19 checks: ITL P90 +1.8 % [-15.6, "
+                "+22.7] (v1.20 had measured +5.2 % against v1.17 there)",
     kv_cache_dtypes=("auto", "fp8"),
     prefill_attention=_prefill_fp8_dequant.prefill_attention_fp8kv_dequant_large,
 ))
@@ -319,15 +321,33 @@ TRITON_V1_22 = register_kernel_set(TRITON_V1_21.derive(
     description="triton-v1.21 whose W8A8 GEMM past 512 rows (prefill steps with fp8 weights: the q/k/v, o, gate/up "
                 "with SiLU-and-mul and down projections) is a persistent kernel fed by the tensor-memory accelerator "
                 "(kernels/fp8_gemm_tma.py: one program an SM walking the output tiles, x and weight tiles copied "
-                "by TMA descriptors, the epilogue stored through one, the next tile's loads issued during this "
-                "one's epilogue) instead of v1.4's pointer kernel; the same quantization, math and K order. "
-                "Calls TMA cannot take (fp32 models, K not a multiple of 16, GPUs before sm_90) run the pointer "
-                "kernel; up to 512 rows, other weights and everything else as v1.21. Not yet measured on a GPU",
+                "by TMA descriptors, the epilogue stored through one) from 2^32 multiply-adds a call, launched "
+                "through Triton's own launch path; the pointer kernel's math, K order and bits. MEASURED SLOWER on "
+                "an H100: the kernel 5-9 % faster at 2,048 rows for q/k/v, o and down but 5-12 % slower with the "
+                "SiLU-and-mul epilogue, and 50-113 us of host time a call against the pointer kernel's 18-42; 256 x "
+                "2048/512 with fp8 weights and FP8 pages 4,638 against v1.21's 5,386 tok/s (-14 %, all of it in the "
+                "steps with prompt tokens). triton-v1.23 keeps what won",
     kv_cache_dtypes=("auto", "fp8"),
     linear=_linear_w8a8_tma.linear_w8a8_tma,
     linear_silu_and_mul=_linear_w8a8_tma.linear_silu_and_mul_w8a8_tma,
     add_rms_norm_linear=_linear_w8a8_tma.add_rms_norm_linear_w8a8_tma,
     add_rms_norm_linear_silu_and_mul=_linear_w8a8_tma.add_rms_norm_linear_silu_and_mul_w8a8_tma,
+))
+
+TRITON_V1_23 = register_kernel_set(TRITON_V1_21.derive(
+    "triton-v1.23", "1.23.0",
+    description="triton-v1.21 whose q/k/v, o and down projections past 512 rows (from 2^32 multiply-adds a call) "
+                "run v1.22's persistent TMA GEMM, launched through the project's fast launcher (host descriptors "
+                "handed to Triton's compiled launcher, as for the pointer kernel) instead of Triton's launch path; "
+                "the gate/up projection with SiLU-and-mul, where the TMA kernel measured slower, stays v1.21's. The "
+                "same bits as v1.21 (the kernels agree to 0 ulp on an H100 at llama3-8b's shapes). Not yet measured "
+                "in the engine",
+    kv_cache_dtypes=("auto", "fp8"),
+    linear=_linear_w8a8_tma.linear_w8a8_tma_fast,
+    add_rms_norm_linear=_linear_w8a8_tma.add_rms_norm_linear_w8a8_tma_fast,
+    # v1.21's own: their GEMM is not the replaced linear (derive() would otherwise drop fusions over `linear`)
+    linear_silu_and_mul=TRITON_V1_21.linear_silu_and_mul,
+    add_rms_norm_linear_silu_and_mul=TRITON_V1_21.add_rms_norm_linear_silu_and_mul,
 ))
 
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----

@@ -190,7 +190,10 @@ def _is_constexpr(annotation) -> bool:
 
 def _spec_key(a):
     # what Triton 3.x specializes a runtime argument on: a tensor's dtype and 16-byte alignment, an int's value 1,
-    # divisibility by 16 and width; floats and None are not specialized
+    # divisibility by 16 and width; a host TMA descriptor's element type, block shape and padding (Triton's launcher
+    # encodes the descriptor itself at each launch); floats and None are not specialized
+    if hasattr(a, "block_shape") and hasattr(a, "base"):   # triton.tools.tensor_descriptor.TensorDescriptor
+        return "desc", a.base.dtype, tuple(a.block_shape), getattr(a, "padding", None)
     if hasattr(a, "data_ptr"):
         return a.dtype, a.data_ptr() % 16 == 0
     if isinstance(a, bool):
@@ -201,7 +204,7 @@ def _spec_key(a):
         return "f"
     if a is None:
         return None
-    raise TypeError(type(a).__name__)  # e.g. a TMA descriptor: not taken by the fast path
+    raise TypeError(type(a).__name__)  # not taken by the fast path
 
 
 def current_device() -> int:

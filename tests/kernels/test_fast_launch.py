@@ -54,6 +54,26 @@ def test_first_call_compiles_through_triton_then_launches_directly(monkeypatch):
     assert len(launch.compiled) == 4
 
 
+def test_tma_descriptors_are_specialized_by_dtype_and_block_shape(monkeypatch):
+    from sits.kernels.fp8_gemm_tma import TensorDescriptor
+    if TensorDescriptor is None:
+        pytest.skip("this Triton has no host TMA descriptors")
+    monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: True)
+    monkeypatch.setattr(triton_env, "current_device", lambda: 0)
+    monkeypatch.setattr(triton_env, "current_raw_stream", lambda dev: 7)
+    jit = _Jit()
+    launch = triton_env.FastLauncher(jit, BLOCK=64, FLAG=True)
+    x, y = torch.zeros(64, 32), torch.zeros(128, 32)
+    d = lambda t, block: TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block)  # noqa: E731
+    launch((1,), d(x, [16, 32]), 32, 0.5)
+    first = d(y, [16, 32])   # another tensor and shape, the same element type and block: the compiled kernel,
+    launch((1,), first, 32, 0.5)   # given the descriptor itself (Triton's launcher encodes it at each launch)
+    assert jit.log[-1] == ("run", (1, 1, 1), (first, 32, 64, 0.5, True))
+    launch((1,), d(x, [32, 32]), 32, 0.5)           # another block shape: Triton compiles another kernel
+    launch((1,), d(x.bfloat16(), [16, 32]), 32, 0.5)   # another element type: another one again
+    assert [e[0] for e in jit.log] == ["jit", "run", "jit", "jit"] and len(launch.compiled) == 3
+
+
 def test_off_under_the_interpreter_or_when_disabled(monkeypatch):
     monkeypatch.setattr(triton_env, "_fast_launch_on", lambda: False)
     jit = _Jit()

@@ -18,6 +18,7 @@ from tests.kernels.helpers import on_gpu
 
 V121 = get_kernel_set("triton-v1.21")
 V122 = get_kernel_set("triton-v1.22")
+V123 = get_kernel_set("triton-v1.23")
 OPS = ("linear", "linear_silu_and_mul", "add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul")
 
 
@@ -42,6 +43,10 @@ def test_the_set_serves_them():
     assert V122.linear is ops.linear_w8a8_tma and V122.linear_silu_and_mul is ops.linear_silu_and_mul_w8a8_tma
     assert V122.prefill_attention is V121.prefill_attention
     assert V121.linear is not ops.linear_w8a8_tma   # the released set is unchanged
+    assert V123.parent == "triton-v1.21" and V123.overrides == OPS
+    assert V123.linear is ops.linear_w8a8_tma_fast and V123.add_rms_norm_linear is ops.add_rms_norm_linear_w8a8_tma_fast
+    for op in ("linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"):   # the gate/up projection: v1.21's
+        assert getattr(V123, op) is getattr(V121, op), op
 
 
 @pytest.mark.parametrize("m,n,k,silu,bias", [
@@ -95,15 +100,21 @@ def _op_args(op, m, dev, seed, h=64, n=48, residual=True):
     return (x, qw)
 
 
+class _Calls(list):
+    fast: list
+
+
 @pytest.fixture
 def tma_calls(monkeypatch):
-    """The TMA kernel's launches by the ops, counted."""
-    calls = []
+    """The TMA kernel's launches by the ops (x's shape each), and whether each went through FastLauncher."""
+    calls, fast_launches = _Calls(), []
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
+        fast_launches.append(kwargs.get("fast_launch", False))
         return tma.gemm_tma(*args, **kwargs)
     monkeypatch.setattr(ops, "gemm_tma", counted)
+    calls.fast = fast_launches
     return calls
 
 
@@ -114,9 +125,22 @@ def test_prefill_rows_are_v121s_bits(dev, op, tma_calls, monkeypatch):
     monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)   # the small shapes here take the TMA kernel too
     args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 5)
     got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
-    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)]
+    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [False]
     for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
         assert a.shape == b.shape and torch.equal(a, b), op
+
+
+@pytest.mark.parametrize("op", ["linear", "add_rms_norm_linear"])
+def test_v123s_ops_are_v121s_bits_through_the_fast_launcher(dev, op, tma_calls, monkeypatch):
+    monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)
+    args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 10)
+    got, want = getattr(V123, op)(*args), getattr(V121, op)(*args)
+    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True]
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        if dev == "cpu":
+            assert torch.equal(a, b), op
+        else:
+            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
 
 
 def test_the_tma_kernel_from_its_work_threshold_on(dev, tma_calls, monkeypatch):
@@ -181,12 +205,14 @@ def test_gpu_llama3_shapes_match_the_pointer_kernel(name, n, k, silu, m):
 
 
 @on_gpu
-@pytest.mark.parametrize("op", OPS)
-def test_gpu_v122s_ops_give_v121s_values(op):
+@pytest.mark.parametrize("name,op", [*((122, op) for op in OPS), (123, "linear"), (123, "add_rms_norm_linear")])
+def test_gpu_v122s_and_v123s_ops_give_v121s_values(name, op):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs sm_90+")
     args = _op_args(op, 1024, "cuda", 8, h=4096, n=4096)
-    got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
-    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
-        assert a.shape == b.shape
-        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+    s = V122 if name == 122 else V123
+    for _ in range(3):   # v1.23: the first call compiles through Triton, the later ones launch through FastLauncher
+        got, want = getattr(s, op)(*args), getattr(V121, op)(*args)
+        for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+            assert a.shape == b.shape
+            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
