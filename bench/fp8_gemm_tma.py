@@ -129,8 +129,8 @@ def sweep_table(res: dict) -> str:
 
 def call_table(res: dict) -> str:
     """Every call: GPU us (TFLOP/s) by path, host us a call, the TMA kernel's distance from the pointer kernel's."""
-    lines = ["| shape | rows | pointer us (TFLOP/s) | TMA us (TFLOP/s) | torch._scaled_mm us (TFLOP/s) | TMA / pointer | "
-             "host us a call, pointer / TMA | TMA - pointer, max ulp |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| shape | rows | pointer us (TFLOP/s) | TMA us (TFLOP/s) | torch._scaled_mm us (TFLOP/s) | "
+             "TMA / pointer | host us a call, pointer / TMA | TMA - pointer, max ulp |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         flops = 2 * r["m"] * r["n"] * r["k"]
         cell = lambda p: f"{r[p + '_us']:.1f} ({flops / r[p + '_us'] / 1e6:.0f})"  # noqa: E731

@@ -1,10 +1,11 @@
-"""triton-v1.22's W8A8 GEMM (kernels/fp8_gemm_tma.py: persistent, TMA-fed) and its four ops (kernels/linear_w8a8_tma.py).
-On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives the pointer kernel's bits with
-the same tiles -- partial row, column and K tiles, bias, the SiLU-and-mul epilogue, the split epilogue, more tiles
-than programs (the persistent walk); calls TMA cannot take fall back to the pointer kernel; v1.22's ops give v1.21's
-bits past 512 rows and are v1.21's ops below. On a GPU at llama3-8b's shapes: the pointer kernel's values within the
-fp32 accumulator's rounding, through every op. The ops take the TMA kernel only from TMA_MIN_WORK multiply-adds a
-call (llama3-8b past 512 rows, never the tiny model)."""
+"""triton-v1.22's W8A8 GEMM (kernels/fp8_gemm_tma.py: persistent, TMA-fed), its four ops and triton-v1.23's two
+(kernels/linear_w8a8_tma.py). On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives
+the pointer kernel's bits with the same tiles -- partial row, column and K tiles, bias, the SiLU-and-mul epilogue, the
+split epilogue, more tiles than programs (the persistent walk); calls TMA cannot take fall back to the pointer kernel;
+v1.22's and v1.23's ops give v1.21's bits past 512 rows (v1.23's through the fast launcher) and are v1.21's ops below.
+On a GPU at llama3-8b's shapes: the pointer kernel's values within the fp32 accumulator's rounding, through every op.
+The ops take the TMA kernel only from TMA_MIN_WORK multiply-adds a call (llama3-8b past 512 rows, never the tiny
+model)."""
 import pytest
 import torch
 
