@@ -49,21 +49,33 @@ def _linear_fp8_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    acc = w8a8_epilogue(acc, acc_up, offs_m, offs_n, mask_m, mask_n, a_scale_ptr, w_scale_ptr, bias_ptr, N,
+                        out_ptr.dtype.element_ty, HAS_BIAS, SILU_EPI)
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def w8a8_epilogue(acc, acc_up, offs_m, offs_n, mask_m, mask_n, a_scale_ptr, w_scale_ptr, bias_ptr, N,
+                  OUT_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_EPI: tl.constexpr):
+    """A W8A8 tile's output in fp32 before the store: acc (x W^T over the tile's rows offs_m and columns offs_n) times
+    the rows' and columns' scales (+ bias); with SILU_EPI, acc_up the same over the up rows N further and the result
+    silu(gate) * up, both products rounded to OUT_DTYPE first as silu_and_mul reads them. Shared by the pointer
+    kernel and the TMA one (kernels/fp8_gemm_tma.py)."""
     sa = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
     sw = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
-    acc = acc * sa[:, None] * sw[None, :]
+    y = acc * sa[:, None] * sw[None, :]
     if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if SILU_EPI:
         sw_up = tl.load(w_scale_ptr + N + offs_n, mask=mask_n, other=0.0)
         up = acc_up * sa[:, None] * sw_up[None, :]
         if HAS_BIAS:
             up = up + tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
-        up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        gate = y.to(OUT_DTYPE).to(tl.float32)
+        up = up.to(OUT_DTYPE).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+    return y
 
 
 def _cfg(bm, bn, bk, w, s):

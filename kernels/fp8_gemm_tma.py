@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from sits.kernels.fp8_gemm import w8a8_epilogue
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import (autotune, fast, grouped_tile, interpreting, num_sms, settle_before_tuning,
                                      tl, triton)
@@ -62,19 +63,8 @@ def _w8a8_tma_kernel(a_desc, w_desc, out_desc, a_scale_ptr, w_scale_ptr, bias_pt
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_m < M
         mask_n = offs_n < N
-        sa = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
-        sw = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
-        y = acc * sa[:, None] * sw[None, :]
-        if HAS_BIAS:
-            y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if SILU_EPI:
-            sw_up = tl.load(w_scale_ptr + N + offs_n, mask=mask_n, other=0.0)
-            up = acc_up * sa[:, None] * sw_up[None, :]
-            if HAS_BIAS:
-                up = up + tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            gate = y.to(out_desc.dtype).to(tl.float32)
-            up = up.to(out_desc.dtype).to(tl.float32)
-            y = gate / (1.0 + tl.exp(-gate)) * up
+        y = w8a8_epilogue(acc, acc_up, offs_m, offs_n, mask_m, mask_n, a_scale_ptr, w_scale_ptr, bias_ptr, N,
+                          out_desc.dtype, HAS_BIAS, SILU_EPI)
         y = y.to(out_desc.dtype)
         if EPILOGUE_SPLIT:   # two [BLOCK_M, BLOCK_N / 2] stores: half the shared-memory staging
             y0, y1 = y.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
