@@ -7,9 +7,10 @@ the same for all three and not timed).
     python3 bench/fp8_gemm_tma.py [--rows 576,1024,2048,4096] [--square 8192] [--sweep-rows 2048] [--json OUT.json]
 
 Times: microseconds per call from a CUDA graph replaying calls round-robin over enough weight copies to be past the
-L2 (bench/kernel_timings.py's `bench_graph`). Each output is checked first: the TMA kernel against the pointer
-kernel (max |difference| in units of the output's last place, and relative error against the fp32 reference of the
-same quantized operands). `--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the
+L2 (bench/kernel_timings.py's `bench_graph`); host microseconds a call with the GPU kept busy (`host_ms`), for the
+TMA kernel through Triton's launch (triton-v1.22) and through the project's FastLauncher (v1.23; its output must be
+the other launch's bits). Each output is checked first: the TMA kernel against the pointer kernel (max |difference|
+in units of the output's last place, and relative error against the fp32 reference of the same quantized operands). `--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the
 winners. The short table last: one prefill step's linears (q/k/v, o, gate/up + SiLU-and-mul, down; 32 layers).
 """
 from __future__ import annotations
@@ -80,8 +81,9 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
             def call(path, q, cfg=None):
                 if path == "pointer":
                     _gemm_launch(xq, xs, q, None, outs[path], None, silu_epi=silu)
-                elif path == "tma":
-                    tma.gemm_tma(xq, xs, q, None, outs[path], silu_epi=silu, config=cfg)
+                elif path in ("tma", "tma_fast"):
+                    tma.gemm_tma(xq, xs, q, None, outs[path], silu_epi=silu, config=cfg,
+                                 fast_launch=path == "tma_fast")
                 else:
                     y = torch._scaled_mm(xq, q.qweight.t(), scale_a=xs[:, None], scale_b=q.scale[None, :],
                                          out_dtype=torch.bfloat16)
@@ -93,6 +95,11 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
                 row[f"{path}_err"] = rel_err(outs[path], ref)
                 row[f"{path}_us"] = 1e3 * bench_graph([lambda q=q, p=path: call(p, q) for q in qws])
                 row[f"{path}_host_us"] = 1e3 * host_ms(lambda p=path: call(p, qws[0]), calls=16)
+            # triton-v1.23's launch of the same kernel: the host time it costs (its GPU time is the TMA column's)
+            outs["tma_fast"] = torch.empty_like(outs["tma"])
+            call("tma_fast", qws[0])
+            row["tma_fast_equal"] = bool(torch.equal(outs["tma_fast"], outs["tma"]))
+            row["tma_fast_host_us"] = 1e3 * host_ms(lambda: call("tma_fast", qws[0]), calls=16)
             row["tma_vs_pointer_ulp"] = _ulp_diff(outs["tma"], outs["pointer"])
             row["tma_config"] = tma._BEST.get((xq.device, n_out, k, torch.bfloat16, False, silu))
             flops = 2 * m * n * k
@@ -101,7 +108,9 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
                   f"TFLOP/s)  tma {row['tma_us']:8.1f} us ({flops / row['tma_us'] / 1e6:5.0f})  scaled_mm "
                   f"{row['scaled_mm_us']:8.1f} us ({flops / row['scaled_mm_us'] / 1e6:5.0f})  tma-pointer "
                   f"{row['tma_vs_pointer_ulp']:.0f} ulp  err {row['pointer_err']:.1e}/{row['tma_err']:.1e}  host "
-                  f"{row['pointer_host_us']:.0f}/{row['tma_host_us']:.0f} us  {row['tma_config']}", flush=True)
+                  f"{row['pointer_host_us']:.0f}/{row['tma_host_us']:.0f}/{row['tma_fast_host_us']:.0f} us (fast "
+                  f"launch {'same bits' if row['tma_fast_equal'] else 'DIFFERENT BITS'})  {row['tma_config']}",
+                  flush=True)
             if m in sweep_rows:
                 for c in (tma.CONFIGS_SILU if silu else tma.CONFIGS):
                     cfg = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
@@ -130,12 +139,14 @@ def sweep_table(res: dict) -> str:
 def call_table(res: dict) -> str:
     """Every call: GPU us (TFLOP/s) by path, host us a call, the TMA kernel's distance from the pointer kernel's."""
     lines = ["| shape | rows | pointer us (TFLOP/s) | TMA us (TFLOP/s) | torch._scaled_mm us (TFLOP/s) | "
-             "TMA / pointer | host us a call, pointer / TMA | TMA - pointer, max ulp |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "TMA / pointer | host us a call, pointer / TMA / TMA fast launch | TMA - pointer, max ulp |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         flops = 2 * r["m"] * r["n"] * r["k"]
         cell = lambda p: f"{r[p + '_us']:.1f} ({flops / r[p + '_us'] / 1e6:.0f})"  # noqa: E731
         lines.append(f"| {r['shape']} | {r['m']} | {cell('pointer')} | {cell('tma')} | {cell('scaled_mm')} | "
-                     f"{r['tma_us'] / r['pointer_us']:.3f} | {r['pointer_host_us']:.0f} / {r['tma_host_us']:.0f} | "
+                     f"{r['tma_us'] / r['pointer_us']:.3f} | {r['pointer_host_us']:.0f} / {r['tma_host_us']:.0f} / "
+                     f"{r['tma_fast_host_us']:.0f}{'' if r['tma_fast_equal'] else ' (bits differ)'} | "
                      f"{r['tma_vs_pointer_ulp']:.0f} |")
     return "\n".join(lines)
 
