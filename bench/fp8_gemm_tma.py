@@ -11,7 +11,8 @@ L2 (bench/kernel_timings.py's `bench_graph`); host microseconds a call with the 
 TMA kernel through Triton's launch (triton-v1.22) and through the project's FastLauncher (v1.23; its output must be
 the other launch's bits). Each output is checked first: the TMA kernel against the pointer kernel (max |difference|
 in units of the output's last place, and relative error against the fp32 reference of the same quantized operands).
-`--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the winners. The short table last: one prefill step's linears (q/k/v, o, gate/up + SiLU-and-mul, down; 32 layers).
+`--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the winners. The short table last:
+one prefill step's linears (q/k/v, o, gate/up + SiLU-and-mul, down; 32 layers).
 """
 from __future__ import annotations
 
