@@ -197,6 +197,12 @@ def _split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
     return locks
 
 
+def check_gate_up(op: str, weight) -> None:
+    """A fused gate/up op's weight must be [2 x I, H]: [gate; up] stacked along the rows."""
+    if len(weight.shape) != 2 or weight.shape[0] % 2:
+        raise ValueError(f"{op}: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
+
+
 def check_linear_args(x: torch.Tensor, weight, bias) -> None:
     k = weight.shape[1] if len(weight.shape) == 2 else -1
     if x.shape[-1] != k:

@@ -293,8 +293,7 @@ def _linear(x: torch.Tensor, weight, bias, bcast: bool) -> torch.Tensor:
 
 
 def _linear_silu_and_mul(x: torch.Tensor, weight, bias, bcast: bool) -> torch.Tensor:
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
+    _lin.check_gate_up("linear_silu_and_mul", weight)
     m = _rows(x, weight.shape[1])
     if not (0 < m <= GEMV_MAX_M) or not _supported(x, weight):
         return linear_silu_and_mul(x, weight, bias)

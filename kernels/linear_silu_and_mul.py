@@ -32,8 +32,7 @@ from sits.kernels.triton_env import check_device
 def linear_silu_and_mul(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     """y = silu_and_mul(linear(x, W) (+ b)): x [..., H], W [2I, H] = [gate; up] (a tensor or QuantizedWeight)
     -> [..., I] in x's dtype."""
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
+    _lin.check_gate_up("linear_silu_and_mul", weight)
     _lin.check_linear_args(x, weight, bias)
     n, k = weight.shape
     m = x.numel() // k if k else 0

@@ -25,8 +25,7 @@ from sits.kernels.triton_env import check_device
 def linear_silu_and_mul_w8a8(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: fp8 weights times more than
     SCALED_MM_MAX_M rows through the W8A8 GEMM with the SiLU-and-mul epilogue; everything else as triton-v1.15."""
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
+    _lin.check_gate_up("linear_silu_and_mul", weight)
     if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
         return linear_silu_and_mul_gemv_pdl(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)

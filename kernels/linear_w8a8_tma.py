@@ -42,11 +42,15 @@ def gemm(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, dtyp
     where it takes the call and the call has TMA_MIN_WORK multiply-adds, else the pointer kernel
     (kernels/linear_w8a8.py) -> [M, N] (or [M, N / 2] with the SiLU-and-mul epilogue) in dtype. `fast_launch`: the
     TMA kernel through the project's FastLauncher (triton-v1.23) instead of Triton's own launch (v1.22)."""
-    n = weight.shape[0] // 2 if silu_epi else weight.shape[0]
-    out = torch.empty(xq.shape[0], n, dtype=dtype, device=xq.device)
-    if xq.shape[0] * weight.shape[0] * xq.shape[1] < TMA_MIN_WORK or not tma_gemm_ok(xq, weight, out):
+    def pointer() -> torch.Tensor:
         return gemm_silu_and_mul(xq, xs, weight, bias, dtype) if silu_epi else w8a8_quantized(xq, xs, weight, bias,
                                                                                              dtype)
+    if xq.shape[0] * weight.shape[0] * xq.shape[1] < TMA_MIN_WORK:   # before allocating: the small calls' route
+        return pointer()
+    out = torch.empty(xq.shape[0], weight.shape[0] // 2 if silu_epi else weight.shape[0], dtype=dtype,
+                      device=xq.device)
+    if not tma_gemm_ok(xq, weight, out):
+        return pointer()
     gemm_tma(xq, xs, weight, bias, out, silu_epi=silu_epi, fast_launch=fast_launch)
     return out
 
@@ -81,8 +85,7 @@ def linear_w8a8_tma_fast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
 def linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: past SCALED_MM_MAX_M rows the TMA GEMM with
     the SiLU-and-mul epilogue; else v1.21's op (v1.16's)."""
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] ([gate; up])")
+    _lin.check_gate_up("linear_silu_and_mul", weight)
     if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
         return linear_silu_and_mul_w8a8(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
@@ -111,9 +114,7 @@ def add_rms_norm_linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, residual:
                                               bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(silu_and_mul(linear(rms_norm(h), W, b)), h), W = [gate; up] [2I, H]: past SCALED_MM_MAX_M rows v1.17's
     quantizing norm, then the TMA GEMM with the SiLU-and-mul epilogue; else v1.21's op."""
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"add_rms_norm_linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] "
-                         "([gate; up])")
+    _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
     if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
         return add_rms_norm_linear_silu_and_mul_w8a8(x, weight, residual, norm_weight, eps, bias)
     xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)

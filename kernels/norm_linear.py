@@ -83,9 +83,7 @@ def add_rms_norm_linear_silu_and_mul(x: torch.Tensor, weight, residual: torch.Te
                                      bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(silu_and_mul(linear(rms_norm(h), W, b)), h), W = [gate; up] [2I, K]: the MLP's input norm and gate/up
     projection with triton-v1.7's SiLU-and-mul epilogue -> ([..., I], [..., K])."""
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"add_rms_norm_linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] "
-                         "([gate; up])")
+    _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
     m = _check("add_rms_norm_linear_silu_and_mul", x, weight, residual, norm_weight)
     if 0 < m <= GEMV_MAX_M and _supported(x, weight):
         return _fused("add_rms_norm_linear_silu_and_mul", x, weight, residual, norm_weight, eps, bias, True)

@@ -63,9 +63,7 @@ def add_rms_norm_linear_silu_and_mul_w8a8(x: torch.Tensor, weight, residual: tor
     """(silu_and_mul(linear(rms_norm(h), W, b)), h), W = [gate; up] [2I, H]: the norm quantizing for the W8A8 GEMM
     (with v1.16's SiLU-and-mul epilogue past 512 rows, then SiLU-and-mul below); else v1.16's norm then its fused
     gate/up projection -> ([..., I], [..., H])."""
-    if len(weight.shape) != 2 or weight.shape[0] % 2:
-        raise ValueError(f"add_rms_norm_linear_silu_and_mul: weight {tuple(weight.shape)} must be [2 x I, H] "
-                         "([gate; up])")
+    _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
     m = w8a8_rows(x, weight)
     if not m:
         h, r = _norm(x, residual, norm_weight, eps)
