@@ -11,6 +11,10 @@
 #                                  # with half of SITS_OPEN_LOOP_BUDGET_S (default 540); the two tables last
 #   bench/gpu_session.sh profile   # bench/profile_steps.py: kernel time by kind per throughput row (bf16 rows, then
 #                                  # batch-1 with int8 weights in its own process)
+#   bench/gpu_session.sh profile-sets  # bench/profile_steps.py once per kernel set (SITS_PROFILE_SETS, default
+#                                  # triton-v1.21,triton-v1.22), each in a process of its own, with SITS_PROFILE_ARGS
+#                                  # (default "--cases b256 --quantization fp8 --kv-cache-dtype fp8"): where two sets'
+#                                  # steps differ, kernel by kind and host gaps side by side
 #   bench/gpu_session.sh throughput  # bench/throughput.py: the offline rows (SITS_THROUGHPUT_ROWS)
 #   bench/gpu_session.sh kv-fp8    # bench/throughput.py --kernels triton-v1.3 --kv-cache-dtype both: KV capacity in
 #                                  # tokens and 256 x 2048/512 (SITS_KV_FP8_ROWS, default b256) with bf16 KV pages, then
@@ -203,6 +207,23 @@ run_profile() {
     rc=1; echo "no time left for the profile without piecewise graphs"
   fi
   summary+=("profile | rc $rc | $((SECONDS - t0)) s | tables in profile.log")
+}
+
+run_profile_sets() {
+  local budget="${SITS_PROFILE_BUDGET_S:-300}" t0=$SECONDS rc=0 left ks extra sets
+  read -ra extra <<< "${SITS_PROFILE_ARGS:---cases b256 --quantization fp8 --kv-cache-dtype fp8}"
+  IFS=, read -ra sets <<< "${SITS_PROFILE_SETS:-triton-v1.21,triton-v1.22}"
+  local run=("$py")
+  [[ "$phase" == dry-run ]] && { extra=(--smoke --cases b256); sets=(torch); }
+  for ks in "${sets[@]}"; do
+    left=$((budget - (SECONDS - t0)))
+    ((left > 30)) || { rc=1; echo "no time left for the profile of $ks"; break; }
+    echo "== profile ($ks, budget ${left} s): bench/profile_steps.py --kernels $ks ${extra[*]}"
+    timeout -k 10 "$left" "${run[@]}" bench/profile_steps.py --kernels "$ks" "${extra[@]}" \
+      --json "$out/profile-$ks.json" 2>&1 | tee "$out/profile-$ks.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  done
+  summary+=("profile sets | rc $rc | $((SECONDS - t0)) s | tables in profile-<set>.log")
 }
 
 run_throughput() {
@@ -433,6 +454,7 @@ for ph in "${phases[@]}"; do
     tests) run_tests ;;
     serving) run_serving ;;
     profile) run_profile ;;
+    profile-sets) run_profile_sets ;;
     throughput) run_throughput ;;
     kv-fp8) run_kv_fp8 ;;
     int8) run_int8 ;;
@@ -453,11 +475,13 @@ for ph in "${phases[@]}"; do
     prefill-fp8) run_prefill_fp8 ;;
     conformance) run_conformance ;;
     tensor-parallel) run_tensor_parallel ;;
-    *) echo "usage: $0 tests|serving|profile|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|attention-batch|fp8-fronts|prefill-fp8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
+    *) echo "usage: $0 tests|serving|profile|profile-sets|throughput|kv-fp8|fp8|fused|fused-rows|gemv-rows|norm-gemv-rows|pdl-chain|open-loop|prologue-served|prologue-pattern|int8|fp8-rows|fp8-attention|attention-bound|attention-batch|fp8-fronts|prefill-fp8|conformance|tensor-parallel|all|dry-run (or a comma-separated list)"
        exit 2 ;;
   esac
 done
 
+fused_logs=()
+for f in "$out"/fused-triton-*.log; do [[ -f "$f" ]] && fused_logs+=("$(basename "$f" .log)"); done
 echo
 echo "== session summary ($(cat "$out/versions.txt"))"
 for s in "${summary[@]}"; do echo "| $s |"; done
@@ -491,7 +515,7 @@ fi
 if [[ -f "$out/fp8-rows.log" ]]; then
   sed -n '/^W8A8 GEMM tile/,$p' "$out/fp8-rows.log"
 fi
-for f in fp8 fp8-fp8kv fused-triton-v1.5 fused-triton-v1.6 fused-triton-v1.7 fused-triton-v1.8 fused-triton-v1.9; do
+for f in fp8 fp8-fp8kv "${fused_logs[@]}"; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f.log"; sed -n '/^row /,$p' "$out/$f.log"; }
 done
 if [[ -f "$out/kv-fp8.log" ]]; then
@@ -500,6 +524,9 @@ fi
 if [[ -f "$out/profile.log" ]]; then
   grep -E "^(### |\| )" "$out/profile.log"
 fi
+for f in "$out"/profile-triton-*.log; do
+  [[ -f "$f" ]] && { echo "-- $(basename "$f")"; grep -E "^(### |\| )" "$f"; }
+done
 if [[ -f "$out/tensor-parallel.log" ]]; then
   sed -n '/^row /,$p' "$out/tensor-parallel.log"
 fi
