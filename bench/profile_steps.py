@@ -44,7 +44,8 @@ def kind_of(name: str) -> str:
     n = name.lower()
     if "attention" in n or "attn" in n or "flash" in n:
         return "attention"
-    if any(k in n for k in ("gemm", "gemv", "nvjet", "xmma", "cutlass", "linear", "matmul", "splitk", "cublas")):
+    if any(k in n for k in ("gemm", "gemv", "w8a8", "nvjet", "xmma", "cutlass", "linear", "matmul", "splitk",
+                            "cublas")):
         return "matmul"
     if "rms" in n or "norm" in n:
         return "norm"

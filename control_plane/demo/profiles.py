@@ -156,7 +156,8 @@ GPU_SCENARIOS = {s.name: s for s in (
              "the gate/up projection v1.21's): expected to be promoted; with --model llama3-8b --production-kernels "
              "triton-v1.21 --engine-arg '--quantization fp8 --kv-cache-dtype fp8' the gate judges linear and "
              "add_rms_norm_linear past 512 rows on the TMA kernel. The tiny model's calls stay below the threshold: "
-             "there it is v1.21. Not yet run on a GPU"),
+             "there it is v1.21. Measured on the H100 against v1.21: TTFT -1.9 %, 256 x 2048/512 +0.9 %; the "
+             "canary not yet run on a GPU"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

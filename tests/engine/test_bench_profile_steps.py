@@ -35,6 +35,7 @@ def test_smoke_run_profiles_every_case(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, kind", [("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", "matmul"), ("_linear_int8_kernel", "matmul"),
+                                        ("_w8a8_tma_kernel", "matmul"),
                                         ("paged_decode_attention_kernel", "attention"), ("_rms_norm_kernel", "norm"),
                                         ("_rope_and_cache_kernel", "rope"), ("_silu_and_mul_kernel", "activation"),
                                         ("void at::native::reduce_kernel<512, 1>", "other")])
