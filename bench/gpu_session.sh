@@ -446,7 +446,7 @@ versions | tee "$out/versions.txt"
 [[ "$phase" == dry-run ]] && export TRITON_INTERPRET=1
 case "$phase" in
   all) phases=(tests serving) ;;
-  dry-run) phases=(tests serving open-loop profile throughput kv-fp8 fp8 fused attention-batch tensor-parallel) ;;
+  dry-run) phases=(tests serving open-loop profile profile-sets throughput kv-fp8 fp8 fused attention-batch tensor-parallel) ;;
   *) IFS=, read -ra phases <<< "$phase" ;;
 esac
 for ph in "${phases[@]}"; do
@@ -524,7 +524,7 @@ fi
 if [[ -f "$out/profile.log" ]]; then
   grep -E "^(### |\| )" "$out/profile.log"
 fi
-for f in "$out"/profile-triton-*.log; do
+for f in "$out"/profile-*.log; do
   [[ -f "$f" ]] && { echo "-- $(basename "$f")"; grep -E "^(### |\| )" "$f"; }
 done
 if [[ -f "$out/tensor-parallel.log" ]]; then

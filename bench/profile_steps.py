@@ -264,9 +264,9 @@ def run(args) -> list[dict]:
                 return False
             engine.step()
 
-        budget = engine.config.max_num_batched_tokens
-        rows.append(profile(f"{batch} x {sz['b_in']}: prefill steps ({budget} tokens)", sz["prefill_profiled"],
-                            prefill_step, device, prefill_floor(budget, sz["b_in"]), {}))
+        tokens = min(engine.config.max_num_batched_tokens, batch * sz["b_in"])   # a step's prompt tokens
+        rows.append(profile(f"{batch} x {sz['b_in']}: prefill steps ({tokens} tokens)", sz["prefill_profiled"],
+                            prefill_step, device, prefill_floor(tokens, sz["b_in"]), {}))
         while not decoding(engine):
             engine.step()
         rows.append(profile(f"{batch} x {sz['b_in']}: decode steps at {batch}", sz["profiled"], step, device,

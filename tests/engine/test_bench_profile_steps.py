@@ -19,7 +19,7 @@ def test_smoke_run_profiles_every_case(tmp_path, capsys):
     assert profile_steps.main(["--smoke", "--cases", "arrivals,decode1,ttft,b32", "--json", str(out)]) == 0
     rows = {r["case"]: r for r in json.loads(out.read_text())}
     arrivals = "arrivals: 4 decoding, a 20-token prompt arrives (that step)"
-    assert set(rows) == {"decode, batch 1", "prefill, one 40-token prompt (TTFT)", "3 x 20: prefill steps (2048 tokens)",
+    assert set(rows) == {"decode, batch 1", "prefill, one 40-token prompt (TTFT)", "3 x 20: prefill steps (60 tokens)",
                          "3 x 20: decode steps at 3", arrivals}
     split = rows[arrivals]["split"]   # 18 steps, a prompt arriving every 6th: 3 steps prefill it
     assert split["with a prefill"]["steps"] == 3 and split["decode only"]["steps"] == 15
@@ -30,7 +30,7 @@ def test_smoke_run_profiles_every_case(tmp_path, capsys):
         assert sum(r["kind_ms"].values()) >= max(ms for _, _, ms, _ in r["top"])
         assert set(r["kind_ms"]) == set(profile_steps.KINDS) and r["top"]
     # 3 prompts of 20 tokens fit one step: one prefill step, then the engine decodes
-    assert rows["3 x 20: prefill steps (2048 tokens)"]["timed_steps"] == 1
+    assert rows["3 x 20: prefill steps (60 tokens)"]["timed_steps"] == 1
     assert "| decode, batch 1 |" in capsys.readouterr().out
 
 
