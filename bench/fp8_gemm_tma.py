@@ -9,10 +9,11 @@ the same for all three and not timed).
 Times: microseconds per call from a CUDA graph replaying calls round-robin over enough weight copies to be past the
 L2 (bench/kernel_timings.py's `bench_graph`); host microseconds a call with the GPU kept busy (`host_ms`), for the
 TMA kernel through Triton's launch (triton-v1.22) and through the project's FastLauncher (v1.23; its output must be
-the other launch's bits). Each output is checked first: the TMA kernel against the pointer kernel (max |difference|
+the other launch's bits); for the gate/up projection also with its gate and up rows paired in one accumulator
+(triton-v1.24, fast launch). Each output is checked first: the TMA kernel against the pointer kernel (max |difference|
 in units of the output's last place, and relative error against the fp32 reference of the same quantized operands).
 `--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the winners. The short table last:
-one prefill step's linears (q/k/v, o, gate/up + SiLU-and-mul, down; 32 layers).
+one prefill step's linears (q/k/v, o, gate/up + SiLU-and-mul, down; 32 layers), and with the gate/up rows paired.
 """
 from __future__ import annotations
 
@@ -82,9 +83,9 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
             def call(path, q, cfg=None):
                 if path == "pointer":
                     _gemm_launch(xq, xs, q, None, outs[path], None, silu_epi=silu)
-                elif path in ("tma", "tma_fast"):
+                elif path in ("tma", "tma_fast", "tma_paired"):
                     tma.gemm_tma(xq, xs, q, None, outs[path], silu_epi=silu, config=cfg,
-                                 fast_launch=path == "tma_fast")
+                                 fast_launch=path != "tma", paired=path == "tma_paired")
                 else:
                     y = torch._scaled_mm(xq, q.qweight.t(), scale_a=xs[:, None], scale_b=q.scale[None, :],
                                          out_dtype=torch.bfloat16)
@@ -102,8 +103,20 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
             row["tma_fast_equal"] = bool(torch.equal(outs["tma_fast"], outs["tma"]))
             row["tma_fast_host_us"] = 1e3 * host_ms(lambda: call("tma_fast", qws[0]), calls=16)
             row["tma_vs_pointer_ulp"] = _ulp_diff(outs["tma"], outs["pointer"])
-            row["tma_config"] = tma._BEST.get((xq.device, n_out, k, torch.bfloat16, False, silu))
-            flops = 2 * m * n * k
+            row["tma_config"] = tma._BEST.get((xq.device, n_out, k, torch.bfloat16, False, silu, False))
+            if silu:   # triton-v1.24: the gate and up rows paired in one accumulator, through FastLauncher
+                outs["tma_paired"] = torch.empty_like(outs["tma"])
+                call("tma_paired", qws[0])
+                row["tma_paired_err"] = rel_err(outs["tma_paired"], ref)
+                row["tma_paired_us"] = 1e3 * bench_graph([lambda q=q: call("tma_paired", q) for q in qws])
+                row["tma_paired_host_us"] = 1e3 * host_ms(lambda: call("tma_paired", qws[0]), calls=16)
+                row["tma_paired_vs_pointer_ulp"] = _ulp_diff(outs["tma_paired"], outs["pointer"])
+                row["tma_paired_config"] = tma._BEST.get((xq.device, n_out, k, torch.bfloat16, False, True, True))
+                print(f"{name:14s} M={m:5d}  tma paired {row['tma_paired_us']:8.1f} us "
+                      f"({flops_of(m, n, k) / row['tma_paired_us'] / 1e6:5.0f} TFLOP/s)  paired-pointer "
+                      f"{row['tma_paired_vs_pointer_ulp']:.0f} ulp  err {row['tma_paired_err']:.1e}  host "
+                      f"{row['tma_paired_host_us']:.0f} us  {row['tma_paired_config']}", flush=True)
+            flops = flops_of(m, n, k)
             res["rows"].append(row)
             print(f"{name:14s} M={m:5d}  pointer {row['pointer_us']:8.1f} us ({flops / row['pointer_us'] / 1e6:5.0f} "
                   f"TFLOP/s)  tma {row['tma_us']:8.1f} us ({flops / row['tma_us'] / 1e6:5.0f})  scaled_mm "
@@ -113,12 +126,15 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
                   f"launch {'same bits' if row['tma_fast_equal'] else 'DIFFERENT BITS'})  {row['tma_config']}",
                   flush=True)
             if m in sweep_rows:
-                for c in (tma.CONFIGS_SILU if silu else tma.CONFIGS):
+                candidates = [("tma", c) for c in (tma.CONFIGS_SILU if silu else tma.CONFIGS)]
+                candidates += [("tma_paired", c) for c in (tma.CONFIGS_PAIRED if silu else ())]
+                for path, c in candidates:
                     cfg = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-                    label = (f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} "
-                             f"s{cfg['num_stages']}{' split' if cfg['EPILOGUE_SPLIT'] else ''}")
+                    label = (f"{'paired ' if path == 'tma_paired' else ''}{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x"
+                             f"{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+                             f"{' split' if cfg['EPILOGUE_SPLIT'] else ''}")
                     try:
-                        us = 1e3 * bench_graph([lambda q=q: call("tma", q, cfg) for q in qws])
+                        us = 1e3 * bench_graph([lambda q=q, p=path: call(p, q, cfg) for q in qws])
                     except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
                         res["sweep"].append({"shape": name, "m": m, "config": label, "error": str(e)[:160]})
                         continue
@@ -127,6 +143,10 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
         del qws
         torch.cuda.empty_cache()
     return res
+
+
+def flops_of(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k
 
 
 def sweep_table(res: dict) -> str:
@@ -149,23 +169,28 @@ def call_table(res: dict) -> str:
                      f"{r['tma_us'] / r['pointer_us']:.3f} | {r['pointer_host_us']:.0f} / {r['tma_host_us']:.0f} / "
                      f"{r['tma_fast_host_us']:.0f}{'' if r['tma_fast_equal'] else ' (bits differ)'} | "
                      f"{r['tma_vs_pointer_ulp']:.0f} |")
+        if "tma_paired_us" in r:   # triton-v1.24's gate/up: GPU time, its host time (fast launch), its distance
+            lines.append(f"| {r['shape']}, rows paired | {r['m']} | | {cell('tma_paired')} | | "
+                         f"{r['tma_paired_us'] / r['pointer_us']:.3f} | {r['tma_paired_host_us']:.0f} (fast launch) | "
+                         f"{r['tma_paired_vs_pointer_ulp']:.0f} |")
     return "\n".join(lines)
 
 
 def step_table(res: dict) -> str:
     """One llama3-8b prefill step's four linears x LAYERS per row count."""
-    lines = ["| rows | pointer ms/step | TMA ms/step | torch._scaled_mm ms/step | TMA / pointer |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = ["| rows | pointer ms/step | TMA ms/step | TMA, gate/up paired ms/step | torch._scaled_mm ms/step | "
+             "TMA / pointer | paired / pointer |", "|---:|---:|---:|---:|---:|---:|---:|"]
     by_m: dict = {}
     for r in res["rows"]:
         if r["shape"] not in {s[0] for s in SHAPES}:
             continue
-        s = by_m.setdefault(r["m"], dict.fromkeys(PATHS, 0.0))
+        s = by_m.setdefault(r["m"], dict.fromkeys((*PATHS, "paired"), 0.0))
         for p in PATHS:
             s[p] += r[f"{p}_us"] * LAYERS / 1e3
+        s["paired"] += r.get("tma_paired_us", r["tma_us"]) * LAYERS / 1e3
     for m, s in sorted(by_m.items()):
-        lines.append(f"| {m} | {s['pointer']:.2f} | {s['tma']:.2f} | {s['scaled_mm']:.2f} | "
-                     f"{s['tma'] / s['pointer']:.3f} |")
+        lines.append(f"| {m} | {s['pointer']:.2f} | {s['tma']:.2f} | {s['paired']:.2f} | {s['scaled_mm']:.2f} | "
+                     f"{s['tma'] / s['pointer']:.3f} | {s['paired'] / s['pointer']:.3f} |")
     return "\n".join(lines)
 
 
@@ -191,7 +216,7 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=str))
     if res["sweep"]:
-        print("\nTMA candidates (kernels/fp8_gemm_tma.py CONFIGS, CONFIGS_SILU):")
+        print("\nTMA candidates (kernels/fp8_gemm_tma.py CONFIGS, CONFIGS_SILU, CONFIGS_PAIRED):")
         print(sweep_table(res))
     print("\nEvery call (GPU time from CUDA graphs past the L2; host time with the GPU kept busy):")
     print(call_table(res))

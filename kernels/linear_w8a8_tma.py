@@ -13,6 +13,9 @@ and other weights everything is v1.21's op.
 - triton-v1.23: the linear (o and down projections) and the norm-fronted linear (q/k/v) only, the TMA kernel launched
   through the project's FastLauncher (kernels/triton_env.py, now taking host descriptors); the gate/up projection
   stays v1.21's. Measured on an H100 against v1.21 in the same call: TTFT -1.9 %, the 256 row +0.9 %.
+- triton-v1.24: v1.23 with the gate/up projection's SiLU-and-mul ops (plain and norm-fronted) through the TMA kernel
+  too, its gate and up rows paired (kernels/fp8_gemm_tma.py `paired`: one descriptor load and one dot a K step into one
+  accumulator, the plain GEMM's shape, where v1.22's kernel issued two dots into two accumulators), fast launch.
 
 Why a work threshold: a launch costs host time whatever the call's size, and a small model's prefill steps are
 launch-bound: there the host time is the step (triton-v1.20's second launch a layer cost the tiny model +5 % ITL P90
@@ -38,11 +41,12 @@ TMA_MIN_WORK = 2**32   # multiply-adds (M x N x K) from which a call takes the T
 
 
 def gemm(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, dtype: torch.dtype, *,
-         silu_epi: bool = False, fast_launch: bool = False) -> torch.Tensor:
+         silu_epi: bool = False, paired: bool = False, fast_launch: bool = False) -> torch.Tensor:
     """The W8A8 GEMM past SCALED_MM_MAX_M rows for x quantized per row (xq [M, K] e4m3, xs [M]): the TMA kernel
     where it takes the call and the call has TMA_MIN_WORK multiply-adds, else the pointer kernel
     (kernels/linear_w8a8.py) -> [M, N] (or [M, N / 2] with the SiLU-and-mul epilogue) in dtype. `fast_launch`: the
-    TMA kernel through the project's FastLauncher (triton-v1.23) instead of Triton's own launch (v1.22)."""
+    TMA kernel through the project's FastLauncher (triton-v1.23) instead of Triton's own launch (v1.22); `paired`:
+    the SiLU-and-mul epilogue's gate and up rows in one accumulator (triton-v1.24)."""
     def pointer() -> torch.Tensor:
         return gemm_silu_and_mul(xq, xs, weight, bias, dtype) if silu_epi else w8a8_quantized(xq, xs, weight, bias,
                                                                                              dtype)
@@ -52,7 +56,7 @@ def gemm(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, dtyp
                       device=xq.device)
     if not tma_gemm_ok(xq, weight, out):
         return pointer()
-    gemm_tma(xq, xs, weight, bias, out, silu_epi=silu_epi, fast_launch=fast_launch)
+    gemm_tma(xq, xs, weight, bias, out, silu_epi=silu_epi, paired=paired, fast_launch=fast_launch)
     return out
 
 
@@ -83,16 +87,36 @@ def linear_w8a8_tma_fast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     return _linear(x, weight, bias, True)
 
 
-def linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-    """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: past SCALED_MM_MAX_M rows the TMA GEMM with
-    the SiLU-and-mul epilogue; else v1.21's op (v1.16's)."""
+def _linear_silu_and_mul(x: torch.Tensor, weight, bias, paired: bool) -> torch.Tensor:
     _lin.check_gate_up("linear_silu_and_mul", weight)
     if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
         return linear_silu_and_mul_w8a8(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)
     xq, xs = quantize_rows(_lin.as_rows(x))
-    return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True).view(*x.shape[:-1], weight.shape[0] // 2)
+    return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True, paired=paired,
+                fast_launch=paired).view(*x.shape[:-1], weight.shape[0] // 2)
+
+
+def _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, paired: bool):
+    _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
+    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
+        return add_rms_norm_linear_silu_and_mul_w8a8(x, weight, residual, norm_weight, eps, bias)
+    xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
+    return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True, paired=paired,
+                fast_launch=paired).view(*x.shape[:-1], weight.shape[0] // 2), h
+
+
+def linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """y = silu_and_mul(x W^T (+ b)), W = [gate; up] [2I, H] -> [..., I]: past SCALED_MM_MAX_M rows the TMA GEMM with
+    the SiLU-and-mul epilogue (two accumulators, Triton's launch); else v1.21's op (v1.16's)."""
+    return _linear_silu_and_mul(x, weight, bias, False)
+
+
+def linear_silu_and_mul_w8a8_tma_paired(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """triton-v1.24's gate/up projection: linear_silu_and_mul_w8a8_tma with the gate and up rows paired in one
+    accumulator, launched through FastLauncher."""
+    return _linear_silu_and_mul(x, weight, bias, True)
 
 
 def add_rms_norm_linear_w8a8_tma(x: torch.Tensor, weight, residual: torch.Tensor | None, norm_weight: torch.Tensor,
@@ -114,9 +138,14 @@ def add_rms_norm_linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, residual:
                                               norm_weight: torch.Tensor, eps: float,
                                               bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(silu_and_mul(linear(rms_norm(h), W, b)), h), W = [gate; up] [2I, H]: past SCALED_MM_MAX_M rows v1.17's
-    quantizing norm, then the TMA GEMM with the SiLU-and-mul epilogue; else v1.21's op."""
-    _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
-    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
-        return add_rms_norm_linear_silu_and_mul_w8a8(x, weight, residual, norm_weight, eps, bias)
-    xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
-    return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True).view(*x.shape[:-1], weight.shape[0] // 2), h
+    quantizing norm, then the TMA GEMM with the SiLU-and-mul epilogue (two accumulators, Triton's launch); else
+    v1.21's op."""
+    return _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, False)
+
+
+def add_rms_norm_linear_silu_and_mul_w8a8_tma_paired(x: torch.Tensor, weight, residual: torch.Tensor | None,
+                                                     norm_weight: torch.Tensor, eps: float,
+                                                     bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """triton-v1.24's norm-fronted gate/up projection: add_rms_norm_linear_silu_and_mul_w8a8_tma with the gate and
+    up rows paired in one accumulator, launched through FastLauncher."""
+    return _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, True)

@@ -352,6 +352,19 @@ TRITON_V1_23 = register_kernel_set(TRITON_V1_21.derive(
     add_rms_norm_linear_silu_and_mul=TRITON_V1_21.add_rms_norm_linear_silu_and_mul,
 ))
 
+TRITON_V1_24 = register_kernel_set(TRITON_V1_23.derive(
+    "triton-v1.24", "1.24.0",
+    description="triton-v1.23 whose gate/up projection with SiLU-and-mul past 512 rows runs the persistent TMA GEMM "
+                "too, with the gate and up rows paired: each K step copies a tile's gate and up rows in one "
+                "descriptor load and multiplies them in one dot into one accumulator (the plain GEMM's shape), "
+                "where v1.22's kernel issued two dots into two accumulators and measured 5-12 % slower than the "
+                "pointer kernel; launched through the fast launcher. The same bits as v1.21 (same K order); not yet "
+                "measured on a GPU",
+    kv_cache_dtypes=("auto", "fp8"),
+    linear_silu_and_mul=_linear_w8a8_tma.linear_silu_and_mul_w8a8_tma_paired,
+    add_rms_norm_linear_silu_and_mul=_linear_w8a8_tma.add_rms_norm_linear_silu_and_mul_w8a8_tma_paired,
+))
+
 # ---- examples of releases the canary must catch (docs/kernels.md "Example sets"); CPU-capable like their parent ----
 TORCH_WRONG_ROPE = register_kernel_set(TORCH.derive(
     "torch-wrong-rope", "1.0.1",

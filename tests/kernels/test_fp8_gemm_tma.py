@@ -1,8 +1,9 @@
-"""triton-v1.22's W8A8 GEMM (kernels/fp8_gemm_tma.py: persistent, TMA-fed), its four ops and triton-v1.23's two
-(kernels/linear_w8a8_tma.py). On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives
+"""triton-v1.22's W8A8 GEMM (kernels/fp8_gemm_tma.py: persistent, TMA-fed), its four ops, triton-v1.23's two and
+triton-v1.24's two with the gate and up rows paired in one accumulator (kernels/linear_w8a8_tma.py). On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives
 the pointer kernel's bits with the same tiles -- partial row, column and K tiles, bias, the SiLU-and-mul epilogue, the
-split epilogue, more tiles than programs (the persistent walk); calls TMA cannot take fall back to the pointer kernel;
-v1.22's and v1.23's ops give v1.21's bits past 512 rows (v1.23's through the fast launcher) and are v1.21's ops below.
+split epilogue, more tiles than programs (the persistent walk), the paired gate/up rows; calls TMA cannot take fall
+back to the pointer kernel; v1.22's, v1.23's and v1.24's ops give v1.21's bits past 512 rows (v1.23's and v1.24's
+through the fast launcher) and are v1.21's ops below.
 On a GPU at llama3-8b's shapes: the pointer kernel's values within the fp32 accumulator's rounding, through every op.
 The ops take the TMA kernel only from TMA_MIN_WORK multiply-adds a call (llama3-8b past 512 rows, never the tiny
 model)."""
@@ -20,6 +21,7 @@ from tests.kernels.helpers import on_gpu
 V121 = get_kernel_set("triton-v1.21")
 V122 = get_kernel_set("triton-v1.22")
 V123 = get_kernel_set("triton-v1.23")
+V124 = get_kernel_set("triton-v1.24")
 OPS = ("linear", "linear_silu_and_mul", "add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul")
 
 
@@ -48,6 +50,11 @@ def test_the_set_serves_them():
     assert V123.linear is ops.linear_w8a8_tma_fast and V123.add_rms_norm_linear is ops.add_rms_norm_linear_w8a8_tma_fast
     for op in ("linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"):   # the gate/up projection: v1.21's
         assert getattr(V123, op) is getattr(V121, op), op
+    assert V124.parent == "triton-v1.23" and V124.overrides == ("linear_silu_and_mul",
+                                                                "add_rms_norm_linear_silu_and_mul")
+    assert V124.linear is V123.linear and V124.add_rms_norm_linear is V123.add_rms_norm_linear
+    assert V124.linear_silu_and_mul is ops.linear_silu_and_mul_w8a8_tma_paired
+    assert V124.add_rms_norm_linear_silu_and_mul is ops.add_rms_norm_linear_silu_and_mul_w8a8_tma_paired
 
 
 @pytest.mark.parametrize("m,n,k,silu,bias", [
@@ -55,15 +62,35 @@ def test_the_set_serves_them():
     (129, 48, 64, False, True),     # 5 x 2 tiles over 4 programs: the persistent walk; bias
     (33, 40, 128, True, True),      # the SiLU-and-mul epilogue, a partial column tile, bias on gate and up
     (8, 32, 32, True, False),       # fewer rows than a tile
+    (70, 40, 160, "paired", True),  # the paired rows: partial row, column and K tiles, bias on gate and up
+    (129, 64, 64, "paired", False),  # 5 x 2 tiles over 4 programs
 ])
 def test_the_pointer_kernels_bits(dev, m, n, k, silu, bias):
     if dev != "cpu":
         pytest.skip("bit for bit under the interpreter; the GPU test below holds the values")
-    _, xq, xs, qw, b = _case(m, n, k, 1, dev, silu, bias)
+    _, xq, xs, qw, b = _case(m, n, k, 1, dev, bool(silu), bias)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     assert tma.tma_gemm_ok(xq, qw, out)
-    tma.gemm_tma(xq, xs, qw, b, out, silu_epi=silu)
-    assert torch.equal(out, _pointer(xq, xs, qw, b, n, silu))
+    tma.gemm_tma(xq, xs, qw, b, out, silu_epi=bool(silu), paired=silu == "paired")
+    assert torch.equal(out, _pointer(xq, xs, qw, b, n, bool(silu)))
+
+
+def test_the_paired_rows_with_a_fixed_tile_and_the_split_epilogue(dev):
+    if dev != "cpu":
+        pytest.skip("bit for bit under the interpreter")
+    _, xq, xs, qw, b = _case(100, 96, 128, 12, dev, True, True)
+    want = _pointer(xq, xs, qw, b, 96, True, dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, GROUP_M=8))
+    for split in (False, True):   # BLOCK_N 64: a 32-wide output tile of 32 gate and 32 up columns
+        out = torch.empty_like(want)
+        tma.gemm_tma(xq, xs, qw, b, out, silu_epi=True, paired=True,
+                     config=dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, EPILOGUE_SPLIT=split))
+        assert torch.equal(out, want), split
+
+
+def test_paired_rows_need_the_silu_epilogue(dev):
+    _, xq, xs, qw, _ = _case(40, 32, 64, 13, dev)
+    with pytest.raises(ValueError, match="silu_epi"):
+        tma.gemm_tma(xq, xs, qw, None, torch.empty(40, 32, dtype=torch.bfloat16, device=dev), paired=True)
 
 
 def test_the_split_epilogue_and_a_fixed_tile(dev):
@@ -103,19 +130,21 @@ def _op_args(op, m, dev, seed, h=64, n=48, residual=True):
 
 class _Calls(list):
     fast: list
+    paired: list
 
 
 @pytest.fixture
 def tma_calls(monkeypatch):
     """The TMA kernel's launches by the ops (x's shape each), and whether each went through FastLauncher."""
-    calls, fast_launches = _Calls(), []
+    calls, fast_launches, paired = _Calls(), [], []
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
         fast_launches.append(kwargs.get("fast_launch", False))
+        paired.append(kwargs.get("paired", False))
         return tma.gemm_tma(*args, **kwargs)
     monkeypatch.setattr(ops, "gemm_tma", counted)
-    calls.fast = fast_launches
+    calls.fast, calls.paired = fast_launches, paired
     return calls
 
 
@@ -137,6 +166,19 @@ def test_v123s_ops_are_v121s_bits_through_the_fast_launcher(dev, op, tma_calls, 
     args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 10)
     got, want = getattr(V123, op)(*args), getattr(V121, op)(*args)
     assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True]
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        if dev == "cpu":
+            assert torch.equal(a, b), op
+        else:
+            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+
+
+@pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
+def test_v124s_ops_are_v121s_bits_with_the_rows_paired(dev, op, tma_calls, monkeypatch):
+    monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)
+    args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 11)
+    got, want = getattr(V124, op)(*args), getattr(V121, op)(*args)
+    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
     for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
         if dev == "cpu":
             assert torch.equal(a, b), op
@@ -173,32 +215,35 @@ def test_the_threshold_takes_llama3_8b_past_512_rows_never_the_tiny_model():
 @pytest.mark.parametrize("m", [1, 40, SCALED_MM_MAX_M])
 def test_fewer_rows_are_v121s_op(dev, op, m):
     args = _op_args(op, m, dev, 6)
-    got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
-    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
-        assert torch.equal(a, b), op
+    want = getattr(V121, op)(*args)
+    for s in (V122, V124):
+        got = getattr(s, op)(*args)
+        for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+            assert torch.equal(a, b), (s.name, op)
 
 
 def test_a_weight_that_is_not_gate_and_up_is_refused():
     qw = quantize_weight(torch.randn(31, 32), "fp8")
     for op, args in (("linear_silu_and_mul", (torch.randn(600, 32), qw)),
                      ("add_rms_norm_linear_silu_and_mul", (torch.randn(600, 32), qw, None, torch.ones(32), 1e-5))):
-        with pytest.raises(ValueError, match=r"\[2 x I, H\]"):
-            getattr(V122, op)(*args)
+        for s in (V122, V124):
+            with pytest.raises(ValueError, match=r"\[2 x I, H\]"):
+                getattr(s, op)(*args)
 
 
 @on_gpu
 @pytest.mark.parametrize("name,n,k,silu", [("qkv", 6144, 4096, False), ("gate_up", 28672, 4096, True),
-                                           ("down", 4096, 14336, False)])
+                                           ("gate_up_paired", 28672, 4096, "paired"), ("down", 4096, 14336, False)])
 @pytest.mark.parametrize("m", [SCALED_MM_MAX_M + 1, 2048])
 def test_gpu_llama3_shapes_match_the_pointer_kernel(name, n, k, silu, m):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs sm_90+")
-    _, xq, xs, qw, _ = _case(m, n // 2 if silu else n, k, 7, "cuda", silu)
+    _, xq, xs, qw, _ = _case(m, n // 2 if silu else n, k, 7, "cuda", bool(silu))
     n_out = n // 2 if silu else n
     out = torch.empty(m, n_out, dtype=torch.bfloat16, device="cuda")
     assert tma.tma_gemm_ok(xq, qw, out)
-    tma.gemm_tma(xq, xs, qw, None, out, silu_epi=silu)
-    want = _pointer(xq, xs, qw, None, n_out, silu)
+    tma.gemm_tma(xq, xs, qw, None, out, silu_epi=bool(silu), paired=silu == "paired")
+    want = _pointer(xq, xs, qw, None, n_out, bool(silu))
     # the same K tiles in the same order; wgmma may sum inside a tile in another order: fp32 rounding of the
     # accumulator, then one bf16 rounding apart at most
     rel = ((out.float() - want.float()).norm() / want.float().norm()).item()
@@ -206,13 +251,14 @@ def test_gpu_llama3_shapes_match_the_pointer_kernel(name, n, k, silu, m):
 
 
 @on_gpu
-@pytest.mark.parametrize("name,op", [*((122, op) for op in OPS), (123, "linear"), (123, "add_rms_norm_linear")])
-def test_gpu_v122s_and_v123s_ops_give_v121s_values(name, op):
+@pytest.mark.parametrize("name,op", [*((122, op) for op in OPS), (123, "linear"), (123, "add_rms_norm_linear"),
+                                     (124, "linear_silu_and_mul"), (124, "add_rms_norm_linear_silu_and_mul")])
+def test_gpu_v122s_to_v124s_ops_give_v121s_values(name, op):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs sm_90+")
     args = _op_args(op, 1024, "cuda", 8, h=4096, n=4096)
-    s = V122 if name == 122 else V123
-    for _ in range(3):   # v1.23: the first call compiles through Triton, the later ones launch through FastLauncher
+    s = {122: V122, 123: V123, 124: V124}[name]
+    for _ in range(3):   # v1.23, v1.24: the first call compiles through Triton, the later ones through FastLauncher
         got, want = getattr(s, op)(*args), getattr(V121, op)(*args)
         for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
             assert a.shape == b.shape
