@@ -18,7 +18,7 @@ kernels/linear_w8a8.py's SCALED_MM_MAX_M rows).
   BLOCK_N columns (the plain GEMM's shape: Triton 3.6 builds a 128 x 256 tile as four m64n256k32 wgmma a K step, no
   shared-memory round trip for the reshape), split into its gate and up halves in the epilogue; the output tile is
   BLOCK_N / 2 wide. The two-accumulator form issues two dots a K step, and measured 5-12 % slower than the pointer
-  kernel on an H100.
+  kernel on an H100; the paired form 15 % faster (376 against 440 us at llama3-8b's gate/up, 2,048 rows; 0 ulp).
 
 Each output element sums the same K tiles in the same order as `_linear_fp8_kernel` with the same BLOCK_K, so the
 two agree bit for bit under Triton's interpreter (CPU tests) and, measured, on an H100 at llama3-8b's shapes (0 ulp;

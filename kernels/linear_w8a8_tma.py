@@ -16,6 +16,8 @@ and other weights everything is v1.21's op.
 - triton-v1.24: v1.23 with the gate/up projection's SiLU-and-mul ops (plain and norm-fronted) through the TMA kernel
   too, its gate and up rows paired (kernels/fp8_gemm_tma.py `paired`: one descriptor load and one dot a K step into one
   accumulator, the plain GEMM's shape, where v1.22's kernel issued two dots into two accumulators), fast launch.
+  Measured on an H100: that GEMM 376 against the pointer kernel's 440 us at 2,048 rows; against v1.23 in the same call
+  TTFT 29.6 ms (v1.23 31.3 at best), the 256 row +1.2 %.
 
 Why a work threshold: a launch costs host time whatever the call's size, and a small model's prefill steps are
 launch-bound: there the host time is the step (triton-v1.20's second launch a layer cost the tiny model +5 % ITL P90

@@ -358,8 +358,11 @@ TRITON_V1_24 = register_kernel_set(TRITON_V1_23.derive(
                 "too, with the gate and up rows paired: each K step copies a tile's gate and up rows in one "
                 "descriptor load and multiplies them in one dot into one accumulator (the plain GEMM's shape), "
                 "where v1.22's kernel issued two dots into two accumulators and measured 5-12 % slower than the "
-                "pointer kernel; launched through the fast launcher. The same bits as v1.21 (same K order); not yet "
-                "measured on a GPU",
+                "pointer kernel; launched through the fast launcher. The same bits as v1.21 (0 ulp from the pointer "
+                "kernel on an H100). Measured on an H100: the gate/up GEMM at 2,048 rows 376 against the pointer "
+                "kernel's 440 us, a 2,048-token step's linears 21.2 against v1.23's 23.2 ms; in the engine (fp8 "
+                "weights, FP8 pages, v1.23 in the same call) TTFT of 2,048 tokens 29.6 ms median against v1.23's "
+                "31.3-37.9, 256 x 2048/512 5,757 against 5,687 tok/s (+1.2 %)",
     kv_cache_dtypes=("auto", "fp8"),
     linear_silu_and_mul=_linear_w8a8_tma.linear_silu_and_mul_w8a8_tma_paired,
     add_rms_norm_linear_silu_and_mul=_linear_w8a8_tma.add_rms_norm_linear_silu_and_mul_w8a8_tma_paired,
