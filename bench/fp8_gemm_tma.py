@@ -12,7 +12,9 @@ TMA kernel through Triton's launch (triton-v1.22) and through the project's Fast
 the other launch's bits); for the gate/up projection also with its gate and up rows paired in one accumulator
 (triton-v1.24, fast launch). Each output is checked first: the TMA kernel against the pointer kernel (max |difference|
 in units of the output's last place, and relative error against the fp32 reference of the same quantized operands).
-`--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the winners. The short table last:
+`--sweep-rows`: every TMA candidate at that many rows, so the candidate list holds the winners (at 512 rows or fewer
+also 64-row tiles no set uses: e.g. `--rows 256,2048 --sweep-rows 256,2048` asks whether a TMA route would beat
+torch._scaled_mm at a decode batch of 256). The short table last:
 one prefill step's linears (q/k/v, o, gate/up + SiLU-and-mul, down; 32 layers), and with the gate/up rows paired.
 """
 from __future__ import annotations
@@ -35,6 +37,12 @@ SHAPES = (("qkv", 6144, 4096, False), ("o", 4096, 4096, False), ("gate_up+silu",
 TINY = (("tiny qkv", 768, 256, False), ("tiny gate_up+silu", 1536, 256, True), ("tiny down", 256, 768, False))
 LAYERS = 32
 PAST_L2 = 256 * 2**20
+# bench-only candidates at decode-batch row counts (up to kernels/linear_w8a8.py SCALED_MM_MAX_M, where the sets run
+# torch._scaled_mm and a separate SiLU-and-mul): 64-row tiles, so that 256 rows fill more of the SMs; whether a TMA
+# route there would pay is the question (no set uses them)
+SMALL_M_ROWS = 512
+SMALL_M_CONFIGS = ((64, 128, 4, 4), (64, 256, 4, 3), (64, 64, 4, 4))             # (BLOCK_M, BLOCK_N, warps, stages)
+SMALL_M_CONFIGS_PAIRED = ((64, 256, 4, 3), (64, 128, 4, 4))                        # BLOCK_N: gate + up columns
 PATHS = ("pointer", "tma", "scaled_mm")
 
 
@@ -128,6 +136,9 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
             if m in sweep_rows:
                 candidates = [("tma", c) for c in (tma.CONFIGS_SILU if silu else tma.CONFIGS)]
                 candidates += [("tma_paired", c) for c in (tma.CONFIGS_PAIRED if silu else ())]
+                if m <= SMALL_M_ROWS:
+                    candidates += [("tma_paired" if silu else "tma", tma._config(bm, bn, w, st, False))
+                                   for bm, bn, w, st in (SMALL_M_CONFIGS_PAIRED if silu else SMALL_M_CONFIGS)]
                 for path, c in candidates:
                     cfg = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
                     label = (f"{'paired ' if path == 'tma_paired' else ''}{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x"
