@@ -112,6 +112,7 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
             row["tma_fast_host_us"] = 1e3 * host_ms(lambda: call("tma_fast", qws[0]), calls=16)
             row["tma_vs_pointer_ulp"] = _ulp_diff(outs["tma"], outs["pointer"])
             row["tma_config"] = tma._BEST.get((xq.device, n_out, k, torch.bfloat16, False, silu, False))
+            flops = 2 * m * n * k
             if silu:   # triton-v1.24: the gate and up rows paired in one accumulator, through FastLauncher
                 outs["tma_paired"] = torch.empty_like(outs["tma"])
                 call("tma_paired", qws[0])
@@ -121,10 +122,9 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
                 row["tma_paired_vs_pointer_ulp"] = _ulp_diff(outs["tma_paired"], outs["pointer"])
                 row["tma_paired_config"] = tma._BEST.get((xq.device, n_out, k, torch.bfloat16, False, True, True))
                 print(f"{name:14s} M={m:5d}  tma paired {row['tma_paired_us']:8.1f} us "
-                      f"({flops_of(m, n, k) / row['tma_paired_us'] / 1e6:5.0f} TFLOP/s)  paired-pointer "
+                      f"({flops / row['tma_paired_us'] / 1e6:5.0f} TFLOP/s)  paired-pointer "
                       f"{row['tma_paired_vs_pointer_ulp']:.0f} ulp  err {row['tma_paired_err']:.1e}  host "
                       f"{row['tma_paired_host_us']:.0f} us  {row['tma_paired_config']}", flush=True)
-            flops = flops_of(m, n, k)
             res["rows"].append(row)
             print(f"{name:14s} M={m:5d}  pointer {row['pointer_us']:8.1f} us ({flops / row['pointer_us'] / 1e6:5.0f} "
                   f"TFLOP/s)  tma {row['tma_us']:8.1f} us ({flops / row['tma_us'] / 1e6:5.0f})  scaled_mm "
@@ -154,10 +154,6 @@ def measure(rows: list[int], square: int, sweep_rows: set[int]) -> dict:
         del qws
         torch.cuda.empty_cache()
     return res
-
-
-def flops_of(m: int, n: int, k: int) -> int:
-    return 2 * m * n * k
 
 
 def sweep_table(res: dict) -> str:
