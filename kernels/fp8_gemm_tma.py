@@ -125,10 +125,29 @@ CONFIGS_SILU = [_config(bm, bn, w, st, split) for bm, bn, w, st, split in (
 CONFIGS_PAIRED = [_config(bm, bn, w, st, split) for bm, bn, w, st, split in (
     (128, 256, 8, 3, False), (128, 256, 8, 4, False), (128, 128, 8, 4, False), (128, 128, 4, 4, False),
     (256, 128, 8, 3, False))]
+# triton-v1.25's gate/up projection at decode batches (33-512 rows): the paired tiles, and 64-row ones that fill more
+# of the SMs at fewer rows; tuned once per row bucket (row_bucket), each bucket with an autotuner (and cache) of its own
+SMALL_ROWS = 512
+CONFIGS_PAIRED_SMALL = [_config(bm, bn, w, st, False) for bm, bn, w, st in (
+    (128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4), (64, 256, 4, 3), (64, 128, 4, 4))]
 _tuned = autotune(CONFIGS, key=["N", "K", "SILU_EPI"], warmup=5, rep=25)(_w8a8_tma_kernel)
 _tuned_silu = autotune(CONFIGS_SILU, key=["N", "K", "SILU_EPI"], warmup=5, rep=25)(_w8a8_tma_kernel)
 _tuned_paired = autotune(CONFIGS_PAIRED, key=["N", "K", "SILU_EPI"], warmup=5, rep=25)(_w8a8_tma_kernel)
-_BEST: dict = {}   # (device, N, K, dtype, bias, silu, paired) -> the winning config's kwargs
+_tuned_small: dict = {}   # row bucket -> the autotuner over CONFIGS_PAIRED_SMALL
+_BEST: dict = {}   # (device, N, K, dtype, bias, silu, paired, row bucket) -> the winning config's kwargs
+
+
+def row_bucket(m: int) -> int:
+    """The row bucket a paired call of m rows is tuned for: 0 past SMALL_ROWS (one tuning for prefill steps), else the
+    power of two from m up (at least 64): decode batches of 40 and 256 rows want different tiles."""
+    return 0 if m > SMALL_ROWS else max(64, 1 << (m - 1).bit_length())
+
+
+def _small_tuner(bucket: int):
+    if bucket not in _tuned_small:
+        _tuned_small[bucket] = autotune(CONFIGS_PAIRED_SMALL, key=["N", "K", "SILU_EPI"], warmup=5,
+                                        rep=25)(_w8a8_tma_kernel)
+    return _tuned_small[bucket]
 
 
 def tma_gemm_ok(xq: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor) -> bool:
@@ -167,7 +186,8 @@ def gemm_tma(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, 
     on an H100 against the pointer kernel's 18-42 through FastLauncher (bench/fp8_gemm_tma.py). `paired` (with
     `silu_epi`, triton-v1.24): each K step copies a tile's gate and up rows in one descriptor load and multiplies
     them in one dot, one accumulator (a config's BLOCK_N is then the product's width, twice the output tile's), where
-    v1.22's kernel keeps two accumulators and issues two dots."""
+    v1.22's kernel keeps two accumulators and issues two dots; up to SMALL_ROWS rows (triton-v1.25's decode batches)
+    a paired call is tuned per row bucket over CONFIGS_PAIRED_SMALL."""
     if paired and not silu_epi:
         raise ValueError("gemm_tma: paired gate/up rows need the SiLU-and-mul epilogue (silu_epi=True)")
     m, k = xq.shape
@@ -181,14 +201,15 @@ def gemm_tma(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, 
         tile_n = 32 if n >= 32 else 16
         config = dict(BLOCK_M=32, BLOCK_N=2 * tile_n if paired else tile_n, BLOCK_K=64 if k >= 64 else 32,
                       GROUP_M=8, EPILOGUE_SPLIT=False)
-    key = (xq.device, n, k, out.dtype, has_bias, silu_epi, paired)
+    bucket = row_bucket(m) if paired else 0
+    key = (xq.device, n, k, out.dtype, has_bias, silu_epi, paired, bucket)
     if config is None:
         config = _BEST.get(key)
     width = 2 if paired else 1   # a config's BLOCK_N over the output tile's width
     if config is None:   # tune: the pre-hook sets each candidate's tile shapes on these descriptors
         settle_before_tuning((xq, out))
         descs = _descriptors(xq, weight.qweight, out, 64, 64, 64, False, paired)
-        tuned = _tuned_paired if paired else _tuned_silu if silu_epi else _tuned
+        tuned = (_small_tuner(bucket) if bucket else _tuned_paired) if paired else _tuned_silu if silu_epi else _tuned
         grid = lambda c: (min(sms, triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n * width, c["BLOCK_N"])),)  # noqa
         tuned[grid](*descs, xs, weight.scale, b, m, n, k, HAS_BIAS=has_bias, NUM_SMS=sms, SILU_EPI=silu_epi,
                     PAIRED=paired)

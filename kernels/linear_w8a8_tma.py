@@ -18,6 +18,12 @@ and other weights everything is v1.21's op.
   accumulator, the plain GEMM's shape, where v1.22's kernel issued two dots into two accumulators), fast launch.
   Measured on an H100: that GEMM 376 against the pointer kernel's 440 us at 2,048 rows; against v1.23 in the same call
   TTFT 29.6 ms (v1.23 31.3 at best), the 256 row +1.2 %.
+- triton-v1.25: v1.24 whose gate/up projection (plain and norm-fronted) also takes the paired TMA kernel at 33-512
+  rows -- decode steps of 33 or more sequences and small mixed steps -- where v1.21's op runs `torch._scaled_mm` and
+  then a separate SiLU-and-mul; tuned per row bucket (kernels/fp8_gemm_tma.py `row_bucket`). Measured on an H100
+  (bench/fp8_gemm_tma.py, 256 rows, llama3-8b's gate/up): the paired kernel 57.6 us against the pointer kernel's
+  62.5 and `_scaled_mm` with a torch SiLU-and-mul 121.6; q/k/v, o and down stay v1.21's there (TMA within 1-10 %).
+  The values are the W8A8 GEMM's (the pointer kernel's K order), not cuBLASLt's: not v1.21's bits at those rows.
 
 Why a work threshold: a launch costs host time whatever the call's size, and a small model's prefill steps are
 launch-bound: there the host time is the step (triton-v1.20's second launch a layer cost the tiny model +5 % ITL P90
@@ -36,6 +42,7 @@ from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, gemm_silu_and_mul, w8a8_qu
 from sits.kernels.linear_w8a8_silu import linear_silu_and_mul_w8a8
 from sits.kernels.norm_w8a8 import (add_rms_norm_linear_silu_and_mul_w8a8, add_rms_norm_linear_w8a8,
                                     norm_quant)
+from sits.kernels.silu_and_mul import silu_and_mul
 from sits.kernels.quant import QuantizedWeight
 from sits.kernels.triton_env import check_device
 
@@ -89,9 +96,26 @@ def linear_w8a8_tma_fast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     return _linear(x, weight, bias, True)
 
 
-def _linear_silu_and_mul(x: torch.Tensor, weight, bias, paired: bool) -> torch.Tensor:
+def _batched_gate_up(xq: torch.Tensor, xs: torch.Tensor, weight, bias, dtype: torch.dtype) -> torch.Tensor:
+    """triton-v1.25's gate/up GEMM at 33-512 rows for x quantized per row: the paired TMA kernel where it takes the
+    call and the call has TMA_MIN_WORK multiply-adds, else v1.21's (`torch._scaled_mm`, then SiLU-and-mul)."""
+    if xq.shape[0] * weight.shape[0] * xq.shape[1] >= TMA_MIN_WORK:
+        out = torch.empty(xq.shape[0], weight.shape[0] // 2, dtype=dtype, device=xq.device)
+        if tma_gemm_ok(xq, weight, out):
+            gemm_tma(xq, xs, weight, bias, out, silu_epi=True, paired=True, fast_launch=True)
+            return out
+    return silu_and_mul(w8a8_quantized(xq, xs, weight, bias, dtype))
+
+
+def _linear_silu_and_mul(x: torch.Tensor, weight, bias, paired: bool, batched: bool = False) -> torch.Tensor:
     _lin.check_gate_up("linear_silu_and_mul", weight)
-    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
+    m = w8a8_rows(x, weight)
+    if batched and 0 < m <= SCALED_MM_MAX_M:
+        _lin.check_linear_args(x, weight, bias)
+        check_device("linear_silu_and_mul", x)
+        xq, xs = quantize_rows(_lin.as_rows(x))
+        return _batched_gate_up(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0] // 2)
+    if m <= SCALED_MM_MAX_M:
         return linear_silu_and_mul_w8a8(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)
@@ -100,9 +124,14 @@ def _linear_silu_and_mul(x: torch.Tensor, weight, bias, paired: bool) -> torch.T
                 fast_launch=paired).view(*x.shape[:-1], weight.shape[0] // 2)
 
 
-def _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, paired: bool):
+def _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, paired: bool,
+                                      batched: bool = False):
     _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
-    if w8a8_rows(x, weight) <= SCALED_MM_MAX_M:
+    m = w8a8_rows(x, weight)
+    if batched and 0 < m <= SCALED_MM_MAX_M:
+        xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
+        return _batched_gate_up(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0] // 2), h
+    if m <= SCALED_MM_MAX_M:
         return add_rms_norm_linear_silu_and_mul_w8a8(x, weight, residual, norm_weight, eps, bias)
     xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
     return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True, paired=paired,
@@ -119,6 +148,12 @@ def linear_silu_and_mul_w8a8_tma_paired(x: torch.Tensor, weight, bias=None) -> t
     """triton-v1.24's gate/up projection: linear_silu_and_mul_w8a8_tma with the gate and up rows paired in one
     accumulator, launched through FastLauncher."""
     return _linear_silu_and_mul(x, weight, bias, True)
+
+
+def linear_silu_and_mul_w8a8_tma_batched(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+    """triton-v1.25's gate/up projection: linear_silu_and_mul_w8a8_tma_paired, and at 33-512 rows the paired TMA
+    kernel too (where it takes the call) instead of torch._scaled_mm and a separate SiLU-and-mul."""
+    return _linear_silu_and_mul(x, weight, bias, True, batched=True)
 
 
 def add_rms_norm_linear_w8a8_tma(x: torch.Tensor, weight, residual: torch.Tensor | None, norm_weight: torch.Tensor,
@@ -151,3 +186,12 @@ def add_rms_norm_linear_silu_and_mul_w8a8_tma_paired(x: torch.Tensor, weight, re
     """triton-v1.24's norm-fronted gate/up projection: add_rms_norm_linear_silu_and_mul_w8a8_tma with the gate and
     up rows paired in one accumulator, launched through FastLauncher."""
     return _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, True)
+
+
+def add_rms_norm_linear_silu_and_mul_w8a8_tma_batched(x: torch.Tensor, weight, residual: torch.Tensor | None,
+                                                      norm_weight: torch.Tensor, eps: float,
+                                                      bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """triton-v1.25's norm-fronted gate/up projection: add_rms_norm_linear_silu_and_mul_w8a8_tma_paired, and at
+    33-512 rows v1.17's quantizing norm, then the paired TMA kernel (where it takes the call) instead of
+    torch._scaled_mm and a separate SiLU-and-mul."""
+    return _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, True, batched=True)

@@ -1,5 +1,6 @@
 """triton-v1.22's W8A8 GEMM (kernels/fp8_gemm_tma.py: persistent, TMA-fed), its four ops, triton-v1.23's two and
-triton-v1.24's two with the gate and up rows paired in one accumulator (kernels/linear_w8a8_tma.py). On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives
+triton-v1.24's two with the gate and up rows paired in one accumulator, triton-v1.25's taking them from 33 rows
+(kernels/linear_w8a8_tma.py). On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives
 the pointer kernel's bits with the same tiles -- partial row, column and K tiles, bias, the SiLU-and-mul epilogue, the
 split epilogue, more tiles than programs (the persistent walk), the paired gate/up rows; calls TMA cannot take fall
 back to the pointer kernel; v1.22's, v1.23's and v1.24's ops give v1.21's bits past 512 rows (v1.23's and v1.24's
@@ -22,6 +23,7 @@ V121 = get_kernel_set("triton-v1.21")
 V122 = get_kernel_set("triton-v1.22")
 V123 = get_kernel_set("triton-v1.23")
 V124 = get_kernel_set("triton-v1.24")
+V125 = get_kernel_set("triton-v1.25")
 OPS = ("linear", "linear_silu_and_mul", "add_rms_norm_linear", "add_rms_norm_linear_silu_and_mul")
 
 
@@ -55,6 +57,9 @@ def test_the_set_serves_them():
     assert V124.linear is V123.linear and V124.add_rms_norm_linear is V123.add_rms_norm_linear
     assert V124.linear_silu_and_mul is ops.linear_silu_and_mul_w8a8_tma_paired
     assert V124.add_rms_norm_linear_silu_and_mul is ops.add_rms_norm_linear_silu_and_mul_w8a8_tma_paired
+    assert V125.parent == "triton-v1.24" and V125.overrides == V124.overrides and V125.linear is V124.linear
+    assert V125.linear_silu_and_mul is ops.linear_silu_and_mul_w8a8_tma_batched
+    assert V125.add_rms_norm_linear_silu_and_mul is ops.add_rms_norm_linear_silu_and_mul_w8a8_tma_batched
 
 
 @pytest.mark.parametrize("m,n,k,silu,bias", [
@@ -186,6 +191,36 @@ def test_v124s_ops_are_v121s_bits_with_the_rows_paired(dev, op, tma_calls, monke
             assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
 
 
+@pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
+@pytest.mark.parametrize("m", [33, 200, SCALED_MM_MAX_M, SCALED_MM_MAX_M + 9])
+def test_v125s_gate_up_takes_the_paired_kernel_from_33_rows(dev, op, m, tma_calls, monkeypatch):
+    monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)
+    args = _op_args(op, m, dev, 12)
+    got, want = getattr(V125, op)(*args), getattr(V121, op)(*args)
+    assert tma_calls == [(m, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        assert a.shape == b.shape
+        if dev == "cpu":   # the interpreter's W8A8 GEMM is v1.21's route on CPU too: the same K order
+            assert torch.equal(a, b), op
+        else:   # v1.21 runs cuBLASLt's fp8 GEMM at these rows: another summation order
+            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+
+
+@pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
+def test_v125_below_its_work_threshold_and_at_32_rows_is_v121s_op(dev, op, tma_calls):
+    for m in (32, 40):   # 32: the weight-only route; 40 rows of these small shapes: far below TMA_MIN_WORK
+        args = _op_args(op, m, dev, 13)
+        got, want = getattr(V125, op)(*args), getattr(V121, op)(*args)
+        for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+            assert torch.equal(a, b), (op, m)
+    assert tma_calls == []
+
+
+def test_row_buckets():
+    assert [tma.row_bucket(m) for m in (33, 64, 65, 200, 256, 257, 512, 513, 2048)] == [64, 64, 128, 256, 256, 512,
+                                                                                       512, 0, 0]
+
+
 def test_the_tma_kernel_from_its_work_threshold_on(dev, tma_calls, monkeypatch):
     x, xq, xs, qw, _ = _case(SCALED_MM_MAX_M + 1, 64, 64, 9, dev)
     work = xq.shape[0] * 64 * 64
@@ -252,14 +287,20 @@ def test_gpu_llama3_shapes_match_the_pointer_kernel(name, n, k, silu, m):
 
 @on_gpu
 @pytest.mark.parametrize("name,op", [*((122, op) for op in OPS), (123, "linear"), (123, "add_rms_norm_linear"),
-                                     (124, "linear_silu_and_mul"), (124, "add_rms_norm_linear_silu_and_mul")])
-def test_gpu_v122s_to_v124s_ops_give_v121s_values(name, op):
+                                     (124, "linear_silu_and_mul"), (124, "add_rms_norm_linear_silu_and_mul"),
+                                     (125, "linear_silu_and_mul"), (125, "add_rms_norm_linear_silu_and_mul")])
+@pytest.mark.parametrize("m", [256, 1024])
+def test_gpu_v122s_to_v125s_ops_give_v121s_values(name, op, m):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs sm_90+")
-    args = _op_args(op, 1024, "cuda", 8, h=4096, n=4096)
-    s = {122: V122, 123: V123, 124: V124}[name]
-    for _ in range(3):   # v1.23, v1.24: the first call compiles through Triton, the later ones through FastLauncher
+    args = _op_args(op, m, "cuda", 8, h=4096, n=4096)
+    s = {122: V122, 123: V123, 124: V124, 125: V125}[name]
+    # past 512 rows v1.21 runs the pointer kernel: the same K tiles, fp32 rounding apart. At 256 rows v1.21 runs
+    # cuBLASLt's fp8 GEMM, whose accumulation differs from the Triton kernels' (v1.25 measured 3.8-3.9e-3 on an H100:
+    # gate and up rounded to bf16 about one ulp apart, then their product), far below e4m3's ~2.7 % a product
+    tol = 8e-3 if name == 125 and m <= SCALED_MM_MAX_M else 2e-3
+    for _ in range(3):   # v1.23 on: the first call compiles through Triton, the later ones through FastLauncher
         got, want = getattr(s, op)(*args), getattr(V121, op)(*args)
         for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
             assert a.shape == b.shape
-            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < tol, (op, m)
