@@ -21,9 +21,10 @@ and other weights everything is v1.21's op.
 - triton-v1.25: v1.24 whose gate/up projection (plain and norm-fronted) also takes the paired TMA kernel at 33-512
   rows -- decode steps of 33 or more sequences and small mixed steps -- where v1.21's op runs `torch._scaled_mm` and
   then a separate SiLU-and-mul; tuned per row bucket (kernels/fp8_gemm_tma.py `row_bucket`). Measured on an H100
-  (bench/fp8_gemm_tma.py, 256 rows, llama3-8b's gate/up): the paired kernel 57.6 us against the pointer kernel's
-  62.5 and `_scaled_mm` with a torch SiLU-and-mul 121.6; q/k/v, o and down stay v1.21's there (TMA within 1-10 %).
-  The values are the W8A8 GEMM's (the pointer kernel's K order), not cuBLASLt's: not v1.21's bits at those rows.
+  (bench/fp8_gemm_tma.py, llama3-8b's gate/up at 40-512 rows): the paired kernel 45.2-100.8 us against `_scaled_mm`
+  and the project's silu_and_mul 48.9-118.9; q/k/v, o and down stay v1.21's there (cuBLASLt measured faster). The 256
+  x 2048/512 row +1.2 % against v1.24 in the same call. The values are the W8A8 GEMM's, not cuBLASLt's: not v1.21's
+  bits at those rows (4.0e-3 against 2.0e-3 from the exact product of the e4m3 operands).
 
 Why a work threshold: a launch costs host time whatever the call's size, and a small model's prefill steps are
 launch-bound: there the host time is the step (triton-v1.20's second launch a layer cost the tiny model +5 % ITL P90
