@@ -1,7 +1,7 @@
 """A persistent W8A8 GEMM fed by the tensor-memory accelerator (sm_90+): kernels/fp8_gemm.py's `_linear_fp8_kernel`
 math (x quantized per row to e4m3, fp8 weights, y = acc * sx[t] * sw[n] (+ b), fp32 accumulation, the same K order)
 with a different way to the tensor cores, for the prefill-size row counts where the W8A8 GEMM runs (more than
-kernels/linear_w8a8.py's SCALED_MM_MAX_M rows).
+kernels/linear_w8a8.py's SCALED_MM_MAX_M rows), and in triton-v1.25 for the gate/up projection from 33 rows.
 
 - The x and weight tiles come in through TMA descriptors (`TensorDescriptor` over xq [M, K] and the weight [N, K]):
   no per-element address arithmetic or masks in the K loop (the descriptor zero-fills past M, N and K), and the
