@@ -33,6 +33,8 @@ tiny model (2,048 x 1,536 x 256 = 2^29.6 at its default step).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from sits.kernels import linear as _lin
@@ -51,21 +53,23 @@ TMA_MIN_WORK = 2**32   # multiply-adds (M x N x K) from which a call takes the T
 
 
 def gemm(xq: torch.Tensor, xs: torch.Tensor, weight: QuantizedWeight, bias, dtype: torch.dtype, *,
-         silu_epi: bool = False, paired: bool = False, fast_launch: bool = False) -> torch.Tensor:
-    """The W8A8 GEMM past SCALED_MM_MAX_M rows for x quantized per row (xq [M, K] e4m3, xs [M]): the TMA kernel
-    where it takes the call and the call has TMA_MIN_WORK multiply-adds, else the pointer kernel
-    (kernels/linear_w8a8.py) -> [M, N] (or [M, N / 2] with the SiLU-and-mul epilogue) in dtype. `fast_launch`: the
-    TMA kernel through the project's FastLauncher (triton-v1.23) instead of Triton's own launch (v1.22); `paired`:
-    the SiLU-and-mul epilogue's gate and up rows in one accumulator (triton-v1.24)."""
+         silu_epi: bool = False, paired: bool = False, fast_launch: bool = False,
+         other: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+    """The W8A8 GEMM for x quantized per row (xq [M, K] e4m3, xs [M]): the TMA kernel where it takes the call and
+    the call has TMA_MIN_WORK multiply-adds, else `other()` -- by default the pointer kernel (kernels/linear_w8a8.py),
+    the route past SCALED_MM_MAX_M rows -> [M, N] (or [M, N / 2] with the SiLU-and-mul epilogue) in dtype.
+    `fast_launch`: the TMA kernel through the project's FastLauncher (triton-v1.23) instead of Triton's own launch
+    (v1.22); `paired`: the SiLU-and-mul epilogue's gate and up rows in one accumulator (triton-v1.24)."""
     def pointer() -> torch.Tensor:
         return gemm_silu_and_mul(xq, xs, weight, bias, dtype) if silu_epi else w8a8_quantized(xq, xs, weight, bias,
                                                                                              dtype)
+    other = other or pointer
     if xq.shape[0] * weight.shape[0] * xq.shape[1] < TMA_MIN_WORK:   # before allocating: the small calls' route
-        return pointer()
+        return other()
     out = torch.empty(xq.shape[0], weight.shape[0] // 2 if silu_epi else weight.shape[0], dtype=dtype,
                       device=xq.device)
     if not tma_gemm_ok(xq, weight, out):
-        return pointer()
+        return other()
     gemm_tma(xq, xs, weight, bias, out, silu_epi=silu_epi, paired=paired, fast_launch=fast_launch)
     return out
 
@@ -98,14 +102,10 @@ def linear_w8a8_tma_fast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
 
 
 def _batched_gate_up(xq: torch.Tensor, xs: torch.Tensor, weight, bias, dtype: torch.dtype) -> torch.Tensor:
-    """triton-v1.25's gate/up GEMM at 33-512 rows for x quantized per row: the paired TMA kernel where it takes the
-    call and the call has TMA_MIN_WORK multiply-adds, else v1.21's (`torch._scaled_mm`, then SiLU-and-mul)."""
-    if xq.shape[0] * weight.shape[0] * xq.shape[1] >= TMA_MIN_WORK:
-        out = torch.empty(xq.shape[0], weight.shape[0] // 2, dtype=dtype, device=xq.device)
-        if tma_gemm_ok(xq, weight, out):
-            gemm_tma(xq, xs, weight, bias, out, silu_epi=True, paired=True, fast_launch=True)
-            return out
-    return silu_and_mul(w8a8_quantized(xq, xs, weight, bias, dtype))
+    """triton-v1.25's gate/up GEMM at 33-512 rows for x quantized per row: the paired TMA kernel where `gemm` takes
+    it there, else v1.21's (`torch._scaled_mm`, then SiLU-and-mul)."""
+    return gemm(xq, xs, weight, bias, dtype, silu_epi=True, paired=True, fast_launch=True,
+                other=lambda: silu_and_mul(w8a8_quantized(xq, xs, weight, bias, dtype)))
 
 
 def _linear_silu_and_mul(x: torch.Tensor, weight, bias, paired: bool, batched: bool = False) -> torch.Tensor:

@@ -43,6 +43,21 @@ def _pointer(xq, xs, qw, b, n, silu, config=None, dtype=torch.bfloat16):
     return out
 
 
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _assert_v121s_values(got, want, dev, what, tol=2e-3):
+    """An op's output(s) against v1.21's: the same shapes; bit for bit under the interpreter (the same K order), within
+    `tol` relative on a GPU, where the tensor cores may sum inside a K tile in another order."""
+    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+        assert a.shape == b.shape, what
+        if dev == "cpu":
+            assert torch.equal(a, b), what
+        else:
+            assert _rel(a, b) < tol, what
+
+
 def test_the_set_serves_them():
     assert V122.parent == "triton-v1.21" and V122.overrides == OPS and V122.kv_cache_dtypes == ("auto", "fp8")
     assert V122.linear is ops.linear_w8a8_tma and V122.linear_silu_and_mul is ops.linear_silu_and_mul_w8a8_tma
@@ -171,11 +186,7 @@ def test_v123s_ops_are_v121s_bits_through_the_fast_launcher(dev, op, tma_calls, 
     args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 10)
     got, want = getattr(V123, op)(*args), getattr(V121, op)(*args)
     assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True]
-    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
-        if dev == "cpu":
-            assert torch.equal(a, b), op
-        else:
-            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+    _assert_v121s_values(got, want, dev, op)
 
 
 @pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
@@ -184,11 +195,7 @@ def test_v124s_ops_are_v121s_bits_with_the_rows_paired(dev, op, tma_calls, monke
     args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 11)
     got, want = getattr(V124, op)(*args), getattr(V121, op)(*args)
     assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
-    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
-        if dev == "cpu":
-            assert torch.equal(a, b), op
-        else:
-            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+    _assert_v121s_values(got, want, dev, op)
 
 
 @pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
@@ -198,12 +205,9 @@ def test_v125s_gate_up_takes_the_paired_kernel_from_33_rows(dev, op, m, tma_call
     args = _op_args(op, m, dev, 12)
     got, want = getattr(V125, op)(*args), getattr(V121, op)(*args)
     assert tma_calls == [(m, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
-    for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
-        assert a.shape == b.shape
-        if dev == "cpu":   # the interpreter's W8A8 GEMM is v1.21's route on CPU too: the same K order
-            assert torch.equal(a, b), op
-        else:   # v1.21 runs cuBLASLt's fp8 GEMM at these rows, which promotes its accumulator (K = 64 here)
-            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-3, op
+    # on CPU the interpreter's W8A8 GEMM is v1.21's route at these rows too; on a GPU v1.21 runs cuBLASLt's fp8 GEMM,
+    # which promotes its accumulator (K = 64 here)
+    _assert_v121s_values(got, want, dev, op)
 
 
 @pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
@@ -281,7 +285,7 @@ def test_gpu_llama3_shapes_match_the_pointer_kernel(name, n, k, silu, m):
     want = _pointer(xq, xs, qw, None, n_out, bool(silu))
     # the same K tiles in the same order; wgmma may sum inside a tile in another order: fp32 rounding of the
     # accumulator, then one bf16 rounding apart at most
-    rel = ((out.float() - want.float()).norm() / want.float().norm()).item()
+    rel = _rel(out, want)
     assert rel < 2e-3, rel
 
 
@@ -300,7 +304,4 @@ def test_gpu_v122s_to_v125s_ops_give_v121s_values(name, op, m):
     # gate and up rounded to bf16 about one ulp apart, then their product), far below e4m3's ~2.7 % a product
     tol = 8e-3 if name == 125 and m <= SCALED_MM_MAX_M else 2e-3
     for _ in range(3):   # v1.23 on: the first call compiles through Triton, the later ones through FastLauncher
-        got, want = getattr(s, op)(*args), getattr(V121, op)(*args)
-        for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
-            assert a.shape == b.shape
-            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < tol, (op, m)
+        _assert_v121s_values(getattr(s, op)(*args), getattr(V121, op)(*args), "cuda", (op, m), tol)
