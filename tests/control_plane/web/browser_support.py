@@ -90,6 +90,14 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(artifacts_dir() / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
 
 
+def live_box(locator) -> dict:
+    """locator's bounding box (x, y, width, height) read in one call in the page: pages that poll (a rollout's every
+    1.5 s) replace their nodes, and Playwright's bounding_box() answers None for a node replaced between its lookup
+    and its measure."""
+    return locator.evaluate("e => { const r = e.getBoundingClientRect(); "
+                            "return { x: r.x, y: r.y, width: r.width, height: r.height }; }")
+
+
 def open_newest_evidence(page, url: str):
     """Open a rollout's page at `url` and its newest check's evidence: that check's row, and the checks table's width
     before it opened."""

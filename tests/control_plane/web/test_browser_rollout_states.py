@@ -5,7 +5,7 @@ artifacts/browser/ ($SITS_ARTIFACTS)."""
 from __future__ import annotations
 
 from . import ui_scenarios_states
-from .browser_support import BOTH, BROWSER_TESTS, open_newest_evidence, shot
+from .browser_support import BOTH, BROWSER_TESTS, live_box, open_newest_evidence, shot
 
 pytestmark = BROWSER_TESTS
 SCENARIO = ui_scenarios_states.build
@@ -193,7 +193,7 @@ def test_the_stepper_shows_where_the_gate_stopped(browser, sc, width):
         assert gate.get_attribute("data-state") == "failed" and "failed (check #1)" in gate.inner_text()
         assert gate.get_attribute("aria-current") == "step"
         assert page.locator("#stepper li.done").count() == 0
-        box = gate.bounding_box()
+        box = live_box(gate)
         assert box["x"] >= 0 and box["x"] + box["width"] <= width
         shot(page, "detail-gate-failed")
         page.goto(f"{browser.url}/rollouts/{sc.promoted}")   # the gate off: no stop for it
