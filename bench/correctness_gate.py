@@ -21,14 +21,17 @@ smallest-bug: torch with the attention softmax scale off by 10 %, 1 %, 0.1 %, 0.
 margins: the baseline's runner-up margins (top-1 minus top-2 logprob) over the default set's continuations, and for
     torch against itself (other batches) the largest margin at which a token flipped and the drift at confident
     positions: what the half-precision confident_margin rests on.
-gpu: per model, torch against itself (other batches), triton-v1 and torch-wrong-rope against torch in --dtype with
-    the default policy, a table last; one device call of a few minutes at most (a fixed KV cache and eager decode;
-    --json is rewritten after every row). `--device cpu` runs the same path on the CPU, with the split-K set
+gpu: per model, the baseline set (--baseline, default torch) against itself (other batches), then the canaries
+    (--canary; default triton-v1 and torch-wrong-rope) against it in --dtype with the default policy, a table last
+    (--quantization / --kv-cache-dtype: both engines' flags, e.g. `--model llama3-8b --baseline triton-v1.24
+    --canary triton-v1.25 --quantization fp8 --kv-cache-dtype fp8`); one device call of a few minutes at most (a
+    fixed KV cache and eager decode; --json is rewritten after every row). `--device cpu` runs the same path on the CPU, with the split-K set
     (bench-split-k, an equivalent GEMM) in place of triton-v1.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -51,7 +54,7 @@ def _tok(e: dict) -> TokenLogprob:
 
 def offline_replay(base_llm, canary_llm, prompts, policy: CorrectnessPolicy, *, shuffle: random.Random | None = None,
                    filler: int = 0) -> list[PromptReplay]:
-    """Greedy continuations from both engines and the canary's teacher-forced scores of the baseline's tokens."""
+    """Greedy continuations from both engines, and both engines' teacher-forced scores of the baseline's tokens."""
     from sits.engine import SamplingParams
     sp = SamplingParams(max_tokens=policy.max_tokens, temperature=0.0, logprobs=policy.top_logprobs)
     base = [base_llm.generate([p], sp, use_tqdm=False)[0] for p in prompts]   # one at a time
@@ -75,15 +78,21 @@ def offline_replay(base_llm, canary_llm, prompts, policy: CorrectnessPolicy, *, 
 
     can = batched(canary_llm, prompts, lambda j: sp)
     tok = base_llm.tokenizer
-    scored = batched(canary_llm, [tok.encode(p) + b.token_ids for p, b in zip(prompts, base)],
-                     lambda j: SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=policy.top_logprobs))
+    score = lambda j: SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=policy.top_logprobs)  # noqa: E731
+    fed = [tok.encode(p) + b.token_ids for p, b in zip(prompts, base)]
+    scored = batched(canary_llm, fed, score)
+    # the baseline scores its own continuation too, in batches of its own, as the product's probe does
+    # (adapters/inference/correctness.py): like compared with like, one prefill against one prefill
+    scored_base = batched(base_llm, fed, score)
     out = []
-    for p, b, c, s in zip(prompts, base, can, scored):
+    for p, b, c, s, sb in zip(prompts, base, can, scored, scored_base):
         n_prompt = len(tok.encode(p))
         forced = tuple(_tok(e) for e in s.prompt_logprobs[n_prompt - 1:])
+        forced_base = tuple(_tok(e) for e in sb.prompt_logprobs[n_prompt - 1:])
         out.append(PromptReplay(p, Continuation(tuple(b.token_ids), b.text, tuple(map(_tok, b.logprobs))),
                                 Continuation(tuple(c.token_ids), c.text, tuple(map(_tok, c.logprobs))),
-                                Continuation(tuple(b.token_ids), b.text, forced)))
+                                Continuation(tuple(b.token_ids), b.text, forced),
+                                Continuation(tuple(b.token_ids), b.text, forced_base)))
     return out
 
 
@@ -106,9 +115,19 @@ def position_stats(replays: list[PromptReplay]) -> list[tuple[float | None, floa
     """Per teacher-forced position: (baseline runner-up margin, |canary - baseline| logprob, canary top-1 agrees)."""
     out = []
     for r in replays:
-        for f, b in zip(r.forced.logprobs, r.baseline.logprobs):
+        # the baseline's own scoring where present: the gate compares one prefill with another (analysis/correctness)
+        for f, b in zip(r.forced.logprobs, (r.forced_baseline or r.baseline).logprobs):
             out.append((runner_up_margin(b), abs(f.logprob - b.logprob), f.is_top1))
     return out
+
+
+def load_replays(rows: list[dict]) -> list[PromptReplay]:
+    """margins' saved replays (dataclasses.asdict of PromptReplay) back as PromptReplay."""
+    def cont(d: dict) -> Continuation:
+        lps = tuple(TokenLogprob(e["token_id"], e["logprob"], tuple(map(tuple, e["top"]))) for e in d["logprobs"])
+        return Continuation(**{**d, "token_ids": tuple(d["token_ids"]), "logprobs": lps})
+    return [PromptReplay(r["prompt"], *(cont(r[k]) for k in ("baseline", "canary", "forced", "forced_baseline")))
+            for r in rows]
 
 
 def _quantiles(xs: list[float], qs=(0.1, 0.25, 0.5, 0.75, 0.9)) -> list[float]:
@@ -119,20 +138,23 @@ def _quantiles(xs: list[float], qs=(0.1, 0.25, 0.5, 0.75, 0.9)) -> list[float]:
 def margins(args) -> dict:
     """The baseline's margins per model, and what equivalent canaries (--canary; other batches) do at each margin."""
     policy = CorrectnessPolicy()
-    register_bench_sets()
+    register_bench_sets(args.scale_errors if args.scale_sets else (), base=args.baseline)
     out = {}
+    # on a GPU: gpu's fixed KV cache and eager decode, so that two 8B engines fit side by side
+    kw = {"num_kv_blocks": 512, "enforce_eager": True} if args.device == "cuda" else {}
     for model in _models(args):
-        base = _llm(args, model, "torch")
+        base = _llm(args, model, args.baseline, **kw)
         for name in args.canary.split(","):
-            canary = _llm(args, model, name)
+            canary = base if name == args.baseline else _llm(args, model, name, **kw)   # itself: other batches
             rng = random.Random(args.seed)
-            stats, flips = [], []
+            stats, flips, kept = [], [], []
             for _ in range(args.replays):
                 reps = offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2)
+                kept.append([dataclasses.asdict(r) for r in reps])
                 stats += position_stats(reps)
-                v = compare_replays(reps, policy, args.dtype)
+                v = compare_replays(reps, policy, _tolerances(args))
                 flips += [r.baseline_margin for r in v.evidence if r.baseline_margin is not None]
-                print(f"{model} {name} vs torch {args.dtype}: {_row(v)}", flush=True)
+                print(f"{model} {name} vs {args.baseline} {_tolerances(args)}: {_row(v)}", flush=True)
             known = [m for m, _, _ in stats if m is not None]
             disagree = [m for m, _, ok in stats if m is not None and not ok]
             res = {"positions": len(stats), "margin_quantiles_10_25_50_75_90": _quantiles(known),
@@ -142,12 +164,17 @@ def margins(args) -> dict:
                    "largest_margin_of_a_teacher_forced_flip": max(disagree, default=None),
                    "largest_margin_of_a_greedy_divergence": max(flips, default=None),
                    "max_drift_at_margin_gt": {t: max((d for m, d, _ in stats if m is not None and m > t), default=None)
-                                              for t in (0.5, 1.0, 2.0)},
+                                              for t in (0.5, 1.0, 2.0, 3.0)},
+                   "mean_drift_at_margin_gt_3": _mean([d for m, d, _ in stats if m is not None and m > 3.0]),
                    "mean_drift_at_margin_gt_1": _mean([d for m, d, _ in stats if m is not None and m > 1.0]),
                    "max_drift_all": max((d for _, d, _ in stats), default=None)}
-            out[f"{model} {name}"] = res
             print(model, name, json.dumps(res), flush=True)
+            # every replay whole (`load_replays` reads them back): other tolerances can be judged on them offline
+            out[f"{model} {name}"] = {**res, "replays": kept}
             del canary
+            _free()
+        del base
+        _free()
     return out
 
 
@@ -157,7 +184,19 @@ def _mean(xs):
 
 def _llm(args, model: str, kernels: str, **kw):
     from sits.engine import LLM
-    return LLM(model=model, kernels=kernels, dtype=args.dtype, device=args.device, **kw)
+    flags = {"quantization": getattr(args, "quantization", None),
+             "kv_cache_dtype": getattr(args, "kv_cache_dtype", None)}
+    return LLM(model=model, kernels=kernels, dtype=args.dtype, device=args.device,
+               **{k: v for k, v in flags.items() if v is not None}, **kw)
+
+
+def _tolerances(args) -> str:
+    """The tolerances the product's gate would judge these engines by (both run the same flags):
+    analysis/correctness.py `tolerances_key` over what each quantizes, as adapters/inference/correctness.py reads it."""
+    from sits.control_plane.analysis.correctness import tolerances_key
+    q = {f"{args.quantization} weights"} if getattr(args, "quantization", None) else set()
+    q |= {f"{args.kv_cache_dtype} KV pages"} if getattr(args, "kv_cache_dtype", None) not in (None, "auto") else set()
+    return tolerances_key(args.dtype, q, q)
 
 
 def _model(args) -> str:
@@ -201,17 +240,19 @@ def equivalence(args) -> dict:
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def register_bench_sets(scale_errors=()) -> list[tuple[str, str]]:
+def register_bench_sets(scale_errors=(), base: str = "torch") -> list[tuple[str, str]]:
     """Kernel sets derived in-process for the measurements: (label, name). The softmax scale of both attention ops
-    times 1 + e (a bug of size e), and a split-K linear (each matmul as two half-K products rounded to the
-    activation dtype, then added): equivalent to torch up to one extra rounding per output, which in bf16 is the
-    kind of difference another GEMM kernel makes, and on the CPU (where torch's bf16 results do not depend on the
-    batch) the only source of such noise."""
+    times 1 + e (a bug of size e) and torch-wrong-rope's RoPE as `bench-wrong-rope`, both derived from `base`; and a
+    split-K linear (each matmul as two half-K products rounded to the activation dtype, then added): equivalent to
+    torch up to one extra rounding per output, which in bf16 is the kind of difference another GEMM kernel makes, and
+    on the CPU (where torch's bf16 results do not depend on the batch) the only source of such noise."""
     import torch
 
     from sits import kernels
     from sits.kernels.registry import register_kernel_set
+    from sits.kernels.rope_and_cache import rope_and_cache_fixed_base_ref
     torch_set = kernels.get_kernel_set("torch")
+    parent = kernels.get_kernel_set(base)
 
     def scaled(op, f):
         return lambda *a: op(*a[:-1], a[-1] * f)
@@ -226,12 +267,16 @@ def register_bench_sets(scale_errors=()) -> list[tuple[str, str]]:
     out = []
     for err in scale_errors:
         name = f"bench-scale-{err:g}"
-        register_kernel_set(torch_set.derive(
-            name, "0.0.1", prefill_attention=scaled(torch_set.prefill_attention, 1 + err),
-            paged_decode_attention=scaled(torch_set.paged_decode_attention, 1 + err)), replace=True)
+        register_kernel_set(parent.derive(
+            name, "0.0.1", prefill_attention=scaled(parent.prefill_attention, 1 + err),
+            paged_decode_attention=scaled(parent.paged_decode_attention, 1 + err),
+            kv_cache_dtypes=parent.kv_cache_dtypes), replace=True)
         out.append((f"softmax scale +{err:.2%}", name))
+    # the same KV pages as the parent: torch's RoPE and the scaled ops write and read FP8 pages as the parent's do
+    register_kernel_set(parent.derive("bench-wrong-rope", "0.0.1", rope_and_cache=rope_and_cache_fixed_base_ref,
+                                      kv_cache_dtypes=parent.kv_cache_dtypes), replace=True)
     register_kernel_set(torch_set.derive("bench-split-k", "0.0.1", linear=split_k), replace=True)
-    return out + [("split-K linear (equivalent)", "bench-split-k")]
+    return out + [("wrong RoPE", "bench-wrong-rope"), ("split-K linear (equivalent)", "bench-split-k")]
 
 
 def smallest_bug(args) -> dict:
@@ -251,29 +296,36 @@ def smallest_bug(args) -> dict:
 
 
 def gpu(args) -> dict:
-    """Per model: torch vs itself (other batches), triton-v1 (CUDA only) and torch-wrong-rope against torch in
-    --dtype with the default policy's tolerances; one replay each, a table printed last."""
+    """Per model: the baseline set (--baseline, default torch) against itself (other batches), then each canary
+    (default triton-v1 on CUDA, torch-wrong-rope) against it, in --dtype with the default policy's tolerances (both
+    engines with --quantization / --kv-cache-dtype when given, as a release of kernels only would run them); one
+    replay each, a table printed last."""
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu: no CUDA device (pass --device cpu to run the same path on the CPU)")
     policy = CorrectnessPolicy()
-    register_bench_sets()
+    baseline = args.baseline
+    register_bench_sets(args.scale_errors if args.scale_sets else (), base=baseline)
     # on the CPU (a dry run of this path) triton-v1 cannot run: the split-K set stands in for "another GEMM kernel"
-    sets = args.canary.split(",") if args.canary != "torch" else \
-        ["torch", "triton-v1" if args.device != "cpu" else "bench-split-k", "torch-wrong-rope"]
+    canaries = args.canary.split(",") if args.canary != "torch" else \
+        ["triton-v1" if args.device != "cpu" else "bench-split-k", "torch-wrong-rope"]
+    sets = [baseline] + [c for c in canaries if c != baseline]
+    flags = " ".join(f"{k} {v}" for k, v in (("quantization", args.quantization),
+                                              ("kv-cache", args.kv_cache_dtype)) if v)
     out, rows = {}, []
     # a fixed, ample KV cache (the replay holds < 12k tokens at once) instead of 90 % of the GPU, so that several 8B
     # engines fit side by side; eager decode: no graph capture per batch size (graphs do not change the numerics)
     kw = {"num_kv_blocks": 512, "enforce_eager": True}
     for model in _models(args):
-        base = _llm(args, model, "torch", **kw)
+        base = _llm(args, model, baseline, **kw)
         for name in sets:
-            # torch vs itself: the same engine, the baseline one prompt at a time, the canary in other batches
-            canary = base if name == "torch" else _llm(args, model, name, **kw)
+            # the baseline against itself: the same engine, its greedy answers one prompt at a time, the rest in
+            # other batches
+            canary = base if name == baseline else _llm(args, model, name, **kw)
             t0 = time.perf_counter()
             v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=random.Random(0),
-                                               filler=2), policy, args.dtype)
-            key = f"{Path(model).name or model} {name} vs torch {args.dtype}"
+                                               filler=2), policy, _tolerances(args))
+            key = f"{Path(model).name or model} {name} vs {baseline} {_tolerances(args)}{' ' + flags if flags else ''}"
             out[key] = {**_summary(v), "seconds": round(time.perf_counter() - t0, 1),
                         "evidence": [e.to_dict() for e in v.evidence[:2]]}
             rows.append((key, v))
@@ -284,7 +336,7 @@ def gpu(args) -> dict:
             _free()
         del base
         _free()
-    print(f"\n{'canary vs torch':48s} outcome      stats (all positions | confident positions)")
+    print(f"\n{'canary vs baseline':48s} outcome      stats (all positions | confident positions)")
     for key, v in rows:
         print(f"{key:48s} {_row(v)}")
         print(f"{'':48s} reason: {v.reason[:300]}")
@@ -375,6 +427,11 @@ def main(argv=None) -> int:
                     "torch,torch-slow-attn,bench-split-k; gpu: the canaries (default torch,triton-v1,torch-wrong-rope"
                     "; on the CPU bench-split-k for triton-v1)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default cpu; gpu: cuda)")
+    ap.add_argument("--baseline", default="torch", help="gpu: the baseline's kernel set (default torch)")
+    ap.add_argument("--quantization", default=None, help="gpu: both engines' weights (int8, fp8)")
+    ap.add_argument("--kv-cache-dtype", default=None, help="gpu: both engines' KV pages (auto, fp8)")
+    ap.add_argument("--scale-sets", action="store_true", help="gpu, margins: also register the --scale-errors sets "
+                    "(bench-scale-E, derived from --baseline) so that --canary can name them")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.replays is None:
@@ -386,7 +443,9 @@ def main(argv=None) -> int:
     result = {"cost": cost, "equivalence": equivalence, "smallest-bug": smallest_bug, "margins": margins,
               "gpu": gpu, "speed": speed}[args.mode](args)
     if args.mode != "gpu":   # gpu: its table is the last thing printed (the JSON goes to --json)
-        print(json.dumps(result, indent=1, default=str))
+        shown = {k: {f: x for f, x in v.items() if f != "replays"} if isinstance(v, dict) else v
+                 for k, v in result.items()}   # margins: the replays whole only in --json
+        print(json.dumps(shown, indent=1, default=str))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -141,8 +141,9 @@ def _fixed_base_tables(d: int, n: int, device, acc) -> tuple[torch.Tensor, torch
 def rope_and_cache_fixed_base_ref(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
     """A WRONG RoPE, kept as an example of a bug that ships (kernel set torch-wrong-rope): it uses its own cos/sin
     tables for a hard-coded base of 10000 without frequency scaling, ignoring the caller's tables (which hold the
-    model's rope_theta, 500000 for Llama 3, and its llama3 scaling). The same work as the reference: gather, rotate."""
-    check_rope_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    model's rope_theta, 500000 for Llama 3, and its llama3 scaling). The same work as the reference: gather, rotate
+    (and the same pages: tensors or Fp8Pages)."""
+    check_rope_args(q, k, v, positions, cos, sin, *page_tensors(k_cache, v_cache), slot_mapping)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     pos = positions.long()
     own_cos, own_sin = _fixed_base_tables(q.shape[-1], int(pos.max()) + 1 if pos.numel() else 1, q.device, acc)

@@ -7,6 +7,7 @@ import torch
 
 from sits.kernels import get_kernel_set
 from sits.kernels.kv_fp8 import FP8_MAX, Fp8Pages
+from sits.kernels.rope_and_cache import write_kv_ref
 from tests.kernels.helpers import (ATOL, DTYPES, REF_DTYPES, args_to, assert_close_to_fp64, assert_verbose_allclose,
                                    on_gpu, rope_tables)
 
@@ -24,6 +25,26 @@ def _sentinel_pages(num_blocks, page, hkv, d, dev):
 
 
 # ---- the torch reference against independent fp64 formulations ----
+
+def test_the_wrong_rope_example_writes_fp8_pages_as_the_reference_writes_them():
+    # torch-wrong-rope's RoPE (kernels/rope_and_cache.py rope_and_cache_fixed_base_ref) on FP8 pages: bench/
+    # correctness_gate.py derives it from fp8 sets; it rotates otherwise, and stores its k like the reference would
+    from sits.kernels.rope_and_cache import rope_and_cache_fixed_base_ref
+    t, hq, hkv, d = 5, 4, 2, 64
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+    positions, slots = torch.arange(t) * 3 + 1, torch.tensor([2, 0, 7, -1, 5])
+    cos, sin = rope_tables(64, d, theta=500000.0)   # Llama 3's base: the example hard-codes 10000
+    kc, vc = _sentinel_pages(2, 4, hkv, d, "cpu"), _sentinel_pages(2, 4, hkv, d, "cpu")
+    q_out, k_out = rope_and_cache_fixed_base_ref(q, k, v, positions, cos, sin, kc, vc, slots)
+    kr, vr = _sentinel_pages(2, 4, hkv, d, "cpu"), _sentinel_pages(2, 4, hkv, d, "cpu")
+    write_kv_ref(k_out, v, kr, vr, slots)
+    for a, b in ((kc, kr), (vc, vr)):
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and torch.equal(a.scale, b.scale)
+    right_q, _ = REF.rope_and_cache(q, k, v, positions, cos, sin, *(_sentinel_pages(2, 4, hkv, d, "cpu")
+                                                                      for _ in range(2)), slots)
+    assert not torch.allclose(q_out, right_q, atol=1e-3)   # still the wrong rotation
+
 
 @pytest.mark.parametrize("dtype, atol, rtol", REF_DTYPES)
 def test_reference_rope_and_cache_matches_complex_rotation_and_writes_slots(dtype, atol, rtol):

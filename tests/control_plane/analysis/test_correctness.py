@@ -330,8 +330,52 @@ def test_a_canary_that_quantizes_other_than_its_baseline_gets_the_quantized_tole
     assert tolerances_key("bfloat16", set(), {"int8 weights"}) == QUANTIZED
     assert tolerances_key("bfloat16", {"fp8 weights"}, {"int8 weights"}) == QUANTIZED
     assert tolerances_key("float32", {"fp8 KV pages"}, {"fp8 KV pages"}) == "float32"   # both alike: the dtype's
+    assert tolerances_key("bfloat16", {"int8 weights"}, {"int8 weights"}) == "bfloat16"
     assert tolerances_key("bfloat16", (), ()) == "bfloat16"
     assert DEFAULT_TOLERANCES[QUANTIZED].confident_margin > 0   # margin-aware, like half precision
+
+
+def test_engines_that_round_activations_to_e4m3_get_the_quantized_tolerances_even_when_alike():
+    # fp8 weights run W8A8 from 33 rows: both engines' answers move with how prompts share steps
+    assert tolerances_key("bfloat16", {"fp8 weights"}, {"fp8 weights"}) == QUANTIZED
+    assert tolerances_key("bfloat16", {"fp8 weights", "fp8 KV pages"}, {"fp8 weights", "fp8 KV pages"}) == QUANTIZED
+    q, half = DEFAULT_TOLERANCES[QUANTIZED], DEFAULT_TOLERANCES["bfloat16"]
+    assert q.confident_margin == q.max_flip_margin == 3.0 > half.confident_margin
+    assert (q.max_mean_logprob_drift, q.max_logprob_drift, q.min_confident_top1) == \
+        (half.max_mean_logprob_drift, half.max_logprob_drift, half.min_confident_top1)
+
+
+def _margin(m: float, by: float = 0.0) -> Continuation:
+    """BASE with its runner-up `m` nats below every chosen token, all logprobs `by` nats lower."""
+    return cont(BASE.token_ids, [lp - by for lp in (-0.5, -0.6, -0.7, -0.8)],
+                tops=[[(t, lp - by), (t + 100, lp - by - m)] for t, lp in zip(BASE.token_ids, (-0.5, -0.6, -0.7,
+                                                                                               -0.8))])
+
+
+def test_the_quantized_tolerances_pass_an_fp8_a_a_and_fail_a_wrong_kernel():
+    policy = CorrectnessPolicy(max_tokens=4, compare_tokens=4)
+    # an A/A of fp8 engines as measured on random llama3-8b (BENCHMARKS.md "The correctness gate on fp8 engines"):
+    # drift 0.8 nats where the baseline preferred its token by 2 nats, and a greedy divergence where it was sure by
+    # 1.28; half precision's rules call that a bug
+    sure2 = _margin(2.0)
+    flipped = cont([1, 9, 9, 9], [-0.5, -0.6, -0.6, -0.6], tops=[[(1, -0.5)], [(9, -0.6), (2, -0.62)], [(9, -0.6)],
+                                                                 [(9, -0.6)]])
+    base = cont([1, 2, 3, 4], [-0.5, -0.6, -0.7, -0.8], tops=[[(1, -0.5)], [(2, -0.6), (9, -1.88)], [(3, -0.7)],
+                                                             [(4, -0.8)]])
+    aa = many(PromptReplay("p", sure2, sure2, _margin(2.0, by=0.8), sure2), 7) + [replay(flipped, base)]
+    assert compare_replays(aa, policy, "bfloat16").outcome is Outcome.FAIL
+    v = compare_replays(aa, policy, QUANTIZED)
+    assert v.outcome is Outcome.INCONCLUSIVE and not v.judgeable and v.failed == (), v.reason
+    # a wrong kernel on a peaked model: tokens its baseline preferred by 4.4 nats flip, 1 nat of drift where sure
+    sure = _margin(4.4)
+    wrong = cont([1, 9, 9, 9], [-0.5, -0.6, -0.6, -0.6], tops=[[(1, -0.5)], [(9, -0.6), (2, -5.0)], [(9, -0.6)],
+                                                               [(9, -0.6)]])
+    rows = many(PromptReplay("p", sure, sure, _margin(4.4, by=1.0), sure), 7) + [replay(wrong, sure)]
+    v = compare_replays(rows, policy, QUANTIZED)
+    assert v.outcome is Outcome.FAIL and {"flip_margin", "confident_drift_mean"} <= set(v.failed), v.reason
+    # and that model's own A/A (drift 0.037 at most where sure, as measured on the trained tiny model) passes
+    v = compare_replays(many(PromptReplay("p", sure, sure, _margin(4.4, by=0.037), sure)), policy, QUANTIZED)
+    assert v.outcome is Outcome.PASS, v.reason
 
 
 def _shifted(c: Continuation, by: float, flip_at: int | None = None) -> Continuation:
