@@ -19,14 +19,17 @@ smallest-bug: torch with the attention softmax scale off by 10 %, 1 %, 0.1 %, 0.
     in-process), the split-K set (equivalent) and the two example sets, each against torch: which the default policy
     fails, and on what.
 margins: the baseline's runner-up margins (top-1 minus top-2 logprob) over the default set's continuations, and for
-    torch against itself (other batches) the largest margin at which a token flipped and the drift at confident
-    positions: what the half-precision confident_margin rests on.
+    each canary (--canary; the baseline's own set, --baseline, default torch: itself in other batches) the largest
+    margin at which a token flipped and the drift at confident positions: what the half-precision and quantized
+    confident_margin rest on (`--baseline triton-v1.24 --quantization fp8 --kv-cache-dtype fp8 --dtype bfloat16
+    --device cuda`: both engines' flags; every replay is kept whole in --json, `load_replays` reads it back).
+    `--scale-sets` registers bench-scale-E (--scale-errors) from the baseline; bench-wrong-rope is registered always.
 gpu: per model, the baseline set (--baseline, default torch) against itself (other batches), then the canaries
     (--canary; default triton-v1 and torch-wrong-rope) against it in --dtype with the default policy, a table last
     (--quantization / --kv-cache-dtype: both engines' flags, e.g. `--model llama3-8b --baseline triton-v1.24
     --canary triton-v1.25 --quantization fp8 --kv-cache-dtype fp8`); one device call of a few minutes at most (a
-    fixed KV cache and eager decode; --json is rewritten after every row). `--device cpu` runs the same path on the CPU, with the split-K set
-    (bench-split-k, an equivalent GEMM) in place of triton-v1.
+    fixed KV cache and eager decode; --json is rewritten after every row). `--device cpu` runs the same path on the
+    CPU, with the split-K set (bench-split-k, an equivalent GEMM) in place of triton-v1.
 """
 from __future__ import annotations
 

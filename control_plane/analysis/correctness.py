@@ -35,8 +35,9 @@ Then `with_conformance(replay_verdict, conformance_verdict)` joins the op-level 
   otherwise the replay's outcome; the conformance verdict rides along in `conformance` either way.
 The tolerances are the canary's compute dtype's, or the QUANTIZED ones (margin-aware, like half precision, with e4m3's
 wider margins) when the canary's engine quantizes other than the baseline's (`tolerances_key`: an FP8 KV cache or
-8-bit weights switched on by a rollout's engine flags) or either engine rounds activations to e4m3 (fp8 weights). bf16 kernels legitimately differ in the last bits, so divergences on near-ties are
-normal: the margins separate them from real bugs. Evidence keeps every diverged prompt with both continuations (text
+8-bit weights switched on by a rollout's engine flags) or either engine rounds activations to e4m3 (fp8 weights).
+bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
+from real bugs. Evidence keeps every diverged prompt with both continuations (text
 and ids).
 """
 from __future__ import annotations
