@@ -37,8 +37,7 @@ The tolerances are the canary's compute dtype's, or the QUANTIZED ones (margin-a
 wider margins) when the canary's engine quantizes other than the baseline's (`tolerances_key`: an FP8 KV cache or
 8-bit weights switched on by a rollout's engine flags) or either engine rounds activations to e4m3 (fp8 weights).
 bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
-from real bugs. Evidence keeps every diverged prompt with both continuations (text
-and ids).
+from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
 """
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ that analysis/correctness.py judges the replays by, and `ConformancePolicy`, how
 engines' op-level conformance reports. Part of `Policy` (`policy.correctness`)."""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Mapping
 
 from .policy_error import PolicyError, _name, _num, _short
@@ -66,7 +65,7 @@ QUANTIZED = "quantized"
 # judged by the QUANTIZED tolerances even when canary and baseline run the same flags (analysis/correctness.py
 # `tolerances_key`).
 ROUNDS_ACTIVATIONS = frozenset({"fp8 weights"})
-_QUANTIZED = dataclasses.replace(_HALF, max_flip_margin=3.0, confident_margin=3.0)
+_QUANTIZED = replace(_HALF, max_flip_margin=3.0, confident_margin=3.0)
 DEFAULT_TOLERANCES: dict[str, Tolerances] = {
     "float32": Tolerances(min_identical_fraction=0.9, min_top1_agreement=0.98, max_mean_logprob_drift=1e-5,
                           max_logprob_drift=1e-4, max_flip_margin=1e-3),
