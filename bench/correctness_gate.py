@@ -142,7 +142,7 @@ def margins(args) -> dict:
     """The baseline's margins per model, and what equivalent canaries (--canary; other batches) do at each margin."""
     policy = CorrectnessPolicy()
     register_bench_sets(args.scale_errors if args.scale_sets else (), base=args.baseline)
-    out = {}
+    out, key = {}, _tolerances(args)
     # on a GPU: gpu's fixed KV cache and eager decode, so that two 8B engines fit side by side
     kw = {"num_kv_blocks": 512, "enforce_eager": True} if args.device == "cuda" else {}
     for model in _models(args):
@@ -155,9 +155,9 @@ def margins(args) -> dict:
                 reps = offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=rng, filler=2)
                 kept.append([dataclasses.asdict(r) for r in reps])
                 stats += position_stats(reps)
-                v = compare_replays(reps, policy, _tolerances(args))
+                v = compare_replays(reps, policy, key)
                 flips += [r.baseline_margin for r in v.evidence if r.baseline_margin is not None]
-                print(f"{model} {name} vs {args.baseline} {_tolerances(args)}: {_row(v)}", flush=True)
+                print(f"{model} {name} vs {args.baseline} {key}: {_row(v)}", flush=True)
             known = [m for m, _, _ in stats if m is not None]
             disagree = [m for m, _, ok in stats if m is not None and not ok]
             res = {"positions": len(stats), "margin_quantiles_10_25_50_75_90": _quantiles(known),
@@ -195,10 +195,10 @@ def _llm(args, model: str, kernels: str, **kw):
 
 def _tolerances(args) -> str:
     """The tolerances the product's gate would judge these engines by (both run the same flags):
-    analysis/correctness.py `tolerances_key` over what each quantizes, as adapters/inference/correctness.py reads it."""
-    from sits.control_plane.analysis.correctness import tolerances_key
-    q = {f"{args.quantization} weights"} if getattr(args, "quantization", None) else set()
-    q |= {f"{args.kv_cache_dtype} KV pages"} if getattr(args, "kv_cache_dtype", None) not in (None, "auto") else set()
+    analysis/gate_policy.py `tolerances_key` over what each quantizes (`quantized_by`, as adapters/inference/
+    correctness.py reads an engine's /version)."""
+    from sits.control_plane.analysis.gate_policy import quantized_by, tolerances_key
+    q = quantized_by(getattr(args, "quantization", None), getattr(args, "kv_cache_dtype", None))
     return tolerances_key(args.dtype, q, q)
 
 
@@ -315,7 +315,7 @@ def gpu(args) -> dict:
     sets = [baseline] + [c for c in canaries if c != baseline]
     flags = " ".join(f"{k} {v}" for k, v in (("quantization", args.quantization),
                                               ("kv-cache", args.kv_cache_dtype)) if v)
-    out, rows = {}, []
+    out, rows, tolerances = {}, [], _tolerances(args)
     # a fixed, ample KV cache (the replay holds < 12k tokens at once) instead of 90 % of the GPU, so that several 8B
     # engines fit side by side; eager decode: no graph capture per batch size (graphs do not change the numerics)
     kw = {"num_kv_blocks": 512, "enforce_eager": True}
@@ -327,8 +327,8 @@ def gpu(args) -> dict:
             canary = base if name == baseline else _llm(args, model, name, **kw)
             t0 = time.perf_counter()
             v = compare_replays(offline_replay(base, canary, DEFAULT_PROMPTS, policy, shuffle=random.Random(0),
-                                               filler=2), policy, _tolerances(args))
-            key = f"{Path(model).name or model} {name} vs {baseline} {_tolerances(args)}{' ' + flags if flags else ''}"
+                                               filler=2), policy, tolerances)
+            key = f"{Path(model).name or model} {name} vs {baseline} {tolerances}{' ' + flags if flags else ''}"
             out[key] = {**_summary(v), "seconds": round(time.perf_counter() - t0, 1),
                         "evidence": [e.to_dict() for e in v.evidence[:2]]}
             rows.append((key, v))

@@ -134,7 +134,8 @@ def suspicious(replays) -> list[dict]:
 
 def replay(label: str, canary: Engine, baseline: Engine, concurrency: int) -> dict:
     from sits.control_plane.adapters.inference.correctness import CorrectnessProbe, load_prompt_set
-    from sits.control_plane.analysis.correctness import compare_replays, tolerances_key
+    from sits.control_plane.analysis.correctness import compare_replays
+    from sits.control_plane.analysis.gate_policy import tolerances_key
     from sits.control_plane.analysis.gate_policy import CorrectnessPolicy
     policy = CorrectnessPolicy(concurrency=concurrency)
     probe = CorrectnessProbe()

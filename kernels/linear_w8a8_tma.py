@@ -101,42 +101,34 @@ def linear_w8a8_tma_fast(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
     return _linear(x, weight, bias, True)
 
 
-def _batched_gate_up(xq: torch.Tensor, xs: torch.Tensor, weight, bias, dtype: torch.dtype) -> torch.Tensor:
-    """triton-v1.25's gate/up GEMM at 33-512 rows for x quantized per row: the paired TMA kernel where `gemm` takes
-    it there, else v1.21's (`torch._scaled_mm`, then SiLU-and-mul)."""
-    return gemm(xq, xs, weight, bias, dtype, silu_epi=True, paired=True, fast_launch=True,
-                other=lambda: silu_and_mul(w8a8_quantized(xq, xs, weight, bias, dtype)))
+def _gate_up_gemm(xq: torch.Tensor, xs: torch.Tensor, weight, bias, dtype: torch.dtype, paired: bool) -> torch.Tensor:
+    """The gate/up GEMM with SiLU-and-mul for x quantized per row: `gemm`'s TMA route where it takes the call, else at
+    SCALED_MM_MAX_M rows or fewer (triton-v1.25's decode batches) v1.21's (`torch._scaled_mm`, then SiLU-and-mul),
+    past them the pointer kernel."""
+    small = xq.shape[0] <= SCALED_MM_MAX_M
+    return gemm(xq, xs, weight, bias, dtype, silu_epi=True, paired=paired, fast_launch=paired,
+                other=(lambda: silu_and_mul(w8a8_quantized(xq, xs, weight, bias, dtype))) if small else None)
 
 
 def _linear_silu_and_mul(x: torch.Tensor, weight, bias, paired: bool, batched: bool = False) -> torch.Tensor:
     _lin.check_gate_up("linear_silu_and_mul", weight)
     m = w8a8_rows(x, weight)
-    if batched and 0 < m <= SCALED_MM_MAX_M:
-        _lin.check_linear_args(x, weight, bias)
-        check_device("linear_silu_and_mul", x)
-        xq, xs = quantize_rows(_lin.as_rows(x))
-        return _batched_gate_up(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0] // 2)
-    if m <= SCALED_MM_MAX_M:
+    if m <= SCALED_MM_MAX_M and not (batched and m):   # v1.25 (`batched`) takes the TMA route from 33 rows
         return linear_silu_and_mul_w8a8(x, weight, bias)
     _lin.check_linear_args(x, weight, bias)
     check_device("linear_silu_and_mul", x)
     xq, xs = quantize_rows(_lin.as_rows(x))
-    return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True, paired=paired,
-                fast_launch=paired).view(*x.shape[:-1], weight.shape[0] // 2)
+    return _gate_up_gemm(xq, xs, weight, bias, x.dtype, paired).view(*x.shape[:-1], weight.shape[0] // 2)
 
 
 def _add_rms_norm_linear_silu_and_mul(x, weight, residual, norm_weight, eps, bias, paired: bool,
                                       batched: bool = False):
     _lin.check_gate_up("add_rms_norm_linear_silu_and_mul", weight)
     m = w8a8_rows(x, weight)
-    if batched and 0 < m <= SCALED_MM_MAX_M:
-        xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
-        return _batched_gate_up(xq, xs, weight, bias, x.dtype).view(*x.shape[:-1], weight.shape[0] // 2), h
-    if m <= SCALED_MM_MAX_M:
+    if m <= SCALED_MM_MAX_M and not (batched and m):
         return add_rms_norm_linear_silu_and_mul_w8a8(x, weight, residual, norm_weight, eps, bias)
     xq, xs, h = norm_quant(x, weight, residual, norm_weight, eps, bias)
-    return gemm(xq, xs, weight, bias, x.dtype, silu_epi=True, paired=paired,
-                fast_launch=paired).view(*x.shape[:-1], weight.shape[0] // 2), h
+    return _gate_up_gemm(xq, xs, weight, bias, x.dtype, paired).view(*x.shape[:-1], weight.shape[0] // 2), h
 
 
 def linear_silu_and_mul_w8a8_tma(x: torch.Tensor, weight, bias=None) -> torch.Tensor:

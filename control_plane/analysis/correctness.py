@@ -34,8 +34,9 @@ Then `with_conformance(replay_verdict, conformance_verdict)` joins the op-level 
       was judged at the served shapes, which needs no meaningful weights;
   otherwise the replay's outcome; the conformance verdict rides along in `conformance` either way.
 The tolerances are the canary's compute dtype's, or the QUANTIZED ones (margin-aware, like half precision, with e4m3's
-wider margins) when the canary's engine quantizes other than the baseline's (`tolerances_key`: an FP8 KV cache or
-8-bit weights switched on by a rollout's engine flags) or either engine rounds activations to e4m3 (fp8 weights).
+wider margins) when the canary's engine quantizes other than the baseline's (gate_policy.py `tolerances_key`: an FP8
+KV cache or 8-bit weights switched on by a rollout's engine flags) or either engine rounds activations to e4m3 (fp8
+weights).
 bf16 kernels legitimately differ in the last bits, so divergences on near-ties are normal: the margins separate them
 from real bugs. Evidence keeps every diverged prompt with both continuations (text and ids).
 """
@@ -44,12 +45,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from sits.control_plane.numbers import number
 
 from .conformance import ConformanceVerdict
-from .gate_policy import QUANTIZED, ROUNDS_ACTIVATIONS, CorrectnessPolicy
+from .gate_policy import CorrectnessPolicy
 from .verdict import Outcome
 
 _MAX_EVIDENCE = 8          # diverged/failing prompts kept in full in a verdict
@@ -247,17 +248,6 @@ def _margin(pos: TokenLogprob, other: int) -> float | None:
             return None
         lp = pos.top[-1][1]
     return pos.logprob - lp
-
-
-def tolerances_key(dtype: str, canary_quantized: Collection[str], baseline_quantized: Collection[str]) -> str:
-    """Whose tolerances judge a replay: the canary's compute dtype, or QUANTIZED when the canary quantizes other
-    than its baseline ("fp8 KV pages", "int8 weights", ...: a release of engine flags moves the answers by that
-    rounding, which the dtype's tolerances -- float32's on a CPU -- would call a bug), or when either engine rounds
-    its activations to e4m3 (ROUNDS_ACTIVATIONS: fp8 weights run W8A8 from 33 rows, so which rows share a step
-    decides whether a prompt's activations are rounded, and a kernel set that moves a product by a bf16 ulp moves
-    which e4m3 value the next layer reads: both engines' answers move by e4m3's rounding, not bf16's)."""
-    c, b = set(canary_quantized), set(baseline_quantized)
-    return QUANTIZED if c != b or (c | b) & ROUNDS_ACTIVATIONS else dtype
 
 
 def compare_replays(replays: Sequence[PromptReplay], policy: CorrectnessPolicy,

@@ -4,7 +4,7 @@ engines' op-level conformance reports. Part of `Policy` (`policy.correctness`)."
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Mapping
+from typing import Collection, Mapping
 
 from .policy_error import PolicyError, _name, _num, _short
 from .prompts import prompt_set_problem
@@ -62,8 +62,7 @@ _HALF = Tolerances(min_identical_fraction=0.0, min_top1_agreement=0.8, max_mean_
 QUANTIZED = "quantized"
 # What an engine reports quantizing (adapters/inference/correctness.py `describe`) that rounds its activations to e4m3
 # in some steps and not others: fp8 weights run W8A8 from 33 rows (kernels/linear_w8a8.py). Engines that serve it are
-# judged by the QUANTIZED tolerances even when canary and baseline run the same flags (analysis/correctness.py
-# `tolerances_key`).
+# judged by the QUANTIZED tolerances even when canary and baseline run the same flags (`tolerances_key`).
 ROUNDS_ACTIVATIONS = frozenset({"fp8 weights"})
 _QUANTIZED = replace(_HALF, max_flip_margin=3.0, confident_margin=3.0)
 DEFAULT_TOLERANCES: dict[str, Tolerances] = {
@@ -74,6 +73,26 @@ DEFAULT_TOLERANCES: dict[str, Tolerances] = {
     QUANTIZED: _QUANTIZED,
 }
 LOOSEST_DTYPE = "bfloat16"   # used for a dtype the policy has no tolerances for
+
+
+def quantized_by(quantization: object, kv_cache_dtype: object) -> frozenset[str]:
+    """What an engine serving these flags quantizes, in tolerances_key's words: "int8 weights" / "fp8 weights" for
+    --quantization, "fp8 KV pages" for --kv-cache-dtype other than auto; values that are not strings say nothing."""
+    out = {f"{quantization} weights"} if isinstance(quantization, str) and quantization else set()
+    if isinstance(kv_cache_dtype, str) and kv_cache_dtype not in ("", "auto"):
+        out.add(f"{kv_cache_dtype} KV pages")
+    return frozenset(out)
+
+
+def tolerances_key(dtype: str, canary_quantized: Collection[str], baseline_quantized: Collection[str]) -> str:
+    """Whose tolerances judge a replay: the canary's compute dtype, or QUANTIZED when the canary quantizes other
+    than its baseline ("fp8 KV pages", "int8 weights", ...: a release of engine flags moves the answers by that
+    rounding, which the dtype's tolerances -- float32's on a CPU -- would call a bug), or when either engine rounds
+    its activations to e4m3 (ROUNDS_ACTIVATIONS: fp8 weights run W8A8 from 33 rows, so which rows share a step
+    decides whether a prompt's activations are rounded, and a kernel set that moves a product by a bf16 ulp moves
+    which e4m3 value the next layer reads: both engines' answers move by e4m3's rounding, not bf16's)."""
+    c, b = set(canary_quantized), set(baseline_quantized)
+    return QUANTIZED if c != b or (c | b) & ROUNDS_ACTIVATIONS else dtype
 
 
 _DEFAULT_ATOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}   # the kernel tests' (tests/kernels/)

@@ -53,10 +53,10 @@ def test_random_weights_in_bf16_are_not_failed_for_equivalent_kernels():
 
 def test_fp8_engines_are_judged_by_the_quantized_tolerances(trained):
     # Both engines on fp8 weights + FP8 pages: activations e4m3 from 33 rows, bf16 below, so batching moves the
-    # answers; the product judges such engines by the quantized tolerances (analysis/correctness.py tolerances_key).
+    # answers; the product judges such engines by the quantized tolerances (analysis/gate_policy.py tolerances_key).
     # triton-v1.24 against itself in other batches passes them, a wrong RoPE derived from it fails them.
     from bench.correctness_gate import register_bench_sets
-    from sits.control_plane.analysis.correctness import tolerances_key
+    from sits.control_plane.analysis.gate_policy import tolerances_key
     register_bench_sets(base="triton-v1.24")
     quantized = {"fp8 weights", "fp8 KV pages"}
     key = tolerances_key("bfloat16", quantized, quantized)

@@ -27,7 +27,8 @@ import requests
 from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, PromptReplay, TokenLogprob,
                                     compare_replays)
 from sits.control_plane.analysis.conformance import judge as judge_conformance
-from sits.control_plane.analysis.correctness import tolerances_key, with_conformance
+from sits.control_plane.analysis.correctness import with_conformance
+from sits.control_plane.analysis.gate_policy import quantized_by, tolerances_key
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 from sits.control_plane.small_files import FileTooLargeError, read_small_file
 from sits.wire.headers import MARK, PROBE_HEADER
@@ -163,10 +164,8 @@ class CorrectnessProbe:
         quantizes: "int8 weights", "fp8 weights", "fp8 KV pages" (the engine's /version)."""
         models = self._get(url, "/v1/models", timeout).get("data") or [{}]
         version = self._get(url, "/version", timeout)
-        quantized = {f"{q} weights" for q in (version.get("quantization"),) if isinstance(q, str) and q}
-        quantized |= {f"{kv} KV pages" for kv in (version.get("kv_cache_dtype"),) if isinstance(kv, str)
-                      and kv not in ("", "auto")}
-        return str(models[0].get("id", "")), str(version.get("dtype", "")), frozenset(quantized)
+        quantized = quantized_by(version.get("quantization"), version.get("kv_cache_dtype"))
+        return str(models[0].get("id", "")), str(version.get("dtype", "")), quantized
 
     def _one(self, canary: str, baseline: str, model: str, prompt: str, p: CorrectnessPolicy,
              headers: Mapping[str, str]) -> tuple[PromptReplay, int, int]:

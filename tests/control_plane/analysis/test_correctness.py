@@ -7,8 +7,9 @@ import pytest
 
 from sits.control_plane.analysis import (Continuation, CorrectnessPolicy, CorrectnessVerdict, Outcome, Policy,
                                     PolicyError, PromptReplay, TokenLogprob, compare_replays)
-from sits.control_plane.analysis.correctness import compare_prompt, runner_up_margin, tolerances_key
-from sits.control_plane.analysis.gate_policy import DEFAULT_TOLERANCES, QUANTIZED, Tolerances
+from sits.control_plane.analysis.correctness import compare_prompt, runner_up_margin
+from sits.control_plane.analysis.gate_policy import (DEFAULT_TOLERANCES, QUANTIZED, Tolerances, quantized_by,
+                                                    tolerances_key)
 from sits.control_plane.analysis.prompts import DEFAULT_PROMPTS
 
 POLICY = CorrectnessPolicy(max_tokens=4, compare_tokens=4)
@@ -337,6 +338,8 @@ def test_a_canary_that_quantizes_other_than_its_baseline_gets_the_quantized_tole
 
 def test_engines_that_round_activations_to_e4m3_get_the_quantized_tolerances_even_when_alike():
     # fp8 weights run W8A8 from 33 rows: both engines' answers move with how prompts share steps
+    assert quantized_by("fp8", "fp8") == {"fp8 weights", "fp8 KV pages"}   # an engine's /version, in the key's words
+    assert quantized_by(None, "auto") == quantized_by("", 3) == frozenset()
     assert tolerances_key("bfloat16", {"fp8 weights"}, {"fp8 weights"}) == QUANTIZED
     assert tolerances_key("bfloat16", {"fp8 weights", "fp8 KV pages"}, {"fp8 weights", "fp8 KV pages"}) == QUANTIZED
     q, half = DEFAULT_TOLERANCES[QUANTIZED], DEFAULT_TOLERANCES["bfloat16"]
