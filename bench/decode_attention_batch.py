@@ -1,6 +1,7 @@
 """Decode attention over FP8 pages by batch size: which launch config and split count wins at each, in one run.
 
     python3 bench/decode_attention_batch.py [--json OUT.json] [--batches 8,16,32,64,96,128,192,256] [--no-sweep]
+        [--configs 1x32,4x128] [--stages 2,3,5] [--split-factors 1,2]   # the sweep's (warps x BLOCK_N), stages, splits
     TRITON_INTERPRET=1 .venv/bin/python bench/decode_attention_batch.py --smoke   # CPU: every config's values checked
 
 triton-v1.14 runs triton-v1.8's kernel at one warp a program on 32-token tiles, measured at 256 x 2,304 tokens only;
@@ -33,9 +34,9 @@ STAGES = (2, 3)
 SPLIT_FACTORS = (0.5, 1, 2, 4, 8)   # times the four-warp rule's split count (choose_num_splits)
 
 
-def split_counts(auto: int) -> list[int]:
+def split_counts(auto: int, factors=SPLIT_FACTORS) -> list[int]:
     """The split counts swept around the rule's `auto` (powers of two, 1-64)."""
-    return sorted({min(64, max(1, int(auto * f))) for f in SPLIT_FACTORS})
+    return sorted({min(64, max(1, int(auto * f))) for f in factors})
 
 
 def smoke() -> int:
@@ -70,8 +71,23 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--batches", default="8,16,32,64,96,128,192,256")
     ap.add_argument("--no-sweep", action="store_true", help="the sets' calls only (v1.13, v1.14, v1.15)")
+    ap.add_argument("--configs", default=",".join(f"{w}x{bn}" for w, bn in CONFIGS),
+                    help="the sweep's launch configs, WARPSxBLOCK_N (default: %(default)s)")
+    ap.add_argument("--stages", default=",".join(map(str, STAGES)),
+                    help="the sweep's num_stages (Triton 3.6 keeps two K/V tiles in flight from 5 at BLOCK_N 32, "
+                         "bench/kernel_resources.py --kernels decode; default: %(default)s)")
+    ap.add_argument("--split-factors", default=",".join(map(str, SPLIT_FACTORS)),
+                    help="the split counts swept, as factors of the four-warp rule's (default: %(default)s)")
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: every config's values checked")
     args = ap.parse_args(argv)
+    try:
+        configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",") if c]
+        stages = [int(x) for x in args.stages.split(",") if x]
+        factors = [float(x) for x in args.split_factors.split(",") if x]
+    except ValueError:
+        ap.error("--configs takes WARPSxBLOCK_N pairs (e.g. 1x32,4x128); --stages and --split-factors numbers")
+    if any(len(c) != 2 for c in configs):
+        ap.error("--configs takes WARPSxBLOCK_N pairs, e.g. 1x32,4x128")
     if args.smoke:
         from bench.kernel_timings import run_smoke
         return run_smoke(smoke)
@@ -123,11 +139,11 @@ def main(argv=None) -> int:
         print(f"batch {b}: {nbytes / 1e6:.0f} MB, rule's splits {auto}; v1.13 {row['v113_us']:.0f} us, "
               f"v1.14 {row['v114_us']:.0f} us, v1.15 {row['v115_us']:.0f} us (w{picked['num_warps']}: "
               f"{row['programs']} programs, an SM holds {per_sm})", flush=True)
-        for sp in () if args.no_sweep else split_counts(auto):
+        for sp in () if args.no_sweep else split_counts(auto, factors):
             launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, sp, f16_dot=True, staged=True,
                                           heads_first=True)
-            for w, bn in CONFIGS:
-                for st in STAGES:
+            for w, bn in configs:
+                for st in stages:
                     def call():
                         launch.run(BLOCK_N=bn, num_warps=w, num_stages=st)
                         return launch.merge()

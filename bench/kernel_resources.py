@@ -1,4 +1,4 @@
-"""What Triton builds for Hopper from the prefill attention kernels, without a GPU: each launch candidate compiled for
+"""What Triton builds for Hopper from the attention kernels, without a GPU: each launch candidate compiled for
 sm_90 at llama3-8b's heads (head_dim 128, 4 query heads a kv head, pages of 64, a bf16 model), and from the result its
 registers and spill stack (`cuobjdump -res-usage` of Triton's own cubin), its shared memory, and what its key loop does
 (Triton's TTGIR): register tiles stored back to shared memory (`local_alloc` of a value), shared-memory tiles loaded
@@ -6,7 +6,10 @@ into registers (`local_load`), wgmma dots, and the dots waited for at once (`war
 the loop; v1.1's P V dot stays in flight across iterations instead), and static SASS instruction counts of the whole
 kernel (`cuobjdump -sass`: tensor-core ops, shared-memory loads and stores, warp shuffles, spill traffic). v1.19 is
 v1.18's loop with the scores transposed (S^T = K Q^T, O^T += V^T P^T), built after a design probe here showed Triton
-then keeps the converted tiles as wgmma's register operands (and measured slower: BENCHMARKS.md).
+then keeps the converted tiles as wgmma's register operands (and measured slower: BENCHMARKS.md). `decode` is the
+decode attention kernel over FP8 pages (triton-v1.8 .. v1.15) at v1.14's one-warp config by stages and v1.8's four-warp
+one, compiled with a launch's specializations (aligned pointers, strides of 1 constant, multiples of 16 marked); its
+"tiles in flight" column is how many K/V tiles Triton's pipeliner buffers (2 from 5 stages at BLOCK_N 32).
 
     python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,v1.19] [--json OUT.json]
     PYTHONPATH=/path/to/triton-3.6 python3 bench/kernel_resources.py   # what the device's Triton builds
@@ -33,7 +36,13 @@ import triton  # noqa: E402  (before the kernels: without a GPU, kernels/triton_
 import triton.language as tl  # noqa: E402
 
 HEAD_DIM, GROUP, PAGE = 128, 4, 64
-KERNELS = ("v1.1", "v1.17", "v1.18", "v1.19")
+KERNELS = ("v1.1", "v1.17", "v1.18", "v1.19", "decode")
+# the integer arguments of a decode launch at llama3-8b's shapes (FP8 pages [blocks, 64, 8, 128], scales [blocks, 64,
+# 8], 256 sequences), which a launch specializes on as Triton does: 1 becomes a constant, multiples of 16 are marked so
+DECODE_INTS = dict(stride_qs=4096, stride_qh=128, stride_kb=65536, stride_ks=1024, stride_kh=128, stride_vb=65536,
+                   stride_vs=1024, stride_vh=128, stride_ksb=512, stride_kss=8, stride_ksh=1, stride_vsb=512,
+                   stride_vss=8, stride_vsh=1, stride_bt=48, stride_os=4096, stride_oh=128, num_q_heads=32,
+                   BATCH_BUCKET=256)
 _IDX = {"bt_ptr", "cu_q_ptr", "ctx_ptr"}
 
 
@@ -42,6 +51,7 @@ def _kernels():
     from sits.kernels import prefill_attention as v1
     from sits.kernels import prefill_attention_fp8 as v117
     from sits.kernels import prefill_attention_fp8_tma as v118
+    from sits.kernels import paged_decode_attention_fp8 as dec
     bf16 = {"q_ptr": "*bf16", "o_ptr": "*bf16", **{n: "*i32" for n in _IDX}}
     scales = {"k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
     desc = f"[{PAGE}, {HEAD_DIM}]>"
@@ -61,7 +71,22 @@ def _kernels():
         "v1.19": ("triton-v1.19 TMA, FP8 pages, scores transposed", v118._prefill_attention_fp8_tma_kernel, fp8_tma,
                   dict(**heads, F16_DOT=True, TRANSPOSED=True),
                   [(c.kwargs, c.num_warps, c.num_stages) for c in v118._T_CONFIGS]),
+        # decode attention over FP8 pages (triton-v1.8 .. v1.15's kernel, one split): v1.14's one-warp config at 2-5
+        # stages (at 5 Triton keeps two K/V tiles in flight) and v1.8's four-warp one
+        "decode": ("decode attention, FP8 pages", dec._paged_decode_attention_fp8_kernel,
+                   {**bf16, **scales, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "part_o_ptr": "*fp32",
+                    "part_lse_ptr": "*fp32"},
+                   dict(**heads, HEAD_DIM_P=HEAD_DIM, GROUP_P=16, NUM_SPLITS=1, DOT_F32=False, DOT_PRECISION="tf32",
+                        F16_DOT=True, STAGED=True, HEADS_FIRST=True, PDL=True),
+                   [(dict(BLOCK_N=32), 1, st) for st in (2, 3, 4, 5)] + [(dict(BLOCK_N=32), 2, 5)]
+                   + [(dict(BLOCK_N=128), 4, st) for st in (2, 5)], DECODE_INTS),
     }
+
+
+def tiles_in_flight(ttgir: str) -> int:
+    """How many K/V tiles a program's copies keep in flight: the leading dimension of the multi-buffered shared
+    tiles Triton's pipeliner allocates for the loop's async copies (`memdesc<Nx...xf8E4M3FN, ..., mutable>`; 0: none)."""
+    return max((int(n) for n in re.findall(r"memdesc<(\d+)x\d+x\d+x[a-zA-Z0-9]+, [^>]*mutable>", ttgir)), default=0)
 
 
 def loop_ops(ttgir: str) -> dict[str, int]:
@@ -105,7 +130,7 @@ def resources(cubin: bytes, tools: Path) -> dict[str, int]:
     return {"registers": int(got["REG"].group(1)), "spill_stack_bytes": int(got["STACK"].group(1))}
 
 
-SASS_KINDS = {"tensor-core ops": ("HGMMA",), "shared loads": ("LDS", "LDSM"), "shared stores": ("STS",),
+SASS_KINDS = {"tensor-core ops": ("HGMMA", "HMMA"), "shared loads": ("LDS", "LDSM"), "shared stores": ("STS",),
               "shuffles": ("SHFL",), "spill loads+stores": ("LDL", "STL")}
 
 
@@ -119,20 +144,31 @@ def sass_counts(cubin: bytes, tools: Path) -> dict[str, int]:
     return {kind: sum(op in names for op in ops) for kind, names in SASS_KINDS.items()} | {"instructions": len(ops)}
 
 
-def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int):
+def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int, ints: dict | None = None):
     """One candidate of `fn` compiled for sm_90: `const` its constexprs, `ptrs` its pointer and descriptor types (the
-    other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`)."""
+    other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`). With `ints`
+    (an argument's value at a real launch), the compile specializes as a launch does: pointers 16-byte aligned, an
+    integer of 1 a constant, a multiple of 16 marked divisible (without them a pointer kernel's loads are compiled a
+    byte at a time)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    attrs = {}
+    if ints is not None:
+        const = {**const, **{n: 1 for n, v in ints.items() if v == 1 and n in fn.arg_names}}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if n not in const and (n in ptrs or ints.get(n, 1) % 16 == 0)}
     sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
-def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path) -> dict:
-    k = compile_sm90(fn, ptrs, const, warps, stages)
+def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path,
+                      ints: dict | None = None) -> dict:
+    k = compile_sm90(fn, ptrs, const, warps, stages, ints)
     return {**resources(k.asm["cubin"], tools), "shared_kib": round(k.metadata.shared / 1024, 1),
-            **loop_ops(k.asm["ttgir"]), "sass": sass_counts(k.asm["cubin"], tools)}
+            **loop_ops(k.asm["ttgir"]), "tiles_in_flight": tiles_in_flight(k.asm["ttgir"]),
+            "sass": sass_counts(k.asm["cubin"], tools)}
 
 
 def run(names: list[str]) -> list[dict]:
@@ -141,12 +177,13 @@ def run(names: list[str]) -> list[dict]:
         raise SystemExit(f"this Triton ({triton.__version__}) carries no cuobjdump in {tools}")
     kernels, rows = _kernels(), []
     for name in names:
-        what, fn, ptrs, fixed, candidates = kernels[name]
+        what, fn, ptrs, fixed, candidates, *ints = kernels[name]
         for kw, warps, stages in candidates:
             const = {**fixed, **kw}
             config = ", ".join(f"{k} {v}" for k, v in kw.items()) + f", {warps} warps, {stages} stages"
             print(f"  {what}: {config} ...", flush=True)
-            rows.append({"kernel": what, "config": config, **compile_candidate(fn, ptrs, const, warps, stages, tools)})
+            rows.append({"kernel": what, "config": config, **compile_candidate(fn, ptrs, const, warps, stages, tools,
+                                                                                *ints)})
     return rows
 
 
@@ -154,11 +191,11 @@ def table(rows: list[dict], version: str) -> str:
     out = [f"Triton {version}, sm_90, llama3-8b's heads (head_dim {HEAD_DIM}, {GROUP} query heads a kv head, pages "
            f"of {PAGE}), a bf16 model; the key loop: the scf.for with the most dots",
            "| kernel | config | registers | spill stack, B | shared, KiB | loop: tiles back to shared memory | "
-           "loop: shared -> registers | loop: dots | loop: dots waited at once | SASS: "
+           "loop: shared -> registers | loop: dots | loop: dots waited at once | tiles in flight | SASS: "
            + " / ".join(SASS_KINDS) + " / all |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     out += [f"| {r['kernel']} | {r['config']} | {r['registers']} | {r['spill_stack_bytes']} | {r['shared_kib']} | "
-            f"{r['stores']} | {r['loads']} | {r['dots']} | {r['waited_at_once']} | "
+            f"{r['stores']} | {r['loads']} | {r['dots']} | {r['waited_at_once']} | {r['tiles_in_flight']} | "
             + " / ".join(str(r["sass"][k]) for k in (*SASS_KINDS, "instructions")) + " |" for r in rows]
     return "\n".join(out)
 

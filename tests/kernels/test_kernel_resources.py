@@ -78,3 +78,28 @@ def test_fp8_loops_send_tiles_back_through_shared_memory_and_wait_for_every_dot(
     assert all(r["sass"]["tensor-core ops"] > 0 and r["sass"]["shared loads"] > 0 for r in rows), rows
     assert all(r["sass"]["shuffles"] > max(b["sass"]["shuffles"] for b in bf16) for r in fp8 + transposed), rows
     assert "| triton-v1.18 TMA, FP8 pages | BLOCK_M 128, 4 warps, 2 stages |" in proc.stdout
+
+
+def test_tiles_in_flight_reads_the_pipeliners_buffers():
+    ttgir = ("%k = ttg.local_alloc : () -> !ttg.memdesc<2x32x128xf8E4M3FN, #shared2, #smem, mutable>\n"
+             "%b = ttg.local_alloc : () -> !ttg.memdesc<1x32xi32, #shared1, #smem, mutable>\n"
+             "%q = ttg.local_alloc %x : (tensor<16x128xf16>) -> !ttg.memdesc<16x128xf16, #shared, #smem>")
+    assert kr.tiles_in_flight(ttgir) == 2
+    assert kr.tiles_in_flight("module {}") == 0
+
+
+def test_decode_attention_keeps_two_tiles_in_flight_from_five_stages(tmp_path):
+    # compiled as a launch specializes it: with its strides marked, the page loads are 16-byte async copies, one K/V
+    # tile buffered up to 4 stages (the next tile's copies wait for this one's to land) and two from 5
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = tmp_path / "decode.json"
+    proc = subprocess.run([sys.executable, "bench/kernel_resources.py", "--kernels", "decode", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode and "carries no cuobjdump" in proc.stderr + proc.stdout:
+        pytest.skip("this Triton has no cuobjdump")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["BLOCK_N 32, 1 warps, 3 stages"]["tiles_in_flight"] == 1
+    assert rows["BLOCK_N 32, 1 warps, 5 stages"]["tiles_in_flight"] == 2
+    assert all(r["sass"]["tensor-core ops"] > 0 and r["spill_stack_bytes"] == 0 for r in rows.values()), rows
