@@ -8,8 +8,10 @@ kernel (`cuobjdump -sass`: tensor-core ops, shared-memory loads and stores, warp
 v1.18's loop with the scores transposed (S^T = K Q^T, O^T += V^T P^T), built after a design probe here showed Triton
 then keeps the converted tiles as wgmma's register operands (and measured slower: BENCHMARKS.md). `decode` is the
 decode attention kernel over FP8 pages (triton-v1.8 .. v1.15) at v1.14's one-warp config by stages and v1.8's four-warp
-one, compiled with a launch's specializations (aligned pointers, strides of 1 constant, multiples of 16 marked); its
-"tiles in flight" column is how many K/V tiles Triton's pipeliner buffers (2 from 5 stages at BLOCK_N 32).
+one. Every candidate is compiled with a launch's specializations (LAUNCH_INTS: aligned pointers, strides of 1
+constant, multiples of 16 marked; before 2026-12-07 they were compiled without, which made the pointer kernels' loads
+a byte or two wide). "Tiles in flight": how many K/V tiles Triton's pipeliner buffers for a program's async copies
+(decode at BLOCK_N 32: 1 up to 4 stages, 2 from 5).
 
     python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,v1.19] [--json OUT.json]
     PYTHONPATH=/path/to/triton-3.6 python3 bench/kernel_resources.py   # what the device's Triton builds
@@ -37,12 +39,14 @@ import triton.language as tl  # noqa: E402
 
 HEAD_DIM, GROUP, PAGE = 128, 4, 64
 KERNELS = ("v1.1", "v1.17", "v1.18", "v1.19", "decode")
-# the integer arguments of a decode launch at llama3-8b's shapes (FP8 pages [blocks, 64, 8, 128], scales [blocks, 64,
-# 8], 256 sequences), which a launch specializes on as Triton does: 1 becomes a constant, multiples of 16 are marked so
-DECODE_INTS = dict(stride_qs=4096, stride_qh=128, stride_kb=65536, stride_ks=1024, stride_kh=128, stride_vb=65536,
-                   stride_vs=1024, stride_vh=128, stride_ksb=512, stride_kss=8, stride_ksh=1, stride_vsb=512,
-                   stride_vss=8, stride_vsh=1, stride_bt=48, stride_os=4096, stride_oh=128, num_q_heads=32,
-                   BATCH_BUCKET=256)
+# the integer arguments of a launch at llama3-8b's shapes (q and outputs [tokens, 32, 128]; FP8 pages [blocks, 64, 8,
+# 128], their scales [blocks, 64, 8]; block tables 40 wide; 3 sequences of a prefill, 256 of a decode), which every
+# candidate is compiled with as a launch specializes on them: 1 becomes a constant, a multiple of 16 is marked so
+# (without that a pointer kernel's loads compile a byte or two at a time)
+LAUNCH_INTS = dict(stride_qt=4096, stride_qs=4096, stride_qh=128, stride_ot=4096, stride_os=4096, stride_oh=128,
+                   stride_kb=65536, stride_ks=1024, stride_kh=128, stride_vb=65536, stride_vs=1024, stride_vh=128,
+                   stride_ksb=512, stride_kss=8, stride_ksh=1, stride_vsb=512, stride_vss=8, stride_vsh=1,
+                   stride_bt=40, num_seqs=3, TOKENS_BUCKET=2048, num_q_heads=32, BATCH_BUCKET=256)
 _IDX = {"bt_ptr", "cu_q_ptr", "ctx_ptr"}
 
 
@@ -79,7 +83,7 @@ def _kernels():
                    dict(**heads, HEAD_DIM_P=HEAD_DIM, GROUP_P=16, NUM_SPLITS=1, DOT_F32=False, DOT_PRECISION="tf32",
                         F16_DOT=True, STAGED=True, HEADS_FIRST=True, PDL=True),
                    [(dict(BLOCK_N=32), 1, st) for st in (2, 3, 4, 5)] + [(dict(BLOCK_N=32), 2, 5)]
-                   + [(dict(BLOCK_N=128), 4, st) for st in (2, 5)], DECODE_INTS),
+                   + [(dict(BLOCK_N=128), 4, st) for st in (2, 5)]),
     }
 
 
@@ -146,14 +150,14 @@ def sass_counts(cubin: bytes, tools: Path) -> dict[str, int]:
 
 def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int, ints: dict | None = None):
     """One candidate of `fn` compiled for sm_90: `const` its constexprs, `ptrs` its pointer and descriptor types (the
-    other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`). With `ints`
-    (an argument's value at a real launch), the compile specializes as a launch does: pointers 16-byte aligned, an
-    integer of 1 a constant, a multiple of 16 marked divisible (without them a pointer kernel's loads are compiled a
-    byte at a time)."""
+    other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`). Specialized
+    as a launch with `ints` (integer arguments' values; LAUNCH_INTS by default; {}: none) would be: pointers 16-byte
+    aligned, an integer of 1 a constant, a multiple of 16 marked divisible."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    ints = LAUNCH_INTS if ints is None else ints
     attrs = {}
-    if ints is not None:
+    if ints:
         const = {**const, **{n: 1 for n, v in ints.items() if v == 1 and n in fn.arg_names}}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if n not in const and (n in ptrs or ints.get(n, 1) % 16 == 0)}
@@ -177,13 +181,12 @@ def run(names: list[str]) -> list[dict]:
         raise SystemExit(f"this Triton ({triton.__version__}) carries no cuobjdump in {tools}")
     kernels, rows = _kernels(), []
     for name in names:
-        what, fn, ptrs, fixed, candidates, *ints = kernels[name]
+        what, fn, ptrs, fixed, candidates = kernels[name]
         for kw, warps, stages in candidates:
             const = {**fixed, **kw}
             config = ", ".join(f"{k} {v}" for k, v in kw.items()) + f", {warps} warps, {stages} stages"
             print(f"  {what}: {config} ...", flush=True)
-            rows.append({"kernel": what, "config": config, **compile_candidate(fn, ptrs, const, warps, stages, tools,
-                                                                                *ints)})
+            rows.append({"kernel": what, "config": config, **compile_candidate(fn, ptrs, const, warps, stages, tools)})
     return rows
 
 
