@@ -17,3 +17,16 @@ def test_every_swept_config_computes_the_references_values(capsys):
                                         (64, [32, 64])])
 def test_split_counts_surround_the_rules_within_the_kernels_range(auto, want):
     assert batch.split_counts(auto) == want
+
+
+def test_the_sweep_takes_its_split_factors():
+    assert batch.split_counts(4, [1]) == [4]
+    assert batch.split_counts(4, [0.5, 2]) == [2, 8]
+
+
+@pytest.mark.parametrize("arg", [["--configs", "1x"], ["--configs", "1x32x2"], ["--stages", "three"],
+                                 ["--split-factors", "x"]])
+def test_a_malformed_sweep_is_refused_before_any_work(arg, capsys):
+    with pytest.raises(SystemExit) as e:
+        batch.main(arg)
+    assert e.value.code == 2 and "--configs takes WARPSxBLOCK_N pairs" in capsys.readouterr().err
