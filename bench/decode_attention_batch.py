@@ -2,6 +2,7 @@
 
     python3 bench/decode_attention_batch.py [--json OUT.json] [--batches 8,16,32,64,96,128,192,256] [--no-sweep]
         [--configs 1x32,4x128] [--stages 2,3,5] [--split-factors 1,2]   # the sweep's (warps x BLOCK_N), stages, splits
+        [--k-conversion staged,in-dot]   # the key tile staged as fp16 (the sets') or converted in the dot's layout
     TRITON_INTERPRET=1 .venv/bin/python bench/decode_attention_batch.py --smoke   # CPU: every config's values checked
 
 triton-v1.14 runs triton-v1.8's kernel at one warp a program on 32-token tiles, measured at 256 x 2,304 tokens only;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import math
 import sys
@@ -78,6 +80,10 @@ def main(argv=None) -> int:
                          "bench/kernel_resources.py --kernels decode; default: %(default)s)")
     ap.add_argument("--split-factors", default=",".join(map(str, SPLIT_FACTORS)),
                     help="the split counts swept, as factors of the four-warp rule's (default: %(default)s)")
+    ap.add_argument("--k-conversion", default="staged",
+                    help="the key tile's path, comma list: staged (converted where loaded and staged as fp16 through "
+                         "shared memory, as every set does) or in-dot (converted by Triton in the q.k dot's operand "
+                         "layout: the kernel's STAGE_K=False); default: %(default)s")
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: every config's values checked")
     args = ap.parse_args(argv)
     try:
@@ -88,6 +94,9 @@ def main(argv=None) -> int:
         ap.error("--configs takes WARPSxBLOCK_N pairs (e.g. 1x32,4x128); --stages and --split-factors numbers")
     if any(len(c) != 2 for c in configs):
         ap.error("--configs takes WARPSxBLOCK_N pairs, e.g. 1x32,4x128")
+    k_paths = [x for x in args.k_conversion.split(",") if x]
+    if not k_paths or set(k_paths) - {"staged", "in-dot"}:
+        ap.error("--k-conversion takes staged and/or in-dot")
     if args.smoke:
         from bench.kernel_timings import run_smoke
         return run_smoke(smoke)
@@ -142,25 +151,25 @@ def main(argv=None) -> int:
         for sp in () if args.no_sweep else split_counts(auto, factors):
             launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, sp, f16_dot=True, staged=True,
                                           heads_first=True)
-            for w, bn in configs:
-                for st in stages:
-                    def call():
-                        launch.run(BLOCK_N=bn, num_warps=w, num_stages=st)
-                        return launch.merge()
-                    try:
-                        err = rel_err(call(), ref)
-                        us = bench(call) * 1e3
-                    except Exception as e:  # noqa: BLE001 - a config that does not fit is a row too
-                        print(f"  splits {sp} w{w} BLOCK_N {bn} s{st}: {type(e).__name__}: {str(e)[:80]}")
-                        continue
-                    row["configs"].append({"splits": sp, "warps": w, "block_n": bn, "stages": st, "us": us,
-                                           "err": err})
+            for (w, bn), st, kp in itertools.product(configs, stages, k_paths):
+                def call():
+                    launch.run(BLOCK_N=bn, num_warps=w, num_stages=st, STAGE_K=kp == "staged")
+                    return launch.merge()
+                try:
+                    err = rel_err(call(), ref)
+                    us = bench(call) * 1e3
+                except Exception as e:  # noqa: BLE001 - a config that does not fit is a row too
+                    print(f"  splits {sp} w{w} BLOCK_N {bn} s{st} K {kp}: {type(e).__name__}: {str(e)[:80]}")
+                    continue
+                row["configs"].append({"splits": sp, "warps": w, "block_n": bn, "stages": st, "k": kp, "us": us,
+                                       "err": err})
         if not row["configs"]:
             res["batches"].append(row)
             continue
         best = min(row["configs"], key=lambda c: c["us"])
         print(f"  best: splits {best['splits']} w{best['warps']} BLOCK_N {best['block_n']} s{best['stages']} "
-              f"{best['us']:.0f} us ({nbytes / best['us'] / 1e6:.2f} TB/s), err {best['err']:.1e}", flush=True)
+              f"K {best['k']} {best['us']:.0f} us ({nbytes / best['us'] / 1e6:.2f} TB/s), err {best['err']:.1e}",
+              flush=True)
         res["batches"].append(row)
         del q
     if args.json:
@@ -181,9 +190,9 @@ def main(argv=None) -> int:
         for w in (1, 2, 4):
             cs = [c for c in row["configs"] if c["warps"] == w]
             c = min(cs, key=lambda c: c["us"]) if cs else None
-            per_w.append(f"{c['us']:.0f} (sp{c['splits']} BN{c['block_n']} s{c['stages']})" if c else "-")
+            per_w.append(f"{c['us']:.0f} (sp{c['splits']} BN{c['block_n']} s{c['stages']} K {c['k']})" if c else "-")
         print(sets + f" {best['us']:.0f} ({nb / best['us'] / 1e6:.2f}) | splits {best['splits']} w{best['warps']} "
-              f"BLOCK_N {best['block_n']} s{best['stages']} | "
+              f"BLOCK_N {best['block_n']} s{best['stages']} K {best['k']} | "
               + " | ".join(per_w) + " |")
     return 0
 

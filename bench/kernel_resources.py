@@ -81,15 +81,18 @@ def _kernels():
                    {**bf16, **scales, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "part_o_ptr": "*fp32",
                     "part_lse_ptr": "*fp32"},
                    dict(**heads, HEAD_DIM_P=HEAD_DIM, GROUP_P=16, NUM_SPLITS=1, DOT_F32=False, DOT_PRECISION="tf32",
-                        F16_DOT=True, STAGED=True, HEADS_FIRST=True, PDL=True),
+                        F16_DOT=True, STAGED=True, HEADS_FIRST=True, PDL=True, STAGE_K=True),
                    [(dict(BLOCK_N=32), 1, st) for st in (2, 3, 4, 5)] + [(dict(BLOCK_N=32), 2, 5)]
-                   + [(dict(BLOCK_N=128), 4, st) for st in (2, 5)]),
+                   + [(dict(BLOCK_N=128), 4, st) for st in (2, 5)]
+                   # the key tile converted in the dot's operand layout instead of staged as fp16 (STAGE_K=False)
+                   + [(dict(BLOCK_N=32, STAGE_K=False), 1, 3), (dict(BLOCK_N=128, STAGE_K=False), 4, 2)]),
     }
 
 
 def tiles_in_flight(ttgir: str) -> int:
     """How many K/V tiles a program's copies keep in flight: the leading dimension of the multi-buffered shared
-    tiles Triton's pipeliner allocates for the loop's async copies (`memdesc<Nx...xf8E4M3FN, ..., mutable>`; 0: none)."""
+    tiles Triton's pipeliner allocates for the loop's async copies (`memdesc<Nx...xf8E4M3FN, ..., mutable>`; 0:
+    none)."""
     return max((int(n) for n in re.findall(r"memdesc<(\d+)x\d+x\d+x[a-zA-Z0-9]+, [^>]*mutable>", ttgir)), default=0)
 
 

@@ -75,11 +75,14 @@ def _paged_decode_attention_fp8_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr, F16_DOT: tl.constexpr, STAGED: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, STAGE_K: tl.constexpr = True,
 ):
     # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel, or with HEADS_FIRST (triton-v1.8)
     # (num_kv_heads, num_seqs, NUM_SPLITS): the programs that run side by side are one sequence's kv heads, which
-    # read the neighbouring 128-byte pieces of the same tokens' rows; STAGED: q in fp16 (e4m3_to_f16)
+    # read the neighbouring 128-byte pieces of the same tokens' rows; STAGED: q in fp16 (e4m3_to_f16). STAGE_K=False
+    # (a probe, in no set: bench/decode_attention_batch.py --k-conversion): with STAGED, the key tile is converted by
+    # Triton in the q.k dot's operand layout (8-byte shared loads of the e4m3 tile along head_dim), not staged as fp16
+    # through shared memory; the value tile, whose dot sums along tokens, stays staged
     if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
         gdc_wait()
         gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
@@ -122,7 +125,7 @@ def _paged_decode_attention_fp8_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
                     + offs_d[None, :], mask=kv_mask, other=0.0)
-        if STAGED:
+        if STAGED and STAGE_K:
             k = e4m3_to_f16(k)
         else:
             k = k.to(q.dtype)
@@ -341,10 +344,12 @@ class DecodeLaunch:
                     STAGED=staged, HEADS_FIRST=heads_first, **pdl_launch(q.device))
         return cls(out, part_o, part_lse, args, meta, (hkv, s, splits) if heads_first else (s, hkv, splits))
 
-    def run(self, *, BLOCK_N: int, num_warps: int, num_stages: int, DOT_F32: bool = False) -> None:
-        """The kernel with one explicit config (no autotuning)."""
+    def run(self, *, BLOCK_N: int, num_warps: int, num_stages: int, DOT_F32: bool = False,
+            STAGE_K: bool = True) -> None:
+        """The kernel with one explicit config (no autotuning); STAGE_K=False: the key tile converted in the dot's
+        operand layout (the kernel's comment)."""
         _paged_decode_attention_fp8_kernel[self.grid](*self.args, **self.meta, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32,
-                                                      num_warps=num_warps, num_stages=num_stages)
+                                                      STAGE_K=STAGE_K, num_warps=num_warps, num_stages=num_stages)
 
     def merge(self) -> torch.Tensor:
         if self.meta["NUM_SPLITS"] > 1:

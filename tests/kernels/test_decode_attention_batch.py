@@ -30,3 +30,10 @@ def test_a_malformed_sweep_is_refused_before_any_work(arg, capsys):
     with pytest.raises(SystemExit) as e:
         batch.main(arg)
     assert e.value.code == 2 and "--configs takes WARPSxBLOCK_N pairs" in capsys.readouterr().err
+
+
+def test_an_unknown_key_conversion_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        batch.main(["--k-conversion", "staged,fast"])
+    assert e.value.code == 2 and "--k-conversion takes staged and/or in-dot" in capsys.readouterr().err
+

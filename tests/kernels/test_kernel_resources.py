@@ -88,7 +88,7 @@ def test_tiles_in_flight_reads_the_pipeliners_buffers():
     assert kr.tiles_in_flight("module {}") == 0
 
 
-def test_decode_attention_keeps_two_tiles_in_flight_from_five_stages(tmp_path):
+def test_decode_attention_keeps_two_tiles_in_flight_from_five_stages_and_k_in_the_dot_skips_staging(tmp_path):
     # compiled as a launch specializes it: with its strides marked, the page loads are 16-byte async copies, one K/V
     # tile buffered up to 4 stages (the next tile's copies wait for this one's to land) and two from 5
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -102,4 +102,7 @@ def test_decode_attention_keeps_two_tiles_in_flight_from_five_stages(tmp_path):
     rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["BLOCK_N 32, 1 warps, 3 stages"]["tiles_in_flight"] == 1
     assert rows["BLOCK_N 32, 1 warps, 5 stages"]["tiles_in_flight"] == 2
+    # the key tile converted in the q.k dot's operand layout: only the value tile goes back through shared memory
+    assert rows["BLOCK_N 32, 1 warps, 3 stages"]["stores"] == 2
+    assert rows["BLOCK_N 32, STAGE_K False, 1 warps, 3 stages"]["stores"] == 1
     assert all(r["sass"]["tensor-core ops"] > 0 and r["spill_stack_bytes"] == 0 for r in rows.values()), rows

@@ -244,3 +244,13 @@ def test_paged_decode_attention_fp8_batches(dtype, ctx):
     on_cuda = args_to(args, device="cuda")
     got = V115.paged_decode_attention(*on_cuda)
     assert any(torch.equal(got, ks.paged_decode_attention(*on_cuda)) for ks in (V114, V18))
+    if dtype == torch.bfloat16:
+        # the key tile converted in the q.k dot's operand layout (STAGE_K=False, a probe in no set): exact conversions
+        # and v1.14's tiles, so v1.14's values within a few bf16 ulps (v1.14 runs small problems on 64-token tiles)
+        from sits.kernels.paged_decode_attention_fp8 import V114_CONFIG, DecodeLaunch
+        q, k8, v8, tables, lens, scale = on_cuda
+        launch = DecodeLaunch.prepare(q, k8, v8, tables, lens.to("cuda"), scale, None, f16_dot=True, staged=True,
+                                      heads_first=True)
+        launch.run(**V114_CONFIG, STAGE_K=False)
+        probe, v114 = launch.merge().float(), V114.paged_decode_attention(*on_cuda).float()
+        assert ((probe - v114).norm() / v114.norm()).item() < 2e-3
