@@ -79,7 +79,7 @@ for pdl in (False, True):
             ("rope-fp8", rc._rope_and_cache_fp8_kernel, dict(rope, ROUND_E4M3=False), fp8, ()),
             ("attention", pda._paged_decode_attention_kernel, attn, ints, ("qk_scale",)),
             ("attention-fp8", pdf._paged_decode_attention_fp8_kernel,
-             dict(attn, F16_DOT=True, STAGED=True, HEADS_FIRST=True), fp8, ("qk_scale",)),
+             dict(attn, F16_DOT=True, STAGED=True, HEADS_FIRST=True, STAGE_K=True), fp8, ("qk_scale",)),
             ("merge", pda._merge_splits_kernel, dict(HEAD_DIM=128, HEAD_DIM_P=128, NUM_SPLITS=8), ints, ())):
         c = dict(const, PDL=pdl)
         print(name, pdl, *ptx(fn, sig(fn, c, ptrs, floats), c, 4, pdl))
