@@ -81,7 +81,7 @@ def _kernels():
                    {**bf16, **scales, "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "part_o_ptr": "*fp32",
                     "part_lse_ptr": "*fp32"},
                    dict(**heads, HEAD_DIM_P=HEAD_DIM, GROUP_P=16, NUM_SPLITS=1, DOT_F32=False, DOT_PRECISION="tf32",
-                        F16_DOT=True, STAGED=True, HEADS_FIRST=True, PDL=True, STAGE_K=True),
+                        F16_DOT=True, STAGED=True, HEADS_FIRST=True, PDL=True),
                    [(dict(BLOCK_N=32), 1, st) for st in (2, 3, 4, 5)] + [(dict(BLOCK_N=32), 2, 5)]
                    + [(dict(BLOCK_N=128), 4, st) for st in (2, 5)]
                    # the key tile converted in the dot's operand layout instead of staged as fp16 (STAGE_K=False)
@@ -155,10 +155,13 @@ def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int, ints: dic
     """One candidate of `fn` compiled for sm_90: `const` its constexprs, `ptrs` its pointer and descriptor types (the
     other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`). Specialized
     as a launch with `ints` (integer arguments' values; LAUNCH_INTS by default; {}: none) would be: pointers 16-byte
-    aligned, an integer of 1 a constant, a multiple of 16 marked divisible."""
+    aligned, an integer of 1 a constant, a multiple of 16 marked divisible; constexprs not in `const` at their
+    defaults."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     ints = LAUNCH_INTS if ints is None else ints
+    # constexprs left out take their defaults, as at a launch (else the signature below would type them i32)
+    const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **const}
     attrs = {}
     if ints:
         const = {**const, **{n: 1 for n, v in ints.items() if v == 1 and n in fn.arg_names}}

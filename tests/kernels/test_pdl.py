@@ -42,6 +42,7 @@ from sits.kernels import linear_gemv as lg, rms_norm as rn
 from sits.kernels import paged_decode_attention as pda, paged_decode_attention_fp8 as pdf, rope_and_cache as rc
 
 def ptx(fn, sig, const, warps, pdl):
+    const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **const}   # as a launch
     s = dict(sig); s.update({k: "constexpr" for k in const})
     src = ASTSource(fn=fn, signature=s, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": pdl})
@@ -79,7 +80,7 @@ for pdl in (False, True):
             ("rope-fp8", rc._rope_and_cache_fp8_kernel, dict(rope, ROUND_E4M3=False), fp8, ()),
             ("attention", pda._paged_decode_attention_kernel, attn, ints, ("qk_scale",)),
             ("attention-fp8", pdf._paged_decode_attention_fp8_kernel,
-             dict(attn, F16_DOT=True, STAGED=True, HEADS_FIRST=True, STAGE_K=True), fp8, ("qk_scale",)),
+             dict(attn, F16_DOT=True, STAGED=True, HEADS_FIRST=True), fp8, ("qk_scale",)),
             ("merge", pda._merge_splits_kernel, dict(HEAD_DIM=128, HEAD_DIM_P=128, NUM_SPLITS=8), ints, ())):
         c = dict(const, PDL=pdl)
         print(name, pdl, *ptx(fn, sig(fn, c, ptrs, floats), c, 4, pdl))
