@@ -13,7 +13,7 @@ constant, multiples of 16 marked; before 2026-12-07 they were compiled without, 
 a byte or two wide). "Tiles in flight": how many K/V tiles Triton's pipeliner buffers for a program's async copies
 (decode at BLOCK_N 32: 1 up to 4 stages, 2 from 5).
 
-    python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,v1.19] [--json OUT.json]
+    python3 bench/kernel_resources.py [--kernels v1.1,v1.17,v1.18,v1.19,decode] [--json OUT.json]
     PYTHONPATH=/path/to/triton-3.6 python3 bench/kernel_resources.py   # what the device's Triton builds
 
 Triton's compiler and its bundled ptxas/cuobjdump do this on CPU (the `triton` wheel carries them). The figures are
@@ -151,31 +151,26 @@ def sass_counts(cubin: bytes, tools: Path) -> dict[str, int]:
     return {kind: sum(op in names for op in ops) for kind, names in SASS_KINDS.items()} | {"instructions": len(ops)}
 
 
-def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int, ints: dict | None = None):
+def compile_sm90(fn, ptrs: dict, const: dict, warps: int, stages: int):
     """One candidate of `fn` compiled for sm_90: `const` its constexprs, `ptrs` its pointer and descriptor types (the
     other arguments i32, qk_scale fp32); Triton's compiled kernel (`.asm` ttgir/ptx/cubin, `.metadata`). Specialized
-    as a launch with `ints` (integer arguments' values; LAUNCH_INTS by default; {}: none) would be: pointers 16-byte
-    aligned, an integer of 1 a constant, a multiple of 16 marked divisible; constexprs not in `const` at their
-    defaults."""
+    as a launch with LAUNCH_INTS' integer arguments would be: pointers 16-byte aligned, an integer of 1 a constant, a
+    multiple of 16 marked divisible; constexprs not in `const` at their defaults."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    ints = LAUNCH_INTS if ints is None else ints
     # constexprs left out take their defaults, as at a launch (else the signature below would type them i32)
     const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **const}
-    attrs = {}
-    if ints:
-        const = {**const, **{n: 1 for n, v in ints.items() if v == 1 and n in fn.arg_names}}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if n not in const and (n in ptrs or ints.get(n, 1) % 16 == 0)}
+    const = {**const, **{n: 1 for n, v in LAUNCH_INTS.items() if v == 1 and n in fn.arg_names}}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in const and (n in ptrs or LAUNCH_INTS.get(n, 1) % 16 == 0)}
     sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in fn.arg_names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
-def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path,
-                      ints: dict | None = None) -> dict:
-    k = compile_sm90(fn, ptrs, const, warps, stages, ints)
+def compile_candidate(fn, ptrs: dict, const: dict, warps: int, stages: int, tools: Path) -> dict:
+    k = compile_sm90(fn, ptrs, const, warps, stages)
     return {**resources(k.asm["cubin"], tools), "shared_kib": round(k.metadata.shared / 1024, 1),
             **loop_ops(k.asm["ttgir"]), "tiles_in_flight": tiles_in_flight(k.asm["ttgir"]),
             "sass": sass_counts(k.asm["cubin"], tools)}
