@@ -12,10 +12,11 @@ for four-warp programs (~4 programs an SM) leaves most of each SM idle (bench/de
 --small-programs). This sweeps, at each batch size, llama3-8b's decode attention (32 / 8 heads, head_dim 128, pages
 of 64) over contexts drawn from 2,048-2,560 tokens (the row's): warps x BLOCK_N x stages x split counts (the
 four-warp rule's and 1/2x to 8x it), with triton-v1.13's and v1.14's own calls as the baselines, each config's output
-checked against v1.13's, and triton-v1.15's call (v1.14's config or v1.8's, whichever fills the GPU's waves of
-programs better: kernels/paged_decode_attention_fp8.py `config_by_waves`) with the config it picked and the programs
-an SM it counted for each. Times: medians of triton.testing.do_bench (the L2 flushed). The table last: per batch
-v1.13, v1.14, v1.15, the best config and the best at each warp count (--no-sweep: the three sets only).
+checked against v1.13's, triton-v1.15's call (v1.14's config or v1.8's, whichever fills the GPU's waves of
+programs better: kernels/occupancy.py `config_by_waves`) with the config it picked and the programs an SM it counted
+for each, and triton-v1.26's (v1.15's with the key tile converted in the dot's layout). Times: medians of
+triton.testing.do_bench (the L2 flushed). The table last: per batch v1.13, v1.14, v1.15, v1.26, the best config and
+the best at each warp count (--no-sweep: the four sets only).
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--batches", default="8,16,32,64,96,128,192,256")
-    ap.add_argument("--no-sweep", action="store_true", help="the sets' calls only (v1.13, v1.14, v1.15)")
+    ap.add_argument("--no-sweep", action="store_true", help="the sets' calls only (v1.13, v1.14, v1.15, v1.26)")
     ap.add_argument("--configs", default=",".join(f"{w}x{bn}" for w, bn in CONFIGS),
                     help="the sweep's launch configs, WARPSxBLOCK_N (default: %(default)s)")
     ap.add_argument("--stages", default=",".join(map(str, STAGES)),
@@ -82,8 +83,8 @@ def main(argv=None) -> int:
                     help="the split counts swept, as factors of the four-warp rule's (default: %(default)s)")
     ap.add_argument("--k-conversion", default="staged",
                     help="the key tile's path, comma list: staged (converted where loaded and staged as fp16 through "
-                         "shared memory, as every set does) or in-dot (converted by Triton in the q.k dot's operand "
-                         "layout: the kernel's STAGE_K=False); default: %(default)s")
+                         "shared memory, as v1.8 .. v1.25 do) or in-dot (converted by Triton in the q.k dot's operand "
+                         "layout: the kernel's STAGE_K=False, triton-v1.26's); default: %(default)s")
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: every config's values checked")
     args = ap.parse_args(argv)
     try:
@@ -108,10 +109,11 @@ def main(argv=None) -> int:
     from bench.kernel_timings import bench, paged, rel_err
     from sits.kernels.kv_fp8 import Fp8Pages, quantize
     from sits.kernels.paged_decode_attention import choose_num_splits
-    from sits.kernels.occupancy import sm_limits
+    from sits.kernels.occupancy import programs_per_sm_of, sm_limits
     from sits.kernels.triton_env import pdl_launches
     from sits.kernels import paged_decode_attention_fp8 as fp8
     from sits.kernels.paged_decode_attention_fp8 import (DecodeLaunch, paged_decode_attention_by_waves,
+                                                         paged_decode_attention_k_in_dot,
                                                          paged_decode_attention_one_warp, paged_decode_attention_pdl)
     batches = [int(x) for x in args.batches.split(",")]
     res = {"date": dt.datetime.now().isoformat(timespec="minutes"), "device": torch.cuda.get_device_name(0),
@@ -137,17 +139,22 @@ def main(argv=None) -> int:
                "v113_us": bench(lambda: paged_decode_attention_pdl(q, k8, v8, tables, lens, scale)) * 1e3,
                "v114_us": bench(lambda: paged_decode_attention_one_warp(q, k8, v8, tables, lens, scale)) * 1e3,
                "v115_us": bench(lambda: paged_decode_attention_by_waves(q, k8, v8, tables, lens, scale)) * 1e3,
+               "v126_us": bench(lambda: paged_decode_attention_k_in_dot(q, k8, v8, tables, lens, scale)) * 1e3,
+               "v126_err": rel_err(paged_decode_attention_k_in_dot(q, k8, v8, tables, lens, scale), ref),
                "configs": []}
         with pdl_launches():   # as v1.15's call prepares it
             launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, None, f16_dot=True, staged=True,
                                           heads_first=True)
-        picked = fp8.config_by_waves(launch)
-        per_sm = {c["num_warps"]: fp8.programs_per_sm_of(launch, c, sm_limits(q.device))
-                  for c in (fp8.V114_CONFIG, fp8.V18_CONFIG)}
+        picked = fp8.v115_config(launch)
+        per_sm = {c["num_warps"]: programs_per_sm_of(launch, c, sm_limits(q.device)) for c in fp8.V115_CONFIGS}
+        picked_126 = fp8.v126_config(launch)
+        per_sm_126 = {c["num_warps"]: programs_per_sm_of(launch, c, sm_limits(q.device)) for c in fp8.V126_CONFIGS}
         row["v115_config"], row["programs"], row["per_sm"] = picked, math.prod(launch.grid), per_sm
+        row["v126_config"], row["per_sm_v126"] = picked_126, per_sm_126
         print(f"batch {b}: {nbytes / 1e6:.0f} MB, rule's splits {auto}; v1.13 {row['v113_us']:.0f} us, "
               f"v1.14 {row['v114_us']:.0f} us, v1.15 {row['v115_us']:.0f} us (w{picked['num_warps']}: "
-              f"{row['programs']} programs, an SM holds {per_sm})", flush=True)
+              f"{row['programs']} programs, an SM holds {per_sm}), v1.26 {row['v126_us']:.0f} us "
+              f"(w{picked_126['num_warps']}, an SM holds {per_sm_126}, err {row['v126_err']:.1e})", flush=True)
         for sp in () if args.no_sweep else split_counts(auto, factors):
             launch = DecodeLaunch.prepare(q, k8, v8, tables, lens, scale, sp, f16_dot=True, staged=True,
                                           heads_first=True)
@@ -176,12 +183,12 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(res, indent=1))
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}: FP8 decode attention, one layer, us "
           "(TB/s of FP8 pages)")
-    print("| batch | v1.13 | v1.14 | v1.15 (its pick) | best | best config | best w1 | best w2 | best w4 |")
-    print("|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    print("| batch | v1.13 | v1.14 | v1.15 (its pick) | v1.26 | best | best config | best w1 | best w2 | best w4 |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for row in res["batches"]:
         b, nb = row["batch"], row["bytes"]
         sets = (f"| {b} | {row['v113_us']:.0f} | {row['v114_us']:.0f} | {row['v115_us']:.0f} "
-                f"(w{row['v115_config']['num_warps']}) |")
+                f"(w{row['v115_config']['num_warps']}) | {row['v126_us']:.0f} (w{row['v126_config']['num_warps']}) |")
         if not row["configs"]:
             print(sets + " - | - | - | - | - |")
             continue

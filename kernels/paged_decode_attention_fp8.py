@@ -22,9 +22,9 @@ from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, check_decode_args, choose_num_splits,
                                                  merge_splits, paged_decode_attention, split_buffers)
-from sits.kernels.occupancy import programs_per_sm, sm_limits, wave_fill
+from sits.kernels.occupancy import config_by_waves
 from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, gdc_launch_dependents, gdc_wait,
-                                     interpreting, next_pow2, num_sms, pdl_launch, pdl_launches, tl, triton)
+                                     interpreting, next_pow2, pdl_launch, pdl_launches, tl, triton)
 
 PV_SHIFT = tl.constexpr(256.0)   # p * v_scale is raised by this before the p.v dot, the output lowered by it
 # triton-v1.5's launch config past the small problems, fixed rather than autotuned: the engine tunes decode attention
@@ -40,13 +40,12 @@ V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
 # the copy rate with this walk, so the four-warp programs' on-chip path is the bound; a one-warp program exchanges no
 # tile between warps, and more of them fit an SM)
 V114_CONFIG = dict(BLOCK_N=32, num_warps=1, num_stages=3)
-# triton-v1.15's rule between v1.14's config and v1.8's (`config_by_waves`), fitted to bench/decode_attention_batch.py
-# on an H100 (2026-12-06), 8-256 sequences of 2,048-2,560 tokens. The compiled kernels hold 10 one-warp and 3 four-warp
-# programs an SM. Counting one-warp programs in whole rounds of the SM's four warp schedulers (10 -> 8) and taking the
-# config whose programs fill more of their waves picks the faster config at all ten batch sizes measured: one warp at
-# 16-128 and 256 sequences (1,024 and 2,048 programs, won by 3-10 %), four at 96, 160, 192 and 224 (768-1,792
-# programs, won by 10 %, 14 %, 21 % and 7 %); the plain count (10) picked one warp at 160, 14 % slower.
-SCHEDULERS_PER_SM = 4
+# triton-v1.15's rule picks between v1.14's config and v1.8's a launch (occupancy.config_by_waves, where its fit is);
+# triton-v1.26's between the same two with the key tile converted in the q.k dot's operand layout (STAGE_K=False):
+# the same registers and shared memory compiled for sm_90 (bench/kernel_resources.py), so the same picks; on an H100
+# (2026-12-07, bench/decode_attention_batch.py --k-conversion) 16-21 % faster at every batch and config measured
+V115_CONFIGS = (V114_CONFIG, V18_CONFIG)
+V126_CONFIGS = tuple({**c, "STAGE_K": False} for c in V115_CONFIGS)
 
 
 @triton.jit
@@ -80,9 +79,9 @@ def _paged_decode_attention_fp8_kernel(
     # grid: (num_seqs, num_kv_heads, NUM_SPLITS), as _paged_decode_attention_kernel, or with HEADS_FIRST (triton-v1.8)
     # (num_kv_heads, num_seqs, NUM_SPLITS): the programs that run side by side are one sequence's kv heads, which
     # read the neighbouring 128-byte pieces of the same tokens' rows; STAGED: q in fp16 (e4m3_to_f16). STAGE_K=False
-    # (a probe, in no set: bench/decode_attention_batch.py --k-conversion): with STAGED, the key tile is converted by
-    # Triton in the q.k dot's operand layout (8-byte shared loads of the e4m3 tile along head_dim), not staged as fp16
-    # through shared memory; the value tile, whose dot sums along tokens, stays staged
+    # (triton-v1.26): with STAGED, the key tile is converted by Triton in the q.k dot's operand layout (8-byte shared
+    # loads of the e4m3 tile along head_dim), not staged as fp16 through shared memory; the value tile, whose dot sums
+    # along tokens, stays staged
     if PDL:   # programmatic dependent launch (triton-v1.13): every read after the earlier kernel's writes land
         gdc_wait()
         gdc_launch_dependents()   # the next kernel may start now; it waits for this one's writes likewise
@@ -219,59 +218,32 @@ def paged_decode_attention_by_waves(q, k_cache, v_cache, block_tables, context_l
                                     num_splits: int | None = None):
     """triton-v1.15's decode attention: triton-v1.14's (PDL on sm_90+; plain pages through triton-v1's kernel) whose
     kernel over FP8 pages runs v1.8's four-warp config instead of one warp where that fills the GPU's waves better
-    (`config_by_waves`); each call's values are v1.14's or v1.13's, bit for bit."""
+    (`v115_config`); each call's values are v1.14's or v1.13's, bit for bit."""
     with pdl_launches():
         return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
-                           f16_dot=q.dtype == torch.bfloat16, config=config_by_waves)
+                           f16_dot=q.dtype == torch.bfloat16, config=v115_config)
 
 
-_PER_SM: dict = {}   # (device, the launch's constexprs, a config) -> programs an SM holds (0: does not fit)
-_PICKED: dict = {}   # (device, grid, the launch's constexprs) -> config_by_waves' pick
+def paged_decode_attention_k_in_dot(q, k_cache, v_cache, block_tables, context_lens, scale, *,
+                                    num_splits: int | None = None):
+    """triton-v1.26's decode attention: triton-v1.15's whose kernel over FP8 pages converts the key tile in the q.k
+    dot's operand layout instead of staging it as fp16 through shared memory (STAGE_K=False), at the config the same
+    rule picks (`v126_config`). The conversions are exact and the tiles v1.15's, so its values are v1.15's within a
+    few bf16 ulps (the dot's operands reach the MMA in another order)."""
+    with pdl_launches():
+        return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+                           f16_dot=q.dtype == torch.bfloat16, config=v126_config)
 
 
-def config_by_waves(launch: "DecodeLaunch") -> dict:
-    """V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's programs fill more of the four-warp
-    programs' waves: each config's programs an SM come from its compiled kernel (registers, shared memory) and the
-    device's limits, counted in whole rounds of the SM's warp schedulers (SCHEDULERS_PER_SM), the launch's programs
-    from its grid. V114_CONFIG where the device's limits or a kernel's registers are unknown. Picked once per grid
-    and constexprs (a dict lookup on later calls)."""
-    key = (launch.out.device, launch.grid, *launch.meta.values())
-    picked = _PICKED.get(key)
-    if picked is None:
-        picked = _PICKED[key] = _pick_by_waves(launch)
-    return picked
+def v115_config(launch: "DecodeLaunch") -> dict:
+    """triton-v1.15's launch config: V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's
+    programs fill more of the four-warp programs' waves (occupancy.config_by_waves)."""
+    return config_by_waves(launch, V115_CONFIGS)
 
 
-def _pick_by_waves(launch: "DecodeLaunch") -> dict:
-    dev = launch.out.device
-    limits = sm_limits(dev)
-    per_sm = [programs_per_sm_of(launch, c, limits) if limits else None for c in (V114_CONFIG, V18_CONFIG)]
-    if None in per_sm:
-        return V114_CONFIG
-    programs = math.prod(launch.grid)
-    fills = []
-    for c, per in zip((V114_CONFIG, V18_CONFIG), per_sm):
-        warps = per * c["num_warps"] // SCHEDULERS_PER_SM * SCHEDULERS_PER_SM
-        fills.append(wave_fill(programs, warps // c["num_warps"] * num_sms(dev)))
-    return V18_CONFIG if fills[1] > fills[0] else V114_CONFIG
-
-
-def programs_per_sm_of(launch: "DecodeLaunch", config: dict, limits: dict) -> int | None:
-    """How many programs of the kernel at `config`, with the launch's constexprs, one SM holds (0: it does not fit;
-    None: this Triton does not say how many registers it takes)."""
-    key = (launch.out.device, *launch.meta.items(), *config.items())
-    if key not in _PER_SM:   # compiled (or found in Triton's cache) without a launch
-        from triton.runtime.errors import OutOfResources
-        kernel = _paged_decode_attention_fp8_kernel.warmup(*launch.args, grid=launch.grid, **launch.meta,
-                                                           DOT_F32=False, **config)
-        try:
-            kernel._init_handles()   # loads it: its registers a thread are known from here (Triton 3.x)
-            _PER_SM[key] = programs_per_sm(kernel.n_regs, kernel.metadata.shared, config["num_warps"], limits)
-        except OutOfResources:
-            _PER_SM[key] = 0
-        except AttributeError:
-            _PER_SM[key] = None
-    return _PER_SM[key]
+def v126_config(launch: "DecodeLaunch") -> dict:
+    """triton-v1.26's: v115_config's rule between the same configs with STAGE_K=False."""
+    return config_by_waves(launch, V126_CONFIGS)
 
 
 def _staged_conversion(q: torch.Tensor) -> bool:
@@ -283,7 +255,7 @@ def _staged_conversion(q: torch.Tensor) -> bool:
 def _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, *, f16_dot: bool,
                 config=None):
     # config: triton-v1.8's kernel (HEADS_FIRST, and STAGED where the asm runs) at that launch config (v1.8's or
-    # v1.14's dict, or v1.15's function of the launch); None: v1.3's / v1.5's
+    # v1.14's dict, or v1.15's / v1.26's function of the launch); None: v1.3's / v1.5's
     kd, vd = page_tensors(k_cache, v_cache)
     if not isinstance(k_cache, Fp8Pages):
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=num_splits)
@@ -350,6 +322,12 @@ class DecodeLaunch:
         operand layout (the kernel's comment)."""
         _paged_decode_attention_fp8_kernel[self.grid](*self.args, **self.meta, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32,
                                                       STAGE_K=STAGE_K, num_warps=num_warps, num_stages=num_stages)
+
+    def compile(self, config: dict):
+        """The kernel compiled (or found in Triton's cache) for this launch at `config`, without running it
+        (occupancy.programs_per_sm_of reads its registers and shared memory)."""
+        return _paged_decode_attention_fp8_kernel.warmup(*self.args, grid=self.grid, **self.meta, DOT_F32=False,
+                                                         **config)
 
     def merge(self) -> torch.Tensor:
         if self.meta["NUM_SPLITS"] > 1:

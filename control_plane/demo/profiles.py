@@ -176,6 +176,13 @@ GPU_SCENARIOS = {s.name: s for s in (
              "on the H100 against v1.24 in the same call: 256 x 2048/512 +1.2 %, a 256-sequence decode step 21.8 "
              "against 22.3 ms; promoted in a GPU canary against v1.24 (H100, those flags, rate 3) after 41 checks, "
              "ITL P90 +0.1 % [-4.6, +5.0]"),
+    Scenario("kindot", "triton-v1.26", Phase.SUCCEEDED,
+             "an fp8 attention release (v1.25 whose decode attention over FP8 pages converts the key tile in the "
+             "q.k dot's operand layout instead of staging it as fp16 through shared memory; v1.25's values within "
+             "a few bf16 ulps): expected to be promoted; with --model llama3-8b --production-kernels triton-v1.25 "
+             "--engine-arg '--quantization fp8 --kv-cache-dtype fp8' the gate judges paged_decode_attention on FP8 "
+             "pages. Measured on the H100: a layer's FP8 decode attention 16-21 % faster at 64-256 sequences; the "
+             "canary not yet run on a GPU"),
     Scenario("prologue", "triton-v1.6", Phase.ROLLED_BACK,
              "a SLOWER fused release (SiLU-and-mul in the down projection's prologue: 3-5x slower than v1.5's two "
              "ops at llama3-8b's decode shapes with int8, +52 % a batch-1 step on the H200): with --model llama3-8b "

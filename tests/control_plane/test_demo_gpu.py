@@ -43,7 +43,7 @@ def test_device_cuda_runs_triton_sets_on_the_gpu_with_a_memory_split():
 
 def test_the_cli_takes_scenario_lists_and_names_a_bad_one(capsys):
     assert main(["demo", "--device", "cuda", "--scenario", "slow,bogus"]) == 2
-    assert ("--scenario 'slow,bogus': choose from slow, wrong, good, aa, w8a8, f16, fused, staged, gemv, normfused, bcast, pdl, pdlall, onewarp, waves, epilogue, normquant, tmafp8, transposed, dequant, bywork, tmagemm, pairedgemm, batchedgemm, prologue, kvfp8"
+    assert ("--scenario 'slow,bogus': choose from slow, wrong, good, aa, w8a8, f16, fused, staged, gemv, normfused, bcast, pdl, pdlall, onewarp, waves, epilogue, normquant, tmafp8, transposed, dequant, bywork, tmagemm, pairedgemm, batchedgemm, kindot, prologue, kvfp8"
             in capsys.readouterr().err)
 
 

@@ -249,7 +249,7 @@ def fp8_scores(kernels: str, device: str, texts: list[str]) -> list[list[tuple[i
                                      "triton-v1.12", "triton-v1.13", "triton-v1.14", "triton-v1.15",
                                      "triton-v1.16", "triton-v1.17", "triton-v1.18", "triton-v1.19",
                                      "triton-v1.20", "triton-v1.21", "triton-v1.22", "triton-v1.23",
-                                     "triton-v1.24", "triton-v1.25"])
+                                     "triton-v1.24", "triton-v1.25", "triton-v1.26"])
 def test_the_fp8_sets_score_like_the_torch_set_with_the_same_fp8_weights_and_pages(kernels):
     # the torch set multiplies fp8 weights with exact activations; v1.4/v1.5 round activations to e4m3 past 32 rows
     # (W8A8) and v1.5 reads e4m3 through fp16 dots. On CPU, W8A8's numerics against weight-only moved the random tiny
