@@ -43,7 +43,7 @@ V114_CONFIG = dict(BLOCK_N=32, num_warps=1, num_stages=3)
 # triton-v1.15's rule picks between v1.14's config and v1.8's a launch (occupancy.config_by_waves, where its fit is);
 # triton-v1.26's between the same two with the key tile converted in the q.k dot's operand layout (STAGE_K=False):
 # the same registers and shared memory compiled for sm_90 (bench/kernel_resources.py), so the same picks; on an H100
-# (2026-12-07, bench/decode_attention_batch.py --k-conversion) 16-21 % faster at every batch and config measured
+# (2026-12-07, bench/decode_attention_batch.py --k-conversion) 14-21 % faster at every batch and config measured
 V115_CONFIGS = (V114_CONFIG, V18_CONFIG)
 V126_CONFIGS = tuple({**c, "STAGE_K": False} for c in V115_CONFIGS)
 

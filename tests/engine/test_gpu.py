@@ -99,11 +99,13 @@ def test_llama3_8b_preset_loads_fast_and_serves_a_batch(kernel_set, free_gpu):
     print(f"[{kernel_set}] 64 seqs x 64 tokens in {dt:.2f} s = {64 * 64 / dt:.0f} tok/s")
 
 
-def assert_same_greedy_up_to_bf16_ties(a, b, tie: float = 0.2) -> None:
+def assert_same_greedy_up_to_bf16_ties(a, b, tie: float = 0.3) -> None:
     """Greedy tokens of one prompt run twice in bf16 (alone vs in a batch, or after a prefix-cache hit: other GEMM
     shapes and attention tilings round differently). They must agree, except that from a near-tie on the random-weight
-    model on they may part: there both runs' top two tokens are the same pair, under `tie` nats apart (bf16 logits of
-    magnitude 16-32 are 0.125 apart; seen on an H200 with triton-v1.1: gaps of 0.094 and 0.0 at step 9)."""
+    model on they may part: there both runs' top two tokens are the same pair, under `tie` nats apart: two steps of
+    bf16 logits of magnitude 16-32 (0.125 apart) and a little rounding. Seen: on an H200 with triton-v1.1 gaps of
+    0.094 and 0.0 at step 9; on an H100 with triton-v1.26 (whose ops on bf16 pages are v1.25's) 0.25 and 0.031 at
+    step 4."""
     for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
         if x != y:
             assert i > 0, "the first token (the prefill's) differs"
