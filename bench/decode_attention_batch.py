@@ -13,7 +13,7 @@ for four-warp programs (~4 programs an SM) leaves most of each SM idle (bench/de
 of 64) over contexts drawn from 2,048-2,560 tokens (the row's): warps x BLOCK_N x stages x split counts (the
 four-warp rule's and 1/2x to 8x it), with triton-v1.13's and v1.14's own calls as the baselines, each config's output
 checked against v1.13's, triton-v1.15's call (v1.14's config or v1.8's, whichever fills the GPU's waves of
-programs better: kernels/occupancy.py `config_by_waves`) with the config it picked and the programs an SM it counted
+programs better: kernels/occupancy.py `WavesRule`) with the config it picked and the programs an SM it counted
 for each, and triton-v1.26's (v1.15's with the key tile converted in the dot's layout). Times: medians of
 triton.testing.do_bench (the L2 flushed). The table last: per batch v1.13, v1.14, v1.15, v1.26, the best config and
 the best at each warp count (--no-sweep: the four sets only).

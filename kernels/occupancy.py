@@ -1,11 +1,11 @@
 """How many programs of a compiled kernel a GPU holds at once, how full their waves are, and the launch rule built on
-them (`config_by_waves`: triton-v1.15's and v1.26's decode attention over FP8 pages, kernels/paged_decode_attention_fp8.py;
+them (`WavesRule`: triton-v1.15's and v1.26's decode attention over FP8 pages, kernels/paged_decode_attention_fp8.py;
 bench/decode_attention_batch.py).
 
 An SM holds as many programs as the scarcest of its resources allows: registers (allocated 256 a warp at a time),
 shared memory (plus the 1 KB the driver reserves a block), threads and resident blocks (`programs_per_sm`, against
 `sm_limits` read from torch's device properties, once a device). A launch of P programs on a GPU holding S at once
-runs ceil(P / S) waves; `wave_fill` is the share of those waves' slots its programs keep busy. `config_by_waves`
+runs ceil(P / S) waves; `wave_fill` is the share of those waves' slots its programs keep busy. A `WavesRule`
 picks between two launch configs of one launch (an object with `grid`, `out`, `meta` and `compile(config)`, as
 kernels/paged_decode_attention_fp8.py's DecodeLaunch) the one whose programs fill more of their waves.
 """
@@ -18,7 +18,7 @@ import torch
 
 from sits.kernels.triton_env import num_sms
 
-# Warp schedulers an SM has (sm_70 .. sm_90): config_by_waves counts an SM's programs in whole rounds of them.
+# Warp schedulers an SM has (sm_70 .. sm_90): WavesRule counts an SM's programs in whole rounds of them.
 # Fitted with triton-v1.15 to bench/decode_attention_batch.py on an H100 (2026-12-06), 8-256 sequences of 2,048-2,560
 # tokens: the compiled decode kernels hold 10 one-warp and 3 four-warp programs an SM. Counting one-warp programs in
 # whole rounds of the four schedulers (10 -> 8) and taking the config whose programs fill more of their waves picks the
@@ -27,7 +27,6 @@ from sits.kernels.triton_env import num_sms
 # picked one warp at 160, 14 % slower.
 SCHEDULERS_PER_SM = 4
 _PER_SM: dict = {}   # (device, the launch's constexprs, a config) -> programs an SM holds (0: does not fit)
-_PICKED: dict = {}   # (device, grid, the launch's constexprs, the two configs) -> config_by_waves' pick
 
 
 def programs_per_sm(regs: int, shared: int, num_warps: int, limits: dict) -> int:
@@ -63,17 +62,23 @@ def wave_fill(programs: int, slots: int) -> float:
     return programs / (-(-programs // slots) * slots)
 
 
-def config_by_waves(launch, configs: tuple[dict, dict]) -> dict:
-    """configs[0] (the one-warp config), or configs[1] (the four-warp one) where the launch's programs fill more of its
-    waves: each config's programs an SM come from its compiled kernel (registers, shared memory) and the device's
-    limits, counted in whole rounds of the SM's warp schedulers (SCHEDULERS_PER_SM), the launch's programs from its
-    grid. configs[0] where the device's limits or a kernel's registers are unknown. Picked once per grid, constexprs
-    and pair of configs (a dict lookup on later calls)."""
-    key = (launch.out.device, launch.grid, *launch.meta.values(), *(tuple(c.items()) for c in configs))
-    picked = _PICKED.get(key)
-    if picked is None:
-        picked = _PICKED[key] = _pick_by_waves(launch, configs)
-    return picked
+class WavesRule:
+    """A launch rule between two configs of one kernel: `one_warp` (configs[0]), or `four_warps` (configs[1]) where
+    the launch's programs fill more of its waves: each config's programs an SM come from its compiled kernel
+    (registers, shared memory) and the device's limits, counted in whole rounds of the SM's warp schedulers
+    (SCHEDULERS_PER_SM), the launch's programs from its grid. configs[0] where the device's limits or a kernel's
+    registers are unknown. `rule(launch)` picks once per grid and constexprs (a dict lookup on later calls)."""
+
+    def __init__(self, one_warp: dict, four_warps: dict):
+        self.configs = (one_warp, four_warps)
+        self._picked: dict = {}   # (device, grid, the launch's constexprs) -> the pick
+
+    def __call__(self, launch) -> dict:
+        key = (launch.out.device, launch.grid, *launch.meta.values())
+        picked = self._picked.get(key)
+        if picked is None:
+            picked = self._picked[key] = _pick_by_waves(launch, self.configs)
+        return picked
 
 
 def _pick_by_waves(launch, configs: tuple[dict, dict]) -> dict:

@@ -22,7 +22,7 @@ from sits.kernels.kv_fp8 import Fp8Pages, kernel_page_args, page_tensors
 from sits.kernels.linear import fp16_shift
 from sits.kernels.paged_decode_attention import (_CONFIGS, _TUNE_MIN_BLOCKS, check_decode_args, choose_num_splits,
                                                  merge_splits, paged_decode_attention, split_buffers)
-from sits.kernels.occupancy import config_by_waves
+from sits.kernels.occupancy import WavesRule
 from sits.kernels.triton_env import (autotune, check_device, fast, fast_tuned, gdc_launch_dependents, gdc_wait,
                                      interpreting, next_pow2, pdl_launch, pdl_launches, tl, triton)
 
@@ -40,12 +40,14 @@ V18_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
 # the copy rate with this walk, so the four-warp programs' on-chip path is the bound; a one-warp program exchanges no
 # tile between warps, and more of them fit an SM)
 V114_CONFIG = dict(BLOCK_N=32, num_warps=1, num_stages=3)
-# triton-v1.15's rule picks between v1.14's config and v1.8's a launch (occupancy.config_by_waves, where its fit is);
+# triton-v1.15's rule picks between v1.14's config and v1.8's a launch (occupancy.WavesRule, where its fit is);
 # triton-v1.26's between the same two with the key tile converted in the q.k dot's operand layout (STAGE_K=False):
 # the same registers and shared memory compiled for sm_90 (bench/kernel_resources.py), so the same picks; on an H100
 # (2026-12-07, bench/decode_attention_batch.py --k-conversion) 14-21 % faster at every batch and config measured
 V115_CONFIGS = (V114_CONFIG, V18_CONFIG)
 V126_CONFIGS = tuple({**c, "STAGE_K": False} for c in V115_CONFIGS)
+v115_config = WavesRule(*V115_CONFIGS)   # a launch's config: its one-warp config or its four-warp one
+v126_config = WavesRule(*V126_CONFIGS)
 
 
 @triton.jit
@@ -233,17 +235,6 @@ def paged_decode_attention_k_in_dot(q, k_cache, v_cache, block_tables, context_l
     with pdl_launches():
         return _decode_fp8(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
                            f16_dot=q.dtype == torch.bfloat16, config=v126_config)
-
-
-def v115_config(launch: "DecodeLaunch") -> dict:
-    """triton-v1.15's launch config: V114_CONFIG (one warp a program), or V18_CONFIG (four) where the launch's
-    programs fill more of the four-warp programs' waves (occupancy.config_by_waves)."""
-    return config_by_waves(launch, V115_CONFIGS)
-
-
-def v126_config(launch: "DecodeLaunch") -> dict:
-    """triton-v1.26's: v115_config's rule between the same configs with STAGE_K=False."""
-    return config_by_waves(launch, V126_CONFIGS)
 
 
 def _staged_conversion(q: torch.Tensor) -> bool:

@@ -36,4 +36,3 @@ def test_an_unknown_key_conversion_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         batch.main(["--k-conversion", "staged,fast"])
     assert e.value.code == 2 and "--k-conversion takes staged and/or in-dot" in capsys.readouterr().err
-

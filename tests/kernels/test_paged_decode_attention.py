@@ -136,7 +136,7 @@ def test_triton_v1_14_decodes_fp8_pages(dev, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_v1_15_decodes_fp8_pages(dev, dtype):
-    # v1.14's kernel at the config config_by_waves picks a launch (on a GPU at llama3-8b's shapes: the batches test
+    # v1.14's kernel at the config its WavesRule picks a launch (on a GPU at llama3-8b's shapes: the batches test
     # below); the interpreter runs one config for every set, so on CPU v1.15 is v1.14 bit for bit
     args = fp8_kv(decode_args([1, 63, 64, 65, 1000], 12, 4, 64, dtype, seed=39))
     check_op("paged_decode_attention", args, dtype, dev, kernel_set=V115)
@@ -178,24 +178,22 @@ def test_triton_v1_15_picks_the_config_whose_waves_fill_the_gpu(monkeypatch, pro
     from sits.kernels import occupancy as occ
     one, four = {"num_warps": 1, "BLOCK_N": 32}, {"num_warps": 4, "BLOCK_N": 128}
 
-    class Launch:   # what config_by_waves reads of a DecodeLaunch: its grid, its output's device, its constexprs
+    class Launch:   # what a WavesRule reads of a DecodeLaunch: its grid, its output's device, its constexprs
         grid, out, meta = (8, programs // 8, 1), torch.empty(0), {}
-    monkeypatch.setattr(occ, "_PICKED", {})
     monkeypatch.setattr(occ, "sm_limits", lambda dev: {"regs": 65536})
     monkeypatch.setattr(occ, "num_sms", lambda dev: 132)
     monkeypatch.setattr(occ, "programs_per_sm_of",
                         lambda launch, config, limits: per_sm[0] if config is one else per_sm[1])
-    picked = occ.config_by_waves(Launch(), (one, four))
+    rule = occ.WavesRule(one, four)
+    picked = rule(Launch())
     assert picked is (one if want == "one warp" else four)
     monkeypatch.setattr(occ, "num_sms", lambda dev: 1 / 0)
-    assert occ.config_by_waves(Launch(), (one, four)) is picked   # once per grid, constexprs and configs: a lookup
-    monkeypatch.setattr(occ, "_PICKED", {})
+    assert rule(Launch()) is picked   # once per grid and constexprs: later calls look it up
     monkeypatch.setattr(occ, "sm_limits", lambda dev: None)   # limits unknown: the one-warp config
-    assert occ.config_by_waves(Launch(), (one, four)) is one
-    monkeypatch.setattr(occ, "_PICKED", {})
+    assert occ.WavesRule(one, four)(Launch()) is one
     monkeypatch.setattr(occ, "sm_limits", lambda dev: {"regs": 65536})
     monkeypatch.setattr(occ, "programs_per_sm_of", lambda launch, config, limits: None)   # registers unknown
-    assert occ.config_by_waves(Launch(), (one, four)) is one
+    assert occ.WavesRule(one, four)(Launch()) is one
 
 
 def test_programs_per_sm_of_compiles_the_launch_at_the_config_once(monkeypatch):
@@ -225,7 +223,7 @@ def test_programs_per_sm_of_compiles_the_launch_at_the_config_once(monkeypatch):
 
 @on_gpu
 def test_triton_v1_15_picks_on_this_gpu_as_the_h100_measured():
-    # config_by_waves with the compiled kernels' registers and shared memory and this device's limits, at llama3-8b's
+    # v1.15's WavesRule with the compiled kernels' registers and shared memory and this device's limits, at llama3-8b's
     # shapes (32 / 8 heads, head_dim 128, bf16 q): where the H100's sweep had four warps win (96 and 192 sequences),
     # (96-224 sequences) those, elsewhere one warp (bench/decode_attention_batch.py); with the H100's / H200's 132 SMs
     from sits.kernels import paged_decode_attention_fp8 as fp8
