@@ -3,8 +3,9 @@ triton-v1.24's two with the gate and up rows paired in one accumulator, triton-v
 (kernels/linear_w8a8_tma.py). On CPU through Triton's interpreter (which emulates the descriptors): the kernel gives
 the pointer kernel's bits with the same tiles -- partial row, column and K tiles, bias, the SiLU-and-mul epilogue, the
 split epilogue, more tiles than programs (the persistent walk), the paired gate/up rows; calls TMA cannot take fall
-back to the pointer kernel; v1.22's, v1.23's and v1.24's ops give v1.21's bits past 512 rows (v1.23's and v1.24's
-through the fast launcher) and are v1.21's ops below.
+back to the pointer kernel; v1.22's, v1.23's and v1.24's ops give v1.21's bits past SCALED_MM_MAX_M rows (v1.23's
+and v1.24's through the fast launcher) and are v1.21's ops below (that threshold is 64 under the interpreter, 512 on a
+GPU: conftest.py's `scaled_mm_max_m`).
 On a GPU at llama3-8b's shapes: the pointer kernel's values within the fp32 accumulator's rounding, through every op.
 The ops take the TMA kernel only from TMA_MIN_WORK multiply-adds a call (llama3-8b past 512 rows, never the tiny
 model)."""
@@ -169,39 +170,41 @@ def tma_calls(monkeypatch):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_prefill_rows_are_v121s_bits(dev, op, tma_calls, monkeypatch):
+def test_prefill_rows_are_v121s_bits(dev, op, tma_calls, monkeypatch, scaled_mm_max_m):
     if dev != "cpu":
         pytest.skip("bit for bit under the interpreter; the GPU test below holds the values")
     monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)   # the small shapes here take the TMA kernel too
-    args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 5)
+    args = _op_args(op, scaled_mm_max_m + 9, dev, 5)
     got, want = getattr(V122, op)(*args), getattr(V121, op)(*args)
-    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [False]
+    assert tma_calls == [(scaled_mm_max_m + 9, 64)] and tma_calls.fast == [False]
     for a, b in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
         assert a.shape == b.shape and torch.equal(a, b), op
 
 
 @pytest.mark.parametrize("op", ["linear", "add_rms_norm_linear"])
-def test_v123s_ops_are_v121s_bits_through_the_fast_launcher(dev, op, tma_calls, monkeypatch):
+def test_v123s_ops_are_v121s_bits_through_the_fast_launcher(dev, op, tma_calls, monkeypatch, scaled_mm_max_m):
     monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)
-    args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 10)
+    args = _op_args(op, scaled_mm_max_m + 9, dev, 10)
     got, want = getattr(V123, op)(*args), getattr(V121, op)(*args)
-    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True]
+    assert tma_calls == [(scaled_mm_max_m + 9, 64)] and tma_calls.fast == [True]
     _assert_v121s_values(got, want, dev, op)
 
 
 @pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
-def test_v124s_ops_are_v121s_bits_with_the_rows_paired(dev, op, tma_calls, monkeypatch):
+def test_v124s_ops_are_v121s_bits_with_the_rows_paired(dev, op, tma_calls, monkeypatch, scaled_mm_max_m):
     monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)
-    args = _op_args(op, SCALED_MM_MAX_M + 9, dev, 11)
+    args = _op_args(op, scaled_mm_max_m + 9, dev, 11)
     got, want = getattr(V124, op)(*args), getattr(V121, op)(*args)
-    assert tma_calls == [(SCALED_MM_MAX_M + 9, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
+    assert tma_calls == [(scaled_mm_max_m + 9, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
     _assert_v121s_values(got, want, dev, op)
 
 
 @pytest.mark.parametrize("op", ["linear_silu_and_mul", "add_rms_norm_linear_silu_and_mul"])
-@pytest.mark.parametrize("m", [33, 200, SCALED_MM_MAX_M, SCALED_MM_MAX_M + 9])
-def test_v125s_gate_up_takes_the_paired_kernel_from_33_rows(dev, op, m, tma_calls, monkeypatch):
+@pytest.mark.parametrize("rows", ["33", "between", "at the threshold", "past it"])
+def test_v125s_gate_up_takes_the_paired_kernel_from_33_rows(dev, op, rows, tma_calls, monkeypatch, scaled_mm_max_m):
     monkeypatch.setattr(ops, "TMA_MIN_WORK", 0)
+    m = {"33": 33, "between": min(200, scaled_mm_max_m - 16), "at the threshold": scaled_mm_max_m,
+         "past it": scaled_mm_max_m + 9}[rows]   # between: 200 on a GPU (a partial tile of the 256-row bucket)
     args = _op_args(op, m, dev, 12)
     got, want = getattr(V125, op)(*args), getattr(V121, op)(*args)
     assert tma_calls == [(m, 64)] and tma_calls.fast == [True] and tma_calls.paired == [True]
@@ -225,8 +228,8 @@ def test_row_buckets():
                                                                                        512, 0, 0]
 
 
-def test_the_tma_kernel_from_its_work_threshold_on(dev, tma_calls, monkeypatch):
-    x, xq, xs, qw, _ = _case(SCALED_MM_MAX_M + 1, 64, 64, 9, dev)
+def test_the_tma_kernel_from_its_work_threshold_on(dev, tma_calls, monkeypatch, scaled_mm_max_m):
+    x, xq, xs, qw, _ = _case(scaled_mm_max_m + 1, 64, 64, 9, dev)
     work = xq.shape[0] * 64 * 64
     monkeypatch.setattr(ops, "TMA_MIN_WORK", work + 1)
     below = V122.linear(x, qw)
@@ -251,8 +254,9 @@ def test_the_threshold_takes_llama3_8b_past_512_rows_never_the_tiny_model():
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("m", [1, 40, SCALED_MM_MAX_M])
-def test_fewer_rows_are_v121s_op(dev, op, m):
+@pytest.mark.parametrize("rows", ["1", "40", "at the threshold"])
+def test_fewer_rows_are_v121s_op(dev, op, rows, scaled_mm_max_m):
+    m = {"1": 1, "40": 40, "at the threshold": scaled_mm_max_m}[rows]
     args = _op_args(op, m, dev, 6)
     want = getattr(V121, op)(*args)
     for s in (V122, V124):

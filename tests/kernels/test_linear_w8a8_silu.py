@@ -1,5 +1,6 @@
 """triton-v1.16's fused gate/up projection (kernels/linear_w8a8_silu.py): fp8 weights times more than SCALED_MM_MAX_M
-rows through the W8A8 GEMM with the SiLU-and-mul epilogue (kernels/fp8_gemm.py SILU_EPI). On CPU through Triton's
+rows through the W8A8 GEMM with the SiLU-and-mul epilogue (kernels/fp8_gemm.py SILU_EPI; the threshold is 64 under the
+interpreter: conftest.py's `scaled_mm_max_m`). On CPU through Triton's
 interpreter: v1.15's two ops (the W8A8 GEMM, then silu_and_mul) bit for bit in bf16 (to fp32 rounding in fp32), bias
 and partial tiles included; fewer rows and other weights: v1.15's op. On a GPU at llama3-8b's gate/up shape: the two
 ops' values within bf16 rounding."""
@@ -31,9 +32,9 @@ def test_the_set_serves_it():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_prefill_rows_are_v115s_two_ops_bit_for_bit(dev, dtype, bias):
+def test_prefill_rows_are_v115s_two_ops_bit_for_bit(dev, dtype, bias, scaled_mm_max_m):
     qw, g = _gate_up(40, 200, 11, dev)   # I = 40: a partial column tile; K = 200: a partial K tile
-    m = SCALED_MM_MAX_M + 9
+    m = scaled_mm_max_m + 9
     x = (torch.randn(m, 200, generator=g) * 3).to(dtype).to(dev)
     x[0] = 0.0   # a row of zeros: scale 1
     b = (torch.randn(80, generator=g)).to(dtype).to(dev) if bias else None
@@ -60,17 +61,18 @@ def test_a_fixed_tiling_computes_the_same(dev):
     assert ((got - want).norm() / want.norm()).item() < 1e-6
 
 
-@pytest.mark.parametrize("m", [1, 33, SCALED_MM_MAX_M])
-def test_fewer_rows_are_v115s_op(dev, m):
+@pytest.mark.parametrize("rows", ["1", "33", "at the threshold"])
+def test_fewer_rows_are_v115s_op(dev, rows, scaled_mm_max_m):
+    m = {"1": 1, "33": 33, "at the threshold": scaled_mm_max_m}[rows]
     qw, g = _gate_up(32, 64, 13, dev)
     x = torch.randn(m, 64, generator=g).to(dev)
     assert torch.equal(V116.linear_silu_and_mul(x, qw), V115.linear_silu_and_mul(x, qw))
 
 
 @pytest.mark.parametrize("kind", ["int8", None])
-def test_other_weights_are_v115s_op(dev, kind):
+def test_other_weights_are_v115s_op(dev, kind, scaled_mm_max_m):
     qw, g = _gate_up(32, 64, 14, dev, kind) if kind else (torch.randn(64, 64).to(dev) * 0.1, torch.Generator())
-    x = torch.randn(SCALED_MM_MAX_M + 1, 64, generator=torch.Generator().manual_seed(15)).to(dev)
+    x = torch.randn(scaled_mm_max_m + 1, 64, generator=torch.Generator().manual_seed(15)).to(dev)
     assert torch.equal(V116.linear_silu_and_mul(x, qw), V115.linear_silu_and_mul(x, qw))
 
 

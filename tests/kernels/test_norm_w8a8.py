@@ -1,17 +1,16 @@
 """triton-v1.17's fused ops (kernels/norm_w8a8.py): the RMSNorm in front of the q/k/v and gate/up projections
 quantizes its own output for the W8A8 GEMM (kernels/rms_norm.py `add_rms_norm_quant`). On CPU through Triton's
 interpreter: the norm's e4m3 bytes and scales are quantize_rows(rms_norm(h))'s, and both fused ops give triton-v1.16's
-two ops' results bit for bit, at the torch._scaled_mm rows (33-512; the Triton GEMM on CPU) and past 512 (the
-SiLU-and-mul epilogue); fewer rows and other weights are v1.16's ops. On a GPU at llama3-8b's shapes: the same bits."""
+two ops' results bit for bit, at the torch._scaled_mm rows (33 to SCALED_MM_MAX_M; the Triton GEMM on CPU) and past
+them (the SiLU-and-mul epilogue; the threshold is 64 under the interpreter: conftest.py's `scaled_mm_max_m`); fewer rows and other weights are v1.16's ops. On a GPU at llama3-8b's shapes: the same bits."""
 import pytest
 import torch
 
 from sits.kernels import get_kernel_set, quantize_weight
 from sits.kernels.fp8_gemm import quantize_rows
-from sits.kernels.linear_w8a8 import SCALED_MM_MAX_M, WEIGHT_ONLY_MAX_M
+from sits.kernels.linear_w8a8 import WEIGHT_ONLY_MAX_M
 from sits.kernels.norm_w8a8 import add_rms_norm_linear_silu_and_mul_w8a8, add_rms_norm_linear_w8a8
 from sits.kernels.rms_norm import add_rms_norm_quant, fused_add_rms_norm, rms_norm
-from tests.kernels.conftest import triton_device
 from tests.kernels.helpers import on_gpu
 
 V116 = get_kernel_set("triton-v1.16")
@@ -59,12 +58,13 @@ def test_the_norm_quantizes_as_quantize_rows_does_after_it(dev, dtype, residual)
         assert xs[1].item() == 1.0 and not xq[1].float().any()
 
 
-@pytest.mark.parametrize("m", [WEIGHT_ONLY_MAX_M + 1, SCALED_MM_MAX_M, SCALED_MM_MAX_M + 9])
+@pytest.mark.parametrize("rows", ["33", "at the threshold", "past it"])
 @pytest.mark.parametrize("op", OPS)
-def test_past_32_rows_they_are_v116s_two_ops_bit_for_bit(dev, op, m):
+def test_past_32_rows_they_are_v116s_two_ops_bit_for_bit(dev, op, rows, scaled_mm_max_m):
+    m = {"33": WEIGHT_ONLY_MAX_M + 1, "at the threshold": scaled_mm_max_m, "past it": scaled_mm_max_m + 9}[rows]
     x, r, nw, g = _inputs(m, 72, 2, dev)
     w = _weight(2 * 40 if op.endswith("silu_and_mul") else 56, 72, g, dev)   # partial column and K tiles
-    b = torch.randn(w.shape[0], generator=g).to(dev) if m == SCALED_MM_MAX_M else None
+    b = torch.randn(w.shape[0], generator=g).to(dev) if m == scaled_mm_max_m else None
     got, got_h = getattr(V117, op)(x, w, r, nw, 1e-5, b)
     want, want_h = V116.op(op)(x, w, r, nw, 1e-5, b)
     assert got.shape == want.shape and torch.equal(got, want) and torch.equal(got_h, want_h)
@@ -117,10 +117,11 @@ def test_gpu_llama3_shapes_are_v116s_bits(m):
         assert torch.equal(got, want), (op, ((got.float() - want.float()).norm() / want.float().norm()).item())
 
 
-def test_the_benchmarks_smoke_run_compares_the_sets(capsys):
-    # bench/fp8_fronts.py times v1.15, v1.16 and v1.17 on a GPU; on CPU its smoke run holds them to the same bits
+def test_the_benchmarks_smoke_run_compares_the_sets(capsys, dev, scaled_mm_max_m):
+    # bench/fp8_fronts.py times v1.15, v1.16 and v1.17 on a GPU; on CPU its smoke run holds them to the same bits, on
+    # either side of SCALED_MM_MAX_M (lowered here)
     from bench import fp8_fronts
-    if triton_device() != "cpu":
+    if dev != "cpu":
         pytest.skip("the smoke run needs Triton's interpreter")
-    assert fp8_fronts.smoke() == 0, capsys.readouterr().out
+    assert fp8_fronts.smoke(rows=(40, scaled_mm_max_m + 8)) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.count("agree bit for bit") == 4
