@@ -54,6 +54,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: _file_rank(i.nodeid.split("::", 1)[0]))   # stable: a file's tests keep their order
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    # after the Kubernetes group's last test (its files run together, first): stop the session's cluster and node agent
+    if item.nodeid.split("::", 1)[0] in KUBE_FILES and (nextitem is None
+                                                         or nextitem.nodeid.split("::", 1)[0] not in KUBE_FILES):
+        from tests.fixtures.kube import stop_kube_session
+        stop_kube_session()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
