@@ -11,9 +11,10 @@ pytest_plugins = ["tests.fixtures.prometheus", "tests.fixtures.kube", "tests.fix
 
 # `make test` runs the suite on three pytest-xdist workers (`-n 3`, docs/testing.md says why), then the `solo` tests
 # alone. The scheduler below hands out whole test files, so a file's module fixtures (a rollout run for a page's
-# tests, a deployer with its engines) start once and its tests run in order; and every file that uses the Kubernetes control plane goes to the
-# same worker, so one etcd + kube-apiserver and one node agent serve them (the agent's pods take loopback IPs
-# 127.0.1.N: two agents would hand out the same ones). A plain `pytest` runs everything in one process, as before.
+# tests, a deployer with its engines) start once and its tests run in order; and every file that uses the Kubernetes
+# control plane goes to the same worker, so one etcd + kube-apiserver and one node agent serve them (the agent's pods
+# take loopback IPs 127.0.1.N: two agents would hand out the same ones). A plain `pytest` runs everything in one
+# process, as before.
 KUBE_FIXTURES = {"kube_cluster", "node_agent"}
 KUBE_FILES = frozenset({
     "tests/cluster/test_helm_e2e.py", "tests/cluster/test_kubernetes_e2e.py", "tests/cluster/test_node_agent.py",

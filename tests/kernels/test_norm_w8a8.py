@@ -2,7 +2,8 @@
 quantizes its own output for the W8A8 GEMM (kernels/rms_norm.py `add_rms_norm_quant`). On CPU through Triton's
 interpreter: the norm's e4m3 bytes and scales are quantize_rows(rms_norm(h))'s, and both fused ops give triton-v1.16's
 two ops' results bit for bit, at the torch._scaled_mm rows (33 to SCALED_MM_MAX_M; the Triton GEMM on CPU) and past
-them (the SiLU-and-mul epilogue; the threshold is 64 under the interpreter: conftest.py's `scaled_mm_max_m`); fewer rows and other weights are v1.16's ops. On a GPU at llama3-8b's shapes: the same bits."""
+them (the SiLU-and-mul epilogue; the threshold is 64 under the interpreter: conftest.py's `scaled_mm_max_m`); fewer
+rows and other weights are v1.16's ops. On a GPU at llama3-8b's shapes: the same bits."""
 import pytest
 import torch
 
