@@ -5,14 +5,13 @@ over them (`sc`, `server`, `browser`) are in conftest.py; a browser test module 
 from __future__ import annotations
 
 import os
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import waitress
 
 from sits.control_plane.web import create_app
+from tests.waitress_thread import ThreadedWaitress
 
 from .accounts import TOKENS, app_users
 
@@ -27,17 +26,10 @@ def artifacts_dir() -> Path:
     return d
 
 
-class Server:
+class Server(ThreadedWaitress):
     def __init__(self, store, **config) -> None:
         self.app = create_app({"STORE": store, "SITS_USERS": app_users(), "SECRET_KEY": "browser-test", **config})
-        self.server = waitress.create_server(self.app, host="127.0.0.1", port=0, threads=4, ident="sits")
-        self.url = f"http://127.0.0.1:{self.server.effective_port}"
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.close()
-        self.thread.join(timeout=10)
+        super().__init__(self.app, threads=4, ident="sits")
 
 
 class Browser:

@@ -8,11 +8,9 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 
 import httpx
 import pytest
-import waitress
 
 from sits.control_plane.analysis import ERROR_RATE, REQUEST_LATENCY, MetricCheck, Policy
 from sits.control_plane.web import create_app
@@ -23,6 +21,7 @@ from sits.control_plane.web.common import is_loopback
 from sits.control_plane.worker.loop import Worker
 from sits.control_plane.worker.config import WorkerConfig
 
+from tests.waitress_thread import ThreadedWaitress
 from tests.control_plane.worker.support import CannedSource, InMemoryDeployer
 
 from sits.control_plane.web.users import token_sha256
@@ -172,16 +171,13 @@ def live(tmp_path, users):
     source = CannedSource(rate=1000.0, scale={"slow": 2.0})
     worker = Worker(store, InMemoryDeployer(), source, config=WorkerConfig(interval_s=0.05, lease_ttl_s=5))
     app = create_app({"STORE": store, "SITS_USERS": users, "WORKER": worker, "SECRET_KEY": "k"})
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
+    server = ThreadedWaitress(app, threads=4)
     worker.start()
     try:
-        yield f"http://127.0.0.1:{server.effective_port}"
+        yield server.url
     finally:
         worker.stop()
         server.close()
-        t.join(10)
         store.close()
 
 

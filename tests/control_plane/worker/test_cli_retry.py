@@ -1,15 +1,14 @@
 """`sits-control rollout retry ID` against a real store (and over the API with --url): a new rollout linked to an
 ended one that did not succeed, with its spec and policy; refused, naming why, for an active or promoted one."""
 import json
-import threading
-
-import waitress
 
 from sits.control_plane.cli.main import main
 from sits.control_plane.rollout import Phase
 from sits.control_plane.store.db import Store
 from sits.control_plane.web import create_app
 from sits.control_plane.worker.loop import Worker
+
+from tests.waitress_thread import ThreadedWaitress
 
 from .support import CannedSource, InMemoryDeployer
 from .test_cli import POLICY, cli
@@ -56,11 +55,9 @@ def test_retry_over_the_api_with_another_kernel_set(tmp_path, capsys):
     db = str(tmp_path / "s.db")
     store, old = _aborted(tmp_path, capsys, db)
     app = create_app({"STORE": store, "SECRET_KEY": "k"})   # no auth file: loopback only
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=2)
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
+    server = ThreadedWaitress(app, threads=2)
     try:
-        url = f"http://127.0.0.1:{server.effective_port}"
+        url = server.url
         rc, out = cli(capsys, "rollout", "retry", old, "--kernels", "triton-v1.2", "--url", url)
         assert rc == 0 and f"as a retry of {old} for service chat: canary triton-v1.2" in out, out
         new = store.get(out.split()[1])
@@ -70,5 +67,4 @@ def test_retry_over_the_api_with_another_kernel_set(tmp_path, capsys):
         assert rc == 2 and "only an ended rollout can be retried" in out
     finally:
         server.close()
-        th.join(10)
         store.close()
