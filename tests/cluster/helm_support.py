@@ -14,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from kubernetes import client
 
 from tests.waiting import wait_for
@@ -29,6 +30,7 @@ CP = f"{REL}-sits-control"   # the chart's fullname
 LOAD = {"model": "tiny", "max_tokens": 2, "prompt": 2 * ("Write a short paragraph that explains why the sky looks "
         "blue during the day and red at sunset. ")}
 TERMINAL = ("succeeded", "rolled_back", "failed")
+MAX_DURATION_S = yaml.safe_load(VALUES.read_text())["policy"]["max_duration_s"]
 
 
 @dataclass
@@ -90,14 +92,18 @@ class Release:
         assert status == 201, body
         return body["id"]
 
-    def finish(self, rid: str, timeout: float = 200) -> dict:
+    def finish(self, rid: str, timeout: float = MAX_DURATION_S + 60) -> dict:
+        """The rollout's final state. By default this waits past the policy's own bound (max_duration_s from the first
+        traffic, then a promotion's deploy), so a rollout that cannot decide ends with the product's reason; a
+        timeout here means the control plane stopped driving it, and the failure lists every event."""
         def done():
             with_pod = self.control_pod()   # None while the pod is replaced
             return with_pod and (r := self.rollout(rid))["phase"] in TERMINAL and r
         try:
-            return wait_for(f"rollout {rid} to end", done, timeout=timeout, interval=1)
-        except TimeoutError:
-            raise AssertionError(f"rollout {rid} did not end: {[e['message'] for e in self.events(rid)]}") from None
+            return wait_for(f"rollout {rid} to end", done, timeout=timeout, interval=1, error=TimeoutError)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; its events:\n" + "\n".join(
+                f"{ev['at']:.1f} {ev['message']}" for ev in self.events(rid))) from None
 
     def roles(self) -> set[str]:
         return {d.metadata.labels["sits.io/role"] for d in self.apps.list_namespaced_deployment(
