@@ -240,7 +240,7 @@ def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = 
     tensor with unit column stride, out [M, N] (or [M, N / 2] with silu_epi). norm = (r2, norm_weight, eps, res_out):
     x2 is first normalized, out = rms_norm(h) W^T with h = x2 + r2 (r2 [M, K], stored to res_out [M, K]), or h = x2
     where r2 is None (res_out unused). config: BLOCK_N, BLOCK_K (+ num_warps, num_stages, INT8_CONV) for a fixed
-    launch (benchmark sweeps); None = autotuned on the GPU, a fixed small tile under the interpreter. bcast: x
+    launch (benchmark sweeps); None = autotuned on the GPU, wide tiles under the interpreter. bcast: x
     loaded as broadcast tiles in the weight tile's layout, 8-bit weights with 8-byte loads (triton-v1.11). Inside
     pdl_launches() the autotuned launch uses programmatic dependent launch (triton-v1.12; a fixed config passes PDL
     and launch_pdl itself)."""
@@ -259,9 +259,13 @@ def gemv(x2: torch.Tensor, weight, bias, out: torch.Tensor, *, silu_epi: bool = 
             r2.stride(0), res.stride(0))
     flags = dict(HAS_SCALE=quantized, HAS_BIAS=has_bias, SILU_EPI=silu_epi, NORM=norm_kind)
     loads = "vector" if not bcast else ("bcast-narrow" if quantized else "bcast")
-    if config is None and interpreting():   # the interpreter's cost is per program: wide tiles; no inline asm
-        config = dict(BLOCK_N=32 if n >= 32 else 2, BLOCK_K=64 if k >= 64 else 32, INT8_CONV=INT8_DIRECT,
-                      **LOADS[loads])
+    if config is None and interpreting():
+        # the interpreter's cost is per program and per op, nearly whatever a tile's size: wide tiles, yet at least
+        # two N tiles and two K steps, so CPU runs still cover the loop, the masked K tail and the wrap of a last N
+        # tile (the tiny model's batch-1 int8 decode through v1.9: 12.6 -> 6.4 CPU-s from 32 x 64 tiles); no asm
+        bn = 2 if n < 32 else min(128, triton.next_power_of_2(n) // 2)
+        bk = max(32, min(512, triton.next_power_of_2(k // 2 + 1) // 2))
+        config = dict(BLOCK_N=bn, BLOCK_K=bk, INT8_CONV=INT8_DIRECT, **LOADS[loads])
     if config is None:
         launch = pdl_launch(x2.device)
         key = (x2.device, n, k, x2.dtype, w.dtype, has_bias, silu_epi, norm_kind, bool(launch))
