@@ -19,11 +19,12 @@ demo:
 demo-gpu:
 	PYTHONPATH=$(CURDIR) python3 -m sits.control_plane.cli demo --device cuda --exit-when-done
 
-# Three workers on two cores (pytest-xdist; the end-to-end files wait on their servers much of the time; tests/conftest.py
-# hands out whole files, all the Kubernetes ones to one worker), then the `solo` tests alone. pytest exits 5 when it collects nothing: that fails here like any other error.
+# Four workers on two cores (pytest-xdist; the end-to-end files wait on their servers much of the time; docs/testing.md;
+# tests/conftest.py hands out whole files, all the Kubernetes ones to one worker), then the `solo` tests alone. pytest
+# exits 5 when it collects nothing: that fails here like any other error.
 test:
 	bash .ci/setup.sh test
-	$(PY) -m pytest -q -n 3 -m "not solo" --durations=25 tests
+	$(PY) -m pytest -q -n 4 -m "not solo" --durations=25 tests
 	$(PY) -m pytest -q -m solo --durations=5 tests
 
 # on a CUDA machine (python3 with torch and triton): the whole GPU suite in one call (about 4 minutes on an H200)

@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 pytest_plugins = ["tests.fixtures.prometheus", "tests.fixtures.kube", "tests.fixtures.node_agent"]
 
 
-# `make test` runs the suite on three pytest-xdist workers (`-n 3`, docs/testing.md says why), then the `solo` tests
+# `make test` runs the suite on four pytest-xdist workers (`-n 4`, docs/testing.md says why), then the `solo` tests
 # alone. The scheduler below hands out whole test files, so a file's module fixtures (a rollout run for a page's
 # tests, a deployer with its engines) start once and its tests run in order; and every file that uses the Kubernetes
 # control plane goes to the same worker, so one etcd + kube-apiserver and one node agent serve them (the agent's pods
