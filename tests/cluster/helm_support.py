@@ -86,6 +86,10 @@ class Release:
     def events(self, rid: str) -> list[dict]:
         return self.api("GET", f"/api/v1/rollouts/{rid}/events")[1]["events"]
 
+    def events_text(self, rid: str) -> str:
+        """Every event of the rollout, one per line: what a failed assertion prints whole (a list's repr is cut short)."""
+        return "rollout events:\n" + "\n".join(f"{e['at']:.1f} {e['message']}" for e in self.events(rid))
+
     def start(self, kernels: str) -> str:
         status, body = self.api("POST", "/api/v1/rollouts", {"service": SVC, "kernels": kernels,
                                                               "production_kernels": "torch"})
@@ -102,8 +106,7 @@ class Release:
         try:
             return wait_for(f"rollout {rid} to end", done, timeout=timeout, interval=1, error=TimeoutError)
         except TimeoutError as e:
-            raise AssertionError(f"{e}; its events:\n" + "\n".join(
-                f"{ev['at']:.1f} {ev['message']}" for ev in self.events(rid))) from None
+            raise AssertionError(f"{e}; {self.events_text(rid)}") from None
 
     def roles(self) -> set[str]:
         return {d.metadata.labels["sits.io/role"] for d in self.apps.list_namespaced_deployment(

@@ -105,12 +105,6 @@ def _assert_production_served(release, load) -> None:
     assert len(prod.failures) <= 3, (prod.failures, diagnose(release.core, release.agent, release.ns))
 
 
-
-def _events_text(release, rid: str) -> str:
-    """Every event of the rollout, one per line: what a failed assertion prints whole (a list's repr is cut short)."""
-    return "rollout events:\n" + "\n".join(e["message"] for e in release.events(rid))
-
-
 def test_install_runs_the_control_plane_in_cluster(release, node_agent, kube_cluster):
     ns = release.ns
     pod = release.control_pod()
@@ -228,7 +222,7 @@ def test_crashing_canary_engine_rolled_back_within_30s(release, load, node_agent
     cs = pod.containers[0]
     assert cs.restart_count >= 1 and cs.last_terminated["exitCode"] == 137   # SIGKILLed, restarted by the agent
     end = release.finish(rid)
-    assert end["phase"] == "rolled_back", _events_text(release, rid)
+    assert end["phase"] == "rolled_back", release.events_text(rid)
     # why, in the control plane's evidence: the crash guard (Kubernetes pod status read through the Role)
     decisive = next(c for c in _checks(release, rid) if c["decision"] == "rollback")
     assert decisive["verdict"]["guard"] == "crashing", decisive["verdict"]["reason"]
@@ -284,7 +278,7 @@ def test_good_canary_promoted_across_a_control_plane_pod_deleted_mid_rollout(rel
     new = wait_for("the Deployment's new pod Ready", new_pod, timeout=120, interval=0.5)
     assert not [p for p in old_pids if pid_alive(p)]
     end = release.finish(rid)
-    assert end["phase"] == "succeeded", _events_text(release, rid)
+    assert end["phase"] == "succeeded", release.events_text(rid)
     # the same rollout, its checks numbered on: the old pod's kept, the new pod's from the stored state onwards
     checks = _checks(release, rid)
     assert [c["seq"] for c in checks] == list(range(1, len(checks) + 1))
