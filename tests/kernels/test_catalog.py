@@ -114,3 +114,16 @@ def test_discover_asks_the_engine_only_for_a_set_the_built_ins_lack(tmp_path, mo
     assert KernelCatalog.discover(need=("torch", "triton-v1.1")).source.startswith("built-in")
     asked = KernelCatalog.discover(need=("plugin-need", "torch"))
     assert asked.source.startswith("the installed engine") and "plugin-need" in asked
+
+
+def test_discover_without_plugins_lists_the_built_in_sets_and_starts_no_engine(monkeypatch):
+    monkeypatch.delenv("SITS_KERNEL_PLUGINS", raising=False)
+    asked = []
+    monkeypatch.setattr(KernelCatalog, "from_engine", classmethod(lambda cls, *a, **k: asked.append(a) or cls.shipped()))
+    got = KernelCatalog.discover()
+    assert got.source.startswith("built-in") and "torch" in got and asked == []
+    monkeypatch.setenv("SITS_KERNEL_PLUGINS", " , ")    # names no module: still none to ask for
+    assert KernelCatalog.discover().source.startswith("built-in") and asked == []
+    monkeypatch.setenv("SITS_KERNEL_PLUGINS", "someone_elses_kernels")
+    KernelCatalog.discover()
+    assert len(asked) == 1
