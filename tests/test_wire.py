@@ -13,7 +13,7 @@ from sits.wire import headers, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WIRE = ROOT / "sits" / "wire"
-DATA_MODULES = ("metrics.py", "buckets.py", "headers.py", "models.py")
+DATA_MODULES = ("metrics.py", "buckets.py", "headers.py", "models.py", "zygote.py")
 
 
 def _sits_imports(path: Path) -> set[str]:

@@ -1,5 +1,6 @@
-"""The API server's side of the engine-core process (engine/core/process.py): spawn it, send it requests, route its
-outputs to per-request asyncio queues on the event loop, and report its crash.
+"""The API server's side of the engine-core process (engine/core/process.py): start it (spawned, or forked by the
+local deployer's engine zygote: engine/core/zygote.py), send it requests, route its outputs to per-request asyncio
+queues on the event loop, and report its crash.
 
 Same surface as engine/core/runner.EngineRunner (the in-process engine thread), so the handlers do not know which
 one serves them: `ready`, `load_error`, `engine` (here an `EngineInfo`: tokenizer, max_model_len, kernel set, dtype
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -32,6 +34,8 @@ import zmq.asyncio
 
 from sits.engine.core import messages as m
 from sits.engine.core.process import CoreOptions, run_engine_core
+from sits.engine.core.zygote import ZygoteError, fork_core
+from sits.wire.zygote import ZYGOTE_ENV
 from sits.engine.errors import EngineError
 from sits.engine.core.heap import freeze_startup_heap
 from sits.engine.model.tokenizer import IncrementalDetokenizer
@@ -59,7 +63,7 @@ class KernelIdentity:
     version: str
 
 
-def _ended(proc: multiprocessing.Process, timeout: float) -> bool:
+def _ended(proc: Any, timeout: float) -> bool:
     """Whether `proc` ended within `timeout` s. Its sentinel becomes readable when it exits, whichever thread reaps
     it: the loop's exit watcher (_on_exit) joins it too, and after that is_alive() takes the second waitpid's ECHILD
     for "still running"."""
@@ -118,10 +122,7 @@ class EngineCoreClient:
         self._from_core = self._ctx.socket(zmq.PULL)
         self._from_core.setsockopt(zmq.LINGER, 0)
         self._from_core.bind(from_addr)
-        opts = CoreOptions(self._config, to_addr, from_addr, os.getpid(), **self._opts)
-        self._process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=(opts,), name="sits-engine-core", daemon=True)
-        self._process.start()
+        self._process = self._start_core(CoreOptions(self._config, to_addr, from_addr, os.getpid(), **self._opts))
         # runs before multiprocessing's own exit hook, which would SIGTERM the core (ignored there) and wait forever
         atexit.register(self._kill_core)
         if self._metrics is not None:
@@ -130,6 +131,23 @@ class EngineCoreClient:
         loop.add_reader(self._process.sentinel, self._on_exit)
         self._reader = loop.create_task(self._read())
         self._reader.add_done_callback(self._on_reader_done)
+
+    @staticmethod
+    def _start_core(opts: CoreOptions) -> Any:
+        """The core process: forked by the engine zygote where one runs for this server (ZYGOTE_ENV, set by the
+        local deployer on a machine without GPUs), else spawned (a fresh interpreter that imports torch itself)."""
+        address = os.environ.get(ZYGOTE_ENV)
+        if address:
+            try:
+                core = fork_core(dataclasses.replace(opts, forked=True), address)
+                log.info("engine core (pid %d) forked by the engine zygote", core.pid)
+                return core
+            except ZygoteError as e:
+                log.warning("%s; spawning the engine core", e)
+        proc = multiprocessing.get_context("spawn").Process(target=run_engine_core, args=(opts,),
+                                                            name="sits-engine-core", daemon=True)
+        proc.start()
+        return proc
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the core (after the server drained its requests); called off the event loop."""

@@ -4,7 +4,8 @@ It owns no HTTP. Requests arrive on a ZMQ PULL socket; admission results and eac
 socket (engine/core/messages.py). While requests are running it only polls its inbox between steps (no wait);
 idle, it blocks on the inbox and every IDLE_REPORT_S sends its stats, so /metrics stays current. It ignores SIGINT
 and SIGTERM (the API server drains first, then sends Shutdown) and dies with its parent (PR_SET_PDEATHSIG, and a
-parent-pid check while idle). A load or loop failure is sent as `Failed`, then the process exits non-zero.
+parent-pid check while idle); one forked by the engine zygote (engine/core/zygote.py) dies with the API server
+through a pidfd watch instead. A load or loop failure is sent as `Failed`, then the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class CoreOptions:
     fault_token_latency_s: float = 0.0
     engine_factory: Callable[[Any], Any] | None = None   # EngineConfig -> LLMEngine (tests); default LLMEngine
     log_level: str = "info"
+    forked: bool = False               # forked by the engine zygote (engine/core/zygote.py): not the front's child
 
 
 def _die_with_parent() -> None:
@@ -136,7 +138,7 @@ class EngineCore:
                 self._step()
                 next_report = time.monotonic() + IDLE_REPORT_S
             elif time.monotonic() >= next_report:
-                if os.getppid() != self.opts.parent_pid:
+                if not self.opts.forked and os.getppid() != self.opts.parent_pid:   # a forked core watches a pidfd
                     log.error("the API server (pid %d) is gone; exiting", self.opts.parent_pid)
                     return
                 self._send(m.Idle(engine.stats(), time.thread_time()))

@@ -14,6 +14,8 @@ from sits.control_plane.adapters.deploy.local.deployer import LocalDeployer
 from sits.control_plane.adapters.deploy.local.replicas import ReplicaLauncher
 from sits.control_plane.adapters.deploy.local.config import (ENGINE_MEMORY_BYTES as ENGINE, default_max_replicas,
                                                              engine_environment)
+from tests.engine.server.processes import children
+from tests.waiting import wait_for
 
 GB = 1 << 30
 
@@ -89,9 +91,9 @@ class _RecordingLauncher(ReplicaLauncher):
         self.ready_at_start: list[int] = []
         self.urls: list[str] = []
 
-    def start_one(self, spec, index, gpu_env=None):
+    def start_one(self, spec, index, gpu_env=None, **kw):
         self.ready_at_start.append(sum(self.ready(u) for u in self.urls))
-        r = super().start_one(spec, index, gpu_env)
+        r = super().start_one(spec, index, gpu_env, **kw)
         self.urls.append(r.url)
         return r
 
@@ -158,3 +160,24 @@ def test_close_cancels_a_deploy_in_progress(tmp_path):
     assert len(list(tmp_path.glob("*.log"))) == 2   # the second batch never started
     assert process.wait_until(lambda: not _engines("cancel"), 10)
     assert d.status("cancel") == {}
+
+
+def test_cpu_engines_fork_their_cores_from_one_zygote_that_holds_no_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("SITS_PROMETHEUS_TOKEN", "prom-token-secret")
+    cfg = LocalConfig(workdir=str(tmp_path), cpu_threads=1, gpu_devices=())
+    with LocalDeployer(cfg) as d:
+        d.deploy(VariantSpec(service="zyg", role="production", kernels="torch"))
+        d.deploy(VariantSpec(service="zyg", role="canary", kernels="torch", env={"SITS_SPEC_VAR": "given"}))
+        zygote = d.launcher.zygote._proc
+        assert zygote.poll() is None
+        cores = children(zygote.pid)
+        assert len(cores) == 2 and all(Path(f"/proc/{c}/comm").read_text().strip() == "sits-core" for c in cores)
+        env = Path(f"/proc/{zygote.pid}/environ").read_bytes()   # what every core starts from
+        assert b"prom-token-secret" not in env and b"SITS_SPEC_VAR" not in env
+        assert len(_engines("zyg")) == 2 and not set(_engines("zyg")) & set(cores)   # the deployer's children
+        logs = sorted(tmp_path.glob("zyg-*.log"))
+        assert len(logs) == 2 and all("forked by the engine zygote" in p.read_text() for p in logs)
+        d.delete("zyg", "canary")
+        wait_for("the canary's core to end with it", lambda: len(children(zygote.pid)) == 1, 15)
+    # close(): the engines and the zygote are gone
+    assert zygote.poll() is not None and not _engines("zyg")

@@ -56,10 +56,8 @@ class ServeProcess:
 
     def core_pid(self) -> int:
         """The engine-core child (multiprocessing's spawn child; its resource tracker is the other child)."""
-        pids = []
-        for task in os.listdir(f"/proc/{self.proc.pid}/task"):
-            pids += Path(f"/proc/{self.proc.pid}/task/{task}/children").read_text().split()
-        cores = [int(p) for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        pids = children(self.proc.pid)
+        cores = [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(cores) == 1, (pids, cores)
         return cores[0]
 
@@ -67,6 +65,12 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started that are still its children (every thread's list)."""
+    return [int(c) for task in os.listdir(f"/proc/{pid}/task")
+            for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
 
 
 def alive(pid: int) -> bool:

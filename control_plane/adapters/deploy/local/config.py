@@ -70,6 +70,8 @@ class LocalConfig:
     # the GPUs engines are placed on (CUDA_VISIBLE_DEVICES entries, gpus.py); None: gpus.visible_gpus() -- this
     # process's CUDA_VISIBLE_DEVICES, else nvidia-smi's list -- read at the first deploy that may use a GPU
     gpu_devices: tuple[str, ...] | None = None
+    # engines placed on no GPU fork their engine cores from one process that has imported torch (zygote.py)
+    engine_zygote: bool = True
 
     def __post_init__(self) -> None:
         if not self.engine_command:

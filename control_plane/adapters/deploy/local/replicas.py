@@ -26,7 +26,9 @@ from sits.control_plane.adapters.deploy.log_line import (collapse_repeats, is_pr
                                                          without_probe_lines)
 from sits.control_plane.adapters.deploy.local.config import LocalConfig, engine_environment
 from sits.control_plane.adapters.deploy.local.gpus import Placement
+from sits.control_plane.adapters.deploy.local.zygote import EngineZygote
 from sits.wire.models import LOAD_FAILED
+from sits.wire.zygote import ZYGOTE_ENV
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[4])   # control_plane/adapters/deploy/local/ -> the checkout
 PROBE_FIRST_S, PROBE_MAX_S = 0.1, 1.0   # /readyz probes while an engine loads: 0.1 s apart, slowing down to 1 s
@@ -48,13 +50,20 @@ class ReplicaLauncher:
         self.start_batch = config.start_batch or len(os.sched_getaffinity(0))
         self._http = httpx.Client(timeout=config.probe_timeout_s, trust_env=False)
         self._cancelled = threading.Event()
+        engine = tuple(config.engine_command)
+        # only `sits-engine serve` itself knows the zygote (a test's stand-in command does not)
+        self.zygote = EngineZygote(engine[0], workdir, self._environment({}, {})) \
+            if config.engine_zygote and engine[1:] == ("-m", "sits.engine.cli") else None
 
     def cancel(self) -> None:
         self._cancelled.set()
 
     def close(self) -> None:
-        """Close the probe client; later starts work again (a deployer may be used after close())."""
+        """Close the probe client and stop the engine zygote; later starts work again (a deployer may be used after
+        close())."""
         self._http.close()
+        if self.zygote is not None:
+            self.zygote.stop()
         self._cancelled.clear()
 
     def start(self, spec: VariantSpec, interrupted: Callable[[], bool] | None = None,
@@ -68,7 +77,7 @@ class ReplicaLauncher:
                 batch = []
                 for i in range(first, min(spec.replicas, first + self.start_batch)):
                     self._check_cancelled(spec)
-                    batch.append(self.start_one(spec, i, placement.env(i)))
+                    batch.append(self.start_one(spec, i, placement.env(i), zygote=not placement.mode))
                     started.append(batch[-1])
                 started_at = time.monotonic()
                 for r in batch:
@@ -78,24 +87,34 @@ class ReplicaLauncher:
             raise
         return started
 
-    def start_one(self, spec: VariantSpec, index: int, gpu_env: Mapping[str, str] | None = None) -> Replica:
+    def start_one(self, spec: VariantSpec, index: int, gpu_env: Mapping[str, str] | None = None, *,
+                  zygote: bool = False) -> Replica:
+        """One replica; `zygote` (an engine on no GPU): its core forks from the engine zygote when that runs."""
         # bound here and handed over: no other process can take the port before the engine serves on it
         sock = process.listening_socket(self.config.host)
         port = sock.getsockname()[1]
         log_path = self.workdir / f"{spec.service}-{spec.role}-{index}-{port}.log"
         argv = [*self.config.engine_command, *spec.engine_args(port=port, host=self.config.host),
                 "--listen-fd", str(sock.fileno())]
-        env = engine_environment(os.environ, self.config.env, spec.env, {"PYTHONUNBUFFERED": "1"}, gpu_env or {})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
-        if self.config.cpu_threads is not None:
-            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
-                env[k] = str(self.config.cpu_threads)
+        env = self._environment(spec.env, gpu_env or {})
+        address = self.zygote.address() if zygote and self.zygote is not None else None
+        if address is not None:
+            env[ZYGOTE_ENV] = address
         log_path.write_text(f"$ {' '.join(argv)}\n")
         try:
             proc = process.spawn(argv, log_path=log_path, env=env, cwd=str(self.workdir), pass_fds=(sock.fileno(),))
         finally:
             sock.close()   # the engine holds its own copy
         return Replica(proc, port, f"http://{self.config.host}:{port}", log_path)
+
+    def _environment(self, spec_env: Mapping[str, str], gpu_env: Mapping[str, str]) -> dict[str, str]:
+        """An engine's environment (config.engine_environment), the repository on its PYTHONPATH, its threads."""
+        env = engine_environment(os.environ, self.config.env, spec_env, {"PYTHONUNBUFFERED": "1"}, gpu_env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+        if self.config.cpu_threads is not None:
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS"):
+                env[k] = str(self.config.cpu_threads)
+        return env
 
     def stop(self, replicas: list[Replica]) -> None:
         for r in replicas:
