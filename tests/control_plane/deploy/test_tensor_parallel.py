@@ -1,5 +1,6 @@
 """Issue 42: `tensor_parallel_size`, the GPUs one engine spans, from every front end (API, CLI, KernelRollout) to the
 engine's argv (the flag only when it is more than 1) and a Kubernetes pod's GPU request."""
+import re
 from pathlib import Path
 
 import pytest
@@ -205,7 +206,10 @@ def test_the_local_deployer_serves_a_two_rank_engine_on_cpu(tmp_path):
         assert "--tensor-parallel-size 2" in log
         port = st["canary"].endpoint.rsplit(":", 1)[1]
         ranks = [pid for pid, cmd in _processes() if "sits.engine.cli" in cmd and f"--port {port}" in cmd]
-        tree = _descendants(ranks)   # the server, its engine-core process (rank 0) and what that started
+        # the server, its engine-core process (rank 0: forked by the deployer's engine zygote, on this CPU machine)
+        # and what that started
+        core = int(re.search(r"engine core \(pid (\d+)\) forked by the engine zygote", log).group(1))
+        tree = _descendants([*ranks, core])
         workers = [pid for pid, cmd in _processes() if pid in tree and "sits.engine.parallel.worker" in cmd]
         assert len(ranks) == 1 and len(workers) == 1, tree   # one rank besides rank 0
         d.delete("tp", "canary")
