@@ -134,7 +134,12 @@ def test_slow_uploads_aimed_at_a_good_canary_do_not_fail_it(engines):
     v = assess(variants, POLICY)
     # what the attack wanted is a FAIL; on two shared cores the honest comparison may still want more requests
     assert v.outcome in (Outcome.PASS, Outcome.INCONCLUSIVE), (v.reason, [(r.canary, r.target) for r in v.results])
-    assert v.results and all(r.delta_rel <= POLICY.checks[0].max_rel_delta for r in v.results), v.reason
+    # timed from their first byte, the trickled fifth of the canary's requests would put its P90 at TRICKLE_S or
+    # more; timed from the complete request it stays with the baseline's. (Not its delta against the limit: two
+    # identical engines' P90 over ~100 requests on two loaded cores have differed by more than +100 %, which the
+    # verdict holds as inconclusive, not as a fail.)
+    assert v.results and all(r.canary < TRICKLE_S / 2 for r in v.results), \
+        (v.reason, [(r.canary, r.target, r.delta_rel) for r in v.results])
     # answered slow uploads are timed from the complete request; the stalled ones are client errors: not timed, and
     # not requests of the error rate
     assert variants["canary"].requests == NORMAL + SLOW_UPLOADS, variants["canary"]
