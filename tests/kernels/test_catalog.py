@@ -117,6 +117,9 @@ def test_discover_asks_the_engine_only_for_a_set_the_built_ins_lack(tmp_path, mo
 
 
 def test_discover_without_plugins_lists_the_built_in_sets_and_starts_no_engine(monkeypatch):
+    from sits.control_plane.adapters import kernel_catalog
+    from sits.kernels import registry
+    assert kernel_catalog.PLUGINS_ENV == registry.PLUGINS_ENV == "SITS_KERNEL_PLUGINS"   # the same variable
     monkeypatch.delenv("SITS_KERNEL_PLUGINS", raising=False)
     asked = []
     monkeypatch.setattr(KernelCatalog, "from_engine", classmethod(lambda cls, *a, **k: asked.append(a) or cls.shipped()))
