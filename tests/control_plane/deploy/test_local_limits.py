@@ -168,7 +168,7 @@ def test_cpu_engines_fork_their_cores_from_one_zygote_that_holds_no_secret(tmp_p
     with LocalDeployer(cfg) as d:
         d.deploy(VariantSpec(service="zyg", role="production", kernels="torch"))
         d.deploy(VariantSpec(service="zyg", role="canary", kernels="torch", env={"SITS_SPEC_VAR": "given"}))
-        zygote = d.launcher.zygote._proc
+        zygote = d.launcher.zygote.process
         assert zygote.poll() is None
         cores = children(zygote.pid)
         assert len(cores) == 2 and all(Path(f"/proc/{c}/comm").read_text().strip() == "sits-core" for c in cores)

@@ -60,6 +60,11 @@ class EngineZygote:
             self._failed_at = None
             return self._socket()
 
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """The zygote's process while one is started (status and tests), else None."""
+        return self._proc
+
     def stop(self) -> None:
         with self._lock:
             self._cleanup()
